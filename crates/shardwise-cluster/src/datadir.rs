@@ -1,0 +1,283 @@
+//! The node's data dir: its lock, its on-disk format version, its identity and the cluster it
+//! belongs to.
+//!
+//! A node is its data dir: the `node_id` kept here makes a restarted process the same node, and
+//! the recorded run id and rank stop a data dir from being attached to another cluster or rank
+//! by mistake. The lock (an advisory `flock` on `LOCK`, released by the kernel when the process
+//! dies, even by SIGKILL) keeps two live processes from sharing one dir.
+//!
+//! Layout (format 1):
+//! ```text
+//! FORMAT         "shardwise data dir format 1"
+//! LOCK           locked while a node runs; holds its pid
+//! node_id        the node's UUID
+//! cluster.json   {"run_id", "rank", "world_size"} once the node has joined a cluster
+//! master/        the master's membership (rank 0 only)
+//! ```
+//! Every file is written with [`write_atomic`]: temp file, fsync, rename, fsync of the directory.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::{ClusterError, Result};
+
+/// The on-disk format this build reads and writes.
+pub const DATA_DIR_FORMAT_VERSION: u32 = 1;
+const FORMAT_FILE: &str = "FORMAT";
+const FORMAT_PREFIX: &str = "shardwise data dir format ";
+const LOCK_FILE: &str = "LOCK";
+const NODE_ID_FILE: &str = "node_id";
+const CLUSTER_FILE: &str = "cluster.json";
+
+/// What a data dir records about the cluster it joined.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub run_id: String,
+    pub rank: u32,
+    pub world_size: u32,
+}
+
+/// An open, locked data dir. The lock is held until this value is dropped.
+#[derive(Debug)]
+pub struct DataDir {
+    path: PathBuf,
+    _lock: File,
+    node_id: Uuid,
+    cluster: Option<ClusterRecord>,
+}
+
+impl DataDir {
+    /// Creates (if needed), locks and reads the data dir at `path`.
+    pub fn open(path: &Path) -> Result<DataDir> {
+        let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: path.to_path_buf(), op, source };
+        fs::create_dir_all(path).map_err(io("create"))?;
+        let lock_path = path.join(LOCK_FILE);
+        let mut lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io("open LOCK"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(ClusterError::DataDirLocked { path: path.to_path_buf(), lock: lock_path });
+            }
+            Err(TryLockError::Error(source)) => {
+                return Err(ClusterError::DataDirIo { path: path.to_path_buf(), op: "lock", source });
+            }
+        }
+        lock.set_len(0).map_err(io("write LOCK"))?;
+        writeln!(lock, "{}", std::process::id()).map_err(io("write LOCK"))?;
+
+        check_or_write_format(path)?;
+        let node_id = read_or_create_node_id(path)?;
+        let cluster = read_json::<ClusterRecord>(path, CLUSTER_FILE)?;
+        Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn node_id(&self) -> Uuid {
+        self.node_id
+    }
+
+    /// The cluster this dir joined before, if any.
+    pub fn cluster(&self) -> Option<&ClusterRecord> {
+        self.cluster.as_ref()
+    }
+
+    /// Checks that this dir may serve as `rank` of a `world_size` cluster.
+    pub fn check_rank(&self, rank: u32, world_size: u32) -> Result<()> {
+        if let Some(rec) = &self.cluster {
+            if rec.rank != rank {
+                return Err(self.err(format!(
+                    "it belongs to rank {} of run {}, but this node was started as rank {rank}; \
+                     give each rank its own data dir",
+                    rec.rank, rec.run_id
+                )));
+            }
+            if rec.world_size != world_size {
+                return Err(self.err(format!(
+                    "it belongs to a cluster of world size {} (run {}), but this node was started \
+                     with world size {world_size}",
+                    rec.world_size, rec.run_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records (durably) that this dir has joined `record`'s cluster.
+    pub fn record_cluster(&mut self, record: ClusterRecord) -> Result<()> {
+        if self.cluster.as_ref() == Some(&record) {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(&record)
+            .map_err(|e| self.err(format!("cannot encode {CLUSTER_FILE}: {e}")))?;
+        write_atomic(&self.path, CLUSTER_FILE, &bytes)?;
+        self.cluster = Some(record);
+        Ok(())
+    }
+
+    fn err(&self, reason: String) -> ClusterError {
+        ClusterError::DataDir { path: self.path.clone(), reason }
+    }
+}
+
+fn check_or_write_format(dir: &Path) -> Result<()> {
+    let path = dir.join(FORMAT_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let version = text
+                .trim()
+                .strip_prefix(FORMAT_PREFIX)
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or_else(|| ClusterError::DataDir {
+                    path: dir.to_path_buf(),
+                    reason: format!("{FORMAT_FILE} holds {:?}, expected \"{FORMAT_PREFIX}N\"", text.trim()),
+                })?;
+            if version != DATA_DIR_FORMAT_VERSION {
+                return Err(ClusterError::DataDir {
+                    path: dir.to_path_buf(),
+                    reason: format!(
+                        "on-disk format version {version}; this build reads version {DATA_DIR_FORMAT_VERSION}"
+                    ),
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let stray = fs::read_dir(dir)
+                .map_err(|source| ClusterError::DataDirIo { path: dir.to_path_buf(), op: "list", source })?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|name| name != LOCK_FILE && !name.starts_with('.'));
+            if let Some(name) = stray {
+                return Err(ClusterError::DataDir {
+                    path: dir.to_path_buf(),
+                    reason: format!(
+                        "not a shardwise data dir (no {FORMAT_FILE} file, but it holds {name:?}); \
+                         give an empty or new directory"
+                    ),
+                });
+            }
+            write_atomic(dir, FORMAT_FILE, format!("{FORMAT_PREFIX}{DATA_DIR_FORMAT_VERSION}\n").as_bytes())
+        }
+        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read FORMAT", source }),
+    }
+}
+
+fn read_or_create_node_id(dir: &Path) -> Result<Uuid> {
+    let path = dir.join(NODE_ID_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => Uuid::parse_str(text.trim()).map_err(|e| ClusterError::DataDir {
+            path: dir.to_path_buf(),
+            reason: format!("{NODE_ID_FILE} holds {:?}, not a UUID: {e}", text.trim()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = Uuid::new_v4();
+            write_atomic(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())?;
+            Ok(id)
+        }
+        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read node_id", source }),
+    }
+}
+
+/// Reads `dir/name` as JSON; `None` when the file does not exist.
+pub fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result<Option<T>> {
+    match fs::read(dir.join(name)) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| ClusterError::DataDir {
+            path: dir.to_path_buf(),
+            reason: format!("{name} is not valid: {e}"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read", source }),
+    }
+}
+
+/// Replaces `dir/name` with `bytes` atomically and durably: write a temp file, fsync it, rename
+/// it over the target, fsync the directory. A crash leaves either the old or the new content.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: dir.join(name), op, source };
+    let tmp = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = File::create(&tmp).map_err(io("create temp file"))?;
+        f.write_all(bytes).map_err(io("write"))?;
+        f.sync_all().map_err(io("fsync"))?;
+    }
+    fs::rename(&tmp, dir.join(name)).map_err(io("rename"))?;
+    sync_dir(dir)
+}
+
+/// fsyncs a directory so that a create or rename in it survives power loss.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| ClusterError::DataDirIo { path: dir.to_path_buf(), op: "fsync directory", source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_id_survives_reopen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let id = DataDir::open(tmp.path()).unwrap().node_id();
+        assert_eq!(DataDir::open(tmp.path()).unwrap().node_id(), id);
+    }
+
+    #[test]
+    fn second_open_is_refused_while_locked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _held = DataDir::open(tmp.path()).unwrap();
+        let err = DataDir::open(tmp.path()).unwrap_err();
+        assert!(matches!(err, ClusterError::DataDirLocked { .. }), "{err}");
+        assert!(err.to_string().contains("locked by another running node"));
+    }
+
+    #[test]
+    fn foreign_directory_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("thesis.tex"), "x").unwrap();
+        let err = DataDir::open(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("not a shardwise data dir"), "{err}");
+    }
+
+    #[test]
+    fn newer_format_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join(FORMAT_FILE), "shardwise data dir format 9\n").unwrap();
+        let err = DataDir::open(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("format version 9"), "{err}");
+    }
+
+    #[test]
+    fn rank_and_world_size_are_bound_to_the_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut dir = DataDir::open(tmp.path()).unwrap();
+        dir.record_cluster(ClusterRecord { run_id: "r1".into(), rank: 2, world_size: 4 }).unwrap();
+        drop(dir);
+        let dir = DataDir::open(tmp.path()).unwrap();
+        assert_eq!(dir.cluster().unwrap().run_id, "r1");
+        dir.check_rank(2, 4).unwrap();
+        assert!(dir.check_rank(1, 4).unwrap_err().to_string().contains("belongs to rank 2"));
+        assert!(dir.check_rank(2, 3).unwrap_err().to_string().contains("world size 4"));
+    }
+
+    #[test]
+    fn corrupt_node_id_is_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(DataDir::open(tmp.path()).unwrap());
+        fs::write(tmp.path().join(NODE_ID_FILE), "garbage").unwrap();
+        let err = DataDir::open(tmp.path()).unwrap_err().to_string();
+        assert!(err.contains("not a UUID"), "{err}");
+    }
+}

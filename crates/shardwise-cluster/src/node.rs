@@ -1,0 +1,293 @@
+//! `init_distributed_mode`: from a detected launch environment to a node that has joined its
+//! cluster, in two steps so that every check runs before anything starts:
+//! [`prepare`] validates settings, resolves the master, opens and locks the data dir;
+//! [`Prepared::join`] (given the addresses this node serves) runs the rendezvous and barrier.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::info;
+use uuid::Uuid;
+
+use crate::datadir::{ClusterRecord, DataDir};
+use crate::error::{ClusterError, Result};
+use crate::membership::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
+use crate::rendezvous::{Master, MasterSettings, PersistedMembership};
+use crate::secret::{ClusterSecret, MIN_SECRET_BYTES};
+use crate::settings::Timeouts;
+use crate::source::{Detected, LaunchSource};
+use crate::worker::{WorkerLink, WorkerSettings};
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+/// Everything `init_distributed_mode` needs.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    /// Rank, world size and master address, from [`crate::source::detect`].
+    pub detected: Detected,
+    pub data_dir: PathBuf,
+    pub secret: Option<ClusterSecret>,
+    /// Allow a multi-node cluster without a secret.
+    pub insecure: bool,
+    /// An explicit run id (`--run-id`); must match the data dir's and the master's.
+    pub run_id: Option<String>,
+    pub timeouts: Timeouts,
+    /// One of several nodes of an embedded cluster in this process: the once-per-process
+    /// guard and the secret requirement do not apply.
+    pub embedded: bool,
+}
+
+/// A validated configuration with its data dir locked, ready to join.
+#[derive(Debug)]
+pub struct Prepared {
+    opts: InitOptions,
+    data_dir: DataDir,
+    master: Option<SocketAddr>,
+    started: Instant,
+}
+
+/// Checks everything that can be checked without the network, in the order an operator would
+/// fix them, and locks the data dir.
+pub fn prepare(opts: InitOptions) -> Result<Prepared> {
+    let started = Instant::now();
+    opts.timeouts.validate()?;
+    let d = &opts.detected;
+    if d.world_size > 1 && opts.secret.is_none() && !opts.insecure && !opts.embedded {
+        return Err(ClusterError::SecretRequired { world_size: d.world_size, min_bytes: MIN_SECRET_BYTES });
+    }
+    let master = if d.world_size > 1 { Some(resolve(&d.master_addr, d.master_port)?) } else { None };
+    if !opts.embedded && INITIALIZED.swap(true, Ordering::SeqCst) {
+        return Err(ClusterError::AlreadyInitialized { rank: d.rank });
+    }
+    let data_dir = match open_checked(&opts) {
+        Ok(dir) => dir,
+        Err(e) => {
+            if !opts.embedded {
+                INITIALIZED.store(false, Ordering::SeqCst);
+            }
+            return Err(e);
+        }
+    };
+    Ok(Prepared { opts, data_dir, master, started })
+}
+
+fn open_checked(opts: &InitOptions) -> Result<DataDir> {
+    let dir = DataDir::open(&opts.data_dir)?;
+    dir.check_rank(opts.detected.rank, opts.detected.world_size)?;
+    if let (Some(explicit), Some(rec)) = (&opts.run_id, dir.cluster())
+        && *explicit != rec.run_id {
+            return Err(ClusterError::DataDir {
+                path: opts.data_dir.clone(),
+                reason: format!("it belongs to run {}, but --run-id is {explicit}", rec.run_id),
+            });
+        }
+    Ok(dir)
+}
+
+/// Resolves the master address, preferring IPv4 (what launchers hand out).
+pub fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
+    let unresolvable = |reason: String| ClusterError::MasterUnresolvable { addr: addr.to_string(), port, reason };
+    let addrs: Vec<SocketAddr> = (addr, port).to_socket_addrs().map_err(|e| unresolvable(e.to_string()))?.collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| unresolvable("no addresses".into()))
+}
+
+impl Prepared {
+    pub fn rank(&self) -> u32 {
+        self.opts.detected.rank
+    }
+
+    pub fn node_id(&self) -> Uuid {
+        self.data_dir.node_id()
+    }
+
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.data_dir.path()
+    }
+
+    /// Joins the cluster, announcing `addrs` (service name -> `host:port`) to the other nodes.
+    pub async fn join(mut self, addrs: BTreeMap<String, String>) -> Result<Node> {
+        let d = self.opts.detected.clone();
+        let node_id = self.data_dir.node_id();
+        let recorded = self.data_dir.cluster().map(|r| r.run_id.clone());
+        let (run_id, epoch, inner) = if d.rank == 0 {
+            let state_dir = self.data_dir.path().join("master");
+            let resumed = PersistedMembership::load(&state_dir)?;
+            let run_id = self
+                .opts
+                .run_id
+                .clone()
+                .or(recorded)
+                .or_else(|| d.run_id.clone())
+                .unwrap_or_else(|| Uuid::new_v4().to_string());
+            if let Some(p) = &resumed {
+                if p.world_size != d.world_size || p.run_id != run_id {
+                    return Err(ClusterError::DataDir {
+                        path: state_dir,
+                        reason: format!(
+                            "the membership on disk is run {} of world size {}, not run {run_id} of world size {}",
+                            p.run_id, p.world_size, d.world_size
+                        ),
+                    });
+                }
+                info!(run_id, "resuming the cluster recorded in the data dir");
+            }
+            let listener = match self.master {
+                Some(addr) => Some(
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| ClusterError::RendezvousBind { addr: addr.to_string(), source })?,
+                ),
+                None => None,
+            };
+            let own = MemberInfo {
+                rank: 0,
+                node_id: node_id.to_string(),
+                role: Role::Master,
+                addrs,
+                state: NodeState::Up,
+                epoch: 1,
+                last_heartbeat_unix_ms: None,
+            };
+            let settings = MasterSettings {
+                run_id: run_id.clone(),
+                world_size: d.world_size,
+                secret: self.opts.secret.clone(),
+                timeouts: self.opts.timeouts.clone(),
+                state_dir,
+                own,
+            };
+            let master = Master::start(settings, listener, resumed)?;
+            master.form().await?;
+            let epoch = master.members().first().map(|m| m.epoch).unwrap_or(1);
+            (run_id, epoch, Inner::Master(master))
+        } else {
+            let master = self.master.ok_or_else(|| ClusterError::InvalidSetting {
+                name: "world_size".into(),
+                value: d.world_size.to_string(),
+                expected: "more than 1 for a worker rank".into(),
+            })?;
+            let settings = WorkerSettings {
+                master,
+                rank: d.rank,
+                world_size: d.world_size,
+                node_id: node_id.to_string(),
+                run_id: self.opts.run_id.clone().or(recorded).or_else(|| d.run_id.clone()),
+                addrs,
+                secret: self.opts.secret.clone(),
+                timeouts: self.opts.timeouts.clone(),
+            };
+            let (link, joined) = WorkerLink::join(settings).await?;
+            (joined.run_id, joined.epoch, Inner::Worker(link))
+        };
+        self.data_dir.record_cluster(ClusterRecord { run_id: run_id.clone(), rank: d.rank, world_size: d.world_size })?;
+        let init_ms = self.started.elapsed().as_millis() as u64;
+        Ok(Node {
+            rank: d.rank,
+            world_size: d.world_size,
+            source: d.source,
+            node_id,
+            run_id,
+            epoch,
+            init_ms,
+            rendezvous: self.master,
+            view: Arc::new(NodeView { rank: d.rank, world_size: d.world_size, inner }),
+            _data_dir: self.data_dir,
+        })
+    }
+}
+
+/// `init_distributed_mode` in one call: [`prepare`], then [`Prepared::join`].
+pub async fn init_distributed_mode(opts: InitOptions, addrs: BTreeMap<String, String>) -> Result<Node> {
+    prepare(opts)?.join(addrs).await
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Master(Arc<Master>),
+    Worker(Arc<WorkerLink>),
+}
+
+#[derive(Debug)]
+struct NodeView {
+    rank: u32,
+    world_size: u32,
+    inner: Inner,
+}
+
+impl ClusterView for NodeView {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    fn world_size(&self) -> u32 {
+        self.world_size
+    }
+    fn members(&self) -> BoxFuture<'_, Vec<MemberInfo>> {
+        Box::pin(async move {
+            match &self.inner {
+                Inner::Master(m) => m.members(),
+                Inner::Worker(w) => w.members().await,
+            }
+        })
+    }
+}
+
+/// A node that has joined its cluster. Holds the data dir lock for its lifetime.
+#[derive(Debug)]
+pub struct Node {
+    pub rank: u32,
+    pub world_size: u32,
+    pub source: LaunchSource,
+    pub node_id: Uuid,
+    pub run_id: String,
+    /// This incarnation's epoch.
+    pub epoch: u64,
+    /// Milliseconds from `prepare` to passing the barrier.
+    pub init_ms: u64,
+    /// The master's rendezvous address (None in a single-node cluster).
+    pub rendezvous: Option<SocketAddr>,
+    view: Arc<NodeView>,
+    _data_dir: DataDir,
+}
+
+impl Node {
+    pub fn role(&self) -> Role {
+        Role::for_rank(self.rank)
+    }
+
+    /// Membership access for the query layer.
+    pub fn view(&self) -> Arc<dyn ClusterView> {
+        self.view.clone()
+    }
+
+    /// Becomes `Some(reason)` if this node must stop (fenced out by a newer incarnation, or
+    /// refused when rejoining). Never fires on the master.
+    pub fn fatal(&self) -> watch::Receiver<Option<String>> {
+        match &self.view.inner {
+            Inner::Worker(w) => w.fatal(),
+            Inner::Master(_) => watch::channel(None).1,
+        }
+    }
+
+    /// Graceful shutdown: a worker tells the master it leaves; the master stops serving (the
+    /// workers keep running and rejoin when it returns).
+    pub async fn shutdown(self) {
+        match &self.view.inner {
+            Inner::Worker(w) => w.leave().await,
+            Inner::Master(m) => m.shutdown().await,
+        }
+        if self.view.rank == 0 || self.world_size == 1 {
+            INITIALIZED.store(false, Ordering::SeqCst);
+        }
+    }
+}

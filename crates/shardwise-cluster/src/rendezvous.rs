@@ -1,0 +1,647 @@
+//! The master's side of the cluster: the rendezvous every rank joins, the barrier, and the
+//! authoritative membership with its failure detector.
+//!
+//! One task accepts connections; each connection gets a reader task and a writer task fed by a
+//! bounded queue, so no lock is ever held across I/O and a node that stops reading is
+//! disconnected instead of stalling the master. State changes bump a `watch` counter that
+//! [`Master::form`] waits on. The membership is written to the master's data dir when the
+//! cluster forms and whenever an epoch changes, so a restarted master resumes the same cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::datadir::{read_json, write_atomic};
+use crate::error::{ClusterError, Result, format_ranks};
+use crate::membership::{MemberInfo, NodeState};
+use crate::secret::{ClusterSecret, nonce};
+use crate::settings::Timeouts;
+use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
+
+/// Messages queued for one connection before it counts as stuck and is dropped.
+const CONN_QUEUE_LEN: usize = 256;
+const MEMBERSHIP_FILE: &str = "membership.json";
+/// How long a shutting-down master waits for queued messages to reach the nodes.
+const SHUTDOWN_DRAIN_MS: u64 = 2_000;
+
+/// What the master keeps on disk (`<data dir>/master/membership.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PersistedMembership {
+    pub run_id: String,
+    pub world_size: u32,
+    pub members: Vec<MemberInfo>,
+}
+
+impl PersistedMembership {
+    pub fn load(dir: &std::path::Path) -> Result<Option<PersistedMembership>> {
+        read_json(dir, MEMBERSHIP_FILE)
+    }
+}
+
+/// Everything the master needs to run.
+#[derive(Debug, Clone)]
+pub struct MasterSettings {
+    pub run_id: String,
+    pub world_size: u32,
+    pub secret: Option<ClusterSecret>,
+    pub timeouts: Timeouts,
+    /// Where the membership is persisted.
+    pub state_dir: PathBuf,
+    /// The master's own entry (rank 0).
+    pub own: MemberInfo,
+}
+
+struct Conn {
+    id: u64,
+    tx: mpsc::Sender<MasterMsg>,
+}
+
+struct Slot {
+    info: MemberInfo,
+    last_seen: Option<Instant>,
+    conn: Option<Conn>,
+}
+
+struct State {
+    formed: bool,
+    released: bool,
+    slots: BTreeMap<u32, Slot>,
+    entered: BTreeSet<u32>,
+    next_conn_id: u64,
+}
+
+/// The running master.
+pub struct Master {
+    settings: MasterSettings,
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+    local_addr: Option<SocketAddr>,
+    /// One task per control connection.
+    tasks: Mutex<JoinSet<()>>,
+    /// The accept loop and the failure detector.
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Master").field("local_addr", &self.local_addr).finish_non_exhaustive()
+    }
+}
+
+impl Master {
+    /// Starts serving the rendezvous on `listener`. With `resumed`, the cluster is already
+    /// formed (a restarted master): nodes rejoin as they reconnect.
+    pub fn start(
+        mut settings: MasterSettings,
+        listener: Option<TcpListener>,
+        resumed: Option<PersistedMembership>,
+    ) -> Result<Arc<Master>> {
+        let local_addr = match &listener {
+            Some(l) => Some(l.local_addr().map_err(|source| ClusterError::RendezvousBind {
+                addr: "rendezvous listener".into(),
+                source,
+            })?),
+            None => None,
+        };
+        let mut slots = BTreeMap::new();
+        let formed = resumed.is_some();
+        if let Some(p) = resumed {
+            for mut m in p.members {
+                if m.rank == 0 {
+                    settings.own.epoch = m.epoch + 1;
+                    continue;
+                }
+                m.state = NodeState::Down;
+                m.last_heartbeat_unix_ms = None;
+                slots.insert(m.rank, Slot { info: m, last_seen: None, conn: None });
+            }
+        }
+        let own = settings.own.clone();
+        slots.insert(0, Slot { info: own, last_seen: None, conn: None });
+        let master = Arc::new(Master {
+            settings,
+            state: Mutex::new(State { formed, released: formed, slots, entered: BTreeSet::new(), next_conn_id: 1 }),
+            changed: watch::channel(0).0,
+            local_addr,
+            tasks: Mutex::new(JoinSet::new()),
+            background: Mutex::new(Vec::new()),
+        });
+        if formed {
+            master.persist()?;
+        }
+        let accept = Arc::clone(&master);
+        let detector = Arc::clone(&master);
+        {
+            let mut bg = master.background.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(listener) = listener {
+                bg.push(tokio::spawn(async move { accept.accept_loop(listener).await }));
+            }
+            bg.push(tokio::spawn(async move { detector.failure_detector().await }));
+        }
+        Ok(master)
+    }
+
+    /// The rendezvous address (None for a single-node cluster, which serves none).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock is a bug elsewhere; keep serving with the state as is.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_tasks(&self) -> MutexGuard<'_, JoinSet<()>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Waits until every rank has joined and passed the barrier, printing progress. On timeout
+    /// every waiting node is told why and the error names the missing ranks.
+    pub async fn form(&self) -> Result<()> {
+        let t = &self.settings.timeouts;
+        let world = self.settings.world_size;
+        let deadline = Instant::now() + t.join_timeout();
+        let mut rx = self.changed.subscribe();
+        let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
+        // Phase 1: every rank joins.
+        loop {
+            let missing = self.missing_ranks();
+            if missing.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let err = ClusterError::JoinTimeout {
+                    timeout_ms: t.join_timeout_ms,
+                    joined: world - missing.len() as u32,
+                    world_size: world,
+                    missing,
+                };
+                self.broadcast(|| MasterMsg::Abort { reason: err.to_string() });
+                return Err(err);
+            }
+            if now >= next_progress {
+                info!("waiting for {} of {world} ranks: {}", missing.len(), format_ranks(&missing));
+                let joined = world - missing.len() as u32;
+                self.broadcast(|| MasterMsg::Waiting { joined, world_size: world, missing: missing.clone() });
+                next_progress = now + Duration::from_millis(t.progress_interval_ms);
+            }
+            let wake = deadline.min(next_progress);
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+        // Phase 2: the barrier. The membership is final; every node confirms it over its channel.
+        let view = {
+            let mut s = self.lock();
+            s.formed = true;
+            if s.slots.len() == 1 {
+                s.released = true;
+            }
+            snapshot(&s)
+        };
+        self.persist()?;
+        self.broadcast(|| MasterMsg::Formed { view: view.clone() });
+        let barrier_deadline = deadline.max(Instant::now() + t.op_timeout());
+        loop {
+            let pending: Vec<u32> = {
+                let s = self.lock();
+                s.slots.keys().copied().filter(|r| *r != 0 && !s.entered.contains(r)).collect()
+            };
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= barrier_deadline {
+                let reason = format!("barrier timed out: ranks {} did not confirm", format_ranks(&pending));
+                self.broadcast(|| MasterMsg::Abort { reason: reason.clone() });
+                return Err(ClusterError::Timeout { op: reason, timeout_ms: t.join_timeout_ms });
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(barrier_deadline.into()) => {}
+            }
+        }
+        self.lock().released = true;
+        self.broadcast(|| MasterMsg::Release);
+        info!("all {world} ranks joined and passed the barrier");
+        Ok(())
+    }
+
+    fn missing_ranks(&self) -> Vec<u32> {
+        let s = self.lock();
+        (0..self.settings.world_size).filter(|r| !s.slots.contains_key(r)).collect()
+    }
+
+    /// Sends a message to every connected node (a stuck node is disconnected).
+    fn broadcast(&self, msg: impl Fn() -> MasterMsg) {
+        let mut s = self.lock();
+        for slot in s.slots.values_mut() {
+            if let Some(c) = &slot.conn
+                && c.tx.try_send(msg()).is_err() {
+                    warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
+                    slot.conn = None;
+                }
+        }
+    }
+
+    /// The membership as of now, rank order.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        snapshot(&self.lock())
+    }
+
+    fn persist(&self) -> Result<()> {
+        let members = self.members();
+        let p = PersistedMembership {
+            run_id: self.settings.run_id.clone(),
+            world_size: self.settings.world_size,
+            members,
+        };
+        let bytes = serde_json::to_vec_pretty(&p).map_err(|e| ClusterError::DataDir {
+            path: self.settings.state_dir.clone(),
+            reason: format!("cannot encode membership: {e}"),
+        })?;
+        std::fs::create_dir_all(&self.settings.state_dir).map_err(|source| ClusterError::DataDirIo {
+            path: self.settings.state_dir.clone(),
+            op: "create",
+            source,
+        })?;
+        write_atomic(&self.settings.state_dir, MEMBERSHIP_FILE, &bytes)
+    }
+
+    /// Tells every node the master is going away (they will reconnect when it returns) and
+    /// stops the master's tasks.
+    pub async fn shutdown(&self) {
+        for h in std::mem::take(&mut *self.background.lock().unwrap_or_else(|p| p.into_inner())) {
+            h.abort();
+        }
+        {
+            let mut s = self.lock();
+            for slot in s.slots.values_mut() {
+                slot.conn = None; // each writer drains its queue, then closes its connection
+            }
+        }
+        let mut tasks = std::mem::take(&mut *self.lock_tasks());
+        let drain = async { while tasks.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_millis(SHUTDOWN_DRAIN_MS), drain).await;
+        tasks.shutdown().await;
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let master = Arc::clone(&self);
+                    self.lock_tasks().spawn(async move {
+                        if let Err(e) = master.serve_conn(stream, peer).await {
+                            match e {
+                                ClusterError::Connection { .. } => debug!(%peer, "control connection closed: {e}"),
+                                _ => warn!(%peer, "control connection: {e}"),
+                            }
+                        }
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!("rendezvous accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_conn(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) -> Result<()> {
+        let peer_s = peer.to_string();
+        let _ = stream.set_nodelay(true);
+        let op_timeout = self.settings.timeouts.op_timeout();
+        let (mut r, mut w) = stream.into_split();
+        exchange_preamble(&mut r, &mut w, &peer_s, op_timeout).await?;
+        let mut reader = FrameReader::new(r, peer_s.clone(), Direction::ToMaster);
+        let mut writer = FrameWriter::new(w, peer_s.clone(), Direction::ToNode);
+        let master_nonce = nonce();
+        writer
+            .write(&MasterMsg::Challenge {
+                nonce: hex::encode(master_nonce),
+                run_id: self.settings.run_id.clone(),
+                world_size: self.settings.world_size,
+                secured: self.settings.secret.is_some(),
+            })
+            .await?;
+        let hello = timeout(op_timeout, "waiting for the node's hello", reader.read::<NodeMsg>()).await??;
+        let NodeMsg::Hello { protocol, rank, world_size, node_id, run_id, addrs, nonce: node_nonce, proof } = hello
+        else {
+            return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
+        };
+        let node_nonce = hex::decode(&node_nonce).unwrap_or_default();
+        let check = HelloCheck { protocol, rank, world_size, node_id: &node_id, run_id: run_id.as_deref(), proof: proof.as_deref() };
+        if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
+            warn!(%peer, rank, "refused a node: {reason}");
+            writer.write(&MasterMsg::Refused { reason }).await?;
+            writer.shutdown().await;
+            return Ok(());
+        }
+        let (tx, rx) = mpsc::channel(CONN_QUEUE_LEN);
+        let admitted = {
+            let mut s = self.lock();
+            match admit(&mut s, &self.settings, &check) {
+                Err(reason) => Err(reason),
+                Ok(epoch) => {
+                    let conn_id = s.next_conn_id;
+                    s.next_conn_id += 1;
+                    let now = Instant::now();
+                    let info = MemberInfo {
+                        rank,
+                        node_id: node_id.clone(),
+                        role: crate::membership::Role::for_rank(rank),
+                        addrs: addrs.clone(),
+                        state: NodeState::Up,
+                        epoch,
+                        last_heartbeat_unix_ms: None,
+                    };
+                    let old = s.slots.insert(rank, Slot { info, last_seen: Some(now), conn: Some(Conn { id: conn_id, tx }) });
+                    if let Some(Slot { conn: Some(old), .. }) = old {
+                        let _ = old.tx.try_send(MasterMsg::Fenced {
+                            reason: format!("rank {rank} rejoined with epoch {epoch}"),
+                        });
+                    }
+                    if s.formed && !s.released {
+                        s.entered.insert(rank);
+                    }
+                    Ok((conn_id, epoch, s.formed, snapshot(&s)))
+                }
+            }
+        };
+        let (conn_id, epoch, formed, view) = match admitted {
+            Err(reason) => {
+                warn!(%peer, rank, "refused a node: {reason}");
+                writer.write(&MasterMsg::Refused { reason }).await?;
+                writer.shutdown().await;
+                return Ok(());
+            }
+            Ok(a) => a,
+        };
+        let welcome_proof = self.settings.secret.as_ref().map(|s| {
+            hex::encode(s.tag("welcome", &[&master_nonce, &node_nonce, self.settings.run_id.as_bytes(), &epoch.to_be_bytes()]))
+        });
+        writer
+            .write(&MasterMsg::Welcome {
+                run_id: self.settings.run_id.clone(),
+                epoch,
+                proof: welcome_proof,
+                heartbeat_interval_ms: self.settings.timeouts.heartbeat_interval_ms,
+                formed,
+                view,
+            })
+            .await?;
+        if let Some(secret) = &self.settings.secret {
+            let key = secret.session_key(&master_nonce, &node_nonce);
+            reader.set_key(key);
+            writer.set_key(key);
+        }
+        info!(rank, %node_id, epoch, %peer, "rank {rank} joined");
+        if formed {
+            self.persist()?;
+        }
+        self.bump();
+        let mut writer_task = tokio::spawn(write_loop(writer, rx));
+        let result = tokio::select! {
+            r = self.read_loop(&mut reader, rank, conn_id) => r,
+            // The writer ends when this connection was dropped (fenced, stuck, shutdown).
+            _ = &mut writer_task => Ok(()),
+        };
+        writer_task.abort();
+        self.disconnected(rank, conn_id);
+        result
+    }
+
+    fn check_proof(&self, h: &HelloCheck<'_>, master_nonce: &[u8], node_nonce: &[u8]) -> std::result::Result<(), String> {
+        if h.protocol != PROTOCOL_VERSION {
+            return Err(format!("protocol version {} is not the master's {PROTOCOL_VERSION}", h.protocol));
+        }
+        match (&self.settings.secret, h.proof) {
+            (None, None) => Ok(()),
+            (Some(_), None) => Err("this node has no cluster secret, and the master requires one".into()),
+            (None, Some(_)) => Err("the master runs without a cluster secret (--insecure), but this node has one; \
+                 give every node the same secret"
+                .into()),
+            (Some(secret), Some(proof)) => {
+                let proof = hex::decode(proof).unwrap_or_default();
+                let parts = hello_proof_parts(master_nonce, node_nonce, h.rank, h.world_size, h.node_id);
+                let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+                if secret.verify("hello", &parts, &proof) {
+                    Ok(())
+                } else {
+                    Err("wrong cluster secret".into())
+                }
+            }
+        }
+    }
+
+    async fn read_loop(&self, reader: &mut FrameReader, rank: u32, conn_id: u64) -> Result<()> {
+        loop {
+            let msg = reader.read::<NodeMsg>().await?;
+            let mut s = self.lock();
+            let Some(slot) = s.slots.get_mut(&rank).filter(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id)) else {
+                return Ok(()); // fenced: a newer incarnation owns the rank
+            };
+            match msg {
+                NodeMsg::Heartbeat { seq } => {
+                    slot.last_seen = Some(Instant::now());
+                    if slot.info.state != NodeState::Up {
+                        info!(rank, "rank {rank} is up");
+                        slot.info.state = NodeState::Up;
+                    }
+                    send(slot, MasterMsg::HeartbeatAck { seq });
+                }
+                NodeMsg::MembersQuery { req } => {
+                    let view = snapshot(&s);
+                    if let Some(slot) = s.slots.get_mut(&rank) {
+                        send(slot, MasterMsg::Members { req, view });
+                    }
+                }
+                NodeMsg::BarrierEnter => {
+                    s.entered.insert(rank);
+                    drop(s);
+                    self.bump();
+                }
+                NodeMsg::Leave => {
+                    info!(rank, "rank {rank} left (graceful shutdown)");
+                    slot.info.state = NodeState::Down;
+                    slot.conn = None;
+                    return Ok(());
+                }
+                NodeMsg::Hello { .. } => {
+                    return Err(ClusterError::WrongProtocol {
+                        peer: reader.peer().to_string(),
+                        detail: "a second hello on one connection".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn disconnected(&self, rank: u32, conn_id: u64) {
+        let mut s = self.lock();
+        let formed = s.formed;
+        let ours = s.slots.get(&rank).is_some_and(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id));
+        if !ours {
+            return;
+        }
+        if formed {
+            if let Some(slot) = s.slots.get_mut(&rank) {
+                slot.conn = None; // liveness now decays through the failure detector
+            }
+        } else {
+            s.slots.remove(&rank); // before formation a rank is freed when its node goes away
+            s.entered.remove(&rank);
+            info!(rank, "rank {rank} disconnected before the cluster formed");
+        }
+        drop(s);
+        self.bump();
+    }
+
+    async fn failure_detector(self: Arc<Self>) {
+        let t = self.settings.timeouts.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis((t.heartbeat_interval_ms / 2).max(10)));
+        loop {
+            tick.tick().await;
+            let mut s = self.lock();
+            if !s.formed {
+                continue;
+            }
+            let now = Instant::now();
+            for slot in s.slots.values_mut().filter(|sl| sl.info.rank != 0) {
+                let Some(seen) = slot.last_seen else { continue };
+                let silent_ms = now.duration_since(seen).as_millis() as u64;
+                let next = if silent_ms >= t.down_after_ms {
+                    NodeState::Down
+                } else if silent_ms >= t.suspect_after_ms {
+                    NodeState::Suspect
+                } else {
+                    NodeState::Up
+                };
+                if next != slot.info.state && slot.info.state != NodeState::Down {
+                    warn!(rank = slot.info.rank, "rank {} is {} (no heartbeat for {silent_ms} ms)", slot.info.rank, next.as_str());
+                    slot.info.state = next;
+                }
+            }
+        }
+    }
+}
+
+/// The parts of a hello that its proof covers.
+pub(crate) fn hello_proof_parts(master_nonce: &[u8], node_nonce: &[u8], rank: u32, world: u32, node_id: &str) -> Vec<Vec<u8>> {
+    vec![
+        master_nonce.to_vec(),
+        node_nonce.to_vec(),
+        rank.to_be_bytes().to_vec(),
+        world.to_be_bytes().to_vec(),
+        node_id.as_bytes().to_vec(),
+    ]
+}
+
+struct HelloCheck<'a> {
+    protocol: u16,
+    rank: u32,
+    world_size: u32,
+    node_id: &'a str,
+    run_id: Option<&'a str>,
+    proof: Option<&'a str>,
+}
+
+/// Decides whether a node may take its rank; returns its new epoch or the reason for refusal.
+fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::result::Result<u64, String> {
+    let world = settings.world_size;
+    if h.world_size != world {
+        return Err(format!(
+            "world size mismatch: this node was started with world size {}, the master's cluster has world size {world}",
+            h.world_size
+        ));
+    }
+    if h.rank >= world {
+        return Err(format!("rank {} is out of range for world size {world}", h.rank));
+    }
+    if h.rank == 0 {
+        return Err("rank 0 is the master's rank, and the master is already running".into());
+    }
+    if let Some(run_id) = h.run_id
+        && run_id != settings.run_id {
+            return Err(format!(
+                "run id mismatch: this node belongs to run {run_id}, the master runs {}",
+                settings.run_id
+            ));
+        }
+    match s.slots.get(&h.rank) {
+        None => Ok(1),
+        Some(slot) if slot.info.node_id == h.node_id => Ok(slot.info.epoch + 1),
+        Some(slot) if slot.conn.is_some() => Err(format!(
+            "rank {} is already held by live node {} ({})",
+            h.rank,
+            slot.info.node_id,
+            slot.info.addrs.values().next().map(String::as_str).unwrap_or("no address")
+        )),
+        Some(slot) => Err(format!(
+            "rank {} belongs to node {}, which holds its data; restart that node with its data dir",
+            h.rank, slot.info.node_id
+        )),
+    }
+}
+
+fn send(slot: &mut Slot, msg: MasterMsg) {
+    if let Some(c) = &slot.conn
+        && c.tx.try_send(msg).is_err() {
+            warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
+            slot.conn = None;
+        }
+}
+
+fn snapshot(s: &State) -> Vec<MemberInfo> {
+    let now = Instant::now();
+    let now_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    s.slots
+        .values()
+        .map(|slot| {
+            let mut info = slot.info.clone();
+            if info.rank == 0 {
+                info.state = NodeState::Up;
+                info.last_heartbeat_unix_ms = Some(now_unix_ms);
+            } else if let Some(seen) = slot.last_seen {
+                let ago = now.duration_since(seen).as_millis() as u64;
+                info.last_heartbeat_unix_ms = Some(now_unix_ms.saturating_sub(ago));
+            }
+            info
+        })
+        .collect()
+}
+
+async fn write_loop(mut writer: FrameWriter, mut rx: mpsc::Receiver<MasterMsg>) {
+    while let Some(msg) = rx.recv().await {
+        let last = matches!(msg, MasterMsg::Fenced { .. } | MasterMsg::Abort { .. });
+        if let Err(e) = writer.write(&msg).await {
+            debug!("control write failed: {e}");
+            return;
+        }
+        if last {
+            break;
+        }
+    }
+    writer.shutdown().await;
+}
+
+async fn timeout<F: std::future::Future>(d: Duration, what: &str, f: F) -> Result<F::Output> {
+    tokio::time::timeout(d, f)
+        .await
+        .map_err(|_| ClusterError::Timeout { op: what.to_string(), timeout_ms: d.as_millis() as u64 })
+}

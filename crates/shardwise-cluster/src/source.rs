@@ -1,0 +1,1780 @@
+//! Launch-environment detection: the first step of `init_distributed_mode`.
+//!
+//! A shardwise node can be started by hand (flags or the TOML config), by `torchrun`, by Slurm's
+//! `srun`, by Open MPI's `mpirun`, or by an MPICH/Intel MPI (PMI) launcher. Each of these puts
+//! rank, world size and so on in different places. The ML "anchors" (DETR, DeiT, MAE) look
+//! for them with a few unchecked `if "RANK" in os.environ` tests and quietly fall back to
+//! non-distributed mode. This module reads all of them in a fixed order and *validates* what it
+//! finds, so a misconfigured launch fails at once with a message that names the variable at fault.
+//!
+//! Order (the first source that is present wins; every lower source that is also present is
+//! named in a warning):
+//!
+//! 1. explicit values ([`Explicit`]: command-line flags merged over the config file);
+//! 2. torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `TORCHELASTIC_RUN_ID`;
+//! 3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS` (or `SLURM_NPROCS`), `SLURM_LOCALID`,
+//!    `SLURM_NTASKS_PER_NODE`, `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`),
+//!    `SLURM_JOB_NUM_NODES` (or `SLURM_NNODES`), `SLURM_JOB_ID`;
+//! 4. Open MPI: `OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`;
+//! 5. PMI (MPICH/Hydra, Intel MPI): `PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`;
+//! 6. nothing: a single process (rank 0 of 1) at `127.0.0.1:29500`.
+//!
+//! A source is *present* when any of its rank / world-size variables is set. Rank and world
+//! size must be given together (as Horovod and DINOv2 require): if the first present source has
+//! only one of them, that is an error, not a silent fallback.
+//!
+//! Explicit `local_rank` / `local_world_size` override whatever the winning source says. This
+//! is the legacy `torch.distributed.launch --local-rank=N` pattern, where the rank and world size
+//! come from the environment but the local rank comes from a flag.
+//!
+//! The master address and port are chosen in this order, whatever the source: explicit
+//! `master_addr` / `master_port`, then the `MASTER_ADDR` / `MASTER_PORT` variables (set by
+//! torchrun, and honoured under Slurm and MPI too), then a source-specific fallback:
+//!
+//! * Slurm: the first host of the expanded `SLURM_JOB_NODELIST`, and port
+//!   `15000 + (last four digits of SLURM_JOB_ID)`, which is PyTorch Lightning's rule
+//!   (`SLURMEnvironment.resolve_root_node_address` / `main_port`). The port is a function of
+//!   job-wide inputs, so every rank computes the same value without talking to the others. It can
+//!   still collide with another job on the same node whose id has the same last four digits; set
+//!   `MASTER_PORT` to avoid that.
+//! * Open MPI and PMI set no master address. With more than one rank, one must be given.
+//! * otherwise [`DEFAULT_MASTER_ADDR`] and [`DEFAULT_MASTER_PORT`].
+//!
+//! No DNS lookup happens here: the address is carried as written, and the caller resolves it.
+
+use crate::hostlist::{self, HostlistError};
+use serde::Serialize;
+use thiserror::Error;
+
+/// torch's default rendezvous port (`TORCH_DISTRIBUTED_DEFAULT_PORT`).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+/// The master address used when nothing names one (single-node runs).
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+
+/// Base of the Slurm port derivation: `SLURM_PORT_BASE + (last four digits of SLURM_JOB_ID)`.
+const SLURM_PORT_BASE: u16 = 15000;
+
+/// Where the rank and world size came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchSource {
+    Flags,
+    Config,
+    Torchrun,
+    Slurm,
+    #[serde(rename = "openmpi")]
+    OpenMpi,
+    Pmi,
+    None,
+}
+
+impl LaunchSource {
+    /// The same lowercase name serde uses: `"flags"`, `"config"`, `"torchrun"`, `"slurm"`,
+    /// `"openmpi"`, `"pmi"`, `"none"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LaunchSource::Flags => "flags",
+            LaunchSource::Config => "config",
+            LaunchSource::Torchrun => "torchrun",
+            LaunchSource::Slurm => "slurm",
+            LaunchSource::OpenMpi => "openmpi",
+            LaunchSource::Pmi => "pmi",
+            LaunchSource::None => "none",
+        }
+    }
+
+    /// Human name used in messages ("the Slurm source", "Open MPI variables").
+    fn label(&self) -> &'static str {
+        match self {
+            LaunchSource::Flags => "command-line",
+            LaunchSource::Config => "config-file",
+            LaunchSource::Torchrun => "torchrun",
+            LaunchSource::Slurm => "Slurm",
+            LaunchSource::OpenMpi => "Open MPI",
+            LaunchSource::Pmi => "PMI",
+            LaunchSource::None => "no",
+        }
+    }
+
+    /// What "takes precedence" in the warning about an ignored lower source.
+    fn precedence_phrase(&self) -> &'static str {
+        match self {
+            LaunchSource::Flags => "command-line flags",
+            LaunchSource::Config => "config-file settings",
+            LaunchSource::Torchrun => "torchrun variables",
+            LaunchSource::Slurm => "Slurm variables",
+            LaunchSource::OpenMpi => "Open MPI variables",
+            LaunchSource::Pmi => "PMI variables",
+            LaunchSource::None => "defaults",
+        }
+    }
+}
+
+impl std::fmt::Display for LaunchSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Values given explicitly on the command line or in the TOML config file (the binary merges
+/// flags over config, and sets each field's origin).
+#[derive(Debug, Clone, Default)]
+pub struct Explicit {
+    pub rank: Option<Given<i64>>,
+    pub world_size: Option<Given<i64>>,
+    pub local_rank: Option<Given<i64>>,
+    pub local_world_size: Option<Given<i64>>,
+    pub master_addr: Option<Given<String>>,
+    pub master_port: Option<Given<i64>>,
+}
+
+/// One explicitly given value, with where it came from.
+#[derive(Debug, Clone)]
+pub struct Given<T> {
+    pub value: T,
+    /// [`LaunchSource::Flags`] or [`LaunchSource::Config`].
+    pub origin: LaunchSource,
+    /// How to name it in messages, e.g. `"--rank"` or `"rank in shardwise.toml"`.
+    pub name: String,
+}
+
+/// The result of [`detect`]: who this process is and where the master is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Detected {
+    pub source: LaunchSource,
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: Option<u32>,
+    pub local_world_size: Option<u32>,
+    /// As written (host name or IP); not resolved.
+    pub master_addr: String,
+    pub master_port: u16,
+    /// `TORCHELASTIC_RUN_ID` under torchrun, `SLURM_JOB_ID` under Slurm; `None` otherwise.
+    #[serde(skip)]
+    pub run_id: Option<String>,
+    /// Things the caller should log (ignored lower-priority sources, fallbacks taken).
+    #[serde(skip)]
+    pub warnings: Vec<String>,
+}
+
+/// Why the launch environment could not be used. Each message names the variable (or flag) and
+/// the value at fault and says what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SourceError {
+    /// A rank/size value that is not a non-negative integer (includes negative explicit values).
+    #[error("{name} is `{value}`: expected a non-negative integer")]
+    NotANonNegativeInteger { name: String, value: String },
+
+    /// A non-negative integer too large for its field.
+    #[error("{name} is `{value}`: expected a non-negative integer no larger than {max}")]
+    NumberTooLarge {
+        name: String,
+        value: String,
+        max: u64,
+    },
+
+    /// The first present source has a rank but no world size, or the reverse.
+    #[error(
+        "{set_name}={set_value} is set but {missing} is not: the {launcher} source is incomplete (rank and world size must be given together)"
+    )]
+    IncompleteSource {
+        launcher: &'static str,
+        set_name: String,
+        set_value: String,
+        missing: String,
+    },
+
+    #[error("{name} is 0: expected a world size of at least 1")]
+    ZeroWorldSize { name: String },
+
+    #[error(
+        "rank {rank} (from {rank_name}) is not below world size {world_size} (from {world_name}): expected 0 <= rank < world size"
+    )]
+    RankOutOfRange {
+        rank: u32,
+        rank_name: String,
+        world_size: u32,
+        world_name: String,
+    },
+
+    #[error("{name} is 0: expected a local world size of at least 1")]
+    ZeroLocalWorldSize { name: String },
+
+    #[error(
+        "local rank {local_rank} (from {local_rank_name}) is not below local world size {local_world_size} (from {local_world_name}): expected 0 <= local rank < local world size"
+    )]
+    LocalRankOutOfRange {
+        local_rank: u32,
+        local_rank_name: String,
+        local_world_size: u32,
+        local_world_name: String,
+    },
+
+    #[error("master port `{value}` from {origin} is out of range: expected a port in 1..=65535")]
+    InvalidPort { value: String, origin: String },
+
+    #[error("master address from {origin} is empty: expected a host name or IP address")]
+    EmptyMasterAddr { origin: String },
+
+    #[error(
+        "SLURM_JOB_ID is `{value}`: expected a numeric job id to derive the master port (15000 + its last four digits); set MASTER_PORT or pass --master-port instead"
+    )]
+    NonNumericJobId { value: String },
+
+    #[error(
+        "the Slurm job has {world_size} tasks but neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set, so there is no first host to use as master: set MASTER_ADDR or pass --master-addr"
+    )]
+    MissingSlurmNodelist { world_size: u32 },
+
+    #[error("{name} could not be expanded: {source}")]
+    Hostlist {
+        name: &'static str,
+        #[source]
+        source: HostlistError,
+    },
+
+    #[error(
+        "{nodelist_name}=`{nodelist}` expands to {expanded} hosts but {num_nodes_name} is {num_nodes}: expected the same number of nodes"
+    )]
+    NodeCountMismatch {
+        nodelist_name: &'static str,
+        nodelist: String,
+        expanded: usize,
+        num_nodes_name: &'static str,
+        num_nodes: u32,
+    },
+
+    /// Open MPI / PMI with more than one rank and no master address from anywhere.
+    #[error(
+        "{launcher} sets no master address: set MASTER_ADDR (and MASTER_PORT) or pass --master-addr"
+    )]
+    NoMasterAddr { launcher: &'static str },
+}
+
+/// Environment-variable names of one launcher. Where a field lists several names, the first set
+/// one is used (Slurm's older aliases come second).
+struct EnvSpec {
+    source: LaunchSource,
+    rank: &'static [&'static str],
+    world: &'static [&'static str],
+    local_rank: &'static [&'static str],
+    /// Read as a plain integer. Slurm's `SLURM_NTASKS_PER_NODE` is handled apart.
+    local_world: &'static [&'static str],
+    run_id: Option<&'static str>,
+}
+
+const TORCHRUN: EnvSpec = EnvSpec {
+    source: LaunchSource::Torchrun,
+    rank: &["RANK"],
+    world: &["WORLD_SIZE"],
+    local_rank: &["LOCAL_RANK"],
+    local_world: &["LOCAL_WORLD_SIZE"],
+    run_id: Some("TORCHELASTIC_RUN_ID"),
+};
+
+const SLURM: EnvSpec = EnvSpec {
+    source: LaunchSource::Slurm,
+    rank: &["SLURM_PROCID"],
+    world: &["SLURM_NTASKS", "SLURM_NPROCS"],
+    local_rank: &["SLURM_LOCALID"],
+    local_world: &[],
+    run_id: Some("SLURM_JOB_ID"),
+};
+
+const OPEN_MPI: EnvSpec = EnvSpec {
+    source: LaunchSource::OpenMpi,
+    rank: &["OMPI_COMM_WORLD_RANK"],
+    world: &["OMPI_COMM_WORLD_SIZE"],
+    local_rank: &["OMPI_COMM_WORLD_LOCAL_RANK"],
+    local_world: &["OMPI_COMM_WORLD_LOCAL_SIZE"],
+    run_id: None,
+};
+
+const PMI: EnvSpec = EnvSpec {
+    source: LaunchSource::Pmi,
+    rank: &["PMI_RANK"],
+    world: &["PMI_SIZE"],
+    local_rank: &["MPI_LOCALRANKID"],
+    local_world: &["MPI_LOCALNRANKS"],
+    run_id: None,
+};
+
+const ENV_SOURCES: [&EnvSpec; 4] = [&TORCHRUN, &SLURM, &OPEN_MPI, &PMI];
+
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// A number together with the name of the variable or flag it came from.
+#[derive(Debug, Clone)]
+struct Named {
+    value: u32,
+    name: String,
+}
+
+/// Rank and sizes of the winning source, before master resolution.
+struct Winner {
+    source: LaunchSource,
+    rank: Named,
+    world: Named,
+    local_rank: Option<Named>,
+    local_world: Option<Named>,
+    run_id: Option<String>,
+}
+
+/// Detects the launch environment. `env` looks up one environment variable (pass
+/// `&|k| std::env::var(k).ok()` in production, a map in tests).
+///
+/// Returns the rank, sizes and master endpoint of this process, or an error naming the
+/// variable or flag that is missing, malformed or inconsistent. See the module documentation
+/// for the order of sources and the master-address rules.
+pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError> {
+    let mut warnings = Vec::new();
+
+    let mut winner = resolve_explicit(explicit)?;
+    for spec in ENV_SOURCES {
+        let present = present_vars(spec, env);
+        if present.is_empty() {
+            continue;
+        }
+        match &winner {
+            Some(w) => warnings.push(format!(
+                "ignoring {} variables ({}): {} take precedence",
+                spec.source.label(),
+                present.join(", "),
+                w.source.precedence_phrase()
+            )),
+            None => winner = Some(resolve_env(spec, env)?),
+        }
+    }
+
+    let mut w = match winner {
+        Some(w) => w,
+        None => Winner {
+            source: LaunchSource::None,
+            rank: Named {
+                value: 0,
+                name: "the default rank".into(),
+            },
+            world: Named {
+                value: 1,
+                name: "the default world size".into(),
+            },
+            local_rank: Some(Named {
+                value: 0,
+                name: "the default local rank".into(),
+            }),
+            local_world: Some(Named {
+                value: 1,
+                name: "the default local world size".into(),
+            }),
+            run_id: None,
+        },
+    };
+
+    // Explicit local values override the source's (torch.distributed.launch's --local-rank).
+    if let Some(g) = &explicit.local_rank {
+        w.local_rank = Some(given_u32(g)?);
+    }
+    if let Some(g) = &explicit.local_world_size {
+        w.local_world = Some(given_u32(g)?);
+    }
+
+    validate(&w)?;
+
+    let (master_addr, master_port) = resolve_master(explicit, env, &w, &mut warnings)?;
+
+    Ok(Detected {
+        source: w.source,
+        rank: w.rank.value,
+        world_size: w.world.value,
+        local_rank: w.local_rank.map(|n| n.value),
+        local_world_size: w.local_world.map(|n| n.value),
+        master_addr,
+        master_port,
+        run_id: w.run_id,
+        warnings,
+    })
+}
+
+/// The explicit source, if rank or world size was given; an error if only one of them was.
+fn resolve_explicit(explicit: &Explicit) -> Result<Option<Winner>, SourceError> {
+    match (&explicit.rank, &explicit.world_size) {
+        (None, None) => Ok(None),
+        (Some(r), Some(ws)) => Ok(Some(Winner {
+            source: r.origin,
+            rank: given_u32(r)?,
+            world: given_u32(ws)?,
+            local_rank: None,
+            local_world: None,
+            run_id: None,
+        })),
+        (Some(r), None) => Err(SourceError::IncompleteSource {
+            launcher: r.origin.label(),
+            set_name: r.name.clone(),
+            set_value: r.value.to_string(),
+            missing: "a world size".into(),
+        }),
+        (None, Some(ws)) => Err(SourceError::IncompleteSource {
+            launcher: ws.origin.label(),
+            set_name: ws.name.clone(),
+            set_value: ws.value.to_string(),
+            missing: "a rank".into(),
+        }),
+    }
+}
+
+/// Names of the rank / world-size variables of `spec` that are set, in spec order.
+fn present_vars(spec: &EnvSpec, env: Env<'_>) -> Vec<&'static str> {
+    spec.rank
+        .iter()
+        .chain(spec.world.iter())
+        .copied()
+        .filter(|name| env(name).is_some())
+        .collect()
+}
+
+/// The first set variable among `names`, with its value.
+fn first_set(names: &[&'static str], env: Env<'_>) -> Option<(&'static str, String)> {
+    names.iter().find_map(|&n| env(n).map(|v| (n, v)))
+}
+
+/// How to name the missing variable(s): `WORLD_SIZE`, or `SLURM_NTASKS (or SLURM_NPROCS)`.
+fn describe_names(names: &[&'static str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [first, rest @ ..] => format!("{first} (or {})", rest.join(" or ")),
+    }
+}
+
+fn resolve_env(spec: &EnvSpec, env: Env<'_>) -> Result<Winner, SourceError> {
+    let rank = first_set(spec.rank, env);
+    let world = first_set(spec.world, env);
+    let (rank, world) = match (rank, world) {
+        (Some(r), Some(w)) => (r, w),
+        (Some((name, value)), None) => {
+            return Err(SourceError::IncompleteSource {
+                launcher: spec.source.label(),
+                set_name: name.into(),
+                set_value: value,
+                missing: describe_names(spec.world),
+            });
+        }
+        (None, Some((name, value))) => {
+            return Err(SourceError::IncompleteSource {
+                launcher: spec.source.label(),
+                set_name: name.into(),
+                set_value: value,
+                missing: describe_names(spec.rank),
+            });
+        }
+        // Callers only resolve a present source; treat "nothing" as incomplete anyway.
+        (None, None) => {
+            return Err(SourceError::IncompleteSource {
+                launcher: spec.source.label(),
+                set_name: describe_names(spec.rank),
+                set_value: "<unset>".into(),
+                missing: describe_names(spec.world),
+            });
+        }
+    };
+    let rank = env_u32(rank.0, &rank.1)?;
+    let world = env_u32(world.0, &world.1)?;
+    let local_rank = match first_set(spec.local_rank, env) {
+        Some((n, v)) => Some(env_u32(n, &v)?),
+        None => None,
+    };
+    let local_world = match first_set(spec.local_world, env) {
+        Some((n, v)) => Some(env_u32(n, &v)?),
+        None => None,
+    };
+    let local_world = if spec.source == LaunchSource::Slurm {
+        slurm_local_world(env)
+    } else {
+        local_world
+    };
+    Ok(Winner {
+        source: spec.source,
+        rank,
+        world,
+        local_rank,
+        local_world,
+        run_id: spec.run_id.and_then(env),
+    })
+}
+
+/// `SLURM_NTASKS_PER_NODE` as the local world size when it is a plain integer. The compressed
+/// form (`2(x3),1`) may be uneven across nodes, so it gives no single local world size.
+fn slurm_local_world(env: Env<'_>) -> Option<Named> {
+    let name = "SLURM_NTASKS_PER_NODE";
+    let raw = env(name)?;
+    let t = raw.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse::<u32>().ok().map(|value| Named {
+        value,
+        name: name.into(),
+    })
+}
+
+/// Parses an environment value as a u32 (surrounding whitespace allowed).
+fn env_u32(name: &str, raw: &str) -> Result<Named, SourceError> {
+    let t = raw.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SourceError::NotANonNegativeInteger {
+            name: name.into(),
+            value: raw.into(),
+        });
+    }
+    match t.parse::<u32>() {
+        Ok(value) => Ok(Named {
+            value,
+            name: name.into(),
+        }),
+        Err(_) => Err(SourceError::NumberTooLarge {
+            name: name.into(),
+            value: raw.into(),
+            max: u64::from(u32::MAX),
+        }),
+    }
+}
+
+fn given_u32(g: &Given<i64>) -> Result<Named, SourceError> {
+    if g.value < 0 {
+        return Err(SourceError::NotANonNegativeInteger {
+            name: g.name.clone(),
+            value: g.value.to_string(),
+        });
+    }
+    match u32::try_from(g.value) {
+        Ok(value) => Ok(Named {
+            value,
+            name: g.name.clone(),
+        }),
+        Err(_) => Err(SourceError::NumberTooLarge {
+            name: g.name.clone(),
+            value: g.value.to_string(),
+            max: u64::from(u32::MAX),
+        }),
+    }
+}
+
+fn validate(w: &Winner) -> Result<(), SourceError> {
+    if w.world.value == 0 {
+        return Err(SourceError::ZeroWorldSize {
+            name: w.world.name.clone(),
+        });
+    }
+    if w.rank.value >= w.world.value {
+        return Err(SourceError::RankOutOfRange {
+            rank: w.rank.value,
+            rank_name: w.rank.name.clone(),
+            world_size: w.world.value,
+            world_name: w.world.name.clone(),
+        });
+    }
+    if let Some(lw) = &w.local_world {
+        if lw.value == 0 {
+            return Err(SourceError::ZeroLocalWorldSize {
+                name: lw.name.clone(),
+            });
+        }
+        if let Some(lr) = w.local_rank.as_ref().filter(|lr| lr.value >= lw.value) {
+            return Err(SourceError::LocalRankOutOfRange {
+                local_rank: lr.value,
+                local_rank_name: lr.name.clone(),
+                local_world_size: lw.value,
+                local_world_name: lw.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A port from an explicit value or a variable, checked to be in 1..=65535.
+fn port_from(value: &str, origin: &str) -> Result<u16, SourceError> {
+    let t = value.trim();
+    let negative_digits = t
+        .strip_prefix('-')
+        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    if negative_digits {
+        return Err(SourceError::InvalidPort {
+            value: value.into(),
+            origin: origin.into(),
+        });
+    }
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SourceError::NotANonNegativeInteger {
+            name: origin.into(),
+            value: value.into(),
+        });
+    }
+    match t.parse::<u16>() {
+        Ok(p) if p >= 1 => Ok(p),
+        _ => Err(SourceError::InvalidPort {
+            value: value.into(),
+            origin: origin.into(),
+        }),
+    }
+}
+
+fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
+    let trimmed = addr.trim();
+    if trimmed.is_empty() {
+        return Err(SourceError::EmptyMasterAddr {
+            origin: origin.into(),
+        });
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Master address and port, by the precedence in the module documentation. Slurm's
+/// consistency checks (hostlist parses, node count matches) run whenever Slurm won, even if
+/// the master comes from elsewhere: an inconsistent Slurm environment is a problem in itself.
+fn resolve_master(
+    explicit: &Explicit,
+    env: Env<'_>,
+    w: &Winner,
+    warnings: &mut Vec<String>,
+) -> Result<(String, u16), SourceError> {
+    let mut addr = match &explicit.master_addr {
+        Some(g) => Some(check_addr(g.value.clone(), &g.name)?),
+        None => match env("MASTER_ADDR") {
+            Some(v) => Some(check_addr(v, "MASTER_ADDR")?),
+            None => None,
+        },
+    };
+    let mut port = match &explicit.master_port {
+        Some(g) => Some(port_from(&g.value.to_string(), &g.name)?),
+        None => match env("MASTER_PORT") {
+            Some(v) => Some(port_from(&v, "MASTER_PORT")?),
+            None => None,
+        },
+    };
+    let multi = w.world.value > 1;
+
+    match w.source {
+        LaunchSource::Slurm => {
+            let first_host = slurm_first_host(env)?;
+            if addr.is_none() {
+                match first_host {
+                    Some(h) => addr = Some(h),
+                    None if multi => {
+                        return Err(SourceError::MissingSlurmNodelist {
+                            world_size: w.world.value,
+                        });
+                    }
+                    None => {}
+                }
+            }
+            if port.is_none() {
+                match env("SLURM_JOB_ID") {
+                    Some(id) => port = Some(slurm_port(&id)?),
+                    None if multi => warnings.push(format!(
+                        "SLURM_JOB_ID is not set, so no master port can be derived from it: using the default {DEFAULT_MASTER_PORT}"
+                    )),
+                    None => {}
+                }
+            }
+        }
+        LaunchSource::OpenMpi | LaunchSource::Pmi if multi && addr.is_none() => {
+            return Err(SourceError::NoMasterAddr {
+                launcher: w.source.label(),
+            });
+        }
+        LaunchSource::Flags | LaunchSource::Config | LaunchSource::Torchrun
+            if multi && addr.is_none() =>
+        {
+            warnings.push(format!(
+                "no master address is set (MASTER_ADDR or --master-addr) for a world of {} ranks: using {DEFAULT_MASTER_ADDR}, which only works if every rank runs on this host",
+                w.world.value
+            ));
+        }
+        _ => {}
+    }
+
+    Ok((
+        addr.unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_owned()),
+        port.unwrap_or(DEFAULT_MASTER_PORT),
+    ))
+}
+
+/// Expands the Slurm node list (if set), checks it against the node count (if set), and
+/// returns its first host.
+fn slurm_first_host(env: Env<'_>) -> Result<Option<String>, SourceError> {
+    let Some((nodelist_name, nodelist)) = first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env)
+    else {
+        return Ok(None);
+    };
+    let hosts = hostlist::expand(&nodelist).map_err(|source| SourceError::Hostlist {
+        name: nodelist_name,
+        source,
+    })?;
+    if let Some((num_nodes_name, raw)) = first_set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], env) {
+        let num_nodes = env_u32(num_nodes_name, &raw)?.value;
+        if usize::try_from(num_nodes).ok() != Some(hosts.len()) {
+            return Err(SourceError::NodeCountMismatch {
+                nodelist_name,
+                nodelist,
+                expanded: hosts.len(),
+                num_nodes_name,
+                num_nodes,
+            });
+        }
+    }
+    Ok(hosts.into_iter().next())
+}
+
+/// Lightning's rule: `15000 + int(SLURM_JOB_ID[-4:])`, giving a port in 15000..=24999.
+fn slurm_port(job_id: &str) -> Result<u16, SourceError> {
+    let t = job_id.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SourceError::NonNumericJobId {
+            value: job_id.into(),
+        });
+    }
+    // All ASCII digits, so byte slicing is on char boundaries.
+    let last4 = &t[t.len().saturating_sub(4)..];
+    let n: u16 = last4.parse().map_err(|_| SourceError::NonNumericJobId {
+        value: job_id.into(),
+    })?;
+    Ok(SLURM_PORT_BASE + n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    }
+
+    fn run(explicit: &Explicit, pairs: &[(&str, &str)]) -> Result<Detected, SourceError> {
+        let env = env_of(pairs);
+        detect(explicit, &env)
+    }
+
+    fn ok(explicit: &Explicit, pairs: &[(&str, &str)]) -> Detected {
+        match run(explicit, pairs) {
+            Ok(d) => d,
+            Err(e) => panic!("detect failed for {pairs:?}: {e}"),
+        }
+    }
+
+    fn err(explicit: &Explicit, pairs: &[(&str, &str)]) -> SourceError {
+        match run(explicit, pairs) {
+            Ok(d) => panic!("detect should fail for {pairs:?}, got {d:?}"),
+            Err(e) => e,
+        }
+    }
+
+    fn flag<T>(value: T, name: &str) -> Option<Given<T>> {
+        Some(Given {
+            value,
+            origin: LaunchSource::Flags,
+            name: name.into(),
+        })
+    }
+
+    fn conf<T>(value: T, name: &str) -> Option<Given<T>> {
+        Some(Given {
+            value,
+            origin: LaunchSource::Config,
+            name: name.into(),
+        })
+    }
+
+    fn none() -> Explicit {
+        Explicit::default()
+    }
+
+    const TORCH: &[(&str, &str)] = &[
+        ("RANK", "3"),
+        ("WORLD_SIZE", "8"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29400"),
+        ("TORCHELASTIC_RUN_ID", "run-42"),
+    ];
+
+    const SLURM_ENV: &[(&str, &str)] = &[
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+        ("SLURM_JOB_NODELIST", "gnode[10,20,25,37]"),
+        ("SLURM_JOB_NUM_NODES", "4"),
+        ("SLURM_JOB_ID", "1234567"),
+    ];
+
+    fn with(
+        base: &[(&'static str, &'static str)],
+        extra: &[(&'static str, &'static str)],
+    ) -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<_> = base
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(ek, _)| ek == k))
+            .copied()
+            .collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn without(
+        base: &[(&'static str, &'static str)],
+        drop: &[&str],
+    ) -> Vec<(&'static str, &'static str)> {
+        base.iter()
+            .filter(|(k, _)| !drop.contains(k))
+            .copied()
+            .collect()
+    }
+
+    // ---- LaunchSource ----
+
+    #[test]
+    fn launch_source_names() {
+        for (s, name) in [
+            (LaunchSource::Flags, "flags"),
+            (LaunchSource::Config, "config"),
+            (LaunchSource::Torchrun, "torchrun"),
+            (LaunchSource::Slurm, "slurm"),
+            (LaunchSource::OpenMpi, "openmpi"),
+            (LaunchSource::Pmi, "pmi"),
+            (LaunchSource::None, "none"),
+        ] {
+            assert_eq!(s.as_str(), name);
+            assert_eq!(s.to_string(), name);
+            assert_eq!(serde_json::to_string(&s).ok(), Some(format!("\"{name}\"")));
+        }
+    }
+
+    #[test]
+    fn detected_serializes_without_run_id_and_warnings() {
+        let d = ok(&none(), TORCH);
+        let json = serde_json::to_value(&d).unwrap_or_default();
+        assert_eq!(json["source"], "torchrun");
+        assert_eq!(json["rank"], 3);
+        assert_eq!(json["master_port"], 29400);
+        assert!(json.get("run_id").is_none());
+        assert!(json.get("warnings").is_none());
+    }
+
+    // ---- each source alone ----
+
+    #[test]
+    fn no_source() {
+        let d = ok(&none(), &[]);
+        assert_eq!(
+            d,
+            Detected {
+                source: LaunchSource::None,
+                rank: 0,
+                world_size: 1,
+                local_rank: Some(0),
+                local_world_size: Some(1),
+                master_addr: "127.0.0.1".into(),
+                master_port: 29500,
+                run_id: None,
+                warnings: vec![],
+            }
+        );
+        // Unrelated variables do not make a source present.
+        let d = ok(
+            &none(),
+            &[("SLURM_JOB_ID", "7"), ("LOCAL_RANK", "0"), ("PATH", "/bin")],
+        );
+        assert_eq!(d.source, LaunchSource::None);
+        assert!(d.warnings.is_empty());
+    }
+
+    #[test]
+    fn torchrun_alone() {
+        let d = ok(&none(), TORCH);
+        assert_eq!(
+            d,
+            Detected {
+                source: LaunchSource::Torchrun,
+                rank: 3,
+                world_size: 8,
+                local_rank: Some(1),
+                local_world_size: Some(2),
+                master_addr: "10.0.0.1".into(),
+                master_port: 29400,
+                run_id: Some("run-42".into()),
+                warnings: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn torchrun_minimal_defaults_master_and_warns() {
+        let d = ok(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2")]);
+        assert_eq!(d.source, LaunchSource::Torchrun);
+        assert_eq!((d.local_rank, d.local_world_size), (None, None));
+        assert_eq!(
+            (d.master_addr.as_str(), d.master_port),
+            (DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT)
+        );
+        assert_eq!(d.run_id, None);
+        assert_eq!(d.warnings.len(), 1);
+        assert!(
+            d.warnings[0].contains("no master address"),
+            "{:?}",
+            d.warnings
+        );
+        // world 1: nothing to warn about
+        let d = ok(&none(), &[("RANK", "0"), ("WORLD_SIZE", "1")]);
+        assert!(d.warnings.is_empty());
+    }
+
+    #[test]
+    fn slurm_alone_derives_master() {
+        let d = ok(&none(), SLURM_ENV);
+        assert_eq!(
+            d,
+            Detected {
+                source: LaunchSource::Slurm,
+                rank: 5,
+                world_size: 8,
+                local_rank: Some(1),
+                local_world_size: Some(2),
+                master_addr: "gnode10".into(),
+                master_port: 15000 + 4567,
+                run_id: Some("1234567".into()),
+                warnings: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn slurm_fallback_variable_names() {
+        let env = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NPROCS", "2"),
+            ("SLURM_NODELIST", "n[1-2]-ib"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_JOB_ID", "42"),
+        ];
+        let d = ok(&none(), &env);
+        assert_eq!((d.rank, d.world_size), (0, 2));
+        assert_eq!(d.master_addr, "n1-ib");
+        assert_eq!(d.master_port, 15042);
+        // SLURM_NTASKS beats SLURM_NPROCS
+        let d = ok(&none(), &with(&env, &[("SLURM_NTASKS", "4")]));
+        assert_eq!(d.world_size, 4);
+    }
+
+    #[test]
+    fn slurm_compressed_tasks_per_node_gives_no_local_world() {
+        let d = ok(
+            &none(),
+            &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]),
+        );
+        assert_eq!(d.local_world_size, None);
+        assert_eq!(d.local_rank, Some(1));
+        let d = ok(&none(), &without(SLURM_ENV, &["SLURM_NTASKS_PER_NODE"]));
+        assert_eq!(d.local_world_size, None);
+    }
+
+    #[test]
+    fn slurm_port_derivation() {
+        for (id, port) in [
+            ("1234567", 19567),
+            ("42", 15042),
+            ("9999", 24999),
+            ("10000", 15000),
+            ("0", 15000),
+        ] {
+            let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_JOB_ID", id)]));
+            assert_eq!(d.master_port, port, "job id {id}");
+        }
+        // MASTER_PORT beats the derivation, and then a bad job id does not matter.
+        let d = ok(
+            &none(),
+            &with(
+                SLURM_ENV,
+                &[("MASTER_PORT", "1234"), ("SLURM_JOB_ID", "abc")],
+            ),
+        );
+        assert_eq!(d.master_port, 1234);
+        assert_eq!(d.run_id.as_deref(), Some("abc"));
+    }
+
+    #[test]
+    fn slurm_non_numeric_job_id() {
+        let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_ID", "12_3")]));
+        assert_eq!(
+            e,
+            SourceError::NonNumericJobId {
+                value: "12_3".into()
+            }
+        );
+        assert!(e.to_string().contains("`12_3`"));
+    }
+
+    #[test]
+    fn slurm_missing_job_id_defaults_port_with_warning() {
+        let d = ok(&none(), &without(SLURM_ENV, &["SLURM_JOB_ID"]));
+        assert_eq!(d.master_port, DEFAULT_MASTER_PORT);
+        assert_eq!(d.run_id, None);
+        assert_eq!(d.warnings.len(), 1);
+        assert!(d.warnings[0].contains("SLURM_JOB_ID"));
+    }
+
+    #[test]
+    fn slurm_nodelist_mismatch() {
+        let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_NUM_NODES", "3")]));
+        assert_eq!(
+            e,
+            SourceError::NodeCountMismatch {
+                nodelist_name: "SLURM_JOB_NODELIST",
+                nodelist: "gnode[10,20,25,37]".into(),
+                expanded: 4,
+                num_nodes_name: "SLURM_JOB_NUM_NODES",
+                num_nodes: 3,
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("4 hosts") && msg.contains("SLURM_JOB_NUM_NODES is 3"),
+            "{msg}"
+        );
+        // Checked even when MASTER_ADDR is given.
+        let e = err(
+            &none(),
+            &with(
+                SLURM_ENV,
+                &[("SLURM_JOB_NUM_NODES", "3"), ("MASTER_ADDR", "x")],
+            ),
+        );
+        assert!(
+            matches!(e, SourceError::NodeCountMismatch { num_nodes: 3, .. }),
+            "{e}"
+        );
+        // SLURM_JOB_NUM_NODES is preferred over SLURM_NNODES.
+        let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NNODES", "3")]));
+        assert_eq!(d.master_addr, "gnode10");
+        let e = err(
+            &none(),
+            &without(
+                &with(SLURM_ENV, &[("SLURM_NNODES", "9")]),
+                &["SLURM_JOB_NUM_NODES"],
+            ),
+        );
+        assert!(
+            matches!(
+                e,
+                SourceError::NodeCountMismatch {
+                    num_nodes_name: "SLURM_NNODES",
+                    num_nodes: 9,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // No node count at all: no check.
+        let d = ok(&none(), &without(SLURM_ENV, &["SLURM_JOB_NUM_NODES"]));
+        assert_eq!(d.master_addr, "gnode10");
+        // Non-numeric node count.
+        let e = err(
+            &none(),
+            &with(SLURM_ENV, &[("SLURM_JOB_NUM_NODES", "four")]),
+        );
+        assert!(
+            matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == "SLURM_JOB_NUM_NODES")
+        );
+    }
+
+    #[test]
+    fn slurm_bad_nodelist() {
+        let e = err(
+            &none(),
+            &with(SLURM_ENV, &[("SLURM_JOB_NODELIST", "gnode[10-")]),
+        );
+        assert!(
+            matches!(
+                &e,
+                SourceError::Hostlist {
+                    name: "SLURM_JOB_NODELIST",
+                    source: HostlistError::UnbalancedBrackets { .. }
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("SLURM_JOB_NODELIST could not be expanded"),
+            "{e}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn slurm_missing_nodelist() {
+        let e = err(&none(), &without(SLURM_ENV, &["SLURM_JOB_NODELIST"]));
+        assert_eq!(e, SourceError::MissingSlurmNodelist { world_size: 8 });
+        assert!(e.to_string().contains("MASTER_ADDR"));
+        // Fine with MASTER_ADDR...
+        let d = ok(
+            &none(),
+            &with(
+                &without(SLURM_ENV, &["SLURM_JOB_NODELIST"]),
+                &[("MASTER_ADDR", "head")],
+            ),
+        );
+        assert_eq!(d.master_addr, "head");
+        // ...or with a single task.
+        let d = ok(&none(), &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]);
+        assert_eq!(d.master_addr, DEFAULT_MASTER_ADDR);
+        assert_eq!(d.master_port, DEFAULT_MASTER_PORT);
+        assert!(d.warnings.is_empty());
+    }
+
+    #[test]
+    fn slurm_honours_master_env() {
+        let d = ok(
+            &none(),
+            &with(
+                SLURM_ENV,
+                &[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "4000")],
+            ),
+        );
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("10.1.1.1", 4000));
+    }
+
+    #[test]
+    fn open_mpi_alone() {
+        let env = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("MASTER_ADDR", "mpi-head"),
+        ];
+        let d = ok(&none(), &env);
+        assert_eq!(
+            d,
+            Detected {
+                source: LaunchSource::OpenMpi,
+                rank: 2,
+                world_size: 4,
+                local_rank: Some(0),
+                local_world_size: Some(2),
+                master_addr: "mpi-head".into(),
+                master_port: DEFAULT_MASTER_PORT,
+                run_id: None,
+                warnings: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn open_mpi_without_master_addr() {
+        let env = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("MASTER_PORT", "4000"),
+        ];
+        let e = err(&none(), &env);
+        assert_eq!(
+            e,
+            SourceError::NoMasterAddr {
+                launcher: "Open MPI"
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "Open MPI sets no master address: set MASTER_ADDR (and MASTER_PORT) or pass --master-addr"
+        );
+        // An explicit address satisfies it.
+        let ex = Explicit {
+            master_addr: flag("head".to_string(), "--master-addr"),
+            ..none()
+        };
+        let d = ok(&ex, &env);
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("head", 4000));
+        // A single rank needs no master.
+        let d = ok(
+            &none(),
+            &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")],
+        );
+        assert_eq!(d.master_addr, DEFAULT_MASTER_ADDR);
+    }
+
+    #[test]
+    fn pmi_alone() {
+        let env = [
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALRANKID", "1"),
+            ("MPI_LOCALNRANKS", "2"),
+            ("MASTER_ADDR", "hydra-head"),
+            ("MASTER_PORT", "23456"),
+        ];
+        let d = ok(&none(), &env);
+        assert_eq!(d.source, LaunchSource::Pmi);
+        assert_eq!(
+            (d.rank, d.world_size, d.local_rank, d.local_world_size),
+            (1, 2, Some(1), Some(2))
+        );
+        assert_eq!(
+            (d.master_addr.as_str(), d.master_port),
+            ("hydra-head", 23456)
+        );
+        assert_eq!(d.run_id, None);
+        let e = err(&none(), &[("PMI_RANK", "1"), ("PMI_SIZE", "2")]);
+        assert_eq!(e, SourceError::NoMasterAddr { launcher: "PMI" });
+    }
+
+    // ---- precedence ----
+
+    #[test]
+    fn torchrun_inside_slurm() {
+        let env = with(SLURM_ENV, TORCH);
+        let d = ok(&none(), &env);
+        assert_eq!(d.source, LaunchSource::Torchrun);
+        assert_eq!((d.rank, d.world_size), (3, 8));
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("10.0.0.1", 29400));
+        assert_eq!(d.run_id.as_deref(), Some("run-42"));
+        assert_eq!(
+            d.warnings,
+            vec!["ignoring Slurm variables (SLURM_PROCID, SLURM_NTASKS): torchrun variables take precedence".to_string()]
+        );
+    }
+
+    #[test]
+    fn lower_partial_source_is_only_a_warning() {
+        // e.g. torchrun inside salloc, which sets SLURM_NTASKS but not SLURM_PROCID
+        let env = with(
+            TORCH,
+            &[("SLURM_NTASKS", "4"), ("OMPI_COMM_WORLD_SIZE", "x")],
+        );
+        let d = ok(&none(), &env);
+        assert_eq!(d.source, LaunchSource::Torchrun);
+        assert_eq!(
+            d.warnings,
+            vec![
+                "ignoring Slurm variables (SLURM_NTASKS): torchrun variables take precedence".to_string(),
+                "ignoring Open MPI variables (OMPI_COMM_WORLD_SIZE): torchrun variables take precedence".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn slurm_over_mpi() {
+        let env = with(SLURM_ENV, &[("PMI_RANK", "0"), ("PMI_SIZE", "8")]);
+        let d = ok(&none(), &env);
+        assert_eq!(d.source, LaunchSource::Slurm);
+        assert_eq!(
+            d.warnings,
+            vec![
+                "ignoring PMI variables (PMI_RANK, PMI_SIZE): Slurm variables take precedence"
+                    .to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn flags_over_env() {
+        let ex = Explicit {
+            rank: flag(1, "--rank"),
+            world_size: flag(2, "--world-size"),
+            master_addr: flag("flag-host".to_string(), "--master-addr"),
+            master_port: flag(1111, "--master-port"),
+            ..none()
+        };
+        let d = ok(&ex, &with(SLURM_ENV, TORCH));
+        assert_eq!(d.source, LaunchSource::Flags);
+        assert_eq!((d.rank, d.world_size), (1, 2));
+        assert_eq!((d.local_rank, d.local_world_size), (None, None));
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("flag-host", 1111));
+        assert_eq!(d.run_id, None);
+        assert_eq!(
+            d.warnings,
+            vec![
+                "ignoring torchrun variables (RANK, WORLD_SIZE): command-line flags take precedence".to_string(),
+                "ignoring Slurm variables (SLURM_PROCID, SLURM_NTASKS): command-line flags take precedence".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn explicit_source_uses_env_master() {
+        let ex = Explicit {
+            rank: flag(0, "--rank"),
+            world_size: flag(2, "--world-size"),
+            ..none()
+        };
+        let d = ok(&ex, &[("MASTER_ADDR", "envhost"), ("MASTER_PORT", "2222")]);
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("envhost", 2222));
+        assert!(d.warnings.is_empty());
+        // and warns when it must default with world > 1
+        let d = ok(&ex, &[]);
+        assert_eq!(d.master_addr, DEFAULT_MASTER_ADDR);
+        assert_eq!(d.warnings.len(), 1);
+    }
+
+    #[test]
+    fn explicit_master_over_env_master() {
+        let ex = Explicit {
+            master_addr: conf("cfg-host".to_string(), "master_addr in shardwise.toml"),
+            master_port: conf(3333, "master_port in shardwise.toml"),
+            ..none()
+        };
+        let d = ok(&ex, TORCH);
+        assert_eq!(d.source, LaunchSource::Torchrun);
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("cfg-host", 3333));
+        // Explicit master applies with Slurm too, skipping the derivation.
+        let d = ok(&ex, SLURM_ENV);
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("cfg-host", 3333));
+        // And with no source at all.
+        let d = ok(&ex, &[]);
+        assert_eq!(d.source, LaunchSource::None);
+        assert_eq!((d.master_addr.as_str(), d.master_port), ("cfg-host", 3333));
+    }
+
+    #[test]
+    fn config_origin() {
+        let ex = Explicit {
+            rank: conf(2, "rank in shardwise.toml"),
+            world_size: conf(4, "world_size in shardwise.toml"),
+            local_rank: conf(0, "local_rank in shardwise.toml"),
+            local_world_size: conf(1, "local_world_size in shardwise.toml"),
+            master_addr: conf("h".to_string(), "master_addr in shardwise.toml"),
+            ..none()
+        };
+        let d = ok(&ex, &[("RANK", "0"), ("WORLD_SIZE", "1")]);
+        assert_eq!(d.source, LaunchSource::Config);
+        assert_eq!(
+            (d.rank, d.world_size, d.local_rank, d.local_world_size),
+            (2, 4, Some(0), Some(1))
+        );
+        assert_eq!(d.warnings, vec!["ignoring torchrun variables (RANK, WORLD_SIZE): config-file settings take precedence".to_string()]);
+        // Source follows rank's origin when rank and world differ in origin.
+        let ex = Explicit {
+            rank: flag(0, "--rank"),
+            world_size: conf(1, "world_size in shardwise.toml"),
+            ..none()
+        };
+        assert_eq!(ok(&ex, &[]).source, LaunchSource::Flags);
+        let ex = Explicit {
+            rank: conf(0, "rank in shardwise.toml"),
+            world_size: flag(1, "--world-size"),
+            ..none()
+        };
+        assert_eq!(ok(&ex, &[]).source, LaunchSource::Config);
+    }
+
+    #[test]
+    fn explicit_local_values_override_env() {
+        let ex = Explicit {
+            local_rank: flag(0, "--local-rank"),
+            local_world_size: flag(4, "--local-world-size"),
+            ..none()
+        };
+        let d = ok(&ex, TORCH);
+        assert_eq!(d.source, LaunchSource::Torchrun);
+        assert_eq!((d.local_rank, d.local_world_size), (Some(0), Some(4)));
+        let ex = Explicit {
+            local_rank: flag(2, "--local-rank"),
+            ..none()
+        };
+        let e = err(&ex, TORCH);
+        assert_eq!(
+            e,
+            SourceError::LocalRankOutOfRange {
+                local_rank: 2,
+                local_rank_name: "--local-rank".into(),
+                local_world_size: 2,
+                local_world_name: "LOCAL_WORLD_SIZE".into()
+            }
+        );
+    }
+
+    // ---- partial sources ----
+
+    #[test]
+    fn partial_torchrun() {
+        let e = err(&none(), &[("RANK", "2")]);
+        assert_eq!(
+            e,
+            SourceError::IncompleteSource {
+                launcher: "torchrun",
+                set_name: "RANK".into(),
+                set_value: "2".into(),
+                missing: "WORLD_SIZE".into()
+            }
+        );
+        assert!(
+            e.to_string().starts_with(
+                "RANK=2 is set but WORLD_SIZE is not: the torchrun source is incomplete"
+            ),
+            "{e}"
+        );
+        let e = err(&none(), &[("WORLD_SIZE", "4")]);
+        assert!(
+            e.to_string()
+                .starts_with("WORLD_SIZE=4 is set but RANK is not"),
+            "{e}"
+        );
+        // A partial higher source is an error even if a lower one is complete.
+        let e = err(&none(), &with(SLURM_ENV, &[("RANK", "1")]));
+        assert!(
+            matches!(
+                e,
+                SourceError::IncompleteSource {
+                    launcher: "torchrun",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn partial_slurm_mpi_pmi() {
+        let e = err(&none(), &[("SLURM_PROCID", "0")]);
+        assert_eq!(
+            e.to_string(),
+            "SLURM_PROCID=0 is set but SLURM_NTASKS (or SLURM_NPROCS) is not: the Slurm source is incomplete (rank and world size must be given together)"
+        );
+        let e = err(&none(), &[("SLURM_NPROCS", "4")]);
+        assert!(
+            e.to_string()
+                .starts_with("SLURM_NPROCS=4 is set but SLURM_PROCID is not"),
+            "{e}"
+        );
+        let e = err(&none(), &[("OMPI_COMM_WORLD_SIZE", "4")]);
+        assert!(
+            e.to_string().starts_with(
+                "OMPI_COMM_WORLD_SIZE=4 is set but OMPI_COMM_WORLD_RANK is not: the Open MPI source"
+            ),
+            "{e}"
+        );
+        let e = err(&none(), &[("PMI_RANK", "0")]);
+        assert!(
+            e.to_string()
+                .starts_with("PMI_RANK=0 is set but PMI_SIZE is not: the PMI source"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn partial_explicit() {
+        let e = err(
+            &Explicit {
+                rank: flag(2, "--rank"),
+                ..none()
+            },
+            TORCH,
+        );
+        assert_eq!(
+            e,
+            SourceError::IncompleteSource {
+                launcher: "command-line",
+                set_name: "--rank".into(),
+                set_value: "2".into(),
+                missing: "a world size".into()
+            }
+        );
+        let e = err(
+            &Explicit {
+                world_size: conf(4, "world_size in shardwise.toml"),
+                ..none()
+            },
+            &[],
+        );
+        assert!(
+            e.to_string().starts_with(
+                "world_size in shardwise.toml=4 is set but a rank is not: the config-file source"
+            ),
+            "{e}"
+        );
+    }
+
+    // ---- numbers ----
+
+    #[test]
+    fn non_integer_values() {
+        for (var, value) in [
+            ("RANK", "one"),
+            ("RANK", "-1"),
+            ("RANK", ""),
+            ("RANK", "1.5"),
+            ("WORLD_SIZE", "0x10"),
+            ("LOCAL_RANK", "a"),
+            ("LOCAL_WORLD_SIZE", "+2"),
+        ] {
+            let env = with(TORCH, &[(var, value)]);
+            let e = err(&none(), &env);
+            assert_eq!(
+                e,
+                SourceError::NotANonNegativeInteger {
+                    name: var.into(),
+                    value: value.into()
+                },
+                "{var}={value}"
+            );
+            assert!(
+                e.to_string().contains("expected a non-negative integer"),
+                "{e}"
+            );
+            assert!(e.to_string().contains(var), "{e}");
+        }
+        for (var, value) in [
+            ("SLURM_PROCID", "x"),
+            ("SLURM_NTASKS", "x"),
+            ("SLURM_LOCALID", "x"),
+        ] {
+            let e = err(&none(), &with(SLURM_ENV, &[(var, value)]));
+            assert_eq!(
+                e,
+                SourceError::NotANonNegativeInteger {
+                    name: var.into(),
+                    value: value.into()
+                }
+            );
+        }
+        for (var, env) in [
+            (
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                &[
+                    ("OMPI_COMM_WORLD_RANK", "0"),
+                    ("OMPI_COMM_WORLD_SIZE", "1"),
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "z"),
+                ],
+            ),
+            (
+                "MPI_LOCALRANKID",
+                &[
+                    ("PMI_RANK", "0"),
+                    ("PMI_SIZE", "1"),
+                    ("MPI_LOCALRANKID", "z"),
+                ],
+            ),
+        ] {
+            let e = err(&none(), env);
+            assert!(
+                matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == var),
+                "{e}"
+            );
+        }
+        // Surrounding whitespace is tolerated.
+        let d = ok(&none(), &with(TORCH, &[("RANK", " 3 ")]));
+        assert_eq!(d.rank, 3);
+        // Too large for u32.
+        let e = err(&none(), &with(TORCH, &[("WORLD_SIZE", "4294967296")]));
+        assert!(
+            matches!(e, SourceError::NumberTooLarge { ref name, max: 4294967295, .. } if name == "WORLD_SIZE"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn explicit_negative_or_huge() {
+        let ex = Explicit {
+            rank: flag(-1, "--rank"),
+            world_size: flag(2, "--world-size"),
+            ..none()
+        };
+        let e = err(&ex, &[]);
+        assert_eq!(
+            e,
+            SourceError::NotANonNegativeInteger {
+                name: "--rank".into(),
+                value: "-1".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "--rank is `-1`: expected a non-negative integer"
+        );
+        let ex = Explicit {
+            rank: flag(0, "--rank"),
+            world_size: flag(1 << 40, "--world-size"),
+            ..none()
+        };
+        assert!(matches!(err(&ex, &[]), SourceError::NumberTooLarge { .. }));
+        let ex = Explicit {
+            local_rank: flag(-3, "--local-rank"),
+            ..none()
+        };
+        assert!(matches!(
+            err(&ex, &[]),
+            SourceError::NotANonNegativeInteger { .. }
+        ));
+    }
+
+    #[test]
+    fn rank_not_below_world() {
+        let e = err(&none(), &with(TORCH, &[("RANK", "8")]));
+        assert_eq!(
+            e,
+            SourceError::RankOutOfRange {
+                rank: 8,
+                rank_name: "RANK".into(),
+                world_size: 8,
+                world_name: "WORLD_SIZE".into()
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("rank 8") && msg.contains("world size 8"),
+            "{msg}"
+        );
+        let e = err(&none(), &with(SLURM_ENV, &[("SLURM_PROCID", "9")]));
+        assert!(matches!(
+            e,
+            SourceError::RankOutOfRange {
+                rank: 9,
+                world_size: 8,
+                ..
+            }
+        ));
+        let ex = Explicit {
+            rank: flag(5, "--rank"),
+            world_size: conf(3, "world_size in shardwise.toml"),
+            ..none()
+        };
+        let e = err(&ex, &[]);
+        assert!(
+            e.to_string().contains("(from --rank)")
+                && e.to_string()
+                    .contains("(from world_size in shardwise.toml)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn zero_world_sizes() {
+        let e = err(&none(), &with(TORCH, &[("WORLD_SIZE", "0"), ("RANK", "0")]));
+        assert_eq!(
+            e,
+            SourceError::ZeroWorldSize {
+                name: "WORLD_SIZE".into()
+            }
+        );
+        let e = err(&none(), &with(TORCH, &[("LOCAL_WORLD_SIZE", "0")]));
+        assert_eq!(
+            e,
+            SourceError::ZeroLocalWorldSize {
+                name: "LOCAL_WORLD_SIZE".into()
+            }
+        );
+        let e = err(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "0")]));
+        assert_eq!(
+            e,
+            SourceError::ZeroLocalWorldSize {
+                name: "SLURM_NTASKS_PER_NODE".into()
+            }
+        );
+    }
+
+    #[test]
+    fn local_rank_not_below_local_world() {
+        let e = err(&none(), &with(TORCH, &[("LOCAL_RANK", "2")]));
+        assert!(matches!(
+            e,
+            SourceError::LocalRankOutOfRange {
+                local_rank: 2,
+                local_world_size: 2,
+                ..
+            }
+        ));
+        let e = err(&none(), &with(SLURM_ENV, &[("SLURM_LOCALID", "2")]));
+        assert!(
+            matches!(e, SourceError::LocalRankOutOfRange { ref local_world_name, .. } if local_world_name == "SLURM_NTASKS_PER_NODE")
+        );
+        // Unknown local world: no check.
+        let d = ok(
+            &none(),
+            &without(&with(TORCH, &[("LOCAL_RANK", "7")]), &["LOCAL_WORLD_SIZE"]),
+        );
+        assert_eq!(d.local_rank, Some(7));
+    }
+
+    // ---- ports and addresses ----
+
+    #[test]
+    fn bad_ports() {
+        for p in ["0", "70000", "65536", "-1", "99999999999999999999"] {
+            let e = err(&none(), &with(TORCH, &[("MASTER_PORT", p)]));
+            assert_eq!(
+                e,
+                SourceError::InvalidPort {
+                    value: p.into(),
+                    origin: "MASTER_PORT".into()
+                },
+                "{p}"
+            );
+            assert!(
+                e.to_string().contains(p)
+                    && e.to_string().contains("MASTER_PORT")
+                    && e.to_string().contains("1..=65535")
+            );
+        }
+        let e = err(&none(), &with(TORCH, &[("MASTER_PORT", "http")]));
+        assert_eq!(
+            e,
+            SourceError::NotANonNegativeInteger {
+                name: "MASTER_PORT".into(),
+                value: "http".into()
+            }
+        );
+        for p in [0, 70000, -5] {
+            let ex = Explicit {
+                master_port: flag(p, "--master-port"),
+                ..none()
+            };
+            let e = err(&ex, TORCH);
+            assert_eq!(
+                e,
+                SourceError::InvalidPort {
+                    value: p.to_string(),
+                    origin: "--master-port".into()
+                }
+            );
+        }
+        let d = ok(&none(), &with(TORCH, &[("MASTER_PORT", "65535")]));
+        assert_eq!(d.master_port, 65535);
+        let d = ok(&none(), &with(TORCH, &[("MASTER_PORT", "1")]));
+        assert_eq!(d.master_port, 1);
+    }
+
+    #[test]
+    fn empty_master_addr() {
+        let e = err(&none(), &with(TORCH, &[("MASTER_ADDR", " ")]));
+        assert_eq!(
+            e,
+            SourceError::EmptyMasterAddr {
+                origin: "MASTER_ADDR".into()
+            }
+        );
+        let ex = Explicit {
+            master_addr: flag(String::new(), "--master-addr"),
+            ..none()
+        };
+        assert_eq!(
+            err(&ex, &[]),
+            SourceError::EmptyMasterAddr {
+                origin: "--master-addr".into()
+            }
+        );
+    }
+
+    #[test]
+    fn master_addr_is_not_resolved() {
+        let d = ok(
+            &none(),
+            &with(TORCH, &[("MASTER_ADDR", "no-such-host.invalid")]),
+        );
+        assert_eq!(d.master_addr, "no-such-host.invalid");
+    }
+}

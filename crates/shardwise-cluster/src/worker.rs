@@ -1,0 +1,438 @@
+//! A non-master node's side of the cluster: joining the master's rendezvous (with exponential
+//! backoff and jitter), the barrier, and afterwards a link that sends heartbeats, answers
+//! membership queries, notices a silent master and rejoins when it comes back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::error::{ClusterError, Result, format_ranks};
+use crate::membership::{MemberInfo, NodeState};
+use crate::rendezvous::hello_proof_parts;
+use crate::secret::{ClusterSecret, nonce};
+use crate::settings::Timeouts;
+use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
+
+/// First delay between connection attempts.
+const BACKOFF_MIN_MS: u64 = 50;
+/// Longest delay between connection attempts.
+const BACKOFF_MAX_MS: u64 = 2_000;
+/// Messages queued for the master before the link counts as stuck.
+const LINK_QUEUE_LEN: usize = 256;
+/// Longest wait for the master to acknowledge a graceful leave.
+const LEAVE_WAIT_MS: u64 = 2_000;
+
+/// Who this node is and where the master is.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub master: SocketAddr,
+    pub rank: u32,
+    pub world_size: u32,
+    pub node_id: String,
+    /// The run this node belongs to (from its data dir or `--run-id`), if known.
+    pub run_id: Option<String>,
+    pub addrs: BTreeMap<String, String>,
+    pub secret: Option<ClusterSecret>,
+    pub timeouts: Timeouts,
+}
+
+/// An authenticated control connection, right after the master's welcome.
+struct Session {
+    reader: FrameReader,
+    writer: FrameWriter,
+    run_id: String,
+    epoch: u64,
+    formed: bool,
+    view: Vec<MemberInfo>,
+}
+
+/// What the node learned by joining.
+#[derive(Debug, Clone)]
+pub struct Joined {
+    pub run_id: String,
+    pub epoch: u64,
+    pub view: Vec<MemberInfo>,
+}
+
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(BACKOFF_MIN_MS))
+        .with_max_delay(Duration::from_millis(BACKOFF_MAX_MS))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Errors after which retrying cannot help.
+fn is_terminal(e: &ClusterError) -> bool {
+    matches!(
+        e,
+        ClusterError::Refused { .. }
+            | ClusterError::WrongProtocol { .. }
+            | ClusterError::ProtocolVersion { .. }
+            | ClusterError::Auth { .. }
+            | ClusterError::Fenced { .. }
+    )
+}
+
+async fn connect_once(s: &WorkerSettings) -> Result<Session> {
+    let peer = s.master.to_string();
+    let t = &s.timeouts;
+    let stream = tokio::time::timeout(t.connect_timeout(), TcpStream::connect(s.master))
+        .await
+        .map_err(|_| ClusterError::Connection {
+            peer: peer.clone(),
+            detail: format!("connect timed out after {} ms", t.connect_timeout_ms),
+        })?
+        .map_err(|e| ClusterError::Connection { peer: peer.clone(), detail: e.to_string() })?;
+    let _ = stream.set_nodelay(true);
+    let (mut r, mut w) = stream.into_split();
+    exchange_preamble(&mut r, &mut w, &peer, t.op_timeout()).await?;
+    let mut reader = FrameReader::new(r, peer.clone(), Direction::ToNode);
+    let mut writer = FrameWriter::new(w, peer.clone(), Direction::ToMaster);
+    let challenge = read_timeout(&mut reader, t.op_timeout(), "waiting for the master's challenge").await?;
+    let MasterMsg::Challenge { nonce: master_nonce, secured, .. } = challenge else {
+        return Err(ClusterError::WrongProtocol { peer, detail: "the master did not send a challenge".into() });
+    };
+    let master_nonce = hex::decode(master_nonce).unwrap_or_default();
+    if secured && s.secret.is_none() {
+        return Err(ClusterError::Refused {
+            reason: "the master requires a cluster secret and this node has none".into(),
+        });
+    }
+    let node_nonce = nonce();
+    let proof = s.secret.as_ref().map(|secret| {
+        let parts = hello_proof_parts(&master_nonce, &node_nonce, s.rank, s.world_size, &s.node_id);
+        let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        hex::encode(secret.tag("hello", &parts))
+    });
+    writer
+        .write(&NodeMsg::Hello {
+            protocol: PROTOCOL_VERSION,
+            rank: s.rank,
+            world_size: s.world_size,
+            node_id: s.node_id.clone(),
+            run_id: s.run_id.clone(),
+            addrs: s.addrs.clone(),
+            nonce: hex::encode(node_nonce),
+            proof,
+        })
+        .await?;
+    match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
+        MasterMsg::Refused { reason } => Err(ClusterError::Refused { reason }),
+        MasterMsg::Welcome { run_id, epoch, proof, formed, view, .. } => {
+            if let Some(secret) = &s.secret {
+                let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
+                    secret.verify("welcome", &[&master_nonce, &node_nonce, run_id.as_bytes(), &epoch.to_be_bytes()], &p)
+                });
+                if !ok {
+                    return Err(ClusterError::Auth { peer, detail: "the master could not prove it knows the cluster secret".into() });
+                }
+                let key = secret.session_key(&master_nonce, &node_nonce);
+                reader.set_key(key);
+                writer.set_key(key);
+            }
+            Ok(Session { reader, writer, run_id, epoch, formed, view })
+        }
+        other => Err(ClusterError::WrongProtocol { peer, detail: format!("unexpected reply to hello: {other:?}") }),
+    }
+}
+
+async fn read_timeout(reader: &mut FrameReader, d: Duration, what: &str) -> Result<MasterMsg> {
+    tokio::time::timeout(d, reader.read::<MasterMsg>())
+        .await
+        .map_err(|_| ClusterError::Timeout { op: what.to_string(), timeout_ms: d.as_millis() as u64 })?
+}
+
+/// Joins the cluster: connects (retrying with backoff), waits for every rank, passes the
+/// barrier. Fails on refusal at once, and otherwise at the join timeout, naming the missing ranks.
+async fn join(s: &WorkerSettings) -> Result<(Session, Joined)> {
+    let t = &s.timeouts;
+    let deadline = Instant::now() + t.join_timeout();
+    let mut delays = backoff();
+    let mut last_error = String::from("no attempt made");
+    let mut missing: Option<Vec<u32>> = None;
+    let mut announced = false;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(match missing {
+                Some(missing) => ClusterError::JoinTimeout {
+                    timeout_ms: t.join_timeout_ms,
+                    joined: s.world_size - missing.len() as u32,
+                    world_size: s.world_size,
+                    missing,
+                },
+                None => ClusterError::MasterUnreachable {
+                    addr: s.master.to_string(),
+                    timeout_ms: t.join_timeout_ms,
+                    last_error,
+                },
+            });
+        }
+        let attempt = tokio::time::timeout(remaining, async {
+            let mut session = connect_once(s).await?;
+            if !announced {
+                info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);
+                announced = true;
+            }
+            if session.formed {
+                let view = std::mem::take(&mut session.view);
+                return Ok(Some((session, view)));
+            }
+            loop {
+                match session.reader.read::<MasterMsg>().await? {
+                    MasterMsg::Waiting { missing: m, joined, world_size } => {
+                        debug!("waiting for {} of {world_size} ranks ({joined} joined): {}", m.len(), format_ranks(&m));
+                        missing = Some(m);
+                    }
+                    MasterMsg::Formed { view } => {
+                        session.view = view;
+                        session.writer.write(&NodeMsg::BarrierEnter).await?;
+                    }
+                    MasterMsg::Release => {
+                        let view = std::mem::take(&mut session.view);
+                        return Ok(Some((session, view)));
+                    }
+                    MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
+                        return Err(ClusterError::Refused { reason });
+                    }
+                    MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason }),
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        match attempt {
+            Err(_) => continue, // deadline reached; the top of the loop reports it
+            Ok(Ok(Some((session, view)))) => {
+                let joined = Joined { run_id: session.run_id.clone(), epoch: session.epoch, view };
+                return Ok((session, joined));
+            }
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) if is_terminal(&e) => return Err(e),
+            Ok(Err(e)) => {
+                debug!("join attempt failed: {e}");
+                last_error = e.to_string();
+                let delay = delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS));
+                tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
+            }
+        }
+    }
+}
+
+struct LinkState {
+    tx: Option<mpsc::Sender<NodeMsg>>,
+    view: Vec<MemberInfo>,
+    pending: HashMap<u64, oneshot::Sender<Vec<MemberInfo>>>,
+    epoch: u64,
+}
+
+/// The joined node's link to the master. Dropping it does not stop its task; call
+/// [`WorkerLink::leave`].
+pub struct WorkerLink {
+    settings: WorkerSettings,
+    state: Mutex<LinkState>,
+    next_req: AtomicU64,
+    /// Set when the node must stop (fenced, or refused when rejoining).
+    fatal: watch::Sender<Option<String>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    leaving: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for WorkerLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerLink").field("rank", &self.settings.rank).finish_non_exhaustive()
+    }
+}
+
+impl WorkerLink {
+    /// Joins the cluster and starts the link. Returns once the barrier is passed.
+    pub async fn join(settings: WorkerSettings) -> Result<(Arc<WorkerLink>, Joined)> {
+        let (session, joined) = join(&settings).await?;
+        let link = Arc::new(WorkerLink {
+            settings,
+            state: Mutex::new(LinkState { tx: None, view: joined.view.clone(), pending: HashMap::new(), epoch: joined.epoch }),
+            next_req: AtomicU64::new(1),
+            fatal: watch::channel(None).0,
+            task: Mutex::new(None),
+            leaving: std::sync::atomic::AtomicBool::new(false),
+        });
+        let runner = Arc::clone(&link);
+        let handle = tokio::spawn(async move { runner.run(session).await });
+        *link.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok((link, joined))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Becomes `Some(reason)` when this node must stop.
+    pub fn fatal(&self) -> watch::Receiver<Option<String>> {
+        self.fatal.subscribe()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.lock().epoch
+    }
+
+    /// The membership from the master, or the last one received if the master does not answer
+    /// within the operation timeout.
+    pub async fn members(&self) -> Vec<MemberInfo> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let sent = {
+            let mut st = self.lock();
+            match st.tx.clone() {
+                Some(link) if link.try_send(NodeMsg::MembersQuery { req }).is_ok() => {
+                    st.pending.insert(req, tx);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if sent {
+            if let Ok(Ok(view)) = tokio::time::timeout(self.settings.timeouts.op_timeout(), rx).await {
+                return view;
+            }
+            self.lock().pending.remove(&req);
+        }
+        self.lock().view.clone()
+    }
+
+    /// Tells the master this node is leaving and stops the link.
+    pub async fn leave(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
+        let tx = self.lock().tx.take();
+        let handle = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.try_send(NodeMsg::Leave);
+        }
+        if let Some(mut h) = handle {
+            // The master closes the connection after `Leave`; that ends the task.
+            let wait = self.settings.timeouts.op_timeout().min(Duration::from_millis(LEAVE_WAIT_MS));
+            if tokio::time::timeout(wait, &mut h).await.is_err() {
+                h.abort();
+            }
+        }
+    }
+
+    async fn run(self: Arc<Self>, first: Session) {
+        let mut session = Some(first);
+        let mut delays = backoff();
+        loop {
+            if self.leaving.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Some(s) = session.take() {
+                delays = backoff();
+                let reason = self.serve(s).await;
+                match reason {
+                    Err(e) if matches!(e, ClusterError::Fenced { .. }) => {
+                        self.fatal.send_replace(Some(e.to_string()));
+                        return;
+                    }
+                    _ if self.leaving.load(Ordering::SeqCst) => return,
+                    Err(e) => warn!("lost the master at {}: {e}; reconnecting", self.settings.master),
+                    Ok(()) => return,
+                }
+                self.master_lost();
+            }
+            tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS))).await;
+            match connect_once(&self.settings).await {
+                Ok(s) => {
+                    info!(epoch = s.epoch, "rejoined the master at {}", self.settings.master);
+                    session = Some(s);
+                }
+                Err(e) if is_terminal(&e) => {
+                    warn!("the master refused this node on rejoin: {e}");
+                    self.fatal.send_replace(Some(e.to_string()));
+                    return;
+                }
+                Err(e) => debug!("reconnect failed: {e}"),
+            }
+        }
+    }
+
+    fn master_lost(&self) {
+        let mut st = self.lock();
+        st.tx = None;
+        st.pending.clear();
+        for m in st.view.iter_mut().filter(|m| m.rank == 0) {
+            m.state = NodeState::Down;
+        }
+    }
+
+    /// Runs one control session until it fails; `Ok` only when the link was asked to stop.
+    async fn serve(&self, session: Session) -> Result<()> {
+        let Session { mut reader, mut writer, epoch, view, .. } = session;
+        let (tx, mut rx) = mpsc::channel::<NodeMsg>(LINK_QUEUE_LEN);
+        {
+            let mut st = self.lock();
+            st.tx = Some(tx.clone());
+            st.epoch = epoch;
+            if !view.is_empty() {
+                st.view = view;
+            }
+        }
+        let writer_task = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                if writer.write(&msg).await.is_err() {
+                    break;
+                }
+            }
+            writer.shutdown().await;
+        });
+        let interval = self.settings.timeouts.heartbeat_interval();
+        let heartbeat = tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                seq += 1;
+                if tx.send(NodeMsg::Heartbeat { seq }).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let silence = Duration::from_millis(self.settings.timeouts.down_after_ms);
+        let result = loop {
+            let msg = match tokio::time::timeout(silence, reader.read::<MasterMsg>()).await {
+                Err(_) => {
+                    break Err(ClusterError::Timeout {
+                        op: "waiting for the master's heartbeat acknowledgement".into(),
+                        timeout_ms: silence.as_millis() as u64,
+                    });
+                }
+                Ok(Err(e)) => break Err(e),
+                Ok(Ok(m)) => m,
+            };
+            match msg {
+                MasterMsg::Members { req, view } => {
+                    let mut st = self.lock();
+                    st.view = view.clone();
+                    if let Some(waiter) = st.pending.remove(&req) {
+                        let _ = waiter.send(view);
+                    }
+                }
+                MasterMsg::Fenced { reason } => break Err(ClusterError::Fenced { reason }),
+                MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
+                    break Err(ClusterError::Refused { reason });
+                }
+                _ => {}
+            }
+        };
+        heartbeat.abort();
+        writer_task.abort();
+        result
+    }
+}

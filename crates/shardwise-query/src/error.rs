@@ -1,0 +1,94 @@
+//! The one error type of the query layer, and the line between the user's mistakes and ours.
+//!
+//! Front ends (Flight SQL, later pgwire and HTTP) must tell a client "your SQL is wrong" apart from
+//! "the server failed"; [`QueryError::is_user_error`] is that test, decided here once.
+
+use datafusion::error::DataFusionError;
+
+/// An error from planning or executing a statement.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The statement is wrong: syntax, unknown table or column, type mismatch, bad setting, a
+    /// runtime error caused by the data (division by zero, failed cast), ...
+    #[error("{}", .0.strip_backtrace())]
+    Invalid(#[source] DataFusionError),
+    /// The statement is valid SQL but shardwise does not run it (DDL and DML on DataFusion
+    /// tables, for now).
+    #[error("statement not supported: {0}")]
+    Unsupported(String),
+    /// The engine failed (I/O, resources, a bug): not the user's fault.
+    #[error("internal error: {}", .0.strip_backtrace())]
+    Internal(#[source] DataFusionError),
+}
+
+impl QueryError {
+    /// True when the client sent something wrong (retrying the same statement will fail again);
+    /// false when the server failed.
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            QueryError::Invalid(_) | QueryError::Unsupported(_) => true,
+            QueryError::Internal(_) => false,
+        }
+    }
+}
+
+impl From<DataFusionError> for QueryError {
+    fn from(e: DataFusionError) -> Self {
+        if is_user_caused(&e) {
+            QueryError::Invalid(e)
+        } else {
+            QueryError::Internal(e)
+        }
+    }
+}
+
+/// Classifies a DataFusion error by its root cause.
+fn is_user_caused(e: &DataFusionError) -> bool {
+    use datafusion::arrow::error::ArrowError;
+    match e.find_root() {
+        DataFusionError::SQL(..)
+        | DataFusionError::Plan(_)
+        | DataFusionError::SchemaError(..)
+        | DataFusionError::NotImplemented(_)
+        | DataFusionError::Configuration(_)
+        | DataFusionError::Execution(_) => true,
+        DataFusionError::ArrowError(arrow, _) => !matches!(
+            **arrow,
+            ArrowError::IoError(..) | ArrowError::ExternalError(_) | ArrowError::MemoryError(_)
+        ),
+        DataFusionError::Collection(errors) => errors.first().is_some_and(is_user_caused),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_errors_are_user_errors() {
+        let e = QueryError::from(DataFusionError::Plan("no such column".into()));
+        assert!(e.is_user_error());
+        assert_eq!(e.to_string(), "Error during planning: no such column");
+    }
+
+    #[test]
+    fn internal_and_io_errors_are_not() {
+        assert!(!QueryError::from(DataFusionError::Internal("bug".into())).is_user_error());
+        let io = std::io::Error::other("disk gone");
+        assert!(!QueryError::from(DataFusionError::IoError(io)).is_user_error());
+    }
+
+    #[test]
+    fn context_is_looked_through() {
+        let e = DataFusionError::Plan("bad".into()).context("while planning");
+        assert!(QueryError::from(e).is_user_error());
+    }
+
+    #[test]
+    fn unsupported_is_a_user_error() {
+        let e = QueryError::Unsupported("DDL (CreateExternalTable)".into());
+        assert!(e.is_user_error());
+        assert_eq!(e.to_string(), "statement not supported: DDL (CreateExternalTable)");
+    }
+}

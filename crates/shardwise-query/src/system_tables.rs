@@ -1,0 +1,140 @@
+//! The `system` schema: tables that describe the running cluster rather than user data.
+//!
+//! `system.nodes` is the operator's view of membership. It holds no rows of its own: every scan
+//! asks the [`ClusterView`] afresh, so a query always sees the membership of the moment it runs.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{
+    ArrayRef, RecordBatch, StringArray, TimestampMillisecondArray, UInt32Array, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::catalog::memory::MemorySourceConfig;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::error::Result;
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+use shardwise_cluster::{ClusterView, MemberInfo};
+
+/// Name of the schema holding the system tables.
+pub const SYSTEM_SCHEMA: &str = "system";
+/// Name of the membership table in [`SYSTEM_SCHEMA`].
+pub const NODES_TABLE: &str = "nodes";
+
+static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let utc = Some(Arc::from("UTC"));
+    Arc::new(Schema::new(vec![
+        Field::new("rank", DataType::UInt32, false),
+        Field::new("node_id", DataType::Utf8, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("flight_addr", DataType::Utf8, true),
+        Field::new("pg_addr", DataType::Utf8, true),
+        Field::new("http_addr", DataType::Utf8, true),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("epoch", DataType::UInt64, false),
+        Field::new(
+            "last_heartbeat",
+            DataType::Timestamp(TimeUnit::Millisecond, utc),
+            true,
+        ),
+    ]))
+});
+
+/// `system.nodes`: one row per cluster member, read from the [`ClusterView`] at scan time.
+#[derive(Debug)]
+pub struct NodesTable {
+    cluster: Arc<dyn ClusterView>,
+}
+
+impl NodesTable {
+    pub fn new(cluster: Arc<dyn ClusterView>) -> Self {
+        NodesTable { cluster }
+    }
+}
+
+/// The rows of `system.nodes` as one batch in [`NODES_SCHEMA`] order.
+fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
+    let addr = |service: &str| -> ArrayRef {
+        Arc::new(
+            members
+                .iter()
+                .map(|m| m.addrs.get(service).map(String::as_str))
+                .collect::<StringArray>(),
+        )
+    };
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(members.iter().map(|m| m.rank).collect::<UInt32Array>()),
+        Arc::new(
+            members
+                .iter()
+                .map(|m| Some(m.node_id.as_str()))
+                .collect::<StringArray>(),
+        ),
+        Arc::new(
+            members
+                .iter()
+                .map(|m| Some(m.role.as_str()))
+                .collect::<StringArray>(),
+        ),
+        addr("flight"),
+        addr("pg"),
+        addr("http"),
+        Arc::new(
+            members
+                .iter()
+                .map(|m| Some(m.state.as_str()))
+                .collect::<StringArray>(),
+        ),
+        Arc::new(members.iter().map(|m| m.epoch).collect::<UInt64Array>()),
+        Arc::new(
+            members
+                .iter()
+                .map(|m| m.last_heartbeat_unix_ms.and_then(|ms| i64::try_from(ms).ok()))
+                .collect::<TimestampMillisecondArray>()
+                .with_timezone("UTC"),
+        ),
+    ];
+    Ok(RecordBatch::try_new(Arc::clone(&NODES_SCHEMA), columns)?)
+}
+
+/// The future `scan` returns (`TableProvider` is an `async_trait`; this crate spells out what
+/// that macro would generate instead of depending on it).
+type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
+
+impl TableProvider for NodesTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&NODES_SCHEMA)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    fn scan<'life0, 'life1, 'life2, 'life3, 'async_trait>(
+        &'life0 self,
+        _state: &'life1 dyn Session,
+        projection: Option<&'life2 Vec<usize>>,
+        _filters: &'life3 [Expr],
+        _limit: Option<usize>,
+    ) -> ScanFuture<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        'life3: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(async move {
+            let members = self.cluster.members().await;
+            let batch = nodes_batch(&members)?;
+            let plan: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
+                &[vec![batch]],
+                Arc::clone(&NODES_SCHEMA),
+                projection.cloned(),
+            )?;
+            Ok(plan)
+        })
+    }
+}

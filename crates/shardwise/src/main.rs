@@ -1,0 +1,62 @@
+//! `shardwise`: the command-line binary. Each subcommand lives in its own module; this file only
+//! parses the command line and reports errors (with their causes) and the exit code.
+
+mod cmd_launch;
+mod cmd_node;
+mod cmd_sql;
+mod logging;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// shardwise: a distributed analytical engine. Tables sharded by key across a cluster of nodes,
+/// kept in sync, queried with SQL.
+#[derive(Parser, Debug)]
+#[command(name = "shardwise", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one cluster node (init_distributed_mode, then serve).
+    ///
+    /// Rank, world size and master address come from, in this order: flags or --config; torchrun
+    /// variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Slurm
+    /// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST, SLURM_JOB_ID); Open MPI
+    /// (OMPI_COMM_WORLD_*); PMI (PMI_RANK, PMI_SIZE). With none of them: a single-node cluster.
+    Node(Box<cmd_node::NodeArgs>),
+    /// Start N local nodes as one cluster, as `torchrun --standalone` does.
+    Launch(cmd_launch::LaunchArgs),
+    /// Run SQL against a node: -e SQL, -f FILE, or statements on standard input.
+    Sql(cmd_sql::SqlArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Node(args) => cmd_node::run(*args).await,
+            Command::Launch(args) => cmd_launch::run(args).await,
+            Command::Sql(args) => cmd_sql::run(args).await.map(|()| ExitCode::SUCCESS),
+        }
+    });
+    // Do not wait for stray blocking tasks (a stdin reader, say) at exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `init_distributed_mode` across real processes: launch, join timeouts, refusals, failure
+//! detection and rejoin after SIGKILL (workers and the master).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::support::*;
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn launch_four_nodes_exit_after_init() {
+    let dir = tempdir();
+    let mut c = shardwise();
+    c.args(["launch", "--nproc", "4", "--data-dir"]).arg(dir.path()).args(["--", "--exit-after-init"]);
+    let out = run_with_timeout(c, T);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "launch failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let mut ranks = BTreeSet::new();
+    let mut ids = BTreeSet::new();
+    let mut masters = 0;
+    for line in stdout.lines() {
+        let Some(json) = line.find('{').map(|i| &line[i..]) else { continue };
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        let prefix = format!("[rank {}]", v["rank"]);
+        assert!(line.starts_with(&prefix), "line not prefixed with its rank: {line}");
+        assert_eq!(v["world_size"], 4);
+        ranks.insert(v["rank"].as_u64().unwrap());
+        ids.insert(v["node_id"].as_str().unwrap().to_string());
+        if v["role"] == "master" {
+            masters += 1;
+            assert_eq!(v["rank"], 0);
+        }
+        assert!(v["init_ms"].as_u64().is_some());
+    }
+    assert_eq!(ranks, (0..4).collect::<BTreeSet<u64>>(), "{stdout}");
+    assert_eq!(masters, 1);
+    assert_eq!(ids.len(), 4, "node ids not distinct: {ids:?}");
+}
+
+#[test]
+fn join_timeout_names_the_missing_rank() {
+    let dir = tempdir();
+    let port = free_port();
+    let mut nodes: Vec<Proc> = (0..2)
+        .map(|r| {
+            let mut c = node_cmd(r, 3, port, &rank_dir(dir.path(), r));
+            c.args(["--join-timeout-ms", "3000"]);
+            Proc::spawn(c)
+        })
+        .collect();
+    for (r, n) in nodes.iter_mut().enumerate() {
+        let (code, out) = n.wait_exit(Duration::from_secs(20));
+        assert_ne!(code, Some(0), "rank {r} should fail:\n{out}");
+        assert!(out.contains("missing ranks: 2"), "rank {r} does not name rank 2:\n{out}");
+    }
+    assert!(nodes[0].seen.iter().any(|l| l.contains("waiting for 1 of 3 ranks: 2")), "{:?}", nodes[0].seen);
+}
+
+/// Starts a master for `world` ranks and returns it with its port.
+fn master(world: u32, dir: &std::path::Path) -> (Proc, u16) {
+    let port = free_port();
+    (Proc::spawn(node_cmd(0, world, port, &rank_dir(dir, 0))), port)
+}
+
+#[test]
+fn duplicate_rank_is_refused() {
+    let dir = tempdir();
+    let (mut m, port) = master(3, dir.path());
+    let _first = Proc::spawn(node_cmd(1, 3, port, &rank_dir(dir.path(), 1)));
+    m.wait_for_line("rank 1 joined", T);
+    let mut second = Proc::spawn(node_cmd(1, 3, port, &dir.path().join("other")));
+    let (code, out) = second.wait_exit(T);
+    assert_ne!(code, Some(0));
+    assert!(out.contains("rank 1 is already held by live node"), "{out}");
+}
+
+#[test]
+fn wrong_secret_is_refused() {
+    let dir = tempdir();
+    let (_m, port) = master(2, dir.path());
+    let mut c = node_cmd(1, 2, port, &rank_dir(dir.path(), 1));
+    c.env("SHARDWISE_CLUSTER_SECRET", "another-secret-0123456789");
+    let (code, out) = Proc::spawn(c).wait_exit(T);
+    assert_ne!(code, Some(0));
+    assert!(out.contains("wrong cluster secret"), "{out}");
+}
+
+#[test]
+fn mismatched_world_size_is_refused() {
+    let dir = tempdir();
+    let (_m, port) = master(2, dir.path());
+    let (code, out) = Proc::spawn(node_cmd(1, 3, port, &rank_dir(dir.path(), 1))).wait_exit(T);
+    assert_ne!(code, Some(0));
+    assert!(out.contains("world size mismatch"), "{out}");
+}
+
+/// Rows of system.nodes as (rank, node_id, state, epoch).
+fn nodes(addr: &str) -> Option<Vec<(String, String, String, u64)>> {
+    let rows = sql_csv(addr, "SELECT rank, node_id, state, epoch FROM system.nodes ORDER BY rank").ok()?;
+    Some(rows.into_iter().map(|r| (r[0].clone(), r[1].clone(), r[2].clone(), r[3].parse().unwrap_or(0))).collect())
+}
+
+fn state_of(addr: &str, rank: &str) -> Option<String> {
+    nodes(addr)?.into_iter().find(|n| n.0 == rank).map(|n| n.2)
+}
+
+#[test]
+fn killed_nodes_go_down_and_rejoin_with_their_identity() {
+    let dir = tempdir();
+    let port = free_port();
+    let mut procs: Vec<Proc> = (0..3).map(|r| Proc::spawn(node_cmd(r, 3, port, &rank_dir(dir.path(), r)))).collect();
+    let addrs: Vec<String> = procs.iter_mut().map(|p| flight_addr(&p.wait_for_line("listening rank=", T))).collect();
+    let before = nodes(&addrs[0]).expect("system.nodes on the master");
+    assert_eq!(before.len(), 3);
+    assert!(before.iter().all(|n| n.2 == "up"), "{before:?}");
+
+    // A worker killed with SIGKILL is `down` within down_after_ms (1 s) plus slack.
+    procs[2].kill9();
+    eventually(Duration::from_secs(10), "rank 2 down", || (state_of(&addrs[0], "2")? == "down").then_some(()));
+    // Restarted on the same data dir: same node_id, higher epoch, up.
+    procs[2] = Proc::spawn(node_cmd(2, 3, port, &rank_dir(dir.path(), 2)));
+    procs[2].wait_for_line("listening rank=2", T);
+    let after = eventually(Duration::from_secs(10), "rank 2 up", || {
+        let n = nodes(&addrs[0])?;
+        (n[2].2 == "up").then_some(n)
+    });
+    assert_eq!(after[2].1, before[2].1, "rank 2 changed node_id");
+    assert!(after[2].3 > before[2].3, "epoch did not grow: {after:?}");
+
+    // The master: killed, seen down by a worker, restarted, the same cluster again.
+    procs[0].kill9();
+    eventually(Duration::from_secs(10), "master down as seen by rank 1", || {
+        (state_of(&addrs[1], "0")? == "down").then_some(())
+    });
+    procs[0] = Proc::spawn(node_cmd(0, 3, port, &rank_dir(dir.path(), 0)));
+    let line = procs[0].wait_for_line("listening rank=0", T);
+    let master_addr = flight_addr(&line);
+    let resumed = eventually(Duration::from_secs(15), "all up after the master restarts", || {
+        let n = nodes(&master_addr)?;
+        n.iter().all(|m| m.2 == "up").then_some(n)
+    });
+    for r in 0..3 {
+        assert_eq!(resumed[r].1, before[r].1, "rank {r} changed node_id");
+    }
+    assert!(resumed[0].3 > before[0].3, "master epoch did not grow");
+}
+
+#[test]
+fn sigterm_stops_a_node_gracefully() {
+    let dir = tempdir();
+    let mut p = Proc::spawn(node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0)));
+    p.wait_for_line("listening rank=0", T);
+    p.signal("TERM");
+    let (code, out) = p.wait_exit(Duration::from_secs(15));
+    assert_eq!(code, Some(0), "{out}");
+}

@@ -1,0 +1,7 @@
+//! Process-level tests: real `shardwise` processes on 127.0.0.1 with ephemeral ports, each
+//! bounded in time and cleaned up (children are killed when their handle drops).
+
+mod support;
+
+mod init_cluster;
+mod init_validation;
