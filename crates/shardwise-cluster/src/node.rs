@@ -291,3 +291,108 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::Detected;
+
+    fn opts(rank: u32, world: u32, port: u16, dir: &std::path::Path, secret: Option<&str>) -> InitOptions {
+        InitOptions {
+            detected: Detected {
+                source: LaunchSource::Flags,
+                rank,
+                world_size: world,
+                local_rank: Some(rank),
+                local_world_size: Some(world),
+                master_addr: "127.0.0.1".into(),
+                master_port: port,
+                run_id: None,
+                warnings: vec![],
+            },
+            data_dir: dir.join(format!("rank-{rank}")),
+            secret: secret.map(|s| ClusterSecret::new(s.as_bytes().to_vec(), "test").unwrap()),
+            insecure: false,
+            run_id: None,
+            timeouts: Timeouts { join_timeout_ms: 10_000, ..Timeouts::default() },
+            embedded: true,
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn addrs(rank: u32) -> BTreeMap<String, String> {
+        BTreeMap::from([("flight".to_string(), format!("127.0.0.1:{}", 40000 + rank))])
+    }
+
+    #[tokio::test]
+    async fn three_nodes_form_a_cluster_in_one_process() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let secret = Some("0123456789abcdef-secret");
+        let nodes = futures_join(
+            (0..3).map(|r| init_distributed_mode(opts(r, 3, port, tmp.path(), secret), addrs(r))).collect(),
+        )
+        .await;
+        let nodes: Vec<Node> = nodes.into_iter().map(|n| n.unwrap()).collect();
+        let run_ids: std::collections::BTreeSet<_> = nodes.iter().map(|n| n.run_id.clone()).collect();
+        assert_eq!(run_ids.len(), 1);
+        for n in &nodes {
+            let members = n.view().members().await;
+            assert_eq!(members.len(), 3);
+            assert!(members.iter().all(|m| m.state == NodeState::Up), "{members:?}");
+            assert_eq!(members[2].addrs["flight"], "127.0.0.1:40002");
+        }
+        // A second node for rank 2 with another identity is refused while rank 2 is live.
+        let other = tempfile::tempdir().unwrap();
+        let err = init_distributed_mode(opts(2, 3, port, other.path(), secret), addrs(2)).await.unwrap_err();
+        assert!(err.to_string().contains("already held by live node"), "{err}");
+        // A node with the wrong secret is refused.
+        let err = init_distributed_mode(opts(1, 3, port, other.path(), Some("another-secret-0123")), addrs(1))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("wrong cluster secret"), "{err}");
+        for n in nodes {
+            n.shutdown().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_restarted_on_its_data_dir_keeps_its_id_with_a_higher_epoch() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = futures_join(
+            (0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect(),
+        )
+        .await
+        .into_iter()
+        .map(|n| n.unwrap())
+        .collect::<Vec<_>>();
+        let w = nodes.pop().unwrap();
+        let (id, epoch) = (w.node_id, w.epoch);
+        w.shutdown().await;
+        let w = init_distributed_mode(opts(1, 2, port, tmp.path(), None), addrs(1)).await.unwrap();
+        assert_eq!(w.node_id, id);
+        assert!(w.epoch > epoch);
+        let members = nodes[0].view().members().await;
+        assert_eq!(members[1].state, NodeState::Up);
+        assert_eq!(members[1].epoch, w.epoch);
+        w.shutdown().await;
+        nodes.pop().unwrap().shutdown().await;
+    }
+
+    /// Runs futures concurrently on the current task (no extra dependency for `join_all`).
+    async fn futures_join<F: std::future::Future + Send + 'static>(fs: Vec<F>) -> Vec<F::Output>
+    where
+        F::Output: Send + 'static,
+    {
+        let handles: Vec<_> = fs.into_iter().map(tokio::spawn).collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    }
+}
