@@ -89,6 +89,9 @@ mod tests {
     fn unsupported_is_a_user_error() {
         let e = QueryError::Unsupported("DDL (CreateExternalTable)".into());
         assert!(e.is_user_error());
-        assert_eq!(e.to_string(), "statement not supported: DDL (CreateExternalTable)");
+        assert_eq!(
+            e.to_string(),
+            "statement not supported: DDL (CreateExternalTable)"
+        );
     }
 }

@@ -91,7 +91,10 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
         Arc::new(
             members
                 .iter()
-                .map(|m| m.last_heartbeat_unix_ms.and_then(|ms| i64::try_from(ms).ok()))
+                .map(|m| {
+                    m.last_heartbeat_unix_ms
+                        .and_then(|ms| i64::try_from(ms).ok())
+                })
                 .collect::<TimestampMillisecondArray>()
                 .with_timezone("UTC"),
         ),

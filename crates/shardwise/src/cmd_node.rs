@@ -237,7 +237,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     }));
     let reason: Option<String> = tokio::select! {
         s = shutdown_signal() => { info!("{s}: shutting down"); None }
-        _ = fatal.wait_for(|f| f.is_some()) => fatal.borrow().clone(),
+        f = fatal.wait_for(|f| f.is_some()) => match f {
+            Ok(reason) => reason.clone(),
+            Err(_) => Some("the cluster link stopped".to_string()),
+        },
         r = server => Some(match r {
             Ok(Ok(())) => "the Flight SQL server stopped".to_string(),
             Ok(Err(e)) => format!("the Flight SQL server failed: {e}"),

@@ -1,9 +1,12 @@
 //! `shardwise`: the command-line binary. Each subcommand lives in its own module; this file only
 //! parses the command line and reports errors (with their causes) and the exit code.
 
+mod cmd_bench;
+mod cmd_demo;
 mod cmd_launch;
 mod cmd_node;
 mod cmd_sql;
+mod embedded;
 mod logging;
 
 use std::process::ExitCode;
@@ -32,6 +35,10 @@ enum Command {
     Launch(cmd_launch::LaunchArgs),
     /// Run SQL against a node: -e SQL, -f FILE, or statements on standard input.
     Sql(cmd_sql::SqlArgs),
+    /// The main job: an embedded cluster in this process, shown end to end.
+    Demo(cmd_demo::DemoArgs),
+    /// Benchmarks (run on a release build); each prints ratios against a same-run baseline.
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +55,8 @@ fn main() -> ExitCode {
             Command::Node(args) => cmd_node::run(*args).await,
             Command::Launch(args) => cmd_launch::run(args).await,
             Command::Sql(args) => cmd_sql::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Demo(args) => cmd_demo::run(args).await,
+            Command::Bench(args) => cmd_bench::run(args).await,
         }
     });
     // Do not wait for stray blocking tasks (a stdin reader, say) at exit.

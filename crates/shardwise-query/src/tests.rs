@@ -1,0 +1,214 @@
+//! Engine-level tests: planning, refusal of DataFusion DDL, and `system.nodes` over a fake
+//! cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use futures::TryStreamExt;
+use shardwise_cluster::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
+
+use crate::{QueryEngine, QueryError};
+
+/// A three-node cluster whose rank 2 is down and has never sent a heartbeat.
+#[derive(Debug)]
+struct FakeCluster;
+
+fn member(rank: u32, state: NodeState, heartbeat: Option<u64>) -> MemberInfo {
+    let mut addrs = BTreeMap::new();
+    addrs.insert("flight".to_string(), format!("10.0.0.{rank}:50051"));
+    if rank == 0 {
+        addrs.insert("pg".to_string(), "10.0.0.0:5432".to_string());
+    }
+    MemberInfo {
+        rank,
+        node_id: format!("node-{rank}"),
+        role: Role::for_rank(rank),
+        addrs,
+        state,
+        epoch: u64::from(rank) + 1,
+        last_heartbeat_unix_ms: heartbeat,
+    }
+}
+
+impl ClusterView for FakeCluster {
+    fn rank(&self) -> u32 {
+        0
+    }
+    fn world_size(&self) -> u32 {
+        3
+    }
+    fn members(&self) -> BoxFuture<'_, Vec<MemberInfo>> {
+        Box::pin(async {
+            vec![
+                member(0, NodeState::Up, Some(1_700_000_000_000)),
+                member(1, NodeState::Up, Some(1_700_000_001_000)),
+                member(2, NodeState::Down, None),
+            ]
+        })
+    }
+}
+
+fn engine() -> QueryEngine {
+    match QueryEngine::new(Arc::new(FakeCluster)) {
+        Ok(engine) => engine,
+        Err(e) => panic!("engine: {e}"),
+    }
+}
+
+async fn run(engine: &QueryEngine, sql: &str) -> Result<Vec<RecordBatch>, QueryError> {
+    let planned = engine.plan(sql).await?;
+    let stream = engine.execute(planned).await?;
+    Ok(stream.try_collect().await?)
+}
+
+fn pretty(batches: &[RecordBatch]) -> String {
+    match pretty_format_batches(batches) {
+        Ok(table) => table.to_string(),
+        Err(e) => panic!("format: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn select_one() {
+    let engine = engine();
+    let planned = engine.plan("SELECT 1 AS one").await.expect("plan");
+    assert_eq!(planned.schema().field(0).name(), "one");
+    let batches = run(&engine, "SELECT 1 AS one").await.expect("run");
+    assert_eq!(
+        pretty(&batches),
+        "+-----+\n| one |\n+-----+\n| 1   |\n+-----+"
+    );
+}
+
+#[tokio::test]
+async fn unknown_column_is_a_user_error() {
+    let err = engine()
+        .plan("SELECT nope FROM system.nodes")
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error(), "{err:?}");
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
+#[tokio::test]
+async fn syntax_error_is_a_user_error() {
+    let err = engine().plan("SELEC 1").await.unwrap_err();
+    assert!(err.is_user_error(), "{err:?}");
+}
+
+#[tokio::test]
+async fn create_external_table_is_refused_without_running() {
+    let dir = std::env::temp_dir().join("shardwise-query-should-not-exist");
+    let sql = format!(
+        "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}'",
+        dir.display()
+    );
+    let engine = engine();
+    let err = engine.plan(&sql).await.unwrap_err();
+    assert!(matches!(err, QueryError::Unsupported(_)), "{err:?}");
+    assert!(err.is_user_error());
+    assert!(
+        err.to_string().starts_with("statement not supported: "),
+        "{err}"
+    );
+    // Planning did not register the table.
+    let err = engine.plan("SELECT * FROM t").await.unwrap_err();
+    assert!(err.to_string().contains("t"), "{err}");
+}
+
+#[tokio::test]
+async fn insert_and_copy_are_refused() {
+    let engine = engine();
+    for sql in [
+        "INSERT INTO system.nodes SELECT * FROM system.nodes",
+        "COPY (SELECT 1) TO '/tmp/shardwise-query-copy.csv'",
+        "CREATE VIEW v AS SELECT 1",
+    ] {
+        let err = engine.plan(sql).await.unwrap_err();
+        assert!(matches!(err, QueryError::Unsupported(_)), "{sql}: {err:?}");
+    }
+}
+
+#[tokio::test]
+async fn set_is_allowed_and_takes_effect() {
+    let engine = engine();
+    let batches = run(&engine, "SET datafusion.execution.batch_size = 1234")
+        .await
+        .expect("set");
+    assert!(batches.iter().all(|b| b.num_rows() == 0));
+    let batches = run(
+        &engine,
+        "SELECT value FROM information_schema.df_settings \
+         WHERE name = 'datafusion.execution.batch_size'",
+    )
+    .await
+    .expect("read back");
+    assert!(pretty(&batches).contains("1234"), "{}", pretty(&batches));
+}
+
+#[tokio::test]
+async fn system_nodes_lists_members() {
+    let batches = run(&engine(), "SELECT * FROM system.nodes ORDER BY rank")
+        .await
+        .expect("run");
+    let expected = "\
++------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+
+| rank | node_id | role   | flight_addr   | pg_addr      | http_addr | state | epoch | last_heartbeat       |
++------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+
+| 0    | node-0  | master | 10.0.0.0:50051 | 10.0.0.0:5432 |           | up    | 1     | 2023-11-14T22:13:20Z |
+| 1    | node-1  | worker | 10.0.0.1:50051 |              |           | up    | 2     | 2023-11-14T22:13:21Z |
+| 2    | node-2  | worker | 10.0.0.2:50051 |              |           | down  | 3     |                      |
++------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+";
+    let got = pretty(&batches);
+    // Compare cell contents, not column widths.
+    let cells = |s: &str| -> Vec<Vec<String>> {
+        s.lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| l.split('|').map(|c| c.trim().to_string()).collect())
+            .collect()
+    };
+    assert_eq!(cells(&got), cells(expected), "{got}");
+}
+
+#[tokio::test]
+async fn system_nodes_projection_and_filter() {
+    let engine = engine();
+    let planned = engine
+        .plan("SELECT node_id, state FROM system.nodes WHERE state <> 'up'")
+        .await
+        .expect("plan");
+    let schema = planned.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["node_id", "state"]);
+    let batches = run(
+        &engine,
+        "SELECT node_id, state FROM system.nodes WHERE state <> 'up'",
+    )
+    .await
+    .expect("run");
+    assert_eq!(
+        pretty(&batches),
+        "+---------+-------+\n| node_id | state |\n+---------+-------+\n| node-2  | down  |\n+---------+-------+"
+    );
+}
+
+#[tokio::test]
+async fn system_nodes_schema_types() {
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    let planned = engine()
+        .plan("SELECT * FROM system.nodes")
+        .await
+        .expect("plan");
+    let schema = planned.schema();
+    assert_eq!(schema.fields().len(), 9);
+    assert_eq!(schema.field(0).data_type(), &DataType::UInt32);
+    assert_eq!(schema.field(7).data_type(), &DataType::UInt64);
+    assert_eq!(
+        schema.field(8).data_type(),
+        &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
+    );
+    assert!(schema.field(3).is_nullable());
+    assert!(!schema.field(1).is_nullable());
+}

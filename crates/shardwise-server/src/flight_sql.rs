@@ -1,0 +1,352 @@
+//! The Arrow Flight SQL endpoint: how ADBC, JDBC and `shardwise sql` clients talk to a node.
+//!
+//! Flight SQL splits a query in two calls: `GetFlightInfo` returns the result schema and a
+//! ticket, `DoGet` redeems the ticket for the rows. The ticket (and a prepared statement's handle)
+//! is simply the SQL text, planned again at `DoGet`, so the endpoint keeps no per-query state.
+//! All failures become a `tonic::Status` in [`to_status`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, CommandGetSqlInfo, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate, ProstMessageExt,
+    SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
+    IpcMessage, SchemaAsIpc, Ticket,
+};
+use datafusion::arrow::array::{Array, UInt64Array};
+use datafusion::execution::SendableRecordBatchStream;
+use futures::{Stream, TryStreamExt};
+use prost::Message;
+use shardwise_query::{QueryEngine, QueryError};
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::{self, Credentials};
+use crate::error::ServerError;
+
+/// Name reported in `GetSqlInfo`.
+pub const SERVER_NAME: &str = "shardwise";
+
+type DoGetStream = <FlightSqlEndpoint as FlightService>::DoGetStream;
+type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>;
+
+/// Maps a query-layer error to the status a client sees. The one place this mapping lives.
+fn to_status(e: QueryError) -> Status {
+    if e.is_user_error() {
+        Status::invalid_argument(e.to_string())
+    } else {
+        tracing::warn!(error = %e, "query failed");
+        Status::internal(e.to_string())
+    }
+}
+
+/// Serves Flight SQL on top of a [`QueryEngine`].
+pub struct FlightSqlEndpoint {
+    engine: Arc<QueryEngine>,
+    /// Bearer token handed out by `Handshake`; one per process (there is one user so far).
+    token: String,
+    sql_info: SqlInfoData,
+}
+
+impl std::fmt::Debug for FlightSqlEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlightSqlEndpoint")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlightSqlEndpoint {
+    pub fn new(engine: Arc<QueryEngine>) -> Result<Self, ServerError> {
+        let mut info = SqlInfoDataBuilder::new();
+        info.append(SqlInfo::FlightSqlServerName, SERVER_NAME);
+        info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        // Arrow format version (Schema.fbs MetadataVersion V5 is format 1.3 and later).
+        info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+        let sql_info = info.build().map_err(ServerError::SqlInfo)?;
+        Ok(FlightSqlEndpoint {
+            engine,
+            token: uuid::Uuid::new_v4().simple().to_string(),
+            sql_info,
+        })
+    }
+
+    /// Admits a call: no credentials, `default` with an empty password, or our bearer token.
+    fn authorize(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        match auth::credentials(metadata)? {
+            Credentials::Anonymous => Ok(()),
+            Credentials::Basic { user, password } => auth::check_password(&user, &password),
+            Credentials::Bearer(token) if token == self.token => Ok(()),
+            Credentials::Bearer(_) => Err(Status::unauthenticated(
+                "unknown session token (the server may have restarted): handshake again",
+            )),
+        }
+    }
+
+    /// Plans `sql` and runs it.
+    async fn run(&self, sql: &str) -> Result<SendableRecordBatchStream, Status> {
+        let planned = self.engine.plan(sql).await.map_err(to_status)?;
+        self.engine.execute(planned).await.map_err(to_status)
+    }
+
+    /// Plans `sql` (nothing runs) and describes its result with one endpoint redeeming `ticket`.
+    async fn flight_info(
+        &self,
+        sql: &str,
+        ticket: Ticket,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo, Status> {
+        let planned = self.engine.plan(sql).await.map_err(to_status)?;
+        FlightInfo::new()
+            .try_with_schema(&planned.schema())
+            .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
+            .map(|info| {
+                info.with_endpoint(FlightEndpoint::new().with_ticket(ticket))
+                    .with_descriptor(descriptor)
+            })
+    }
+
+    /// Plans and runs `sql`, then streams its rows as Flight data.
+    async fn do_get_sql(&self, sql: &str) -> Result<Response<DoGetStream>, Status> {
+        Ok(Response::new(encode(self.run(sql).await?)))
+    }
+
+    /// Runs a statement for its effect; the affected row count when it reports one, else 0.
+    async fn run_update(&self, sql: &str) -> Result<i64, Status> {
+        let stream = self.run(sql).await?;
+        let batches: Vec<_> = stream
+            .try_collect()
+            .await
+            .map_err(|e| to_status(QueryError::from(e)))?;
+        Ok(affected_rows(&batches))
+    }
+}
+
+/// DataFusion reports DML as one `count: UInt64` column; anything else affected no rows.
+fn affected_rows(batches: &[arrow::array::RecordBatch]) -> i64 {
+    let mut total: u64 = 0;
+    for batch in batches {
+        let schema = batch.schema();
+        if schema.fields().len() != 1 || schema.field(0).name() != "count" {
+            return 0;
+        }
+        let Some(counts) = batch.column(0).as_any().downcast_ref::<UInt64Array>() else {
+            return 0;
+        };
+        total = total.saturating_add(counts.iter().flatten().sum());
+    }
+    i64::try_from(total).unwrap_or(i64::MAX)
+}
+
+/// Turns a result stream into Flight data; the schema is sent even when there are no rows.
+fn encode(stream: SendableRecordBatchStream) -> DoGetStream {
+    let schema: SchemaRef = stream.schema();
+    let batches = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
+    let data = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(Status::from);
+    Box::pin(data)
+}
+
+/// The SQL carried by a ticket or handle.
+fn sql_text(bytes: &[u8]) -> Result<&str, Status> {
+    std::str::from_utf8(bytes).map_err(|_| Status::invalid_argument("statement is not UTF-8"))
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for FlightSqlEndpoint {
+    type FlightService = FlightSqlEndpoint;
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<HandshakeStream>, Status> {
+        self.authorize(request.metadata())?;
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: self.token.clone().into(),
+        };
+        let output: HandshakeStream = Box::pin(futures::stream::iter([Ok(reply)]));
+        let mut response = Response::new(output);
+        let bearer = MetadataValue::try_from(format!("Bearer {}", self.token))
+            .map_err(|e| Status::internal(format!("cannot encode the session token: {e}")))?;
+        response.metadata_mut().insert("authorization", bearer);
+        Ok(response)
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let ticket = TicketStatementQuery {
+            statement_handle: query.query.clone().into(),
+        };
+        let ticket = Ticket::new(ticket.as_any().encode_to_vec());
+        let info = self
+            .flight_info(&query.query, ticket, request.into_inner())
+            .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let sql = sql_text(&query.prepared_statement_handle)?.to_string();
+        let ticket = Ticket::new(query.as_any().encode_to_vec());
+        let info = self.flight_info(&sql, ticket, request.into_inner()).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let ticket = Ticket::new(query.as_any().encode_to_vec());
+        let info = FlightInfo::new()
+            .try_with_schema(query.into_builder(&self.sql_info).schema().as_ref())
+            .map_err(|e| Status::internal(format!("cannot encode the sql info schema: {e}")))?
+            .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
+            .with_descriptor(request.into_inner());
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        self.do_get_sql(sql_text(&ticket.statement_handle)?).await
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        self.do_get_sql(sql_text(&query.prepared_statement_handle)?)
+            .await
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        let builder = query.into_builder(&self.sql_info);
+        let schema = builder.schema();
+        let batch = builder.build();
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(futures::stream::once(async { batch }))
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(data)))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        command: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.authorize(request.metadata())?;
+        self.run_update(&command.query).await
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        command: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.authorize(request.metadata())?;
+        self.run_update(sql_text(&command.prepared_statement_handle)?)
+            .await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        self.authorize(request.metadata())?;
+        let planned = self.engine.plan(&query.query).await.map_err(to_status)?;
+        let IpcMessage(dataset_schema) =
+            SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
+                .try_into()
+                .map_err(|e: arrow::error::ArrowError| {
+                    Status::internal(format!("cannot encode the result schema: {e}"))
+                })?;
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: query.query.into(),
+            dataset_schema,
+            // No parameters yet: `$1` placeholders are not bound.
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<(), Status> {
+        // The handle is the SQL itself: nothing is held, nothing to release.
+        self.authorize(request.metadata())
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::error::DataFusionError;
+
+    #[test]
+    fn user_errors_are_invalid_argument() {
+        let status = to_status(QueryError::from(DataFusionError::Plan(
+            "no column x".into(),
+        )));
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(status.message(), "Error during planning: no column x");
+    }
+
+    #[test]
+    fn internal_errors_are_internal() {
+        let status = to_status(QueryError::from(DataFusionError::Internal("bug".into())));
+        assert_eq!(status.code(), tonic::Code::Internal);
+    }
+
+    #[test]
+    fn affected_rows_reads_a_count_column() {
+        use arrow::array::{Int32Array, RecordBatch};
+        let count =
+            RecordBatch::try_from_iter([("count", Arc::new(UInt64Array::from(vec![3u64])) as _)])
+                .expect("batch");
+        assert_eq!(affected_rows(&[count.clone(), count]), 6);
+        let other = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1])) as _)])
+            .expect("batch");
+        assert_eq!(affected_rows(&[other]), 0);
+        assert_eq!(affected_rows(&[]), 0);
+    }
+}

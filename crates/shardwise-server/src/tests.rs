@@ -1,0 +1,249 @@
+//! End-to-end tests: `serve_flight` on an ephemeral port, queried with the Rust Flight SQL
+//! client as `shardwise sql`, ADBC and JDBC would.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::util::pretty::pretty_format_batches;
+use arrow_flight::error::FlightError;
+use arrow_flight::sql::SqlInfo;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use shardwise_cluster::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
+use shardwise_query::QueryEngine;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+use crate::serve_flight;
+
+#[derive(Debug)]
+struct TwoNodes;
+
+impl ClusterView for TwoNodes {
+    fn rank(&self) -> u32 {
+        0
+    }
+    fn world_size(&self) -> u32 {
+        2
+    }
+    fn members(&self) -> BoxFuture<'_, Vec<MemberInfo>> {
+        Box::pin(async {
+            (0..2)
+                .map(|rank| MemberInfo {
+                    rank,
+                    node_id: format!("n{rank}"),
+                    role: Role::for_rank(rank),
+                    addrs: BTreeMap::new(),
+                    state: NodeState::Up,
+                    epoch: 1,
+                    last_heartbeat_unix_ms: None,
+                })
+                .collect()
+        })
+    }
+}
+
+/// A running server and a way to stop it.
+struct Running {
+    addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), crate::ServerError>>,
+}
+
+impl Running {
+    async fn start() -> Running {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let engine = Arc::new(QueryEngine::new(Arc::new(TwoNodes)).expect("engine"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve_flight(listener, engine, async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn client(&self) -> FlightSqlServiceClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        FlightSqlServiceClient::new(channel)
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.await.expect("join").expect("serve");
+    }
+}
+
+async fn query(
+    client: &mut FlightSqlServiceClient<Channel>,
+    sql: &str,
+) -> Result<Vec<RecordBatch>, FlightError> {
+    let info = client.execute(sql.to_string(), None).await?;
+    let mut batches = Vec::new();
+    for endpoint in info.endpoint {
+        let Some(ticket) = endpoint.ticket else {
+            continue;
+        };
+        let stream = client.do_get(ticket).await?;
+        batches.extend(stream.try_collect::<Vec<_>>().await?);
+    }
+    Ok(batches)
+}
+
+fn status_of(e: FlightError) -> tonic::Status {
+    match e {
+        FlightError::Tonic(status) => *status,
+        other => panic!("expected a status, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn query_over_flight_sql() {
+    let server = Running::start().await;
+    let mut client = server.client().await;
+    client.handshake("default", "").await.expect("handshake");
+    assert!(client.token().is_some());
+
+    let batches = query(
+        &mut client,
+        "SELECT node_id, role FROM system.nodes ORDER BY rank",
+    )
+    .await
+    .expect("query");
+    let table = pretty_format_batches(&batches).expect("format").to_string();
+    assert_eq!(
+        table,
+        "+---------+--------+\n| node_id | role   |\n+---------+--------+\n| n0      | master |\n| n1      | worker |\n+---------+--------+"
+    );
+
+    // A user error comes back as InvalidArgument with DataFusion's message.
+    let status = status_of(
+        query(&mut client, "SELECT nope FROM system.nodes")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("nope"), "{}", status.message());
+
+    let status = status_of(
+        query(
+            &mut client,
+            "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/nonexistent'",
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("statement not supported: "),
+        "{}",
+        status.message()
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn anonymous_update_prepared_and_sql_info() {
+    let server = Running::start().await;
+    let mut client = server.client().await;
+
+    // No handshake at all is accepted while no users are configured.
+    let affected = client
+        .execute_update(
+            "SET datafusion.execution.batch_size = 100".to_string(),
+            None,
+        )
+        .await
+        .expect("set");
+    assert_eq!(affected, 0);
+
+    // An empty result still carries its schema.
+    let info = client
+        .execute(
+            "SELECT rank FROM system.nodes WHERE rank > 5".to_string(),
+            None,
+        )
+        .await
+        .expect("execute");
+    let schema = info.clone().try_decode_schema().expect("schema");
+    assert_eq!(schema.field(0).name(), "rank");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get");
+    let rows: Vec<RecordBatch> = (&mut stream).try_collect().await.expect("rows");
+    assert_eq!(rows.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    assert_eq!(
+        stream.schema().map(|s| s.field(0).name().clone()),
+        Some("rank".into())
+    );
+
+    // Prepared statements: the handle is the SQL.
+    let mut prepared = client
+        .prepare("SELECT count(*) AS n FROM system.nodes".to_string(), None)
+        .await
+        .expect("prepare");
+    assert_eq!(
+        prepared.dataset_schema().expect("schema").field(0).name(),
+        "n"
+    );
+    let info = prepared.execute().await.expect("execute prepared");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let batches: Vec<RecordBatch> = client
+        .do_get(ticket)
+        .await
+        .expect("do_get")
+        .try_collect()
+        .await
+        .expect("rows");
+    assert!(
+        pretty_format_batches(&batches)
+            .expect("fmt")
+            .to_string()
+            .contains("| 2 |")
+    );
+    prepared.close().await.expect("close");
+
+    // Server description.
+    let info = client
+        .get_sql_info(vec![SqlInfo::FlightSqlServerName])
+        .await
+        .expect("sql info");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let batches: Vec<RecordBatch> = client
+        .do_get(ticket)
+        .await
+        .expect("do_get")
+        .try_collect()
+        .await
+        .expect("rows");
+    let text = pretty_format_batches(&batches).expect("fmt").to_string();
+    assert!(text.contains("shardwise"), "{text}");
+
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn other_users_and_stale_tokens_are_refused() {
+    let server = Running::start().await;
+    let mut client = server.client().await;
+    let err = client.handshake("admin", "secret").await.unwrap_err();
+    assert!(err.to_string().contains("unknown user"), "{err}");
+
+    client.set_token("not-issued-here".to_string());
+    let status = status_of(query(&mut client, "SELECT 1").await.unwrap_err());
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+
+    server.stop().await;
+}
