@@ -202,6 +202,7 @@ impl Prepared {
             init_ms,
             rendezvous: self.master,
             view: Arc::new(NodeView { rank: d.rank, world_size: d.world_size, inner }),
+            master_fatal: watch::channel(None).0,
             _data_dir: self.data_dir,
         })
     }
@@ -257,6 +258,8 @@ pub struct Node {
     /// The master's rendezvous address (None in a single-node cluster).
     pub rendezvous: Option<SocketAddr>,
     view: Arc<NodeView>,
+    /// The master's never-firing `fatal` channel (kept so receivers do not see it closed).
+    master_fatal: watch::Sender<Option<String>>,
     _data_dir: DataDir,
 }
 
@@ -275,7 +278,7 @@ impl Node {
     pub fn fatal(&self) -> watch::Receiver<Option<String>> {
         match &self.view.inner {
             Inner::Worker(w) => w.fatal(),
-            Inner::Master(_) => watch::channel(None).1,
+            Inner::Master(_) => self.master_fatal.subscribe(),
         }
     }
 

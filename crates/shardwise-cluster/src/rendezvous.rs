@@ -170,6 +170,9 @@ impl Master {
     /// Waits until every rank has joined and passed the barrier, printing progress. On timeout
     /// every waiting node is told why and the error names the missing ranks.
     pub async fn form(&self) -> Result<()> {
+        if self.lock().released {
+            return Ok(()); // resumed from disk: the cluster formed before this restart
+        }
         let t = &self.settings.timeouts;
         let world = self.settings.world_size;
         let deadline = Instant::now() + t.join_timeout();

@@ -25,6 +25,8 @@ use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTO
 const BACKOFF_MIN_MS: u64 = 50;
 /// Longest delay between connection attempts.
 const BACKOFF_MAX_MS: u64 = 2_000;
+/// How long past its own join deadline a connected node waits for the master's verdict.
+const JOIN_VERDICT_GRACE_MS: u64 = 2_000;
 /// Messages queued for the master before the link counts as stuck.
 const LINK_QUEUE_LEN: usize = 256;
 /// Longest wait for the master to acknowledge a graceful leave.
@@ -178,7 +180,10 @@ async fn join(s: &WorkerSettings) -> Result<(Session, Joined)> {
                 },
             });
         }
-        let attempt = tokio::time::timeout(remaining, async {
+        // Once connected, the master's verdict on the join timeout comes first (it names the
+        // missing ranks for everyone); the grace covers clock skew between the two deadlines.
+        let grace = t.op_timeout().min(Duration::from_millis(JOIN_VERDICT_GRACE_MS));
+        let attempt = tokio::time::timeout(remaining + grace, async {
             let mut session = connect_once(s).await?;
             if !announced {
                 info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);

@@ -14,6 +14,7 @@ pub fn init(rank: u32, directive: Option<&str>) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init()
         .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))

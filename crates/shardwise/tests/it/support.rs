@@ -147,8 +147,12 @@ pub fn node_cmd(rank: u32, world: u32, master_port: u16, data_dir: &Path) -> Com
         .args(["--master-addr", "127.0.0.1", "--master-port", &master_port.to_string()])
         .arg("--data-dir")
         .arg(data_dir)
-        .args(["--heartbeat-interval-ms", "100", "--suspect-after-ms", "400", "--down-after-ms", "1000"])
-        .args(["--join-timeout-ms", "20000", "--progress-interval-ms", "500"])
+        // Settings by environment, so that a test can still override one with its flag.
+        .env("SHARDWISE_HEARTBEAT_INTERVAL_MS", "100")
+        .env("SHARDWISE_SUSPECT_AFTER_MS", "400")
+        .env("SHARDWISE_DOWN_AFTER_MS", "1000")
+        .env("SHARDWISE_JOIN_TIMEOUT_MS", "20000")
+        .env("SHARDWISE_PROGRESS_INTERVAL_MS", "500")
         .env("SHARDWISE_CLUSTER_SECRET", SECRET);
     c
 }
