@@ -76,7 +76,12 @@ pub fn check_password(user: &str, password: &str) -> Result<(), Status> {
 /// Decodes standard base64, with or without `=` padding; `None` when malformed.
 fn base64_decode(input: &str) -> Option<Vec<u8>> {
     use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD_NO_PAD.decode(input.trim_end_matches('=')).ok()
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    LENIENT.decode(input).ok()
 }
 
 #[cfg(test)]
