@@ -5,3 +5,4 @@ mod support;
 
 mod init_cluster;
 mod init_validation;
+mod launcher;

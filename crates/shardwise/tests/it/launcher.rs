@@ -1,0 +1,55 @@
+//! `shardwise launch` supervision: a failed node stops the cluster, or with `--max-restarts` is
+//! restarted alone and rejoins; SIGTERM to the launcher stops every node.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// The pid a running node wrote into its data dir's LOCK file.
+fn node_pid(data: &std::path::Path, rank: u32) -> String {
+    std::fs::read_to_string(rank_dir(data, rank).join("LOCK")).unwrap().trim().to_string()
+}
+
+fn launch(data: &std::path::Path, extra: &[&str]) -> Proc {
+    let mut c = shardwise();
+    c.args(["launch", "--nproc", "2", "--data-dir"]).arg(data).args(extra).args(["--", "--heartbeat-interval-ms", "100"]);
+    Proc::spawn(c)
+}
+
+#[test]
+fn a_failed_node_is_restarted_alone_and_rejoins() {
+    let dir = tempdir();
+    let mut l = launch(dir.path(), &["--max-restarts", "1"]);
+    l.wait_for_line("[rank 0] listening rank=0", T);
+    l.wait_for_line("[rank 1] listening rank=1", T);
+    let master_addr = flight_addr(&l.wait_for_line("[rank 0] listening rank=0", T));
+    let killed = node_pid(dir.path(), 1);
+    std::process::Command::new("kill").args(["-9", &killed]).status().unwrap();
+    l.wait_for_line("rank 1 exited with signal 9; restarting it (1 of 1)", T);
+    eventually(Duration::from_secs(20), "rank 1 back up with a new process", || {
+        let rows = sql_csv(&master_addr, "SELECT state, epoch FROM system.nodes WHERE rank = 1").ok()?;
+        let back = rows.first()?[0] == "up" && rows[0][1] != "1" && node_pid(dir.path(), 1) != killed;
+        back.then_some(())
+    });
+    l.signal("TERM");
+    let (code, out) = l.wait_exit(T);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("stopped (SIGTERM)"), "{out}");
+}
+
+#[test]
+fn a_failed_node_stops_the_cluster_without_restarts() {
+    let dir = tempdir();
+    let mut l = launch(dir.path(), &[]);
+    l.wait_for_line("[rank 1] listening rank=1", T);
+    l.wait_for_line("[rank 0] listening rank=0", T);
+    let master = node_pid(dir.path(), 0);
+    std::process::Command::new("kill").args(["-9", &node_pid(dir.path(), 1)]).status().unwrap();
+    let (code, out) = l.wait_exit(T);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("rank 1 exited with signal 9; stopping all nodes"), "{out}");
+    // The master is gone too.
+    assert!(!std::path::Path::new(&format!("/proc/{master}")).exists(), "master {master} still running");
+}
