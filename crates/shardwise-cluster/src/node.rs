@@ -386,6 +386,43 @@ mod tests {
         nodes.pop().unwrap().shutdown().await;
     }
 
+    #[tokio::test]
+    async fn a_newer_incarnation_fences_the_old_one_out() {
+        use crate::worker::{WorkerLink, WorkerSettings};
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let settings = WorkerSettings {
+            master: format!("127.0.0.1:{port}").parse().unwrap(),
+            rank: 1,
+            world_size: 2,
+            node_id: "11111111-1111-1111-1111-111111111111".into(),
+            run_id: None,
+            addrs: addrs(1),
+            secret: None,
+            timeouts: Timeouts::default(),
+        };
+        let master = tokio::spawn(init_distributed_mode(opts(0, 2, port, tmp.path(), None), addrs(0)));
+        let (old, joined) = WorkerLink::join(settings.clone()).await.unwrap();
+        let master = master.await.unwrap().unwrap();
+        // The same node (same node_id) comes back while the old incarnation is still connected,
+        // as after a pause or a partition: it gets a higher epoch and the old one is fenced.
+        let (new, rejoined) = WorkerLink::join(settings).await.unwrap();
+        assert!(rejoined.epoch > joined.epoch);
+        let mut fatal = old.fatal();
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(5), fatal.wait_for(|f| f.is_some()))
+            .await
+            .expect("old incarnation fenced within 5 s")
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert!(reason.contains("fenced"), "{reason}");
+        assert!(new.fatal().borrow().is_none());
+        let members = master.view().members().await;
+        assert_eq!(members[1].epoch, rejoined.epoch);
+        new.leave().await;
+        master.shutdown().await;
+    }
+
     /// Runs futures concurrently on the current task (no extra dependency for `join_all`).
     async fn futures_join<F: std::future::Future + Send + 'static>(fs: Vec<F>) -> Vec<F::Output>
     where

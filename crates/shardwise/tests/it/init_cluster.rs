@@ -115,6 +115,12 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
     assert_eq!(before.len(), 3);
     assert!(before.iter().all(|n| n.2 == "up"), "{before:?}");
 
+    // A paused worker (SIGSTOP) is suspect, then down; resumed, it is up again.
+    procs[1].signal("STOP");
+    eventually(Duration::from_secs(10), "paused rank 1 down", || (state_of(&addrs[0], "1")? == "down").then_some(()));
+    procs[1].signal("CONT");
+    eventually(Duration::from_secs(10), "resumed rank 1 up", || (state_of(&addrs[0], "1")? == "up").then_some(()));
+
     // A worker killed with SIGKILL is `down` within down_after_ms (1 s) plus slack.
     procs[2].kill9();
     eventually(Duration::from_secs(10), "rank 2 down", || (state_of(&addrs[0], "2")? == "down").then_some(()));
