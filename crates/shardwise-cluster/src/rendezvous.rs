@@ -24,7 +24,7 @@ use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::secret::{ClusterSecret, nonce};
 use crate::settings::Timeouts;
-use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
+use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, encode, exchange_preamble};
 
 /// Messages queued for one connection before it counts as stuck and is dropped.
 const CONN_QUEUE_LEN: usize = 256;
@@ -61,7 +61,30 @@ pub struct MasterSettings {
 
 struct Conn {
     id: u64,
-    tx: mpsc::Sender<MasterMsg>,
+    tx: mpsc::Sender<Outgoing>,
+}
+
+/// An encoded message on its way to one node; a broadcast shares one encoding.
+#[derive(Clone)]
+struct Outgoing {
+    payload: Arc<Vec<u8>>,
+    /// The connection closes after this message (fenced, aborted).
+    last: bool,
+}
+
+impl Outgoing {
+    fn new(msg: &MasterMsg) -> Option<Outgoing> {
+        match encode(msg) {
+            Ok(payload) => Some(Outgoing {
+                payload: Arc::new(payload),
+                last: matches!(msg, MasterMsg::Fenced { .. } | MasterMsg::Abort { .. }),
+            }),
+            Err(e) => {
+                warn!("{e}");
+                None
+            }
+        }
+    }
 }
 
 struct Slot {
@@ -250,10 +273,11 @@ impl Master {
 
     /// Sends a message to every connected node (a stuck node is disconnected).
     fn broadcast(&self, msg: impl Fn() -> MasterMsg) {
+        let Some(out) = Outgoing::new(&msg()) else { return };
         let mut s = self.lock();
         for slot in s.slots.values_mut() {
             if let Some(c) = &slot.conn
-                && c.tx.try_send(msg()).is_err() {
+                && c.tx.try_send(out.clone()).is_err() {
                     warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
                     slot.conn = None;
                 }
@@ -374,15 +398,19 @@ impl Master {
                         last_heartbeat_unix_ms: None,
                     };
                     let old = s.slots.insert(rank, Slot { info, last_seen: Some(now), conn: Some(Conn { id: conn_id, tx }) });
-                    if let Some(Slot { conn: Some(old), .. }) = old {
-                        let _ = old.tx.try_send(MasterMsg::Fenced {
+                    if let Some(Slot { conn: Some(old), .. }) = old
+                        && let Some(out) = Outgoing::new(&MasterMsg::Fenced {
                             reason: format!("rank {rank} rejoined with epoch {epoch}"),
-                        });
+                        })
+                    {
+                        let _ = old.tx.try_send(out);
                     }
                     if s.formed && !s.released {
                         s.entered.insert(rank);
                     }
-                    Ok((conn_id, epoch, s.formed, snapshot(&s)))
+                    // Before formation the view is sent with `Formed`, once for everyone.
+                    let view = if s.formed { snapshot(&s) } else { Vec::new() };
+                    Ok((conn_id, epoch, s.formed, view))
                 }
             }
         };
@@ -603,8 +631,9 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
 }
 
 fn send(slot: &mut Slot, msg: MasterMsg) {
+    let Some(out) = Outgoing::new(&msg) else { return };
     if let Some(c) = &slot.conn
-        && c.tx.try_send(msg).is_err() {
+        && c.tx.try_send(out).is_err() {
             warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
             slot.conn = None;
         }
@@ -629,14 +658,13 @@ fn snapshot(s: &State) -> Vec<MemberInfo> {
         .collect()
 }
 
-async fn write_loop(mut writer: FrameWriter, mut rx: mpsc::Receiver<MasterMsg>) {
-    while let Some(msg) = rx.recv().await {
-        let last = matches!(msg, MasterMsg::Fenced { .. } | MasterMsg::Abort { .. });
-        if let Err(e) = writer.write(&msg).await {
+async fn write_loop(mut writer: FrameWriter, mut rx: mpsc::Receiver<Outgoing>) {
+    while let Some(out) = rx.recv().await {
+        if let Err(e) = writer.write_payload(&out.payload).await {
             debug!("control write failed: {e}");
             return;
         }
-        if last {
+        if out.last {
             break;
         }
     }

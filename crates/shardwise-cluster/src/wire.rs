@@ -97,6 +97,11 @@ impl Direction {
     }
 }
 
+/// Encodes a message as a frame payload.
+pub fn encode<T: Serialize>(msg: &T) -> std::result::Result<Vec<u8>, String> {
+    serde_json::to_vec(msg).map_err(|e| format!("cannot encode message: {e}"))
+}
+
 /// Writes the preamble and checks the peer's.
 pub async fn exchange_preamble(
     read: &mut OwnedReadHalf,
@@ -225,15 +230,17 @@ impl FrameWriter {
 
     /// Writes one message (and its MAC when a session key is set).
     pub async fn write<T: Serialize>(&mut self, msg: &T) -> Result<()> {
-        let payload = serde_json::to_vec(msg).map_err(|e| ClusterError::Connection {
-            peer: self.peer.clone(),
-            detail: format!("cannot encode message: {e}"),
-        })?;
-        let tag = self.mac.tag(&payload);
+        let payload = encode(msg).map_err(|detail| ClusterError::Connection { peer: self.peer.clone(), detail })?;
+        self.write_payload(&payload).await
+    }
+
+    /// Writes a message already encoded with [`encode`] (a broadcast encodes once for all).
+    pub async fn write_payload(&mut self, payload: &[u8]) -> Result<()> {
+        let tag = self.mac.tag(payload);
         let len = payload.len() + tag.map_or(0, |_| TAG_BYTES);
         let mut frame = Vec::with_capacity(4 + len);
         frame.extend_from_slice(&(len as u32).to_be_bytes());
-        frame.extend_from_slice(&payload);
+        frame.extend_from_slice(payload);
         if let Some(t) = tag {
             frame.extend_from_slice(&t);
             self.mac.seq += 1;

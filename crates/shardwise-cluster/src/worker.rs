@@ -22,7 +22,7 @@ use crate::settings::Timeouts;
 use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
 
 /// First delay between connection attempts.
-const BACKOFF_MIN_MS: u64 = 50;
+const BACKOFF_MIN_MS: u64 = 10;
 /// Longest delay between connection attempts.
 const BACKOFF_MAX_MS: u64 = 2_000;
 /// How long past its own join deadline a connected node waits for the master's verdict.

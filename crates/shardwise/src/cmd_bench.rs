@@ -102,8 +102,9 @@ async fn start_all(exe: &Path, n: u32, data: Option<&Path>, timeout: Duration) -
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if line.starts_with('{') {
+                    let at = started.elapsed();
                     let _ = child.wait().await;
-                    return Ok(started.elapsed());
+                    return Ok(at);
                 }
             }
             let status = child.wait().await?;

@@ -215,8 +215,6 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let addrs = BTreeMap::from([("flight".to_string(), flight_addr.clone())]);
 
     let node = prepared.join(addrs).await?;
-    let engine = Arc::new(QueryEngine::new(node.view())?);
-    println!("listening rank={} flight={flight_addr}", node.rank);
     if args.exit_after_init {
         let line = serde_json::json!({
             "rank": node.rank,
@@ -225,10 +223,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             "node_id": node.node_id.to_string(),
             "init_ms": node.init_ms,
         });
+        println!("listening rank={} flight={flight_addr}", node.rank);
         println!("{line}");
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
+    let engine = Arc::new(QueryEngine::new(node.view())?);
+    println!("listening rank={} flight={flight_addr}", node.rank);
 
     let mut fatal = node.fatal();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
