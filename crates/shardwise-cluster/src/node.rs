@@ -357,6 +357,14 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("wrong cluster secret"), "{err}");
+        // A node of another run is refused.
+        let mut o = opts(1, 3, port, other.path(), secret);
+        o.run_id = Some("another-run".into());
+        let err = init_distributed_mode(o, addrs(1)).await.unwrap_err();
+        assert!(err.to_string().contains("run id mismatch"), "{err}");
+        // A node with another world size is refused.
+        let err = init_distributed_mode(opts(1, 4, port, other.path(), secret), addrs(1)).await.unwrap_err();
+        assert!(err.to_string().contains("world size mismatch"), "{err}");
         for n in nodes {
             n.shutdown().await;
         }

@@ -6,3 +6,4 @@ mod support;
 mod init_cluster;
 mod init_validation;
 mod launcher;
+mod sql_client;

@@ -1,0 +1,48 @@
+//! `shardwise sql` against a real node: the three output formats, scripts that stop at the first
+//! error naming its statement and line, and server errors shown as messages.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+const T: Duration = Duration::from_secs(30);
+
+fn sql(addr: &str, args: &[&str]) -> std::process::Output {
+    let mut c = shardwise();
+    c.args(["sql", "--connect", addr]).args(args);
+    run_with_timeout(c, T)
+}
+
+#[test]
+fn formats_scripts_and_errors() {
+    let dir = tempdir();
+    let mut node = Proc::spawn(node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0)));
+    let addr = flight_addr(&node.wait_for_line("listening rank=0", T));
+    let q = "SELECT * FROM (VALUES (1, 'a'), (2, NULL)) AS t(n, s) ORDER BY n";
+
+    let out = sql(&addr, &["-e", q]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(table.contains("| n | s |") && table.contains("| 2 |   |"), "{table}");
+
+    let out = sql(&addr, &["--format", "csv", "-e", q]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "n,s\n1,a\n2,\n");
+
+    let out = sql(&addr, &["--format", "json", "-e", q]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n");
+
+    let script = dir.path().join("script.sql");
+    std::fs::write(&script, "SELECT 1 AS one;\n-- the next one is wrong\nSELECT nope FROM system.nodes;\nSELECT 3;\n").unwrap();
+    let out = sql(&addr, &["--format", "csv", "-f", script.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success());
+    assert_eq!(stdout, "one\n1\n", "the first statement ran, the third did not");
+    assert!(stderr.contains("statement 2 (") && stderr.contains("line 3") && stderr.contains("nope"), "{stderr}");
+
+    let out = sql(&addr, &["-e", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let out = sql("127.0.0.1:1", &["-e", "SELECT 1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not connect to 127.0.0.1:1"));
+}
