@@ -56,12 +56,8 @@ impl DataDir {
         let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: path.to_path_buf(), op, source };
         fs::create_dir_all(path).map_err(io("create"))?;
         let lock_path = path.join(LOCK_FILE);
-        let mut lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io("open LOCK"))?;
+        let mut lock =
+            OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io("open LOCK"))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -119,8 +115,8 @@ impl DataDir {
         if self.cluster.as_ref() == Some(&record) {
             return Ok(());
         }
-        let bytes = serde_json::to_vec_pretty(&record)
-            .map_err(|e| self.err(format!("cannot encode {CLUSTER_FILE}: {e}")))?;
+        let bytes =
+            serde_json::to_vec_pretty(&record).map_err(|e| self.err(format!("cannot encode {CLUSTER_FILE}: {e}")))?;
         write_atomic(&self.path, CLUSTER_FILE, &bytes)?;
         self.cluster = Some(record);
         Ok(())
@@ -135,13 +131,12 @@ fn check_or_write_format(dir: &Path) -> Result<()> {
     let path = dir.join(FORMAT_FILE);
     match fs::read_to_string(&path) {
         Ok(text) => {
-            let version = text
-                .trim()
-                .strip_prefix(FORMAT_PREFIX)
-                .and_then(|v| v.parse::<u32>().ok())
-                .ok_or_else(|| ClusterError::DataDir {
-                    path: dir.to_path_buf(),
-                    reason: format!("{FORMAT_FILE} holds {:?}, expected \"{FORMAT_PREFIX}N\"", text.trim()),
+            let version =
+                text.trim().strip_prefix(FORMAT_PREFIX).and_then(|v| v.parse::<u32>().ok()).ok_or_else(|| {
+                    ClusterError::DataDir {
+                        path: dir.to_path_buf(),
+                        reason: format!("{FORMAT_FILE} holds {:?}, expected \"{FORMAT_PREFIX}N\"", text.trim()),
+                    }
                 })?;
             if version != DATA_DIR_FORMAT_VERSION {
                 return Err(ClusterError::DataDir {
@@ -218,9 +213,11 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 
 /// fsyncs a directory so that a create or rename in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| ClusterError::DataDirIo { path: dir.to_path_buf(), op: "fsync directory", source })
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| ClusterError::DataDirIo {
+        path: dir.to_path_buf(),
+        op: "fsync directory",
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -34,18 +34,12 @@ pub const MAX_EXPANDED_HOSTS: usize = 1 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum HostlistError {
     /// The input held no host at all (empty, or only separators).
-    #[error(
-        "empty hostlist `{input}`: expected one or more host names such as `node1,node2` or `node[01-04]`"
-    )]
+    #[error("empty hostlist `{input}`: expected one or more host names such as `node1,node2` or `node[01-04]`")]
     Empty { input: String },
 
     /// A `[` never closed, a `]` never opened, or a `[` inside brackets.
     #[error("unbalanced brackets in hostlist `{input}` at position {position}: {detail}")]
-    UnbalancedBrackets {
-        input: String,
-        position: usize,
-        detail: &'static str,
-    },
+    UnbalancedBrackets { input: String, position: usize, detail: &'static str },
 
     /// `[]`, or an empty element between commas inside brackets (`[1,,2]`, `[1,]`).
     #[error(
@@ -57,53 +51,30 @@ pub enum HostlistError {
     #[error(
         "reversed range `{range}` in hostlist `{input}` at position {position}: low bound {lo} is greater than high bound {hi}; write it as `{hi}-{lo}`"
     )]
-    ReversedRange {
-        input: String,
-        position: usize,
-        range: String,
-        lo: u64,
-        hi: u64,
-    },
+    ReversedRange { input: String, position: usize, range: String, lo: u64, hi: u64 },
 
     /// A range element that is not `digits` or `digits-digits` (`[a-b]`, `[1-]`, `[1-2-3]`, `[ 1]`).
     #[error(
         "non-numeric range `{range}` in hostlist `{input}` at position {position}: expected a non-negative integer such as `7` or a range such as `01-04`"
     )]
-    NonNumericRange {
-        input: String,
-        position: usize,
-        range: String,
-    },
+    NonNumericRange { input: String, position: usize, range: String },
 
     /// A range bound with more digits than fit in 64 bits.
     #[error("number `{number}` in hostlist `{input}` at position {position} is too large: expected at most {max}", max = u64::MAX)]
-    NumberTooLarge {
-        input: String,
-        position: usize,
-        number: String,
-    },
+    NumberTooLarge { input: String, position: usize, number: String },
 
     /// The expansion would produce more than [`MAX_EXPANDED_HOSTS`] entries; `text` is the host
     /// (or tasks-per-node element) at which the limit was crossed.
     #[error(
         "hostlist `{input}` expands to more than {limit} entries (MAX_EXPANDED_HOSTS), the limit is crossed at `{text}` at position {position}"
     )]
-    TooManyHosts {
-        input: String,
-        position: usize,
-        text: String,
-        limit: usize,
-    },
+    TooManyHosts { input: String, position: usize, text: String, limit: usize },
 
     /// A `SLURM_TASKS_PER_NODE` element that is not `N` or `N(xK)`.
     #[error(
         "invalid tasks-per-node element `{element}` in `{input}` at position {position}: expected `N` or `N(xK)` with non-negative integers N and K >= 1, such as `2(x3),1`"
     )]
-    InvalidTasksPerNode {
-        input: String,
-        position: usize,
-        element: String,
-    },
+    InvalidTasksPerNode { input: String, position: usize, element: String },
 }
 
 /// Expands a Slurm hostlist such as `node[01-04,07],gpu[1-2]-ib login1` into host names, in
@@ -159,9 +130,7 @@ pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
         expand_host(list, s, list.len(), &mut out)?;
     }
     if out.is_empty() {
-        return Err(HostlistError::Empty {
-            input: list.to_owned(),
-        });
+        return Err(HostlistError::Empty { input: list.to_owned() });
     }
     Ok(out)
 }
@@ -190,12 +159,7 @@ enum Segment<'a> {
 /// Expands the single host `input[start..end]` (brackets already known to be balanced and
 /// unnested) and appends the results to `out`, refusing to grow `out` past
 /// [`MAX_EXPANDED_HOSTS`].
-fn expand_host(
-    input: &str,
-    start: usize,
-    end: usize,
-    out: &mut Vec<String>,
-) -> Result<(), HostlistError> {
+fn expand_host(input: &str, start: usize, end: usize, out: &mut Vec<String>) -> Result<(), HostlistError> {
     let host = &input[start..end];
     let mut segments = Vec::new();
     let mut rest_start = start;
@@ -240,10 +204,7 @@ fn expand_host(
         if let Segment::Group(ranges) = seg {
             let mut group_len: u64 = 0;
             for r in ranges {
-                group_len = r
-                    .len()
-                    .and_then(|l| group_len.checked_add(l))
-                    .ok_or_else(too_many)?;
+                group_len = r.len().and_then(|l| group_len.checked_add(l)).ok_or_else(too_many)?;
             }
             count = count.checked_mul(group_len).ok_or_else(too_many)?;
         }
@@ -284,9 +245,7 @@ fn parse_group(input: &str, start: usize, end: usize) -> Result<Vec<Range>, Host
     let mut ranges = Vec::new();
     let mut elem_start = start;
     loop {
-        let elem_end = input[elem_start..end]
-            .find(',')
-            .map_or(end, |rel| elem_start + rel);
+        let elem_end = input[elem_start..end].find(',').map_or(end, |rel| elem_start + rel);
         ranges.push(parse_range(input, elem_start, elem_end)?);
         if elem_end == end {
             return Ok(ranges);
@@ -299,16 +258,10 @@ fn parse_group(input: &str, start: usize, end: usize) -> Result<Vec<Range>, Host
 fn parse_range(input: &str, start: usize, end: usize) -> Result<Range, HostlistError> {
     let elem = &input[start..end];
     if elem.is_empty() {
-        return Err(HostlistError::EmptyRange {
-            input: input.to_owned(),
-            position: start,
-        });
+        return Err(HostlistError::EmptyRange { input: input.to_owned(), position: start });
     }
-    let non_numeric = || HostlistError::NonNumericRange {
-        input: input.to_owned(),
-        position: start,
-        range: elem.to_owned(),
-    };
+    let non_numeric =
+        || HostlistError::NonNumericRange { input: input.to_owned(), position: start, range: elem.to_owned() };
     let (lo_text, hi_text, hi_pos) = match elem.split_once('-') {
         Some((lo, hi)) => (lo, hi, start + lo.len() + 1),
         None => (elem, elem, start),
@@ -335,11 +288,7 @@ fn parse_range(input: &str, start: usize, end: usize) -> Result<Range, HostlistE
             hi,
         });
     }
-    Ok(Range {
-        lo,
-        hi,
-        width: lo_text.len(),
-    })
+    Ok(Range { lo, hi, width: lo_text.len() })
 }
 
 /// Expands Slurm's compressed per-node task counts (`SLURM_TASKS_PER_NODE`,
@@ -348,25 +297,17 @@ fn parse_range(input: &str, start: usize, end: usize) -> Result<Range, HostlistE
 /// entries, since there is one entry per node.
 pub fn expand_tasks_per_node(s: &str) -> Result<Vec<u32>, HostlistError> {
     if s.trim().is_empty() {
-        return Err(HostlistError::Empty {
-            input: s.to_owned(),
-        });
+        return Err(HostlistError::Empty { input: s.to_owned() });
     }
     let mut out = Vec::new();
     let mut elem_start = 0;
     loop {
-        let elem_end = s[elem_start..]
-            .find(',')
-            .map_or(s.len(), |rel| elem_start + rel);
+        let elem_end = s[elem_start..].find(',').map_or(s.len(), |rel| elem_start + rel);
         let raw = &s[elem_start..elem_end];
         let lead = raw.len() - raw.trim_start().len();
         let elem = raw.trim();
         let position = elem_start + lead;
-        let invalid = || HostlistError::InvalidTasksPerNode {
-            input: s.to_owned(),
-            position,
-            element: elem.to_owned(),
-        };
+        let invalid = || HostlistError::InvalidTasksPerNode { input: s.to_owned(), position, element: elem.to_owned() };
         let (tasks_text, repeat_text) = match elem.strip_suffix(')') {
             Some(head) => match head.split_once("(x") {
                 Some((n, k)) => (n, Some(k)),

@@ -81,12 +81,13 @@ fn open_checked(opts: &InitOptions) -> Result<DataDir> {
     let dir = DataDir::open(&opts.data_dir)?;
     dir.check_rank(opts.detected.rank, opts.detected.world_size)?;
     if let (Some(explicit), Some(rec)) = (&opts.run_id, dir.cluster())
-        && *explicit != rec.run_id {
-            return Err(ClusterError::DataDir {
-                path: opts.data_dir.clone(),
-                reason: format!("it belongs to run {}, but --run-id is {explicit}", rec.run_id),
-            });
-        }
+        && *explicit != rec.run_id
+    {
+        return Err(ClusterError::DataDir {
+            path: opts.data_dir.clone(),
+            reason: format!("it belongs to run {}, but --run-id is {explicit}", rec.run_id),
+        });
+    }
     Ok(dir)
 }
 
@@ -190,7 +191,11 @@ impl Prepared {
             let (link, joined) = WorkerLink::join(settings).await?;
             (joined.run_id, joined.epoch, Inner::Worker(link))
         };
-        self.data_dir.record_cluster(ClusterRecord { run_id: run_id.clone(), rank: d.rank, world_size: d.world_size })?;
+        self.data_dir.record_cluster(ClusterRecord {
+            run_id: run_id.clone(),
+            rank: d.rank,
+            world_size: d.world_size,
+        })?;
         let init_ms = self.started.elapsed().as_millis() as u64;
         Ok(Node {
             rank: d.rank,
@@ -374,13 +379,12 @@ mod tests {
     async fn a_worker_restarted_on_its_data_dir_keeps_its_id_with_a_higher_epoch() {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
-        let mut nodes = futures_join(
-            (0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect(),
-        )
-        .await
-        .into_iter()
-        .map(|n| n.unwrap())
-        .collect::<Vec<_>>();
+        let mut nodes =
+            futures_join((0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect())
+                .await
+                .into_iter()
+                .map(|n| n.unwrap())
+                .collect::<Vec<_>>();
         let w = nodes.pop().unwrap();
         let (id, epoch) = (w.node_id, w.epoch);
         w.shutdown().await;

@@ -24,7 +24,9 @@ use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::secret::{ClusterSecret, nonce};
 use crate::settings::Timeouts;
-use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, encode, exchange_preamble};
+use crate::wire::{
+    Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, encode, exchange_preamble,
+};
 
 /// Messages queued for one connection before it counts as stuck and is dropped.
 const CONN_QUEUE_LEN: usize = 256;
@@ -128,10 +130,10 @@ impl Master {
         resumed: Option<PersistedMembership>,
     ) -> Result<Arc<Master>> {
         let local_addr = match &listener {
-            Some(l) => Some(l.local_addr().map_err(|source| ClusterError::RendezvousBind {
-                addr: "rendezvous listener".into(),
-                source,
-            })?),
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|source| ClusterError::RendezvousBind { addr: "rendezvous listener".into(), source })?,
+            ),
             None => None,
         };
         let mut slots = BTreeMap::new();
@@ -277,10 +279,11 @@ impl Master {
         let mut s = self.lock();
         for slot in s.slots.values_mut() {
             if let Some(c) = &slot.conn
-                && c.tx.try_send(out.clone()).is_err() {
-                    warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
-                    slot.conn = None;
-                }
+                && c.tx.try_send(out.clone()).is_err()
+            {
+                warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
+                slot.conn = None;
+            }
         }
     }
 
@@ -291,11 +294,8 @@ impl Master {
 
     fn persist(&self) -> Result<()> {
         let members = self.members();
-        let p = PersistedMembership {
-            run_id: self.settings.run_id.clone(),
-            world_size: self.settings.world_size,
-            members,
-        };
+        let p =
+            PersistedMembership { run_id: self.settings.run_id.clone(), world_size: self.settings.world_size, members };
         let bytes = serde_json::to_vec_pretty(&p).map_err(|e| ClusterError::DataDir {
             path: self.settings.state_dir.clone(),
             reason: format!("cannot encode membership: {e}"),
@@ -372,7 +372,14 @@ impl Master {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
         };
         let node_nonce = hex::decode(&node_nonce).unwrap_or_default();
-        let check = HelloCheck { protocol, rank, world_size, node_id: &node_id, run_id: run_id.as_deref(), proof: proof.as_deref() };
+        let check = HelloCheck {
+            protocol,
+            rank,
+            world_size,
+            node_id: &node_id,
+            run_id: run_id.as_deref(),
+            proof: proof.as_deref(),
+        };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
             writer.write(&MasterMsg::Refused { reason }).await?;
@@ -397,7 +404,8 @@ impl Master {
                         epoch,
                         last_heartbeat_unix_ms: None,
                     };
-                    let old = s.slots.insert(rank, Slot { info, last_seen: Some(now), conn: Some(Conn { id: conn_id, tx }) });
+                    let old =
+                        s.slots.insert(rank, Slot { info, last_seen: Some(now), conn: Some(Conn { id: conn_id, tx }) });
                     if let Some(Slot { conn: Some(old), .. }) = old
                         && let Some(out) = Outgoing::new(&MasterMsg::Fenced {
                             reason: format!("rank {rank} rejoined with epoch {epoch}"),
@@ -424,7 +432,9 @@ impl Master {
             Ok(a) => a,
         };
         let welcome_proof = self.settings.secret.as_ref().map(|s| {
-            hex::encode(s.tag("welcome", &[&master_nonce, &node_nonce, self.settings.run_id.as_bytes(), &epoch.to_be_bytes()]))
+            hex::encode(
+                s.tag("welcome", &[&master_nonce, &node_nonce, self.settings.run_id.as_bytes(), &epoch.to_be_bytes()]),
+            )
         });
         writer
             .write(&MasterMsg::Welcome {
@@ -457,7 +467,12 @@ impl Master {
         result
     }
 
-    fn check_proof(&self, h: &HelloCheck<'_>, master_nonce: &[u8], node_nonce: &[u8]) -> std::result::Result<(), String> {
+    fn check_proof(
+        &self,
+        h: &HelloCheck<'_>,
+        master_nonce: &[u8],
+        node_nonce: &[u8],
+    ) -> std::result::Result<(), String> {
         if h.protocol != PROTOCOL_VERSION {
             return Err(format!("protocol version {} is not the master's {PROTOCOL_VERSION}", h.protocol));
         }
@@ -471,11 +486,7 @@ impl Master {
                 let proof = hex::decode(proof).unwrap_or_default();
                 let parts = hello_proof_parts(master_nonce, node_nonce, h.rank, h.world_size, h.node_id);
                 let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-                if secret.verify("hello", &parts, &proof) {
-                    Ok(())
-                } else {
-                    Err("wrong cluster secret".into())
-                }
+                if secret.verify("hello", &parts, &proof) { Ok(()) } else { Err("wrong cluster secret".into()) }
             }
         }
     }
@@ -484,7 +495,8 @@ impl Master {
         loop {
             let msg = reader.read::<NodeMsg>().await?;
             let mut s = self.lock();
-            let Some(slot) = s.slots.get_mut(&rank).filter(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id)) else {
+            let Some(slot) = s.slots.get_mut(&rank).filter(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id))
+            else {
                 return Ok(()); // fenced: a newer incarnation owns the rank
             };
             match msg {
@@ -564,7 +576,12 @@ impl Master {
                     NodeState::Up
                 };
                 if next != slot.info.state && slot.info.state != NodeState::Down {
-                    warn!(rank = slot.info.rank, "rank {} is {} (no heartbeat for {silent_ms} ms)", slot.info.rank, next.as_str());
+                    warn!(
+                        rank = slot.info.rank,
+                        "rank {} is {} (no heartbeat for {silent_ms} ms)",
+                        slot.info.rank,
+                        next.as_str()
+                    );
                     slot.info.state = next;
                 }
             }
@@ -573,7 +590,13 @@ impl Master {
 }
 
 /// The parts of a hello that its proof covers.
-pub(crate) fn hello_proof_parts(master_nonce: &[u8], node_nonce: &[u8], rank: u32, world: u32, node_id: &str) -> Vec<Vec<u8>> {
+pub(crate) fn hello_proof_parts(
+    master_nonce: &[u8],
+    node_nonce: &[u8],
+    rank: u32,
+    world: u32,
+    node_id: &str,
+) -> Vec<Vec<u8>> {
     vec![
         master_nonce.to_vec(),
         node_nonce.to_vec(),
@@ -608,12 +631,10 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         return Err("rank 0 is the master's rank, and the master is already running".into());
     }
     if let Some(run_id) = h.run_id
-        && run_id != settings.run_id {
-            return Err(format!(
-                "run id mismatch: this node belongs to run {run_id}, the master runs {}",
-                settings.run_id
-            ));
-        }
+        && run_id != settings.run_id
+    {
+        return Err(format!("run id mismatch: this node belongs to run {run_id}, the master runs {}", settings.run_id));
+    }
     match s.slots.get(&h.rank) {
         None => Ok(1),
         Some(slot) if slot.info.node_id == h.node_id => Ok(slot.info.epoch + 1),
@@ -633,10 +654,11 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
 fn send(slot: &mut Slot, msg: MasterMsg) {
     let Some(out) = Outgoing::new(&msg) else { return };
     if let Some(c) = &slot.conn
-        && c.tx.try_send(out).is_err() {
-            warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
-            slot.conn = None;
-        }
+        && c.tx.try_send(out).is_err()
+    {
+        warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
+        slot.conn = None;
+    }
 }
 
 fn snapshot(s: &State) -> Vec<MemberInfo> {

@@ -53,8 +53,8 @@ impl ClusterSecret {
     /// A file's trailing newline is not part of the secret.
     pub fn load(file: Option<&Path>, env_value: Option<String>) -> Result<Option<ClusterSecret>> {
         if let Some(path) = file {
-            let mut bytes = std::fs::read(path)
-                .map_err(|source| ClusterError::SecretFile { path: path.to_path_buf(), source })?;
+            let mut bytes =
+                std::fs::read(path).map_err(|source| ClusterError::SecretFile { path: path.to_path_buf(), source })?;
             while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                 bytes.pop();
             }

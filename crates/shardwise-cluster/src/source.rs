@@ -167,22 +167,13 @@ pub enum SourceError {
 
     /// A non-negative integer too large for its field.
     #[error("{name} is `{value}`: expected a non-negative integer no larger than {max}")]
-    NumberTooLarge {
-        name: String,
-        value: String,
-        max: u64,
-    },
+    NumberTooLarge { name: String, value: String, max: u64 },
 
     /// The first present source has a rank but no world size, or the reverse.
     #[error(
         "{set_name}={set_value} is set but {missing} is not: the {launcher} source is incomplete (rank and world size must be given together)"
     )]
-    IncompleteSource {
-        launcher: &'static str,
-        set_name: String,
-        set_value: String,
-        missing: String,
-    },
+    IncompleteSource { launcher: &'static str, set_name: String, set_value: String, missing: String },
 
     #[error("{name} is 0: expected a world size of at least 1")]
     ZeroWorldSize { name: String },
@@ -190,12 +181,7 @@ pub enum SourceError {
     #[error(
         "rank {rank} (from {rank_name}) is not below world size {world_size} (from {world_name}): expected 0 <= rank < world size"
     )]
-    RankOutOfRange {
-        rank: u32,
-        rank_name: String,
-        world_size: u32,
-        world_name: String,
-    },
+    RankOutOfRange { rank: u32, rank_name: String, world_size: u32, world_name: String },
 
     #[error("{name} is 0: expected a local world size of at least 1")]
     ZeroLocalWorldSize { name: String },
@@ -203,12 +189,7 @@ pub enum SourceError {
     #[error(
         "local rank {local_rank} (from {local_rank_name}) is not below local world size {local_world_size} (from {local_world_name}): expected 0 <= local rank < local world size"
     )]
-    LocalRankOutOfRange {
-        local_rank: u32,
-        local_rank_name: String,
-        local_world_size: u32,
-        local_world_name: String,
-    },
+    LocalRankOutOfRange { local_rank: u32, local_rank_name: String, local_world_size: u32, local_world_name: String },
 
     #[error("master port `{value}` from {origin} is out of range: expected a port in 1..=65535")]
     InvalidPort { value: String, origin: String },
@@ -245,9 +226,7 @@ pub enum SourceError {
     },
 
     /// Open MPI / PMI with more than one rank and no master address from anywhere.
-    #[error(
-        "{launcher} sets no master address: set MASTER_ADDR (and MASTER_PORT) or pass --master-addr"
-    )]
+    #[error("{launcher} sets no master address: set MASTER_ADDR (and MASTER_PORT) or pass --master-addr")]
     NoMasterAddr { launcher: &'static str },
 }
 
@@ -350,22 +329,10 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
         Some(w) => w,
         None => Winner {
             source: LaunchSource::None,
-            rank: Named {
-                value: 0,
-                name: "the default rank".into(),
-            },
-            world: Named {
-                value: 1,
-                name: "the default world size".into(),
-            },
-            local_rank: Some(Named {
-                value: 0,
-                name: "the default local rank".into(),
-            }),
-            local_world: Some(Named {
-                value: 1,
-                name: "the default local world size".into(),
-            }),
+            rank: Named { value: 0, name: "the default rank".into() },
+            world: Named { value: 1, name: "the default world size".into() },
+            local_rank: Some(Named { value: 0, name: "the default local rank".into() }),
+            local_world: Some(Named { value: 1, name: "the default local world size".into() }),
             run_id: None,
         },
     };
@@ -424,12 +391,7 @@ fn resolve_explicit(explicit: &Explicit) -> Result<Option<Winner>, SourceError> 
 
 /// Names of the rank / world-size variables of `spec` that are set, in spec order.
 fn present_vars(spec: &EnvSpec, env: Env<'_>) -> Vec<&'static str> {
-    spec.rank
-        .iter()
-        .chain(spec.world.iter())
-        .copied()
-        .filter(|name| env(name).is_some())
-        .collect()
+    spec.rank.iter().chain(spec.world.iter()).copied().filter(|name| env(name).is_some()).collect()
 }
 
 /// The first set variable among `names`, with its value.
@@ -487,19 +449,8 @@ fn resolve_env(spec: &EnvSpec, env: Env<'_>) -> Result<Winner, SourceError> {
         Some((n, v)) => Some(env_u32(n, &v)?),
         None => None,
     };
-    let local_world = if spec.source == LaunchSource::Slurm {
-        slurm_local_world(env)
-    } else {
-        local_world
-    };
-    Ok(Winner {
-        source: spec.source,
-        rank,
-        world,
-        local_rank,
-        local_world,
-        run_id: spec.run_id.and_then(env),
-    })
+    let local_world = if spec.source == LaunchSource::Slurm { slurm_local_world(env) } else { local_world };
+    Ok(Winner { source: spec.source, rank, world, local_rank, local_world, run_id: spec.run_id.and_then(env) })
 }
 
 /// `SLURM_NTASKS_PER_NODE` as the local world size when it is a plain integer. The compressed
@@ -511,46 +462,27 @@ fn slurm_local_world(env: Env<'_>) -> Option<Named> {
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    t.parse::<u32>().ok().map(|value| Named {
-        value,
-        name: name.into(),
-    })
+    t.parse::<u32>().ok().map(|value| Named { value, name: name.into() })
 }
 
 /// Parses an environment value as a u32 (surrounding whitespace allowed).
 fn env_u32(name: &str, raw: &str) -> Result<Named, SourceError> {
     let t = raw.trim();
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(SourceError::NotANonNegativeInteger {
-            name: name.into(),
-            value: raw.into(),
-        });
+        return Err(SourceError::NotANonNegativeInteger { name: name.into(), value: raw.into() });
     }
     match t.parse::<u32>() {
-        Ok(value) => Ok(Named {
-            value,
-            name: name.into(),
-        }),
-        Err(_) => Err(SourceError::NumberTooLarge {
-            name: name.into(),
-            value: raw.into(),
-            max: u64::from(u32::MAX),
-        }),
+        Ok(value) => Ok(Named { value, name: name.into() }),
+        Err(_) => Err(SourceError::NumberTooLarge { name: name.into(), value: raw.into(), max: u64::from(u32::MAX) }),
     }
 }
 
 fn given_u32(g: &Given<i64>) -> Result<Named, SourceError> {
     if g.value < 0 {
-        return Err(SourceError::NotANonNegativeInteger {
-            name: g.name.clone(),
-            value: g.value.to_string(),
-        });
+        return Err(SourceError::NotANonNegativeInteger { name: g.name.clone(), value: g.value.to_string() });
     }
     match u32::try_from(g.value) {
-        Ok(value) => Ok(Named {
-            value,
-            name: g.name.clone(),
-        }),
+        Ok(value) => Ok(Named { value, name: g.name.clone() }),
         Err(_) => Err(SourceError::NumberTooLarge {
             name: g.name.clone(),
             value: g.value.to_string(),
@@ -561,9 +493,7 @@ fn given_u32(g: &Given<i64>) -> Result<Named, SourceError> {
 
 fn validate(w: &Winner) -> Result<(), SourceError> {
     if w.world.value == 0 {
-        return Err(SourceError::ZeroWorldSize {
-            name: w.world.name.clone(),
-        });
+        return Err(SourceError::ZeroWorldSize { name: w.world.name.clone() });
     }
     if w.rank.value >= w.world.value {
         return Err(SourceError::RankOutOfRange {
@@ -575,9 +505,7 @@ fn validate(w: &Winner) -> Result<(), SourceError> {
     }
     if let Some(lw) = &w.local_world {
         if lw.value == 0 {
-            return Err(SourceError::ZeroLocalWorldSize {
-                name: lw.name.clone(),
-            });
+            return Err(SourceError::ZeroLocalWorldSize { name: lw.name.clone() });
         }
         if let Some(lr) = w.local_rank.as_ref().filter(|lr| lr.value >= lw.value) {
             return Err(SourceError::LocalRankOutOfRange {
@@ -594,36 +522,23 @@ fn validate(w: &Winner) -> Result<(), SourceError> {
 /// A port from an explicit value or a variable, checked to be in 1..=65535.
 fn port_from(value: &str, origin: &str) -> Result<u16, SourceError> {
     let t = value.trim();
-    let negative_digits = t
-        .strip_prefix('-')
-        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    let negative_digits = t.strip_prefix('-').is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
     if negative_digits {
-        return Err(SourceError::InvalidPort {
-            value: value.into(),
-            origin: origin.into(),
-        });
+        return Err(SourceError::InvalidPort { value: value.into(), origin: origin.into() });
     }
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(SourceError::NotANonNegativeInteger {
-            name: origin.into(),
-            value: value.into(),
-        });
+        return Err(SourceError::NotANonNegativeInteger { name: origin.into(), value: value.into() });
     }
     match t.parse::<u16>() {
         Ok(p) if p >= 1 => Ok(p),
-        _ => Err(SourceError::InvalidPort {
-            value: value.into(),
-            origin: origin.into(),
-        }),
+        _ => Err(SourceError::InvalidPort { value: value.into(), origin: origin.into() }),
     }
 }
 
 fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
     let trimmed = addr.trim();
     if trimmed.is_empty() {
-        return Err(SourceError::EmptyMasterAddr {
-            origin: origin.into(),
-        });
+        return Err(SourceError::EmptyMasterAddr { origin: origin.into() });
     }
     Ok(trimmed.to_owned())
 }
@@ -660,9 +575,7 @@ fn resolve_master(
                 match first_host {
                     Some(h) => addr = Some(h),
                     None if multi => {
-                        return Err(SourceError::MissingSlurmNodelist {
-                            world_size: w.world.value,
-                        });
+                        return Err(SourceError::MissingSlurmNodelist { world_size: w.world.value });
                     }
                     None => {}
                 }
@@ -678,13 +591,9 @@ fn resolve_master(
             }
         }
         LaunchSource::OpenMpi | LaunchSource::Pmi if multi && addr.is_none() => {
-            return Err(SourceError::NoMasterAddr {
-                launcher: w.source.label(),
-            });
+            return Err(SourceError::NoMasterAddr { launcher: w.source.label() });
         }
-        LaunchSource::Flags | LaunchSource::Config | LaunchSource::Torchrun
-            if multi && addr.is_none() =>
-        {
+        LaunchSource::Flags | LaunchSource::Config | LaunchSource::Torchrun if multi && addr.is_none() => {
             warnings.push(format!(
                 "no master address is set (MASTER_ADDR or --master-addr) for a world of {} ranks: using {DEFAULT_MASTER_ADDR}, which only works if every rank runs on this host",
                 w.world.value
@@ -693,23 +602,16 @@ fn resolve_master(
         _ => {}
     }
 
-    Ok((
-        addr.unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_owned()),
-        port.unwrap_or(DEFAULT_MASTER_PORT),
-    ))
+    Ok((addr.unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_owned()), port.unwrap_or(DEFAULT_MASTER_PORT)))
 }
 
 /// Expands the Slurm node list (if set), checks it against the node count (if set), and
 /// returns its first host.
 fn slurm_first_host(env: Env<'_>) -> Result<Option<String>, SourceError> {
-    let Some((nodelist_name, nodelist)) = first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env)
-    else {
+    let Some((nodelist_name, nodelist)) = first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env) else {
         return Ok(None);
     };
-    let hosts = hostlist::expand(&nodelist).map_err(|source| SourceError::Hostlist {
-        name: nodelist_name,
-        source,
-    })?;
+    let hosts = hostlist::expand(&nodelist).map_err(|source| SourceError::Hostlist { name: nodelist_name, source })?;
     if let Some((num_nodes_name, raw)) = first_set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], env) {
         let num_nodes = env_u32(num_nodes_name, &raw)?.value;
         if usize::try_from(num_nodes).ok() != Some(hosts.len()) {
@@ -729,15 +631,11 @@ fn slurm_first_host(env: Env<'_>) -> Result<Option<String>, SourceError> {
 fn slurm_port(job_id: &str) -> Result<u16, SourceError> {
     let t = job_id.trim();
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(SourceError::NonNumericJobId {
-            value: job_id.into(),
-        });
+        return Err(SourceError::NonNumericJobId { value: job_id.into() });
     }
     // All ASCII digits, so byte slicing is on char boundaries.
     let last4 = &t[t.len().saturating_sub(4)..];
-    let n: u16 = last4.parse().map_err(|_| SourceError::NonNumericJobId {
-        value: job_id.into(),
-    })?;
+    let n: u16 = last4.parse().map_err(|_| SourceError::NonNumericJobId { value: job_id.into() })?;
     Ok(SLURM_PORT_BASE + n)
 }
 

@@ -34,7 +34,12 @@ const TAG_BYTES: usize = 32;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum MasterMsg {
     /// First message: the master's nonce and what it expects.
-    Challenge { nonce: String, run_id: String, world_size: u32, secured: bool },
+    Challenge {
+        nonce: String,
+        run_id: String,
+        world_size: u32,
+        secured: bool,
+    },
     /// The node is in. `proof` proves the master knows the secret.
     Welcome {
         run_id: String,
@@ -45,19 +50,36 @@ pub enum MasterMsg {
         view: Vec<MemberInfo>,
     },
     /// The node may not join; it should exit with this reason.
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     /// Progress while the cluster forms.
-    Waiting { joined: u32, world_size: u32, missing: Vec<u32> },
+    Waiting {
+        joined: u32,
+        world_size: u32,
+        missing: Vec<u32>,
+    },
     /// Every rank has joined: the membership is final; enter the barrier.
-    Formed { view: Vec<MemberInfo> },
+    Formed {
+        view: Vec<MemberInfo>,
+    },
     /// Every rank entered the barrier.
     Release,
-    HeartbeatAck { seq: u64 },
-    Members { req: u64, view: Vec<MemberInfo> },
+    HeartbeatAck {
+        seq: u64,
+    },
+    Members {
+        req: u64,
+        view: Vec<MemberInfo>,
+    },
     /// A newer incarnation of this rank has joined; this one must stop.
-    Fenced { reason: String },
+    Fenced {
+        reason: String,
+    },
     /// The cluster could not form (for example a join timeout); the node should exit.
-    Abort { reason: String },
+    Abort {
+        reason: String,
+    },
 }
 
 /// Messages a node sends to the master.
@@ -75,8 +97,12 @@ pub enum NodeMsg {
         proof: Option<String>,
     },
     BarrierEnter,
-    Heartbeat { seq: u64 },
-    MembersQuery { req: u64 },
+    Heartbeat {
+        seq: u64,
+    },
+    MembersQuery {
+        req: u64,
+    },
     /// Graceful shutdown.
     Leave,
 }
@@ -184,7 +210,8 @@ impl FrameReader {
 
     /// Reads one message. End of stream is a `Connection` error.
     pub async fn read<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T> {
-        let io = |e: std::io::Error, peer: &str| ClusterError::Connection { peer: peer.to_string(), detail: e.to_string() };
+        let io =
+            |e: std::io::Error, peer: &str| ClusterError::Connection { peer: peer.to_string(), detail: e.to_string() };
         let len = self.inner.read_u32().await.map_err(|e| io(e, &self.peer))? as usize;
         if len > MAX_FRAME_BYTES {
             return Err(ClusterError::WrongProtocol {

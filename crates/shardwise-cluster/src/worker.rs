@@ -136,7 +136,10 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
                     secret.verify("welcome", &[&master_nonce, &node_nonce, run_id.as_bytes(), &epoch.to_be_bytes()], &p)
                 });
                 if !ok {
-                    return Err(ClusterError::Auth { peer, detail: "the master could not prove it knows the cluster secret".into() });
+                    return Err(ClusterError::Auth {
+                        peer,
+                        detail: "the master could not prove it knows the cluster secret".into(),
+                    });
                 }
                 let key = secret.session_key(&master_nonce, &node_nonce);
                 reader.set_key(key);
@@ -265,7 +268,12 @@ impl WorkerLink {
         let (session, joined) = join(&settings).await?;
         let link = Arc::new(WorkerLink {
             settings,
-            state: Mutex::new(LinkState { tx: None, view: joined.view.clone(), pending: HashMap::new(), epoch: joined.epoch }),
+            state: Mutex::new(LinkState {
+                tx: None,
+                view: joined.view.clone(),
+                pending: HashMap::new(),
+                epoch: joined.epoch,
+            }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
             task: Mutex::new(None),

@@ -42,9 +42,7 @@ pub struct QueryEngine {
 
 impl std::fmt::Debug for QueryEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueryEngine")
-            .field("session_id", &self.ctx.session_id())
-            .finish_non_exhaustive()
+        f.debug_struct("QueryEngine").field("session_id", &self.ctx.session_id()).finish_non_exhaustive()
     }
 }
 
@@ -63,19 +61,14 @@ impl QueryEngine {
         system
             .register_table(NODES_TABLE.to_string(), Arc::new(NodesTable::new(cluster)))
             .map_err(QueryError::Internal)?;
-        catalog
-            .register_schema(SYSTEM_SCHEMA, system)
-            .map_err(QueryError::Internal)?;
+        catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
         Ok(QueryEngine { ctx })
     }
 
     /// What statements may run: queries and session statements (`SET`), but not DataFusion's own
     /// DDL and DML (`CREATE EXTERNAL TABLE`, `COPY`, `INSERT`), which would bypass shardwise.
     fn sql_options() -> SQLOptions {
-        SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(true)
+        SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(true)
     }
 
     /// Parses and plans one statement without executing anything.
@@ -110,10 +103,7 @@ mod tests {
 
     #[test]
     fn refusal_is_rephrased() {
-        assert_eq!(
-            describe_refusal("DDL not supported: CreateExternalTable"),
-            "CreateExternalTable (DDL)"
-        );
+        assert_eq!(describe_refusal("DDL not supported: CreateExternalTable"), "CreateExternalTable (DDL)");
         assert_eq!(describe_refusal("something else"), "something else");
     }
 }

@@ -34,11 +34,7 @@ impl QueryError {
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
-        if is_user_caused(&e) {
-            QueryError::Invalid(e)
-        } else {
-            QueryError::Internal(e)
-        }
+        if is_user_caused(&e) { QueryError::Invalid(e) } else { QueryError::Internal(e) }
     }
 }
 
@@ -52,10 +48,9 @@ fn is_user_caused(e: &DataFusionError) -> bool {
         | DataFusionError::NotImplemented(_)
         | DataFusionError::Configuration(_)
         | DataFusionError::Execution(_) => true,
-        DataFusionError::ArrowError(arrow, _) => !matches!(
-            **arrow,
-            ArrowError::IoError(..) | ArrowError::ExternalError(_) | ArrowError::MemoryError(_)
-        ),
+        DataFusionError::ArrowError(arrow, _) => {
+            !matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_) | ArrowError::MemoryError(_))
+        }
         DataFusionError::Collection(errors) => errors.first().is_some_and(is_user_caused),
         _ => false,
     }
@@ -89,9 +84,6 @@ mod tests {
     fn unsupported_is_a_user_error() {
         let e = QueryError::Unsupported("DDL (CreateExternalTable)".into());
         assert!(e.is_user_error());
-        assert_eq!(
-            e.to_string(),
-            "statement not supported: DDL (CreateExternalTable)"
-        );
+        assert_eq!(e.to_string(), "statement not supported: DDL (CreateExternalTable)");
     }
 }

@@ -34,11 +34,7 @@ static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("http_addr", DataType::Utf8, true),
         Field::new("state", DataType::Utf8, false),
         Field::new("epoch", DataType::UInt64, false),
-        Field::new(
-            "last_heartbeat",
-            DataType::Timestamp(TimeUnit::Millisecond, utc),
-            true,
-        ),
+        Field::new("last_heartbeat", DataType::Timestamp(TimeUnit::Millisecond, utc), true),
     ]))
 });
 
@@ -57,44 +53,21 @@ impl NodesTable {
 /// The rows of `system.nodes` as one batch in [`NODES_SCHEMA`] order.
 fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
     let addr = |service: &str| -> ArrayRef {
-        Arc::new(
-            members
-                .iter()
-                .map(|m| m.addrs.get(service).map(String::as_str))
-                .collect::<StringArray>(),
-        )
+        Arc::new(members.iter().map(|m| m.addrs.get(service).map(String::as_str)).collect::<StringArray>())
     };
     let columns: Vec<ArrayRef> = vec![
         Arc::new(members.iter().map(|m| m.rank).collect::<UInt32Array>()),
-        Arc::new(
-            members
-                .iter()
-                .map(|m| Some(m.node_id.as_str()))
-                .collect::<StringArray>(),
-        ),
-        Arc::new(
-            members
-                .iter()
-                .map(|m| Some(m.role.as_str()))
-                .collect::<StringArray>(),
-        ),
+        Arc::new(members.iter().map(|m| Some(m.node_id.as_str())).collect::<StringArray>()),
+        Arc::new(members.iter().map(|m| Some(m.role.as_str())).collect::<StringArray>()),
         addr("flight"),
         addr("pg"),
         addr("http"),
-        Arc::new(
-            members
-                .iter()
-                .map(|m| Some(m.state.as_str()))
-                .collect::<StringArray>(),
-        ),
+        Arc::new(members.iter().map(|m| Some(m.state.as_str())).collect::<StringArray>()),
         Arc::new(members.iter().map(|m| m.epoch).collect::<UInt64Array>()),
         Arc::new(
             members
                 .iter()
-                .map(|m| {
-                    m.last_heartbeat_unix_ms
-                        .and_then(|ms| i64::try_from(ms).ok())
-                })
+                .map(|m| m.last_heartbeat_unix_ms.and_then(|ms| i64::try_from(ms).ok()))
                 .collect::<TimestampMillisecondArray>()
                 .with_timezone("UTC"),
         ),
@@ -132,11 +105,8 @@ impl TableProvider for NodesTable {
         Box::pin(async move {
             let members = self.cluster.members().await;
             let batch = nodes_batch(&members)?;
-            let plan: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
-                &[vec![batch]],
-                Arc::clone(&NODES_SCHEMA),
-                projection.cloned(),
-            )?;
+            let plan: Arc<dyn ExecutionPlan> =
+                MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&NODES_SCHEMA), projection.cloned())?;
             Ok(plan)
         })
     }

@@ -76,18 +76,12 @@ async fn select_one() {
     let planned = engine.plan("SELECT 1 AS one").await.expect("plan");
     assert_eq!(planned.schema().field(0).name(), "one");
     let batches = run(&engine, "SELECT 1 AS one").await.expect("run");
-    assert_eq!(
-        pretty(&batches),
-        "+-----+\n| one |\n+-----+\n| 1   |\n+-----+"
-    );
+    assert_eq!(pretty(&batches), "+-----+\n| one |\n+-----+\n| 1   |\n+-----+");
 }
 
 #[tokio::test]
 async fn unknown_column_is_a_user_error() {
-    let err = engine()
-        .plan("SELECT nope FROM system.nodes")
-        .await
-        .unwrap_err();
+    let err = engine().plan("SELECT nope FROM system.nodes").await.unwrap_err();
     assert!(err.is_user_error(), "{err:?}");
     assert!(err.to_string().contains("nope"), "{err}");
 }
@@ -101,18 +95,12 @@ async fn syntax_error_is_a_user_error() {
 #[tokio::test]
 async fn create_external_table_is_refused_without_running() {
     let dir = std::env::temp_dir().join("shardwise-query-should-not-exist");
-    let sql = format!(
-        "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}'",
-        dir.display()
-    );
+    let sql = format!("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}'", dir.display());
     let engine = engine();
     let err = engine.plan(&sql).await.unwrap_err();
     assert!(matches!(err, QueryError::Unsupported(_)), "{err:?}");
     assert!(err.is_user_error());
-    assert!(
-        err.to_string().starts_with("statement not supported: "),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("statement not supported: "), "{err}");
     // Planning did not register the table.
     let err = engine.plan("SELECT * FROM t").await.unwrap_err();
     assert!(err.to_string().contains("t"), "{err}");
@@ -134,9 +122,7 @@ async fn insert_and_copy_are_refused() {
 #[tokio::test]
 async fn set_is_allowed_and_takes_effect() {
     let engine = engine();
-    let batches = run(&engine, "SET datafusion.execution.batch_size = 1234")
-        .await
-        .expect("set");
+    let batches = run(&engine, "SET datafusion.execution.batch_size = 1234").await.expect("set");
     assert!(batches.iter().all(|b| b.num_rows() == 0));
     let batches = run(
         &engine,
@@ -150,9 +136,7 @@ async fn set_is_allowed_and_takes_effect() {
 
 #[tokio::test]
 async fn system_nodes_lists_members() {
-    let batches = run(&engine(), "SELECT * FROM system.nodes ORDER BY rank")
-        .await
-        .expect("run");
+    let batches = run(&engine(), "SELECT * FROM system.nodes ORDER BY rank").await.expect("run");
     let expected = "\
 +------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+
 | rank | node_id | role   | flight_addr   | pg_addr      | http_addr | state | epoch | last_heartbeat       |
@@ -164,10 +148,7 @@ async fn system_nodes_lists_members() {
     let got = pretty(&batches);
     // Compare cell contents, not column widths.
     let cells = |s: &str| -> Vec<Vec<String>> {
-        s.lines()
-            .filter(|l| l.starts_with('|'))
-            .map(|l| l.split('|').map(|c| c.trim().to_string()).collect())
-            .collect()
+        s.lines().filter(|l| l.starts_with('|')).map(|l| l.split('|').map(|c| c.trim().to_string()).collect()).collect()
     };
     assert_eq!(cells(&got), cells(expected), "{got}");
 }
@@ -175,19 +156,11 @@ async fn system_nodes_lists_members() {
 #[tokio::test]
 async fn system_nodes_projection_and_filter() {
     let engine = engine();
-    let planned = engine
-        .plan("SELECT node_id, state FROM system.nodes WHERE state <> 'up'")
-        .await
-        .expect("plan");
+    let planned = engine.plan("SELECT node_id, state FROM system.nodes WHERE state <> 'up'").await.expect("plan");
     let schema = planned.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     assert_eq!(names, ["node_id", "state"]);
-    let batches = run(
-        &engine,
-        "SELECT node_id, state FROM system.nodes WHERE state <> 'up'",
-    )
-    .await
-    .expect("run");
+    let batches = run(&engine, "SELECT node_id, state FROM system.nodes WHERE state <> 'up'").await.expect("run");
     assert_eq!(
         pretty(&batches),
         "+---------+-------+\n| node_id | state |\n+---------+-------+\n| node-2  | down  |\n+---------+-------+"
@@ -197,18 +170,12 @@ async fn system_nodes_projection_and_filter() {
 #[tokio::test]
 async fn system_nodes_schema_types() {
     use datafusion::arrow::datatypes::{DataType, TimeUnit};
-    let planned = engine()
-        .plan("SELECT * FROM system.nodes")
-        .await
-        .expect("plan");
+    let planned = engine().plan("SELECT * FROM system.nodes").await.expect("plan");
     let schema = planned.schema();
     assert_eq!(schema.fields().len(), 9);
     assert_eq!(schema.field(0).data_type(), &DataType::UInt32);
     assert_eq!(schema.field(7).data_type(), &DataType::UInt64);
-    assert_eq!(
-        schema.field(8).data_type(),
-        &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
-    );
+    assert_eq!(schema.field(8).data_type(), &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())));
     assert!(schema.field(3).is_nullable());
     assert!(!schema.field(1).is_nullable());
 }

@@ -27,9 +27,7 @@ pub fn credentials(metadata: &MetadataMap) -> Result<Credentials, Status> {
     let Some(value) = metadata.get("authorization") else {
         return Ok(Credentials::Anonymous);
     };
-    let value = value
-        .to_str()
-        .map_err(|_| Status::unauthenticated("authorization header is not ASCII"))?;
+    let value = value.to_str().map_err(|_| Status::unauthenticated("authorization header is not ASCII"))?;
     parse_authorization(value)
 }
 
@@ -38,23 +36,18 @@ pub fn parse_authorization(value: &str) -> Result<Credentials, Status> {
     let (scheme, rest) = value.split_once(' ').unwrap_or((value, ""));
     let rest = rest.trim();
     if scheme.eq_ignore_ascii_case("basic") {
-        let decoded = base64_decode(rest)
-            .ok_or_else(|| Status::unauthenticated("basic authorization is not valid base64"))?;
-        let text = String::from_utf8(decoded)
-            .map_err(|_| Status::unauthenticated("basic authorization is not UTF-8"))?;
-        let (user, password) = text.split_once(':').ok_or_else(|| {
-            Status::unauthenticated("basic authorization must be base64 of user:password")
-        })?;
-        Ok(Credentials::Basic {
-            user: user.to_string(),
-            password: password.to_string(),
-        })
+        let decoded =
+            base64_decode(rest).ok_or_else(|| Status::unauthenticated("basic authorization is not valid base64"))?;
+        let text =
+            String::from_utf8(decoded).map_err(|_| Status::unauthenticated("basic authorization is not UTF-8"))?;
+        let (user, password) = text
+            .split_once(':')
+            .ok_or_else(|| Status::unauthenticated("basic authorization must be base64 of user:password"))?;
+        Ok(Credentials::Basic { user: user.to_string(), password: password.to_string() })
     } else if scheme.eq_ignore_ascii_case("bearer") {
         Ok(Credentials::Bearer(rest.to_string()))
     } else {
-        Err(Status::unauthenticated(format!(
-            "unsupported authorization scheme {scheme:?} (use Basic or Bearer)"
-        )))
+        Err(Status::unauthenticated(format!("unsupported authorization scheme {scheme:?} (use Basic or Bearer)")))
     }
 }
 
@@ -63,9 +56,7 @@ pub fn check_password(user: &str, password: &str) -> Result<(), Status> {
     if user == DEFAULT_USER && password.is_empty() {
         Ok(())
     } else if user == DEFAULT_USER {
-        Err(Status::unauthenticated(format!(
-            "wrong password for user {DEFAULT_USER:?}"
-        )))
+        Err(Status::unauthenticated(format!("wrong password for user {DEFAULT_USER:?}")))
     } else {
         Err(Status::unauthenticated(format!(
             "unknown user {user:?}: no users are configured, only {DEFAULT_USER:?} (empty password)"
@@ -90,14 +81,8 @@ mod tests {
 
     #[test]
     fn base64_round_trips_known_values() {
-        assert_eq!(
-            base64_decode("ZGVmYXVsdDo=").as_deref(),
-            Some(&b"default:"[..])
-        );
-        assert_eq!(
-            base64_decode("ZGVmYXVsdDo").as_deref(),
-            Some(&b"default:"[..])
-        );
+        assert_eq!(base64_decode("ZGVmYXVsdDo=").as_deref(), Some(&b"default:"[..]));
+        assert_eq!(base64_decode("ZGVmYXVsdDo").as_deref(), Some(&b"default:"[..]));
         assert_eq!(base64_decode("YWJj").as_deref(), Some(&b"abc"[..]));
         assert_eq!(base64_decode("YQ==").as_deref(), Some(&b"a"[..]));
         assert_eq!(base64_decode("").as_deref(), Some(&b""[..]));
@@ -110,15 +95,9 @@ mod tests {
     fn parses_basic_and_bearer() {
         assert_eq!(
             parse_authorization("Basic ZGVmYXVsdDo=").ok(),
-            Some(Credentials::Basic {
-                user: "default".into(),
-                password: String::new()
-            })
+            Some(Credentials::Basic { user: "default".into(), password: String::new() })
         );
-        assert_eq!(
-            parse_authorization("Bearer abc").ok(),
-            Some(Credentials::Bearer("abc".into()))
-        );
+        assert_eq!(parse_authorization("Bearer abc").ok(), Some(Credentials::Bearer("abc".into())));
         assert!(parse_authorization("Digest x").is_err());
         assert!(parse_authorization("Basic ###").is_err());
     }
@@ -129,10 +108,6 @@ mod tests {
         let e = check_password("default", "x").unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         let e = check_password("admin", "").unwrap_err();
-        assert!(
-            e.message().contains("unknown user \"admin\""),
-            "{}",
-            e.message()
-        );
+        assert!(e.message().contains("unknown user \"admin\""), "{}", e.message());
     }
 }

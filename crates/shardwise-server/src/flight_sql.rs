@@ -16,14 +16,13 @@ use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, CommandGetSqlInfo, CommandPreparedStatementQuery,
-    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate, ProstMessageExt,
-    SqlInfo, TicketStatementQuery,
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
+    CommandGetSqlInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
+    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
-    IpcMessage, SchemaAsIpc, Ticket,
+    Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
+    Ticket,
 };
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::execution::SendableRecordBatchStream;
@@ -62,9 +61,7 @@ pub struct FlightSqlEndpoint {
 
 impl std::fmt::Debug for FlightSqlEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FlightSqlEndpoint")
-            .field("engine", &self.engine)
-            .finish_non_exhaustive()
+        f.debug_struct("FlightSqlEndpoint").field("engine", &self.engine).finish_non_exhaustive()
     }
 }
 
@@ -76,11 +73,7 @@ impl FlightSqlEndpoint {
         // Arrow format version (Schema.fbs MetadataVersion V5 is format 1.3 and later).
         info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
         let sql_info = info.build().map_err(ServerError::SqlInfo)?;
-        Ok(FlightSqlEndpoint {
-            engine,
-            token: uuid::Uuid::new_v4().simple().to_string(),
-            sql_info,
-        })
+        Ok(FlightSqlEndpoint { engine, token: uuid::Uuid::new_v4().simple().to_string(), sql_info })
     }
 
     /// Admits a call: no credentials, `default` with an empty password, or our bearer token.
@@ -89,9 +82,9 @@ impl FlightSqlEndpoint {
             Credentials::Anonymous => Ok(()),
             Credentials::Basic { user, password } => auth::check_password(&user, &password),
             Credentials::Bearer(token) if token == self.token => Ok(()),
-            Credentials::Bearer(_) => Err(Status::unauthenticated(
-                "unknown session token (the server may have restarted): handshake again",
-            )),
+            Credentials::Bearer(_) => {
+                Err(Status::unauthenticated("unknown session token (the server may have restarted): handshake again"))
+            }
         }
     }
 
@@ -102,20 +95,12 @@ impl FlightSqlEndpoint {
     }
 
     /// Plans `sql` (nothing runs) and describes its result with one endpoint redeeming `ticket`.
-    async fn flight_info(
-        &self,
-        sql: &str,
-        ticket: Ticket,
-        descriptor: FlightDescriptor,
-    ) -> Result<FlightInfo, Status> {
+    async fn flight_info(&self, sql: &str, ticket: Ticket, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
         let planned = self.engine.plan(sql).await.map_err(to_status)?;
         FlightInfo::new()
             .try_with_schema(&planned.schema())
             .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
-            .map(|info| {
-                info.with_endpoint(FlightEndpoint::new().with_ticket(ticket))
-                    .with_descriptor(descriptor)
-            })
+            .map(|info| info.with_endpoint(FlightEndpoint::new().with_ticket(ticket)).with_descriptor(descriptor))
     }
 
     /// Plans and runs `sql`, then streams its rows as Flight data.
@@ -126,10 +111,7 @@ impl FlightSqlEndpoint {
     /// Runs a statement for its effect; the affected row count when it reports one, else 0.
     async fn run_update(&self, sql: &str) -> Result<i64, Status> {
         let stream = self.run(sql).await?;
-        let batches: Vec<_> = stream
-            .try_collect()
-            .await
-            .map_err(|e| to_status(QueryError::from(e)))?;
+        let batches: Vec<_> = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
         Ok(affected_rows(&batches))
     }
 }
@@ -154,10 +136,7 @@ fn affected_rows(batches: &[arrow::array::RecordBatch]) -> i64 {
 fn encode(stream: SendableRecordBatchStream) -> DoGetStream {
     let schema: SchemaRef = stream.schema();
     let batches = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
-    let data = FlightDataEncoderBuilder::new()
-        .with_schema(schema)
-        .build(batches)
-        .map_err(Status::from);
+    let data = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);
     Box::pin(data)
 }
 
@@ -175,10 +154,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<HandshakeStream>, Status> {
         self.authorize(request.metadata())?;
-        let reply = HandshakeResponse {
-            protocol_version: 0,
-            payload: self.token.clone().into(),
-        };
+        let reply = HandshakeResponse { protocol_version: 0, payload: self.token.clone().into() };
         let output: HandshakeStream = Box::pin(futures::stream::iter([Ok(reply)]));
         let mut response = Response::new(output);
         let bearer = MetadataValue::try_from(format!("Bearer {}", self.token))
@@ -193,13 +169,9 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.authorize(request.metadata())?;
-        let ticket = TicketStatementQuery {
-            statement_handle: query.query.clone().into(),
-        };
+        let ticket = TicketStatementQuery { statement_handle: query.query.clone().into() };
         let ticket = Ticket::new(ticket.as_any().encode_to_vec());
-        let info = self
-            .flight_info(&query.query, ticket, request.into_inner())
-            .await?;
+        let info = self.flight_info(&query.query, ticket, request.into_inner()).await?;
         Ok(Response::new(info))
     }
 
@@ -245,8 +217,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
-        self.do_get_sql(sql_text(&query.prepared_statement_handle)?)
-            .await
+        self.do_get_sql(sql_text(&query.prepared_statement_handle)?).await
     }
 
     async fn do_get_sql_info(
@@ -280,8 +251,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
-        self.run_update(sql_text(&command.prepared_statement_handle)?)
-            .await
+        self.run_update(sql_text(&command.prepared_statement_handle)?).await
     }
 
     async fn do_action_create_prepared_statement(
@@ -291,12 +261,9 @@ impl FlightSqlService for FlightSqlEndpoint {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.authorize(request.metadata())?;
         let planned = self.engine.plan(&query.query).await.map_err(to_status)?;
-        let IpcMessage(dataset_schema) =
-            SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
-                .try_into()
-                .map_err(|e: arrow::error::ArrowError| {
-                    Status::internal(format!("cannot encode the result schema: {e}"))
-                })?;
+        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(format!("cannot encode the result schema: {e}")))?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into(),
             dataset_schema,
@@ -324,9 +291,7 @@ mod tests {
 
     #[test]
     fn user_errors_are_invalid_argument() {
-        let status = to_status(QueryError::from(DataFusionError::Plan(
-            "no column x".into(),
-        )));
+        let status = to_status(QueryError::from(DataFusionError::Plan("no column x".into())));
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert_eq!(status.message(), "Error during planning: no column x");
     }
@@ -341,11 +306,9 @@ mod tests {
     fn affected_rows_reads_a_count_column() {
         use arrow::array::{Int32Array, RecordBatch};
         let count =
-            RecordBatch::try_from_iter([("count", Arc::new(UInt64Array::from(vec![3u64])) as _)])
-                .expect("batch");
+            RecordBatch::try_from_iter([("count", Arc::new(UInt64Array::from(vec![3u64])) as _)]).expect("batch");
         assert_eq!(affected_rows(&[count.clone(), count]), 6);
-        let other = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1])) as _)])
-            .expect("batch");
+        let other = RecordBatch::try_from_iter([("x", Arc::new(Int32Array::from(vec![1])) as _)]).expect("batch");
         assert_eq!(affected_rows(&[other]), 0);
         assert_eq!(affected_rows(&[]), 0);
     }

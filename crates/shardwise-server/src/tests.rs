@@ -53,28 +53,19 @@ struct Running {
 
 impl Running {
     async fn start() -> Running {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let engine = Arc::new(QueryEngine::new(Arc::new(TwoNodes)).expect("engine"));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve_flight(listener, engine, async move {
             let _ = stopped.await;
         }));
-        Running {
-            addr,
-            stop: Some(stop),
-            task,
-        }
+        Running { addr, stop: Some(stop), task }
     }
 
     async fn client(&self) -> FlightSqlServiceClient<Channel> {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
+        let channel =
+            Channel::from_shared(format!("http://{}", self.addr)).expect("uri").connect().await.expect("connect");
         FlightSqlServiceClient::new(channel)
     }
 
@@ -86,10 +77,7 @@ impl Running {
     }
 }
 
-async fn query(
-    client: &mut FlightSqlServiceClient<Channel>,
-    sql: &str,
-) -> Result<Vec<RecordBatch>, FlightError> {
+async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<RecordBatch>, FlightError> {
     let info = client.execute(sql.to_string(), None).await?;
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
@@ -116,12 +104,7 @@ async fn query_over_flight_sql() {
     client.handshake("default", "").await.expect("handshake");
     assert!(client.token().is_some());
 
-    let batches = query(
-        &mut client,
-        "SELECT node_id, role FROM system.nodes ORDER BY rank",
-    )
-    .await
-    .expect("query");
+    let batches = query(&mut client, "SELECT node_id, role FROM system.nodes ORDER BY rank").await.expect("query");
     let table = pretty_format_batches(&batches).expect("format").to_string();
     assert_eq!(
         table,
@@ -129,28 +112,15 @@ async fn query_over_flight_sql() {
     );
 
     // A user error comes back as InvalidArgument with DataFusion's message.
-    let status = status_of(
-        query(&mut client, "SELECT nope FROM system.nodes")
-            .await
-            .unwrap_err(),
-    );
+    let status = status_of(query(&mut client, "SELECT nope FROM system.nodes").await.unwrap_err());
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("nope"), "{}", status.message());
 
     let status = status_of(
-        query(
-            &mut client,
-            "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/nonexistent'",
-        )
-        .await
-        .unwrap_err(),
+        query(&mut client, "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/nonexistent'").await.unwrap_err(),
     );
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status.message().starts_with("statement not supported: "),
-        "{}",
-        status.message()
-    );
+    assert!(status.message().starts_with("statement not supported: "), "{}", status.message());
 
     server.stop().await;
 }
@@ -161,73 +131,34 @@ async fn anonymous_update_prepared_and_sql_info() {
     let mut client = server.client().await;
 
     // No handshake at all is accepted while no users are configured.
-    let affected = client
-        .execute_update(
-            "SET datafusion.execution.batch_size = 100".to_string(),
-            None,
-        )
-        .await
-        .expect("set");
+    let affected =
+        client.execute_update("SET datafusion.execution.batch_size = 100".to_string(), None).await.expect("set");
     assert_eq!(affected, 0);
 
     // An empty result still carries its schema.
-    let info = client
-        .execute(
-            "SELECT rank FROM system.nodes WHERE rank > 5".to_string(),
-            None,
-        )
-        .await
-        .expect("execute");
+    let info = client.execute("SELECT rank FROM system.nodes WHERE rank > 5".to_string(), None).await.expect("execute");
     let schema = info.clone().try_decode_schema().expect("schema");
     assert_eq!(schema.field(0).name(), "rank");
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
     let mut stream = client.do_get(ticket).await.expect("do_get");
     let rows: Vec<RecordBatch> = (&mut stream).try_collect().await.expect("rows");
     assert_eq!(rows.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
-    assert_eq!(
-        stream.schema().map(|s| s.field(0).name().clone()),
-        Some("rank".into())
-    );
+    assert_eq!(stream.schema().map(|s| s.field(0).name().clone()), Some("rank".into()));
 
     // Prepared statements: the handle is the SQL.
-    let mut prepared = client
-        .prepare("SELECT count(*) AS n FROM system.nodes".to_string(), None)
-        .await
-        .expect("prepare");
-    assert_eq!(
-        prepared.dataset_schema().expect("schema").field(0).name(),
-        "n"
-    );
+    let mut prepared =
+        client.prepare("SELECT count(*) AS n FROM system.nodes".to_string(), None).await.expect("prepare");
+    assert_eq!(prepared.dataset_schema().expect("schema").field(0).name(), "n");
     let info = prepared.execute().await.expect("execute prepared");
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let batches: Vec<RecordBatch> = client
-        .do_get(ticket)
-        .await
-        .expect("do_get")
-        .try_collect()
-        .await
-        .expect("rows");
-    assert!(
-        pretty_format_batches(&batches)
-            .expect("fmt")
-            .to_string()
-            .contains("| 2 |")
-    );
+    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+    assert!(pretty_format_batches(&batches).expect("fmt").to_string().contains("| 2 |"));
     prepared.close().await.expect("close");
 
     // Server description.
-    let info = client
-        .get_sql_info(vec![SqlInfo::FlightSqlServerName])
-        .await
-        .expect("sql info");
+    let info = client.get_sql_info(vec![SqlInfo::FlightSqlServerName]).await.expect("sql info");
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let batches: Vec<RecordBatch> = client
-        .do_get(ticket)
-        .await
-        .expect("do_get")
-        .try_collect()
-        .await
-        .expect("rows");
+    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
     let text = pretty_format_batches(&batches).expect("fmt").to_string();
     assert!(text.contains("shardwise"), "{text}");
 

@@ -118,7 +118,9 @@ async fn start_all(exe: &Path, n: u32, data: Option<&Path>, timeout: Duration) -
         }
         anyhow::Ok(())
     };
-    tokio::time::timeout(timeout, all).await.with_context(|| format!("{n} ranks did not start within {timeout:?}"))??;
+    tokio::time::timeout(timeout, all)
+        .await
+        .with_context(|| format!("{n} ranks did not start within {timeout:?}"))??;
     Ok(last.as_secs_f64() * 1000.0)
 }
 

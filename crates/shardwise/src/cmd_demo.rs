@@ -35,7 +35,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let cluster = EmbeddedCluster::start(args.nodes, &data_dir).await?;
     println!("   every rank joined and passed the barrier in {:.0} ms", started.elapsed().as_secs_f64() * 1000.0);
     for n in &cluster.nodes {
-        println!("   listening rank={} flight={}  ({}, node_id {})", n.node.rank, n.flight_addr, n.node.role().as_str(), n.node.node_id);
+        println!(
+            "   listening rank={} flight={}  ({}, node_id {})",
+            n.node.rank,
+            n.flight_addr,
+            n.node.role().as_str(),
+            n.node.node_id
+        );
     }
 
     let result = tour(&cluster).await;

@@ -102,8 +102,8 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
 
     let mut stop: Option<Stop> = None;
     let mut kill_at: Option<tokio::time::Instant> = None;
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot watch SIGTERM")?;
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot watch SIGTERM")?;
     loop {
         if stop.is_some() && alive.is_empty() {
             break;

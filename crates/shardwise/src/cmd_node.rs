@@ -134,8 +134,14 @@ fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<T> {
 fn explicit(args: &NodeArgs, file: &ConfigFile, config_name: &str) -> Explicit {
     fn given<T: Clone>(flag: &Option<T>, file: &Option<T>, key: &str, config_name: &str) -> Option<Given<T>> {
         match (flag, file) {
-            (Some(v), _) => Some(Given { value: v.clone(), origin: LaunchSource::Flags, name: format!("--{}", key.replace('_', "-")) }),
-            (None, Some(v)) => Some(Given { value: v.clone(), origin: LaunchSource::Config, name: format!("{key} in {config_name}") }),
+            (Some(v), _) => Some(Given {
+                value: v.clone(),
+                origin: LaunchSource::Flags,
+                name: format!("--{}", key.replace('_', "-")),
+            }),
+            (None, Some(v)) => {
+                Some(Given { value: v.clone(), origin: LaunchSource::Config, name: format!("{key} in {config_name}") })
+            }
             (None, None) => None,
         }
     }
@@ -155,10 +161,12 @@ fn timeouts(args: &NodeArgs, file: &ConfigFile) -> Timeouts {
         connect_timeout_ms: pick(args.connect_timeout_ms, file.connect_timeout_ms).unwrap_or(d.connect_timeout_ms),
         join_timeout_ms: pick(args.join_timeout_ms, file.join_timeout_ms).unwrap_or(d.join_timeout_ms),
         op_timeout_ms: pick(args.op_timeout_ms, file.op_timeout_ms).unwrap_or(d.op_timeout_ms),
-        heartbeat_interval_ms: pick(args.heartbeat_interval_ms, file.heartbeat_interval_ms).unwrap_or(d.heartbeat_interval_ms),
+        heartbeat_interval_ms: pick(args.heartbeat_interval_ms, file.heartbeat_interval_ms)
+            .unwrap_or(d.heartbeat_interval_ms),
         suspect_after_ms: pick(args.suspect_after_ms, file.suspect_after_ms).unwrap_or(d.suspect_after_ms),
         down_after_ms: pick(args.down_after_ms, file.down_after_ms).unwrap_or(d.down_after_ms),
-        progress_interval_ms: pick(args.progress_interval_ms, file.progress_interval_ms).unwrap_or(d.progress_interval_ms),
+        progress_interval_ms: pick(args.progress_interval_ms, file.progress_interval_ms)
+            .unwrap_or(d.progress_interval_ms),
     }
 }
 
@@ -179,7 +187,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         warn!("{w}");
     }
     if detected.source == LaunchSource::None {
-        info!("no launch environment found (no flags, torchrun, Slurm, Open MPI or PMI variables): embedded single-node mode");
+        info!(
+            "no launch environment found (no flags, torchrun, Slurm, Open MPI or PMI variables): embedded single-node mode"
+        );
     } else {
         info!(
             rank = detected.rank,
@@ -191,7 +201,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let secret = ClusterSecret::load(pick(args.secret_file.clone(), file.secret_file.clone()).as_deref(), std::env::var(SECRET_ENV).ok())?;
+    let secret = ClusterSecret::load(
+        pick(args.secret_file.clone(), file.secret_file.clone()).as_deref(),
+        std::env::var(SECRET_ENV).ok(),
+    )?;
     let data_dir = pick(args.data_dir.clone(), file.data_dir.clone())
         .unwrap_or_else(|| PathBuf::from(format!("shardwise-data/rank-{}", detected.rank)));
     let opts = InitOptions {
@@ -206,7 +219,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let prepared = shardwise_cluster::prepare(opts)?;
 
     let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
-    let advertise_host = pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
+    let advertise_host =
+        pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
     let flight = TcpListener::bind((listen_host.as_str(), flight_port))
         .await

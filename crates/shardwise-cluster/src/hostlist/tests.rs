@@ -19,10 +19,7 @@ fn err(list: &str) -> HostlistError {
 fn simple_lists() {
     assert_eq!(ok("node1"), ["node1"]);
     assert_eq!(ok("node1,node2"), ["node1", "node2"]);
-    assert_eq!(
-        ok("node1 node2\tnode3\nnode4"),
-        ["node1", "node2", "node3", "node4"]
-    );
+    assert_eq!(ok("node1 node2\tnode3\nnode4"), ["node1", "node2", "node3", "node4"]);
     assert_eq!(ok(" node1 , node2 ,"), ["node1", "node2"]);
     assert_eq!(ok("a,,b"), ["a", "b"]);
     assert_eq!(ok("host_1.example.com"), ["host_1.example.com"]);
@@ -30,10 +27,7 @@ fn simple_lists() {
 
 #[test]
 fn padding_follows_low_bound() {
-    assert_eq!(
-        ok("node[01-04,07]"),
-        ["node01", "node02", "node03", "node04", "node07"]
-    );
+    assert_eq!(ok("node[01-04,07]"), ["node01", "node02", "node03", "node04", "node07"]);
     assert_eq!(ok("n[8-11]"), ["n8", "n9", "n10", "n11"]);
     assert_eq!(ok("n[098-100]"), ["n098", "n099", "n100"]);
     assert_eq!(ok("n[9-010]"), ["n9", "n10"]);
@@ -43,10 +37,7 @@ fn padding_follows_low_bound() {
 
 #[test]
 fn reference_sample() {
-    assert_eq!(
-        ok("gnode[10,20,25,37]"),
-        ["gnode10", "gnode20", "gnode25", "gnode37"]
-    );
+    assert_eq!(ok("gnode[10,20,25,37]"), ["gnode10", "gnode20", "gnode25", "gnode37"]);
     assert_eq!(ok("tux[0-2,12]"), ["tux0", "tux1", "tux2", "tux12"]);
 }
 
@@ -59,13 +50,7 @@ fn several_groups_and_suffixes() {
     assert_eq!(ok("x[1,2][3]"), ["x13", "x23"]);
     assert_eq!(
         ok("r[1-2]n[01-02]-ib.local, login"),
-        [
-            "r1n01-ib.local",
-            "r1n02-ib.local",
-            "r2n01-ib.local",
-            "r2n02-ib.local",
-            "login"
-        ]
+        ["r1n01-ib.local", "r1n02-ib.local", "r2n01-ib.local", "r2n02-ib.local", "login"]
     );
 }
 
@@ -78,12 +63,7 @@ fn keeps_order_and_duplicates() {
 #[test]
 fn empty_input() {
     for input in ["", "   ", ",", " , \t"] {
-        assert_eq!(
-            err(input),
-            HostlistError::Empty {
-                input: input.into()
-            }
-        );
+        assert_eq!(err(input), HostlistError::Empty { input: input.into() });
     }
     assert!(err("").to_string().contains("empty hostlist"));
 }
@@ -93,48 +73,20 @@ fn unbalanced_brackets() {
     let e = err("n[1-2");
     assert_eq!(
         e,
-        HostlistError::UnbalancedBrackets {
-            input: "n[1-2".into(),
-            position: 1,
-            detail: "`[` is never closed"
-        }
+        HostlistError::UnbalancedBrackets { input: "n[1-2".into(), position: 1, detail: "`[` is never closed" }
     );
     assert!(e.to_string().contains("position 1"), "{e}");
-    assert!(matches!(
-        err("n1-2]"),
-        HostlistError::UnbalancedBrackets { position: 4, .. }
-    ));
-    assert!(matches!(
-        err("a,n]0["),
-        HostlistError::UnbalancedBrackets { position: 3, .. }
-    ));
-    assert!(matches!(
-        err("n[1[2]]"),
-        HostlistError::UnbalancedBrackets { position: 3, .. }
-    ));
+    assert!(matches!(err("n1-2]"), HostlistError::UnbalancedBrackets { position: 4, .. }));
+    assert!(matches!(err("a,n]0["), HostlistError::UnbalancedBrackets { position: 3, .. }));
+    assert!(matches!(err("n[1[2]]"), HostlistError::UnbalancedBrackets { position: 3, .. }));
 }
 
 #[test]
 fn empty_range() {
-    assert_eq!(
-        err("n[]"),
-        HostlistError::EmptyRange {
-            input: "n[]".into(),
-            position: 2
-        }
-    );
-    assert!(matches!(
-        err("n[1,,2]"),
-        HostlistError::EmptyRange { position: 4, .. }
-    ));
-    assert!(matches!(
-        err("n[1,]"),
-        HostlistError::EmptyRange { position: 4, .. }
-    ));
-    assert!(matches!(
-        err("n[,1]"),
-        HostlistError::EmptyRange { position: 2, .. }
-    ));
+    assert_eq!(err("n[]"), HostlistError::EmptyRange { input: "n[]".into(), position: 2 });
+    assert!(matches!(err("n[1,,2]"), HostlistError::EmptyRange { position: 4, .. }));
+    assert!(matches!(err("n[1,]"), HostlistError::EmptyRange { position: 4, .. }));
+    assert!(matches!(err("n[,1]"), HostlistError::EmptyRange { position: 2, .. }));
 }
 
 #[test]
@@ -142,13 +94,7 @@ fn reversed_range() {
     let e = err("n[5-3]");
     assert_eq!(
         e,
-        HostlistError::ReversedRange {
-            input: "n[5-3]".into(),
-            position: 2,
-            range: "5-3".into(),
-            lo: 5,
-            hi: 3
-        }
+        HostlistError::ReversedRange { input: "n[5-3]".into(), position: 2, range: "5-3".into(), lo: 5, hi: 3 }
     );
     let msg = e.to_string();
     assert!(msg.contains("`5-3`") && msg.contains("position 2"), "{msg}");
@@ -167,31 +113,17 @@ fn non_numeric_range() {
     ] {
         assert_eq!(
             err(input),
-            HostlistError::NonNumericRange {
-                input: input.into(),
-                position,
-                range: range.into()
-            },
+            HostlistError::NonNumericRange { input: input.into(), position, range: range.into() },
             "{input}"
         );
     }
-    assert!(
-        err("n[a]")
-            .to_string()
-            .contains("expected a non-negative integer")
-    );
+    assert!(err("n[a]").to_string().contains("expected a non-negative integer"));
 }
 
 #[test]
 fn number_too_large() {
-    assert!(matches!(
-        err("n[99999999999999999999]"),
-        HostlistError::NumberTooLarge { position: 2, .. }
-    ));
-    assert!(matches!(
-        err("n[1-99999999999999999999]"),
-        HostlistError::NumberTooLarge { position: 4, .. }
-    ));
+    assert!(matches!(err("n[99999999999999999999]"), HostlistError::NumberTooLarge { position: 2, .. }));
+    assert!(matches!(err("n[1-99999999999999999999]"), HostlistError::NumberTooLarge { position: 4, .. }));
 }
 
 #[test]
@@ -208,18 +140,9 @@ fn too_many_hosts() {
     );
     assert!(e.to_string().contains("MAX_EXPANDED_HOSTS"));
     // Product of groups, and the u64 overflow path.
-    assert!(matches!(
-        err("r[1-2048]n[1-1024]"),
-        HostlistError::TooManyHosts { .. }
-    ));
-    assert!(matches!(
-        err("n[0-18446744073709551615]"),
-        HostlistError::TooManyHosts { .. }
-    ));
-    assert!(matches!(
-        err("a[0-4294967296]b[0-4294967296]"),
-        HostlistError::TooManyHosts { .. }
-    ));
+    assert!(matches!(err("r[1-2048]n[1-1024]"), HostlistError::TooManyHosts { .. }));
+    assert!(matches!(err("n[0-18446744073709551615]"), HostlistError::TooManyHosts { .. }));
+    assert!(matches!(err("a[0-4294967296]b[0-4294967296]"), HostlistError::TooManyHosts { .. }));
     // The limit is on the running total across hosts.
     let half = format!("n[1-{}]", MAX_EXPANDED_HOSTS / 2);
     assert!(matches!(
@@ -227,10 +150,7 @@ fn too_many_hosts() {
         HostlistError::TooManyHosts { position, .. } if position == 2 * half.len() + 2
     ));
     // Exactly at the limit is fine.
-    assert_eq!(
-        ok(&format!("n[1-{MAX_EXPANDED_HOSTS}]")).len(),
-        MAX_EXPANDED_HOSTS
-    );
+    assert_eq!(ok(&format!("n[1-{MAX_EXPANDED_HOSTS}]")).len(), MAX_EXPANDED_HOSTS);
 }
 
 #[test]
@@ -248,14 +168,8 @@ fn tasks_per_node() {
 
 #[test]
 fn tasks_per_node_errors() {
-    assert!(matches!(
-        expand_tasks_per_node(""),
-        Err(HostlistError::Empty { .. })
-    ));
-    assert!(matches!(
-        expand_tasks_per_node("  "),
-        Err(HostlistError::Empty { .. })
-    ));
+    assert!(matches!(expand_tasks_per_node(""), Err(HostlistError::Empty { .. })));
+    assert!(matches!(expand_tasks_per_node("  "), Err(HostlistError::Empty { .. })));
     for (input, element, position) in [
         ("2(x3),", "", 6),
         ("a", "a", 0),
@@ -270,18 +184,11 @@ fn tasks_per_node_errors() {
     ] {
         assert_eq!(
             expand_tasks_per_node(input),
-            Err(HostlistError::InvalidTasksPerNode {
-                input: input.into(),
-                position,
-                element: element.into()
-            }),
+            Err(HostlistError::InvalidTasksPerNode { input: input.into(), position, element: element.into() }),
             "{input}"
         );
     }
-    assert!(matches!(
-        expand_tasks_per_node("1(x999999999999)"),
-        Err(HostlistError::TooManyHosts { .. })
-    ));
+    assert!(matches!(expand_tasks_per_node("1(x999999999999)"), Err(HostlistError::TooManyHosts { .. })));
     assert!(matches!(
         expand_tasks_per_node("1(x99999999999999999999999)"),
         Err(HostlistError::InvalidTasksPerNode { .. })

@@ -3,10 +3,7 @@ use super::*;
 use std::collections::HashMap;
 
 fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let map: HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
+    let map: HashMap<String, String> = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     move |k: &str| map.get(k).cloned()
 }
 
@@ -30,19 +27,11 @@ fn err(explicit: &Explicit, pairs: &[(&str, &str)]) -> SourceError {
 }
 
 fn flag<T>(value: T, name: &str) -> Option<Given<T>> {
-    Some(Given {
-        value,
-        origin: LaunchSource::Flags,
-        name: name.into(),
-    })
+    Some(Given { value, origin: LaunchSource::Flags, name: name.into() })
 }
 
 fn conf<T>(value: T, name: &str) -> Option<Given<T>> {
-    Some(Given {
-        value,
-        origin: LaunchSource::Config,
-        name: name.into(),
-    })
+    Some(Given { value, origin: LaunchSource::Config, name: name.into() })
 }
 
 fn none() -> Explicit {
@@ -73,23 +62,13 @@ fn with(
     base: &[(&'static str, &'static str)],
     extra: &[(&'static str, &'static str)],
 ) -> Vec<(&'static str, &'static str)> {
-    let mut v: Vec<_> = base
-        .iter()
-        .filter(|(k, _)| !extra.iter().any(|(ek, _)| ek == k))
-        .copied()
-        .collect();
+    let mut v: Vec<_> = base.iter().filter(|(k, _)| !extra.iter().any(|(ek, _)| ek == k)).copied().collect();
     v.extend_from_slice(extra);
     v
 }
 
-fn without(
-    base: &[(&'static str, &'static str)],
-    drop: &[&str],
-) -> Vec<(&'static str, &'static str)> {
-    base.iter()
-        .filter(|(k, _)| !drop.contains(k))
-        .copied()
-        .collect()
+fn without(base: &[(&'static str, &'static str)], drop: &[&str]) -> Vec<(&'static str, &'static str)> {
+    base.iter().filter(|(k, _)| !drop.contains(k)).copied().collect()
 }
 
 // ---- LaunchSource ----
@@ -142,10 +121,7 @@ fn no_source() {
         }
     );
     // Unrelated variables do not make a source present.
-    let d = ok(
-        &none(),
-        &[("SLURM_JOB_ID", "7"), ("LOCAL_RANK", "0"), ("PATH", "/bin")],
-    );
+    let d = ok(&none(), &[("SLURM_JOB_ID", "7"), ("LOCAL_RANK", "0"), ("PATH", "/bin")]);
     assert_eq!(d.source, LaunchSource::None);
     assert!(d.warnings.is_empty());
 }
@@ -174,17 +150,10 @@ fn torchrun_minimal_defaults_master_and_warns() {
     let d = ok(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2")]);
     assert_eq!(d.source, LaunchSource::Torchrun);
     assert_eq!((d.local_rank, d.local_world_size), (None, None));
-    assert_eq!(
-        (d.master_addr.as_str(), d.master_port),
-        (DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT)
-    );
+    assert_eq!((d.master_addr.as_str(), d.master_port), (DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT));
     assert_eq!(d.run_id, None);
     assert_eq!(d.warnings.len(), 1);
-    assert!(
-        d.warnings[0].contains("no master address"),
-        "{:?}",
-        d.warnings
-    );
+    assert!(d.warnings[0].contains("no master address"), "{:?}", d.warnings);
     // world 1: nothing to warn about
     let d = ok(&none(), &[("RANK", "0"), ("WORLD_SIZE", "1")]);
     assert!(d.warnings.is_empty());
@@ -229,10 +198,7 @@ fn slurm_fallback_variable_names() {
 
 #[test]
 fn slurm_compressed_tasks_per_node_gives_no_local_world() {
-    let d = ok(
-        &none(),
-        &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]),
-    );
+    let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]));
     assert_eq!(d.local_world_size, None);
     assert_eq!(d.local_rank, Some(1));
     let d = ok(&none(), &without(SLURM_ENV, &["SLURM_NTASKS_PER_NODE"]));
@@ -241,24 +207,12 @@ fn slurm_compressed_tasks_per_node_gives_no_local_world() {
 
 #[test]
 fn slurm_port_derivation() {
-    for (id, port) in [
-        ("1234567", 19567),
-        ("42", 15042),
-        ("9999", 24999),
-        ("10000", 15000),
-        ("0", 15000),
-    ] {
+    for (id, port) in [("1234567", 19567), ("42", 15042), ("9999", 24999), ("10000", 15000), ("0", 15000)] {
         let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_JOB_ID", id)]));
         assert_eq!(d.master_port, port, "job id {id}");
     }
     // MASTER_PORT beats the derivation, and then a bad job id does not matter.
-    let d = ok(
-        &none(),
-        &with(
-            SLURM_ENV,
-            &[("MASTER_PORT", "1234"), ("SLURM_JOB_ID", "abc")],
-        ),
-    );
+    let d = ok(&none(), &with(SLURM_ENV, &[("MASTER_PORT", "1234"), ("SLURM_JOB_ID", "abc")]));
     assert_eq!(d.master_port, 1234);
     assert_eq!(d.run_id.as_deref(), Some("abc"));
 }
@@ -266,12 +220,7 @@ fn slurm_port_derivation() {
 #[test]
 fn slurm_non_numeric_job_id() {
     let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_ID", "12_3")]));
-    assert_eq!(
-        e,
-        SourceError::NonNumericJobId {
-            value: "12_3".into()
-        }
-    );
+    assert_eq!(e, SourceError::NonNumericJobId { value: "12_3".into() });
     assert!(e.to_string().contains("`12_3`"));
 }
 
@@ -298,77 +247,34 @@ fn slurm_nodelist_mismatch() {
         }
     );
     let msg = e.to_string();
-    assert!(
-        msg.contains("4 hosts") && msg.contains("SLURM_JOB_NUM_NODES is 3"),
-        "{msg}"
-    );
+    assert!(msg.contains("4 hosts") && msg.contains("SLURM_JOB_NUM_NODES is 3"), "{msg}");
     // Checked even when MASTER_ADDR is given.
-    let e = err(
-        &none(),
-        &with(
-            SLURM_ENV,
-            &[("SLURM_JOB_NUM_NODES", "3"), ("MASTER_ADDR", "x")],
-        ),
-    );
-    assert!(
-        matches!(e, SourceError::NodeCountMismatch { num_nodes: 3, .. }),
-        "{e}"
-    );
+    let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_NUM_NODES", "3"), ("MASTER_ADDR", "x")]));
+    assert!(matches!(e, SourceError::NodeCountMismatch { num_nodes: 3, .. }), "{e}");
     // SLURM_JOB_NUM_NODES is preferred over SLURM_NNODES.
     let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NNODES", "3")]));
     assert_eq!(d.master_addr, "gnode10");
-    let e = err(
-        &none(),
-        &without(
-            &with(SLURM_ENV, &[("SLURM_NNODES", "9")]),
-            &["SLURM_JOB_NUM_NODES"],
-        ),
-    );
-    assert!(
-        matches!(
-            e,
-            SourceError::NodeCountMismatch {
-                num_nodes_name: "SLURM_NNODES",
-                num_nodes: 9,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = err(&none(), &without(&with(SLURM_ENV, &[("SLURM_NNODES", "9")]), &["SLURM_JOB_NUM_NODES"]));
+    assert!(matches!(e, SourceError::NodeCountMismatch { num_nodes_name: "SLURM_NNODES", num_nodes: 9, .. }), "{e}");
     // No node count at all: no check.
     let d = ok(&none(), &without(SLURM_ENV, &["SLURM_JOB_NUM_NODES"]));
     assert_eq!(d.master_addr, "gnode10");
     // Non-numeric node count.
-    let e = err(
-        &none(),
-        &with(SLURM_ENV, &[("SLURM_JOB_NUM_NODES", "four")]),
-    );
-    assert!(
-        matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == "SLURM_JOB_NUM_NODES")
-    );
+    let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_NUM_NODES", "four")]));
+    assert!(matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == "SLURM_JOB_NUM_NODES"));
 }
 
 #[test]
 fn slurm_bad_nodelist() {
-    let e = err(
-        &none(),
-        &with(SLURM_ENV, &[("SLURM_JOB_NODELIST", "gnode[10-")]),
-    );
+    let e = err(&none(), &with(SLURM_ENV, &[("SLURM_JOB_NODELIST", "gnode[10-")]));
     assert!(
         matches!(
             &e,
-            SourceError::Hostlist {
-                name: "SLURM_JOB_NODELIST",
-                source: HostlistError::UnbalancedBrackets { .. }
-            }
+            SourceError::Hostlist { name: "SLURM_JOB_NODELIST", source: HostlistError::UnbalancedBrackets { .. } }
         ),
         "{e}"
     );
-    assert!(
-        e.to_string()
-            .contains("SLURM_JOB_NODELIST could not be expanded"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("SLURM_JOB_NODELIST could not be expanded"), "{e}");
     assert!(std::error::Error::source(&e).is_some());
 }
 
@@ -378,13 +284,7 @@ fn slurm_missing_nodelist() {
     assert_eq!(e, SourceError::MissingSlurmNodelist { world_size: 8 });
     assert!(e.to_string().contains("MASTER_ADDR"));
     // Fine with MASTER_ADDR...
-    let d = ok(
-        &none(),
-        &with(
-            &without(SLURM_ENV, &["SLURM_JOB_NODELIST"]),
-            &[("MASTER_ADDR", "head")],
-        ),
-    );
+    let d = ok(&none(), &with(&without(SLURM_ENV, &["SLURM_JOB_NODELIST"]), &[("MASTER_ADDR", "head")]));
     assert_eq!(d.master_addr, "head");
     // ...or with a single task.
     let d = ok(&none(), &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]);
@@ -395,13 +295,7 @@ fn slurm_missing_nodelist() {
 
 #[test]
 fn slurm_honours_master_env() {
-    let d = ok(
-        &none(),
-        &with(
-            SLURM_ENV,
-            &[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "4000")],
-        ),
-    );
+    let d = ok(&none(), &with(SLURM_ENV, &[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "4000")]));
     assert_eq!((d.master_addr.as_str(), d.master_port), ("10.1.1.1", 4000));
 }
 
@@ -433,34 +327,19 @@ fn open_mpi_alone() {
 
 #[test]
 fn open_mpi_without_master_addr() {
-    let env = [
-        ("OMPI_COMM_WORLD_RANK", "2"),
-        ("OMPI_COMM_WORLD_SIZE", "4"),
-        ("MASTER_PORT", "4000"),
-    ];
+    let env = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"), ("MASTER_PORT", "4000")];
     let e = err(&none(), &env);
-    assert_eq!(
-        e,
-        SourceError::NoMasterAddr {
-            launcher: "Open MPI"
-        }
-    );
+    assert_eq!(e, SourceError::NoMasterAddr { launcher: "Open MPI" });
     assert_eq!(
         e.to_string(),
         "Open MPI sets no master address: set MASTER_ADDR (and MASTER_PORT) or pass --master-addr"
     );
     // An explicit address satisfies it.
-    let ex = Explicit {
-        master_addr: flag("head".to_string(), "--master-addr"),
-        ..none()
-    };
+    let ex = Explicit { master_addr: flag("head".to_string(), "--master-addr"), ..none() };
     let d = ok(&ex, &env);
     assert_eq!((d.master_addr.as_str(), d.master_port), ("head", 4000));
     // A single rank needs no master.
-    let d = ok(
-        &none(),
-        &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")],
-    );
+    let d = ok(&none(), &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]);
     assert_eq!(d.master_addr, DEFAULT_MASTER_ADDR);
 }
 
@@ -476,14 +355,8 @@ fn pmi_alone() {
     ];
     let d = ok(&none(), &env);
     assert_eq!(d.source, LaunchSource::Pmi);
-    assert_eq!(
-        (d.rank, d.world_size, d.local_rank, d.local_world_size),
-        (1, 2, Some(1), Some(2))
-    );
-    assert_eq!(
-        (d.master_addr.as_str(), d.master_port),
-        ("hydra-head", 23456)
-    );
+    assert_eq!((d.rank, d.world_size, d.local_rank, d.local_world_size), (1, 2, Some(1), Some(2)));
+    assert_eq!((d.master_addr.as_str(), d.master_port), ("hydra-head", 23456));
     assert_eq!(d.run_id, None);
     let e = err(&none(), &[("PMI_RANK", "1"), ("PMI_SIZE", "2")]);
     assert_eq!(e, SourceError::NoMasterAddr { launcher: "PMI" });
@@ -508,10 +381,7 @@ fn torchrun_inside_slurm() {
 #[test]
 fn lower_partial_source_is_only_a_warning() {
     // e.g. torchrun inside salloc, which sets SLURM_NTASKS but not SLURM_PROCID
-    let env = with(
-        TORCH,
-        &[("SLURM_NTASKS", "4"), ("OMPI_COMM_WORLD_SIZE", "x")],
-    );
+    let env = with(TORCH, &[("SLURM_NTASKS", "4"), ("OMPI_COMM_WORLD_SIZE", "x")]);
     let d = ok(&none(), &env);
     assert_eq!(d.source, LaunchSource::Torchrun);
     assert_eq!(
@@ -530,10 +400,7 @@ fn slurm_over_mpi() {
     assert_eq!(d.source, LaunchSource::Slurm);
     assert_eq!(
         d.warnings,
-        vec![
-            "ignoring PMI variables (PMI_RANK, PMI_SIZE): Slurm variables take precedence"
-                .to_string()
-        ]
+        vec!["ignoring PMI variables (PMI_RANK, PMI_SIZE): Slurm variables take precedence".to_string()]
     );
 }
 
@@ -563,11 +430,7 @@ fn flags_over_env() {
 
 #[test]
 fn explicit_source_uses_env_master() {
-    let ex = Explicit {
-        rank: flag(0, "--rank"),
-        world_size: flag(2, "--world-size"),
-        ..none()
-    };
+    let ex = Explicit { rank: flag(0, "--rank"), world_size: flag(2, "--world-size"), ..none() };
     let d = ok(&ex, &[("MASTER_ADDR", "envhost"), ("MASTER_PORT", "2222")]);
     assert_eq!((d.master_addr.as_str(), d.master_port), ("envhost", 2222));
     assert!(d.warnings.is_empty());
@@ -608,40 +471,26 @@ fn config_origin() {
     };
     let d = ok(&ex, &[("RANK", "0"), ("WORLD_SIZE", "1")]);
     assert_eq!(d.source, LaunchSource::Config);
+    assert_eq!((d.rank, d.world_size, d.local_rank, d.local_world_size), (2, 4, Some(0), Some(1)));
     assert_eq!(
-        (d.rank, d.world_size, d.local_rank, d.local_world_size),
-        (2, 4, Some(0), Some(1))
+        d.warnings,
+        vec!["ignoring torchrun variables (RANK, WORLD_SIZE): config-file settings take precedence".to_string()]
     );
-    assert_eq!(d.warnings, vec!["ignoring torchrun variables (RANK, WORLD_SIZE): config-file settings take precedence".to_string()]);
     // Source follows rank's origin when rank and world differ in origin.
-    let ex = Explicit {
-        rank: flag(0, "--rank"),
-        world_size: conf(1, "world_size in shardwise.toml"),
-        ..none()
-    };
+    let ex = Explicit { rank: flag(0, "--rank"), world_size: conf(1, "world_size in shardwise.toml"), ..none() };
     assert_eq!(ok(&ex, &[]).source, LaunchSource::Flags);
-    let ex = Explicit {
-        rank: conf(0, "rank in shardwise.toml"),
-        world_size: flag(1, "--world-size"),
-        ..none()
-    };
+    let ex = Explicit { rank: conf(0, "rank in shardwise.toml"), world_size: flag(1, "--world-size"), ..none() };
     assert_eq!(ok(&ex, &[]).source, LaunchSource::Config);
 }
 
 #[test]
 fn explicit_local_values_override_env() {
-    let ex = Explicit {
-        local_rank: flag(0, "--local-rank"),
-        local_world_size: flag(4, "--local-world-size"),
-        ..none()
-    };
+    let ex =
+        Explicit { local_rank: flag(0, "--local-rank"), local_world_size: flag(4, "--local-world-size"), ..none() };
     let d = ok(&ex, TORCH);
     assert_eq!(d.source, LaunchSource::Torchrun);
     assert_eq!((d.local_rank, d.local_world_size), (Some(0), Some(4)));
-    let ex = Explicit {
-        local_rank: flag(2, "--local-rank"),
-        ..none()
-    };
+    let ex = Explicit { local_rank: flag(2, "--local-rank"), ..none() };
     let e = err(&ex, TORCH);
     assert_eq!(
         e,
@@ -668,30 +517,12 @@ fn partial_torchrun() {
             missing: "WORLD_SIZE".into()
         }
     );
-    assert!(
-        e.to_string().starts_with(
-            "RANK=2 is set but WORLD_SIZE is not: the torchrun source is incomplete"
-        ),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("RANK=2 is set but WORLD_SIZE is not: the torchrun source is incomplete"), "{e}");
     let e = err(&none(), &[("WORLD_SIZE", "4")]);
-    assert!(
-        e.to_string()
-            .starts_with("WORLD_SIZE=4 is set but RANK is not"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("WORLD_SIZE=4 is set but RANK is not"), "{e}");
     // A partial higher source is an error even if a lower one is complete.
     let e = err(&none(), &with(SLURM_ENV, &[("RANK", "1")]));
-    assert!(
-        matches!(
-            e,
-            SourceError::IncompleteSource {
-                launcher: "torchrun",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, SourceError::IncompleteSource { launcher: "torchrun", .. }), "{e}");
 }
 
 #[test]
@@ -702,35 +533,19 @@ fn partial_slurm_mpi_pmi() {
         "SLURM_PROCID=0 is set but SLURM_NTASKS (or SLURM_NPROCS) is not: the Slurm source is incomplete (rank and world size must be given together)"
     );
     let e = err(&none(), &[("SLURM_NPROCS", "4")]);
-    assert!(
-        e.to_string()
-            .starts_with("SLURM_NPROCS=4 is set but SLURM_PROCID is not"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("SLURM_NPROCS=4 is set but SLURM_PROCID is not"), "{e}");
     let e = err(&none(), &[("OMPI_COMM_WORLD_SIZE", "4")]);
     assert!(
-        e.to_string().starts_with(
-            "OMPI_COMM_WORLD_SIZE=4 is set but OMPI_COMM_WORLD_RANK is not: the Open MPI source"
-        ),
+        e.to_string().starts_with("OMPI_COMM_WORLD_SIZE=4 is set but OMPI_COMM_WORLD_RANK is not: the Open MPI source"),
         "{e}"
     );
     let e = err(&none(), &[("PMI_RANK", "0")]);
-    assert!(
-        e.to_string()
-            .starts_with("PMI_RANK=0 is set but PMI_SIZE is not: the PMI source"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("PMI_RANK=0 is set but PMI_SIZE is not: the PMI source"), "{e}");
 }
 
 #[test]
 fn partial_explicit() {
-    let e = err(
-        &Explicit {
-            rank: flag(2, "--rank"),
-            ..none()
-        },
-        TORCH,
-    );
+    let e = err(&Explicit { rank: flag(2, "--rank"), ..none() }, TORCH);
     assert_eq!(
         e,
         SourceError::IncompleteSource {
@@ -740,17 +555,9 @@ fn partial_explicit() {
             missing: "a world size".into()
         }
     );
-    let e = err(
-        &Explicit {
-            world_size: conf(4, "world_size in shardwise.toml"),
-            ..none()
-        },
-        &[],
-    );
+    let e = err(&Explicit { world_size: conf(4, "world_size in shardwise.toml"), ..none() }, &[]);
     assert!(
-        e.to_string().starts_with(
-            "world_size in shardwise.toml=4 is set but a rank is not: the config-file source"
-        ),
+        e.to_string().starts_with("world_size in shardwise.toml=4 is set but a rank is not: the config-file source"),
         "{e}"
     );
 }
@@ -770,102 +577,42 @@ fn non_integer_values() {
     ] {
         let env = with(TORCH, &[(var, value)]);
         let e = err(&none(), &env);
-        assert_eq!(
-            e,
-            SourceError::NotANonNegativeInteger {
-                name: var.into(),
-                value: value.into()
-            },
-            "{var}={value}"
-        );
-        assert!(
-            e.to_string().contains("expected a non-negative integer"),
-            "{e}"
-        );
+        assert_eq!(e, SourceError::NotANonNegativeInteger { name: var.into(), value: value.into() }, "{var}={value}");
+        assert!(e.to_string().contains("expected a non-negative integer"), "{e}");
         assert!(e.to_string().contains(var), "{e}");
     }
-    for (var, value) in [
-        ("SLURM_PROCID", "x"),
-        ("SLURM_NTASKS", "x"),
-        ("SLURM_LOCALID", "x"),
-    ] {
+    for (var, value) in [("SLURM_PROCID", "x"), ("SLURM_NTASKS", "x"), ("SLURM_LOCALID", "x")] {
         let e = err(&none(), &with(SLURM_ENV, &[(var, value)]));
-        assert_eq!(
-            e,
-            SourceError::NotANonNegativeInteger {
-                name: var.into(),
-                value: value.into()
-            }
-        );
+        assert_eq!(e, SourceError::NotANonNegativeInteger { name: var.into(), value: value.into() });
     }
     for (var, env) in [
         (
             "OMPI_COMM_WORLD_LOCAL_SIZE",
-            &[
-                ("OMPI_COMM_WORLD_RANK", "0"),
-                ("OMPI_COMM_WORLD_SIZE", "1"),
-                ("OMPI_COMM_WORLD_LOCAL_SIZE", "z"),
-            ],
+            &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "z")],
         ),
-        (
-            "MPI_LOCALRANKID",
-            &[
-                ("PMI_RANK", "0"),
-                ("PMI_SIZE", "1"),
-                ("MPI_LOCALRANKID", "z"),
-            ],
-        ),
+        ("MPI_LOCALRANKID", &[("PMI_RANK", "0"), ("PMI_SIZE", "1"), ("MPI_LOCALRANKID", "z")]),
     ] {
         let e = err(&none(), env);
-        assert!(
-            matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == var),
-            "{e}"
-        );
+        assert!(matches!(e, SourceError::NotANonNegativeInteger { ref name, .. } if name == var), "{e}");
     }
     // Surrounding whitespace is tolerated.
     let d = ok(&none(), &with(TORCH, &[("RANK", " 3 ")]));
     assert_eq!(d.rank, 3);
     // Too large for u32.
     let e = err(&none(), &with(TORCH, &[("WORLD_SIZE", "4294967296")]));
-    assert!(
-        matches!(e, SourceError::NumberTooLarge { ref name, max: 4294967295, .. } if name == "WORLD_SIZE"),
-        "{e}"
-    );
+    assert!(matches!(e, SourceError::NumberTooLarge { ref name, max: 4294967295, .. } if name == "WORLD_SIZE"), "{e}");
 }
 
 #[test]
 fn explicit_negative_or_huge() {
-    let ex = Explicit {
-        rank: flag(-1, "--rank"),
-        world_size: flag(2, "--world-size"),
-        ..none()
-    };
+    let ex = Explicit { rank: flag(-1, "--rank"), world_size: flag(2, "--world-size"), ..none() };
     let e = err(&ex, &[]);
-    assert_eq!(
-        e,
-        SourceError::NotANonNegativeInteger {
-            name: "--rank".into(),
-            value: "-1".into()
-        }
-    );
-    assert_eq!(
-        e.to_string(),
-        "--rank is `-1`: expected a non-negative integer"
-    );
-    let ex = Explicit {
-        rank: flag(0, "--rank"),
-        world_size: flag(1 << 40, "--world-size"),
-        ..none()
-    };
+    assert_eq!(e, SourceError::NotANonNegativeInteger { name: "--rank".into(), value: "-1".into() });
+    assert_eq!(e.to_string(), "--rank is `-1`: expected a non-negative integer");
+    let ex = Explicit { rank: flag(0, "--rank"), world_size: flag(1 << 40, "--world-size"), ..none() };
     assert!(matches!(err(&ex, &[]), SourceError::NumberTooLarge { .. }));
-    let ex = Explicit {
-        local_rank: flag(-3, "--local-rank"),
-        ..none()
-    };
-    assert!(matches!(
-        err(&ex, &[]),
-        SourceError::NotANonNegativeInteger { .. }
-    ));
+    let ex = Explicit { local_rank: flag(-3, "--local-rank"), ..none() };
+    assert!(matches!(err(&ex, &[]), SourceError::NotANonNegativeInteger { .. }));
 }
 
 #[test]
@@ -881,29 +628,13 @@ fn rank_not_below_world() {
         }
     );
     let msg = e.to_string();
-    assert!(
-        msg.contains("rank 8") && msg.contains("world size 8"),
-        "{msg}"
-    );
+    assert!(msg.contains("rank 8") && msg.contains("world size 8"), "{msg}");
     let e = err(&none(), &with(SLURM_ENV, &[("SLURM_PROCID", "9")]));
-    assert!(matches!(
-        e,
-        SourceError::RankOutOfRange {
-            rank: 9,
-            world_size: 8,
-            ..
-        }
-    ));
-    let ex = Explicit {
-        rank: flag(5, "--rank"),
-        world_size: conf(3, "world_size in shardwise.toml"),
-        ..none()
-    };
+    assert!(matches!(e, SourceError::RankOutOfRange { rank: 9, world_size: 8, .. }));
+    let ex = Explicit { rank: flag(5, "--rank"), world_size: conf(3, "world_size in shardwise.toml"), ..none() };
     let e = err(&ex, &[]);
     assert!(
-        e.to_string().contains("(from --rank)")
-            && e.to_string()
-                .contains("(from world_size in shardwise.toml)"),
+        e.to_string().contains("(from --rank)") && e.to_string().contains("(from world_size in shardwise.toml)"),
         "{e}"
     );
 }
@@ -911,48 +642,23 @@ fn rank_not_below_world() {
 #[test]
 fn zero_world_sizes() {
     let e = err(&none(), &with(TORCH, &[("WORLD_SIZE", "0"), ("RANK", "0")]));
-    assert_eq!(
-        e,
-        SourceError::ZeroWorldSize {
-            name: "WORLD_SIZE".into()
-        }
-    );
+    assert_eq!(e, SourceError::ZeroWorldSize { name: "WORLD_SIZE".into() });
     let e = err(&none(), &with(TORCH, &[("LOCAL_WORLD_SIZE", "0")]));
-    assert_eq!(
-        e,
-        SourceError::ZeroLocalWorldSize {
-            name: "LOCAL_WORLD_SIZE".into()
-        }
-    );
+    assert_eq!(e, SourceError::ZeroLocalWorldSize { name: "LOCAL_WORLD_SIZE".into() });
     let e = err(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "0")]));
-    assert_eq!(
-        e,
-        SourceError::ZeroLocalWorldSize {
-            name: "SLURM_NTASKS_PER_NODE".into()
-        }
-    );
+    assert_eq!(e, SourceError::ZeroLocalWorldSize { name: "SLURM_NTASKS_PER_NODE".into() });
 }
 
 #[test]
 fn local_rank_not_below_local_world() {
     let e = err(&none(), &with(TORCH, &[("LOCAL_RANK", "2")]));
-    assert!(matches!(
-        e,
-        SourceError::LocalRankOutOfRange {
-            local_rank: 2,
-            local_world_size: 2,
-            ..
-        }
-    ));
+    assert!(matches!(e, SourceError::LocalRankOutOfRange { local_rank: 2, local_world_size: 2, .. }));
     let e = err(&none(), &with(SLURM_ENV, &[("SLURM_LOCALID", "2")]));
     assert!(
         matches!(e, SourceError::LocalRankOutOfRange { ref local_world_name, .. } if local_world_name == "SLURM_NTASKS_PER_NODE")
     );
     // Unknown local world: no check.
-    let d = ok(
-        &none(),
-        &without(&with(TORCH, &[("LOCAL_RANK", "7")]), &["LOCAL_WORLD_SIZE"]),
-    );
+    let d = ok(&none(), &without(&with(TORCH, &[("LOCAL_RANK", "7")]), &["LOCAL_WORLD_SIZE"]));
     assert_eq!(d.local_rank, Some(7));
 }
 
@@ -962,41 +668,17 @@ fn local_rank_not_below_local_world() {
 fn bad_ports() {
     for p in ["0", "70000", "65536", "-1", "99999999999999999999"] {
         let e = err(&none(), &with(TORCH, &[("MASTER_PORT", p)]));
-        assert_eq!(
-            e,
-            SourceError::InvalidPort {
-                value: p.into(),
-                origin: "MASTER_PORT".into()
-            },
-            "{p}"
-        );
+        assert_eq!(e, SourceError::InvalidPort { value: p.into(), origin: "MASTER_PORT".into() }, "{p}");
         assert!(
-            e.to_string().contains(p)
-                && e.to_string().contains("MASTER_PORT")
-                && e.to_string().contains("1..=65535")
+            e.to_string().contains(p) && e.to_string().contains("MASTER_PORT") && e.to_string().contains("1..=65535")
         );
     }
     let e = err(&none(), &with(TORCH, &[("MASTER_PORT", "http")]));
-    assert_eq!(
-        e,
-        SourceError::NotANonNegativeInteger {
-            name: "MASTER_PORT".into(),
-            value: "http".into()
-        }
-    );
+    assert_eq!(e, SourceError::NotANonNegativeInteger { name: "MASTER_PORT".into(), value: "http".into() });
     for p in [0, 70000, -5] {
-        let ex = Explicit {
-            master_port: flag(p, "--master-port"),
-            ..none()
-        };
+        let ex = Explicit { master_port: flag(p, "--master-port"), ..none() };
         let e = err(&ex, TORCH);
-        assert_eq!(
-            e,
-            SourceError::InvalidPort {
-                value: p.to_string(),
-                origin: "--master-port".into()
-            }
-        );
+        assert_eq!(e, SourceError::InvalidPort { value: p.to_string(), origin: "--master-port".into() });
     }
     let d = ok(&none(), &with(TORCH, &[("MASTER_PORT", "65535")]));
     assert_eq!(d.master_port, 65535);
@@ -1007,29 +689,13 @@ fn bad_ports() {
 #[test]
 fn empty_master_addr() {
     let e = err(&none(), &with(TORCH, &[("MASTER_ADDR", " ")]));
-    assert_eq!(
-        e,
-        SourceError::EmptyMasterAddr {
-            origin: "MASTER_ADDR".into()
-        }
-    );
-    let ex = Explicit {
-        master_addr: flag(String::new(), "--master-addr"),
-        ..none()
-    };
-    assert_eq!(
-        err(&ex, &[]),
-        SourceError::EmptyMasterAddr {
-            origin: "--master-addr".into()
-        }
-    );
+    assert_eq!(e, SourceError::EmptyMasterAddr { origin: "MASTER_ADDR".into() });
+    let ex = Explicit { master_addr: flag(String::new(), "--master-addr"), ..none() };
+    assert_eq!(err(&ex, &[]), SourceError::EmptyMasterAddr { origin: "--master-addr".into() });
 }
 
 #[test]
 fn master_addr_is_not_resolved() {
-    let d = ok(
-        &none(),
-        &with(TORCH, &[("MASTER_ADDR", "no-such-host.invalid")]),
-    );
+    let d = ok(&none(), &with(TORCH, &[("MASTER_ADDR", "no-such-host.invalid")]));
     assert_eq!(d.master_addr, "no-such-host.invalid");
 }

@@ -30,7 +30,8 @@ fn dry_run_reports_each_source() {
     assert_eq!(v["source"], "none");
     assert_eq!(v["world_size"], 1);
 
-    let torchrun = [("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "1234")];
+    let torchrun =
+        [("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "1234")];
     let v = dry_run(&torchrun, &[]);
     assert_eq!(v["source"], "torchrun");
     assert_eq!((v["rank"].as_u64(), v["world_size"].as_u64(), v["local_rank"].as_u64()), (Some(1), Some(4), Some(1)));
@@ -87,7 +88,20 @@ fn misconfigurations_fail_with_a_message() {
 
     let data = dir.path().join("d");
     let data = data.to_str().unwrap();
-    let e = fails(&[], &["--rank", "1", "--world-size", "2", "--master-addr", "no-such-host.invalid", "--insecure", "--data-dir", data]);
+    let e = fails(
+        &[],
+        &[
+            "--rank",
+            "1",
+            "--world-size",
+            "2",
+            "--master-addr",
+            "no-such-host.invalid",
+            "--insecure",
+            "--data-dir",
+            data,
+        ],
+    );
     assert!(e.contains("no-such-host.invalid") && e.contains("does not resolve"), "{e}");
     let e = fails(&[], &["--rank", "1", "--world-size", "2", "--data-dir", data]);
     assert!(e.contains("no cluster secret"), "{e}");

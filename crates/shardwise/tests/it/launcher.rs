@@ -14,7 +14,11 @@ fn node_pid(data: &std::path::Path, rank: u32) -> String {
 
 fn launch(data: &std::path::Path, extra: &[&str]) -> Proc {
     let mut c = shardwise();
-    c.args(["launch", "--nproc", "2", "--data-dir"]).arg(data).args(extra).args(["--", "--heartbeat-interval-ms", "100"]);
+    c.args(["launch", "--nproc", "2", "--data-dir"]).arg(data).args(extra).args([
+        "--",
+        "--heartbeat-interval-ms",
+        "100",
+    ]);
     Proc::spawn(c)
 }
 

@@ -32,7 +32,8 @@ fn formats_scripts_and_errors() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n");
 
     let script = dir.path().join("script.sql");
-    std::fs::write(&script, "SELECT 1 AS one;\n-- the next one is wrong\nSELECT nope FROM system.nodes;\nSELECT 3;\n").unwrap();
+    std::fs::write(&script, "SELECT 1 AS one;\n-- the next one is wrong\nSELECT nope FROM system.nodes;\nSELECT 3;\n")
+        .unwrap();
     let out = sql(&addr, &["--format", "csv", "-f", script.to_str().unwrap()]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success());

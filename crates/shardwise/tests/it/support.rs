@@ -20,7 +20,8 @@ pub fn shardwise() -> Command {
             || k.starts_with("OMPI_")
             || k.starts_with("PMI_")
             || k.starts_with("SHARDWISE_")
-            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"].contains(&k.as_str())
+            || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+                .contains(&k.as_str())
         {
             c.env_remove(&k);
         }
