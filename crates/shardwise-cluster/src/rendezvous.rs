@@ -446,6 +446,7 @@ impl Master {
                 view,
             })
             .await?;
+        reader.set_trusted();
         if let Some(secret) = &self.settings.secret {
             let key = secret.session_key(&master_nonce, &node_nonce);
             reader.set_key(key);

@@ -27,6 +27,9 @@ pub const PROTOCOL_VERSION: u16 = 1;
 const MAGIC: &[u8; 6] = b"SHRDWS";
 /// Largest control frame accepted, in bytes (a membership list of thousands of nodes fits).
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// Largest frame accepted before the peer has proved it knows the secret (a hello is small), so
+/// an unauthenticated peer cannot make the master allocate much.
+pub const PREAUTH_MAX_FRAME_BYTES: usize = 64 << 10;
 const TAG_BYTES: usize = 32;
 
 /// Messages the master sends to a node.
@@ -184,6 +187,8 @@ pub struct FrameReader {
     inner: OwnedReadHalf,
     peer: String,
     mac: Mac,
+    /// The handshake is done (with or without a secret): full-size frames are allowed.
+    trusted: bool,
 }
 
 /// The writing half of a control connection.
@@ -196,12 +201,18 @@ pub struct FrameWriter {
 
 impl FrameReader {
     pub fn new(inner: OwnedReadHalf, peer: String, dir: Direction) -> Self {
-        FrameReader { inner, peer, mac: Mac { key: None, seq: 0, dir } }
+        FrameReader { inner, peer, mac: Mac { key: None, seq: 0, dir }, trusted: false }
     }
 
     /// From now on every frame must carry a valid MAC under `key`.
     pub fn set_key(&mut self, key: Tag) {
         self.mac.key = Some(key);
+        self.trusted = true;
+    }
+
+    /// The handshake is complete without a secret (an `--insecure` cluster).
+    pub fn set_trusted(&mut self) {
+        self.trusted = true;
     }
 
     pub fn peer(&self) -> &str {
@@ -213,10 +224,11 @@ impl FrameReader {
         let io =
             |e: std::io::Error, peer: &str| ClusterError::Connection { peer: peer.to_string(), detail: e.to_string() };
         let len = self.inner.read_u32().await.map_err(|e| io(e, &self.peer))? as usize;
-        if len > MAX_FRAME_BYTES {
+        let limit = if self.mac.key.is_some() || self.trusted { MAX_FRAME_BYTES } else { PREAUTH_MAX_FRAME_BYTES };
+        if len > limit {
             return Err(ClusterError::WrongProtocol {
                 peer: self.peer.clone(),
-                detail: format!("frame of {len} bytes exceeds the limit of {MAX_FRAME_BYTES}"),
+                detail: format!("frame of {len} bytes exceeds the limit of {limit}"),
             });
         }
         let mut buf = vec![0u8; len];
@@ -333,9 +345,10 @@ mod tests {
         let (a, b) = pair().await;
         let (_ar, mut aw) = a.into_split();
         let (br, _bw) = b.into_split();
-        aw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        // Before the handshake even 100 kB is too much for a hello.
+        aw.write_all(&100_000u32.to_be_bytes()).await.unwrap();
         let mut r = FrameReader::new(br, "a".into(), Direction::ToMaster);
         let err = r.read::<NodeMsg>().await.unwrap_err().to_string();
-        assert!(err.contains("exceeds the limit"), "{err}");
+        assert!(err.contains("frame of 100000 bytes exceeds the limit of 65536"), "{err}");
     }
 }

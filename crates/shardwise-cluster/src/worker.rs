@@ -128,6 +128,8 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
             proof,
         })
         .await?;
+    // The welcome carries the membership (when the cluster has formed): let it be large.
+    reader.set_trusted();
     match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
         MasterMsg::Refused { reason } => Err(ClusterError::Refused { reason }),
         MasterMsg::Welcome { run_id, epoch, proof, formed, view, .. } => {
