@@ -1,0 +1,27 @@
+//! shardwise-storage: everything a node keeps on its own disk.
+//!
+//! This first piece is the write-ahead log ([`wal`]) and the filesystem seam it goes through
+//! ([`fs`]). The seam exists so that power-loss behaviour can be tested without a power cut:
+//! [`fs::SimFs`] remembers what each fsync made durable and can drop everything else, following
+//! the Linux rules (an fsync'd file is durable, its directory entry only once the directory is
+//! fsync'd too). Shard stores and the `delay_mode_distributed` outbox will build on the WAL.
+//!
+//! Durability rules followed throughout (reference notes §5.1–5.3):
+//! - a write is acknowledged only after an fsync of the file, and a new or renamed file only
+//!   after an fsync of its directory;
+//! - any fsync error is fatal for the WAL: it stops accepting writes and must be reopened, which
+//!   recovers from what is really on disk (fsyncgate: a retried fsync can lie);
+//! - on recovery a torn tail is truncated, but corruption with valid data after it is set aside
+//!   and reported, never skipped silently.
+
+pub mod error;
+pub mod fs;
+pub mod wal;
+mod xorshift;
+
+pub use error::StorageError;
+pub use fs::{AppendFile, Fs, RealFs, SimFs};
+pub use wal::{
+    Corruption, Lsn, RecordDefect, Recovery, TailTruncation, WAL_RECORD_MAX_BYTES, WAL_SEGMENT_MAX_BYTES_DEFAULT,
+    WAL_SEGMENT_MIN_BYTES, Wal, WalOptions, WalRecord,
+};
