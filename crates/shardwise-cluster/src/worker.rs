@@ -24,7 +24,10 @@ use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTO
 /// First delay between connection attempts.
 const BACKOFF_MIN_MS: u64 = 10;
 /// Longest delay between connection attempts.
-const BACKOFF_MAX_MS: u64 = 2_000;
+const BACKOFF_MAX_MS: u64 = 1_000;
+/// Growth of the delay between attempts (gentler than doubling: a node that started before the
+/// master should notice it soon after it is up).
+const BACKOFF_FACTOR: f32 = 1.5;
 /// How long past its own join deadline a connected node waits for the master's verdict.
 const JOIN_VERDICT_GRACE_MS: u64 = 2_000;
 /// Messages queued for the master before the link counts as stuck.
@@ -68,6 +71,7 @@ fn backoff() -> impl Iterator<Item = Duration> {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(BACKOFF_MIN_MS))
         .with_max_delay(Duration::from_millis(BACKOFF_MAX_MS))
+        .with_factor(BACKOFF_FACTOR)
         .with_jitter()
         .without_max_times()
         .build()
