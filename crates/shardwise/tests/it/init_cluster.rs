@@ -111,9 +111,10 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
     let port = free_port();
     let mut procs: Vec<Proc> = (0..3).map(|r| Proc::spawn(node_cmd(r, 3, port, &rank_dir(dir.path(), r)))).collect();
     let addrs: Vec<String> = procs.iter_mut().map(|p| flight_addr(&p.wait_for_line("listening rank=", T))).collect();
-    let before = nodes(&addrs[0]).expect("system.nodes on the master");
-    assert_eq!(before.len(), 3);
-    assert!(before.iter().all(|n| n.2 == "up"), "{before:?}");
+    let before = eventually(Duration::from_secs(10), "all three up", || {
+        let n = nodes(&addrs[0])?;
+        (n.len() == 3 && n.iter().all(|m| m.2 == "up")).then_some(n)
+    });
 
     // A paused worker (SIGSTOP) is suspect, then down; resumed, it is up again.
     procs[1].signal("STOP");
