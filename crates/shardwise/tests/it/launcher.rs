@@ -57,3 +57,20 @@ fn a_failed_node_stops_the_cluster_without_restarts() {
     // The master is gone too.
     assert!(!std::path::Path::new(&format!("/proc/{master}")).exists(), "master {master} still running");
 }
+
+#[test]
+fn nodes_die_with_a_killed_launcher() {
+    let dir = tempdir();
+    let mut l = launch(dir.path(), &[]);
+    l.wait_for_line("[rank 0] listening rank=0", T);
+    l.wait_for_line("[rank 1] listening rank=1", T);
+    let pids = [node_pid(dir.path(), 0), node_pid(dir.path(), 1)];
+    l.kill9();
+    for pid in pids {
+        eventually(Duration::from_secs(15), &format!("node {pid} gone after the launcher's SIGKILL"), || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            // Gone, or a zombie waiting for init to reap it.
+            (status.is_empty() || status.contains("State:\tZ")).then_some(())
+        });
+    }
+}
