@@ -35,8 +35,6 @@ impl Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeState {
-    /// Not joined yet (only before the cluster has formed).
-    Joining,
     /// Heartbeats arrive on time.
     Up,
     /// No heartbeat for `suspect_after_ms`.
@@ -48,7 +46,6 @@ pub enum NodeState {
 impl NodeState {
     pub fn as_str(&self) -> &'static str {
         match self {
-            NodeState::Joining => "joining",
             NodeState::Up => "up",
             NodeState::Suspect => "suspect",
             NodeState::Down => "down",
