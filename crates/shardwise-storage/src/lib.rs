@@ -6,6 +6,10 @@
 //! the Linux rules (an fsync'd file is durable, its directory entry only once the directory is
 //! fsync'd too). Shard stores and the `delay_mode_distributed` outbox will build on the WAL.
 //!
+//! A table's definition ([`table`]: schema, shard key, shard and replica counts, sync mode) and the
+//! documented, stable function that places each row on a shard ([`placement`]) live here too,
+//! since every shard store is a store of one table's shard.
+//!
 //! Durability rules followed throughout (reference notes §5.1–5.3):
 //! - a write is acknowledged only after an fsync of the file, and a new or renamed file only
 //!   after an fsync of its directory;
@@ -16,11 +20,15 @@
 
 pub mod error;
 pub mod fs;
+pub mod placement;
+pub mod table;
 pub mod wal;
 mod xorshift;
 
 pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
+pub use placement::{PlacementVersion, hash_rows, shard_of_rows, split_by_shard};
+pub use table::{DelaySettings, MAX_SHARDS, SyncMode, TableDef, check_column_type};
 pub use wal::{
     Corruption, Lsn, RecordDefect, Recovery, TailTruncation, WAL_RECORD_MAX_BYTES, WAL_SEGMENT_MAX_BYTES_DEFAULT,
     WAL_SEGMENT_MIN_BYTES, Wal, WalOptions, WalRecord,
