@@ -76,7 +76,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// Starts `n` nodes at once and waits until each has printed its JSON line (with a data dir:
 /// a real cluster, `--exit-after-init`) or exited (without: `--dry-run`). Returns milliseconds.
 async fn start_all(exe: &Path, n: u32, data: Option<&Path>, timeout: Duration) -> anyhow::Result<f64> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = crate::ports::free_port("127.0.0.1")?;
     let secret = hex::encode(rand::random::<[u8; 32]>());
     let started = Instant::now();
     let mut waits = tokio::task::JoinSet::new();
@@ -127,7 +127,7 @@ async fn start_all(exe: &Path, n: u32, data: Option<&Path>, timeout: Duration) -
 /// Starts a 2-node cluster, lets it idle for a second, and reads the worker's VmRSS.
 async fn idle_rss_kib(exe: &Path, timeout: Duration) -> anyhow::Result<u64> {
     let dir = tempfile::tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = crate::ports::free_port("127.0.0.1")?;
     let mut children = Vec::new();
     for rank in 0..2u32 {
         let mut child = Command::new(exe)

@@ -68,7 +68,7 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     let master_port = match args.master_port {
         Some(0) => bail!("--master-port 0 is not a port: expected 1-65535, or leave it out for a free port"),
         Some(p) => p,
-        None => free_port(&args.master_addr)?,
+        None => crate::ports::free_port(&args.master_addr)?,
     };
     let exe = std::env::current_exe().context("cannot find the shardwise executable")?;
     let mut env: BTreeMap<String, String> = BTreeMap::new();
@@ -172,12 +172,6 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         }
         Some(Stop::AllDone) | None => ExitCode::SUCCESS,
     })
-}
-
-/// A port that is free right now on `host` (the master binds it a moment later).
-fn free_port(host: &str) -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot find a free port on {host}"))?;
-    Ok(l.local_addr()?.port())
 }
 
 fn spawn_node(

@@ -243,6 +243,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let engine = Arc::new(QueryEngine::new(node.view())?);
+    let mut signals = StopSignals::install()?;
     println!("listening rank={} flight={flight_addr}", node.rank);
 
     let mut fatal = node.fatal();
@@ -251,7 +252,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         let _ = stop_rx.await;
     }));
     let reason: Option<String> = tokio::select! {
-        s = shutdown_signal() => { info!("{s}: shutting down"); None }
+        s = signals.recv() => { info!("{s}: shutting down"); None }
         f = fatal.wait_for(|f| f.is_some()) => match f {
             Ok(reason) => reason.clone(),
             Err(_) => Some("the cluster link stopped".to_string()),
@@ -273,21 +274,27 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C, naming which.
-async fn shutdown_signal() -> &'static str {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                warn!("cannot watch SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
+/// SIGTERM and SIGINT handlers, installed before the node says it is ready, so a signal sent as
+/// soon as the `listening` line appears already means a graceful stop.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+        })
+    }
+
+    /// Resolves on SIGTERM or Ctrl-C, naming which.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "interrupted",
         }
-    };
-    tokio::select! {
-        _ = term => "SIGTERM",
-        _ = tokio::signal::ctrl_c() => "interrupted",
     }
 }

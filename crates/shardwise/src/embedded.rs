@@ -29,7 +29,7 @@ impl EmbeddedCluster {
     /// Starts `n` nodes with data dirs `data_dir/rank-R`, joined through a real rendezvous on
     /// 127.0.0.1. No secret: every node is in this process.
     pub async fn start(n: u32, data_dir: &Path) -> anyhow::Result<EmbeddedCluster> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = crate::ports::free_port("127.0.0.1")?;
         let mut joins = Vec::new();
         for rank in 0..n {
             let opts = InitOptions {

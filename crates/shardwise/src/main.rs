@@ -8,6 +8,7 @@ mod cmd_node;
 mod cmd_sql;
 mod embedded;
 mod logging;
+mod ports;
 mod sql_split;
 
 use std::process::ExitCode;

@@ -47,8 +47,18 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
     }
 }
 
+/// A free port for a master's rendezvous, below the kernel's ephemeral range so that no node's
+/// `bind(0)` can take it between this pick and the master's bind (as `shardwise launch` does).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 10_000 + (std::process::id() % 1000) as u16 * 20;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 20_000;
+        if port < 32_768 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A running node process whose output lines are collected in the background.
