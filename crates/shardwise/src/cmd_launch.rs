@@ -91,6 +91,10 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         args.data_dir.display()
     );
 
+    // Installed before any node starts, so a signal from now on stops the cluster gracefully.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     let (exit_tx, mut exit_rx) = mpsc::channel::<(u32, std::io::Result<ExitStatus>)>(args.nproc as usize);
     let mut alive: BTreeMap<u32, Pid> = BTreeMap::new();
     let mut restarts: BTreeMap<u32, u32> = BTreeMap::new();
@@ -102,8 +106,6 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
 
     let mut stop: Option<Stop> = None;
     let mut kill_at: Option<tokio::time::Instant> = None;
-    let mut sigterm =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot watch SIGTERM")?;
     loop {
         if stop.is_some() && alive.is_empty() {
             break;
@@ -119,7 +121,7 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
             }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c(), if stop.is_none() => {
+            _ = sigint.recv(), if stop.is_none() => {
                 eprintln!("[launch] interrupted: stopping all nodes");
                 stop = Some(Stop::Signal("interrupted"));
                 kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
