@@ -169,6 +169,11 @@ impl Prepared {
                 own,
             };
             let master = Master::start(settings, listener, resumed)?;
+            self.data_dir.record_cluster(ClusterRecord {
+                run_id: run_id.clone(),
+                rank: d.rank,
+                world_size: d.world_size,
+            })?;
             master.form().await?;
             let epoch = master.members().first().map(|m| m.epoch).unwrap_or(1);
             (run_id, epoch, Inner::Master(master))
@@ -188,14 +193,13 @@ impl Prepared {
                 secret: self.opts.secret.clone(),
                 timeouts: self.opts.timeouts.clone(),
             };
-            let (link, joined) = WorkerLink::join(settings).await?;
+            let data_dir = &mut self.data_dir;
+            let (rank, world_size) = (d.rank, d.world_size);
+            let mut record =
+                |run_id: &str| data_dir.record_cluster(ClusterRecord { run_id: run_id.to_string(), rank, world_size });
+            let (link, joined) = WorkerLink::join_then(settings, &mut record).await?;
             (joined.run_id, joined.epoch, Inner::Worker(link))
         };
-        self.data_dir.record_cluster(ClusterRecord {
-            run_id: run_id.clone(),
-            rank: d.rank,
-            world_size: d.world_size,
-        })?;
         let init_ms = self.started.elapsed().as_millis() as u64;
         Ok(Node {
             rank: d.rank,

@@ -59,6 +59,9 @@ struct Session {
     view: Vec<MemberInfo>,
 }
 
+/// Called with the run id when the master admits this node.
+pub type OnWelcome<'a> = dyn FnMut(&str) -> Result<()> + Send + 'a;
+
 /// What the node learned by joining.
 #[derive(Debug, Clone)]
 pub struct Joined {
@@ -165,7 +168,7 @@ async fn read_timeout(reader: &mut FrameReader, d: Duration, what: &str) -> Resu
 
 /// Joins the cluster: connects (retrying with backoff), waits for every rank, passes the
 /// barrier. Fails on refusal at once, and otherwise at the join timeout, naming the missing ranks.
-async fn join(s: &WorkerSettings) -> Result<(Session, Joined)> {
+async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Session, Joined)> {
     let t = &s.timeouts;
     let deadline = Instant::now() + t.join_timeout();
     let mut delays = backoff();
@@ -194,6 +197,7 @@ async fn join(s: &WorkerSettings) -> Result<(Session, Joined)> {
         let grace = t.op_timeout().min(Duration::from_millis(JOIN_VERDICT_GRACE_MS));
         let attempt = tokio::time::timeout(remaining + grace, async {
             let mut session = connect_once(s).await?;
+            on_welcome(&session.run_id)?;
             if !announced {
                 info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);
                 announced = true;
@@ -271,7 +275,17 @@ impl std::fmt::Debug for WorkerLink {
 impl WorkerLink {
     /// Joins the cluster and starts the link. Returns once the barrier is passed.
     pub async fn join(settings: WorkerSettings) -> Result<(Arc<WorkerLink>, Joined)> {
-        let (session, joined) = join(&settings).await?;
+        Self::join_then(settings, &mut |_| Ok(())).await
+    }
+
+    /// As [`WorkerLink::join`], calling `on_welcome` with the run id as soon as the master has
+    /// admitted this node (before the barrier), e.g. to record the run in the data dir while the
+    /// other ranks are still arriving.
+    pub async fn join_then(
+        settings: WorkerSettings,
+        on_welcome: &mut OnWelcome<'_>,
+    ) -> Result<(Arc<WorkerLink>, Joined)> {
+        let (session, joined) = join(&settings, on_welcome).await?;
         let link = Arc::new(WorkerLink {
             settings,
             state: Mutex::new(LinkState {
