@@ -112,10 +112,6 @@ impl Prepared {
         self.data_dir.node_id()
     }
 
-    pub fn data_dir(&self) -> &std::path::Path {
-        self.data_dir.path()
-    }
-
     /// Joins the cluster, announcing `addrs` (service name -> `host:port`) to the other nodes.
     pub async fn join(mut self, addrs: BTreeMap<String, String>) -> Result<Node> {
         let d = self.opts.detected.clone();

@@ -3,8 +3,8 @@
 //! Joining a cluster needs proof of the secret: an HMAC-SHA256 over both sides' nonces and the
 //! joiner's identity, so the secret itself never crosses the network and a recorded handshake
 //! cannot be replayed. After the handshake both sides derive a session key from the secret and
-//! the nonces; every control frame then carries a MAC under that key ([`crate::wire`]). Other
-//! inter-node calls carry [`ClusterSecret::internode_token`], checked by the receiver.
+//! the nonces; every control frame then carries a MAC under that key ([`crate::wire`]). The
+//! control connection is, for now, the only inter-node channel.
 
 use std::fmt;
 use std::path::Path;
@@ -80,11 +80,6 @@ impl ClusterSecret {
     /// The key for one control connection's frame MACs.
     pub fn session_key(&self, master_nonce: &[u8], node_nonce: &[u8]) -> Tag {
         self.tag("shardwise session v1", &[master_nonce, node_nonce])
-    }
-
-    /// The credential carried by inter-node calls of one run (hex).
-    pub fn internode_token(&self, run_id: &str) -> String {
-        hex::encode(self.tag("shardwise internode v1", &[run_id.as_bytes()]))
     }
 }
 

@@ -314,10 +314,6 @@ impl WorkerLink {
         self.fatal.subscribe()
     }
 
-    pub fn epoch(&self) -> u64 {
-        self.lock().epoch
-    }
-
     /// The membership from the master, or the last one received if the master does not answer
     /// within the operation timeout.
     pub async fn members(&self) -> Vec<MemberInfo> {
