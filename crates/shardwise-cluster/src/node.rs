@@ -93,6 +93,9 @@ fn open_checked(opts: &InitOptions) -> Result<DataDir> {
 
 /// Resolves the master address, preferring IPv4 (what launchers hand out).
 pub fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port)); // a literal address needs no resolver
+    }
     let unresolvable = |reason: String| ClusterError::MasterUnresolvable { addr: addr.to_string(), port, reason };
     let addrs: Vec<SocketAddr> = (addr, port).to_socket_addrs().map_err(|e| unresolvable(e.to_string()))?.collect();
     addrs
