@@ -8,9 +8,8 @@
 //!
 //! Layout (format 1):
 //! ```text
-//! FORMAT         "shardwise data dir format 1"
+//! IDENTITY       "shardwise data dir format 1" and "node_id <UUID>", one per line
 //! LOCK           locked while a node runs; holds its pid
-//! node_id        the node's UUID
 //! cluster.json   {"run_id", "rank", "world_size"} once the node has joined a cluster
 //! master/        the master's membership (rank 0 only)
 //! ```
@@ -27,10 +26,11 @@ use crate::error::{ClusterError, Result};
 
 /// The on-disk format this build reads and writes.
 pub const DATA_DIR_FORMAT_VERSION: u32 = 1;
-const FORMAT_FILE: &str = "FORMAT";
+/// Format version and node id in one file: one durable write when a data dir is created.
+const IDENTITY_FILE: &str = "IDENTITY";
 const FORMAT_PREFIX: &str = "shardwise data dir format ";
+const NODE_ID_PREFIX: &str = "node_id ";
 const LOCK_FILE: &str = "LOCK";
-const NODE_ID_FILE: &str = "node_id";
 const CLUSTER_FILE: &str = "cluster.json";
 
 /// What a data dir records about the cluster it joined.
@@ -70,8 +70,7 @@ impl DataDir {
         lock.set_len(0).map_err(io("write LOCK"))?;
         writeln!(lock, "{}", std::process::id()).map_err(io("write LOCK"))?;
 
-        check_or_write_format(path)?;
-        let node_id = read_or_create_node_id(path)?;
+        let node_id = read_or_create_identity(path)?;
         let cluster = read_json::<ClusterRecord>(path, CLUSTER_FILE)?;
         Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster })
     }
@@ -127,26 +126,27 @@ impl DataDir {
     }
 }
 
-fn check_or_write_format(dir: &Path) -> Result<()> {
-    let path = dir.join(FORMAT_FILE);
-    match fs::read_to_string(&path) {
+/// Reads the format version and node id, or, in a new directory, creates them.
+fn read_or_create_identity(dir: &Path) -> Result<Uuid> {
+    let bad = |reason: String| ClusterError::DataDir { path: dir.to_path_buf(), reason };
+    match fs::read_to_string(dir.join(IDENTITY_FILE)) {
         Ok(text) => {
-            let version =
-                text.trim().strip_prefix(FORMAT_PREFIX).and_then(|v| v.parse::<u32>().ok()).ok_or_else(|| {
-                    ClusterError::DataDir {
-                        path: dir.to_path_buf(),
-                        reason: format!("{FORMAT_FILE} holds {:?}, expected \"{FORMAT_PREFIX}N\"", text.trim()),
-                    }
-                })?;
+            let mut lines = text.lines();
+            let first = lines.next().unwrap_or("").trim();
+            let version = first
+                .strip_prefix(FORMAT_PREFIX)
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or_else(|| bad(format!("{IDENTITY_FILE} starts with {first:?}, expected \"{FORMAT_PREFIX}N\"")))?;
             if version != DATA_DIR_FORMAT_VERSION {
-                return Err(ClusterError::DataDir {
-                    path: dir.to_path_buf(),
-                    reason: format!(
-                        "on-disk format version {version}; this build reads version {DATA_DIR_FORMAT_VERSION}"
-                    ),
-                });
+                return Err(bad(format!(
+                    "on-disk format version {version}; this build reads version {DATA_DIR_FORMAT_VERSION}"
+                )));
             }
-            Ok(())
+            let second = lines.next().unwrap_or("").trim();
+            let id = second.strip_prefix(NODE_ID_PREFIX).ok_or_else(|| {
+                bad(format!("{IDENTITY_FILE} line 2 is {second:?}, expected \"{NODE_ID_PREFIX}<UUID>\""))
+            })?;
+            Uuid::parse_str(id).map_err(|e| bad(format!("{IDENTITY_FILE} holds node_id {id:?}, not a UUID: {e}")))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let stray = fs::read_dir(dir)
@@ -155,33 +155,17 @@ fn check_or_write_format(dir: &Path) -> Result<()> {
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .find(|name| name != LOCK_FILE && !name.starts_with('.'));
             if let Some(name) = stray {
-                return Err(ClusterError::DataDir {
-                    path: dir.to_path_buf(),
-                    reason: format!(
-                        "not a shardwise data dir (no {FORMAT_FILE} file, but it holds {name:?}); \
-                         give an empty or new directory"
-                    ),
-                });
+                return Err(bad(format!(
+                    "not a shardwise data dir (no {IDENTITY_FILE} file, but it holds {name:?}); \
+                     give an empty or new directory"
+                )));
             }
-            write_atomic(dir, FORMAT_FILE, format!("{FORMAT_PREFIX}{DATA_DIR_FORMAT_VERSION}\n").as_bytes())
-        }
-        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read FORMAT", source }),
-    }
-}
-
-fn read_or_create_node_id(dir: &Path) -> Result<Uuid> {
-    let path = dir.join(NODE_ID_FILE);
-    match fs::read_to_string(&path) {
-        Ok(text) => Uuid::parse_str(text.trim()).map_err(|e| ClusterError::DataDir {
-            path: dir.to_path_buf(),
-            reason: format!("{NODE_ID_FILE} holds {:?}, not a UUID: {e}", text.trim()),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let id = Uuid::new_v4();
-            write_atomic(dir, NODE_ID_FILE, format!("{id}\n").as_bytes())?;
+            let text = format!("{FORMAT_PREFIX}{DATA_DIR_FORMAT_VERSION}\n{NODE_ID_PREFIX}{id}\n");
+            write_atomic(dir, IDENTITY_FILE, text.as_bytes())?;
             Ok(id)
         }
-        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read node_id", source }),
+        Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read IDENTITY", source }),
     }
 }
 
@@ -251,7 +235,7 @@ mod tests {
     #[test]
     fn newer_format_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        fs::write(tmp.path().join(FORMAT_FILE), "shardwise data dir format 9\n").unwrap();
+        fs::write(tmp.path().join(IDENTITY_FILE), "shardwise data dir format 9\nnode_id x\n").unwrap();
         let err = DataDir::open(tmp.path()).unwrap_err().to_string();
         assert!(err.contains("format version 9"), "{err}");
     }
@@ -273,7 +257,7 @@ mod tests {
     fn corrupt_node_id_is_reported() {
         let tmp = tempfile::tempdir().unwrap();
         drop(DataDir::open(tmp.path()).unwrap());
-        fs::write(tmp.path().join(NODE_ID_FILE), "garbage").unwrap();
+        fs::write(tmp.path().join(IDENTITY_FILE), "shardwise data dir format 1\nnode_id garbage\n").unwrap();
         let err = DataDir::open(tmp.path()).unwrap_err().to_string();
         assert!(err.contains("not a UUID"), "{err}");
     }
