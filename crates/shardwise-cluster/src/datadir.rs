@@ -54,7 +54,7 @@ impl DataDir {
     /// Creates (if needed), locks and reads the data dir at `path`.
     pub fn open(path: &Path) -> Result<DataDir> {
         let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: path.to_path_buf(), op, source };
-        fs::create_dir_all(path).map_err(io("create"))?;
+        create_dir_durably(path)?;
         let lock_path = path.join(LOCK_FILE);
         let mut lock =
             OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io("open LOCK"))?;
@@ -195,6 +195,26 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Creates `dir` (and missing parents) and fsyncs each new directory's parent, so the new entries
+/// survive power loss. An existing directory costs nothing.
+pub fn create_dir_durably(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durably(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => return Ok(()),
+        Err(source) => return Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "create", source }),
+    }
+    match dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => sync_dir(parent),
+        None => sync_dir(Path::new(".")),
+    }
+}
+
 /// fsyncs a directory so that a create or rename in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|source| ClusterError::DataDirIo {
@@ -213,6 +233,16 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let id = DataDir::open(tmp.path()).unwrap().node_id();
         assert_eq!(DataDir::open(tmp.path()).unwrap().node_id(), id);
+    }
+
+    #[test]
+    fn nested_new_data_dirs_are_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let deep = tmp.path().join("a/b/rank-3");
+        create_dir_durably(&deep).unwrap();
+        assert!(deep.is_dir());
+        create_dir_durably(&deep).unwrap(); // existing: nothing to do
+        DataDir::open(&tmp.path().join("c/rank-0")).unwrap();
     }
 
     #[test]

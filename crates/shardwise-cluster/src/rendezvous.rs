@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::datadir::{read_json, write_atomic};
+use crate::datadir::{create_dir_durably, read_json, write_atomic};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::secret::{ClusterSecret, nonce};
@@ -300,11 +300,7 @@ impl Master {
             path: self.settings.state_dir.clone(),
             reason: format!("cannot encode membership: {e}"),
         })?;
-        std::fs::create_dir_all(&self.settings.state_dir).map_err(|source| ClusterError::DataDirIo {
-            path: self.settings.state_dir.clone(),
-            op: "create",
-            source,
-        })?;
+        create_dir_durably(&self.settings.state_dir)?;
         write_atomic(&self.settings.state_dir, MEMBERSHIP_FILE, &bytes)
     }
 
