@@ -251,7 +251,6 @@ struct LinkState {
     tx: Option<mpsc::Sender<NodeMsg>>,
     view: Vec<MemberInfo>,
     pending: HashMap<u64, oneshot::Sender<Vec<MemberInfo>>>,
-    epoch: u64,
 }
 
 /// The joined node's link to the master. Dropping it does not stop its task; call
@@ -288,12 +287,7 @@ impl WorkerLink {
         let (session, joined) = join(&settings, on_welcome).await?;
         let link = Arc::new(WorkerLink {
             settings,
-            state: Mutex::new(LinkState {
-                tx: None,
-                view: joined.view.clone(),
-                pending: HashMap::new(),
-                epoch: joined.epoch,
-            }),
+            state: Mutex::new(LinkState { tx: None, view: joined.view.clone(), pending: HashMap::new() }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
             task: Mutex::new(None),
@@ -403,12 +397,11 @@ impl WorkerLink {
 
     /// Runs one control session until it fails; `Ok` only when the link was asked to stop.
     async fn serve(&self, session: Session) -> Result<()> {
-        let Session { mut reader, mut writer, epoch, view, .. } = session;
+        let Session { mut reader, mut writer, view, .. } = session;
         let (tx, mut rx) = mpsc::channel::<NodeMsg>(LINK_QUEUE_LEN);
         {
             let mut st = self.lock();
             st.tx = Some(tx.clone());
-            st.epoch = epoch;
             if !view.is_empty() {
                 st.view = view;
             }
