@@ -391,6 +391,9 @@ mod tests {
         let w = nodes.pop().unwrap();
         let (id, epoch) = (w.node_id, w.epoch);
         w.shutdown().await;
+        // A graceful stop is `down` at once, without waiting for the failure detector.
+        let members = nodes[0].view().members().await;
+        assert_eq!(members[1].state, NodeState::Down, "{members:?}");
         let w = init_distributed_mode(opts(1, 2, port, tmp.path(), None), addrs(1)).await.unwrap();
         assert_eq!(w.node_id, id);
         assert!(w.epoch > epoch);

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::datadir::{create_dir_durably, read_json, write_atomic};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
-use crate::secret::{ClusterSecret, nonce};
+use crate::secret::{ClusterSecret, NONCE_BYTES, nonce};
 use crate::settings::Timeouts;
 use crate::wire::{
     Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, encode, exchange_preamble,
@@ -367,7 +367,7 @@ impl Master {
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
         };
-        let node_nonce = hex::decode(&node_nonce).unwrap_or_default();
+        let node_nonce = decode_nonce(&node_nonce, &peer_s)?;
         let check = HelloCheck {
             protocol,
             rank,
@@ -583,6 +583,18 @@ impl Master {
                 }
             }
         }
+    }
+}
+
+/// Decodes a peer's nonce: hex of exactly [`NONCE_BYTES`] bytes (a short or empty nonce would
+/// weaken replay protection, so it is a protocol error, not a failed proof).
+pub(crate) fn decode_nonce(hex_nonce: &str, peer: &str) -> Result<Vec<u8>> {
+    match hex::decode(hex_nonce) {
+        Ok(n) if n.len() == NONCE_BYTES => Ok(n),
+        _ => Err(ClusterError::WrongProtocol {
+            peer: peer.to_string(),
+            detail: format!("nonce {hex_nonce:?} is not {NONCE_BYTES} hex-encoded bytes"),
+        }),
     }
 }
 

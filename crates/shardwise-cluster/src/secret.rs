@@ -108,8 +108,11 @@ pub fn verify_with_key(key: &[u8], label: &str, parts: &[&[u8]], tag: &[u8]) -> 
     mac(key, label, parts).verify_slice(tag).is_ok()
 }
 
+/// Length of a handshake nonce.
+pub const NONCE_BYTES: usize = 32;
+
 /// A fresh random nonce.
-pub fn nonce() -> [u8; 32] {
+pub fn nonce() -> [u8; NONCE_BYTES] {
     rand::random()
 }
 

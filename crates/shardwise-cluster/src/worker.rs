@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
-use crate::rendezvous::hello_proof_parts;
+use crate::rendezvous::{decode_nonce, hello_proof_parts};
 use crate::secret::{ClusterSecret, nonce};
 use crate::settings::Timeouts;
 use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
@@ -111,7 +111,7 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
     let MasterMsg::Challenge { nonce: master_nonce, secured, .. } = challenge else {
         return Err(ClusterError::WrongProtocol { peer, detail: "the master did not send a challenge".into() });
     };
-    let master_nonce = hex::decode(master_nonce).unwrap_or_default();
+    let master_nonce = decode_nonce(&master_nonce, &peer)?;
     if secured && s.secret.is_none() {
         return Err(ClusterError::Refused {
             reason: "the master requires a cluster secret and this node has none".into(),
