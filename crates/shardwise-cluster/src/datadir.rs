@@ -11,7 +11,7 @@
 //! IDENTITY       "shardwise data dir format 1" and "node_id <UUID>", one per line
 //! LOCK           locked while a node runs; holds its pid
 //! cluster.json   {"run_id", "rank", "world_size"} once the node has joined a cluster
-//! master/        the master's membership (rank 0 only)
+//! master/        the master's membership.json and metadata.json (rank 0 only)
 //! ```
 //! Every file is written with [`write_atomic`]: temp file, fsync, rename, fsync of the directory.
 

@@ -77,6 +77,26 @@ pub enum ClusterError {
 
     #[error("the node is shutting down")]
     ShuttingDown,
+
+    /// The metadata machine (or a limit of the replicated metadata) refused a proposal; nothing
+    /// changed.
+    #[error("metadata change rejected: {reason}")]
+    MetadataRejected { reason: String },
+
+    /// A proposal got no answer from the master. `sent` tells whether it left this node (then it
+    /// may have been applied).
+    #[error(
+        "could not reach the master ({master}) to apply a metadata change: {detail}; {}",
+        if *sent { "the change may or may not have been applied" } else { "the change was not applied" }
+    )]
+    MetadataUnreachable { master: String, detail: String, sent: bool },
+
+    /// The master could not store an accepted change durably, so it told nobody about it.
+    #[error(
+        "the master could not store a metadata change durably: {detail}; the change was not \
+         announced to any node, and may or may not have been applied"
+    )]
+    MetadataStore { detail: String },
 }
 
 /// `2, 3, 7`

@@ -2,6 +2,8 @@
 //! cluster, in two steps so that every check runs before anything starts:
 //! [`prepare`] validates settings, resolves the master, opens and locks the data dir;
 //! [`Prepared::join`] (given the addresses this node serves) runs the rendezvous and barrier.
+//! The joined [`Node`] also carries the replicated metadata ([`Node::metadata`],
+//! [`Node::propose`]).
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -10,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
@@ -18,6 +21,7 @@ use uuid::Uuid;
 use crate::datadir::{ClusterRecord, DataDir};
 use crate::error::{ClusterError, Result};
 use crate::membership::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
+use crate::metadata::{MetadataMachine, MetadataSnapshot};
 use crate::rendezvous::{Master, MasterSettings, PersistedMembership};
 use crate::secret::{ClusterSecret, MIN_SECRET_BYTES};
 use crate::settings::Timeouts;
@@ -41,6 +45,9 @@ pub struct InitOptions {
     /// One of several nodes of an embedded cluster in this process: the once-per-process
     /// guard and the secret requirement do not apply.
     pub embedded: bool,
+    /// What a replicated metadata operation does. Only rank 0's is used; a master without one
+    /// rejects every proposal.
+    pub metadata_machine: Option<Arc<dyn MetadataMachine>>,
 }
 
 /// A validated configuration with its data dir locked, ready to join.
@@ -166,6 +173,7 @@ impl Prepared {
                 timeouts: self.opts.timeouts.clone(),
                 state_dir,
                 own,
+                metadata_machine: self.opts.metadata_machine.clone(),
             };
             let master = Master::start(settings, listener, resumed)?;
             self.data_dir.record_cluster(ClusterRecord {
@@ -251,6 +259,30 @@ impl ClusterView for NodeView {
     }
 }
 
+/// Shared access to the replicated metadata ([`Node::metadata`], [`Node::propose`]).
+#[derive(Debug, Clone)]
+pub struct MetadataHandle {
+    view: Arc<NodeView>,
+}
+
+impl MetadataHandle {
+    /// See [`Node::metadata`].
+    pub fn metadata(&self) -> watch::Receiver<MetadataSnapshot> {
+        match &self.view.inner {
+            Inner::Worker(w) => w.metadata(),
+            Inner::Master(m) => m.metadata(),
+        }
+    }
+
+    /// See [`Node::propose`].
+    pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
+        match &self.view.inner {
+            Inner::Worker(w) => w.propose(op).await,
+            Inner::Master(m) => m.propose(op).await,
+        }
+    }
+}
+
 /// A node that has joined its cluster. Holds the data dir lock for its lifetime.
 #[derive(Debug)]
 pub struct Node {
@@ -281,6 +313,32 @@ impl Node {
         self.view.clone()
     }
 
+    /// The replicated metadata: the current snapshot, updated as changes arrive. A node only
+    /// ever moves to newer versions. Holds the master's current snapshot as soon as
+    /// `init_distributed_mode` returns.
+    pub fn metadata(&self) -> watch::Receiver<MetadataSnapshot> {
+        self.metadata_handle().metadata()
+    }
+
+    /// Proposes a change to the replicated metadata. The master applies proposals one at a
+    /// time with its [`MetadataMachine`], stores the new snapshot durably, sends it to every
+    /// connected node and then answers. On `Ok`, [`Node::metadata`] on this node already holds
+    /// the returned version or a newer one.
+    ///
+    /// Errors: [`ClusterError::MetadataRejected`] (the machine or a limit refused it; nothing
+    /// changed); [`ClusterError::MetadataUnreachable`] (no answer within `propose_timeout_ms`;
+    /// the message says whether the change may have been applied);
+    /// [`ClusterError::MetadataStore`] (the master could not write it to disk).
+    pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
+        self.metadata_handle().propose(op).await
+    }
+
+    /// A handle on the replicated metadata that can be kept and shared independently of the
+    /// `Node` (the table layer holds one).
+    pub fn metadata_handle(&self) -> MetadataHandle {
+        MetadataHandle { view: Arc::clone(&self.view) }
+    }
+
     /// Becomes `Some(reason)` if this node must stop (fenced out by a newer incarnation, or
     /// refused when rejoining). Never fires on the master.
     pub fn fatal(&self) -> watch::Receiver<Option<String>> {
@@ -307,6 +365,7 @@ impl Node {
 mod tests {
     use super::*;
     use crate::source::Detected;
+    use serde_json::Value;
 
     fn opts(rank: u32, world: u32, port: u16, dir: &std::path::Path, secret: Option<&str>) -> InitOptions {
         InitOptions {
@@ -327,6 +386,7 @@ mod tests {
             run_id: None,
             timeouts: Timeouts { join_timeout_ms: 10_000, ..Timeouts::default() },
             embedded: true,
+            metadata_machine: None,
         }
     }
 
@@ -438,6 +498,255 @@ mod tests {
         let members = master.view().members().await;
         assert_eq!(members[1].epoch, rejoined.epoch);
         new.leave().await;
+        master.shutdown().await;
+    }
+
+    /// A table catalog in miniature: `{"create": NAME}` adds a table (a second one of the same
+    /// name is refused); `{"blob_bytes": N}` stores an N-byte string alongside.
+    #[derive(Debug)]
+    struct Tables;
+
+    impl MetadataMachine for Tables {
+        fn apply(&self, state: &Value, op: &Value) -> std::result::Result<Value, String> {
+            let mut next = if state.is_null() { serde_json::json!({"tables": []}) } else { state.clone() };
+            if let Some(name) = op.get("create").and_then(Value::as_str) {
+                let tables = next["tables"].as_array_mut().ok_or("state has no table list")?;
+                if tables.iter().any(|t| t == name) {
+                    return Err(format!("table {name} already exists"));
+                }
+                tables.push(name.into());
+            } else if let Some(n) = op.get("blob_bytes").and_then(Value::as_u64) {
+                next["blob"] = "x".repeat(n as usize).into();
+            } else {
+                return Err(format!("unknown operation {op}"));
+            }
+            Ok(next)
+        }
+    }
+
+    fn meta_opts(rank: u32, world: u32, port: u16, dir: &std::path::Path, propose_timeout_ms: u64) -> InitOptions {
+        let mut o = opts(rank, world, port, dir, Some("0123456789abcdef-secret"));
+        o.timeouts.propose_timeout_ms = propose_timeout_ms;
+        o.metadata_machine = Some(Arc::new(Tables));
+        o
+    }
+
+    async fn start(world: u32, port: u16, dir: &std::path::Path, propose_timeout_ms: u64) -> Vec<Node> {
+        futures_join(
+            (0..world)
+                .map(|r| init_distributed_mode(meta_opts(r, world, port, dir, propose_timeout_ms), addrs(r)))
+                .collect(),
+        )
+        .await
+        .into_iter()
+        .map(|n| n.unwrap())
+        .collect()
+    }
+
+    fn table_names(s: &MetadataSnapshot) -> Vec<String> {
+        s.state["tables"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    }
+
+    fn create(name: &str) -> Value {
+        serde_json::json!({ "create": name })
+    }
+
+    /// Waits (at most 5 s) until `node` has seen `version`.
+    async fn seen(node: &Node, version: u64) -> MetadataSnapshot {
+        let mut rx = node.metadata();
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_secs(5), rx.wait_for(|s| s.version >= version)).await;
+        let snapshot = waited.expect("version reached within 5 s").unwrap().clone();
+        assert_eq!(snapshot.version, version, "{snapshot:?}");
+        snapshot
+    }
+
+    fn on_disk(dir: &std::path::Path) -> MetadataSnapshot {
+        crate::metadata::load(&dir.join("rank-0/master")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn metadata_changes_from_any_node_reach_every_node_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let nodes = start(3, free_port(), tmp.path(), 10_000).await;
+        for n in &nodes {
+            assert_eq!(*n.metadata().borrow(), MetadataSnapshot::default());
+        }
+        // Versions a worker observes must only grow, whatever order messages arrive in.
+        let mut watched = nodes[2].metadata();
+        let observer = tokio::spawn(async move {
+            let mut versions = Vec::new();
+            while watched.changed().await.is_ok() {
+                versions.push(watched.borrow_and_update().version);
+                if versions.last() == Some(&14) {
+                    break;
+                }
+            }
+            versions
+        });
+
+        let v1 = nodes[0].propose(create("a")).await.unwrap();
+        assert_eq!((v1.version, table_names(&v1)), (1, vec!["a".to_string()]));
+        assert!(nodes[0].metadata().borrow().version >= 1);
+        let v2 = nodes[1].propose(create("b")).await.unwrap();
+        assert_eq!((v2.version, table_names(&v2)), (2, vec!["a".to_string(), "b".to_string()]));
+        // The proposer's own view holds the new version as soon as `propose` returns.
+        assert_eq!(*nodes[1].metadata().borrow(), v2);
+        // Stored before anyone was told.
+        assert_eq!(on_disk(tmp.path()), v2);
+
+        // Rejected operations change nothing, on a worker or on the master.
+        for (n, op) in [(2, create("a")), (0, create("b")), (1, serde_json::json!({"drop": "a"}))] {
+            let err = nodes[n].propose(op).await.unwrap_err();
+            assert!(matches!(err, ClusterError::MetadataRejected { .. }), "{err}");
+            assert!(err.to_string().starts_with("metadata change rejected: "), "{err}");
+        }
+        let err = nodes[2].propose(create("a")).await.unwrap_err().to_string();
+        assert!(err.contains("table a already exists"), "{err}");
+        // A state that would not fit in one control frame is refused, and so is an operation.
+        let err = nodes[1].propose(serde_json::json!({"blob_bytes": crate::wire::MAX_FRAME_BYTES})).await.unwrap_err();
+        assert!(err.to_string().contains("more than the control frame limit"), "{err}");
+        let huge_op = serde_json::json!({"create": "x".repeat(crate::wire::MAX_FRAME_BYTES)});
+        let err = nodes[2].propose(huge_op).await.unwrap_err();
+        assert!(matches!(err, ClusterError::MetadataRejected { .. }), "{err}");
+        assert!(err.to_string().contains("the operation is 16777"), "{err}");
+        for n in &nodes {
+            assert_eq!(seen(n, 2).await, v2);
+        }
+        assert_eq!(on_disk(tmp.path()), v2);
+
+        // Concurrent proposals from every node are applied one at a time: distinct versions.
+        let nodes = Arc::new(nodes);
+        let proposals = (0..12u32).map(|i| {
+            let nodes = Arc::clone(&nodes);
+            async move { nodes[(i % 3) as usize].propose(create(&format!("t{i}"))).await.unwrap().version }
+        });
+        let mut versions = futures_join(proposals.collect()).await;
+        versions.sort();
+        assert_eq!(versions, (3..=14).collect::<Vec<u64>>());
+        let last = seen(&nodes[0], 14).await;
+        assert_eq!(table_names(&last).len(), 14);
+        for n in nodes.iter() {
+            assert_eq!(seen(n, 14).await, last);
+        }
+        let observed = tokio::time::timeout(std::time::Duration::from_secs(5), observer).await.unwrap().unwrap();
+        assert!(observed.windows(2).all(|w| w[0] < w[1]), "{observed:?}");
+        assert_eq!(observed.last(), Some(&14));
+        let Ok(nodes) = Arc::try_unwrap(nodes) else { panic!("nodes still shared") };
+        for n in nodes.into_iter().rev() {
+            n.shutdown().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_master_without_a_machine_rejects_every_proposal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let nodes: Vec<Node> =
+            futures_join((0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect())
+                .await
+                .into_iter()
+                .map(|n| n.unwrap())
+                .collect();
+        for n in &nodes {
+            let err = n.propose(create("a")).await.unwrap_err().to_string();
+            assert!(err.contains("has no metadata machine"), "{err}");
+            assert_eq!(n.metadata().borrow().version, 0);
+        }
+        for n in nodes.into_iter().rev() {
+            n.shutdown().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_node_restarted_after_changes_has_them_when_init_returns() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = start(3, port, tmp.path(), 10_000).await;
+        nodes[1].propose(create("a")).await.unwrap();
+        let worker = nodes.pop().unwrap();
+        worker.shutdown().await;
+        // Changes made while rank 2 is away.
+        nodes[0].propose(create("b")).await.unwrap();
+        let v3 = nodes[1].propose(create("c")).await.unwrap();
+        let worker = init_distributed_mode(meta_opts(2, 3, port, tmp.path(), 10_000), addrs(2)).await.unwrap();
+        assert_eq!(*worker.metadata().borrow(), v3, "the snapshot arrives before init returns");
+        // And every later change.
+        let v4 = worker.propose(create("d")).await.unwrap();
+        assert_eq!(seen(&nodes[1], 4).await, v4);
+        worker.shutdown().await;
+        for n in nodes.into_iter().rev() {
+            n.shutdown().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restarted_master_resumes_its_metadata_and_a_proposal_without_it_fails_in_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let propose_timeout_ms = 1_500;
+        let mut nodes = start(2, port, tmp.path(), propose_timeout_ms).await;
+        let worker = nodes.pop().unwrap();
+        let master = nodes.pop().unwrap();
+        master.propose(create("a")).await.unwrap();
+        let v2 = worker.propose(create("b")).await.unwrap();
+        master.shutdown().await;
+
+        // Wait until the worker has noticed (its membership shows the master down).
+        let noticed = async {
+            while worker.view().members().await[0].state != NodeState::Down {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), noticed).await.expect("master loss noticed");
+        let started = Instant::now();
+        let err = worker.propose(create("c")).await.unwrap_err();
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        assert!(matches!(err, ClusterError::MetadataUnreachable { sent: false, .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("could not reach the master") && text.contains("the change was not applied"), "{text}");
+        assert!(text.contains("propose_timeout_ms (1500 ms)"), "{text}");
+        assert!((propose_timeout_ms..propose_timeout_ms + 1_000).contains(&elapsed_ms), "{elapsed_ms} ms");
+        assert_eq!(*worker.metadata().borrow(), v2, "the worker keeps what it had");
+
+        // The master restarts on its data dir: it resumes version 2, and the worker catches up.
+        let master =
+            init_distributed_mode(meta_opts(0, 2, port, tmp.path(), propose_timeout_ms), addrs(0)).await.unwrap();
+        assert_eq!(*master.metadata().borrow(), v2);
+        let v3 = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                // The worker may still be reconnecting (backoff): retry until it gets through.
+                match worker.propose(create("c")).await {
+                    Ok(s) => break s,
+                    Err(ClusterError::MetadataUnreachable { sent: false, .. }) => continue,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await
+        .expect("the worker rejoined within 5 s");
+        assert_eq!((v3.version, table_names(&v3)), (3, vec!["a".into(), "b".into(), "c".into()]));
+        assert_eq!(seen(&master, 3).await, v3);
+        assert_eq!(on_disk(tmp.path()), v3);
+        master.shutdown().await;
+
+        // A master that lost its metadata.json comes back at version 0: the worker keeps the
+        // newer version it has (versions only move forward) rather than going back.
+        std::fs::remove_file(tmp.path().join("rank-0/master").join(crate::metadata::METADATA_FILE)).unwrap();
+        let master =
+            init_distributed_mode(meta_opts(0, 2, port, tmp.path(), propose_timeout_ms), addrs(0)).await.unwrap();
+        assert_eq!(master.metadata().borrow().version, 0);
+        let rejoined = async {
+            while master.view().members().await[1].state != NodeState::Up {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), rejoined).await.expect("worker rejoined");
+        assert_eq!(*worker.metadata().borrow(), v3);
+        worker.shutdown().await;
         master.shutdown().await;
     }
 

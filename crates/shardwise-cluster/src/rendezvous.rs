@@ -6,6 +6,11 @@
 //! disconnected instead of stalling the master. State changes bump a `watch` counter that
 //! [`Master::form`] waits on. The membership is written to the master's data dir when the
 //! cluster forms and whenever an epoch changes, so a restarted master resumes the same cluster.
+//!
+//! The master also owns the replicated metadata ([`crate::metadata`]): one task applies
+//! proposals in order, stores each new version, then sends it to every connection under the
+//! same lock that admits new connections, so a node gets every version after the one it was
+//! welcomed with, in order.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -14,14 +19,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::datadir::{create_dir_durably, read_json, write_atomic};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
+use crate::metadata::{self, MetadataMachine, MetadataSnapshot, ProposeOutcome};
 use crate::secret::{ClusterSecret, NONCE_BYTES, nonce};
 use crate::settings::Timeouts;
 use crate::wire::{
@@ -33,6 +40,10 @@ const CONN_QUEUE_LEN: usize = 256;
 const MEMBERSHIP_FILE: &str = "membership.json";
 /// How long a shutting-down master waits for queued messages to reach the nodes.
 const SHUTDOWN_DRAIN_MS: u64 = 2_000;
+/// How long a connection the master dropped stays open for the node to read its last messages.
+const CLOSE_LINGER_MS: u64 = 2_000;
+/// Metadata proposals waiting to be applied; more are refused with "busy" (nothing changes).
+const PROPOSAL_QUEUE_LEN: usize = 1_024;
 
 /// What the master keeps on disk (`<data dir>/master/membership.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +70,8 @@ pub struct MasterSettings {
     pub state_dir: PathBuf,
     /// The master's own entry (rank 0).
     pub own: MemberInfo,
+    /// What a metadata operation does; `None` refuses every proposal.
+    pub metadata_machine: Option<Arc<dyn MetadataMachine>>,
 }
 
 struct Conn {
@@ -101,6 +114,22 @@ struct State {
     slots: BTreeMap<u32, Slot>,
     entered: BTreeSet<u32>,
     next_conn_id: u64,
+    /// `MasterMsg::Metadata` of the current metadata version: the first message every new
+    /// connection gets after its welcome.
+    metadata_frame: Outgoing,
+}
+
+/// A metadata operation waiting to be applied, and who gets the answer.
+struct Proposal {
+    op: Value,
+    reply: ProposalReply,
+}
+
+enum ProposalReply {
+    /// `propose` on the master itself.
+    Local(oneshot::Sender<Result<MetadataSnapshot>>),
+    /// A node's `Propose { req }` on connection `conn_id`.
+    Remote { rank: u32, conn_id: u64, req: u64 },
 }
 
 /// The running master.
@@ -111,8 +140,12 @@ pub struct Master {
     local_addr: Option<SocketAddr>,
     /// One task per control connection.
     tasks: Mutex<JoinSet<()>>,
-    /// The accept loop and the failure detector.
+    /// The accept loop, the failure detector and the metadata task.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The current metadata (the master's own view of it).
+    metadata: watch::Sender<MetadataSnapshot>,
+    /// Proposals for the metadata task, applied in arrival order.
+    proposals: mpsc::Sender<Proposal>,
 }
 
 impl std::fmt::Debug for Master {
@@ -151,25 +184,47 @@ impl Master {
         }
         let own = settings.own.clone();
         slots.insert(0, Slot { info: own, last_seen: None, conn: None });
+        let snapshot = metadata::load(&settings.state_dir)?;
+        if snapshot.version > 0 {
+            info!(version = snapshot.version, "resuming the replicated metadata recorded in the data dir");
+        }
+        let metadata_frame = metadata::encode_frame(&snapshot)
+            .map(|payload| Outgoing { payload: Arc::new(payload), last: false })
+            .map_err(|reason| ClusterError::DataDir {
+                path: settings.state_dir.join(metadata::METADATA_FILE),
+                reason,
+            })?;
+        let (proposals, proposal_rx) = mpsc::channel(PROPOSAL_QUEUE_LEN);
         let master = Arc::new(Master {
             settings,
-            state: Mutex::new(State { formed, released: formed, slots, entered: BTreeSet::new(), next_conn_id: 1 }),
+            state: Mutex::new(State {
+                formed,
+                released: formed,
+                slots,
+                entered: BTreeSet::new(),
+                next_conn_id: 1,
+                metadata_frame,
+            }),
             changed: watch::channel(0).0,
             local_addr,
             tasks: Mutex::new(JoinSet::new()),
             background: Mutex::new(Vec::new()),
+            metadata: watch::channel(snapshot).0,
+            proposals,
         });
         if formed {
             master.persist()?;
         }
         let accept = Arc::clone(&master);
         let detector = Arc::clone(&master);
+        let committer = Arc::clone(&master);
         {
             let mut bg = master.background.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(listener) = listener {
                 bg.push(tokio::spawn(async move { accept.accept_loop(listener).await }));
             }
             bg.push(tokio::spawn(async move { detector.failure_detector().await }));
+            bg.push(tokio::spawn(async move { committer.metadata_loop(proposal_rx).await }));
         }
         Ok(master)
     }
@@ -276,15 +331,7 @@ impl Master {
     /// Sends a message to every connected node (a stuck node is disconnected).
     fn broadcast(&self, msg: impl Fn() -> MasterMsg) {
         let Some(out) = Outgoing::new(&msg()) else { return };
-        let mut s = self.lock();
-        for slot in s.slots.values_mut() {
-            if let Some(c) = &slot.conn
-                && c.tx.try_send(out.clone()).is_err()
-            {
-                warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
-                slot.conn = None;
-            }
-        }
+        broadcast_locked(&mut self.lock(), &out);
     }
 
     /// The membership as of now, rank order.
@@ -302,6 +349,96 @@ impl Master {
         })?;
         create_dir_durably(&self.settings.state_dir)?;
         write_atomic(&self.settings.state_dir, MEMBERSHIP_FILE, &bytes)
+    }
+
+    /// The current replicated metadata, updated as changes are applied.
+    pub fn metadata(&self) -> watch::Receiver<MetadataSnapshot> {
+        self.metadata.subscribe()
+    }
+
+    /// Applies a metadata operation (queued behind earlier proposals) and returns the new
+    /// snapshot once it is stored and sent to every connected node.
+    pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
+        let timeout_ms = self.settings.timeouts.propose_timeout_ms;
+        let deadline = tokio::time::Instant::now() + self.settings.timeouts.propose_timeout();
+        let unreachable = |detail: String, sent: bool| ClusterError::MetadataUnreachable {
+            master: "this node, rank 0".into(),
+            detail,
+            sent,
+        };
+        let (tx, rx) = oneshot::channel();
+        let proposal = Proposal { op, reply: ProposalReply::Local(tx) };
+        match tokio::time::timeout_at(deadline, self.proposals.send(proposal)).await {
+            Err(_) => {
+                return Err(unreachable(
+                    format!(
+                        "{PROPOSAL_QUEUE_LEN} earlier changes still waiting after propose_timeout_ms ({timeout_ms} ms)"
+                    ),
+                    false,
+                ));
+            }
+            Ok(Err(_)) => return Err(unreachable("the master is shutting down".into(), false)),
+            Ok(Ok(())) => {}
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Err(_) => Err(unreachable(format!("no result within propose_timeout_ms ({timeout_ms} ms)"), true)),
+            Ok(Err(_)) => Err(unreachable("the master stopped before the change was done".into(), true)),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    /// Applies proposals one at a time, in arrival order. A proposal's caller may give up (time
+    /// out) while it runs; the change still completes, so what is stored is what is announced.
+    async fn metadata_loop(self: Arc<Self>, mut proposals: mpsc::Receiver<Proposal>) {
+        while let Some(Proposal { op, reply }) = proposals.recv().await {
+            let result = self.commit(op, &reply).await;
+            match reply {
+                ProposalReply::Local(tx) => {
+                    let _ = tx.send(result);
+                }
+                ProposalReply::Remote { rank, conn_id, req } => {
+                    if let Err(e) = &result {
+                        let outcome = ProposeOutcome::from_error(e);
+                        let mut s = self.lock();
+                        if let Some(slot) = current_slot(&mut s, rank, conn_id) {
+                            send(slot, MasterMsg::Proposed { req, outcome });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies `op`, stores the new version, sends it to every node and (for a node's proposal)
+    /// answers the proposer right behind it.
+    async fn commit(&self, op: Value, reply: &ProposalReply) -> Result<MetadataSnapshot> {
+        let current = self.metadata.borrow().clone();
+        let machine = self.settings.metadata_machine.clone();
+        let dir = self.settings.state_dir.clone();
+        // The machine is the caller's code and the write fsyncs: both stay off the runtime.
+        let staged = tokio::task::spawn_blocking(move || {
+            let staged = metadata::stage(machine.as_deref(), &current, &op)?;
+            metadata::persist(&dir, &staged.snapshot)
+                .map_err(|e| ClusterError::MetadataStore { detail: e.to_string() })?;
+            Ok::<_, ClusterError>(staged)
+        })
+        .await
+        .map_err(|e| ClusterError::MetadataStore { detail: format!("the metadata task failed: {e}") })??;
+        let version = staged.snapshot.version;
+        {
+            let out = Outgoing { payload: Arc::new(staged.frame), last: false };
+            let mut s = self.lock();
+            s.metadata_frame = out.clone();
+            broadcast_locked(&mut s, &out);
+            if let ProposalReply::Remote { rank, conn_id, req } = *reply
+                && let Some(slot) = current_slot(&mut s, rank, conn_id)
+            {
+                send(slot, MasterMsg::Proposed { req, outcome: ProposeOutcome::Applied { version } });
+            }
+        }
+        metadata::advance(&self.metadata, staged.snapshot.clone());
+        info!(version, "metadata version {version} applied");
+        Ok(staged.snapshot)
     }
 
     /// Tells every node the master is going away (they will reconnect when it returns) and
@@ -390,6 +527,9 @@ impl Master {
                 Ok(epoch) => {
                     let conn_id = s.next_conn_id;
                     s.next_conn_id += 1;
+                    // First in the fresh queue, so first after the welcome; every later version
+                    // is queued behind it by `commit`, under this same lock.
+                    let _ = tx.try_send(s.metadata_frame.clone());
                     let now = Instant::now();
                     let info = MemberInfo {
                         rank,
@@ -459,6 +599,19 @@ impl Master {
             // The writer ends when this connection was dropped (fenced, stuck, shutdown).
             _ = &mut writer_task => Ok(()),
         };
+        let dropped = current_slot(&mut self.lock(), rank, conn_id).is_none();
+        if dropped {
+            // The master let this connection go (fenced, stuck, shutting down): let the node
+            // read its last messages before the socket closes. Closing with unread incoming
+            // frames (a heartbeat) sends a reset, and the node's kernel then discards what it
+            // has not read yet, the `Fenced` included: the old incarnation would reconnect and
+            // fence the new one.
+            let _ = tokio::time::timeout(Duration::from_millis(CLOSE_LINGER_MS), async {
+                let _ = (&mut writer_task).await;
+                while reader.read::<NodeMsg>().await.is_ok() {}
+            })
+            .await;
+        }
         writer_task.abort();
         self.disconnected(rank, conn_id);
         result
@@ -492,8 +645,7 @@ impl Master {
         loop {
             let msg = reader.read::<NodeMsg>().await?;
             let mut s = self.lock();
-            let Some(slot) = s.slots.get_mut(&rank).filter(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id))
-            else {
+            let Some(slot) = current_slot(&mut s, rank, conn_id) else {
                 return Ok(()); // fenced: a newer incarnation owns the rank
             };
             match msg {
@@ -515,6 +667,23 @@ impl Master {
                     s.entered.insert(rank);
                     drop(s);
                     self.bump();
+                }
+                NodeMsg::Propose { req, op } => {
+                    let proposal = Proposal { op, reply: ProposalReply::Remote { rank, conn_id, req } };
+                    if let Err(e) = self.proposals.try_send(proposal) {
+                        let outcome = match e {
+                            mpsc::error::TrySendError::Full(_) => ProposeOutcome::Rejected {
+                                reason: format!(
+                                    "the master is busy: {PROPOSAL_QUEUE_LEN} metadata changes are already \
+                                     waiting; try again"
+                                ),
+                            },
+                            mpsc::error::TrySendError::Closed(_) => {
+                                ProposeOutcome::Rejected { reason: "the master is shutting down".into() }
+                            }
+                        };
+                        send(slot, MasterMsg::Proposed { req, outcome });
+                    }
                 }
                 NodeMsg::Leave => {
                     info!(rank, "rank {rank} left (graceful shutdown)");
@@ -658,6 +827,23 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
             h.rank, slot.info.node_id
         )),
     }
+}
+
+/// Queues `out` on every connection (a node that is not reading is disconnected).
+fn broadcast_locked(s: &mut State, out: &Outgoing) {
+    for slot in s.slots.values_mut() {
+        if let Some(c) = &slot.conn
+            && c.tx.try_send(out.clone()).is_err()
+        {
+            warn!(rank = slot.info.rank, "node is not reading its control channel; disconnecting it");
+            slot.conn = None;
+        }
+    }
+}
+
+/// `rank`'s slot if connection `conn_id` still serves it.
+fn current_slot(s: &mut State, rank: u32, conn_id: u64) -> Option<&mut Slot> {
+    s.slots.get_mut(&rank).filter(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id))
 }
 
 fn send(slot: &mut Slot, msg: MasterMsg) {

@@ -22,6 +22,9 @@ pub struct Timeouts {
     pub down_after_ms: u64,
     /// How often the master prints `waiting for k of n ranks` while the cluster forms.
     pub progress_interval_ms: u64,
+    /// From proposing a metadata change until the master's answer (including waiting for a
+    /// lost master to come back).
+    pub propose_timeout_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -34,6 +37,7 @@ impl Default for Timeouts {
             suspect_after_ms: 2_000,
             down_after_ms: 6_000,
             progress_interval_ms: 2_000,
+            propose_timeout_ms: 10_000,
         }
     }
 }
@@ -49,6 +53,7 @@ impl Timeouts {
             ("suspect_after_ms", self.suspect_after_ms),
             ("down_after_ms", self.down_after_ms),
             ("progress_interval_ms", self.progress_interval_ms),
+            ("propose_timeout_ms", self.propose_timeout_ms),
         ];
         for (name, value) in named {
             if value == 0 {
@@ -84,6 +89,9 @@ impl Timeouts {
     pub fn heartbeat_interval(&self) -> Duration {
         Duration::from_millis(self.heartbeat_interval_ms)
     }
+    pub fn propose_timeout(&self) -> Duration {
+        Duration::from_millis(self.propose_timeout_ms)
+    }
 }
 
 fn invalid(name: &str, value: u64, expected: &str) -> ClusterError {
@@ -110,5 +118,7 @@ mod tests {
     fn zero_is_refused() {
         let t = Timeouts { join_timeout_ms: 0, ..Timeouts::default() };
         assert!(t.validate().unwrap_err().to_string().contains("join_timeout_ms=0"));
+        let t = Timeouts { propose_timeout_ms: 0, ..Timeouts::default() };
+        assert!(t.validate().unwrap_err().to_string().contains("propose_timeout_ms=0"));
     }
 }

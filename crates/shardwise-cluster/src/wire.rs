@@ -20,6 +20,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::error::{ClusterError, Result};
 use crate::membership::MemberInfo;
+use crate::metadata::{MetadataSnapshot, ProposeOutcome};
 use crate::secret::{Tag, tag_with_key, verify_with_key};
 
 /// Version of the control protocol; a node refuses a peer with another version.
@@ -31,6 +32,8 @@ pub const MAX_FRAME_BYTES: usize = 16 << 20;
 /// an unauthenticated peer cannot make the master allocate much.
 pub const PREAUTH_MAX_FRAME_BYTES: usize = 64 << 10;
 const TAG_BYTES: usize = 32;
+/// Largest message that fits in a frame together with its MAC.
+pub const MAX_PAYLOAD_BYTES: usize = MAX_FRAME_BYTES - TAG_BYTES;
 
 /// Messages the master sends to a node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,6 +86,16 @@ pub enum MasterMsg {
     Abort {
         reason: String,
     },
+    /// The replicated metadata as of now: the first message after `Welcome`, then one per change.
+    Metadata {
+        snapshot: MetadataSnapshot,
+    },
+    /// The answer to this node's `Propose` (when applied, the `Metadata` message with the new
+    /// version came just before it).
+    Proposed {
+        req: u64,
+        outcome: ProposeOutcome,
+    },
 }
 
 /// Messages a node sends to the master.
@@ -105,6 +118,11 @@ pub enum NodeMsg {
     },
     MembersQuery {
         req: u64,
+    },
+    /// A change to the replicated metadata, for the master's metadata machine.
+    Propose {
+        req: u64,
+        op: serde_json::Value,
     },
     /// Graceful shutdown.
     Leave,

@@ -1,6 +1,7 @@
 //! A non-master node's side of the cluster: joining the master's rendezvous (with exponential
 //! backoff and jitter), the barrier, and afterwards a link that sends heartbeats, answers
-//! membership queries, notices a silent master and rejoins when it comes back.
+//! membership queries, forwards metadata proposals and keeps the newest metadata snapshot,
+//! notices a silent master and rejoins when it comes back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -9,17 +10,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use serde_json::Value;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
+use crate::metadata::{self, MetadataSnapshot, ProposeOutcome};
 use crate::rendezvous::{decode_nonce, hello_proof_parts};
 use crate::secret::{ClusterSecret, nonce};
 use crate::settings::Timeouts;
-use crate::wire::{Direction, FrameReader, FrameWriter, MasterMsg, NodeMsg, PROTOCOL_VERSION, exchange_preamble};
+use crate::wire::{
+    Direction, FrameReader, FrameWriter, MAX_PAYLOAD_BYTES, MasterMsg, NodeMsg, PROTOCOL_VERSION, encode,
+    exchange_preamble,
+};
 
 /// First delay between connection attempts.
 const BACKOFF_MIN_MS: u64 = 10;
@@ -57,6 +64,8 @@ struct Session {
     epoch: u64,
     formed: bool,
     view: Vec<MemberInfo>,
+    /// The master's metadata when it welcomed this node (or newer, while waiting to form).
+    metadata: MetadataSnapshot,
 }
 
 /// Called with the run id when the master admits this node.
@@ -137,27 +146,55 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.
     reader.set_trusted();
-    match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
-        MasterMsg::Refused { reason } => Err(ClusterError::Refused { reason }),
-        MasterMsg::Welcome { run_id, epoch, proof, formed, view, .. } => {
-            if let Some(secret) = &s.secret {
-                let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
-                    secret.verify("welcome", &[&master_nonce, &node_nonce, run_id.as_bytes(), &epoch.to_be_bytes()], &p)
-                });
-                if !ok {
-                    return Err(ClusterError::Auth {
-                        peer,
-                        detail: "the master could not prove it knows the cluster secret".into(),
+    let (run_id, epoch, formed, view) =
+        match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
+            MasterMsg::Refused { reason } => return Err(ClusterError::Refused { reason }),
+            MasterMsg::Welcome { run_id, epoch, proof, formed, view, .. } => {
+                if let Some(secret) = &s.secret {
+                    let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
+                        secret.verify(
+                            "welcome",
+                            &[&master_nonce, &node_nonce, run_id.as_bytes(), &epoch.to_be_bytes()],
+                            &p,
+                        )
                     });
+                    if !ok {
+                        return Err(ClusterError::Auth {
+                            peer,
+                            detail: "the master could not prove it knows the cluster secret".into(),
+                        });
+                    }
+                    let key = secret.session_key(&master_nonce, &node_nonce);
+                    reader.set_key(key);
+                    writer.set_key(key);
                 }
-                let key = secret.session_key(&master_nonce, &node_nonce);
-                reader.set_key(key);
-                writer.set_key(key);
+                (run_id, epoch, formed, view)
             }
-            Ok(Session { reader, writer, run_id, epoch, formed, view })
+            other => {
+                return Err(ClusterError::WrongProtocol {
+                    peer,
+                    detail: format!("unexpected reply to hello: {}", message_kind(&other)),
+                });
+            }
+        };
+    // The metadata comes right after the welcome, in the first authenticated frame.
+    match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's metadata snapshot").await? {
+        MasterMsg::Metadata { snapshot: metadata } => {
+            Ok(Session { reader, writer, run_id, epoch, formed, view, metadata })
         }
-        other => Err(ClusterError::WrongProtocol { peer, detail: format!("unexpected reply to hello: {other:?}") }),
+        other => Err(ClusterError::WrongProtocol {
+            peer,
+            detail: format!("expected the metadata snapshot after the welcome, got {}", message_kind(&other)),
+        }),
     }
+}
+
+/// A message's type, for errors (its fields may be large).
+fn message_kind(msg: &MasterMsg) -> String {
+    serde_json::to_value(msg)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| "an undecodable message".into())
 }
 
 async fn read_timeout(reader: &mut FrameReader, d: Duration, what: &str) -> Result<MasterMsg> {
@@ -224,6 +261,9 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
                         return Err(ClusterError::Refused { reason });
                     }
                     MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason }),
+                    MasterMsg::Metadata { snapshot } if snapshot.version > session.metadata.version => {
+                        session.metadata = snapshot;
+                    }
                     _ => {}
                 }
             }
@@ -251,6 +291,8 @@ struct LinkState {
     tx: Option<mpsc::Sender<NodeMsg>>,
     view: Vec<MemberInfo>,
     pending: HashMap<u64, oneshot::Sender<Vec<MemberInfo>>>,
+    /// Proposals sent on the current session, waiting for the master's answer.
+    proposals: HashMap<u64, oneshot::Sender<Result<MetadataSnapshot>>>,
 }
 
 /// The joined node's link to the master. Dropping it does not stop its task; call
@@ -263,6 +305,10 @@ pub struct WorkerLink {
     fatal: watch::Sender<Option<String>>,
     task: Mutex<Option<JoinHandle<()>>>,
     leaving: std::sync::atomic::AtomicBool,
+    /// The newest metadata snapshot received from the master.
+    metadata: watch::Sender<MetadataSnapshot>,
+    /// Counts control sessions; changed (with `tx` set, under the state lock) when one starts.
+    sessions: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for WorkerLink {
@@ -287,11 +333,18 @@ impl WorkerLink {
         let (session, joined) = join(&settings, on_welcome).await?;
         let link = Arc::new(WorkerLink {
             settings,
-            state: Mutex::new(LinkState { tx: None, view: joined.view.clone(), pending: HashMap::new() }),
+            state: Mutex::new(LinkState {
+                tx: None,
+                view: joined.view.clone(),
+                pending: HashMap::new(),
+                proposals: HashMap::new(),
+            }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
             task: Mutex::new(None),
             leaving: std::sync::atomic::AtomicBool::new(false),
+            metadata: watch::channel(session.metadata.clone()).0,
+            sessions: watch::channel(0).0,
         });
         let runner = Arc::clone(&link);
         let handle = tokio::spawn(async move { runner.run(session).await });
@@ -330,6 +383,94 @@ impl WorkerLink {
             self.lock().pending.remove(&req);
         }
         self.lock().view.clone()
+    }
+
+    /// The newest replicated metadata this node has received.
+    pub fn metadata(&self) -> watch::Receiver<MetadataSnapshot> {
+        self.metadata.subscribe()
+    }
+
+    /// Sends a metadata operation to the master and waits for its answer, for at most
+    /// `propose_timeout_ms` (waiting for the master to come back if the link is down). When this
+    /// returns `Ok`, [`WorkerLink::metadata`] already holds the returned version or a newer one.
+    pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
+        let timeouts = &self.settings.timeouts;
+        let deadline = tokio::time::Instant::now() + timeouts.propose_timeout();
+        let unreachable = |detail: String, sent: bool| ClusterError::MetadataUnreachable {
+            master: self.settings.master.to_string(),
+            detail,
+            sent,
+        };
+        metadata::check_op(&op)?;
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let mut msg = NodeMsg::Propose { req, op };
+        let len = encode(&msg).map_err(|reason| ClusterError::MetadataRejected { reason })?.len();
+        if len > MAX_PAYLOAD_BYTES {
+            return Err(ClusterError::MetadataRejected {
+                reason: format!(
+                    "the operation is {len} bytes when sent, more than the control frame limit of \
+                     {MAX_PAYLOAD_BYTES} bytes"
+                ),
+            });
+        }
+        let (answer_tx, answer) = oneshot::channel();
+        let mut answer_tx = Some(answer_tx);
+        let mut sessions = self.sessions.subscribe();
+        let mut fatal = self.fatal.subscribe();
+        loop {
+            if self.leaving.load(Ordering::SeqCst) {
+                return Err(ClusterError::ShuttingDown);
+            }
+            if let Some(reason) = fatal.borrow_and_update().clone() {
+                return Err(unreachable(format!("this node must stop: {reason}"), false));
+            }
+            let seen = {
+                let mut st = self.lock();
+                let seen = *sessions.borrow_and_update();
+                if let Some(link) = st.tx.clone() {
+                    match link.try_send(msg) {
+                        Ok(()) => {
+                            if let Some(tx) = answer_tx.take() {
+                                st.proposals.insert(req, tx);
+                            }
+                            break;
+                        }
+                        Err(TrySendError::Full(_)) => {
+                            return Err(unreachable("the link to the master is not draining its queue".into(), false));
+                        }
+                        Err(TrySendError::Closed(m)) => msg = m, // the session just ended
+                    }
+                }
+                seen
+            };
+            // Not connected: wait for the next session (or for this node to be told to stop).
+            let next = tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    _ = sessions.wait_for(|n| *n != seen) => {}
+                    _ = fatal.changed() => {}
+                }
+            });
+            if next.await.is_err() {
+                return Err(unreachable(
+                    format!(
+                        "not connected, and the master did not come back within propose_timeout_ms ({} ms)",
+                        timeouts.propose_timeout_ms
+                    ),
+                    false,
+                ));
+            }
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(unreachable("the connection to the master was lost before it answered".into(), true)),
+            Err(_) => {
+                self.lock().proposals.remove(&req);
+                Err(unreachable(
+                    format!("no answer within propose_timeout_ms ({} ms)", timeouts.propose_timeout_ms),
+                    true,
+                ))
+            }
+        }
     }
 
     /// Tells the master this node is leaving and stops the link.
@@ -390,14 +531,55 @@ impl WorkerLink {
         let mut st = self.lock();
         st.tx = None;
         st.pending.clear();
+        st.proposals.clear(); // their callers learn the outcome is unknown
         for m in st.view.iter_mut().filter(|m| m.rank == 0) {
             m.state = NodeState::Down;
         }
     }
 
+    /// Keeps `snapshot` if it is newer than the one this node has. An older one is ignored: a
+    /// late message, or (from a welcome) a master that lost its `metadata.json`, which is worth
+    /// a warning.
+    fn receive_metadata(&self, snapshot: MetadataSnapshot, welcome: bool) {
+        let (offered, held) = (snapshot.version, self.metadata.borrow().version);
+        if !metadata::advance(&self.metadata, snapshot) && welcome && offered < held {
+            warn!(
+                "the master's metadata is at version {offered}, older than this node's {held}; keeping \
+                 version {held} (did the master lose its master/{}?)",
+                metadata::METADATA_FILE
+            );
+        }
+    }
+
+    /// What `propose` returns for the master's answer. An applied version arrived just before
+    /// the answer, on the same connection.
+    fn proposal_result(&self, outcome: ProposeOutcome) -> Result<MetadataSnapshot> {
+        match outcome {
+            ProposeOutcome::Applied { version } => {
+                let current = self.metadata.borrow().clone();
+                if current.version >= version {
+                    Ok(current)
+                } else {
+                    Err(ClusterError::MetadataUnreachable {
+                        master: self.settings.master.to_string(),
+                        detail: format!(
+                            "the master applied version {version}, but this node has received only version {} \
+                             (a bug)",
+                            current.version
+                        ),
+                        sent: true,
+                    })
+                }
+            }
+            ProposeOutcome::Rejected { reason } => Err(ClusterError::MetadataRejected { reason }),
+            ProposeOutcome::Failed { reason } => Err(ClusterError::MetadataStore { detail: reason }),
+        }
+    }
+
     /// Runs one control session until it fails; `Ok` only when the link was asked to stop.
     async fn serve(&self, session: Session) -> Result<()> {
-        let Session { mut reader, mut writer, view, .. } = session;
+        let Session { mut reader, mut writer, view, metadata: welcomed, .. } = session;
+        self.receive_metadata(welcomed, true);
         let (tx, mut rx) = mpsc::channel::<NodeMsg>(LINK_QUEUE_LEN);
         {
             let mut st = self.lock();
@@ -405,6 +587,7 @@ impl WorkerLink {
             if !view.is_empty() {
                 st.view = view;
             }
+            self.sessions.send_modify(|n| *n += 1);
         }
         let writer_task = tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
@@ -444,6 +627,13 @@ impl WorkerLink {
                     st.view = view.clone();
                     if let Some(waiter) = st.pending.remove(&req) {
                         let _ = waiter.send(view);
+                    }
+                }
+                MasterMsg::Metadata { snapshot } => self.receive_metadata(snapshot, false),
+                MasterMsg::Proposed { req, outcome } => {
+                    let waiter = self.lock().proposals.remove(&req);
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(self.proposal_result(outcome));
                     }
                 }
                 MasterMsg::Fenced { reason } => break Err(ClusterError::Fenced { reason }),

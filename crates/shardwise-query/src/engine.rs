@@ -6,38 +6,65 @@
 //! this uses `SessionState::create_logical_plan` and refuses DDL/DML before the plan can run.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
-use datafusion::execution::SendableRecordBatchStream;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::{SendableRecordBatchStream, SessionState};
+use datafusion::logical_expr::{LogicalPlan, WriteOp};
+use datafusion::physical_plan::EmptyRecordBatchStream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use shardwise_cluster::ClusterView;
 
+use crate::access::TableAccess;
+use crate::ddl::{self, Classified, Command};
 use crate::error::QueryError;
+use crate::settings::{self, ShardwiseSettings};
+use crate::sharded_table::ShardedSchema;
+use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{NODES_TABLE, NodesTable, SYSTEM_SCHEMA};
 
-/// A statement that has been parsed, planned and checked, ready to execute.
+/// What a planned statement will do.
+#[derive(Debug, Clone)]
+enum Action {
+    /// A DataFusion plan: a query, `SET`, or an `INSERT` into a sharded table.
+    Plan(LogicalPlan),
+    /// A statement shardwise runs itself (DDL, flush).
+    Command(Command),
+}
+
+/// A statement that has been parsed, planned and checked, ready to execute. It carries the
+/// session state with the statement's `SETTINGS` applied.
 #[derive(Debug, Clone)]
 pub struct Planned {
-    plan: LogicalPlan,
+    action: Action,
+    state: Box<SessionState>,
 }
 
 impl Planned {
-    /// The Arrow schema of the statement's result (empty for statements such as `SET`).
+    /// The Arrow schema of the statement's result (empty for statements such as `SET` or DDL).
     pub fn schema(&self) -> SchemaRef {
-        Arc::clone(self.plan.schema().inner())
+        match &self.action {
+            Action::Plan(plan) => Arc::clone(plan.schema().inner()),
+            Action::Command(_) => Arc::new(Schema::empty()),
+        }
     }
 
-    /// The DataFusion logical plan (for `EXPLAIN`-like tooling and tests).
-    pub fn logical_plan(&self) -> &LogicalPlan {
-        &self.plan
+    /// The DataFusion logical plan, if the statement has one (for `EXPLAIN`-like tooling and
+    /// tests).
+    pub fn logical_plan(&self) -> Option<&LogicalPlan> {
+        match &self.action {
+            Action::Plan(plan) => Some(plan),
+            Action::Command(_) => None,
+        }
     }
 }
 
-/// The SQL session layer of one node: one DataFusion context with the `system` schema.
+/// The SQL session layer of one node: one DataFusion context with the `system` schema and, when
+/// the node stores tables, the sharded tables as the default schema.
 pub struct QueryEngine {
     ctx: SessionContext,
+    access: Option<Arc<dyn TableAccess>>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -46,45 +73,123 @@ impl std::fmt::Debug for QueryEngine {
     }
 }
 
+fn internal(message: String) -> QueryError {
+    QueryError::Internal(datafusion::error::DataFusionError::Internal(message))
+}
+
 impl QueryEngine {
-    /// Builds the engine and registers `system.nodes`, backed by `cluster`.
+    /// An engine without tables: `system.nodes` and plain SQL only.
     pub fn new(cluster: Arc<dyn ClusterView>) -> Result<Self, QueryError> {
-        let config = SessionConfig::new().with_information_schema(true);
+        Self::build(cluster, None)
+    }
+
+    /// An engine whose default schema is the cluster's sharded tables, stored through `access`.
+    pub fn with_tables(cluster: Arc<dyn ClusterView>, access: Arc<dyn TableAccess>) -> Result<Self, QueryError> {
+        Self::build(cluster, Some(access))
+    }
+
+    fn build(cluster: Arc<dyn ClusterView>, access: Option<Arc<dyn TableAccess>>) -> Result<Self, QueryError> {
+        let mut config =
+            SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
+        // Tables store strings as Utf8; plan string literals and casts the same way.
+        config.options_mut().sql_parser.map_string_types_to_utf8view = false;
         let ctx = SessionContext::new_with_config(config);
-        let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
-        let catalog = ctx.catalog(&catalog_name).ok_or_else(|| {
-            QueryError::Internal(datafusion::error::DataFusionError::Internal(format!(
-                "default catalog {catalog_name:?} is missing"
-            )))
-        })?;
+        let options = ctx.state().config_options().catalog.clone();
+        let catalog = ctx
+            .catalog(&options.default_catalog)
+            .ok_or_else(|| internal(format!("default catalog {:?} is missing", options.default_catalog)))?;
         let system = Arc::new(MemorySchemaProvider::new());
         system
             .register_table(NODES_TABLE.to_string(), Arc::new(NodesTable::new(cluster)))
             .map_err(QueryError::Internal)?;
+        if let Some(access) = &access {
+            for kind in StorageTableKind::ALL {
+                let table = Arc::new(StorageSystemTable::new(kind, Arc::clone(access)));
+                system.register_table(kind.name().to_string(), table).map_err(QueryError::Internal)?;
+            }
+            let public = Arc::new(ShardedSchema::new(Arc::clone(access)));
+            catalog.register_schema(&options.default_schema, public).map_err(QueryError::Internal)?;
+        }
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
-        Ok(QueryEngine { ctx })
+        Ok(QueryEngine { ctx, access })
     }
 
-    /// What statements may run: queries and session statements (`SET`), but not DataFusion's own
-    /// DDL and DML (`CREATE EXTERNAL TABLE`, `COPY`, `INSERT`), which would bypass shardwise.
+    /// What statements DataFusion may run: queries and session statements (`SET`), but not its
+    /// own DDL and DML (`CREATE EXTERNAL TABLE`, `COPY`), which would bypass shardwise. `INSERT`
+    /// into a sharded table is checked separately.
     fn sql_options() -> SQLOptions {
         SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(true)
     }
 
+    /// The table layer, if this engine stores tables.
+    pub fn tables(&self) -> Option<&Arc<dyn TableAccess>> {
+        self.access.as_ref()
+    }
+
+    fn access(&self, what: &str) -> Result<&Arc<dyn TableAccess>, QueryError> {
+        self.access.as_ref().ok_or_else(|| QueryError::Unsupported(format!("{what} (this engine stores no tables)")))
+    }
+
     /// Parses and plans one statement without executing anything.
     pub async fn plan(&self, sql: &str) -> Result<Planned, QueryError> {
-        let plan = self.ctx.state().create_logical_plan(sql).await?;
-        Self::sql_options()
-            .verify_plan(&plan)
-            .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;
-        Ok(Planned { plan })
+        let (body, pairs) = settings::split_settings_clause(sql)?;
+        let body = settings::qualify_set(&body)?;
+        let mut state = self.ctx.state();
+        settings::apply(state.config_mut().options_mut(), &pairs)?;
+        if let Some(command) = ddl::flush_command(&body)? {
+            self.access("SYSTEM FLUSH DISTRIBUTED")?;
+            return Ok(Planned { action: Action::Command(command), state: Box::new(state) });
+        }
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(&body, &dialect)?;
+        let world_size = self.access.as_ref().map(|a| a.world_size()).unwrap_or(1);
+        let statement = match ddl::classify(statement, &state, world_size).await? {
+            Classified::Command(command) => {
+                self.access("DDL")?;
+                return Ok(Planned { action: Action::Command(command), state: Box::new(state) });
+            }
+            Classified::DataFusion(statement) => statement,
+        };
+        let plan = state.statement_to_plan(statement).await?;
+        let is_insert = matches!(&plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
+        if !(is_insert && self.access.is_some()) {
+            Self::sql_options()
+                .verify_plan(&plan)
+                .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;
+        }
+        Ok(Planned { action: Action::Plan(plan), state: Box::new(state) })
     }
 
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
     /// with errors `QueryError::from` classifies).
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
-        let frame = self.ctx.execute_logical_plan(planned.plan).await?;
-        Ok(frame.execute_stream().await?)
+        let Planned { action, state } = planned;
+        match action {
+            Action::Plan(plan @ LogicalPlan::Statement(_)) => {
+                // `SET` changes the node's session, not the statement's copy of it.
+                let frame = self.ctx.execute_logical_plan(plan).await?;
+                Ok(frame.execute_stream().await?)
+            }
+            Action::Plan(plan) => {
+                let physical = state.create_physical_plan(&plan).await?;
+                Ok(datafusion::physical_plan::execute_stream(physical, state.task_ctx())?)
+            }
+            Action::Command(command) => {
+                self.run_command(command, &state).await?;
+                Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
+            }
+        }
+    }
+
+    async fn run_command(&self, command: Command, state: &SessionState) -> Result<(), QueryError> {
+        let access = self.access("DDL")?;
+        match command {
+            Command::Ddl(op) => access.ddl(op).await,
+            Command::Flush { table } => {
+                let timeout_ms = settings::current(state.config_options()).flush_timeout_ms;
+                access.flush(&table, Duration::from_millis(timeout_ms)).await
+            }
+        }
     }
 }
 

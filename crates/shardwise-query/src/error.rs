@@ -16,9 +16,22 @@ pub enum QueryError {
     /// tables, for now).
     #[error("statement not supported: {0}")]
     Unsupported(String),
+    /// The statement was refused: an unknown or existing table, a bad table option, data that
+    /// does not fit the table, ...
+    #[error("{0}")]
+    Rejected(String),
+    /// A setting name or value is wrong.
+    #[error("bad setting: {0}")]
+    BadSetting(String),
+    /// Part of the cluster could not be reached in time; the same statement may succeed later.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// The engine failed (I/O, resources, a bug): not the user's fault.
     #[error("internal error: {}", .0.strip_backtrace())]
     Internal(#[source] DataFusionError),
+    /// The node's storage failed (a disk error, a failed log): not the user's fault.
+    #[error("storage error: {0}")]
+    Storage(String),
 }
 
 impl QueryError {
@@ -26,14 +39,36 @@ impl QueryError {
     /// false when the server failed.
     pub fn is_user_error(&self) -> bool {
         match self {
-            QueryError::Invalid(_) | QueryError::Unsupported(_) => true,
-            QueryError::Internal(_) => false,
+            QueryError::Invalid(_)
+            | QueryError::Unsupported(_)
+            | QueryError::Rejected(_)
+            | QueryError::BadSetting(_) => true,
+            QueryError::Internal(_) | QueryError::Unavailable(_) | QueryError::Storage(_) => false,
+        }
+    }
+
+    /// A copy that keeps the class and the message (the originals hold DataFusion errors, which
+    /// do not clone); used to carry an error through DataFusion's `External` and back out.
+    fn copied(&self) -> QueryError {
+        match self {
+            QueryError::Invalid(e) => QueryError::Rejected(e.strip_backtrace()),
+            QueryError::Unsupported(m) => QueryError::Unsupported(m.clone()),
+            QueryError::Rejected(m) => QueryError::Rejected(m.clone()),
+            QueryError::BadSetting(m) => QueryError::BadSetting(m.clone()),
+            QueryError::Unavailable(m) => QueryError::Unavailable(m.clone()),
+            QueryError::Storage(m) => QueryError::Storage(m.clone()),
+            QueryError::Internal(e) => QueryError::Storage(e.strip_backtrace()),
         }
     }
 }
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
+        if let DataFusionError::External(inner) = e.find_root()
+            && let Some(q) = inner.downcast_ref::<QueryError>()
+        {
+            return q.copied();
+        }
         if is_user_caused(&e) { QueryError::Invalid(e) } else { QueryError::Internal(e) }
     }
 }

@@ -2,14 +2,22 @@
 //! HTTP later).
 //!
 //! A [`QueryEngine`] owns the DataFusion context, knows the `system` tables, decides which
-//! statements may run, and classifies failures as the user's or the server's ([`QueryError`]).
+//! statements may run, runs shardwise's own statements (DDL, flush) through [`TableAccess`], and
+//! classifies failures as the user's or the server's ([`QueryError`]).
 
+pub mod access;
+pub mod ddl;
 pub mod engine;
 pub mod error;
+pub mod settings;
+pub mod sharded_table;
+pub mod system_storage;
 pub mod system_tables;
 
+pub use access::{InsertOptions, ShardReplicaRow, SyncQueueRow, TableAccess};
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;
+pub use settings::ShardwiseSettings;
 
 #[cfg(test)]
 mod tests;

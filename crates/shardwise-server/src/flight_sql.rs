@@ -17,8 +17,8 @@ use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
-    CommandGetSqlInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery,
-    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    CommandGetSqlInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest,
+    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
@@ -42,8 +42,10 @@ type DoGetStream = <FlightSqlEndpoint as FlightService>::DoGetStream;
 type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>;
 
 /// Maps a query-layer error to the status a client sees. The one place this mapping lives.
-fn to_status(e: QueryError) -> Status {
-    if e.is_user_error() {
+pub(crate) fn to_status(e: QueryError) -> Status {
+    if let QueryError::Unavailable(m) = &e {
+        Status::unavailable(format!("unavailable: {m}"))
+    } else if e.is_user_error() {
         Status::invalid_argument(e.to_string())
     } else {
         tracing::warn!(error = %e, "query failed");
@@ -252,6 +254,18 @@ impl FlightSqlService for FlightSqlEndpoint {
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
         self.run_update(sql_text(&command.prepared_statement_handle)?).await
+    }
+
+    /// Bulk load (`shardwise load`, ADBC ingest): every batch is received and checked before
+    /// anything is written, then inserted as one insert. Options: `insert_id` (idempotency key)
+    /// and `expected_rows` (the row count the client sent; a mismatch means the stream was cut).
+    async fn do_put_statement_ingest(
+        &self,
+        command: CommandStatementIngest,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.authorize(request.metadata())?;
+        crate::ingest::ingest(&self.engine, command, request.into_inner()).await
     }
 
     async fn do_action_create_prepared_statement(

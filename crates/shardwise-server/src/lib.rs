@@ -1,9 +1,19 @@
-//! shardwise-server: the network face of a node. For now, the Arrow Flight SQL endpoint
-//! ([`flight_sql`]) and [`serve_flight`], which runs it on a listener until shutdown.
+//! shardwise-server: a node's services. The client-facing Arrow Flight SQL endpoint
+//! ([`flight_sql`], run by [`serve_flight`]), the table layer that stores shards and ships
+//! inserts ([`tables`]), the data plane between nodes ([`data_plane`]), the catalog's DDL
+//! machine ([`catalog_machine`]), and [`services::Services`], which starts them all for a
+//! joined node.
 
 pub mod auth;
+pub mod catalog_machine;
+pub mod codec;
+pub mod data_plane;
 pub mod error;
 pub mod flight_sql;
+mod ingest;
+pub mod services;
+pub mod settings;
+pub mod tables;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,8 +22,11 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use shardwise_query::QueryEngine;
 use tokio_stream::wrappers::TcpListenerStream;
 
+pub use catalog_machine::CatalogMachine;
 pub use error::ServerError;
 pub use flight_sql::FlightSqlEndpoint;
+pub use services::{Listeners, ServiceOptions, Services};
+pub use settings::StorageSettings;
 
 /// Largest gRPC message accepted or sent by the Flight SQL endpoint. Result batches are split
 /// into ~2 MiB messages by the encoder; this bounds what a client may send (`DoPut`, long SQL).

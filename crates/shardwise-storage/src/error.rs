@@ -70,6 +70,86 @@ pub enum StorageError {
     #[error("shard key column index {index} is out of range for a batch of {num_columns} columns")]
     KeyColumnOutOfRange { index: usize, num_columns: usize },
 
+    /// A table name the catalog does not have.
+    #[error("unknown table {name:?}; tables: {known}")]
+    UnknownTable { name: String, known: String },
+
+    /// CREATE TABLE of a name that exists (without IF NOT EXISTS).
+    #[error("table {name:?} already exists (use CREATE TABLE IF NOT EXISTS to ignore this)")]
+    TableExists { name: String },
+
+    /// The replicated catalog cannot be read or written.
+    #[error("catalog: {problem}")]
+    CatalogFormat { problem: String },
+
+    /// A piece handed to a shard store does not have the store's columns (names, types,
+    /// nullability); nothing of the call was written.
+    #[error("shard store {}: piece {piece} does not match the store's schema: expected {expected}, got {found}", dir.display())]
+    PieceSchemaMismatch { dir: PathBuf, piece: usize, expected: String, found: String },
+
+    /// A piece handed to a shard store is malformed (a `seq` without an `origin`, an encoded piece
+    /// too large for one WAL record); nothing of the call was written.
+    #[error("shard store {}: invalid piece {piece}: {problem}", dir.display())]
+    InvalidPiece { dir: PathBuf, piece: usize, problem: String },
+
+    /// An earlier I/O error left a shard store in an unknown state; it refuses every write until it
+    /// is reopened, and reopening recovers from what is really on disk.
+    #[error(
+        "shard store in {} is failed and accepts no more writes (reopen it to recover); first error: {cause}",
+        dir.display()
+    )]
+    ShardStoreFailed { dir: PathBuf, cause: String },
+
+    /// A shard store's MANIFEST cannot be used: unreadable, from a newer format, inconsistent, or
+    /// missing while the store has data.
+    #[error("shard store manifest {}: {problem}", path.display())]
+    ManifestInvalid { path: PathBuf, problem: String },
+
+    /// A shard store's part file is damaged or does not match its manifest entry; it is never read.
+    #[error("shard store part {}: {problem}", path.display())]
+    PartCorrupt { path: PathBuf, problem: String },
+
+    /// A shard store's WAL record passed its checksum but cannot be decoded, so it cannot be replayed.
+    #[error("shard store WAL {}: record at LSN {lsn} cannot be replayed: {problem}", dir.display())]
+    WalRecordInvalid { dir: PathBuf, lsn: u64, problem: String },
+
+    /// An outbox append would take the pending payload past `outbox_max_bytes`; nothing was
+    /// written. Retry once senders have delivered (and acked) some of the backlog.
+    #[error(
+        "outbox {} is full: {pending_bytes} bytes pending + {append_bytes} bytes to append exceed \
+         outbox_max_bytes ({max_bytes} bytes)",
+        dir.display()
+    )]
+    OutboxFull { dir: PathBuf, pending_bytes: u64, append_bytes: u64, max_bytes: u64 },
+
+    /// An outbox append that cannot be accepted as given (no items, a destination twice); nothing
+    /// was written.
+    #[error("invalid outbox append: {problem}")]
+    OutboxAppendInvalid { problem: String },
+
+    /// An earlier I/O error outside its WAL (writing `SEQ_LEASE`) left the outbox in an unknown
+    /// state; it refuses every write until it is reopened.
+    #[error(
+        "outbox in {} is failed and accepts no more writes (reopen it to recover); first error: {cause}",
+        dir.display()
+    )]
+    OutboxFailed { dir: PathBuf, cause: String },
+
+    /// An outbox WAL record passed its checksum but cannot be decoded or applied, so the outbox
+    /// cannot be replayed.
+    #[error("outbox WAL {}: record at LSN {lsn} cannot be replayed: {problem}", dir.display())]
+    OutboxRecordInvalid { dir: PathBuf, lsn: u64, problem: String },
+
+    /// An outbox metadata file (`OUTBOX_ID`, `SEQ_LEASE`) cannot be used. It is never replaced:
+    /// a new identity would make receivers take resent items for new data, a guessed seq lease
+    /// could hand out a seq twice.
+    #[error("outbox metadata file {}: {problem}", path.display())]
+    OutboxMetaInvalid { path: PathBuf, problem: String },
+
+    /// The outbox identity and its log do not belong together (one is missing).
+    #[error("outbox {}: {problem}", dir.display())]
+    OutboxInconsistent { dir: PathBuf, problem: String },
+
     /// An Arrow kernel failed.
     #[error("{op}: {source}")]
     Arrow { op: &'static str, source: arrow::error::ArrowError },

@@ -18,16 +18,25 @@
 //! - on recovery a torn tail is truncated, but corruption with valid data after it is set aside
 //!   and reported, never skipped silently.
 
+pub mod catalog;
 pub mod error;
 pub mod fs;
+pub mod outbox;
 pub mod placement;
+pub mod shard_store;
 pub mod table;
 pub mod wal;
 mod xorshift;
 
+pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogOp};
 pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
+pub use outbox::{
+    OUTBOX_ID_FILE, OUTBOX_MAX_BYTES_DEFAULT, OUTBOX_WAL_DIR, Outbox, OutboxItem, OutboxOptions, OutboxRecovery,
+    PendingItem, QueueStats, SEQ_LEASE_FILE,
+};
 pub use placement::{PlacementVersion, hash_rows, shard_of_rows, split_by_shard};
+pub use shard_store::{ApplyOutcome, OriginId, Piece, ShardRecovery, ShardStats, ShardStore, ShardStoreOptions};
 pub use table::{DelaySettings, MAX_SHARDS, SyncMode, TableDef, check_column_type};
 pub use wal::{
     Corruption, Lsn, RecordDefect, Recovery, TailTruncation, WAL_RECORD_MAX_BYTES, WAL_SEGMENT_MAX_BYTES_DEFAULT,

@@ -209,6 +209,34 @@ impl Wal {
         Ok(deleted)
     }
 
+    /// Makes the next record get `lsn`, if that is ahead of [`Wal::next_lsn`], by starting a new,
+    /// empty segment whose first LSN is `lsn` (the LSNs in between are never used). For a caller
+    /// whose checkpoint is ahead of the log, because the log lost records the checkpoint already
+    /// covers: without this, new records would get LSNs the checkpoint says are reflected
+    /// elsewhere, and would never be replayed. Until [`Wal::truncate_before`] passes `lsn`, a reopen
+    /// reports the skipped LSNs as a gap. An I/O error fails the WAL.
+    pub fn skip_to(&mut self, lsn: Lsn) -> Result<(), StorageError> {
+        self.check_usable()?;
+        if lsn <= self.next_lsn {
+            return Ok(());
+        }
+        // The active segment needs no fsync here: every append ends with one.
+        if let Some(current) = self.segments.back_mut() {
+            current.end_lsn = self.next_lsn;
+            current.len_bytes = self.active_len_bytes;
+        }
+        let (meta, file) = match create_segment(self.fs.as_ref(), &self.dir, lsn) {
+            Ok(created) => created,
+            Err(error) => return Err(self.fail(error)),
+        };
+        tracing::warn!(dir = %self.dir.display(), from = %self.next_lsn, to = %lsn, "WAL skips LSNs");
+        self.segments.push_back(meta);
+        self.active = file;
+        self.active_len_bytes = 0;
+        self.next_lsn = lsn;
+        Ok(())
+    }
+
     /// The LSN the next appended record will get.
     pub fn next_lsn(&self) -> Lsn {
         self.next_lsn

@@ -24,6 +24,9 @@ pub struct BenchArgs {
 pub enum BenchKind {
     /// Cluster start-up time against bare process start-up, and idle memory.
     Init(InitBenchArgs),
+    /// Crash soak: kill -9 random nodes while writing to a delay_mode_distributed table, then
+    /// check every acknowledged row is present exactly once.
+    Crash(crate::bench_crash::CrashArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -42,6 +45,7 @@ pub struct InitBenchArgs {
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchKind::Init(a) => init(a).await,
+        BenchKind::Crash(a) => crate::bench_crash::run(a).await,
     }
 }
 

@@ -2,7 +2,6 @@
 //! over the launch environment), runs `init_distributed_mode`, prints its `listening` line and
 //! serves Flight SQL until SIGTERM or Ctrl-C.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,8 +10,7 @@ use anyhow::Context;
 use serde::Deserialize;
 use shardwise_cluster::source::{self, Explicit, Given, LaunchSource};
 use shardwise_cluster::{ClusterSecret, InitOptions, Timeouts, secret::SECRET_ENV};
-use shardwise_query::QueryEngine;
-use tokio::net::TcpListener;
+use shardwise_server::{CatalogMachine, Listeners, ServiceOptions, Services, StorageSettings};
 use tracing::{info, warn};
 
 /// Flags of `shardwise node`. Every flag can also be set in the `--config` file under the same
@@ -61,6 +59,13 @@ pub struct NodeArgs {
     /// Port of the Arrow Flight SQL endpoint [default: 0 = any free port].
     #[arg(long, env = "SHARDWISE_FLIGHT_PORT")]
     pub flight_port: Option<u16>,
+    /// Port of the data plane other nodes ship rows and read shards through [default: 0 = any
+    /// free port].
+    #[arg(long, env = "SHARDWISE_DATA_PORT")]
+    pub data_port: Option<u16>,
+    /// How long DDL waits for the master to apply it [default: 10000].
+    #[arg(long, env = "SHARDWISE_PROPOSE_TIMEOUT_MS")]
+    pub propose_timeout_ms: Option<u64>,
     /// Timeout of one TCP connect attempt to the master [default: 5000].
     #[arg(long, env = "SHARDWISE_CONNECT_TIMEOUT_MS")]
     pub connect_timeout_ms: Option<u64>,
@@ -110,6 +115,8 @@ struct ConfigFile {
     listen_host: Option<String>,
     advertise_host: Option<String>,
     flight_port: Option<u16>,
+    data_port: Option<u16>,
+    propose_timeout_ms: Option<u64>,
     connect_timeout_ms: Option<u64>,
     join_timeout_ms: Option<u64>,
     op_timeout_ms: Option<u64>,
@@ -167,6 +174,7 @@ fn timeouts(args: &NodeArgs, file: &ConfigFile) -> Timeouts {
         down_after_ms: pick(args.down_after_ms, file.down_after_ms).unwrap_or(d.down_after_ms),
         progress_interval_ms: pick(args.progress_interval_ms, file.progress_interval_ms)
             .unwrap_or(d.progress_interval_ms),
+        propose_timeout_ms: pick(args.propose_timeout_ms, file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
     }
 }
 
@@ -209,12 +217,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from(format!("shardwise-data/rank-{}", detected.rank)));
     let opts = InitOptions {
         detected: detected.clone(),
-        data_dir,
-        secret,
+        data_dir: data_dir.clone(),
+        secret: secret.clone(),
         insecure: args.insecure || file.insecure.unwrap_or(false),
         run_id: pick(args.run_id.clone(), file.run_id.clone()),
         timeouts: timeouts(&args, &file),
         embedded: false,
+        metadata_machine: Some(Arc::new(CatalogMachine { world_size: detected.world_size })),
     };
     let prepared = shardwise_cluster::prepare(opts)?;
 
@@ -222,11 +231,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let advertise_host =
         pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
-    let flight = TcpListener::bind((listen_host.as_str(), flight_port))
-        .await
-        .with_context(|| format!("cannot listen for Flight SQL on {listen_host}:{flight_port}"))?;
-    let flight_addr = format!("{advertise_host}:{}", flight.local_addr()?.port());
-    let addrs = BTreeMap::from([("flight".to_string(), flight_addr.clone())]);
+    let data_port = pick(args.data_port, file.data_port).unwrap_or(0);
+    let listeners = Listeners::bind(&listen_host, flight_port, data_port).await?;
+    let addrs = listeners.addrs(&advertise_host)?;
+    let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
 
     let node = prepared.join(addrs).await?;
     if args.exit_after_init {
@@ -242,28 +250,21 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
-    let engine = Arc::new(QueryEngine::new(node.view())?);
     let mut signals = StopSignals::install()?;
+    let service_opts = ServiceOptions { data_dir, secret, settings: StorageSettings::default() };
+    let mut services = Services::start(&node, listeners, service_opts).await?;
     println!("listening rank={} flight={flight_addr}", node.rank);
 
     let mut fatal = node.fatal();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(shardwise_server::serve_flight(flight, engine, async move {
-        let _ = stop_rx.await;
-    }));
     let reason: Option<String> = tokio::select! {
         s = signals.recv() => { info!("{s}: shutting down"); None }
         f = fatal.wait_for(|f| f.is_some()) => match f {
             Ok(reason) => reason.clone(),
             Err(_) => Some("the cluster link stopped".to_string()),
         },
-        r = server => Some(match r {
-            Ok(Ok(())) => "the Flight SQL server stopped".to_string(),
-            Ok(Err(e)) => format!("the Flight SQL server failed: {e}"),
-            Err(e) => format!("the Flight SQL server task failed: {e}"),
-        }),
+        r = services.failed() => Some(r),
     };
-    let _ = stop_tx.send(());
+    services.stop().await;
     node.shutdown().await;
     match reason {
         None => Ok(ExitCode::SUCCESS),

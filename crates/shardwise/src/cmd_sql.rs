@@ -127,6 +127,13 @@ impl SqlClient {
         connect(addr, user, password, timeout).await.map(|inner| SqlClient { inner })
     }
 
+    /// Runs one statement and returns its rows; `Err` carries the server's message.
+    pub async fn query(&mut self, sql: &str) -> Result<Vec<RecordBatch>, String> {
+        let info = self.inner.execute(sql.to_string(), None).await.map_err(flight_message)?;
+        let (_, batches) = fetch(&mut self.inner, info).await.map_err(flight_message)?;
+        Ok(batches)
+    }
+
     /// Runs one statement and prints its result in `format`.
     pub async fn print(&mut self, sql: &str, format: OutputFormat) -> anyhow::Result<()> {
         run_statement(&mut self.inner, sql, format).await.map_err(|m| anyhow!("{m}"))

@@ -1,23 +1,19 @@
 //! An embedded cluster: N nodes in this process, on loopback, running the same code as separate
-//! `shardwise node` processes (rendezvous over TCP, Flight SQL endpoints). Used by `demo`.
+//! `shardwise node` processes (rendezvous over TCP, data plane and Flight SQL endpoints). Used by
+//! `demo`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
 use shardwise_cluster::{Detected, InitOptions, LaunchSource, Node, Timeouts};
-use shardwise_query::QueryEngine;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use shardwise_server::{CatalogMachine, Listeners, ServiceOptions, Services, StorageSettings};
 
 /// One running node of an embedded cluster.
 pub struct EmbeddedNode {
     pub node: Node,
     pub flight_addr: String,
-    stop: oneshot::Sender<()>,
-    server: JoinHandle<Result<(), shardwise_server::ServerError>>,
+    pub services: Services,
 }
 
 /// N nodes started together in this process.
@@ -32,6 +28,7 @@ impl EmbeddedCluster {
         let port = crate::ports::free_port("127.0.0.1")?;
         let mut joins = Vec::new();
         for rank in 0..n {
+            let node_dir = data_dir.join(format!("rank-{rank}"));
             let opts = InitOptions {
                 detected: Detected {
                     source: LaunchSource::Flags,
@@ -44,31 +41,29 @@ impl EmbeddedCluster {
                     run_id: None,
                     warnings: Vec::new(),
                 },
-                data_dir: data_dir.join(format!("rank-{rank}")),
+                data_dir: node_dir.clone(),
                 secret: None,
                 insecure: true,
                 run_id: None,
                 timeouts: Timeouts::default(),
                 embedded: true,
+                metadata_machine: Some(Arc::new(CatalogMachine { world_size: n })),
             };
             let prepared = shardwise_cluster::prepare(opts)?;
-            let listener = TcpListener::bind("127.0.0.1:0").await.context("cannot bind a Flight SQL port")?;
-            let flight_addr = listener.local_addr()?.to_string();
-            let addrs = BTreeMap::from([("flight".to_string(), flight_addr.clone())]);
+            let listeners = Listeners::bind("127.0.0.1", 0, 0).await.context("cannot bind the node's ports")?;
+            let addrs = listeners.addrs("127.0.0.1")?;
+            let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
             joins.push(tokio::spawn(async move {
                 let node = prepared.join(addrs).await?;
-                anyhow::Ok((node, listener, flight_addr))
+                anyhow::Ok((node, listeners, flight_addr, node_dir))
             }));
         }
         let mut nodes = Vec::new();
         for j in joins {
-            let (node, listener, flight_addr) = j.await.context("node task failed")??;
-            let engine = Arc::new(QueryEngine::new(node.view())?);
-            let (stop, stopped) = oneshot::channel::<()>();
-            let server = tokio::spawn(shardwise_server::serve_flight(listener, engine, async move {
-                let _ = stopped.await;
-            }));
-            nodes.push(EmbeddedNode { node, flight_addr, stop, server });
+            let (node, listeners, flight_addr, node_dir) = j.await.context("node task failed")??;
+            let opts = ServiceOptions { data_dir: node_dir, secret: None, settings: StorageSettings::default() };
+            let services = Services::start(&node, listeners, opts).await?;
+            nodes.push(EmbeddedNode { node, flight_addr, services });
         }
         Ok(EmbeddedCluster { nodes })
     }
@@ -76,8 +71,7 @@ impl EmbeddedCluster {
     /// Stops every node: workers leave first, then the master.
     pub async fn shutdown(self) {
         for n in self.nodes.into_iter().rev() {
-            let _ = n.stop.send(());
-            let _ = n.server.await;
+            n.services.stop().await;
             n.node.shutdown().await;
         }
     }

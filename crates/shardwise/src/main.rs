@@ -1,14 +1,18 @@
 //! `shardwise`: the command-line binary. Each subcommand lives in its own module; this file only
 //! parses the command line and reports errors (with their causes) and the exit code.
 
+mod bench_crash;
 mod cmd_bench;
 mod cmd_demo;
 mod cmd_launch;
+mod cmd_load;
 mod cmd_node;
 mod cmd_sql;
 mod embedded;
+mod load;
 mod logging;
 mod ports;
+mod proc_cluster;
 mod sql_split;
 
 use std::process::ExitCode;
@@ -37,6 +41,14 @@ enum Command {
     Launch(cmd_launch::LaunchArgs),
     /// Run SQL against a node: -e SQL, -f FILE, or statements on standard input.
     Sql(cmd_sql::SqlArgs),
+    /// Bulk-load a CSV, Parquet or NDJSON file into a table, exactly once.
+    ///
+    /// The whole file is read and checked against the table's schema (from the server) before
+    /// anything is sent: a malformed row fails the load naming its line and column. The rows then
+    /// go in one Flight SQL bulk ingest under an insert id, which the server applies at most once;
+    /// errors that may be transient are retried under the same id, and a failed load re-run with
+    /// `--insert-id ID` completes exactly once.
+    Load(cmd_load::LoadArgs),
     /// The main job: an embedded cluster in this process, shown end to end.
     Demo(cmd_demo::DemoArgs),
     /// Benchmarks (run on a release build); each prints ratios against a same-run baseline.
@@ -57,6 +69,7 @@ fn main() -> ExitCode {
             Command::Node(args) => cmd_node::run(*args).await,
             Command::Launch(args) => cmd_launch::run(args).await,
             Command::Sql(args) => cmd_sql::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Load(args) => cmd_load::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Demo(args) => cmd_demo::run(args).await,
             Command::Bench(args) => cmd_bench::run(args).await,
         }

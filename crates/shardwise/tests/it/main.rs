@@ -7,3 +7,4 @@ mod init_cluster;
 mod init_validation;
 mod launcher;
 mod sql_client;
+mod tables;

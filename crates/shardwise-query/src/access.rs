@@ -1,0 +1,91 @@
+//! [`TableAccess`]: what the SQL layer needs from the node that stores the tables.
+//!
+//! The query crate plans SQL; it does not know where shards live, how inserts are shipped or how
+//! DDL reaches the master. The node (the server crate) implements this trait, and the SQL layer
+//! turns statements into calls on it. Keeping the seam here lets the query layer be tested with
+//! an in-memory implementation and keeps network and disk out of planning.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use shardwise_cluster::BoxFuture;
+use shardwise_storage::{Catalog, CatalogOp};
+
+use crate::error::QueryError;
+
+/// How an insert is to be made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InsertOptions {
+    /// The client's idempotency key: an insert retried with the same id is applied once.
+    pub insert_id: Option<String>,
+    /// `immediate` tables: how many replicas of each shard must have the rows durable before
+    /// the insert is acknowledged; `None` means all of them.
+    pub insert_quorum: Option<u32>,
+}
+
+/// One row of `system.shards`: one replica of one shard of one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardReplicaRow {
+    pub table: String,
+    pub shard: u32,
+    /// 0 for the shard's primary replica.
+    pub replica: u32,
+    pub rank: u32,
+    /// The node's state (`up`, `suspect`, `down`) as the master sees it.
+    pub node_state: String,
+    /// `None` when the node could not be asked.
+    pub rows: Option<u64>,
+    pub bytes: Option<u64>,
+    pub parts: Option<u64>,
+    /// Every row of the replica arrived through shardwise's placement.
+    pub verified_placement: Option<bool>,
+    pub placement: String,
+}
+
+/// One row of `system.sync_queues`: what one node still has to ship for one table to one
+/// destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncQueueRow {
+    pub rank: u32,
+    pub table: String,
+    pub destination: u32,
+    pub pending_rows: u64,
+    pub pending_bytes: u64,
+    /// How long the oldest pending insert has waited: the sync lag.
+    pub oldest_pending_age_ms: Option<u64>,
+    pub retries: u64,
+    pub last_error: Option<String>,
+}
+
+/// The storage side of a node, as the SQL layer sees it.
+pub trait TableAccess: Send + Sync + Debug {
+    /// The catalog as this node knows it now.
+    fn catalog(&self) -> Catalog;
+
+    /// The cluster's world size (a table's default shard count).
+    fn world_size(&self) -> u32;
+
+    /// Applies a DDL operation cluster-wide; returns once this node's catalog has it.
+    fn ddl(&self, op: CatalogOp) -> BoxFuture<'_, Result<(), QueryError>>;
+
+    /// Inserts `batches` (in the table's schema) into `table`; returns the number of rows.
+    fn insert(
+        &self,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        opts: InsertOptions,
+    ) -> BoxFuture<'_, Result<u64, QueryError>>;
+
+    /// Every row of `table`: one replica of each shard.
+    fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>>;
+
+    /// Waits until no node has anything pending for `table`, up to `timeout`.
+    fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>>;
+
+    /// `system.shards`.
+    fn shards(&self) -> BoxFuture<'_, Result<Vec<ShardReplicaRow>, QueryError>>;
+
+    /// `system.sync_queues`.
+    fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>>;
+}

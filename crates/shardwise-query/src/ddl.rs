@@ -1,0 +1,169 @@
+//! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
+//! WITH (...)`, `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, and `SYSTEM FLUSH DISTRIBUTED t`
+//! (also `FLUSH TABLE t`). Each becomes a [`Command`] that does nothing until executed.
+//!
+//! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its
+//! `WITH` options (which DataFusion would refuse), so SQL types map to Arrow exactly as they do
+//! everywhere else in DataFusion (`DECIMAL(10,2)`, `TIMESTAMP`, `VARCHAR`...). The options and the
+//! schema then go through [`TableDef::from_options`], which checks everything.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::execution::SessionState;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{
+    CreateTable, CreateTableOptions, Expr as SqlExpr, ObjectName, ObjectType, SqlOption, Statement, Value,
+};
+use shardwise_storage::{CatalogOp, TableDef};
+
+use crate::error::QueryError;
+use crate::settings;
+
+/// A statement shardwise executes itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Ddl(CatalogOp),
+    /// Wait until no node has anything pending for the table.
+    Flush {
+        table: String,
+    },
+}
+
+/// What a statement turned out to be.
+#[derive(Debug)]
+pub enum Classified {
+    Command(Command),
+    /// Plan this SQL with DataFusion (possibly rewritten, e.g. `SHOW TABLES`).
+    DataFusion(DfStatement),
+}
+
+/// The query `SHOW TABLES` runs: the user's tables, by name.
+pub const SHOW_TABLES_SQL: &str =
+    "SELECT table_name AS name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY name";
+
+/// Recognises `SYSTEM FLUSH DISTRIBUTED t` and `FLUSH TABLE t`, which no SQL parser knows.
+pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    let words = settings::leading_words(sql, 5)?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let table = match words.as_slice() {
+        ["system", "flush", "distributed", table] | ["flush", "table", table] => table,
+        ["system", "flush", "distributed", ..] | ["flush", "table", ..] => {
+            return Err(QueryError::Rejected(
+                "expected SYSTEM FLUSH DISTRIBUTED <table> (or FLUSH TABLE <table>) naming one table".to_string(),
+            ));
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Command::Flush { table: table.trim_matches('"').to_string() }))
+}
+
+/// Sorts a parsed statement into a [`Command`] or something for DataFusion.
+pub async fn classify(statement: DfStatement, state: &SessionState, world_size: u32) -> Result<Classified, QueryError> {
+    let DfStatement::Statement(sql) = statement else { return Ok(Classified::DataFusion(statement)) };
+    match *sql {
+        Statement::CreateTable(create) => create_table(create, state, world_size).await.map(Classified::Command),
+        Statement::Drop { object_type: ObjectType::Table, if_exists, names, .. } => {
+            let name = one_name(&names, "DROP TABLE")?;
+            Ok(Classified::Command(Command::Ddl(CatalogOp::DropTable { name, if_exists })))
+        }
+        Statement::Truncate(truncate) => {
+            let names: Vec<ObjectName> = truncate.table_names.iter().map(|t| t.name.clone()).collect();
+            let name = one_name(&names, "TRUNCATE TABLE")?;
+            Ok(Classified::Command(Command::Ddl(CatalogOp::TruncateTable { name })))
+        }
+        Statement::ShowTables { .. } => {
+            let mut parsed = datafusion::sql::parser::DFParser::parse_sql(SHOW_TABLES_SQL)?;
+            let rewritten = parsed.pop_front().ok_or_else(|| QueryError::Rejected("empty statement".into()))?;
+            Ok(Classified::DataFusion(rewritten))
+        }
+        other => Ok(Classified::DataFusion(DfStatement::Statement(Box::new(other)))),
+    }
+}
+
+/// The single, unqualified table name of a DROP or TRUNCATE.
+fn one_name(names: &[ObjectName], what: &str) -> Result<String, QueryError> {
+    match names {
+        [name] => table_name(name, what),
+        _ => Err(QueryError::Rejected(format!("{what} takes exactly one table, {} given", names.len()))),
+    }
+}
+
+fn table_name(name: &ObjectName, what: &str) -> Result<String, QueryError> {
+    match name.0.as_slice() {
+        [part] => part
+            .as_ident()
+            .map(|ident| ident.value.clone())
+            .ok_or_else(|| QueryError::Rejected(format!("{what}: {name} is not a table name"))),
+        _ => Err(QueryError::Rejected(format!(
+            "{what}: {name}: tables live in the default schema; give the table name without a schema"
+        ))),
+    }
+}
+
+async fn create_table(mut create: CreateTable, state: &SessionState, world_size: u32) -> Result<Command, QueryError> {
+    let name = table_name(&create.name, "CREATE TABLE")?;
+    if create.query.is_some() {
+        return Err(QueryError::Rejected(
+            "CREATE TABLE ... AS SELECT is not supported: create the table, then INSERT INTO ... SELECT".into(),
+        ));
+    }
+    let options = match std::mem::take(&mut create.table_options) {
+        CreateTableOptions::None => Vec::new(),
+        CreateTableOptions::With(options) => options.iter().map(option_pair).collect::<Result<Vec<_>, _>>()?,
+        other => {
+            return Err(QueryError::Rejected(format!(
+                "CREATE TABLE {name}: {other} is not supported; give options as WITH (shard_key = 'col', ...)"
+            )));
+        }
+    };
+    let if_not_exists = create.if_not_exists;
+    let plan = state.statement_to_plan(DfStatement::Statement(Box::new(Statement::CreateTable(create)))).await?;
+    let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) = plan else {
+        return Err(QueryError::Rejected(format!("CREATE TABLE {name}: unsupported form of CREATE TABLE")));
+    };
+    if !cmd.constraints.is_empty() {
+        return Err(QueryError::Rejected(format!(
+            "CREATE TABLE {name}: constraints (PRIMARY KEY, UNIQUE...) are not supported"
+        )));
+    }
+    if !cmd.column_defaults.is_empty() {
+        return Err(QueryError::Rejected(format!("CREATE TABLE {name}: column DEFAULT values are not supported")));
+    }
+    // DataFusion maps VARCHAR/TEXT to Utf8View by default; tables store plain Utf8.
+    let fields: Vec<Field> = cmd
+        .input
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8View | DataType::LargeUtf8 => Field::new(f.name(), DataType::Utf8, f.is_nullable()),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let def =
+        TableDef::from_options(name, schema, &options, world_size).map_err(|e| QueryError::Rejected(e.to_string()))?;
+    Ok(Command::Ddl(CatalogOp::CreateTable { def, if_not_exists }))
+}
+
+/// `key = value` of a `WITH` option, the value as text (`'a,b'`, `2`, `immediate`).
+fn option_pair(option: &SqlOption) -> Result<(String, String), QueryError> {
+    let SqlOption::KeyValue { key, value } = option else {
+        return Err(QueryError::Rejected(format!("table option {option}: expected key = value")));
+    };
+    let text = match value {
+        SqlExpr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            Value::Number(n, _) => n.to_string(),
+            Value::Boolean(b) => b.to_string(),
+            other => other.to_string(),
+        },
+        SqlExpr::Identifier(ident) => ident.value.clone(),
+        other => {
+            return Err(QueryError::Rejected(format!("table option {key}: {other} is not a value")));
+        }
+    };
+    Ok((key.value.clone(), text))
+}

@@ -1,0 +1,222 @@
+//! shardwise's own query settings, and the two ways a user sets them, as in ClickHouse:
+//! `SET name = value` for the session and a trailing `SETTINGS name = value, ...` clause for one
+//! statement.
+//!
+//! The settings live in DataFusion's configuration as an extension under the `shardwise.`
+//! prefix, so DataFusion's own `SET`, `SHOW` and option validation work on them. Users may write
+//! the bare name (`SET insert_quorum = 1`); [`qualify_set`] adds the prefix for known names.
+//! A `SETTINGS` clause may also name DataFusion options (`datafusion.execution.batch_size`).
+
+use datafusion::common::config::{ConfigExtension, ConfigOptions};
+use datafusion::common::extensions_options;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
+
+use crate::error::QueryError;
+
+extensions_options! {
+    /// shardwise's settings (see docs/sql.md).
+    pub struct ShardwiseSettings {
+        /// Idempotency key of an INSERT: a retry with the same id is applied exactly once.
+        pub insert_id: String, default = String::new()
+        /// `immediate` tables: replicas of each shard that must have an insert durable before it
+        /// is acknowledged; 0 means all replicas.
+        pub insert_quorum: u64, default = 0
+        /// How long `SYSTEM FLUSH DISTRIBUTED` waits for the sync queues to drain.
+        pub flush_timeout_ms: u64, default = 60_000
+    }
+}
+
+impl ConfigExtension for ShardwiseSettings {
+    const PREFIX: &'static str = "shardwise";
+}
+
+/// The settings a user may name without the `shardwise.` prefix.
+pub const SETTING_NAMES: &[&str] = &["insert_id", "insert_quorum", "flush_timeout_ms"];
+
+/// The settings in effect for a statement.
+pub fn current(options: &ConfigOptions) -> ShardwiseSettings {
+    options.extensions.get::<ShardwiseSettings>().cloned().unwrap_or_default()
+}
+
+/// The full option key for a setting name as the user wrote it.
+pub fn option_key(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    if SETTING_NAMES.contains(&lower.as_str()) { format!("{}.{lower}", ShardwiseSettings::PREFIX) } else { lower }
+}
+
+/// Applies `name = value` pairs to `options`, naming the setting on error.
+pub fn apply(options: &mut ConfigOptions, pairs: &[(String, String)]) -> Result<(), QueryError> {
+    for (name, value) in pairs {
+        options.set(&option_key(name), value).map_err(|e| {
+            QueryError::BadSetting(format!(
+                "{name} = {value}: {}; shardwise settings: {}",
+                e.strip_backtrace(),
+                SETTING_NAMES.join(", ")
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+fn tokens(sql: &str) -> Result<Vec<TokenWithSpan>, QueryError> {
+    Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize_with_location()
+        .map_err(|e| QueryError::BadSetting(format!("cannot read the statement: {e}")))
+}
+
+fn significant(tokens: &[TokenWithSpan]) -> Vec<&TokenWithSpan> {
+    tokens.iter().filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF)).collect()
+}
+
+/// Byte offset in `sql` of a 1-based (line, column) location, columns counted in characters.
+fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
+    let mut offset = 0;
+    for (i, text) in sql.split_inclusive('\n').enumerate() {
+        if i as u64 + 1 == line {
+            return offset
+                + text.char_indices().nth(column.saturating_sub(1) as usize).map(|(b, _)| b).unwrap_or(text.len());
+        }
+        offset += text.len();
+    }
+    sql.len()
+}
+
+/// Splits a trailing `SETTINGS a = 1, b = 'x'` clause off `sql`. Returns the statement without it
+/// and the pairs in order.
+pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>), QueryError> {
+    let all = tokens(sql)?;
+    let toks = significant(&all);
+    let mut depth = 0i32;
+    let mut at = None;
+    for (i, t) in toks.iter().enumerate() {
+        match &t.token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            Token::Word(w) if depth == 0 && w.keyword == Keyword::SETTINGS && w.quote_style.is_none() => at = Some(i),
+            _ => {}
+        }
+    }
+    let Some(at) = at else { return Ok((sql.to_string(), Vec::new())) };
+    let mut rest: &[&TokenWithSpan] = &toks[at + 1..];
+    if let Some(last) = rest.last()
+        && last.token == Token::SemiColon
+    {
+        rest = &rest[..rest.len() - 1];
+    }
+    let clause_error = |why: &str| {
+        QueryError::BadSetting(format!("SETTINGS clause: {why}; expected SETTINGS name = value[, name = value ...]"))
+    };
+    let mut pairs = Vec::new();
+    for item in rest.split(|t| t.token == Token::Comma) {
+        let [name, eq, value] = item else { return Err(clause_error("each setting is name = value")) };
+        let Token::Word(name) = &name.token else { return Err(clause_error("a setting name is expected")) };
+        if eq.token != Token::Eq {
+            return Err(clause_error(&format!("'=' is expected after {}", name.value)));
+        }
+        let value = match &value.token {
+            Token::Number(n, _) => n.clone(),
+            Token::SingleQuotedString(s) => s.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => return Err(clause_error(&format!("{other} is not a value"))),
+        };
+        pairs.push((name.value.clone(), value));
+    }
+    if pairs.is_empty() {
+        return Err(clause_error("no setting given"));
+    }
+    let start = toks[at].span.start;
+    let body = sql[..byte_offset(sql, start.line, start.column)].trim_end().to_string();
+    Ok((body, pairs))
+}
+
+/// `SET insert_quorum = 1` becomes `SET shardwise.insert_quorum = 1`; other statements are
+/// returned unchanged.
+pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
+    let all = tokens(sql)?;
+    let toks = significant(&all);
+    let is_set = matches!(toks.first().map(|t| &t.token), Some(Token::Word(w)) if w.keyword == Keyword::SET);
+    if let (true, Some(t)) = (is_set, toks.get(1))
+        && let Token::Word(w) = &t.token
+        && w.quote_style.is_none()
+        && SETTING_NAMES.contains(&w.value.to_ascii_lowercase().as_str())
+    {
+        let at = byte_offset(sql, t.span.start.line, t.span.start.column);
+        return Ok(format!("{}{}.{}", &sql[..at], ShardwiseSettings::PREFIX, &sql[at..]));
+    }
+    Ok(sql.to_string())
+}
+
+/// The statement's first keyword-ish words, lowercased (for recognising statements
+/// DataFusion's parser does not know, such as `SYSTEM FLUSH DISTRIBUTED t`).
+pub fn leading_words(sql: &str, n: usize) -> Result<Vec<String>, QueryError> {
+    let all = tokens(sql)?;
+    Ok(all
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(Whitespace::Space | Whitespace::Newline | Whitespace::Tab)))
+        .filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF | Token::SemiColon))
+        .take(n)
+        .map(|t| match &t.token {
+            Token::Word(w) if w.quote_style.is_none() => w.value.to_ascii_lowercase(),
+            Token::Word(w) => w.value.clone(),
+            other => other.to_string(),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_clause_is_split_off() {
+        let (body, pairs) = split_settings_clause(
+            "INSERT INTO t VALUES (1, 'SETTINGS') SETTINGS insert_id = 'a-1', insert_quorum = 2;",
+        )
+        .unwrap();
+        assert_eq!(body, "INSERT INTO t VALUES (1, 'SETTINGS')");
+        assert_eq!(pairs, vec![("insert_id".into(), "a-1".into()), ("insert_quorum".into(), "2".into())]);
+        let (body, pairs) = split_settings_clause("SELECT 1").unwrap();
+        assert_eq!((body.as_str(), pairs.len()), ("SELECT 1", 0));
+        let (body, _) = split_settings_clause("SELECT 'é'\nFROM t SETTINGS a = 1").unwrap();
+        assert_eq!(body, "SELECT 'é'\nFROM t");
+    }
+
+    #[test]
+    fn bad_settings_clause_is_an_error() {
+        for sql in ["SELECT 1 SETTINGS", "SELECT 1 SETTINGS a", "SELECT 1 SETTINGS a = ", "SELECT 1 SETTINGS a 1"] {
+            let err = split_settings_clause(sql).unwrap_err();
+            assert!(err.to_string().contains("SETTINGS clause"), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn set_is_qualified_for_known_names_only() {
+        assert_eq!(qualify_set("SET insert_quorum = 1").unwrap(), "SET shardwise.insert_quorum = 1");
+        assert_eq!(qualify_set("set Insert_Quorum TO 1").unwrap(), "set shardwise.Insert_Quorum TO 1");
+        assert_eq!(qualify_set("SET datafusion.x = 1").unwrap(), "SET datafusion.x = 1");
+        assert_eq!(qualify_set("SELECT 1").unwrap(), "SELECT 1");
+    }
+
+    #[test]
+    fn apply_names_the_setting() {
+        let mut extensions = datafusion::common::config::Extensions::new();
+        extensions.insert(ShardwiseSettings::default());
+        let mut options = ConfigOptions::new().with_extensions(extensions);
+        apply(&mut options, &[("insert_quorum".into(), "2".into())]).unwrap();
+        assert_eq!(current(&options).insert_quorum, 2);
+        let err = apply(&mut options, &[("insert_quorum".into(), "many".into())]).unwrap_err();
+        assert!(err.to_string().contains("insert_quorum = many"), "{err}");
+        let err = apply(&mut options, &[("no_such".into(), "1".into())]).unwrap_err();
+        assert!(err.to_string().contains("no_such"), "{err}");
+    }
+
+    #[test]
+    fn leading_words_skip_space() {
+        assert_eq!(
+            leading_words("  system FLUSH\n distributed t;", 4).unwrap(),
+            ["system", "flush", "distributed", "t"]
+        );
+    }
+}

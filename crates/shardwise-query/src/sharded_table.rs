@@ -1,0 +1,158 @@
+//! Sharded tables as DataFusion sees them: a schema provider that lists the catalog's tables
+//! ([`ShardedSchema`]), a table provider per table ([`ShardedTable`]), and the sink an `INSERT`
+//! writes into ([`InsertSink`]).
+//!
+//! The schema provider reads the node's catalog on every lookup, so a table created through any
+//! node is visible at once everywhere the catalog has arrived, and `SHOW TABLES`,
+//! `information_schema` and `DESCRIBE` need no registration step.
+//!
+//! A scan reads one replica of every shard through [`TableAccess::scan`]. An insert collects its
+//! whole input before anything is written, so a statement that fails part-way through its input
+//! (a bad cast in `INSERT ... SELECT`, an overflowing literal) leaves the table unchanged.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::memory::MemorySourceConfig;
+use datafusion::catalog::{SchemaProvider, Session, TableProvider};
+use datafusion::common::SchemaExt;
+use datafusion::datasource::sink::{DataSink, DataSinkExec};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
+use futures::TryStreamExt;
+
+use crate::access::{InsertOptions, TableAccess};
+use crate::settings;
+
+/// The default schema (`public`): the catalog's tables.
+#[derive(Debug)]
+pub struct ShardedSchema {
+    access: Arc<dyn TableAccess>,
+}
+
+impl ShardedSchema {
+    pub fn new(access: Arc<dyn TableAccess>) -> Self {
+        ShardedSchema { access }
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for ShardedSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.access.catalog().tables.keys().cloned().collect()
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        let catalog = self.access.catalog();
+        Ok(catalog.tables.get(name).map(|entry| {
+            Arc::new(ShardedTable {
+                name: name.to_string(),
+                schema: Arc::clone(&entry.def.schema),
+                access: Arc::clone(&self.access),
+            }) as Arc<dyn TableProvider>
+        }))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.access.catalog().tables.contains_key(name)
+    }
+}
+
+/// One sharded table.
+#[derive(Debug)]
+pub struct ShardedTable {
+    name: String,
+    schema: SchemaRef,
+    access: Arc<dyn TableAccess>,
+}
+
+#[async_trait]
+impl TableProvider for ShardedTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let batches = self.access.scan(&self.name).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let plan: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&self.schema), projection.cloned())?;
+        Ok(plan)
+    }
+
+    async fn insert_into(
+        &self,
+        state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{insert_op} on table {}: only INSERT INTO is supported",
+                self.name
+            )));
+        }
+        self.schema.logically_equivalent_names_and_types(&input.schema())?;
+        let current = settings::current(state.config_options());
+        let opts = InsertOptions {
+            insert_id: Some(current.insert_id).filter(|id| !id.is_empty()),
+            insert_quorum: match current.insert_quorum {
+                0 => None,
+                q => Some(u32::try_from(q).map_err(|_| {
+                    DataFusionError::Configuration(format!("insert_quorum = {q} is larger than any replica count"))
+                })?),
+            },
+        };
+        let sink = InsertSink {
+            table: self.name.clone(),
+            schema: Arc::clone(&self.schema),
+            access: Arc::clone(&self.access),
+            opts,
+        };
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+    }
+}
+
+/// Where an `INSERT` into a sharded table writes: everything is collected, then inserted as one.
+#[derive(Debug)]
+pub struct InsertSink {
+    table: String,
+    schema: SchemaRef,
+    access: Arc<dyn TableAccess>,
+    opts: InsertOptions,
+}
+
+impl DisplayAs for InsertSink {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ShardwiseInsert: table={}", self.table)
+    }
+}
+
+#[async_trait]
+impl DataSink for InsertSink {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(&self, data: SendableRecordBatchStream, _context: &Arc<TaskContext>) -> Result<u64> {
+        let batches: Vec<_> = data.try_collect().await?;
+        self.access
+            .insert(&self.table, batches, self.opts.clone())
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))
+    }
+}

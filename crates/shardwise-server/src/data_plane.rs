@@ -1,0 +1,194 @@
+//! The data plane: an Arrow Flight service between nodes, on its own port (advertised in the
+//! membership as `data`), separate from the client-facing Flight SQL endpoint.
+//!
+//! Calls:
+//! - `DoAction("apply")`: a [`ShipRequest`]; replies with the rows applied (JSON number) once
+//!   every piece is durable here.
+//! - `DoGet(ticket)`: a JSON [`ScanTicket`]; streams one local shard replica.
+//! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies once this node's queues for the table
+//!   are empty, or fails naming what is pending.
+//! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
+//!
+//! Every call must carry the cluster credential ([`DataPlaneAuth`]); a call without it, or from
+//! a client speaking something else, is refused before anything is read.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse,
+    PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::{Stream, TryStreamExt};
+use shardwise_query::QueryError;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::codec::ShipRequest;
+use crate::tables::stats::{FlushRequest, ScanTicket, WireQueueRow};
+use crate::tables::{DataPlaneAuth, TablesNode};
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The data plane service of one node.
+#[derive(Debug, Clone)]
+pub struct DataPlane {
+    tables: Arc<TablesNode>,
+    auth: DataPlaneAuth,
+}
+
+fn to_status(e: QueryError) -> Status {
+    match e {
+        QueryError::Rejected(m) => Status::invalid_argument(m),
+        QueryError::Unavailable(m) => Status::unavailable(m),
+        QueryError::Storage(m) => Status::internal(m),
+        other if other.is_user_error() => Status::invalid_argument(other.to_string()),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Status> {
+    serde_json::to_vec(value).map_err(|e| Status::internal(format!("cannot encode reply: {e}")))
+}
+
+fn one_result(body: Vec<u8>) -> Response<BoxStream<arrow_flight::Result>> {
+    let item = arrow_flight::Result { body: body.into() };
+    Response::new(Box::pin(futures::stream::once(async move { Ok(item) })))
+}
+
+impl DataPlane {
+    pub fn new(tables: Arc<TablesNode>, auth: DataPlaneAuth) -> Self {
+        DataPlane { tables, auth }
+    }
+
+    fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let header = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        if self.auth.check(header) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("data plane call without a valid cluster credential"))
+        }
+    }
+
+    /// Serves the data plane on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        max_message_bytes: usize,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), crate::ServerError> {
+        let service = FlightServiceServer::new(self)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await?;
+        Ok(())
+    }
+}
+
+fn unsupported<T>(what: &str) -> Result<T, Status> {
+    Err(Status::unimplemented(format!("{what} is not part of the shardwise data plane")))
+}
+
+#[tonic::async_trait]
+impl FlightService for DataPlane {
+    type HandshakeStream = BoxStream<HandshakeResponse>;
+    type ListFlightsStream = BoxStream<FlightInfo>;
+    type DoGetStream = BoxStream<FlightData>;
+    type DoPutStream = BoxStream<PutResult>;
+    type DoActionStream = BoxStream<arrow_flight::Result>;
+    type ListActionsStream = BoxStream<ActionType>;
+    type DoExchangeStream = BoxStream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        unsupported("Handshake")
+    }
+
+    async fn list_flights(&self, _request: Request<Criteria>) -> Result<Response<Self::ListFlightsStream>, Status> {
+        unsupported("ListFlights")
+    }
+
+    async fn get_flight_info(&self, _request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        unsupported("GetFlightInfo")
+    }
+
+    async fn poll_flight_info(&self, _request: Request<FlightDescriptor>) -> Result<Response<PollInfo>, Status> {
+        unsupported("PollFlightInfo")
+    }
+
+    async fn get_schema(&self, _request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
+        unsupported("GetSchema")
+    }
+
+    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        self.check(&request)?;
+        let ticket: ScanTicket = serde_json::from_slice(&request.get_ref().ticket)
+            .map_err(|e| Status::invalid_argument(format!("bad scan ticket: {e}")))?;
+        let batches = self.tables.read_local(&ticket).await.map_err(to_status)?;
+        let schema = batches.first().map(|b| b.schema());
+        let mut builder = FlightDataEncoderBuilder::new();
+        if let Some(schema) = schema {
+            builder = builder.with_schema(schema);
+        }
+        let stream = builder
+            .build(futures::stream::iter(batches.into_iter().map(Ok)))
+            .map_err(|e| Status::internal(e.to_string()));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn do_put(&self, _request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
+        unsupported("DoPut")
+    }
+
+    async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        self.check(&request)?;
+        let action = request.into_inner();
+        match action.r#type.as_str() {
+            "apply" => {
+                let req = ShipRequest::decode(&action.body).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                let rows = self.tables.apply_ship(req).await.map_err(to_status)?;
+                Ok(one_result(json(&rows)?))
+            }
+            "flush" => {
+                let req: FlushRequest = serde_json::from_slice(&action.body)
+                    .map_err(|e| Status::invalid_argument(format!("bad flush request: {e}")))?;
+                let timeout = std::time::Duration::from_millis(req.timeout_ms);
+                self.tables.flush_local(&req.table, timeout).await.map_err(to_status)?;
+                Ok(one_result(Vec::new()))
+            }
+            "shards" => {
+                let stats = self.tables.local_shard_stats().await.map_err(to_status)?;
+                Ok(one_result(json(&stats)?))
+            }
+            "sync_queues" => {
+                let rows: Vec<WireQueueRow> = self.tables.local_queue_rows().into_iter().map(Into::into).collect();
+                Ok(one_result(json(&rows)?))
+            }
+            other => Err(Status::invalid_argument(format!(
+                "unknown data plane action {other:?}; known: apply, flush, shards, sync_queues"
+            ))),
+        }
+    }
+
+    async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.check(&request)?;
+        let actions = ["apply", "flush", "shards", "sync_queues"]
+            .map(|a| Ok(ActionType { r#type: a.to_string(), description: String::new() }));
+        Ok(Response::new(Box::pin(futures::stream::iter(actions))))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        unsupported("DoExchange")
+    }
+}

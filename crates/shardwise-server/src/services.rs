@@ -1,0 +1,124 @@
+//! Starting a node's services once it has joined: the table layer, the data plane and the Flight
+//! SQL endpoint, with one stop switch for all. `shardwise node` and the embedded cluster both
+//! start nodes through here, so they run the same code.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use shardwise_cluster::{ClusterError, ClusterSecret, MetadataHandle, MetadataSnapshot, Node};
+use shardwise_query::{QueryEngine, QueryError};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::data_plane::DataPlane;
+use crate::settings::StorageSettings;
+use crate::tables::{DataPlaneAuth, MetadataAccess, TablesNode};
+
+/// The listeners a node serves on, bound before it joins so their addresses can be advertised.
+#[derive(Debug)]
+pub struct Listeners {
+    pub flight: TcpListener,
+    pub data: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the Flight SQL and data plane ports (0: any free port) on `host`.
+    pub async fn bind(host: &str, flight_port: u16, data_port: u16) -> std::io::Result<Listeners> {
+        let flight = TcpListener::bind((host, flight_port)).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen for Flight SQL on {host}:{flight_port}: {e}"))
+        })?;
+        let data = TcpListener::bind((host, data_port)).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen for the data plane on {host}:{data_port}: {e}"))
+        })?;
+        Ok(Listeners { flight, data })
+    }
+
+    /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
+    pub fn addrs(&self, advertise_host: &str) -> std::io::Result<BTreeMap<String, String>> {
+        Ok(BTreeMap::from([
+            ("flight".to_string(), format!("{advertise_host}:{}", self.flight.local_addr()?.port())),
+            (
+                crate::tables::peers::DATA_ADDR_KEY.to_string(),
+                format!("{advertise_host}:{}", self.data.local_addr()?.port()),
+            ),
+        ]))
+    }
+}
+
+/// What a node needs besides its [`Node`] to serve tables.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    pub data_dir: PathBuf,
+    pub secret: Option<ClusterSecret>,
+    pub settings: StorageSettings,
+}
+
+#[derive(Debug)]
+struct NodeMetadata(MetadataHandle);
+
+impl MetadataAccess for NodeMetadata {
+    fn watch(&self) -> watch::Receiver<MetadataSnapshot> {
+        self.0.metadata()
+    }
+
+    fn propose(&self, op: serde_json::Value) -> shardwise_cluster::BoxFuture<'_, Result<MetadataSnapshot, QueryError>> {
+        Box::pin(async move {
+            self.0.propose(op).await.map_err(|e| match e {
+                ClusterError::MetadataRejected { reason } => QueryError::Rejected(reason),
+                other => QueryError::Unavailable(other.to_string()),
+            })
+        })
+    }
+}
+
+/// A node's running services.
+#[derive(Debug)]
+pub struct Services {
+    pub tables: Arc<TablesNode>,
+    pub engine: Arc<QueryEngine>,
+    stop: watch::Sender<bool>,
+    flight: JoinHandle<Result<(), crate::ServerError>>,
+    data: JoinHandle<Result<(), crate::ServerError>>,
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+impl Services {
+    /// Starts the table layer, the data plane and the Flight SQL endpoint of a joined node.
+    pub async fn start(node: &Node, listeners: Listeners, opts: ServiceOptions) -> Result<Services, QueryError> {
+        let auth = DataPlaneAuth::new(opts.secret.as_ref(), &node.run_id);
+        let metadata = Arc::new(NodeMetadata(node.metadata_handle()));
+        let max_message_bytes = opts.settings.data_plane_max_message_bytes;
+        let tables = TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings).await?;
+        let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone())?);
+        let (stop, rx) = watch::channel(false);
+        let plane = DataPlane::new(Arc::clone(&tables), auth);
+        let data = tokio::spawn(plane.serve(listeners.data, max_message_bytes, stopped(rx.clone())));
+        let flight = tokio::spawn(crate::serve_flight(listeners.flight, Arc::clone(&engine), stopped(rx)));
+        Ok(Services { tables, engine, stop, flight, data })
+    }
+
+    /// Resolves if a server stops on its own, saying which and why.
+    pub async fn failed(&mut self) -> String {
+        let describe = |what: &str, r: Result<Result<(), crate::ServerError>, tokio::task::JoinError>| match r {
+            Ok(Ok(())) => format!("the {what} server stopped"),
+            Ok(Err(e)) => format!("the {what} server failed: {e}"),
+            Err(e) => format!("the {what} server task failed: {e}"),
+        };
+        tokio::select! {
+            r = &mut self.flight => describe("Flight SQL", r),
+            r = &mut self.data => describe("data plane", r),
+        }
+    }
+
+    /// Stops both servers, letting calls in flight finish.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.flight.await;
+        let _ = self.data.await;
+    }
+}

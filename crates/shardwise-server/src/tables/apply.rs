@@ -1,0 +1,90 @@
+//! The receiver's side: apply shipped piece sets to this node's shard stores, durably, once.
+//!
+//! A ship request holds piece sets in the sender's order. Each piece becomes a store [`Piece`]
+//! with the sender's outbox identity and sequence number (high-water-mark dedup) and the
+//! insert's `insert_id/chunk` key (dedup across senders and retries). All pieces for one store
+//! are applied in one call, which is one WAL fsync; the request is acknowledged only after every
+//! store has returned.
+//!
+//! Data for a table incarnation this node does not know yet (the catalog is still on its way)
+//! waits for the catalog version the sender had; data for an incarnation that has been dropped
+//! or truncated since is discarded, and counts as delivered.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shardwise_query::QueryError;
+use shardwise_storage::{ApplyOutcome, Piece};
+
+use super::{SharedStore, StoreKey, TablesNode, blocking, lock, storage_error};
+use crate::codec::{PieceSet, ShipRequest};
+
+impl TablesNode {
+    /// Sends a ship request to `rank` (or applies it here); returns the rows applied.
+    pub(crate) async fn deliver(&self, rank: u32, req: ShipRequest) -> Result<u64, QueryError> {
+        if rank == self.rank { self.apply_ship(req).await } else { self.peers.ship(rank, &req).await }
+    }
+
+    /// Applies a ship request to the local stores. Returns the rows newly applied (duplicates
+    /// and discarded stale data excluded).
+    pub async fn apply_ship(&self, req: ShipRequest) -> Result<u64, QueryError> {
+        let mut by_store: BTreeMap<StoreKey, (SharedStore, Vec<Piece>)> = BTreeMap::new();
+        for item in &req.items {
+            let set = PieceSet::decode(&item.payload).map_err(|e| QueryError::Rejected(e.to_string()))?;
+            let h = &set.header;
+            let (mut version, mut catalog) = self.catalog_now();
+            if version < h.catalog_version {
+                (version, catalog) = self.catalog_at_least(h.catalog_version).await;
+                if version < h.catalog_version {
+                    return Err(QueryError::Unavailable(format!(
+                        "rank {} has catalog version {version}, the data needs {}; it has not reached this node yet",
+                        self.rank, h.catalog_version
+                    )));
+                }
+            }
+            let entry = match catalog.by_id(h.table_id) {
+                Some(e) if e.generation == h.generation => e.clone(),
+                _ => {
+                    tracing::debug!(table = %h.table, "discarding shipped rows of a dropped or truncated table");
+                    continue;
+                }
+            };
+            let key = set.header.piece_key();
+            for (shard, batch) in h.shards.iter().zip(set.batches) {
+                let store = self.store(&entry, *shard).await?;
+                let piece = Piece {
+                    origin: req.origin.clone(),
+                    seq: item.seq,
+                    insert_id: Some(key.clone()),
+                    verified_placement: true,
+                    batch,
+                };
+                by_store
+                    .entry((entry.id, entry.generation, *shard))
+                    .or_insert_with(|| (Arc::clone(&store), Vec::new()))
+                    .1
+                    .push(piece);
+            }
+        }
+        let applies = by_store.into_iter().map(|((id, generation, shard), (store, pieces))| async move {
+            blocking(move || {
+                let outcomes = lock(&store)
+                    .apply(&pieces)
+                    .map_err(|e| storage_error(format!("table id {id} generation {generation} shard {shard}: {e}")))?;
+                Ok(outcomes
+                    .iter()
+                    .map(|o| match o {
+                        ApplyOutcome::Applied { rows } => *rows,
+                        ApplyOutcome::Duplicate => 0,
+                    })
+                    .sum::<u64>())
+            })
+            .await
+        });
+        let mut rows = 0;
+        for r in futures::future::join_all(applies).await {
+            rows += r?;
+        }
+        Ok(rows)
+    }
+}

@@ -1,0 +1,310 @@
+//! The initiator's side of an insert: check the rows against the table, cut them into chunks,
+//! place every row on its shard, and then, by the table's sync mode:
+//! - `immediate`: write each chunk's pieces to every replica at once and acknowledge when
+//!   `insert_quorum` replicas of every shard have them durable; a replica that missed its piece
+//!   while the quorum was met gets it through this node's outbox (hinted handoff);
+//! - `delay_mode_distributed`: append each chunk's pieces to the outbox (fsynced) and
+//!   acknowledge; the senders ship them.
+//!
+//! Every piece carries `insert_id/chunk` as its dedup key, so a retried insert (same id, same
+//! rows) is applied once by every shard replica, however far the first attempt got.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::record_batch::RecordBatch;
+use shardwise_query::{InsertOptions, QueryError};
+use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
+
+use super::{TablesNode, blocking, lock, outbox_key, storage_error};
+use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
+
+/// The longest insert id accepted.
+pub const INSERT_ID_MAX_BYTES: usize = 256;
+
+/// One chunk of an insert, placed: the pieces each destination rank gets.
+struct PlacedChunk {
+    index: u64,
+    /// Destination rank -> its piece set.
+    by_rank: BTreeMap<u32, PieceSet>,
+    /// Shard -> rows in that shard's piece.
+    shard_rows: BTreeMap<u32, u64>,
+}
+
+impl TablesNode {
+    pub(crate) async fn insert_batches(
+        &self,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        opts: InsertOptions,
+    ) -> Result<u64, QueryError> {
+        let (catalog_version, entry) = self.entry(table)?;
+        let batches = conform(&entry, batches)?;
+        let insert_id = match opts.insert_id {
+            Some(id) if id.is_empty() || id.len() > INSERT_ID_MAX_BYTES => {
+                return Err(QueryError::Rejected(format!(
+                    "insert_id must be 1 to {INSERT_ID_MAX_BYTES} bytes, got {} bytes",
+                    id.len()
+                )));
+            }
+            Some(id) => id,
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let total_rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        if total_rows == 0 {
+            return Ok(0);
+        }
+        let quorum = match (entry.def.sync_mode, opts.insert_quorum) {
+            (_, Some(q)) if q == 0 || q > entry.def.replicas => {
+                return Err(QueryError::Rejected(format!(
+                    "insert_quorum = {q}: table {table} has {} replicas; give 1 to {}",
+                    entry.def.replicas, entry.def.replicas
+                )));
+            }
+            (_, Some(q)) => q,
+            (_, None) => entry.def.replicas,
+        };
+        for (index, chunk) in chunks(&batches, self.settings.insert_chunk_rows).into_iter().enumerate() {
+            let placed = self.place(&entry, catalog_version, &insert_id, index as u64, &chunk)?;
+            let done = match entry.def.sync_mode {
+                SyncMode::Immediate => self.write_immediate(&entry, placed, quorum).await,
+                SyncMode::DelayModeDistributed => self.queue(&entry, placed).await,
+            };
+            if let Err(e) = done {
+                return Err(with_retry_hint(e, table, &insert_id, index));
+            }
+        }
+        Ok(total_rows)
+    }
+
+    /// Splits a chunk by shard and groups the shards by the ranks that hold them.
+    fn place(
+        &self,
+        entry: &CatalogEntry,
+        catalog_version: u64,
+        insert_id: &str,
+        index: u64,
+        chunk: &[RecordBatch],
+    ) -> Result<PlacedChunk, QueryError> {
+        let def = &entry.def;
+        let key = def.shard_key_indices().map_err(|e| QueryError::Rejected(e.to_string()))?;
+        let mut by_shard: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+        for batch in chunk {
+            let split = def.placement.split_by_shard(batch, &key, def.shards).map_err(storage_error)?;
+            for (shard, piece) in split {
+                by_shard.entry(shard).or_default().push(piece);
+            }
+        }
+        let mut by_rank: BTreeMap<u32, PieceSet> = BTreeMap::new();
+        let mut shard_rows = BTreeMap::new();
+        for (shard, pieces) in by_shard {
+            let piece = concat_batches(&def.schema, &pieces).map_err(storage_error)?;
+            shard_rows.insert(shard, piece.num_rows() as u64);
+            for rank in def.replica_ranks(shard, self.world_size) {
+                let set = by_rank.entry(rank).or_insert_with(|| PieceSet {
+                    header: PieceSetHeader {
+                        table: def.name.clone(),
+                        table_id: entry.id,
+                        generation: entry.generation,
+                        catalog_version,
+                        insert_id: insert_id.to_string(),
+                        chunk: index,
+                        shards: Vec::new(),
+                    },
+                    batches: Vec::new(),
+                });
+                set.header.shards.push(shard);
+                set.batches.push(piece.clone());
+            }
+        }
+        Ok(PlacedChunk { index, by_rank, shard_rows })
+    }
+
+    async fn write_immediate(&self, entry: &CatalogEntry, placed: PlacedChunk, quorum: u32) -> Result<(), QueryError> {
+        let schema = &entry.def.schema;
+        let mut payloads = BTreeMap::new();
+        for (rank, set) in &placed.by_rank {
+            payloads.insert(*rank, Arc::new(set.encode(schema).map_err(storage_error)?));
+        }
+        let sends = payloads.iter().map(|(rank, payload)| {
+            let req = ShipRequest { origin: None, items: vec![ShipItem { seq: None, payload: Arc::clone(payload) }] };
+            async move { (*rank, self.deliver(*rank, req).await) }
+        });
+        let results: BTreeMap<u32, Result<u64, QueryError>> =
+            futures::future::join_all(sends).await.into_iter().collect();
+        let mut short = Vec::new();
+        for shard in placed.shard_rows.keys() {
+            let ranks = entry.def.replica_ranks(*shard, self.world_size);
+            let acked = ranks.iter().filter(|r| matches!(results.get(r), Some(Ok(_)))).count() as u32;
+            if acked < quorum {
+                short.push(format!("shard {shard}: {acked} of {} replicas durable, quorum {quorum}", ranks.len()));
+            }
+        }
+        let failed: Vec<(u32, &QueryError)> =
+            results.iter().filter_map(|(r, res)| res.as_ref().err().map(|e| (*r, e))).collect();
+        if !short.is_empty() {
+            let causes: Vec<String> = failed.iter().map(|(r, e)| format!("rank {r}: {e}")).collect();
+            return Err(QueryError::Unavailable(format!("{} ({})", short.join("; "), causes.join("; "))));
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        // Quorum met, some replicas missed their piece: hinted handoff through the outbox.
+        let key = outbox_key(entry);
+        let items: Vec<OutboxItem> = failed
+            .iter()
+            .filter_map(|(rank, e)| {
+                tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
+                let rows = placed.by_rank.get(rank)?.batches.iter().map(|b| b.num_rows() as u64).sum();
+                let payload = payloads.get(rank)?.as_ref().clone();
+                Some(OutboxItem { table: key.clone(), dest: *rank, rows, payload })
+            })
+            .collect();
+        self.append_outbox(items).await
+    }
+
+    async fn queue(&self, entry: &CatalogEntry, placed: PlacedChunk) -> Result<(), QueryError> {
+        let key = outbox_key(entry);
+        let mut items = Vec::with_capacity(placed.by_rank.len());
+        for (rank, set) in &placed.by_rank {
+            let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
+            let payload = set.encode(&entry.def.schema).map_err(storage_error)?;
+            items.push(OutboxItem { table: key.clone(), dest: *rank, rows, payload });
+        }
+        tracing::trace!(chunk = placed.index, "queued");
+        self.append_outbox(items).await
+    }
+
+    /// Appends to the outbox (fsynced), waiting up to `outbox_full_wait_ms` for room.
+    async fn append_outbox(&self, items: Vec<OutboxItem>) -> Result<(), QueryError> {
+        let deadline = Instant::now() + Duration::from_millis(self.settings.outbox_full_wait_ms);
+        let dests: Vec<u32> = items.iter().map(|i| i.dest).collect();
+        loop {
+            let outbox = Arc::clone(&self.outbox);
+            let attempt = items.clone();
+            let now_ms = unix_ms();
+            let r = blocking(move || Ok(lock(&outbox).append(attempt, now_ms))).await?;
+            match r {
+                Ok(_) => break,
+                Err(StorageError::OutboxFull { .. }) if Instant::now() < deadline => {
+                    self.senders.wake_all();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e @ StorageError::OutboxFull { .. }) => {
+                    return Err(QueryError::Unavailable(format!(
+                        "{e}; waited {} ms (outbox_full_wait_ms) for the senders to make room",
+                        self.settings.outbox_full_wait_ms
+                    )));
+                }
+                Err(e) => return Err(storage_error(e)),
+            }
+        }
+        for dest in dests {
+            self.senders.wake(dest);
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Rebuilds every batch with the table's schema (all columns nullable, no metadata), checking
+/// names and types.
+fn conform(entry: &CatalogEntry, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>, QueryError> {
+    let schema = &entry.def.schema;
+    batches
+        .into_iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|batch| {
+            let given = batch.schema();
+            if given.fields().len() != schema.fields().len() {
+                return Err(QueryError::Rejected(format!(
+                    "table {} has {} columns, the rows have {}",
+                    entry.def.name,
+                    schema.fields().len(),
+                    given.fields().len()
+                )));
+            }
+            for (want, got) in schema.fields().iter().zip(given.fields()) {
+                if want.name() != got.name() || want.data_type() != got.data_type() {
+                    return Err(QueryError::Rejected(format!(
+                        "table {}: column {} is {}, the rows have {} {}",
+                        entry.def.name,
+                        want.name(),
+                        want.data_type(),
+                        got.name(),
+                        got.data_type()
+                    )));
+                }
+            }
+            RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec()).map_err(storage_error)
+        })
+        .collect()
+}
+
+/// Cuts the rows into chunks of `chunk_rows` rows, counted from the first row, so the same
+/// input always gives the same chunks (which the dedup keys rely on).
+fn chunks(batches: &[RecordBatch], chunk_rows: usize) -> Vec<Vec<RecordBatch>> {
+    let chunk_rows = chunk_rows.max(1);
+    let mut out: Vec<Vec<RecordBatch>> = Vec::new();
+    let mut current: Vec<RecordBatch> = Vec::new();
+    let mut current_rows = 0;
+    for batch in batches {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (chunk_rows - current_rows).min(batch.num_rows() - offset);
+            current.push(batch.slice(offset, take));
+            current_rows += take;
+            offset += take;
+            if current_rows == chunk_rows {
+                out.push(std::mem::take(&mut current));
+                current_rows = 0;
+            }
+        }
+    }
+    if current_rows > 0 {
+        out.push(current);
+    }
+    out
+}
+
+fn with_retry_hint(e: QueryError, table: &str, insert_id: &str, chunk: usize) -> QueryError {
+    let hint = if chunk == 0 {
+        format!("retry with SETTINGS insert_id = '{insert_id}' to apply it exactly once")
+    } else {
+        format!(
+            "the first {chunk} chunk(s) may already be stored; retry with SETTINGS insert_id = '{insert_id}' to \
+             complete the insert exactly once"
+        )
+    };
+    match e {
+        QueryError::Unavailable(m) => {
+            QueryError::Unavailable(format!("insert into {table} failed: {m}; some shards may hold the rows: {hint}"))
+        }
+        QueryError::Storage(m) => QueryError::Storage(format!("insert into {table} failed: {m}; {hint}")),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn chunks_are_cut_by_row_count_from_the_start() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let b =
+            |n: i64| RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..n))]).unwrap();
+        let out = chunks(&[b(5), b(7), b(1)], 4);
+        let sizes: Vec<usize> = out.iter().map(|c| c.iter().map(|b| b.num_rows()).sum()).collect();
+        assert_eq!(sizes, vec![4, 4, 4, 1]);
+        assert!(chunks(&[], 4).is_empty());
+    }
+}

@@ -1,0 +1,323 @@
+//! The tables of one node: the catalog as it arrives from the master, the shard stores this rank
+//! holds, the `delay_mode_distributed` outbox and its senders, and the calls that tie them to
+//! SQL ([`TableAccess`]) and to the other nodes (the data plane).
+//!
+//! Layout under the node's data dir:
+//! - `tables/t<id>-g<generation>/shard-<s>/`: one [`ShardStore`] per shard replica held here.
+//!   A DROP or TRUNCATE changes the `(id, generation)` the catalog names, and the directories of
+//!   incarnations the catalog no longer names are deleted.
+//! - `outbox/`: the node's one [`Outbox`].
+//!
+//! Stores are opened lazily (first insert, scan or stats call), which also replays their WAL.
+//! Everything that fsyncs runs on the blocking pool, never on the async runtime.
+
+mod apply;
+mod insert;
+pub mod peers;
+mod sender;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot};
+use shardwise_query::{InsertOptions, QueryError, ShardReplicaRow, SyncQueueRow, TableAccess};
+use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
+use tokio::sync::watch;
+
+pub use peers::{DataPlaneAuth, Peers};
+pub use sender::SenderStatus;
+
+use crate::settings::StorageSettings;
+
+/// How DDL reaches the master and how the catalog comes back: implemented over the cluster
+/// crate's replicated metadata.
+pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
+    fn watch(&self) -> watch::Receiver<MetadataSnapshot>;
+    fn propose(&self, op: serde_json::Value) -> BoxFuture<'_, Result<MetadataSnapshot, QueryError>>;
+}
+
+/// Key of one shard replica store: table id, generation, shard.
+pub(crate) type StoreKey = (u64, u64, u32);
+pub(crate) type SharedStore = Arc<Mutex<ShardStore>>;
+
+/// The tables of one node. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct TablesNode {
+    pub(crate) rank: u32,
+    pub(crate) world_size: u32,
+    pub(crate) settings: StorageSettings,
+    pub(crate) cluster: Arc<dyn ClusterView>,
+    metadata: Arc<dyn MetadataAccess>,
+    tables_dir: PathBuf,
+    stores: Mutex<HashMap<StoreKey, SharedStore>>,
+    pub(crate) outbox: Arc<Mutex<Outbox>>,
+    pub(crate) origin_id: String,
+    pub(crate) peers: Peers,
+    pub(crate) senders: sender::Senders,
+    /// The catalog parsed from the newest metadata snapshot, with its version.
+    catalog: Mutex<(u64, Arc<Catalog>)>,
+}
+
+/// Locks a mutex even if a thread panicked while holding it (the data behind it stays valid:
+/// stores and the outbox fail themselves on I/O errors rather than half-updating memory).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
+    QueryError::Storage(e.to_string())
+}
+
+/// Runs blocking storage work off the async runtime.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
+) -> Result<T, QueryError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| QueryError::Storage(format!("storage task failed: {e}")))?
+}
+
+impl TablesNode {
+    /// Opens the node's outbox and starts its senders and the maintenance task.
+    pub async fn start(
+        data_dir: &Path,
+        cluster: Arc<dyn ClusterView>,
+        metadata: Arc<dyn MetadataAccess>,
+        auth: DataPlaneAuth,
+        settings: StorageSettings,
+    ) -> Result<Arc<TablesNode>, QueryError> {
+        let outbox_dir = data_dir.join("outbox");
+        let outbox_opts = OutboxOptions { outbox_max_bytes: settings.outbox_max_bytes, ..OutboxOptions::default() };
+        let (outbox, recovery) =
+            blocking(move || Outbox::open(outbox_dir, Arc::new(RealFs), outbox_opts).map_err(storage_error)).await?;
+        for c in &recovery.wal.corruptions {
+            tracing::error!("outbox WAL corruption: {c:?}");
+        }
+        if recovery.pending_items > 0 {
+            tracing::info!(pending = recovery.pending_items, "outbox recovered pending inserts");
+        }
+        let origin_id = outbox.origin_id().to_string();
+        let snapshot = metadata.watch().borrow().clone();
+        let catalog = Catalog::from_json(&snapshot.state).map_err(storage_error)?;
+        let node = Arc::new(TablesNode {
+            rank: cluster.rank(),
+            world_size: cluster.world_size(),
+            peers: Peers::new(Arc::clone(&cluster), auth, &settings),
+            senders: sender::Senders::new(cluster.world_size()),
+            settings,
+            cluster,
+            metadata,
+            tables_dir: data_dir.join("tables"),
+            stores: Mutex::new(HashMap::new()),
+            outbox: Arc::new(Mutex::new(outbox)),
+            origin_id,
+            catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
+        });
+        node.remove_dropped().await;
+        sender::spawn_all(&node);
+        tokio::spawn(Self::watch_catalog(Arc::downgrade(&node)));
+        tokio::spawn(Self::maintain_loop(Arc::downgrade(&node)));
+        Ok(node)
+    }
+
+    /// The catalog and its version as this node knows them now.
+    pub(crate) fn catalog_now(&self) -> (u64, Arc<Catalog>) {
+        let snapshot = self.metadata.watch().borrow().clone();
+        let mut cached = lock(&self.catalog);
+        if snapshot.version > cached.0 {
+            match Catalog::from_json(&snapshot.state) {
+                Ok(c) => *cached = (snapshot.version, Arc::new(c)),
+                Err(e) => tracing::error!("catalog version {} cannot be read: {e}", snapshot.version),
+            }
+        }
+        cached.clone()
+    }
+
+    /// Waits (up to `catalog_wait_ms`) until this node's catalog is at least `version`.
+    pub(crate) async fn catalog_at_least(&self, version: u64) -> (u64, Arc<Catalog>) {
+        let mut rx = self.metadata.watch();
+        let wait = Duration::from_millis(self.settings.catalog_wait_ms);
+        let _ = tokio::time::timeout(wait, rx.wait_for(|s| s.version >= version)).await;
+        self.catalog_now()
+    }
+
+    pub(crate) fn entry(&self, table: &str) -> Result<(u64, CatalogEntry), QueryError> {
+        let (version, catalog) = self.catalog_now();
+        match catalog.tables.get(table) {
+            Some(e) => Ok((version, e.clone())),
+            None => Err(QueryError::Rejected(catalog.unknown_table(table).to_string())),
+        }
+    }
+
+    fn store_dir(&self, key: StoreKey) -> PathBuf {
+        self.tables_dir.join(format!("t{}-g{}", key.0, key.1)).join(format!("shard-{}", key.2))
+    }
+
+    /// The store of a shard replica this rank holds, opening (and recovering) it on first use.
+    pub(crate) async fn store(&self, entry: &CatalogEntry, shard: u32) -> Result<SharedStore, QueryError> {
+        if !entry.def.replica_ranks(shard, self.world_size).contains(&self.rank) {
+            return Err(QueryError::Storage(format!(
+                "table {} shard {shard} has no replica on rank {} (misrouted data)",
+                entry.def.name, self.rank
+            )));
+        }
+        let key = (entry.id, entry.generation, shard);
+        if let Some(s) = lock(&self.stores).get(&key) {
+            return Ok(Arc::clone(s));
+        }
+        let dir = self.store_dir(key);
+        let schema = Arc::clone(&entry.def.schema);
+        let opts = self.settings.shard_store_options();
+        let name = entry.def.name.clone();
+        let (store, recovery) = blocking(move || {
+            ShardStore::open(dir, Arc::new(RealFs), schema, opts)
+                .map_err(|e| QueryError::Storage(format!("table {name} shard {shard}: {e}")))
+        })
+        .await?;
+        for c in &recovery.wal.corruptions {
+            tracing::error!(table = %entry.def.name, shard, "shard WAL corruption: {c:?}");
+        }
+        let mut stores = lock(&self.stores);
+        Ok(Arc::clone(stores.entry(key).or_insert_with(|| Arc::new(Mutex::new(store)))))
+    }
+
+    /// Open stores of the current catalog, for stats and maintenance.
+    pub(crate) fn open_stores(&self) -> Vec<(StoreKey, SharedStore)> {
+        lock(&self.stores).iter().map(|(k, s)| (*k, Arc::clone(s))).collect()
+    }
+
+    /// Forgets and deletes the stores, directories and pending outbox items of table
+    /// incarnations the catalog no longer names.
+    async fn remove_dropped(&self) {
+        let (_, catalog) = self.catalog_now();
+        let live: std::collections::HashSet<(u64, u64)> =
+            catalog.tables.values().map(|e| (e.id, e.generation)).collect();
+        lock(&self.stores).retain(|k, _| live.contains(&(k.0, k.1)));
+        let live_keys: std::collections::HashSet<String> = catalog.tables.values().map(outbox_key).collect();
+        let tables_dir = self.tables_dir.clone();
+        let outbox = Arc::clone(&self.outbox);
+        let result = blocking(move || {
+            let stale: Vec<String> =
+                lock(&outbox).stats().keys().map(|(t, _)| t.clone()).filter(|t| !live_keys.contains(t)).collect();
+            for key in stale {
+                lock(&outbox).discard_table(&key).map_err(storage_error)?;
+            }
+            let Ok(dirs) = std::fs::read_dir(&tables_dir) else { return Ok(()) };
+            for dir in dirs.flatten() {
+                let name = dir.file_name().to_string_lossy().to_string();
+                if parse_table_dir(&name).is_some_and(|k| !live.contains(&k)) {
+                    std::fs::remove_dir_all(dir.path()).map_err(storage_error)?;
+                    shardwise_cluster::datadir::sync_dir(&tables_dir).map_err(storage_error)?;
+                }
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(e) = result {
+            tracing::error!("cannot remove dropped tables: {e}");
+        }
+    }
+
+    async fn watch_catalog(node: std::sync::Weak<TablesNode>) {
+        let Some(mut rx) = node.upgrade().map(|n| n.metadata.watch()) else { return };
+        while rx.changed().await.is_ok() {
+            let Some(node) = node.upgrade() else { return };
+            node.remove_dropped().await;
+        }
+    }
+
+    async fn maintain_loop(node: std::sync::Weak<TablesNode>) {
+        loop {
+            let interval = match node.upgrade() {
+                Some(n) => Duration::from_millis(n.settings.maintain_interval_ms),
+                None => return,
+            };
+            tokio::time::sleep(interval).await;
+            let Some(n) = node.upgrade() else { return };
+            for (key, store) in n.open_stores() {
+                let r = blocking(move || lock(&store).maintain().map_err(storage_error)).await;
+                if let Err(e) = r {
+                    tracing::error!(table_id = key.0, shard = key.2, "shard maintenance failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The outbox's table key for one incarnation of a table: `name#id.generation`, so items of a
+/// dropped table are never confused with a new table of the same name.
+pub(crate) fn outbox_key(entry: &CatalogEntry) -> String {
+    format!("{}#{}.{}", entry.def.name, entry.id, entry.generation)
+}
+
+/// The table name of an outbox key.
+pub(crate) fn outbox_key_table(key: &str) -> &str {
+    key.split_once('#').map(|(name, _)| name).unwrap_or(key)
+}
+
+fn parse_table_dir(name: &str) -> Option<(u64, u64)> {
+    let (id, generation) = name.strip_prefix('t')?.split_once("-g")?;
+    Some((id.parse().ok()?, generation.parse().ok()?))
+}
+
+impl TableAccess for TablesNode {
+    fn catalog(&self) -> Catalog {
+        self.catalog_now().1.as_ref().clone()
+    }
+
+    fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    fn ddl(&self, op: CatalogOp) -> BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async move {
+            let op = serde_json::to_value(&op).map_err(|e| QueryError::Storage(format!("cannot encode DDL: {e}")))?;
+            let snapshot = self.metadata.propose(op).await?;
+            self.catalog_at_least(snapshot.version).await;
+            Ok(())
+        })
+    }
+
+    fn insert(
+        &self,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        opts: InsertOptions,
+    ) -> BoxFuture<'_, Result<u64, QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.insert_batches(&table, batches, opts).await })
+    }
+
+    fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.scan_table(&table).await })
+    }
+
+    fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.flush_cluster(&table, timeout).await })
+    }
+
+    fn shards(&self) -> BoxFuture<'_, Result<Vec<ShardReplicaRow>, QueryError>> {
+        Box::pin(async move { self.shard_rows().await })
+    }
+
+    fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>> {
+        Box::pin(async move { self.queue_rows().await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_dirs_and_outbox_keys_parse() {
+        assert_eq!(parse_table_dir("t12-g3"), Some((12, 3)));
+        assert_eq!(parse_table_dir("t12"), None);
+        assert_eq!(parse_table_dir("x12-g3"), None);
+        assert_eq!(outbox_key_table("events#4.1"), "events");
+    }
+}

@@ -1,0 +1,197 @@
+//! Calls to other nodes' data planes: one lazily connected gRPC channel per rank, found through
+//! the membership's `data` address, every call carrying the cluster credential.
+//!
+//! The credential is `HMAC-SHA256(secret, "shardwise-data-plane" ‖ run_id)` as a bearer token:
+//! only holders of the cluster secret can compute it, and it differs per cluster run. A cluster
+//! started without a secret (`--insecure`, the embedded cluster) uses no credential.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Ticket};
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::{StreamExt, TryStreamExt};
+use shardwise_cluster::{ClusterSecret, ClusterView};
+use shardwise_query::QueryError;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use super::lock;
+use crate::codec::ShipRequest;
+use crate::settings::StorageSettings;
+
+/// The membership `addrs` key of a node's data plane.
+pub const DATA_ADDR_KEY: &str = "data";
+
+/// The data plane credential of this cluster run.
+#[derive(Clone)]
+pub struct DataPlaneAuth {
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for DataPlaneAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPlaneAuth").field("secured", &self.token.is_some()).finish()
+    }
+}
+
+impl DataPlaneAuth {
+    pub fn new(secret: Option<&ClusterSecret>, run_id: &str) -> Self {
+        let token = secret.map(|s| hex::encode(s.tag("shardwise-data-plane", &[run_id.as_bytes()])));
+        DataPlaneAuth { token }
+    }
+
+    /// The `authorization` header value, if the cluster has a secret.
+    pub fn header(&self) -> Option<String> {
+        self.token.as_ref().map(|t| format!("Bearer {t}"))
+    }
+
+    /// Checks an incoming call's `authorization` header (constant time).
+    pub fn check(&self, header: Option<&str>) -> bool {
+        match (&self.token, header) {
+            (None, _) => true,
+            (Some(t), Some(h)) => {
+                let want = format!("Bearer {t}");
+                want.len() == h.len() && want.bytes().zip(h.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+            }
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// Clients for every other rank.
+#[derive(Debug)]
+pub struct Peers {
+    cluster: Arc<dyn ClusterView>,
+    auth: DataPlaneAuth,
+    channels: Mutex<HashMap<u32, (String, Channel)>>,
+    ship_timeout: Duration,
+    connect_timeout: Duration,
+    max_message_bytes: usize,
+}
+
+fn unavailable(rank: u32, what: &str, e: impl std::fmt::Display) -> QueryError {
+    QueryError::Unavailable(format!("rank {rank}: {what}: {e}"))
+}
+
+fn status_error(rank: u32, what: &str, s: tonic::Status) -> QueryError {
+    use tonic::Code;
+    let message = format!("rank {rank}: {what}: {}", s.message());
+    match s.code() {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => {
+            QueryError::Rejected(message)
+        }
+        Code::Internal | Code::DataLoss => QueryError::Storage(message),
+        _ => QueryError::Unavailable(message),
+    }
+}
+
+impl Peers {
+    pub fn new(cluster: Arc<dyn ClusterView>, auth: DataPlaneAuth, settings: &StorageSettings) -> Self {
+        Peers {
+            cluster,
+            auth,
+            channels: Mutex::new(HashMap::new()),
+            ship_timeout: Duration::from_millis(settings.ship_timeout_ms),
+            connect_timeout: Duration::from_millis(settings.peer_connect_timeout_ms),
+            max_message_bytes: settings.data_plane_max_message_bytes,
+        }
+    }
+
+    /// The channel to `rank`: the cached one, or one to the address the membership gives.
+    async fn channel(&self, rank: u32) -> Result<Channel, QueryError> {
+        if let Some((_, channel)) = lock(&self.channels).get(&rank) {
+            return Ok(channel.clone());
+        }
+        let members = self.cluster.members().await;
+        let addr = members
+            .iter()
+            .find(|m| m.rank == rank)
+            .and_then(|m| m.addrs.get(DATA_ADDR_KEY).cloned())
+            .ok_or_else(|| QueryError::Unavailable(format!("rank {rank} has no known data plane address")))?;
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| unavailable(rank, "bad data plane address", e))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        lock(&self.channels).insert(rank, (addr, channel.clone()));
+        Ok(channel)
+    }
+
+    /// Forgets `rank`'s channel after a failed call: it may have restarted on another address.
+    fn forget(&self, rank: u32, e: &QueryError) {
+        if matches!(e, QueryError::Unavailable(_)) {
+            lock(&self.channels).remove(&rank);
+        }
+    }
+
+    async fn client(&self, rank: u32) -> Result<FlightServiceClient<Channel>, QueryError> {
+        Ok(FlightServiceClient::new(self.channel(rank).await?)
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes))
+    }
+
+    fn request<T>(&self, body: T, timeout: Duration) -> Result<tonic::Request<T>, QueryError> {
+        let mut req = tonic::Request::new(body);
+        req.set_timeout(timeout);
+        if let Some(h) = self.auth.header() {
+            let value: MetadataValue<_> =
+                h.parse().map_err(|_| QueryError::Storage("the data plane credential is not a header".into()))?;
+            req.metadata_mut().insert("authorization", value);
+        }
+        Ok(req)
+    }
+
+    /// Runs a data plane action on `rank` and returns its one result body.
+    pub async fn action(&self, rank: u32, kind: &str, body: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, QueryError> {
+        let r = self.action_once(rank, kind, body, timeout).await;
+        if let Err(e) = &r {
+            self.forget(rank, e);
+        }
+        r
+    }
+
+    async fn action_once(
+        &self,
+        rank: u32,
+        kind: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, QueryError> {
+        let mut client = self.client(rank).await?;
+        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, timeout)?;
+        let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.body.to_vec()),
+            Some(Err(s)) => Err(status_error(rank, kind, s)),
+            None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
+        }
+    }
+
+    /// Ships piece sets to `rank`; returns the rows it applied.
+    pub async fn ship(&self, rank: u32, req: &ShipRequest) -> Result<u64, QueryError> {
+        let body = req.encode().map_err(|e| QueryError::Storage(e.to_string()))?;
+        let reply = self.action(rank, "apply", body, self.ship_timeout).await?;
+        serde_json::from_slice::<u64>(&reply).map_err(|e| unavailable(rank, "apply: bad reply", e))
+    }
+
+    /// Reads one shard replica from `rank`.
+    pub async fn scan(&self, rank: u32, ticket: Vec<u8>) -> Result<Vec<RecordBatch>, QueryError> {
+        let r = self.scan_once(rank, ticket).await;
+        if let Err(e) = &r {
+            self.forget(rank, e);
+        }
+        r
+    }
+
+    async fn scan_once(&self, rank: u32, ticket: Vec<u8>) -> Result<Vec<RecordBatch>, QueryError> {
+        let mut client = self.client(rank).await?;
+        let req = self.request(Ticket { ticket: ticket.into() }, self.ship_timeout)?;
+        let stream = client.do_get(req).await.map_err(|s| status_error(rank, "scan", s))?.into_inner();
+        let batches = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into));
+        batches.try_collect().await.map_err(|e| unavailable(rank, "scan", e))
+    }
+}

@@ -1,0 +1,312 @@
+//! Reads that gather from the whole cluster: a table scan (one replica of each shard),
+//! `SYSTEM FLUSH DISTRIBUTED` (every node's queues for the table), `system.shards` and
+//! `system.sync_queues` (every node's local view). Each has a local half, which the data plane
+//! serves to the other nodes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
+use shardwise_cluster::NodeState;
+use shardwise_query::{QueryError, ShardReplicaRow, SyncQueueRow};
+
+use super::insert::unix_ms;
+use super::{TablesNode, lock, outbox_key, outbox_key_table};
+
+/// What to read in a scan ticket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScanTicket {
+    pub table_id: u64,
+    pub generation: u64,
+    pub shard: u32,
+    /// The catalog version the reader planned with.
+    pub catalog_version: u64,
+}
+
+/// One local shard replica's figures, for `system.shards`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalShardStats {
+    pub table_id: u64,
+    pub generation: u64,
+    pub shard: u32,
+    pub rows: u64,
+    pub bytes: u64,
+    pub parts: u64,
+    pub verified_placement: bool,
+}
+
+/// A flush request between nodes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FlushRequest {
+    pub table: String,
+    pub timeout_ms: u64,
+}
+
+impl TablesNode {
+    /// Reads a local shard replica (for a scan from any node).
+    pub async fn read_local(&self, ticket: &ScanTicket) -> Result<Vec<RecordBatch>, QueryError> {
+        let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
+        let entry = catalog
+            .by_id(ticket.table_id)
+            .filter(|e| e.generation == ticket.generation)
+            .ok_or_else(|| QueryError::Rejected(format!("table id {} is not in this node's catalog", ticket.table_id)))?
+            .clone();
+        let store = self.store(&entry, ticket.shard).await?;
+        Ok(lock(&store).snapshot())
+    }
+
+    pub(crate) async fn scan_table(&self, table: &str) -> Result<Vec<RecordBatch>, QueryError> {
+        let (version, entry) = self.entry(table)?;
+        let members = self.cluster.members().await;
+        let state = |rank: u32| members.iter().find(|m| m.rank == rank).map(|m| m.state).unwrap_or(NodeState::Down);
+        let mut out = Vec::new();
+        for shard in 0..entry.def.shards {
+            let mut ranks = entry.def.replica_ranks(shard, self.world_size);
+            // This node first, then live replicas, then the rest (the state may be stale).
+            ranks.sort_by_key(|r| (*r != self.rank, state(*r) != NodeState::Up));
+            let ticket =
+                ScanTicket { table_id: entry.id, generation: entry.generation, shard, catalog_version: version };
+            let mut errors = Vec::new();
+            let mut got = None;
+            for rank in ranks {
+                let r = if rank == self.rank {
+                    self.read_local(&ticket).await
+                } else {
+                    match serde_json::to_vec(&ticket) {
+                        Ok(t) => self.peers.scan(rank, t).await,
+                        Err(e) => Err(QueryError::Storage(e.to_string())),
+                    }
+                };
+                match r {
+                    Ok(batches) => {
+                        got = Some(batches);
+                        break;
+                    }
+                    Err(e) => errors.push(format!("rank {rank}: {e}")),
+                }
+            }
+            match got {
+                Some(batches) => out.extend(batches),
+                None => {
+                    return Err(QueryError::Unavailable(format!(
+                        "table {table} shard {shard}: no replica could be read ({})",
+                        errors.join("; ")
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits until this node's outbox has nothing for `table`, up to `timeout`.
+    pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<(), QueryError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let live_key = self.entry(table).ok().map(|(_, e)| outbox_key(&e));
+            let pending: Vec<(u32, u64)> = lock(&self.outbox)
+                .stats()
+                .iter()
+                .filter(|((key, _), q)| q.pending_items > 0 && outbox_key_table(key) == table)
+                .filter(|((key, _), _)| live_key.as_deref().is_none_or(|k| k == key))
+                .map(|((_, dest), q)| (*dest, q.pending_rows))
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let what: Vec<String> = pending
+                    .iter()
+                    .map(|(dest, rows)| {
+                        let status = self.senders.status(*dest);
+                        let last = status.last_error.map(|e| format!(", last error: {e}")).unwrap_or_default();
+                        format!("rank {} -> rank {dest}: {rows} rows pending{last}", self.rank)
+                    })
+                    .collect();
+                return Err(QueryError::Unavailable(format!(
+                    "flush of {table} timed out after {} ms (flush_timeout_ms); still pending: {}",
+                    timeout.as_millis(),
+                    what.join("; ")
+                )));
+            }
+            self.senders.hurry_all();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub(crate) async fn flush_cluster(&self, table: &str, timeout: Duration) -> Result<(), QueryError> {
+        self.entry(table)?;
+        let body =
+            serde_json::to_vec(&FlushRequest { table: table.to_string(), timeout_ms: timeout.as_millis() as u64 })
+                .map_err(|e| QueryError::Storage(e.to_string()))?;
+        let calls = (0..self.world_size).map(|rank| {
+            let body = body.clone();
+            async move {
+                if rank == self.rank {
+                    self.flush_local(table, timeout).await
+                } else {
+                    self.peers.action(rank, "flush", body, timeout + Duration::from_secs(5)).await.map(|_| ())
+                }
+            }
+        });
+        let errors: Vec<String> =
+            futures::future::join_all(calls).await.into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
+        if errors.is_empty() { Ok(()) } else { Err(QueryError::Unavailable(errors.join("; "))) }
+    }
+
+    /// Figures of every shard replica stored here (opening stores of the catalog's tables).
+    pub async fn local_shard_stats(&self) -> Result<Vec<LocalShardStats>, QueryError> {
+        let (_, catalog) = self.catalog_now();
+        let mut out = Vec::new();
+        for entry in catalog.tables.values() {
+            for shard in 0..entry.def.shards {
+                if !entry.def.replica_ranks(shard, self.world_size).contains(&self.rank) {
+                    continue;
+                }
+                let store = self.store(entry, shard).await?;
+                let s = lock(&store).stats();
+                out.push(LocalShardStats {
+                    table_id: entry.id,
+                    generation: entry.generation,
+                    shard,
+                    rows: s.rows,
+                    bytes: s.bytes,
+                    parts: s.parts as u64,
+                    verified_placement: s.verified_placement,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn shard_rows(&self) -> Result<Vec<ShardReplicaRow>, QueryError> {
+        let (_, catalog) = self.catalog_now();
+        let members = self.cluster.members().await;
+        let mut by_rank: BTreeMap<u32, BTreeMap<(u64, u64, u32), LocalShardStats>> = BTreeMap::new();
+        for rank in 0..self.world_size {
+            let stats = if rank == self.rank {
+                self.local_shard_stats().await
+            } else {
+                self.peers
+                    .action(rank, "shards", Vec::new(), Duration::from_secs(5))
+                    .await
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| QueryError::Storage(e.to_string())))
+            };
+            match stats {
+                Ok(list) => {
+                    let list: Vec<LocalShardStats> = list;
+                    by_rank.insert(rank, list.into_iter().map(|s| ((s.table_id, s.generation, s.shard), s)).collect());
+                }
+                Err(e) => tracing::debug!(rank, "system.shards: rank not reachable: {e}"),
+            }
+        }
+        let mut rows = Vec::new();
+        for entry in catalog.tables.values() {
+            for shard in 0..entry.def.shards {
+                for (replica, rank) in entry.def.replica_ranks(shard, self.world_size).into_iter().enumerate() {
+                    let s = by_rank.get(&rank).and_then(|m| m.get(&(entry.id, entry.generation, shard)));
+                    let node_state =
+                        members.iter().find(|m| m.rank == rank).map(|m| m.state.as_str()).unwrap_or("down");
+                    rows.push(ShardReplicaRow {
+                        table: entry.def.name.clone(),
+                        shard,
+                        replica: replica as u32,
+                        rank,
+                        node_state: node_state.to_string(),
+                        rows: s.map(|s| s.rows),
+                        bytes: s.map(|s| s.bytes),
+                        parts: s.map(|s| s.parts),
+                        verified_placement: s.map(|s| s.verified_placement),
+                        placement: entry.def.placement.as_str().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// This node's sync queues.
+    pub fn local_queue_rows(&self) -> Vec<SyncQueueRow> {
+        let now = unix_ms();
+        let stats = lock(&self.outbox).stats();
+        stats
+            .into_iter()
+            .filter(|(_, q)| q.pending_items > 0)
+            .map(|((key, dest), q)| {
+                let status = self.senders.status(dest);
+                SyncQueueRow {
+                    rank: self.rank,
+                    table: outbox_key_table(&key).to_string(),
+                    destination: dest,
+                    pending_rows: q.pending_rows,
+                    pending_bytes: q.pending_bytes,
+                    oldest_pending_age_ms: q.oldest_pending_unix_ms.map(|t| now.saturating_sub(t)),
+                    retries: status.retries,
+                    last_error: status.last_error,
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) async fn queue_rows(&self) -> Result<Vec<SyncQueueRow>, QueryError> {
+        let mut rows = Vec::new();
+        for rank in 0..self.world_size {
+            if rank == self.rank {
+                rows.extend(self.local_queue_rows());
+                continue;
+            }
+            match self.peers.action(rank, "sync_queues", Vec::new(), Duration::from_secs(5)).await {
+                Ok(body) => match serde_json::from_slice::<Vec<WireQueueRow>>(&body) {
+                    Ok(list) => rows.extend(list.into_iter().map(Into::into)),
+                    Err(e) => tracing::warn!(rank, "system.sync_queues: bad reply: {e}"),
+                },
+                Err(e) => tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}"),
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// [`SyncQueueRow`] on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireQueueRow {
+    pub rank: u32,
+    pub table: String,
+    pub destination: u32,
+    pub pending_rows: u64,
+    pub pending_bytes: u64,
+    pub oldest_pending_age_ms: Option<u64>,
+    pub retries: u64,
+    pub last_error: Option<String>,
+}
+
+impl From<SyncQueueRow> for WireQueueRow {
+    fn from(r: SyncQueueRow) -> Self {
+        WireQueueRow {
+            rank: r.rank,
+            table: r.table,
+            destination: r.destination,
+            pending_rows: r.pending_rows,
+            pending_bytes: r.pending_bytes,
+            oldest_pending_age_ms: r.oldest_pending_age_ms,
+            retries: r.retries,
+            last_error: r.last_error,
+        }
+    }
+}
+
+impl From<WireQueueRow> for SyncQueueRow {
+    fn from(r: WireQueueRow) -> Self {
+        SyncQueueRow {
+            rank: r.rank,
+            table: r.table,
+            destination: r.destination,
+            pending_rows: r.pending_rows,
+            pending_bytes: r.pending_bytes,
+            oldest_pending_age_ms: r.oldest_pending_age_ms,
+            retries: r.retries,
+            last_error: r.last_error,
+        }
+    }
+}

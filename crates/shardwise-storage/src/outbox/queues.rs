@@ -1,0 +1,299 @@
+//! The outbox's in-memory state: every pending item, per destination in seq order, and which WAL
+//! records still hold a pending item (the oldest of them bounds what the log may delete).
+//!
+//! The same methods apply a record whether it was just written or is being replayed, so what a
+//! restart rebuilds is what the running outbox had.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::record::{self, Record};
+use super::{OutboxItem, PendingItem, QueueStats};
+
+/// Bytes the WAL adds around a record payload (frame header and LSN).
+const FRAME_OVERHEAD_BYTES: u64 = 16;
+
+/// One pending item.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    pub table: String,
+    pub rows: u64,
+    pub payload: Arc<Vec<u8>>,
+    pub appended_unix_ms: u64,
+    /// The LSN of the WAL record that holds this item now (its append, or a later carry).
+    pub record_lsn: u64,
+}
+
+/// A WAL record that still holds pending items.
+#[derive(Debug, Clone, Copy)]
+struct LiveRecord {
+    items: u64,
+    /// Where the record starts, in bytes of log written or replayed since open.
+    log_pos: u64,
+}
+
+/// Pending items and the bookkeeping for truncation and compaction.
+#[derive(Debug, Default)]
+pub(super) struct Queues {
+    /// Per destination, pending items by seq.
+    dests: BTreeMap<u32, BTreeMap<u64, Entry>>,
+    /// Records holding pending items, by LSN.
+    live_records: BTreeMap<u64, LiveRecord>,
+    pending_items: u64,
+    pending_bytes: u64,
+    /// What carry records of every pending item would take, in bytes.
+    pending_carry_bytes: u64,
+    /// The log position of the next record.
+    log_end: u64,
+    /// The highest seq of any item appended, replayed or carried: the next must be above it.
+    max_seq: u64,
+}
+
+impl Queues {
+    /// Applies a replayed record found at `lsn`.
+    pub fn apply(&mut self, lsn: u64, payload_len: usize, record: Record) -> Result<(), String> {
+        let log_pos = self.note_record(payload_len);
+        match record {
+            Record::Append { seq, appended_unix_ms, items } => {
+                if seq <= self.max_seq {
+                    return Err(format!("append seq {seq} is not above the highest seq before it, {}", self.max_seq));
+                }
+                self.max_seq = seq;
+                for item in items {
+                    let entry = Entry {
+                        table: item.table,
+                        rows: item.rows,
+                        payload: Arc::new(item.payload),
+                        appended_unix_ms,
+                        record_lsn: lsn,
+                    };
+                    self.insert(item.dest, seq, entry, log_pos);
+                }
+            }
+            Record::Ack { acks } => {
+                for (dest, up_to_seq) in acks {
+                    self.ack(dest, up_to_seq);
+                }
+            }
+            Record::Discard { table } => {
+                self.discard(&table);
+            }
+            Record::Carry { items } => {
+                for carried in items {
+                    self.max_seq = self.max_seq.max(carried.seq);
+                    let entry = Entry {
+                        table: carried.item.table,
+                        rows: carried.item.rows,
+                        payload: Arc::new(carried.item.payload),
+                        appended_unix_ms: carried.appended_unix_ms,
+                        record_lsn: lsn,
+                    };
+                    self.insert(carried.item.dest, carried.seq, entry, log_pos);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the items of an append of `seq` just written at `lsn`.
+    pub fn append(&mut self, seq: u64, lsn: u64, payload_len: usize, appended_unix_ms: u64, items: Vec<OutboxItem>) {
+        let log_pos = self.note_record(payload_len);
+        self.max_seq = self.max_seq.max(seq);
+        for item in items {
+            let entry = Entry {
+                table: item.table,
+                rows: item.rows,
+                payload: Arc::new(item.payload),
+                appended_unix_ms,
+                record_lsn: lsn,
+            };
+            self.insert(item.dest, seq, entry, log_pos);
+        }
+    }
+
+    /// Notes that a carry record holding `keys` (dest, seq) was just written at `lsn`.
+    pub fn carried(&mut self, lsn: u64, payload_len: usize, keys: &[(u32, u64)]) {
+        let log_pos = self.note_record(payload_len);
+        for &(dest, seq) in keys {
+            if let Some(mut entry) = self.remove(dest, seq) {
+                entry.record_lsn = lsn;
+                self.insert(dest, seq, entry, log_pos);
+            }
+        }
+    }
+
+    /// Notes a record that holds no item (an ack or a discard) at the end of the log.
+    pub fn note_record(&mut self, payload_len: usize) -> u64 {
+        let log_pos = self.log_end;
+        self.log_end = self.log_end.saturating_add(payload_len as u64 + FRAME_OVERHEAD_BYTES);
+        log_pos
+    }
+
+    /// True if `ack(dest, up_to_seq)` would remove something.
+    pub fn ackable(&self, dest: u32, up_to_seq: u64) -> bool {
+        let first = self.dests.get(&dest).and_then(|queue| queue.keys().next());
+        first.is_some_and(|&seq| seq <= up_to_seq)
+    }
+
+    /// Removes `dest`'s items with seq <= `up_to_seq`; returns how many.
+    pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> u64 {
+        let Some(queue) = self.dests.get_mut(&dest) else { return 0 };
+        let acked = match up_to_seq.checked_add(1) {
+            Some(first_kept) => {
+                let kept = queue.split_off(&first_kept);
+                std::mem::replace(queue, kept)
+            }
+            None => std::mem::take(queue),
+        };
+        if queue.is_empty() {
+            self.dests.remove(&dest);
+        }
+        for entry in acked.values() {
+            self.forget(entry);
+        }
+        acked.len() as u64
+    }
+
+    /// How many pending items belong to `table`.
+    pub fn count_table(&self, table: &str) -> u64 {
+        self.dests.values().flat_map(BTreeMap::values).filter(|e| e.table == table).count() as u64
+    }
+
+    /// Removes every pending item of `table`; returns how many.
+    pub fn discard(&mut self, table: &str) -> u64 {
+        let doomed: Vec<(u32, u64)> = self
+            .dests
+            .iter()
+            .flat_map(|(&dest, queue)| queue.iter().filter(|(_, e)| e.table == table).map(move |(&seq, _)| (dest, seq)))
+            .collect();
+        for &(dest, seq) in &doomed {
+            self.remove(dest, seq);
+        }
+        doomed.len() as u64
+    }
+
+    /// `dest`'s first pending items in seq order: at most `max_items`, and no more than
+    /// `max_bytes` of payload unless the first item alone is larger (at least one if any).
+    pub fn pending(&self, dest: u32, max_items: usize, max_bytes: u64) -> Vec<PendingItem> {
+        let Some(queue) = self.dests.get(&dest) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for (&seq, entry) in queue {
+            let len = entry.payload.len() as u64;
+            if !out.is_empty() && (out.len() >= max_items || bytes.saturating_add(len) > max_bytes) {
+                break;
+            }
+            bytes = bytes.saturating_add(len);
+            out.push(PendingItem {
+                seq,
+                table: entry.table.clone(),
+                rows: entry.rows,
+                payload: Arc::clone(&entry.payload),
+                appended_unix_ms: entry.appended_unix_ms,
+            });
+        }
+        out
+    }
+
+    /// Every pending item as (dest, seq, entry), by destination then seq.
+    pub fn entries(&self) -> impl Iterator<Item = (u32, u64, &Entry)> {
+        self.dests.iter().flat_map(|(&dest, queue)| queue.iter().map(move |(&seq, e)| (dest, seq, e)))
+    }
+
+    pub fn get(&self, dest: u32, seq: u64) -> Option<&Entry> {
+        self.dests.get(&dest)?.get(&seq)
+    }
+
+    pub fn stats(&self) -> BTreeMap<(String, u32), QueueStats> {
+        let mut out: BTreeMap<(String, u32), QueueStats> = BTreeMap::new();
+        for (dest, _, entry) in self.entries() {
+            out.entry((entry.table.clone(), dest)).or_default().add(entry);
+        }
+        out
+    }
+
+    pub fn dest_stats(&self, dest: u32) -> QueueStats {
+        let mut stats = QueueStats::default();
+        for entry in self.dests.get(&dest).into_iter().flat_map(BTreeMap::values) {
+            stats.add(entry);
+        }
+        stats
+    }
+
+    pub fn destinations(&self) -> Vec<u32> {
+        self.dests.keys().copied().collect()
+    }
+
+    /// The highest seq seen (0 if none).
+    pub fn max_seq(&self) -> u64 {
+        self.max_seq
+    }
+
+    pub fn pending_items(&self) -> u64 {
+        self.pending_items
+    }
+
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+
+    pub fn pending_carry_bytes(&self) -> u64 {
+        self.pending_carry_bytes
+    }
+
+    /// The LSN of the oldest record that still holds a pending item.
+    pub fn oldest_live_lsn(&self) -> Option<u64> {
+        self.live_records.keys().next().copied()
+    }
+
+    /// Bytes of log from the oldest record holding a pending item to the end: what the WAL must
+    /// keep, give or take a segment.
+    pub fn live_log_span_bytes(&self) -> u64 {
+        let oldest = self.live_records.values().next().map_or(self.log_end, |r| r.log_pos);
+        self.log_end.saturating_sub(oldest)
+    }
+
+    /// Adds (or, for a key already pending, replaces) an item held by the record at `log_pos`.
+    fn insert(&mut self, dest: u32, seq: u64, entry: Entry, log_pos: u64) {
+        self.remove(dest, seq);
+        let record = self.live_records.entry(entry.record_lsn).or_insert(LiveRecord { items: 0, log_pos });
+        record.items += 1;
+        self.pending_items += 1;
+        self.pending_bytes += entry.payload.len() as u64;
+        self.pending_carry_bytes += record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
+        self.dests.entry(dest).or_default().insert(seq, entry);
+    }
+
+    fn remove(&mut self, dest: u32, seq: u64) -> Option<Entry> {
+        let queue = self.dests.get_mut(&dest)?;
+        let entry = queue.remove(&seq)?;
+        if queue.is_empty() {
+            self.dests.remove(&dest);
+        }
+        self.forget(&entry);
+        Some(entry)
+    }
+
+    /// Takes a removed item out of the counters and its record's count.
+    fn forget(&mut self, entry: &Entry) {
+        self.pending_items -= 1;
+        self.pending_bytes -= entry.payload.len() as u64;
+        self.pending_carry_bytes -= record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
+        if let Some(record) = self.live_records.get_mut(&entry.record_lsn) {
+            record.items -= 1;
+            if record.items == 0 {
+                self.live_records.remove(&entry.record_lsn);
+            }
+        }
+    }
+}
+
+impl QueueStats {
+    fn add(&mut self, entry: &Entry) {
+        self.pending_items += 1;
+        self.pending_rows = self.pending_rows.saturating_add(entry.rows);
+        self.pending_bytes += entry.payload.len() as u64;
+        let oldest = self.oldest_pending_unix_ms.map_or(entry.appended_unix_ms, |t| t.min(entry.appended_unix_ms));
+        self.oldest_pending_unix_ms = Some(oldest);
+    }
+}

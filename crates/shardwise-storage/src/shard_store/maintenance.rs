@@ -1,0 +1,94 @@
+//! Writing parts: [`ShardStore::flush`] turns the memory buffer into a part and checkpoints,
+//! [`ShardStore::compact`] merges small parts, [`ShardStore::maintain`] does either when due.
+//! Each makes its new file durable, then a manifest naming it, and only then deletes what the
+//! manifest no longer needs (WAL segments, merged parts); see the module doc of [`super`].
+
+use arrow::array::RecordBatch;
+
+use super::ShardStore;
+use super::files;
+use super::manifest::Manifest;
+use super::part::{EncodedPart, Part};
+use crate::error::StorageError;
+
+impl ShardStore {
+    /// Writes the memory buffer as a new immutable part if it is non-empty; then checkpoints:
+    /// a new manifest, then the WAL segments it covers are deleted.
+    pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.check_usable()?;
+        let encoded = match self.buffer_rows {
+            0 => None,
+            _ => Some(EncodedPart::new(self.next_part_number, &self.schema, &self.buffer)?),
+        };
+        let checkpoint = self.wal.next_lsn();
+        if encoded.is_none() && checkpoint.0 == self.manifest.wal_checkpoint_lsn {
+            return Ok(());
+        }
+        let mut manifest = Manifest {
+            parts: self.manifest.parts.clone(),
+            hwm: self.dedup.hwm_map().clone(),
+            insert_ids: self.dedup.window().cloned().collect(),
+            verified_placement: self.verified_placement,
+            wal_checkpoint_lsn: checkpoint.0,
+            ..Manifest::empty()
+        };
+        let mut written = None;
+        if let Some(encoded) = encoded {
+            self.next_part_number += 1;
+            let part = self.guard(encoded.write(self.fs.as_ref(), &self.dir))?;
+            manifest.parts.push(part.entry.clone());
+            written = Some(part);
+        }
+        self.guard(manifest.write(self.fs.as_ref(), &self.dir))?;
+        self.parts.extend(written);
+        self.manifest = manifest;
+        self.buffer.clear();
+        (self.buffer_rows, self.buffer_bytes) = (0, 0);
+        let truncated = self.wal.truncate_before(checkpoint);
+        self.guard(truncated).map(|_| ())
+    }
+
+    /// Merges small parts into one when compact_min_parts small parts exist. Returns how many
+    /// parts were merged (0 = nothing to do).
+    pub fn compact(&mut self) -> Result<usize, StorageError> {
+        self.check_usable()?;
+        let is_small = |part: &Part| part.entry.rows < self.opts.part_target_rows as u64;
+        let small: Vec<&Part> = self.parts.iter().filter(|p| is_small(p)).collect();
+        if small.len() < self.opts.compact_min_parts {
+            return Ok(0);
+        }
+        let merged = small.len();
+        let batches: Vec<RecordBatch> = small.iter().flat_map(|p| p.batches.iter().cloned()).collect();
+        let removed: Vec<String> = small.iter().map(|p| p.entry.name.clone()).collect();
+        let encoded = EncodedPart::new(self.next_part_number, &self.schema, &batches)?;
+        tracing::debug!(dir = %self.dir.display(), merged, into = encoded.name(), "compacting shard store parts");
+        self.next_part_number += 1;
+        let new_part = self.guard(encoded.write(self.fs.as_ref(), &self.dir))?;
+        // The new part takes the place of the first part it replaces.
+        let mut parts = Vec::with_capacity(self.parts.len() + 1 - merged);
+        let mut new_part = Some(new_part);
+        for part in &self.parts {
+            if !removed.contains(&part.entry.name) {
+                parts.push(part.clone());
+            } else if let Some(new_part) = new_part.take() {
+                parts.push(new_part);
+            }
+        }
+        let manifest = Manifest { parts: parts.iter().map(|p| p.entry.clone()).collect(), ..self.manifest.clone() };
+        self.guard(manifest.write(self.fs.as_ref(), &self.dir))?;
+        self.parts = parts;
+        self.manifest = manifest;
+        self.guard(files::remove_durably(self.fs.as_ref(), &self.dir, &removed))?;
+        Ok(merged)
+    }
+
+    /// Flushes if the buffer is over its limits, then compacts if due. The node calls this from
+    /// a background task after applies.
+    pub fn maintain(&mut self) -> Result<(), StorageError> {
+        self.check_usable()?;
+        if self.buffer_rows >= self.opts.buffer_max_rows || self.buffer_bytes >= self.opts.buffer_max_bytes {
+            self.flush()?;
+        }
+        self.compact().map(|_| ())
+    }
+}

@@ -1,0 +1,456 @@
+//! `shardwise load`: bulk-load a CSV, NDJSON or Parquet file into a table through a node's Arrow
+//! Flight SQL endpoint, exactly once.
+//!
+//! The table's schema comes from the server (the result schema of `SELECT * FROM "t" LIMIT 0`).
+//! The whole file is read and checked against it ([`crate::load`]) before anything is sent, so a
+//! malformed row fails the load with its line and column and leaves the table alone. The rows then
+//! go in one Flight SQL `CommandStatementIngest` call with an insert id and the row count; the
+//! server stages them and inserts them as one insert, at most once per insert id. So after an
+//! error that leaves the outcome unknown (a lost connection, a timeout) the same rows are sent
+//! again under the same id, and a failed load re-run with `--insert-id` completes exactly once.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow_flight::HandshakeRequest;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption};
+use base64::Engine as _;
+use futures::Stream;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::load::progress::{Progress, per_second};
+use crate::load::{self, Format};
+
+/// Largest gRPC message the client accepts (as `shardwise sql`; matches the server's limit).
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Most rows per batch `--batch-rows` accepts: the readers size buffers by it.
+const MAX_BATCH_ROWS: u32 = 1 << 24;
+/// Wait before the first retry; doubled for each further one, up to [`RETRY_MAX_DELAY_MS`].
+const RETRY_FIRST_DELAY_MS: u64 = 500;
+const RETRY_MAX_DELAY_MS: u64 = 8_000;
+/// `CommandStatementIngest` option keys the server reads.
+const INSERT_ID_OPTION: &str = "insert_id";
+const EXPECTED_ROWS_OPTION: &str = "expected_rows";
+const BYTES_PER_MIB: f64 = 1024.0 * 1024.0;
+
+#[derive(clap::Args, Debug)]
+pub struct LoadArgs {
+    /// Table to load into: its name as the server stores it (case-sensitive; dots are part of the name).
+    pub table: String,
+    /// File to load: CSV with a header row, Parquet, or NDJSON (one JSON object per line).
+    pub file: PathBuf,
+    /// Node's Flight SQL address, host:port.
+    #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
+    pub connect: String,
+    /// File format [default: from the extension: .csv, .parquet, .ndjson or .jsonl].
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Idempotency key of this load [default: a new random UUID]. The server applies a load at
+    /// most once per insert id, so re-running a failed load with the id it printed completes it
+    /// exactly once.
+    #[arg(long)]
+    pub insert_id: Option<String>,
+    /// User name.
+    #[arg(long, env = "SHARDWISE_USER", default_value = "default")]
+    pub user: String,
+    /// Password.
+    #[arg(long, env = "SHARDWISE_PASSWORD", default_value = "", hide_env_values = true)]
+    pub password: String,
+    /// Rows per record batch read and sent.
+    #[arg(long, default_value = "65536", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BATCH_ROWS)))]
+    pub batch_rows: u32,
+    /// Do not draw the progress bar (it is drawn on standard error, and only when that is a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Retries after an error that may be transient (server unavailable, timeout, lost
+    /// connection), with backoff, under the same insert id.
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Give up connecting after this many milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub connect_timeout_ms: u64,
+}
+
+/// A failed load, and whether any rows may have reached the server.
+struct Failure {
+    error: anyhow::Error,
+    sent: bool,
+}
+
+impl Failure {
+    fn before_sending(error: anyhow::Error) -> Failure {
+        Failure { error, sent: false }
+    }
+
+    /// The error as printed: the cause, then the insert id and how to finish the load.
+    fn into_error(self, insert_id: &str) -> anyhow::Error {
+        let state = if self.sent { "the server may have applied the load" } else { "nothing was sent" };
+        anyhow!(
+            "{:#}\n{state} (insert id {insert_id}); re-running with --insert-id {insert_id} completes the load exactly once",
+            self.error
+        )
+    }
+}
+
+pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let insert_id = args.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let progress = Progress::new(!args.no_progress);
+    let outcome = load(&args, &insert_id, &progress).await;
+    progress.finish();
+    let (rows, file_bytes) = outcome.map_err(|failure| failure.into_error(&insert_id))?;
+    println!("{}", summary(rows, &args.table, started.elapsed(), file_bytes));
+    Ok(())
+}
+
+/// Reads, checks and sends the file; the rows loaded and the file's size.
+async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(u64, u64), Failure> {
+    let format = match args.format {
+        Some(format) => format,
+        None => Format::from_path(&args.file).map_err(Failure::before_sending)?,
+    };
+    let file_bytes = std::fs::metadata(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))
+        .map_err(Failure::before_sending)?
+        .len();
+    let timeout = Duration::from_millis(args.connect_timeout_ms);
+    let mut client =
+        connect(&args.connect, &args.user, &args.password, timeout).await.map_err(Failure::before_sending)?;
+    let schema = table_schema(&mut client, &args.connect, &args.table).await.map_err(Failure::before_sending)?;
+    let (path, reader_schema, reader_progress) = (args.file.clone(), schema.clone(), progress.clone());
+    let batch_rows = usize::try_from(args.batch_rows).unwrap_or(usize::MAX);
+    let mut batches = tokio::task::spawn_blocking(move || {
+        load::read_file(&path, format, &reader_schema, batch_rows, &reader_progress)
+    })
+    .await
+    .context("the file reader stopped unexpectedly")
+    .and_then(|read| read)
+    .map_err(Failure::before_sending)?;
+    let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    if batches.is_empty() {
+        // The server learns the schema (and the call its descriptor) from the first batch.
+        batches.push(RecordBatch::new_empty(schema));
+    }
+    let ingest = Ingest { args, insert_id, rows, batches: Arc::new(batches) };
+    ingest.send_with_retries(client, progress).await?;
+    Ok((rows, file_bytes))
+}
+
+/// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)`, rates over the whole run.
+fn summary(rows: u64, table: &str, elapsed: Duration, file_bytes: u64) -> String {
+    let seconds = elapsed.as_secs_f64();
+    let mib_per_second = if seconds > 0.0 { file_bytes as f64 / BYTES_PER_MIB / seconds } else { 0.0 };
+    format!(
+        "loaded {rows} rows into {table} in {seconds:.2} s ({} rows/s, {mib_per_second:.1} MiB/s)",
+        per_second(rows, elapsed)
+    )
+}
+
+/// One load's ingest call, repeated on transient errors.
+struct Ingest<'a> {
+    args: &'a LoadArgs,
+    insert_id: &'a str,
+    rows: u64,
+    batches: Arc<Vec<RecordBatch>>,
+}
+
+/// A failed ingest attempt; `transient` when retrying may succeed.
+struct AttemptError {
+    error: anyhow::Error,
+    transient: bool,
+}
+
+impl Ingest<'_> {
+    async fn send_with_retries(
+        &self,
+        client: FlightSqlServiceClient<Channel>,
+        progress: &Progress,
+    ) -> Result<(), Failure> {
+        let mut client = Some(client);
+        let mut retries_done = 0;
+        loop {
+            let Err(failed) = self.attempt(&mut client, progress).await else { return Ok(()) };
+            if !failed.transient || retries_done >= self.args.retries {
+                return Err(Failure { error: failed.error, sent: true });
+            }
+            retries_done += 1;
+            let delay = retry_delay(retries_done);
+            progress.note(&format!(
+                "load: {:#}; retry {retries_done} of {} in {:.1} s (insert id {})",
+                failed.error,
+                self.args.retries,
+                delay.as_secs_f64(),
+                self.insert_id
+            ));
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One ingest call, on `client` or (after a transient error dropped it) a new connection.
+    async fn attempt(
+        &self,
+        client: &mut Option<FlightSqlServiceClient<Channel>>,
+        progress: &Progress,
+    ) -> Result<(), AttemptError> {
+        let args = self.args;
+        let mut connected = match client.take() {
+            Some(connected) => connected,
+            None => connect(&args.connect, &args.user, &args.password, Duration::from_millis(args.connect_timeout_ms))
+                .await
+                .map_err(|error| AttemptError { error, transient: true })?,
+        };
+        let total_bytes = self.batches.iter().map(|b| b.get_array_memory_size() as u64).sum();
+        progress.start_phase("sending", total_bytes);
+        let (command, stream) = (self.command(), batch_stream(&self.batches, progress.clone()));
+        // On its own task: arrow-flight unwraps the server's reply, and a panic there must still
+        // end in the insert id message.
+        let call = tokio::spawn(async move {
+            let result = connected.execute_ingest(command, stream).await;
+            (connected, result)
+        });
+        let (connected, result) = call.await.map_err(|e| AttemptError {
+            error: anyhow!("the server's reply to the ingest call could not be read: {e}"),
+            transient: false,
+        })?;
+        let inserted =
+            result.map_err(|e| AttemptError { transient: is_transient(&e), error: ingest_error(e, &args.connect) })?;
+        *client = Some(connected);
+        if u64::try_from(inserted).ok() != Some(self.rows) {
+            let error = anyhow!("the server reported {inserted} rows inserted, but {} were sent", self.rows);
+            return Err(AttemptError { error, transient: false });
+        }
+        Ok(())
+    }
+
+    fn command(&self) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table_definition_options: Some(TableDefinitionOptions {
+                if_not_exist: TableNotExistOption::Fail.into(),
+                if_exists: TableExistsOption::Append.into(),
+            }),
+            table: self.args.table.clone(),
+            schema: None,
+            catalog: None,
+            temporary: false,
+            transaction_id: None,
+            options: HashMap::from([
+                (INSERT_ID_OPTION.to_string(), self.insert_id.to_string()),
+                (EXPECTED_ROWS_OPTION.to_string(), self.rows.to_string()),
+            ]),
+        }
+    }
+}
+
+/// The batches as the stream `execute_ingest` sends, advancing the progress bar as they go.
+fn batch_stream(
+    batches: &Arc<Vec<RecordBatch>>,
+    progress: Progress,
+) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static {
+    let batches: Vec<RecordBatch> = batches.as_ref().clone();
+    futures::stream::iter(batches.into_iter().map(move |batch| {
+        progress.advance(batch.get_array_memory_size() as u64, batch.num_rows() as u64);
+        Ok(batch)
+    }))
+}
+
+/// Backoff before retry `n` (1-based): 0.5 s, 1 s, 2 s, ... up to 8 s.
+fn retry_delay(n: u32) -> Duration {
+    let factor = 1u64.checked_shl(n.saturating_sub(1)).unwrap_or(u64::MAX);
+    Duration::from_millis(RETRY_FIRST_DELAY_MS.saturating_mul(factor).min(RETRY_MAX_DELAY_MS))
+}
+
+/// Whether an ingest error may pass on retry: the server unavailable, a deadline, or a status
+/// made on this side of the connection (it carries the transport error as its source; statuses
+/// the server sends carry none).
+fn is_transient(e: &FlightError) -> bool {
+    let FlightError::Tonic(status) = e else { return false };
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded => true,
+        Code::Unknown | Code::Internal | Code::Cancelled => status.source().is_some(),
+        _ => false,
+    }
+}
+
+fn ingest_error(e: FlightError, addr: &str) -> anyhow::Error {
+    if let FlightError::Tonic(status) = &e
+        && status.code() == Code::Unimplemented
+    {
+        return anyhow!(
+            "{addr} does not accept bulk loads (Flight SQL CommandStatementIngest): {}",
+            status_message(status)
+        );
+    }
+    anyhow!("sending to {addr} failed: {}", flight_message(e))
+}
+
+/// The table's schema: the result schema of `SELECT * FROM "table" LIMIT 0` (planned, not run).
+async fn table_schema(
+    client: &mut FlightSqlServiceClient<Channel>,
+    addr: &str,
+    table: &str,
+) -> anyhow::Result<SchemaRef> {
+    let sql = format!("SELECT * FROM {} LIMIT 0", quote_identifier(table));
+    let info = client.execute(sql, None).await.map_err(|e| match &e {
+        FlightError::Tonic(status)
+            if matches!(status.code(), Code::InvalidArgument | Code::NotFound)
+                && status.message().contains("not found") =>
+        {
+            anyhow!(
+                "table {} does not exist on {addr} (the server says: {})",
+                quote_identifier(table),
+                status.message()
+            )
+        }
+        _ => {
+            anyhow!("cannot learn the columns of table {} from {addr}: {}", quote_identifier(table), flight_message(e))
+        }
+    })?;
+    let schema = info.try_decode_schema().with_context(|| format!("{addr} sent a schema that cannot be decoded"))?;
+    if schema.fields().is_empty() {
+        bail!("table {} has no columns", quote_identifier(table));
+    }
+    Ok(Arc::new(schema))
+}
+
+/// `name` as a SQL identifier: in double quotes, inner double quotes doubled, case kept.
+pub fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+// Connecting and logging in as `shardwise sql` does (its helpers are private to cmd_sql.rs).
+
+/// Connects to `addr` (`host:port` or a URI) and logs in.
+async fn connect(
+    addr: &str,
+    user: &str,
+    password: &str,
+    timeout: Duration,
+) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let endpoint = Endpoint::from_shared(uri)
+        .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
+        .connect_timeout(timeout);
+    let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
+        Ok(Ok(channel)) => channel,
+        Ok(Err(e)) => bail!("could not connect to {addr}: {}", error_chain(&e)),
+        Err(_) => bail!("could not connect to {addr}: timed out after {} ms", timeout.as_millis()),
+    };
+    let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let mut client = FlightSqlServiceClient::new_from_inner(inner);
+    handshake(&mut client, user, password)
+        .await
+        .map_err(|message| anyhow!("could not log in to {addr} as {user:?}: {message}"))?;
+    Ok(client)
+}
+
+/// Basic-auth handshake; keeps the bearer token the server returns.
+async fn handshake(client: &mut FlightSqlServiceClient<Channel>, user: &str, password: &str) -> Result<(), String> {
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let header = format!("Basic {credentials}")
+        .parse()
+        .map_err(|_| "user name or password cannot be sent in a header".to_string())?;
+    let hello = HandshakeRequest { protocol_version: 0, payload: Default::default() };
+    let mut request = tonic::Request::new(futures::stream::iter([hello]));
+    request.metadata_mut().insert("authorization", header);
+    let response = client.inner_mut().handshake(request).await.map_err(|s| status_message(&s))?;
+    let token = response
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let mut replies = response.into_inner();
+    while replies.message().await.map_err(|s| status_message(&s))?.is_some() {}
+    if let Some(token) = token {
+        client.set_token(token);
+    }
+    Ok(())
+}
+
+fn flight_message(e: FlightError) -> String {
+    match e {
+        FlightError::Tonic(status) => status_message(&status),
+        FlightError::Arrow(e) => e.to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn status_message(status: &tonic::Status) -> String {
+    let mut message = status.message().to_string();
+    if message.is_empty() {
+        message = format!("{:?}", status.code());
+    }
+    if let Some(source) = status.source() {
+        message = format!("{message}: {}", error_chain(source));
+    }
+    message
+}
+
+fn error_chain(e: &(dyn StdError + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        next = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_identifiers() {
+        assert_eq!(quote_identifier("trades"), "\"trades\"");
+        assert_eq!(quote_identifier("My \"T\""), "\"My \"\"T\"\"\"");
+    }
+
+    #[test]
+    fn summary_line() {
+        let line = summary(1000, "t", Duration::from_secs(2), 4 * 1024 * 1024);
+        assert_eq!(line, "loaded 1000 rows into t in 2.00 s (500 rows/s, 2.0 MiB/s)");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let delays: Vec<u64> = (1..=6).map(|n| retry_delay(n).as_millis() as u64).collect();
+        assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 8000]);
+        assert_eq!(retry_delay(200).as_millis(), 8000);
+    }
+
+    #[test]
+    fn transient_errors() {
+        let status = |code| FlightError::Tonic(Box::new(tonic::Status::new(code, "x")));
+        assert!(is_transient(&status(Code::Unavailable)));
+        assert!(is_transient(&status(Code::DeadlineExceeded)));
+        assert!(!is_transient(&status(Code::InvalidArgument)));
+        assert!(!is_transient(&status(Code::Internal)));
+        let mut reset = tonic::Status::new(Code::Unknown, "transport error");
+        reset.set_source(Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert!(is_transient(&FlightError::Tonic(Box::new(reset))));
+    }
+
+    #[test]
+    fn failure_messages_name_the_insert_id() {
+        let sent = Failure { error: anyhow!("boom"), sent: true }.into_error("abc");
+        let text = format!("{sent:#}");
+        assert!(text.contains("boom"), "{text}");
+        assert!(text.contains("re-running with --insert-id abc completes the load exactly once"), "{text}");
+        let unsent = format!("{:#}", Failure::before_sending(anyhow!("bad file")).into_error("abc"));
+        assert!(unsent.contains("nothing was sent (insert id abc)"), "{unsent}");
+    }
+}

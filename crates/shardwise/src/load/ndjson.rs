@@ -1,0 +1,261 @@
+//! NDJSON input: one JSON object per line, its keys naming columns. A key the table does not have
+//! is an error; a column the object lacks (or gives as `null`) is NULL. Blank lines are skipped.
+//!
+//! Arrow's JSON decoder (`arrow::json::reader::Decoder`) parses the objects. Numbers pass through
+//! it as their JSON text and become the column's type in [`super::convert_column`], as CSV values
+//! do, because Arrow's JSON reader truncates `1.5` read into an integer column and turns a float
+//! out of range into infinity. Numbers and booleans in a text column are kept as their JSON text.
+//!
+//! Arrow's JSON errors do not say which row failed. Lines are fed to the decoder one at a time, so
+//! a syntax error is placed at once; when building a batch fails, the batch is decoded again a
+//! line at a time to find the line, and that line a column at a time to find the column.
+
+use std::io::BufRead;
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow::error::ArrowError;
+use arrow::json::reader::{Decoder, ReaderBuilder};
+
+use super::progress::Progress;
+use super::{assemble, convert_column, first_null, no_such_column, quote_short, shorten, text_converts_to};
+
+/// A UTF-8 byte order mark, skipped at the start of the file.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Reads NDJSON from `input` (named `label` in errors) into batches of `schema`.
+pub fn read<R: BufRead>(
+    mut input: R,
+    label: &str,
+    schema: &SchemaRef,
+    batch_rows: usize,
+    progress: &Progress,
+) -> anyhow::Result<Vec<RecordBatch>> {
+    let wire = wire_schema(schema, label)?;
+    let mut decoder = new_decoder(&wire, batch_rows, true)?;
+    let (mut batches, mut pending, mut buf, mut number) = (Vec::new(), Lines::default(), Vec::new(), 0u64);
+    loop {
+        buf.clear();
+        let read = input.read_until(b'\n', &mut buf).with_context(|| format!("cannot read {label}"))?;
+        if read == 0 {
+            break;
+        }
+        number += 1;
+        progress.advance(read as u64, 0);
+        let mut line = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        line = line.strip_suffix(b"\r").unwrap_or(line);
+        if number == 1 {
+            line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if let Err(e) = std::str::from_utf8(line) {
+            bail!("{label} line {number}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
+        }
+        feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
+        pending.push(number, line);
+        if pending.len() == batch_rows {
+            batches.push(finish_batch(&mut decoder, &pending, &wire, schema, label)?);
+            progress.advance(0, pending.len() as u64);
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() {
+        batches.push(finish_batch(&mut decoder, &pending, &wire, schema, label)?);
+        progress.advance(0, pending.len() as u64);
+    }
+    Ok(batches)
+}
+
+/// The schema Arrow decodes into: the table's, every column nullable (NOT NULL is checked here,
+/// with the line), numbers as text.
+fn wire_schema(schema: &SchemaRef, label: &str) -> anyhow::Result<SchemaRef> {
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let data_type = field.data_type();
+        let as_text = travels_as_text(data_type);
+        if as_text && !text_converts_to(data_type) {
+            bail!("{label}: column {} has type {data_type}, which load cannot read", quote_short(field.name()));
+        }
+        let wire_type = if as_text { DataType::Utf8 } else { data_type.clone() };
+        fields.push(Field::new(field.name(), wire_type, true));
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+fn travels_as_text(data_type: &DataType) -> bool {
+    data_type.is_integer()
+        || data_type.is_floating()
+        || matches!(
+            data_type,
+            DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+        )
+}
+
+/// A JSON decoder for `schema`; `strict` makes a key the schema lacks an error.
+fn new_decoder(schema: &SchemaRef, batch_rows: usize, strict: bool) -> anyhow::Result<Decoder> {
+    // One row of room beyond the batch, so a second value on a batch's last line is still seen.
+    ReaderBuilder::new(schema.clone())
+        .with_batch_size(batch_rows.saturating_add(1))
+        .with_coerce_primitive(true)
+        .with_strict_mode(strict)
+        .build_decoder()
+        .context("load cannot read the table's column types from JSON")
+}
+
+/// Feeds one line; it must hold exactly one complete JSON value.
+fn feed_line(decoder: &mut Decoder, line: &[u8]) -> Result<(), String> {
+    let before = decoder.len();
+    for part in [line, b"\n"] {
+        let mut rest = part;
+        while !rest.is_empty() {
+            let used = decoder.decode(rest).map_err(|e| format!("invalid JSON: {}", json_message(&e)))?;
+            if used == 0 {
+                break;
+            }
+            rest = &rest[used..];
+        }
+    }
+    if decoder.has_partial_record() {
+        return Err("the JSON value does not end on this line (each object must be on one line)".to_string());
+    }
+    match decoder.len() - before {
+        1 => Ok(()),
+        0 => Err("no JSON value".to_string()),
+        _ => Err("more than one JSON value on the line".to_string()),
+    }
+}
+
+/// Builds the batch of the lines fed since the last one, or explains the first line that fails.
+fn finish_batch(
+    decoder: &mut Decoder,
+    pending: &Lines,
+    wire: &SchemaRef,
+    schema: &SchemaRef,
+    label: &str,
+) -> anyhow::Result<RecordBatch> {
+    let decoded = match decoder.flush() {
+        Ok(Some(batch)) => batch,
+        Ok(None) => return Ok(RecordBatch::new_empty(schema.clone())),
+        Err(e) => return Err(locate_failure(pending, wire, schema, label, &e)),
+    };
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (index, field) in schema.fields().iter().enumerate() {
+        let column = convert_column(decoded.column(index), field.data_type()).map_err(|bad| {
+            let line = bad.row.and_then(|row| pending.number(row));
+            let at = line.map_or_else(|| label.to_string(), |line| format!("{label} line {line}"));
+            anyhow!("{at}, {}: {}", column_name(index, field), bad.message)
+        })?;
+        if let (false, Some(row)) = (field.is_nullable(), first_null(&column)) {
+            let line = pending.number(row).unwrap_or_default();
+            bail!("{label} line {line}, {}: missing or null, but the column is NOT NULL", column_name(index, field));
+        }
+        columns.push(column);
+    }
+    assemble(schema, columns)
+}
+
+/// Decodes the batch's lines one by one to find the first that fails alone, and explains it.
+fn locate_failure(pending: &Lines, wire: &SchemaRef, schema: &SchemaRef, label: &str, e: &ArrowError) -> anyhow::Error {
+    for index in 0..pending.len() {
+        let (Some(number), Some(line)) = (pending.number(index), pending.line(index)) else { break };
+        if let Err(failure) = decode_alone(wire, line, true) {
+            return explain_line(&format!("{label} line {number}"), line, wire, schema, &failure);
+        }
+    }
+    let (first, last) = (pending.number(0).unwrap_or_default(), pending.number(pending.len() - 1).unwrap_or_default());
+    anyhow!("{label} lines {first}-{last}: {}", json_message(e))
+}
+
+/// Decodes `line` alone with `schema`.
+fn decode_alone(schema: &SchemaRef, line: &[u8], strict: bool) -> Result<(), String> {
+    let mut decoder = new_decoder(schema, 1, strict).map_err(|e| format!("{e:#}"))?;
+    feed_line(&mut decoder, line)?;
+    decoder.flush().map(|_| ()).map_err(|e| json_message(&e))
+}
+
+/// Why a line Arrow rejects is wrong: not an object, a key the table lacks, or the first
+/// column whose value Arrow cannot read (found by decoding each column alone).
+fn explain_line(at: &str, line: &[u8], wire: &SchemaRef, schema: &SchemaRef, failure: &str) -> anyhow::Error {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(line) else {
+        return anyhow!("{at}: {failure}");
+    };
+    let Some(object) = value.as_object() else {
+        return anyhow!("{at}: expected a JSON object, found {}", shorten(&value.to_string()));
+    };
+    if let Some(key) = object.keys().find(|key| schema.index_of(key).is_err()) {
+        return anyhow!("{at}, key {}: {}", quote_short(key), no_such_column(schema, key));
+    }
+    for (index, field) in wire.fields().iter().enumerate() {
+        let Some(value) = object.get(field.name()) else { continue };
+        let alone: SchemaRef = Arc::new(Schema::new(vec![FieldRef::clone(field)]));
+        if let Err(why) = decode_alone(&alone, line, false) {
+            let table_field = schema.field(index);
+            let shown = shorten(&value.to_string());
+            let prefix = format!("whilst decoding field '{}': ", field.name());
+            let why = why.strip_prefix(&prefix).unwrap_or(&why);
+            return anyhow!(
+                "{at}, {}: {shown} is not a valid {} ({why})",
+                column_name(index, table_field),
+                table_field.data_type()
+            );
+        }
+    }
+    anyhow!("{at}: {failure}")
+}
+
+/// `column "name" (table column K)`.
+fn column_name(index: usize, field: &Field) -> String {
+    format!("column {} (table column {})", quote_short(field.name()), index + 1)
+}
+
+/// Arrow's JSON message without its `Json error: ` prefix.
+fn json_message(e: &ArrowError) -> String {
+    match e {
+        ArrowError::JsonError(message) => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The lines of the batch being built: their text (kept to explain a failure) and numbers.
+#[derive(Default)]
+struct Lines {
+    text: Vec<u8>,
+    ends: Vec<usize>,
+    numbers: Vec<u64>,
+}
+
+impl Lines {
+    fn push(&mut self, number: u64, line: &[u8]) {
+        self.text.extend_from_slice(line);
+        self.ends.push(self.text.len());
+        self.numbers.push(number);
+    }
+
+    fn len(&self) -> usize {
+        self.numbers.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.numbers.is_empty()
+    }
+
+    fn number(&self, index: usize) -> Option<u64> {
+        self.numbers.get(index).copied()
+    }
+
+    fn line(&self, index: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(index)?;
+        let start = if index == 0 { 0 } else { *self.ends.get(index - 1)? };
+        self.text.get(start..end)
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.ends.clear();
+        self.numbers.clear();
+    }
+}

@@ -1,0 +1,243 @@
+//! CSV: types, header matching, NULLs, line counting, and every malformed input.
+
+use super::*;
+
+#[test]
+fn reads_every_supported_type() {
+    let text = "\
+i8,i16,i32,i64,u8,u16,u32,u64,f32,f64,dec,ok,s,day,ts_us,ts_ns,ts_us_utc,ts_ns_utc
+-128,-32768,-2147483648,-9223372036854775808,0,0,0,0,1.5,-2.25,-12345678.91,true,\"a, \"\"quoted\"\" one\",2024-02-29,2024-01-31 12:00:00.123456,2024-01-31T12:00:00.123456789,2024-01-31T12:00:00Z,2024-01-31T14:00:00+02:00
+127,32767,2147483647,9223372036854775807,255,65535,4294967295,18446744073709551615,3.4e38,1e308,0.05,false,é,1970-01-01,1970-01-01T00:00:00,1677-09-22T00:00:00,1970-01-01 00:00:00,2262-04-11T00:00:00
+,,,,,,,,,,,,,,,,,
+";
+    let batches = read_csv(text.as_bytes(), &all_types(), 10).expect("read");
+    assert_eq!(rows(&batches), [3]);
+    assert_eq!(batches[0].schema(), all_types());
+    let shown = table(&batches);
+    for expected in [
+        "| -128 | -32768 | -2147483648 | -9223372036854775808 | 0   | 0     | 0          | 0                    | 1.5",
+        "| 127  | 32767  | 2147483647  | 9223372036854775807  | 255 | 65535 | 4294967295 | 18446744073709551615 | 3.4e38",
+        "-12345678.91 | true  | a, \"quoted\" one | 2024-02-29 | 2024-01-31T12:00:00.123456 | 2024-01-31T12:00:00.123456789 | 2024-01-31T12:00:00Z | 2024-01-31T12:00:00Z",
+        "| 0.05         | false | é",
+    ] {
+        assert!(shown.contains(expected), "missing {expected:?} in\n{shown}");
+    }
+    let last = batches[0].slice(2, 1);
+    assert!(last.columns().iter().all(|c| c.null_count() == 1), "empty fields are NULL");
+}
+
+#[test]
+fn matches_the_header_by_name_in_any_order() {
+    let text = "name,id\nann,1\n,2\n";
+    let batches = read_csv(text.as_bytes(), &small(), 10).expect("read");
+    assert_eq!(
+        table(&batches),
+        "+----+-----+------+\n\
+         | id | qty | name |\n\
+         +----+-----+------+\n\
+         | 1  |     | ann  |\n\
+         | 2  |     |      |\n\
+         +----+-----+------+"
+    );
+    assert_eq!(batches[0].column(1).null_count(), 2, "a column the file lacks is NULL");
+    assert_eq!(batches[0].column(2).null_count(), 1, "an empty field is NULL");
+}
+
+#[test]
+fn splits_into_batches_of_batch_rows() {
+    let text = "id\n1\n2\n3\n4\n5\n";
+    assert_eq!(rows(&read_csv(text.as_bytes(), &small(), 2).expect("read")), [2, 2, 1]);
+    assert_eq!(rows(&read_csv(text.as_bytes(), &small(), 5).expect("read")), [5]);
+    assert_eq!(rows(&read_csv(b"id\n1\n2", &small(), 2).expect("no final newline")), [2]);
+}
+
+#[test]
+fn empty_file_and_header_only_load_no_rows() {
+    for text in ["", "id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "\n\n"] {
+        let batches = read_csv(text.as_bytes(), &small(), 2).expect(text);
+        assert_eq!(rows(&batches).iter().sum::<usize>(), 0, "{text:?}");
+    }
+}
+
+#[test]
+fn skips_a_byte_order_mark() {
+    let batches = read_csv("\u{feff}id,name\n7,x\n".as_bytes(), &small(), 2).expect("read");
+    assert_eq!(rows(&batches), [1]);
+}
+
+#[test]
+fn unknown_header_column_is_named() {
+    let err = csv_error("id,Name,colour\n1,a,red\n", &small());
+    assert_eq!(
+        err,
+        "data.csv line 1 (the header), column 2 \"Name\": the table has no such column (did you mean \"name\"? \
+         names are case-sensitive); its columns are \"id\", \"qty\", \"name\""
+    );
+    let err = csv_error("id,colour\n1,red\n", &small());
+    assert!(
+        err.starts_with("data.csv line 1 (the header), column 2 \"colour\": the table has no such column;"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_header_column() {
+    let err = csv_error("id,qty,id\n1,2,3\n", &small());
+    assert_eq!(err, "data.csv line 1 (the header): column \"id\" appears twice (columns 1 and 3)");
+}
+
+#[test]
+fn not_null_column_missing_from_the_header() {
+    let err = csv_error("name\nx\n", &small());
+    assert_eq!(err, "data.csv line 1 (the header): no column \"id\", which the table requires (NOT NULL)");
+}
+
+#[test]
+fn empty_value_in_a_not_null_column() {
+    let err = csv_error("id,name\n1,a\n2,b\n,c\n", &small());
+    assert_eq!(err, "data.csv line 4, column 1 \"id\": empty, but the column is NOT NULL");
+}
+
+#[test]
+fn wrong_number_of_fields() {
+    let err = csv_error("id,qty,name\n1,2,a\n2,3\n", &small());
+    assert_eq!(err, "data.csv line 3: 2 fields, but the header (line 1) has 3: column 3 \"name\" is missing");
+    let err = csv_error("id,qty,name\n1,2,a,extra\n", &small());
+    assert_eq!(err, "data.csv line 2: 4 fields, but the header (line 1) has 3: field 4 has no column");
+}
+
+#[test]
+fn invalid_utf8_names_line_and_column() {
+    let err = csv_error_bytes(b"id,name\n1,ok\n2,caf\xe9\n", &small());
+    assert_eq!(err, "data.csv line 3, column 2 \"name\": not valid UTF-8");
+    let err = csv_error_bytes(b"id,n\xffme\n1,ok\n", &small());
+    assert_eq!(err, "data.csv line 1 (the header), column 2: the name is not valid UTF-8");
+}
+
+#[test]
+fn integer_overflow_is_an_error_not_a_wrap_or_null() {
+    let err = csv_error("id,qty\n1,127\n2,-128\n3,300\n", &small());
+    assert_eq!(err, "data.csv line 4, column 2 \"qty\": \"300\" is out of range for Int8 (-128 to 127)");
+    let cases = [
+        ("u8", "-1", "\"-1\" is out of range for UInt8 (0 to 255)"),
+        ("u8", "256", "\"256\" is out of range for UInt8 (0 to 255)"),
+        ("i16", "32768", "\"32768\" is out of range for Int16 (-32768 to 32767)"),
+        ("i32", "-2147483649", "\"-2147483649\" is out of range for Int32 (-2147483648 to 2147483647)"),
+        (
+            "i64",
+            "9223372036854775808",
+            "\"9223372036854775808\" is out of range for Int64 (-9223372036854775808 to 9223372036854775807)",
+        ),
+        (
+            "u64",
+            "18446744073709551616",
+            "\"18446744073709551616\" is out of range for UInt64 (0 to 18446744073709551615)",
+        ),
+    ];
+    for (column, value, message) in cases {
+        let err = csv_error(&format!("{column}\n{value}\n"), &all_types());
+        assert_eq!(err, format!("data.csv line 2, column 1 \"{column}\": {message}"));
+    }
+}
+
+/// Arrow's own typed CSV parser also rejects overflow (it does not wrap or write NULL); load uses
+/// the same parser through the cast kernel.
+#[test]
+fn arrow_csv_rejects_integer_overflow_too() {
+    let schema = schema(&[("qty", DataType::Int8, true)]);
+    let mut reader =
+        arrow::csv::ReaderBuilder::new(schema).with_header(true).build("qty\n300\n".as_bytes()).expect("reader");
+    let err = reader.next().expect("a result").expect_err("300 does not fit Int8").to_string();
+    assert!(err.contains("'300' as type 'Int8'"), "{err}");
+}
+
+#[test]
+fn wrong_types_are_named_with_the_value() {
+    let cases = [
+        ("i32", "abc", "\"abc\" is not an integer (column type Int32)"),
+        ("i32", "1.5", "\"1.5\" is not an integer (column type Int32)"),
+        ("f64", "1.2.3", "\"1.2.3\" is not a number (column type Float64)"),
+        ("f32", "1e39", "\"1e39\" is out of range for Float32"),
+        ("ok", "maybe", "\"maybe\" is not a boolean (column type Boolean: true or false)"),
+        ("day", "2024-13-01", "\"2024-13-01\" is not a date (column type Date32: YYYY-MM-DD)"),
+        ("day", "2023-02-29", "\"2023-02-29\" is not a date (column type Date32: YYYY-MM-DD)"),
+        (
+            "ts_us",
+            "yesterday",
+            "\"yesterday\" is not a timestamp (column type Timestamp(µs); e.g. 2024-01-31 12:00:00 or 2024-01-31T12:00:00Z)",
+        ),
+        ("ts_ns", "2300-01-01T00:00:00", "\"2300-01-01T00:00:00\" is out of range for Timestamp(ns)"),
+        ("dec", "12.3.4", "\"12.3.4\" is not a decimal number (column type Decimal128(10, 2))"),
+        (
+            "dec",
+            "123456789.5",
+            "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)",
+        ),
+    ];
+    for (column, value, message) in cases {
+        let err = csv_error(&format!("{column}\n{value}\n"), &all_types());
+        assert_eq!(err, format!("data.csv line 2, column 1 \"{column}\": {message}"), "{column} {value}");
+    }
+}
+
+#[test]
+fn infinity_spelled_out_is_a_float() {
+    let batches = read_csv(b"f32,f64\ninf,-Infinity\n", &all_types(), 2).expect("read");
+    assert_eq!(batches[0].column(8).null_count(), 0);
+}
+
+#[test]
+fn long_values_are_cut_in_errors() {
+    let long = "x".repeat(100);
+    let err = csv_error(&format!("i8\n{long}\n"), &all_types());
+    let shown = format!("\"{}\"... (100 characters)", "x".repeat(40));
+    assert_eq!(err, format!("data.csv line 2, column 1 \"i8\": {shown} is not an integer (column type Int8)"));
+}
+
+#[test]
+fn lines_count_quoted_line_breaks_crlf_and_blank_lines() {
+    // Line 2's record spans lines 2-4; line 5 is blank; the bad value is on line 7.
+    let text = "id,name,qty\r\n1,\"two\r\nline\r\nname\",1\r\n\r\n2,b,2\r\n3,c,999\r\n";
+    let err = csv_error(text, &small());
+    assert_eq!(err, "data.csv line 7, column 3 \"qty\": \"999\" is out of range for Int8 (-128 to 127)");
+    let cr_only = "id,qty\r1,2\r2,x\r";
+    assert_eq!(
+        csv_error(cr_only, &small()),
+        "data.csv line 3, column 2 \"qty\": \"x\" is not an integer (column type Int8)"
+    );
+    let ok = read_csv(b"id,name\r\n1,\"a\r\nb\"\r\n\r\n2,c\r\n", &small(), 1).expect("read");
+    assert_eq!(rows(&ok), [1, 1]);
+    use arrow::array::AsArray;
+    assert_eq!(ok[0].column(2).as_string::<i32>().value(0), "a\r\nb");
+}
+
+#[test]
+fn a_bad_field_on_a_later_line_of_its_record_names_that_line() {
+    let text = "name,qty,id\n\"first\nsecond\",oops,1\n";
+    let err = csv_error(text, &small());
+    assert_eq!(err, "data.csv line 3, column 2 \"qty\": \"oops\" is not an integer (column type Int8)");
+}
+
+#[test]
+fn errors_after_the_first_batch_name_the_right_line() {
+    let text = "id,qty\n1,1\n2,2\n3,3\n4,4\n5,500\n";
+    let err = csv_error(text, &small());
+    assert_eq!(err, "data.csv line 6, column 2 \"qty\": \"500\" is out of range for Int8 (-128 to 127)");
+}
+
+#[test]
+fn reads_across_read_chunks() {
+    // More than one 1 MiB chunk, a quoted field straddling chunk boundaries.
+    let mut text = String::from("id,name\n");
+    let big = "y".repeat(3 << 20);
+    text.push_str(&format!("1,\"{big}\"\n"));
+    for i in 2..=20_000 {
+        text.push_str(&format!("{i},n{i}\n"));
+    }
+    text.push_str("20001,\"bad\nline\",\n");
+    let err = csv_error(&text, &small());
+    assert_eq!(err, "data.csv line 20002: 3 fields, but the header (line 1) has 2: field 3 has no column");
+    let good = &text[..text.len() - "20001,\"bad\nline\",\n".len()];
+    let batches = read_csv(good.as_bytes(), &small(), 4096).expect("read");
+    assert_eq!(rows(&batches).iter().sum::<usize>(), 20_000);
+}

@@ -1,0 +1,177 @@
+//! A cluster of real `shardwise node` child processes on 127.0.0.1, with fixed ports so a node
+//! restarted after `kill -9` comes back at the same addresses. Used by the crash soak and the
+//! load benchmarks; the process tests use the same commands.
+//!
+//! Each node's output goes to `DIR/logs/rank-R.log`; a node is ready when a new
+//! `listening rank=R` line appears there. Children are killed if this process dies
+//! (`PR_SET_PDEATHSIG`) or drops the cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+/// How long a node may take to print its `listening` line.
+pub const NODE_READY_TIMEOUT_MS: u64 = 60_000;
+
+/// N node processes.
+pub struct ProcCluster {
+    exe: PathBuf,
+    dir: PathBuf,
+    n: u32,
+    master_port: u16,
+    flight_ports: Vec<u16>,
+    data_ports: Vec<u16>,
+    extra_args: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+fn count_ready(log: &Path, rank: u32) -> usize {
+    std::fs::read_to_string(log).map(|s| s.matches(&format!("listening rank={rank} ")).count()).unwrap_or(0)
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+impl ProcCluster {
+    /// Starts `n` nodes with data dirs `dir/rank-R` and waits until all are ready.
+    pub async fn start(n: u32, dir: &Path, extra_args: &[String]) -> anyhow::Result<ProcCluster> {
+        let exe = std::env::current_exe().context("cannot find the shardwise executable")?;
+        std::fs::create_dir_all(dir.join("logs")).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut ports = Vec::new();
+        while ports.len() < 1 + 2 * n as usize {
+            let p = crate::ports::free_port("127.0.0.1")?;
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        let mut cluster = ProcCluster {
+            exe,
+            dir: dir.to_path_buf(),
+            n,
+            master_port: ports[0],
+            flight_ports: ports[1..=n as usize].to_vec(),
+            data_ports: ports[n as usize + 1..].to_vec(),
+            extra_args: extra_args.to_vec(),
+            children: (0..n).map(|_| None).collect(),
+        };
+        let before: Vec<usize> = (0..n).map(|r| count_ready(&cluster.log(r), r)).collect();
+        for rank in 0..n {
+            cluster.spawn(rank)?;
+        }
+        for rank in 0..n {
+            cluster.wait_ready(rank, before[rank as usize]).await?;
+        }
+        Ok(cluster)
+    }
+
+    pub fn size(&self) -> u32 {
+        self.n
+    }
+
+    fn log(&self, rank: u32) -> PathBuf {
+        self.dir.join("logs").join(format!("rank-{rank}.log"))
+    }
+
+    /// The Flight SQL address of `rank`.
+    pub fn flight_addr(&self, rank: u32) -> String {
+        format!("127.0.0.1:{}", self.flight_ports[rank as usize])
+    }
+
+    /// The data dir of `rank`.
+    pub fn data_dir(&self, rank: u32) -> PathBuf {
+        self.dir.join(format!("rank-{rank}"))
+    }
+
+    fn spawn(&mut self, rank: u32) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(rank))
+            .with_context(|| format!("cannot open {}", self.log(rank).display()))?;
+        let log2 = log.try_clone().context("cannot share the log file")?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("node")
+            .args(["--rank", &rank.to_string(), "--world-size", &self.n.to_string()])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &self.master_port.to_string()])
+            .args(["--flight-port", &self.flight_ports[rank as usize].to_string()])
+            .args(["--data-port", &self.data_ports[rank as usize].to_string()])
+            .arg("--data-dir")
+            .arg(self.data_dir(rank))
+            .arg("--insecure")
+            .args(&self.extra_args)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2))
+            .kill_on_drop(true);
+        // SAFETY: the closure only calls prctl(2), which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?;
+        self.children[rank as usize] = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, rank: u32, before: usize) -> anyhow::Result<()> {
+        let log = self.log(rank);
+        let deadline = Instant::now() + Duration::from_millis(NODE_READY_TIMEOUT_MS);
+        loop {
+            if count_ready(&log, rank) > before {
+                return Ok(());
+            }
+            if let Some(child) = self.children[rank as usize].as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!("rank {rank} exited ({status}) before it was ready; its log ends:\n{}", tail(&log));
+            }
+            if Instant::now() > deadline {
+                bail!("rank {rank} was not ready after {NODE_READY_TIMEOUT_MS} ms; its log ends:\n{}", tail(&log));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Kills `rank` with SIGKILL and reaps it.
+    pub async fn kill9(&mut self, rank: u32) -> anyhow::Result<()> {
+        if let Some(mut child) = self.children[rank as usize].take() {
+            child.start_kill().with_context(|| format!("cannot kill rank {rank}"))?;
+            child.wait().await.with_context(|| format!("cannot reap rank {rank}"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts `rank` again (after [`ProcCluster::kill9`]) and waits until it is ready.
+    pub async fn restart(&mut self, rank: u32) -> anyhow::Result<()> {
+        let before = count_ready(&self.log(rank), rank);
+        self.spawn(rank)?;
+        self.wait_ready(rank, before).await
+    }
+
+    /// Stops every node with SIGTERM, workers first, and waits (SIGKILL after 10 s).
+    pub async fn stop(mut self) {
+        for rank in (0..self.n).rev() {
+            if let Some(mut child) = self.children[rank as usize].take() {
+                if let Some(pid) = child.id() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                }
+                if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
+            }
+        }
+    }
+}

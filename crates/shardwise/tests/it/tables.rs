@@ -1,0 +1,226 @@
+//! Sharded tables across real node processes: DDL, inserts in both sync modes through every
+//! node, bad input that must change nothing, a node down while its queue grows, and the crash
+//! soak with a few kills.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+/// A 3-node cluster (with a cluster secret, so the data plane credential is checked).
+struct Cluster {
+    procs: Vec<Proc>,
+    addrs: Vec<String>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(n: u32) -> Cluster {
+        let dir = tempdir();
+        let port = free_port();
+        let mut procs: Vec<Proc> =
+            (0..n).map(|r| Proc::spawn(node_cmd(r, n, port, &rank_dir(dir.path(), r)))).collect();
+        let addrs = procs
+            .iter_mut()
+            .map(|p| flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30))))
+            .collect();
+        Cluster { procs, addrs, port, dir }
+    }
+
+    fn sql(&self, rank: usize, sql: &str) -> Vec<Vec<String>> {
+        sql_csv(&self.addrs[rank], sql).unwrap_or_else(|e| panic!("rank {rank}: {sql}: {e}"))
+    }
+
+    fn sql_err(&self, rank: usize, sql: &str) -> String {
+        match sql_csv(&self.addrs[rank], sql) {
+            Ok(rows) => panic!("rank {rank}: {sql}: expected an error, got {rows:?}"),
+            Err(e) => e,
+        }
+    }
+
+    fn restart(&mut self, rank: u32) {
+        let n = self.procs.len() as u32;
+        let mut p = Proc::spawn(node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank)));
+        self.addrs[rank as usize] = flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30)));
+        self.procs[rank as usize] = p;
+    }
+}
+
+fn one(rows: Vec<Vec<String>>) -> Vec<String> {
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    rows.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn inserts_through_every_node_in_both_modes_agree() {
+    let c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE imm (id BIGINT, g VARCHAR, v DOUBLE, d DECIMAL(10,2), ok BOOLEAN, day DATE, ts TIMESTAMP) \
+         WITH (shard_key = 'id', replicas = 2)",
+    );
+    c.sql(
+        1,
+        "CREATE TABLE del (id BIGINT, g VARCHAR, v DOUBLE) WITH (shard_key = 'g,id', replicas = 2, \
+              sync_mode = 'delay_mode_distributed', delay_max_ms = 200)",
+    );
+    // Both tables are visible everywhere.
+    for r in 0..3 {
+        assert_eq!(c.sql(r, "SHOW TABLES"), vec![vec!["del".to_string()], vec!["imm".to_string()]]);
+    }
+    let mut expected_sum = 0i64;
+    for r in 0..3usize {
+        let lo = r as i64 * 1000;
+        c.sql(
+            r,
+            &format!(
+                "INSERT INTO imm SELECT value, 'g' || (value % 7), value * 0.5, CAST(value AS DECIMAL(10,2)) AS d, \
+                 value % 2 = 0, DATE '2024-01-01', TIMESTAMP '2024-01-01 00:00:00' FROM generate_series({lo}, {})",
+                lo + 999
+            ),
+        );
+        c.sql(
+            r,
+            &format!(
+                "INSERT INTO del SELECT value, 'g' || (value % 7), value * 0.5 FROM generate_series({lo}, {})",
+                lo + 999
+            ),
+        );
+        expected_sum += (lo..lo + 1000).sum::<i64>();
+    }
+    // immediate: visible at once, from every node.
+    for r in 0..3 {
+        assert_eq!(
+            one(c.sql(r, "SELECT count(*), sum(id), count(DISTINCT id) FROM imm")),
+            vec!["3000".to_string(), expected_sum.to_string(), "3000".to_string()]
+        );
+    }
+    // delay_mode_distributed: after a flush.
+    c.sql(2, "SYSTEM FLUSH DISTRIBUTED del");
+    for r in 0..3 {
+        assert_eq!(
+            one(c.sql(r, "SELECT count(*), sum(id), count(DISTINCT id) FROM del")),
+            vec!["3000".to_string(), expected_sum.to_string(), "3000".to_string()]
+        );
+    }
+    assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty());
+    // Every replica of every shard holds the same rows; data is marked as verified placement.
+    let shards = c.sql(
+        0,
+        "SELECT \"table\", shard, min(rows), max(rows), bool_and(verified_placement) FROM system.shards GROUP BY 1, 2",
+    );
+    assert_eq!(shards.len(), 6, "{shards:?}");
+    for s in &shards {
+        assert_eq!(s[2], s[3], "replicas differ: {s:?}");
+        assert_eq!(s[4], "true", "{s:?}");
+    }
+    // A retried insert with the same insert_id is applied once, in both modes.
+    for table in ["imm", "del"] {
+        for _ in 0..2 {
+            c.sql(
+                1,
+                &format!(
+                    "INSERT INTO {table} (id, g, v) VALUES (9999999, 'x', 1) SETTINGS insert_id = 'retry-{table}'"
+                ),
+            );
+        }
+    }
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED del");
+    for table in ["imm", "del"] {
+        assert_eq!(one(c.sql(0, &format!("SELECT count(*) FROM {table} WHERE id = 9999999"))), vec!["1".to_string()]);
+    }
+    // TRUNCATE and DROP reach every node.
+    c.sql(1, "TRUNCATE TABLE imm");
+    assert_eq!(one(c.sql(2, "SELECT count(*) FROM imm")), vec!["0".to_string()]);
+    c.sql(2, "DROP TABLE del");
+    assert!(c.sql_err(0, "SELECT count(*) FROM del").contains("not found"));
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE t (id BIGINT, small TINYINT, name VARCHAR) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO t VALUES (1, 1, 'a')");
+    let cases = [
+        ("CREATE TABLE t (id BIGINT) WITH (shard_key = 'id')", "already exists"),
+        ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'nope')", "not a column"),
+        ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', replicas = 3)", "replicas"),
+        ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', sync_mode = 'eventually')", "sync_mode"),
+        ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', colour = 'red')", "unknown table option"),
+        ("CREATE TABLE u (id BIGINT NOT NULL) WITH (shard_key = 'id')", "NOT NULL"),
+        ("CREATE TABLE u (id BIGINT)", "shard_key"),
+        ("INSERT INTO t VALUES (2, 300, 'b')", "300"),
+        ("INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')", "x"),
+        ("INSERT INTO t VALUES (2, 1)", "expected 3"),
+        ("INSERT INTO nope VALUES (1)", "not found"),
+        ("INSERT INTO t (id, nope) VALUES (1, 2)", "nope"),
+        ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS insert_quorum = 5", "insert_quorum"),
+        ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS no_such_setting = 1", "no_such_setting"),
+        ("DROP TABLE nope", "unknown table"),
+        ("TRUNCATE TABLE nope", "unknown table"),
+        ("SYSTEM FLUSH DISTRIBUTED nope", "unknown table"),
+    ];
+    for (sql, needle) in cases {
+        let err = c.sql_err(1, sql);
+        assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
+    }
+    assert_eq!(
+        c.sql(1, "SELECT id, small, name FROM t"),
+        vec![vec!["1".to_string(), "1".to_string(), "a".to_string()]]
+    );
+    assert_eq!(c.sql(0, "SHOW TABLES"), vec![vec!["t".to_string()]]);
+}
+
+#[test]
+fn a_down_node_queue_grows_then_drains() {
+    let mut c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE q (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed', \
+              delay_max_ms = 50)",
+    );
+    c.procs[2].kill9();
+    let start = std::time::Instant::now();
+    let mut sent = 0i64;
+    let mut seen_growth = Vec::new();
+    // 30 s down, inserting all along through the two live nodes.
+    while start.elapsed() < Duration::from_secs(30) {
+        let r = (sent / 100 % 2) as usize;
+        c.sql(r, &format!("INSERT INTO q SELECT value FROM generate_series({sent}, {})", sent + 99));
+        sent += 100;
+        let pending: i64 = c
+            .sql(0, "SELECT coalesce(sum(pending_rows), 0), coalesce(max(retries), 0) FROM system.sync_queues WHERE destination = 2")
+            .first()
+            .and_then(|row| row.first())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        seen_growth.push(pending);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(seen_growth.windows(2).filter(|w| w[1] > w[0]).count() > 10, "queue did not grow: {seen_growth:?}");
+    let queue = c.sql(0, "SELECT destination, retries, last_error FROM system.sync_queues WHERE destination = 2");
+    assert!(!queue.is_empty(), "no queue for the down node");
+    assert!(queue.iter().any(|row| row[1] != "0" && !row[2].is_empty()), "no retries or last error shown: {queue:?}");
+    c.restart(2);
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED q");
+    assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty(), "queues did not drain");
+    assert_eq!(one(c.sql(2, "SELECT count(*), count(DISTINCT id) FROM q")), vec![sent.to_string(), sent.to_string()]);
+    let shards = c.sql(1, "SELECT shard, min(rows), max(rows) FROM system.shards GROUP BY shard");
+    for s in &shards {
+        assert_eq!(s[1], s[2], "replicas differ after catching up: {s:?}");
+    }
+}
+
+#[test]
+fn crash_soak_with_five_kills_loses_and_doubles_nothing() {
+    let mut cmd = shardwise();
+    cmd.args(["bench", "crash", "--kills", "5", "--kill-interval-ms", "800", "--max-down-ms", "500"]);
+    let out = run_with_timeout(cmd, Duration::from_secs(240));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "crash soak failed:\n{stdout}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("summary line");
+    assert_eq!(summary["violations"], 0, "{summary}");
+    assert_eq!(summary["kills"], 5, "{summary}");
+    assert!(summary["acked_rows"].as_u64().unwrap_or(0) > 0, "nothing was written: {summary}");
+}
