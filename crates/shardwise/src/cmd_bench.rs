@@ -27,6 +27,10 @@ pub enum BenchKind {
     /// Crash soak: kill -9 random nodes while writing to a delay_mode_distributed table, then
     /// check every acknowledged row is present exactly once.
     Crash(crate::bench_crash::CrashArgs),
+    /// Latency of small inserts in each sync mode beside a bare local fsync.
+    Insert(crate::bench_insert::InsertBenchArgs),
+    /// Bulk CSV load throughput on 2 and 3 nodes, beside ClickHouse in the same run.
+    Load(crate::bench_load::LoadBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -46,6 +50,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchKind::Init(a) => init(a).await,
         BenchKind::Crash(a) => crate::bench_crash::run(a).await,
+        BenchKind::Insert(a) => crate::bench_insert::run(a).await,
+        BenchKind::Load(a) => crate::bench_load::run(a).await,
     }
 }
 

@@ -10,29 +10,24 @@
 //! again under the same id, and a failed load re-run with `--insert-id` completes exactly once.
 
 use std::collections::HashMap;
-use std::error::Error as StdError;
+use std::error::Error as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
-use arrow_flight::HandshakeRequest;
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption};
-use base64::Engine as _;
 use futures::Stream;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
+use crate::load::client::{connect, flight_message, status_message, table_schema};
 use crate::load::progress::{Progress, per_second};
 use crate::load::{self, Format};
 
-/// Largest gRPC message the client accepts (as `shardwise sql`; matches the server's limit).
-const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Most rows per batch `--batch-rows` accepts: the readers size buffers by it.
 const MAX_BATCH_ROWS: u32 = 1 << 24;
 /// Wait before the first retry; doubled for each further one, up to [`RETRY_MAX_DELAY_MS`].
@@ -269,13 +264,14 @@ fn retry_delay(n: u32) -> Duration {
     Duration::from_millis(RETRY_FIRST_DELAY_MS.saturating_mul(factor).min(RETRY_MAX_DELAY_MS))
 }
 
-/// Whether an ingest error may pass on retry: the server unavailable, a deadline, or a status
-/// made on this side of the connection (it carries the transport error as its source; statuses
-/// the server sends carry none).
+/// Whether an ingest error may pass on retry (on a new connection, logged in again): the server
+/// unavailable, a deadline, a session token the server no longer knows (it restarted after the
+/// login; a wrong password fails before anything is sent), or a status made on this side of the
+/// connection (it carries the transport error as its source; statuses the server sends carry none).
 fn is_transient(e: &FlightError) -> bool {
     let FlightError::Tonic(status) = e else { return false };
     match status.code() {
-        Code::Unavailable | Code::DeadlineExceeded => true,
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unauthenticated => true,
         Code::Unknown | Code::Internal | Code::Cancelled => status.source().is_some(),
         _ => false,
     }
@@ -293,131 +289,9 @@ fn ingest_error(e: FlightError, addr: &str) -> anyhow::Error {
     anyhow!("sending to {addr} failed: {}", flight_message(e))
 }
 
-/// The table's schema: the result schema of `SELECT * FROM "table" LIMIT 0` (planned, not run).
-async fn table_schema(
-    client: &mut FlightSqlServiceClient<Channel>,
-    addr: &str,
-    table: &str,
-) -> anyhow::Result<SchemaRef> {
-    let sql = format!("SELECT * FROM {} LIMIT 0", quote_identifier(table));
-    let info = client.execute(sql, None).await.map_err(|e| match &e {
-        FlightError::Tonic(status)
-            if matches!(status.code(), Code::InvalidArgument | Code::NotFound)
-                && status.message().contains("not found") =>
-        {
-            anyhow!(
-                "table {} does not exist on {addr} (the server says: {})",
-                quote_identifier(table),
-                status.message()
-            )
-        }
-        _ => {
-            anyhow!("cannot learn the columns of table {} from {addr}: {}", quote_identifier(table), flight_message(e))
-        }
-    })?;
-    let schema = info.try_decode_schema().with_context(|| format!("{addr} sent a schema that cannot be decoded"))?;
-    if schema.fields().is_empty() {
-        bail!("table {} has no columns", quote_identifier(table));
-    }
-    Ok(Arc::new(schema))
-}
-
-/// `name` as a SQL identifier: in double quotes, inner double quotes doubled, case kept.
-pub fn quote_identifier(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-// Connecting and logging in as `shardwise sql` does (its helpers are private to cmd_sql.rs).
-
-/// Connects to `addr` (`host:port` or a URI) and logs in.
-async fn connect(
-    addr: &str,
-    user: &str,
-    password: &str,
-    timeout: Duration,
-) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
-        .connect_timeout(timeout);
-    let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
-        Ok(Ok(channel)) => channel,
-        Ok(Err(e)) => bail!("could not connect to {addr}: {}", error_chain(&e)),
-        Err(_) => bail!("could not connect to {addr}: timed out after {} ms", timeout.as_millis()),
-    };
-    let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let mut client = FlightSqlServiceClient::new_from_inner(inner);
-    handshake(&mut client, user, password)
-        .await
-        .map_err(|message| anyhow!("could not log in to {addr} as {user:?}: {message}"))?;
-    Ok(client)
-}
-
-/// Basic-auth handshake; keeps the bearer token the server returns.
-async fn handshake(client: &mut FlightSqlServiceClient<Channel>, user: &str, password: &str) -> Result<(), String> {
-    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    let header = format!("Basic {credentials}")
-        .parse()
-        .map_err(|_| "user name or password cannot be sent in a header".to_string())?;
-    let hello = HandshakeRequest { protocol_version: 0, payload: Default::default() };
-    let mut request = tonic::Request::new(futures::stream::iter([hello]));
-    request.metadata_mut().insert("authorization", header);
-    let response = client.inner_mut().handshake(request).await.map_err(|s| status_message(&s))?;
-    let token = response
-        .metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
-    let mut replies = response.into_inner();
-    while replies.message().await.map_err(|s| status_message(&s))?.is_some() {}
-    if let Some(token) = token {
-        client.set_token(token);
-    }
-    Ok(())
-}
-
-fn flight_message(e: FlightError) -> String {
-    match e {
-        FlightError::Tonic(status) => status_message(&status),
-        FlightError::Arrow(e) => e.to_string(),
-        other => other.to_string(),
-    }
-}
-
-fn status_message(status: &tonic::Status) -> String {
-    let mut message = status.message().to_string();
-    if message.is_empty() {
-        message = format!("{:?}", status.code());
-    }
-    if let Some(source) = status.source() {
-        message = format!("{message}: {}", error_chain(source));
-    }
-    message
-}
-
-fn error_chain(e: &(dyn StdError + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        next = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quotes_identifiers() {
-        assert_eq!(quote_identifier("trades"), "\"trades\"");
-        assert_eq!(quote_identifier("My \"T\""), "\"My \"\"T\"\"\"");
-    }
 
     #[test]
     fn summary_line() {
@@ -438,7 +312,9 @@ mod tests {
         assert!(is_transient(&status(Code::Unavailable)));
         assert!(is_transient(&status(Code::DeadlineExceeded)));
         assert!(!is_transient(&status(Code::InvalidArgument)));
+        assert!(is_transient(&status(Code::Unauthenticated)), "the server restarted since the login");
         assert!(!is_transient(&status(Code::Internal)));
+        assert!(!is_transient(&status(Code::Unimplemented)));
         let mut reset = tonic::Status::new(Code::Unknown, "transport error");
         reset.set_source(Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
         assert!(is_transient(&FlightError::Tonic(Box::new(reset))));

@@ -2,6 +2,8 @@
 //! parses the command line and reports errors (with their causes) and the exit code.
 
 mod bench_crash;
+mod bench_insert;
+mod bench_load;
 mod cmd_bench;
 mod cmd_demo;
 mod cmd_launch;

@@ -70,10 +70,6 @@ impl ProcCluster {
         Ok(cluster)
     }
 
-    pub fn size(&self) -> u32 {
-        self.n
-    }
-
     fn log(&self, rank: u32) -> PathBuf {
         self.dir.join("logs").join(format!("rank-{rank}.log"))
     }
@@ -81,6 +77,15 @@ impl ProcCluster {
     /// The Flight SQL address of `rank`.
     pub fn flight_addr(&self, rank: u32) -> String {
         format!("127.0.0.1:{}", self.flight_ports[rank as usize])
+    }
+
+    /// Process ids of the given ranks that are running.
+    pub fn pids(&self, ranks: &[u32]) -> Vec<nix::unistd::Pid> {
+        ranks
+            .iter()
+            .filter_map(|r| self.children.get(*r as usize)?.as_ref()?.id())
+            .map(|id| nix::unistd::Pid::from_raw(id as i32))
+            .collect()
     }
 
     /// The data dir of `rank`.

@@ -1,5 +1,6 @@
-//! Reading a file for `shardwise load`: CSV, NDJSON or Parquet into record batches of exactly the
-//! table's schema, every value checked before anything is sent.
+//! The parts of `shardwise load` (the command is `cmd_load.rs`): reading a file, CSV, NDJSON or
+//! Parquet, into record batches of exactly the table's schema, every value checked before anything
+//! is sent; [`client`] talks to the node; [`progress`] draws the bar.
 //!
 //! Each format has its module; Arrow's readers do the parsing (`arrow::csv`, `arrow::json`,
 //! `datafusion::parquet`). What the formats share lives here: [`convert_column`], which turns a
@@ -8,6 +9,7 @@
 //! cast is a bad one), [`first_null`] for NOT NULL columns, and how values are shown in errors.
 //! Each reader adds where the value is: a line and column of the file, or a row.
 
+pub mod client;
 pub mod csv;
 pub mod ndjson;
 pub mod parquet;

@@ -1,0 +1,159 @@
+//! `shardwise bench insert`: latency of small inserts in each sync mode, beside a bare fsync.
+//!
+//! Starts 3 node processes, creates one `immediate` and one `delay_mode_distributed` table (both
+//! `replicas = 2`), and times `--count` inserts of `--rows` rows each through rank 0, as a client
+//! sees them (Flight SQL bulk ingest: one call, no SQL parsing). In the same run it times the same
+//! number of bare `write` + `fdatasync` calls of the same size on the same file system: the floor
+//! any durable insert pays. The delay mode is then timed again with the two other nodes paused
+//! (SIGSTOP): its latency must not depend on them.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow_flight::sql::CommandStatementIngest;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use tonic::transport::Endpoint;
+
+use crate::cmd_sql::SqlClient;
+use crate::proc_cluster::ProcCluster;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct InsertBenchArgs {
+    /// Inserts timed per mode.
+    #[arg(long, default_value_t = 500)]
+    pub count: usize,
+    /// Rows per insert.
+    #[arg(long, default_value_t = 100)]
+    pub rows: usize,
+    /// Where the nodes keep their data [default: a temporary directory].
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
+}
+
+fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
+    if sorted_ms.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted_ms.len() as f64 - 1.0) * p).round() as usize;
+    sorted_ms[i.min(sorted_ms.len() - 1)]
+}
+
+fn batch(rows: usize, start: i64) -> anyhow::Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    let ids: Vec<i64> = (start..start + rows as i64).collect();
+    let names: Vec<String> = ids.iter().map(|i| format!("name-{i}")).collect();
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(StringArray::from(names)),
+            Arc::new(Float64Array::from(ids.iter().map(|i| *i as f64 * 0.5).collect::<Vec<_>>())),
+        ],
+    )?)
+}
+
+async fn time_inserts(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Vec<f64>> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
+    let mut client = FlightSqlServiceClient::new(channel);
+    let mut times = Vec::with_capacity(args.count);
+    for i in 0..args.count + 20 {
+        let b = batch(args.rows, offset + (i * args.rows) as i64)?;
+        let cmd = CommandStatementIngest {
+            table: table.to_string(),
+            options: HashMap::from([("insert_id".to_string(), format!("{table}-{offset}-{i}"))]),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        client
+            .execute_ingest(cmd, futures::stream::iter([Ok(b)]))
+            .await
+            .map_err(|e| anyhow!("insert into {table}: {e}"))?;
+        // The first 20 warm connections and caches up.
+        if i >= 20 {
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize) -> anyhow::Result<Vec<f64>> {
+    let path = dir.join("bare-fsync.bin");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    let payload = vec![7u8; bytes];
+    let mut times = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = Instant::now();
+        f.write_all(&payload)?;
+        f.sync_data()?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    std::fs::remove_file(&path)?;
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
+    let temp = tempfile::tempdir().context("cannot create a temp dir")?;
+    let dir = args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let cluster = ProcCluster::start(3, &dir, &[]).await?;
+    let addr = cluster.flight_addr(0);
+    let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
+    for (table, mode) in [("lat_immediate", "immediate"), ("lat_delay", "delay_mode_distributed")] {
+        sql.query(&format!(
+            "CREATE TABLE {table} (id BIGINT, name VARCHAR, v DOUBLE) WITH (shard_key = 'id', replicas = 2, \
+             sync_mode = '{mode}')"
+        ))
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    }
+    let payload_bytes = {
+        let mut buf = Vec::new();
+        let b = batch(args.rows, 0)?;
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &b.schema())?;
+        w.write(&b)?;
+        w.finish()?;
+        drop(w);
+        buf.len()
+    };
+    let bare = time_bare_fsync(&dir, payload_bytes, args.count)?;
+    let immediate = time_inserts(&addr, "lat_immediate", &args, 0).await?;
+    let delay = time_inserts(&addr, "lat_delay", &args, 0).await?;
+    // The other nodes paused: a delay-mode insert must not wait for them.
+    let pids = cluster.pids(&[1, 2]);
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP);
+    }
+    let paused = time_inserts(&addr, "lat_delay", &args, 10_000_000).await;
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
+    }
+    let paused = paused?;
+    cluster.stop().await;
+
+    let bare_p99 = percentile(&bare, 0.99);
+    println!(
+        "{} inserts of {} rows ({} bytes as Arrow IPC) per mode; 3 nodes, replicas = 2",
+        args.count, args.rows, payload_bytes
+    );
+    println!("{:<36} {:>9} {:>9} {:>22}", "what", "p50_ms", "p99_ms", "p99 - bare fsync p99");
+    let line = |what: &str, t: &[f64]| {
+        let p99 = percentile(t, 0.99);
+        println!("{what:<36} {:>9.3} {:>9.3} {:>19.3} ms", percentile(t, 0.5), p99, p99 - bare_p99);
+    };
+    line("bare write + fdatasync", &bare);
+    line("immediate", &immediate);
+    line("delay_mode_distributed", &delay);
+    line("delay_mode_distributed, others paused", &paused);
+    Ok(ExitCode::SUCCESS)
+}
