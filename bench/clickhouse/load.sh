@@ -12,7 +12,7 @@
 #
 # Layout: S shards with R replicas each on N servers (default N = S + R - 1: S servers
 # for R = 1, 3 servers for S = 2, R = 2). Replica r of shard s lives on server
-# (s + r) mod N, in database bench_s<s> (table bench_s<s>.local), so a server that
+# (s*R + r) mod N, in database bench_s<s> (table bench_s<s>.local), so a server that
 # holds replicas of two shards keeps them apart. The cluster's replicas carry
 # <default_database>bench_s<s></default_database>, the Distributed table names
 # database '' and <internal_replication>false</internal_replication> makes it write
@@ -190,7 +190,10 @@ xml_escape() {
     printf '%s' "$s"
 }
 
-node_of() { echo $((($1 + $2) % servers)); } # shard s, replica r -> server index
+# Replica r of shard s -> server (s*R + r) mod N. The R replicas of a shard are R
+# consecutive slots, so they land on distinct servers as long as R <= N, and the S*R
+# slots cover every server as long as N <= S*R. N = S*R gives one replica per server.
+node_of() { echo $((($1 * replicas + $2) % servers)); }
 
 remote_servers_xml() {
     local s r n

@@ -12,7 +12,6 @@
 use std::collections::HashMap;
 use std::error::Error as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -53,7 +52,7 @@ pub struct LoadArgs {
     /// Idempotency key of this load [default: a new random UUID]. The server applies a load at
     /// most once per insert id, so re-running a failed load with the id it printed completes it
     /// exactly once.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub insert_id: Option<String>,
     /// User name.
     #[arg(long, env = "SHARDWISE_USER", default_value = "default")]
@@ -136,7 +135,7 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
         // The server learns the schema (and the call its descriptor) from the first batch.
         batches.push(RecordBatch::new_empty(schema));
     }
-    let ingest = Ingest { args, insert_id, rows, batches: Arc::new(batches) };
+    let ingest = Ingest { args, insert_id, rows, batches };
     ingest.send_with_retries(client, progress).await?;
     Ok((rows, file_bytes))
 }
@@ -156,7 +155,7 @@ struct Ingest<'a> {
     args: &'a LoadArgs,
     insert_id: &'a str,
     rows: u64,
-    batches: Arc<Vec<RecordBatch>>,
+    batches: Vec<RecordBatch>,
 }
 
 /// A failed ingest attempt; `transient` when retrying may succeed.
@@ -246,12 +245,13 @@ impl Ingest<'_> {
     }
 }
 
-/// The batches as the stream `execute_ingest` sends, advancing the progress bar as they go.
+/// The batches (cheap copies: their arrays are shared) as the stream `execute_ingest` sends,
+/// advancing the progress bar as they go.
 fn batch_stream(
-    batches: &Arc<Vec<RecordBatch>>,
+    batches: &[RecordBatch],
     progress: Progress,
 ) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static {
-    let batches: Vec<RecordBatch> = batches.as_ref().clone();
+    let batches = batches.to_vec();
     futures::stream::iter(batches.into_iter().map(move |batch| {
         progress.advance(batch.get_array_memory_size() as u64, batch.num_rows() as u64);
         Ok(batch)
@@ -292,6 +292,7 @@ fn ingest_error(e: FlightError, addr: &str) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn summary_line() {

@@ -124,8 +124,9 @@ impl TablesNode {
 
     /// The catalog and its version as this node knows them now.
     pub(crate) fn catalog_now(&self) -> (u64, Arc<Catalog>) {
-        let snapshot = self.metadata.watch().borrow().clone();
+        let rx = self.metadata.watch();
         let mut cached = lock(&self.catalog);
+        let snapshot = rx.borrow();
         if snapshot.version > cached.0 {
             match Catalog::from_json(&snapshot.state) {
                 Ok(c) => *cached = (snapshot.version, Arc::new(c)),

@@ -120,18 +120,14 @@ pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, 
 fn first_overflow_to_infinity(source: &ArrayRef, converted: &ArrayRef) -> Option<usize> {
     let as_f64 = cast_with_options(converted, &DataType::Float64, &CastOptions::default()).ok()?;
     let values = as_f64.as_primitive::<Float64Type>();
-    let source_f64 = match source.data_type() {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => None,
-        _ => cast_with_options(source, &DataType::Float64, &CastOptions::default()).ok(),
-    };
-    (0..values.len()).find(|&row| {
-        if values.is_null(row) || !values.value(row).is_infinite() {
-            return false;
-        }
-        match (&source_f64, string_value(source, row)) {
-            (_, Some(text)) => !names_infinity(text),
-            (Some(before), None) => !before.as_primitive::<Float64Type>().value(row).is_infinite(),
-            (None, None) => false,
+    let mut infinite = (0..values.len()).filter(|&row| values.is_valid(row) && values.value(row).is_infinite());
+    let first = infinite.next()?;
+    // Rare from here on: only files with an infinite value get this far.
+    let source_f64 = cast_with_options(source, &DataType::Float64, &CastOptions::default()).ok();
+    std::iter::once(first).chain(infinite).find(|&row| match string_value(source, row) {
+        Some(text) => !names_infinity(text),
+        None => {
+            source_f64.as_ref().is_some_and(|before| !before.as_primitive::<Float64Type>().value(row).is_infinite())
         }
     })
 }

@@ -53,7 +53,14 @@ pub fn read<R: BufRead>(
             continue;
         }
         if let Err(e) = std::str::from_utf8(line) {
-            bail!("{label} line {number}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
+            let at = match key_with_invalid_utf8(line) {
+                Some(key) => match schema.index_of(&key) {
+                    Ok(index) => format!("{label} line {number}, {}", column_name(index, schema.field(index))),
+                    Err(_) => format!("{label} line {number}, key {}", quote_short(&key)),
+                },
+                None => format!("{label} line {number}"),
+            };
+            bail!("{at}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
         }
         feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
         pending.push(number, line);
@@ -122,7 +129,7 @@ fn feed_line(decoder: &mut Decoder, line: &[u8]) -> Result<(), String> {
     if decoder.has_partial_record() {
         return Err("the JSON value does not end on this line (each object must be on one line)".to_string());
     }
-    match decoder.len() - before {
+    match decoder.len().saturating_sub(before) {
         1 => Ok(()),
         0 => Err("no JSON value".to_string()),
         _ => Err("more than one JSON value on the line".to_string()),
@@ -166,7 +173,8 @@ fn locate_failure(pending: &Lines, wire: &SchemaRef, schema: &SchemaRef, label: 
             return explain_line(&format!("{label} line {number}"), line, wire, schema, &failure);
         }
     }
-    let (first, last) = (pending.number(0).unwrap_or_default(), pending.number(pending.len() - 1).unwrap_or_default());
+    let (first, last) =
+        (pending.number(0).unwrap_or_default(), pending.number(pending.len().saturating_sub(1)).unwrap_or_default());
     anyhow!("{label} lines {first}-{last}: {}", json_message(e))
 }
 
@@ -205,6 +213,18 @@ fn explain_line(at: &str, line: &[u8], wire: &SchemaRef, schema: &SchemaRef, fai
         }
     }
     anyhow!("{at}: {failure}")
+}
+
+/// The key whose name or string value holds the invalid UTF-8 of `line`, if the line is an object.
+fn key_with_invalid_utf8(line: &[u8]) -> Option<String> {
+    let lossy = String::from_utf8_lossy(line);
+    let value: serde_json::Value = serde_json::from_str(&lossy).ok()?;
+    let replaced = |text: &str| text.contains(char::REPLACEMENT_CHARACTER);
+    value
+        .as_object()?
+        .iter()
+        .find(|(key, value)| replaced(key) || value.as_str().is_some_and(replaced))
+        .map(|(k, _)| k.clone())
 }
 
 /// `column "name" (table column K)`.

@@ -44,7 +44,7 @@ pub fn read<T: ChunkReader + 'static>(
             batches.push(done);
         }
         // Parquet is compressed: bytes are estimated from the share of rows read.
-        let bytes_now = if total_rows == 0 { size } else { size.saturating_mul(rows_before) / total_rows };
+        let bytes_now = size.saturating_mul(rows_before).checked_div(total_rows).unwrap_or(size);
         progress.advance(bytes_now.saturating_sub(bytes_done), batch.num_rows() as u64);
         bytes_done = bytes_now.max(bytes_done);
     }

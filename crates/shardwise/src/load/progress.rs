@@ -1,9 +1,9 @@
 //! The progress bar of `shardwise load`: one phase reading the file, one sending it.
 //!
 //! It is drawn on standard error, and only when that is a terminal and `--no-progress` was not
-//! given, so pipes and logs never see it; otherwise every call here does nothing. The bar counts
-//! bytes (of the file while reading, of the record batches while sending); its message counts rows
-//! and their rate.
+//! given, so pipes and logs never see it; otherwise the bar is hidden and only notes print. The
+//! bar counts bytes (of the file while reading, of the record batches while sending); its message
+//! counts rows and their rate.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,8 @@ impl Progress {
         Progress { bar, rows: Arc::new(AtomicU64::new(0)), phase_started: Arc::new(Mutex::new(Instant::now())) }
     }
 
-    /// A bar that never draws (tests, and callers that want none).
+    /// A bar that never draws.
+    #[cfg(test)]
     pub fn hidden() -> Progress {
         Progress::new(false)
     }

@@ -224,3 +224,27 @@ fn crash_soak_with_five_kills_loses_and_doubles_nothing() {
     assert_eq!(summary["kills"], 5, "{summary}");
     assert!(summary["acked_rows"].as_u64().unwrap_or(0) > 0, "nothing was written: {summary}");
 }
+
+#[test]
+fn immediate_quorum_and_hinted_handoff() {
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE im (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.procs[2].kill9();
+    // Every shard but one has a replica on rank 2: with the default quorum (all replicas) the
+    // insert fails, says what is short, and gives the insert id to retry with.
+    let err = c.sql_err(0, "INSERT INTO im SELECT value FROM generate_series(1, 300) SETTINGS insert_id = 'q-1'");
+    assert!(err.contains("unavailable") && err.contains("quorum 2") && err.contains("q-1"), "{err}");
+    // With insert_quorum = 1 the same insert (same id) completes exactly once; rank 2's pieces wait
+    // in rank 0's queue.
+    c.sql(0, "INSERT INTO im SELECT value FROM generate_series(1, 300) SETTINGS insert_id = 'q-1', insert_quorum = 1");
+    assert_eq!(one(c.sql(1, "SELECT count(*), count(DISTINCT id) FROM im")), vec!["300".to_string(), "300".to_string()]);
+    let queued = c.sql(0, "SELECT rank, destination FROM system.sync_queues");
+    assert_eq!(queued, vec![vec!["0".to_string(), "2".to_string()]], "hinted handoff queue");
+    c.restart(2);
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED im");
+    assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty());
+    for s in c.sql(2, "SELECT shard, min(rows), max(rows) FROM system.shards GROUP BY shard") {
+        assert_eq!(s[1], s[2], "replicas differ after the handoff: {s:?}");
+    }
+    assert_eq!(one(c.sql(2, "SELECT count(*), sum(id) FROM im")), vec!["300".to_string(), "45150".to_string()]);
+}

@@ -71,6 +71,8 @@ impl<R: Read> Records<R> {
             let (result, consumed, _) = self.tokenizer.read_field(&self.buf[self.scanned..], &mut self.scratch);
             self.scanned += consumed;
             match result {
+                // Empty input means the end of the file, so the tokenizer cannot ask for more then.
+                ReadFieldResult::InputEmpty if self.eof && self.scanned == self.buf.len() => return Ok(None),
                 ReadFieldResult::InputEmpty | ReadFieldResult::OutputFull => {}
                 ReadFieldResult::Field { record_end } => {
                     self.fields += 1;

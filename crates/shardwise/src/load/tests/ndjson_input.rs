@@ -80,7 +80,12 @@ fn invalid_utf8_names_the_line() {
         Ok(_) => panic!("expected an error"),
         Err(e) => format!("{e:#}"),
     };
-    assert_eq!(err, "data.ndjson line 2: not valid UTF-8 (at byte 20 of the line)");
+    assert_eq!(err, "data.ndjson line 2, column \"name\" (table column 3): not valid UTF-8 (at byte 20 of the line)");
+    let err = match read_ndjson(b"{\"id\":1,\"caf\xe9\":2}\n", &small(), 2) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert_eq!(err, "data.ndjson line 1, key \"caf\u{fffd}\": not valid UTF-8 (at byte 13 of the line)");
 }
 
 #[test]
