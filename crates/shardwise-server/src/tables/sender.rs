@@ -88,14 +88,12 @@ fn due(node: &TablesNode, dest: u32) -> Option<Duration> {
     let mut wait = Duration::from_millis(node.settings.sender_idle_poll_ms);
     let mut any = false;
     let (mut max_rows, mut max_bytes) = (u64::MAX, u64::MAX);
-    for ((key, d), q) in stats.iter().filter(|((_, d), q)| *d == dest && q.pending_items > 0) {
-        let _ = d;
+    for ((key, _), q) in stats.iter().filter(|((_, d), q)| *d == dest && q.pending_items > 0) {
         any = true;
         total_rows += q.pending_rows;
         total_bytes += q.pending_bytes;
         // A table dropped meanwhile: its items are about to be discarded; ship what is left now.
-        let delay = catalog.tables.get(outbox_key_table(key)).map(|e| e.def.delay.clone());
-        let Some(delay) = delay else { return None };
+        let delay = catalog.tables.get(outbox_key_table(key)).map(|e| e.def.delay)?;
         max_rows = max_rows.min(delay.delay_max_rows);
         max_bytes = max_bytes.min(delay.delay_max_bytes);
         let age = now.saturating_sub(q.oldest_pending_unix_ms.unwrap_or(now));

@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use arrow::array::{RecordBatch, new_null_array};
 use arrow::csv::reader::ReaderBuilder;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -161,7 +161,9 @@ impl Columns {
                     .map_err(|bad| self.bad_value(records, pending, *position, bad, label))?,
                 None => new_null_array(field.data_type(), text.num_rows()),
             };
-            if let (false, Some(row), Some(position)) = (field.is_nullable(), first_null(&column), source) {
+            if !field.is_nullable()
+                && let (Some(row), Some(position)) = (first_null(&column), source)
+            {
                 let at = self.place(records, &pending[row], *position, label);
                 bail!("{at}: empty, but the column is NOT NULL");
             }
@@ -179,12 +181,12 @@ impl Columns {
         label: &str,
     ) -> anyhow::Error {
         match bad.row.and_then(|row| pending.get(row)) {
-            Some(record) => anyhow::anyhow!("{}: {}", self.place(records, record, position, label), bad.message),
-            None => anyhow::anyhow!("{label}, {}: {}", self.describe_column(position), bad.message),
+            Some(record) => anyhow!("{}: {}", self.place(records, record, position, label), bad.message),
+            None => anyhow!("{label}, {}: {}", self.describe_column(position), bad.message),
         }
     }
 
-    /// `FILE line L, column K "name"` for field `position` of `record`, on the line it starts on.
+    /// `FILE line L, column K "name"` for field `position` of `record`, L the line the field starts on.
     fn place<R>(&self, records: &Records<R>, record: &Record, position: usize, label: &str) -> String {
         let fields = split_fields(records.record_bytes(record));
         let offset = record.content + fields.get(position).map_or(0, |f| f.start);

@@ -156,7 +156,9 @@ fn finish_batch(
             let at = line.map_or_else(|| label.to_string(), |line| format!("{label} line {line}"));
             anyhow!("{at}, {}: {}", column_name(index, field), bad.message)
         })?;
-        if let (false, Some(row)) = (field.is_nullable(), first_null(&column)) {
+        if !field.is_nullable()
+            && let Some(row) = first_null(&column)
+        {
             let line = pending.number(row).unwrap_or_default();
             bail!("{label} line {line}, {}: missing or null, but the column is NOT NULL", column_name(index, field));
         }

@@ -5,7 +5,7 @@
 //! DataFusion's Parquet reader (`datafusion::parquet`) decodes the file; [`super::convert_column`]
 //! casts; a [`BatchCoalescer`] makes the batches `batch_rows` long whatever the file's row groups.
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use arrow::array::{RecordBatch, new_null_array};
 use arrow::compute::{BatchCoalescer, can_cast_types};
 use arrow::datatypes::SchemaRef;
@@ -101,10 +101,12 @@ fn convert(
         let name = format!("column {} (file column {})", quote_short(file_schema.field(position).name()), position + 1);
         let row_of = |row: usize| rows_before + row as u64 + 1;
         let column = convert_column(batch.column(position), field.data_type()).map_err(|bad| match bad.row {
-            Some(row) => anyhow::anyhow!("{label} row {}, {name}: {}", row_of(row), bad.message),
-            None => anyhow::anyhow!("{label}, {name}: {}", bad.message),
+            Some(row) => anyhow!("{label} row {}, {name}: {}", row_of(row), bad.message),
+            None => anyhow!("{label}, {name}: {}", bad.message),
         })?;
-        if let (false, Some(row)) = (field.is_nullable(), first_null(&column)) {
+        if !field.is_nullable()
+            && let Some(row) = first_null(&column)
+        {
             bail!("{label} row {}, {name}: NULL, but the column is NOT NULL", row_of(row));
         }
         columns.push(column);

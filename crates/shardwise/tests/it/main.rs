@@ -6,5 +6,6 @@ mod support;
 mod init_cluster;
 mod init_validation;
 mod launcher;
+mod load;
 mod sql_client;
 mod tables;

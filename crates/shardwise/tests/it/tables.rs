@@ -7,15 +7,15 @@ use std::time::Duration;
 use crate::support::*;
 
 /// A 3-node cluster (with a cluster secret, so the data plane credential is checked).
-struct Cluster {
-    procs: Vec<Proc>,
-    addrs: Vec<String>,
+pub(crate) struct Cluster {
+    pub(crate) procs: Vec<Proc>,
+    pub(crate) addrs: Vec<String>,
     port: u16,
     dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    fn start(n: u32) -> Cluster {
+    pub(crate) fn start(n: u32) -> Cluster {
         let dir = tempdir();
         let port = free_port();
         let mut procs: Vec<Proc> =
@@ -27,11 +27,11 @@ impl Cluster {
         Cluster { procs, addrs, port, dir }
     }
 
-    fn sql(&self, rank: usize, sql: &str) -> Vec<Vec<String>> {
+    pub(crate) fn sql(&self, rank: usize, sql: &str) -> Vec<Vec<String>> {
         sql_csv(&self.addrs[rank], sql).unwrap_or_else(|e| panic!("rank {rank}: {sql}: {e}"))
     }
 
-    fn sql_err(&self, rank: usize, sql: &str) -> String {
+    pub(crate) fn sql_err(&self, rank: usize, sql: &str) -> String {
         match sql_csv(&self.addrs[rank], sql) {
             Ok(rows) => panic!("rank {rank}: {sql}: expected an error, got {rows:?}"),
             Err(e) => e,
@@ -46,7 +46,7 @@ impl Cluster {
     }
 }
 
-fn one(rows: Vec<Vec<String>>) -> Vec<String> {
+pub(crate) fn one(rows: Vec<Vec<String>>) -> Vec<String> {
     assert_eq!(rows.len(), 1, "{rows:?}");
     rows.into_iter().next().unwrap_or_default()
 }
@@ -237,7 +237,10 @@ fn immediate_quorum_and_hinted_handoff() {
     // With insert_quorum = 1 the same insert (same id) completes exactly once; rank 2's pieces wait
     // in rank 0's queue.
     c.sql(0, "INSERT INTO im SELECT value FROM generate_series(1, 300) SETTINGS insert_id = 'q-1', insert_quorum = 1");
-    assert_eq!(one(c.sql(1, "SELECT count(*), count(DISTINCT id) FROM im")), vec!["300".to_string(), "300".to_string()]);
+    assert_eq!(
+        one(c.sql(1, "SELECT count(*), count(DISTINCT id) FROM im")),
+        vec!["300".to_string(), "300".to_string()]
+    );
     let queued = c.sql(0, "SELECT rank, destination FROM system.sync_queues");
     assert_eq!(queued, vec![vec!["0".to_string(), "2".to_string()]], "hinted handoff queue");
     c.restart(2);

@@ -67,12 +67,13 @@ impl<R: Read> Records<R> {
                 self.fill(progress)?;
                 continue;
             }
-            // Empty input tells the tokenizer the file has ended.
+            // Empty input (only at the end of the file, by the fill above) tells the tokenizer so.
+            let at_end = self.scanned == self.buf.len();
             let (result, consumed, _) = self.tokenizer.read_field(&self.buf[self.scanned..], &mut self.scratch);
             self.scanned += consumed;
             match result {
-                // Empty input means the end of the file, so the tokenizer cannot ask for more then.
-                ReadFieldResult::InputEmpty if self.eof && self.scanned == self.buf.len() => return Ok(None),
+                // Not expected after the end was signalled; stops rather than asks again.
+                ReadFieldResult::InputEmpty if at_end => return Ok(None),
                 ReadFieldResult::InputEmpty | ReadFieldResult::OutputFull => {}
                 ReadFieldResult::Field { record_end } => {
                     self.fields += 1;

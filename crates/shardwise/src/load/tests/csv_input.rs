@@ -53,10 +53,30 @@ fn splits_into_batches_of_batch_rows() {
 
 #[test]
 fn empty_file_and_header_only_load_no_rows() {
-    for text in ["", "id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "\n\n"] {
+    for text in ["", "id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "\n\n", "id", "\u{feff}"] {
         let batches = read_csv(text.as_bytes(), &small(), 2).expect(text);
         assert_eq!(rows(&batches).iter().sum::<usize>(), 0, "{text:?}");
     }
+}
+
+#[test]
+fn tiny_files_without_a_final_line_break() {
+    // Shorter than a byte order mark: the reader reads until it can tell.
+    assert_eq!(
+        csv_error("i\n", &small()).lines().next(),
+        Some(
+            "data.csv line 1 (the header), column 1 \"i\": the table has no such column; its columns are \"id\", \"qty\", \"name\""
+        )
+    );
+    assert_eq!(
+        csv_error("ix", &small())
+            .lines()
+            .next()
+            .map(|l| l.starts_with("data.csv line 1 (the header), column 1 \"ix\"")),
+        Some(true)
+    );
+    let schema = schema(&[("a", DataType::Int8, true)]);
+    assert_eq!(rows(&read_csv(b"a\n1", &schema, 2).expect("read")), [1]);
 }
 
 #[test]
