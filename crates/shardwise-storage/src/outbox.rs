@@ -276,17 +276,19 @@ impl Outbox {
         self.queues.pending(dest, max_items, max_bytes)
     }
 
-    /// Marks `dest`'s items with seq <= `up_to_seq` as delivered: one fsynced WAL record (none if
-    /// nothing is acked), then the segments that hold only delivered items are deleted. An ack
-    /// lost to a crash only causes a resend. An error after the ack record was written leaves the
-    /// ack in effect and the outbox failed.
+    /// Marks `dest`'s items with seq <= `up_to_seq` as delivered: one WAL record (none if nothing
+    /// is acked), written but **not fsynced** — it reaches the disk with the next append's fsync,
+    /// and a power cut before that only makes the items pending again, i.e. resent (receivers
+    /// drop resends). This keeps the fsync of a delivery off the path of the inserts that append
+    /// behind it. Then the segments that hold only delivered items are deleted. An error after
+    /// the ack record was written leaves the ack in effect and the outbox failed.
     pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> Result<(), StorageError> {
         if !self.queues.ackable(dest, up_to_seq) {
             return Ok(());
         }
         self.check_usable()?;
         let encoded = record::encode_ack(&[(dest, up_to_seq)]);
-        self.wal.append(&[&encoded])?;
+        self.wal.append_unsynced(&[&encoded])?;
         self.queues.note_record(encoded.len());
         let acked = self.queues.ack(dest, up_to_seq);
         tracing::trace!(dest, up_to_seq, acked, "outbox ack");

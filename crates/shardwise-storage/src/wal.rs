@@ -169,6 +169,24 @@ impl Wal {
     /// Appends one record per payload and fsyncs them all (one fsync for the batch) before
     /// returning their LSNs. An error other than [`StorageError::RecordTooLarge`] fails the WAL.
     pub fn append(&mut self, payloads: &[&[u8]]) -> Result<Range<Lsn>, StorageError> {
+        self.append_with(payloads, true)
+    }
+
+    /// Like [`Wal::append`] but without the final fsync: the records reach the disk with the next
+    /// fsync of the log (any later `append` or [`Wal::sync`]), or are lost whole by a power cut
+    /// before it (a torn one is cut off as a torn tail). For records whose loss is harmless, such
+    /// as the outbox's delivery acks, which a power cut only turns into resends.
+    pub fn append_unsynced(&mut self, payloads: &[&[u8]]) -> Result<Range<Lsn>, StorageError> {
+        self.append_with(payloads, false)
+    }
+
+    /// Makes every record appended so far durable (`fdatasync` of the active segment).
+    pub fn sync(&mut self) -> Result<(), StorageError> {
+        self.check_usable()?;
+        self.sync_active().map_err(|e| self.fail(e))
+    }
+
+    fn append_with(&mut self, payloads: &[&[u8]], sync: bool) -> Result<Range<Lsn>, StorageError> {
         self.check_usable()?;
         if let Some(big) = payloads.iter().find(|p| p.len() > WAL_RECORD_MAX_BYTES) {
             return Err(StorageError::RecordTooLarge { len_bytes: big.len(), max_bytes: WAL_RECORD_MAX_BYTES });
@@ -179,7 +197,7 @@ impl Wal {
         if payloads.is_empty() {
             return Ok(start..start);
         }
-        match self.write_batch(payloads) {
+        match self.write_batch(payloads, sync) {
             Ok(()) => {
                 self.next_lsn = Lsn(end);
                 Ok(start..self.next_lsn)
@@ -271,7 +289,7 @@ impl Wal {
     }
 
     /// Writes the batch, rolling to new segments as needed, and fsyncs it.
-    fn write_batch(&mut self, payloads: &[&[u8]]) -> Result<(), StorageError> {
+    fn write_batch(&mut self, payloads: &[&[u8]], sync: bool) -> Result<(), StorageError> {
         let mut lsn = self.next_lsn;
         let mut buf = Vec::new();
         for payload in payloads {
@@ -287,7 +305,7 @@ impl Wal {
             lsn = lsn.next();
         }
         self.write_active(&buf)?;
-        self.sync_active()
+        if sync { self.sync_active() } else { Ok(()) }
     }
 
     fn active_path(&self) -> PathBuf {

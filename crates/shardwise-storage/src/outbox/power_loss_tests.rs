@@ -159,6 +159,11 @@ struct Model {
     max_seq: u64,
     /// Failed operations that turned out to have taken effect.
     took_effect: usize,
+    /// Items removed by acks since the last fsynced operation: acks are not fsynced, so a power
+    /// cut may bring these back (to be resent), but nothing else.
+    unsynced_acked: State,
+    /// How many items a power cut made pending again.
+    resurrected: usize,
 }
 
 fn state_of(outbox: &Outbox) -> State {
@@ -184,11 +189,19 @@ impl Model {
     }
 
     fn acked(&mut self, dest: u32, up_to_seq: u64) {
-        self.pending.retain(|&(d, seq), _| d != dest || seq > up_to_seq);
+        let (removed, kept): (State, State) =
+            std::mem::take(&mut self.pending).into_iter().partition(|&((d, seq), _)| d == dest && seq <= up_to_seq);
+        self.pending = kept;
+        self.unsynced_acked.extend(removed);
     }
 
     fn discarded(&mut self, table: &str) {
         self.pending.retain(|_, (t, ..)| t != table);
+    }
+
+    /// An fsynced operation succeeded: every earlier ack is durable.
+    fn synced(&mut self) {
+        self.unsynced_acked.clear();
     }
 
     /// Checks the live outbox against the model (no uncertain operation outstanding).
@@ -206,6 +219,17 @@ impl Model {
         let actual = state_of(outbox);
         assert_eq!(recovery.pending_items, actual.len() as u64, "{context}");
         let uncertain = self.uncertain.take();
+        // Items whose ack a power cut took back are pending again, unchanged; set them aside.
+        let resurrected: State = actual
+            .iter()
+            .filter(|(k, v)| !self.pending.contains_key(*k) && self.unsynced_acked.get(*k) == Some(*v))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        self.unsynced_acked.clear();
+        let full_actual = actual;
+        let actual: State =
+            full_actual.iter().filter(|(k, _)| !resurrected.contains_key(*k)).map(|(k, v)| (*k, v.clone())).collect();
+        self.resurrected += resurrected.len();
         if actual != self.pending {
             let mut with = self.pending.clone();
             match &uncertain {
@@ -225,7 +249,7 @@ impl Model {
             assert_eq!(actual, with, "{context}: after reopen (uncertain: {uncertain:?})");
             self.took_effect += 1;
         }
-        self.pending = actual;
+        self.pending = full_actual;
         self.check_live(outbox, context);
     }
 }
@@ -248,6 +272,7 @@ fn random_items(rng: &mut XorShift64, step: u64) -> Vec<OutboxItem> {
 fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_item() -> TestResult {
     let opts = options(1_200, 256);
     let (mut acked_appends, mut io_failures, mut full, mut torn_tails, mut took_effect) = (0, 0, 0, 0, 0);
+    let mut resurrected = 0;
     let mut max_segments = 0;
     for seed in 1..=40u64 {
         let mut rng = XorShift64::new(seed);
@@ -267,6 +292,7 @@ fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_i
                     let result = outbox.append(items.clone(), step);
                     if let Ok(seq) = result {
                         model.appended(seq, &items, step, &context);
+                        model.synced();
                         acked_appends += 1;
                     }
                     (result.map(|_| ()), Some(Uncertain::Append { items, now_unix_ms: step }))
@@ -288,6 +314,9 @@ fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_i
                     let table = TABLES[rng.below(TABLES.len())].to_string();
                     let result = outbox.discard_table(&table);
                     if let Ok(dropped) = result {
+                        if dropped > 0 {
+                            model.synced();
+                        }
                         let before = model.pending.len();
                         model.discarded(&table);
                         assert_eq!(dropped, (before - model.pending.len()) as u64, "{context}");
@@ -333,9 +362,11 @@ fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_i
         let (outbox, recovery) = open_sim(&sim, &opts)?;
         model.check_reopen(&outbox, &recovery, &format!("seed {seed} end"));
         took_effect += model.took_effect;
+        resurrected += model.resurrected;
     }
     // The run must have exercised the interesting paths, not just happy appends.
     assert!(acked_appends > 600, "only {acked_appends} acknowledged appends");
+    assert!(resurrected > 0, "no power cut ever took an unsynced ack back");
     assert!(io_failures > 40, "only {io_failures} failed operations");
     assert!(took_effect > 5, "only {took_effect} failed operations took effect after the reopen");
     assert!(torn_tails > 10, "only {torn_tails} torn tails");

@@ -360,10 +360,14 @@ fn a_stalled_destination_does_not_pin_the_log() -> TestResult {
     sim.power_loss();
     let (mut outbox, recovery) = open_sim(&sim, &small())?;
     assert!(recovery.wal.is_clean());
-    assert_eq!(all_pending(&outbox), before, "carried items keep their seq, payload and time");
+    let (after, resent): (Vec<_>, Vec<_>) = all_pending(&outbox).into_iter().partition(|p| p.0 == 9);
+    assert_eq!(after, before, "carried items keep their seq, payload and time");
+    // The last ack was not fsynced: the power cut may make that one item pending again (a resend).
+    assert!(resent.iter().all(|p| p.0 == 1 && p.1 == 300), "{resent:?}");
     outbox.ack(9, stalled[2])?;
     assert_eq!(outbox.pending(9, 10, u64::MAX).len(), 3);
     outbox.ack(9, u64::MAX)?;
+    outbox.ack(1, u64::MAX)?;
     assert_eq!(segments(&sim)?.len(), 1);
     Ok(())
 }

@@ -32,6 +32,43 @@ fn acknowledged_records_survive_power_loss_across_segment_rolls() -> TestResult 
 }
 
 #[test]
+fn unsynced_appends_are_lost_whole_by_a_power_cut_and_made_durable_by_the_next_fsync() -> TestResult {
+    for seed in 0..20u64 {
+        let sim = SimFs::new();
+        let (mut wal, _) = open_sim(&sim, SMALL_SEGMENT_BYTES)?;
+        wal.append(&[&payload(1)])?;
+        wal.append_unsynced(&[&payload(2), &payload(3)])?;
+        if seed % 2 == 0 {
+            wal.append(&[&payload(4)])?; // its fsync covers 2 and 3 too
+        }
+        drop(wal);
+        if seed % 4 < 2 {
+            sim.power_loss()
+        } else {
+            sim.power_loss_torn(seed)
+        }
+        let (_, recovery) = open_sim(&sim, SMALL_SEGMENT_BYTES)?;
+        assert!(recovery.is_clean(), "seed {seed}: {:?}", recovery.corruptions);
+        let got: Vec<u64> = lsns_and_payloads(&recovery).iter().map(|(l, _)| *l).collect();
+        if seed % 2 == 0 {
+            assert_eq!(got, vec![1, 2, 3, 4], "seed {seed}");
+        } else {
+            assert!(got.len() <= 3 && got[0] == 1 && got.windows(2).all(|w| w[1] == w[0] + 1), "seed {seed}: {got:?}");
+        }
+    }
+    // An explicit sync makes them durable as well.
+    let sim = SimFs::new();
+    let (mut wal, _) = open_sim(&sim, SMALL_SEGMENT_BYTES)?;
+    wal.append_unsynced(&[&payload(1)])?;
+    wal.sync()?;
+    drop(wal);
+    sim.power_loss();
+    let (_, recovery) = open_sim(&sim, SMALL_SEGMENT_BYTES)?;
+    assert_eq!(lsns_and_payloads(&recovery), vec![(1, payload(1))]);
+    Ok(())
+}
+
+#[test]
 fn a_segment_created_without_a_directory_fsync_disappears() -> TestResult {
     // The control for the test above: SimFs really drops an entry whose directory was not synced.
     let sim = SimFs::new();
