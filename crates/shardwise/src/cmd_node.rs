@@ -87,6 +87,13 @@ pub struct NodeArgs {
     /// Interval of the master's `waiting for k of n ranks` lines [default: 2000].
     #[arg(long, env = "SHARDWISE_PROGRESS_INTERVAL_MS")]
     pub progress_interval_ms: Option<u64>,
+    /// Most bytes of delay_mode_distributed inserts the outbox may hold before inserts wait
+    /// [default: 1073741824].
+    #[arg(long, env = "SHARDWISE_OUTBOX_MAX_BYTES")]
+    pub outbox_max_bytes: Option<u64>,
+    /// How long an insert waits for room in a full outbox before failing [default: 10000].
+    #[arg(long, env = "SHARDWISE_OUTBOX_FULL_WAIT_MS")]
+    pub outbox_full_wait_ms: Option<u64>,
     /// Log filter, e.g. `debug` or `shardwise_cluster=debug` [default: info on rank 0, warn elsewhere].
     #[arg(long, env = "SHARDWISE_LOG")]
     pub log: Option<String>,
@@ -124,6 +131,8 @@ struct ConfigFile {
     suspect_after_ms: Option<u64>,
     down_after_ms: Option<u64>,
     progress_interval_ms: Option<u64>,
+    outbox_max_bytes: Option<u64>,
+    outbox_full_wait_ms: Option<u64>,
     log: Option<String>,
 }
 
@@ -175,6 +184,15 @@ fn timeouts(args: &NodeArgs, file: &ConfigFile) -> Timeouts {
         progress_interval_ms: pick(args.progress_interval_ms, file.progress_interval_ms)
             .unwrap_or(d.progress_interval_ms),
         propose_timeout_ms: pick(args.propose_timeout_ms, file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
+    }
+}
+
+fn storage_settings(args: &NodeArgs, file: &ConfigFile) -> StorageSettings {
+    let d = StorageSettings::default();
+    StorageSettings {
+        outbox_max_bytes: pick(args.outbox_max_bytes, file.outbox_max_bytes).unwrap_or(d.outbox_max_bytes),
+        outbox_full_wait_ms: pick(args.outbox_full_wait_ms, file.outbox_full_wait_ms).unwrap_or(d.outbox_full_wait_ms),
+        ..d
     }
 }
 
@@ -251,7 +269,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut signals = StopSignals::install()?;
-    let service_opts = ServiceOptions { data_dir, secret, settings: StorageSettings::default() };
+    let service_opts = ServiceOptions { data_dir, secret, settings: storage_settings(&args, &file) };
     let mut services = Services::start(&node, listeners, service_opts).await?;
     println!("listening rank={} flight={flight_addr}", node.rank);
 

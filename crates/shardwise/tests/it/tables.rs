@@ -251,3 +251,46 @@ fn immediate_quorum_and_hinted_handoff() {
     }
     assert_eq!(one(c.sql(2, "SELECT count(*), sum(id) FROM im")), vec!["300".to_string(), "45150".to_string()]);
 }
+
+#[test]
+fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
+    let dir = tempdir();
+    let port = free_port();
+    let mut procs: Vec<Proc> = (0..2)
+        .map(|r| {
+            let mut cmd = node_cmd(r, 2, port, &rank_dir(dir.path(), r));
+            cmd.args(["--outbox-max-bytes", "200000", "--outbox-full-wait-ms", "500"]);
+            Proc::spawn(cmd)
+        })
+        .collect();
+    let addrs: Vec<String> =
+        procs.iter_mut().map(|p| flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30)))).collect();
+    sql_csv(
+        &addrs[0],
+        "CREATE TABLE f (id BIGINT, pad VARCHAR) WITH (shard_key = 'id', replicas = 2, \
+                        sync_mode = 'delay_mode_distributed')",
+    )
+    .unwrap();
+    procs[1].kill9();
+    let mut accepted = 0;
+    let err = loop {
+        let sql = format!(
+            "INSERT INTO f SELECT value, repeat('x', 100) FROM generate_series({}, {})",
+            accepted * 200,
+            accepted * 200 + 199
+        );
+        match sql_csv(&addrs[0], &sql) {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted < 100, "the outbox never filled");
+    };
+    assert!(accepted > 0, "{err}");
+    assert!(
+        err.contains("is full") && err.contains("outbox_max_bytes") && err.contains("outbox_full_wait_ms"),
+        "{err}"
+    );
+    // Nothing of the refused insert was kept: only the accepted ones are queued.
+    let queued = sql_csv(&addrs[0], "SELECT sum(pending_rows) FROM system.sync_queues WHERE destination = 1").unwrap();
+    assert_eq!(queued, vec![vec![(accepted * 200).to_string()]]);
+}
