@@ -201,7 +201,11 @@ fn a_down_node_queue_grows_then_drains() {
     let queue = c.sql(0, "SELECT destination, retries, last_error FROM system.sync_queues WHERE destination = 2");
     assert!(!queue.is_empty(), "no queue for the down node");
     assert!(queue.iter().any(|row| row[1] != "0" && !row[2].is_empty()), "no retries or last error shown: {queue:?}");
+    // DDL while rank 2 is down reaches it when it restarts.
+    c.sql(1, "CREATE TABLE created_while_down (k BIGINT) WITH (shard_key = 'k')");
     c.restart(2);
+    assert_eq!(c.sql(2, "SHOW TABLES"), vec![vec!["created_while_down".to_string()], vec!["q".to_string()]]);
+    c.sql(2, "INSERT INTO created_while_down VALUES (1), (2), (3)");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED q");
     assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty(), "queues did not drain");
     assert_eq!(one(c.sql(2, "SELECT count(*), count(DISTINCT id) FROM q")), vec![sent.to_string(), sent.to_string()]);
