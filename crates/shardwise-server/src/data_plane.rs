@@ -23,7 +23,6 @@ use arrow_flight::{
 };
 use futures::{Stream, TryStreamExt};
 use shardwise_query::QueryError;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec::ShipRequest;
@@ -85,7 +84,7 @@ impl DataPlane {
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(crate::incoming(listener), shutdown)
             .await?;
         Ok(())
     }

@@ -47,9 +47,24 @@ pub async fn serve_flight(
     }
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
+}
+
+/// Accepted connections with Nagle's algorithm off: tonic sets `TCP_NODELAY` only on sockets it
+/// accepts itself, and small replies held back until the peer's delayed ACK (40 ms) would set
+/// the latency of every small insert and query.
+pub(crate) fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::TryStreamExt;
+    TcpListenerStream::new(listener).map_ok(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+        stream
+    })
 }
 
 #[cfg(test)]

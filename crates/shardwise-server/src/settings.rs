@@ -8,6 +8,8 @@ pub struct StorageSettings {
     /// An insert is cut into chunks of at most this many input rows; each chunk is written (or
     /// queued) as a unit, so one WAL record or shipped message stays bounded.
     pub insert_chunk_rows: usize,
+    /// How many chunks of one insert are placed and written at once.
+    pub insert_pipeline_depth: usize,
     /// Most payload bytes a sender puts in one shipped message.
     pub ship_max_bytes: u64,
     /// Most queued inserts a sender puts in one shipped message.
@@ -40,6 +42,7 @@ impl Default for StorageSettings {
     fn default() -> Self {
         StorageSettings {
             insert_chunk_rows: 262_144,
+            insert_pipeline_depth: 2,
             ship_max_bytes: 16 * 1024 * 1024,
             ship_max_items: 4096,
             ship_timeout_ms: 30_000,

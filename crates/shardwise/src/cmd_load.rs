@@ -102,13 +102,21 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     let progress = Progress::new(!args.no_progress);
     let outcome = load(&args, &insert_id, &progress).await;
     progress.finish();
-    let (rows, file_bytes) = outcome.map_err(|failure| failure.into_error(&insert_id))?;
-    println!("{}", summary(rows, &args.table, started.elapsed(), file_bytes));
+    let (rows, file_bytes, read) = outcome.map_err(|failure| failure.into_error(&insert_id))?;
+    let elapsed = started.elapsed();
+    println!(
+        "{}; read and checked in {:.2} s, sent and stored in {:.2} s",
+        summary(rows, &args.table, elapsed, file_bytes),
+        read.as_secs_f64(),
+        elapsed.saturating_sub(read).as_secs_f64()
+    );
     Ok(())
 }
 
-/// Reads, checks and sends the file; the rows loaded and the file's size.
-async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(u64, u64), Failure> {
+/// Reads, checks and sends the file; the rows loaded, the file's size, and the time from the
+/// start until the file was read and checked.
+async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(u64, u64, Duration), Failure> {
+    let started = Instant::now();
     let format = match args.format {
         Some(format) => format,
         None => Format::from_path(&args.file).map_err(Failure::before_sending)?,
@@ -131,13 +139,14 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
     .and_then(|read| read)
     .map_err(Failure::before_sending)?;
     let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    let read = started.elapsed();
     if batches.is_empty() {
         // The server learns the schema (and the call its descriptor) from the first batch.
         batches.push(RecordBatch::new_empty(schema));
     }
     let ingest = Ingest { args, insert_id, rows, batches };
     ingest.send_with_retries(client, progress).await?;
-    Ok((rows, file_bytes))
+    Ok((rows, file_bytes, read))
 }
 
 /// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)`, rates over the whole run.

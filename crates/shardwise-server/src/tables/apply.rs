@@ -28,9 +28,22 @@ impl TablesNode {
     /// Applies a ship request to the local stores. Returns the rows newly applied (duplicates
     /// and discarded stale data excluded).
     pub async fn apply_ship(&self, req: ShipRequest) -> Result<u64, QueryError> {
-        let mut by_store: BTreeMap<StoreKey, (SharedStore, Vec<Piece>)> = BTreeMap::new();
+        let mut sets = Vec::with_capacity(req.items.len());
         for item in &req.items {
             let set = PieceSet::decode(&item.payload).map_err(|e| QueryError::Rejected(e.to_string()))?;
+            sets.push((item.seq, set));
+        }
+        self.apply_sets(req.origin, sets).await
+    }
+
+    /// Applies piece sets (each with its outbox sequence number, if any) from `origin`.
+    pub(crate) async fn apply_sets(
+        &self,
+        origin: Option<String>,
+        sets: Vec<(Option<u64>, PieceSet)>,
+    ) -> Result<u64, QueryError> {
+        let mut by_store: BTreeMap<StoreKey, (SharedStore, Vec<Piece>)> = BTreeMap::new();
+        for (seq, set) in sets {
             let h = &set.header;
             let (mut version, mut catalog) = self.catalog_now();
             if version < h.catalog_version {
@@ -53,8 +66,8 @@ impl TablesNode {
             for (shard, batch) in h.shards.iter().zip(set.batches) {
                 let store = self.store(&entry, *shard).await?;
                 let piece = Piece {
-                    origin: req.origin.clone(),
-                    seq: item.seq,
+                    origin: origin.clone(),
+                    seq,
                     insert_id: Some(key.clone()),
                     verified_placement: true,
                     batch,

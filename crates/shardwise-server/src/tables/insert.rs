@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
+use futures::StreamExt;
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
@@ -66,15 +67,24 @@ impl TablesNode {
             (_, Some(q)) => q,
             (_, None) => entry.def.replicas,
         };
-        for (index, chunk) in chunks(&batches, self.settings.insert_chunk_rows).into_iter().enumerate() {
-            let placed = self.place(&entry, catalog_version, &insert_id, index as u64, &chunk)?;
-            let done = match entry.def.sync_mode {
-                SyncMode::Immediate => self.write_immediate(&entry, placed, quorum).await,
-                SyncMode::DelayModeDistributed => self.queue(&entry, placed).await,
-            };
+        // Up to `insert_pipeline_depth` chunks in flight: one is placed and encoded while the
+        // one before is being written. Chunks complete in order; the first failure stops the rest.
+        let chunk_list = chunks(&batches, self.settings.insert_chunk_rows);
+        let (entry_ref, insert_id_ref) = (&entry, insert_id.as_str());
+        let mut writes = futures::stream::iter(chunk_list.into_iter().enumerate().map(|(index, chunk)| async move {
+            let placed = self.place(entry_ref, catalog_version, insert_id_ref, index as u64, &chunk)?;
+            match entry_ref.def.sync_mode {
+                SyncMode::Immediate => self.write_immediate(entry_ref, placed, quorum).await,
+                SyncMode::DelayModeDistributed => self.queue(entry_ref, placed).await,
+            }
+        }))
+        .buffered(self.settings.insert_pipeline_depth.max(1));
+        let mut index = 0;
+        while let Some(done) = writes.next().await {
             if let Err(e) = done {
                 return Err(with_retry_hint(e, table, &insert_id, index));
             }
+            index += 1;
         }
         Ok(total_rows)
     }
@@ -124,13 +134,23 @@ impl TablesNode {
 
     async fn write_immediate(&self, entry: &CatalogEntry, placed: PlacedChunk, quorum: u32) -> Result<(), QueryError> {
         let schema = &entry.def.schema;
+        // Remote ranks get the encoded piece set; this rank applies the batches as they are.
         let mut payloads = BTreeMap::new();
-        for (rank, set) in &placed.by_rank {
+        for (rank, set) in placed.by_rank.iter().filter(|(rank, _)| **rank != self.rank) {
             payloads.insert(*rank, Arc::new(set.encode(schema).map_err(storage_error)?));
         }
-        let sends = payloads.iter().map(|(rank, payload)| {
-            let req = ShipRequest { origin: None, items: vec![ShipItem { seq: None, payload: Arc::clone(payload) }] };
-            async move { (*rank, self.deliver(*rank, req).await) }
+        let sends = placed.by_rank.iter().map(|(rank, set)| {
+            let payload = payloads.get(rank).cloned();
+            async move {
+                let result = match payload {
+                    Some(payload) => {
+                        let req = ShipRequest { origin: None, items: vec![ShipItem { seq: None, payload }] };
+                        self.peers.ship(*rank, &req).await
+                    }
+                    None => self.apply_sets(None, vec![(None, set.clone())]).await,
+                };
+                (*rank, result)
+            }
         });
         let results: BTreeMap<u32, Result<u64, QueryError>> =
             futures::future::join_all(sends).await.into_iter().collect();
@@ -153,16 +173,18 @@ impl TablesNode {
         }
         // Quorum met, some replicas missed their piece: hinted handoff through the outbox.
         let key = outbox_key(entry);
-        let items: Vec<OutboxItem> = failed
-            .iter()
-            .filter_map(|(rank, e)| {
-                tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
-                let rows = placed.by_rank.get(rank)?.batches.iter().map(|b| b.num_rows() as u64).sum();
-                let payload = payloads.get(rank)?.as_ref().clone();
-                Some(OutboxItem { table: key.clone(), dest: *rank, rows, payload })
-            })
-            .collect();
-        self.append_outbox(items).await
+        let mut items = Vec::new();
+        for (rank, e) in &failed {
+            tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
+            let Some(set) = placed.by_rank.get(rank) else { continue };
+            let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
+            let payload = match payloads.get(rank) {
+                Some(p) => p.as_ref().clone(),
+                None => set.encode(schema).map_err(storage_error)?,
+            };
+            items.push(OutboxItem { table: key.clone(), dest: *rank, rows, payload });
+        }
+        self.append_outbox(items, entry).await
     }
 
     async fn queue(&self, entry: &CatalogEntry, placed: PlacedChunk) -> Result<(), QueryError> {
@@ -174,13 +196,13 @@ impl TablesNode {
             items.push(OutboxItem { table: key.clone(), dest: *rank, rows, payload });
         }
         tracing::trace!(chunk = placed.index, "queued");
-        self.append_outbox(items).await
+        self.append_outbox(items, entry).await
     }
 
     /// Appends to the outbox (fsynced), waiting up to `outbox_full_wait_ms` for room.
-    async fn append_outbox(&self, items: Vec<OutboxItem>) -> Result<(), QueryError> {
+    async fn append_outbox(&self, items: Vec<OutboxItem>, entry: &CatalogEntry) -> Result<(), QueryError> {
         let deadline = Instant::now() + Duration::from_millis(self.settings.outbox_full_wait_ms);
-        let dests: Vec<u32> = items.iter().map(|i| i.dest).collect();
+        let queued: Vec<(u32, u64, u64)> = items.iter().map(|i| (i.dest, i.rows, i.payload.len() as u64)).collect();
         loop {
             let outbox = Arc::clone(&self.outbox);
             let attempt = items.clone();
@@ -201,8 +223,9 @@ impl TablesNode {
                 Err(e) => return Err(storage_error(e)),
             }
         }
-        for dest in dests {
-            self.senders.wake(dest);
+        let delay = entry.def.delay;
+        for (dest, rows, bytes) in queued {
+            self.senders.queued(dest, rows, bytes, delay.delay_max_rows, delay.delay_max_bytes);
         }
         Ok(())
     }
@@ -273,18 +296,12 @@ fn chunks(batches: &[RecordBatch], chunk_rows: usize) -> Vec<Vec<RecordBatch>> {
 }
 
 fn with_retry_hint(e: QueryError, table: &str, insert_id: &str, chunk: usize) -> QueryError {
-    let hint = if chunk == 0 {
-        format!("retry with SETTINGS insert_id = '{insert_id}' to apply it exactly once")
-    } else {
-        format!(
-            "the first {chunk} chunk(s) may already be stored; retry with SETTINGS insert_id = '{insert_id}' to \
-             complete the insert exactly once"
-        )
-    };
+    let hint = format!(
+        "chunk {chunk} failed and part of the insert may already be stored; retry with SETTINGS insert_id = \
+         '{insert_id}' (shardwise load: --insert-id {insert_id}) to complete it exactly once"
+    );
     match e {
-        QueryError::Unavailable(m) => {
-            QueryError::Unavailable(format!("insert into {table} failed: {m}; some shards may hold the rows: {hint}"))
-        }
+        QueryError::Unavailable(m) => QueryError::Unavailable(format!("insert into {table} failed: {m}; {hint}")),
         QueryError::Storage(m) => QueryError::Storage(format!("insert into {table} failed: {m}; {hint}")),
         other => other,
     }

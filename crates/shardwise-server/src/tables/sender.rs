@@ -9,7 +9,7 @@
 //! the error for `system.sync_queues`, and backs off (doubling, capped at
 //! `sender_backoff_max_ms`, with jitter).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -34,6 +34,11 @@ struct Slot {
     wake: Notify,
     urgent: AtomicBool,
     status: Mutex<SenderStatus>,
+    /// Rows and bytes queued for this destination since its sender last shipped: an insert
+    /// wakes the sender only when these pass a table's `delay_max_rows` / `delay_max_bytes`, so
+    /// small inserts do not each make it look at the queue (under the outbox lock).
+    queued_rows: AtomicU64,
+    queued_bytes: AtomicU64,
 }
 
 /// The senders' shared state, by destination rank.
@@ -47,9 +52,14 @@ impl Senders {
         Senders { slots: (0..world_size).map(|_| Slot::default()).collect() }
     }
 
-    pub(crate) fn wake(&self, dest: u32) {
+    /// Counts rows and bytes queued for `dest`; wakes its sender once they reach the limits.
+    pub(crate) fn queued(&self, dest: u32, rows: u64, bytes: u64, max_rows: u64, max_bytes: u64) {
         if let Some(s) = self.slots.get(dest as usize) {
-            s.wake.notify_one();
+            let r = s.queued_rows.fetch_add(rows, Ordering::Relaxed) + rows;
+            let b = s.queued_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            if r >= max_rows || b >= max_bytes {
+                s.wake.notify_one();
+            }
         }
     }
 
@@ -141,6 +151,8 @@ impl TablesNode {
     /// Ships one batch of `dest`'s queue; returns the next backoff (0 after a success).
     async fn send_once(&self, dest: u32, backoff_ms: u64) -> u64 {
         let Some(slot) = self.senders.slots.get(dest as usize) else { return backoff_ms };
+        slot.queued_rows.store(0, Ordering::Relaxed);
+        slot.queued_bytes.store(0, Ordering::Relaxed);
         let items = lock(&self.outbox).pending(dest, self.settings.ship_max_items, self.settings.ship_max_bytes);
         let Some(last_seq) = items.last().map(|i| i.seq) else { return backoff_ms };
         let req = ShipRequest {
