@@ -3,19 +3,30 @@
 //! The whole stream is received and checked (schema, row count) before anything is written, so a
 //! load that is cut off or malformed leaves the table unchanged; then the rows are inserted as
 //! one insert under the client's `insert_id`, which makes a retried load exactly-once.
+//!
+//! How the server knows the stream is complete: a client may give `expected_rows` up front, or
+//! (what `shardwise load` does, since it sends while it is still reading the file) the option
+//! `commit = marker`, and put [`COMMIT_MARKER_PREFIX`]`<rows>` in the `app_metadata` of its last
+//! message. A stream that ends without that marker (a client that hit a bad row, or died, half
+//! way) writes nothing. Without either option, a cleanly ended stream is complete, as Flight SQL
+//! clients such as ADBC expect.
 
-use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::sql::CommandStatementIngest;
 use arrow_flight::sql::server::PeekableFlightDataStream;
 use datafusion::arrow::record_batch::RecordBatch;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use shardwise_query::{InsertOptions, QueryEngine, QueryError};
 use tonic::Status;
 
 use crate::flight_sql::to_status;
 
 /// Options a client may give an ingest.
-pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum";
+pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum, commit";
+
+/// Start of the `app_metadata` of the last message of a stream sent with `commit = marker`,
+/// followed by the number of rows sent.
+pub const COMMIT_MARKER_PREFIX: &str = "shardwise-commit rows=";
 
 pub async fn ingest(
     engine: &QueryEngine,
@@ -28,6 +39,7 @@ pub async fn ingest(
     }
     let mut opts = InsertOptions::default();
     let mut expected_rows: Option<u64> = None;
+    let mut commit_marker = false;
     for (key, value) in &command.options {
         match key.as_str() {
             "insert_id" => opts.insert_id = Some(value.clone()),
@@ -35,6 +47,10 @@ pub async fn ingest(
                 expected_rows = Some(value.parse().map_err(|_| {
                     Status::invalid_argument(format!("ingest option expected_rows = {value:?} is not a row count"))
                 })?)
+            }
+            "commit" if value == "marker" => commit_marker = true,
+            "commit" => {
+                return Err(Status::invalid_argument(format!("ingest option commit = {value:?}: expected \"marker\"")));
             }
             "insert_quorum" => {
                 opts.insert_quorum = Some(value.parse().map_err(|_| {
@@ -54,10 +70,17 @@ pub async fn ingest(
         .tables
         .get(&table)
         .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&table).to_string())))?;
-    let batches: Vec<RecordBatch> = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into))
-        .try_collect()
-        .await
-        .map_err(|e| Status::invalid_argument(format!("ingest into {table}: the data stream failed: {e}")))?;
+    let mut decoder = FlightDataDecoder::new(stream.map_err(Into::into));
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    let mut last_metadata = bytes::Bytes::new();
+    while let Some(message) = decoder.next().await {
+        let message = message
+            .map_err(|e| Status::invalid_argument(format!("ingest into {table}: the data stream failed: {e}")))?;
+        last_metadata = message.inner.app_metadata.clone();
+        if let DecodedPayload::RecordBatch(batch) = message.payload {
+            batches.push(batch);
+        }
+    }
     let schema = &entry.def.schema;
     for batch in &batches {
         let given = batch.schema();
@@ -76,6 +99,23 @@ pub async fn ingest(
         }
     }
     let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    if commit_marker {
+        let marker = std::str::from_utf8(&last_metadata).ok().and_then(|m| m.strip_prefix(COMMIT_MARKER_PREFIX));
+        match marker.map(str::parse::<u64>) {
+            Some(Ok(sent)) if sent == rows => {}
+            Some(Ok(sent)) => {
+                return Err(Status::invalid_argument(format!(
+                    "ingest into {table}: received {rows} rows, the client's commit marker says {sent}; nothing was written"
+                )));
+            }
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "ingest into {table}: the stream ended without its commit marker (the client stopped before the \
+                     end); nothing was written"
+                )));
+            }
+        }
+    }
     if let Some(expected) = expected_rows
         && expected != rows
     {

@@ -10,7 +10,7 @@ pub mod codec;
 pub mod data_plane;
 pub mod error;
 pub mod flight_sql;
-mod ingest;
+pub mod ingest;
 pub mod services;
 pub mod settings;
 pub mod tables;

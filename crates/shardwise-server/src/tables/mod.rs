@@ -54,6 +54,8 @@ pub struct TablesNode {
     metadata: Arc<dyn MetadataAccess>,
     tables_dir: PathBuf,
     stores: Mutex<HashMap<StoreKey, SharedStore>>,
+    /// Held while a store is opened, so two first uses of a store cannot open it twice.
+    opening: tokio::sync::Mutex<()>,
     pub(crate) outbox: Arc<Mutex<Outbox>>,
     pub(crate) origin_id: String,
     pub(crate) peers: Peers,
@@ -111,6 +113,7 @@ impl TablesNode {
             metadata,
             tables_dir: data_dir.join("tables"),
             stores: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
             outbox: Arc::new(Mutex::new(outbox)),
             origin_id,
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
@@ -165,6 +168,10 @@ impl TablesNode {
             )));
         }
         let key = (entry.id, entry.generation, shard);
+        if let Some(s) = lock(&self.stores).get(&key) {
+            return Ok(Arc::clone(s));
+        }
+        let _opening = self.opening.lock().await;
         if let Some(s) = lock(&self.stores).get(&key) {
             return Ok(Arc::clone(s));
         }
