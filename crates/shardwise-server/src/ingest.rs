@@ -70,6 +70,7 @@ pub async fn ingest(
         .tables
         .get(&table)
         .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&table).to_string())))?;
+    let started = std::time::Instant::now();
     let mut decoder = FlightDataDecoder::new(stream.map_err(Into::into));
     let mut batches: Vec<RecordBatch> = Vec::new();
     let mut last_metadata = bytes::Bytes::new();
@@ -123,7 +124,15 @@ pub async fn ingest(
             "ingest into {table}: received {rows} rows, the client said it sent {expected}; nothing was written"
         )));
     }
+    let received_ms = started.elapsed().as_millis() as u64;
     let inserted = access.insert(&table, batches, opts).await.map_err(to_status)?;
+    tracing::info!(
+        table = %table,
+        rows,
+        received_ms,
+        stored_ms = started.elapsed().as_millis() as u64 - received_ms,
+        "bulk ingest"
+    );
     Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
 }
 
