@@ -4,8 +4,9 @@
 //! The table's schema comes from the server (the result schema of `SELECT * FROM "t" LIMIT 0`).
 //! The whole file is read and checked against it ([`crate::load`]) before anything is sent, so a
 //! malformed row fails the load with its line and column and leaves the table alone. The rows then
-//! go in one Flight SQL `CommandStatementIngest` call with an insert id and the row count; the
-//! server stages them and inserts them as one insert, at most once per insert id. So after an
+//! go in one Flight SQL `CommandStatementIngest` call with an insert id, the last message carrying
+//! a commit marker with the row count (a stream that ends without it writes nothing); the server
+//! stages them and inserts them as one insert, at most once per insert id. So after an
 //! error that leaves the outcome unknown (a lost connection, a timeout) the same rows are sent
 //! again under the same id, and a failed load re-run with `--insert-id` completes exactly once.
 
@@ -34,7 +35,11 @@ const RETRY_FIRST_DELAY_MS: u64 = 500;
 const RETRY_MAX_DELAY_MS: u64 = 8_000;
 /// `CommandStatementIngest` option keys the server reads.
 const INSERT_ID_OPTION: &str = "insert_id";
-const EXPECTED_ROWS_OPTION: &str = "expected_rows";
+/// With `commit = marker` the server writes nothing unless the stream's last message carries
+/// `shardwise-commit rows=N` (see `shardwise_server::ingest`): a stream cut short, or ended early by
+/// this client, changes nothing.
+const COMMIT_OPTION: &str = "commit";
+const COMMIT_MARKER_PREFIX: &str = "shardwise-commit rows=";
 const BYTES_PER_MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(clap::Args, Debug)]
@@ -206,7 +211,7 @@ impl Ingest<'_> {
         progress: &Progress,
     ) -> Result<(), AttemptError> {
         let args = self.args;
-        let mut connected = match client.take() {
+        let connected = match client.take() {
             Some(connected) => connected,
             None => connect(&args.connect, &args.user, &args.password, Duration::from_millis(args.connect_timeout_ms))
                 .await
@@ -217,10 +222,8 @@ impl Ingest<'_> {
         let (command, stream) = (self.command(), batch_stream(&self.batches, progress.clone()));
         // On its own task: arrow-flight unwraps the server's reply, and a panic there must still
         // end in the insert id message.
-        let call = tokio::spawn(async move {
-            let result = connected.execute_ingest(command, stream).await;
-            (connected, result)
-        });
+        let rows = self.rows;
+        let call = tokio::spawn(ingest_with_marker(connected, command, stream, rows));
         let (connected, result) = call.await.map_err(|e| AttemptError {
             error: anyhow!("the server's reply to the ingest call could not be read: {e}"),
             transient: false,
@@ -248,13 +251,117 @@ impl Ingest<'_> {
             transaction_id: None,
             options: HashMap::from([
                 (INSERT_ID_OPTION.to_string(), self.insert_id.to_string()),
-                (EXPECTED_ROWS_OPTION.to_string(), self.rows.to_string()),
+                (COMMIT_OPTION.to_string(), "marker".to_string()),
             ]),
         }
     }
 }
 
-/// The batches (cheap copies: their arrays are shared) as the stream `execute_ingest` sends,
+/// Sends `batches` as a Flight SQL ingest whose last message carries the commit marker for `rows`
+/// rows; returns the row count the server reports. An error in the batch stream ends the stream
+/// without the marker, so the server writes nothing.
+async fn ingest_with_marker(
+    mut client: FlightSqlServiceClient<Channel>,
+    command: CommandStatementIngest,
+    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+    rows: u64,
+) -> (FlightSqlServiceClient<Channel>, Result<i64, FlightError>) {
+    let batches: BatchStream = Box::pin(batches);
+    let result = send_with_marker(&mut client, command, batches, rows).await;
+    (client, result)
+}
+
+async fn send_with_marker(
+    client: &mut FlightSqlServiceClient<Channel>,
+    command: CommandStatementIngest,
+    batches: BatchStream,
+    rows: u64,
+) -> Result<i64, FlightError> {
+    use arrow_flight::FlightDescriptor;
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use arrow_flight::sql::{DoPutUpdateResult, ProstMessageExt};
+    use futures::StreamExt;
+    use prost::Message;
+
+    let descriptor = FlightDescriptor::new_cmd(command.as_any().encode_to_vec());
+    let encoded: EncodedStream =
+        Box::pin(FlightDataEncoderBuilder::new().with_flight_descriptor(Some(descriptor)).build(batches));
+    let (error_tx, mut error_rx) = tokio::sync::oneshot::channel::<FlightError>();
+    let marker = bytes::Bytes::from(format!("{COMMIT_MARKER_PREFIX}{rows}"));
+    let data = WithMarker { encoded: encoded.fuse(), ahead: None, error_tx: Some(error_tx), marker, done: false };
+    let reply = client.do_put(data).await;
+    if let Ok(e) = error_rx.try_recv() {
+        return Err(e);
+    }
+    let mut reply = reply?;
+    let first = reply.message().await.map_err(|s| FlightError::Tonic(Box::new(s)))?;
+    let first = first.ok_or_else(|| FlightError::ProtocolError("the server sent no ingest result".into()))?;
+    let result = DoPutUpdateResult::decode(&*first.app_metadata)
+        .map_err(|e| FlightError::DecodeError(format!("ingest result: {e}")))?;
+    Ok(result.record_count)
+}
+
+type BatchStream = std::pin::Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> + Send>>;
+type EncodedStream = std::pin::Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, FlightError>> + Send>>;
+
+/// The encoded messages with one message of look-ahead, so the last one can carry the commit
+/// marker. An encoding error ends the stream without it (and is handed to the caller).
+struct WithMarker {
+    encoded: futures::stream::Fuse<EncodedStream>,
+    ahead: Option<arrow_flight::FlightData>,
+    error_tx: Option<tokio::sync::oneshot::Sender<FlightError>>,
+    marker: bytes::Bytes,
+    done: bool,
+}
+
+impl WithMarker {
+    fn fail(&mut self, e: FlightError) -> std::task::Poll<Option<arrow_flight::FlightData>> {
+        if let Some(tx) = self.error_tx.take() {
+            let _ = tx.send(e);
+        }
+        self.done = true;
+        std::task::Poll::Ready(None)
+    }
+}
+
+impl Stream for WithMarker {
+    type Item = arrow_flight::FlightData;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use futures::StreamExt;
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if this.ahead.is_none() {
+            match std::task::ready!(this.encoded.poll_next_unpin(cx)) {
+                Some(Ok(message)) => this.ahead = Some(message),
+                Some(Err(e)) => return this.fail(e),
+                None => {
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+            }
+        }
+        match std::task::ready!(this.encoded.poll_next_unpin(cx)) {
+            Some(Ok(next)) => Poll::Ready(this.ahead.replace(next)),
+            None => {
+                this.done = true;
+                Poll::Ready(this.ahead.take().map(|mut last| {
+                    last.app_metadata = this.marker.clone();
+                    last
+                }))
+            }
+            Some(Err(e)) => this.fail(e),
+        }
+    }
+}
+
+/// The batches (cheap copies: their arrays are shared) as the stream the ingest sends,
 /// advancing the progress bar as they go.
 fn batch_stream(
     batches: &[RecordBatch],
