@@ -1,26 +1,29 @@
 //! CSV input: a header row naming the columns (matched to the table's by name, in any order), then
 //! one record per row. An empty field is NULL; a table column the file lacks is NULL throughout.
 //!
-//! Arrow's CSV decoder (`arrow::csv::reader::Decoder`) splits records into text columns, and
-//! [`super::convert_column`] turns each into the table's type. Arrow's reader does not say where a
-//! record is (its errors count records, not lines, and a quoted field may span lines), so
-//! [`Records`] first runs `csv_core`, the tokenizer inside Arrow's reader with the same settings,
-//! over the same bytes: it finds each record's bytes, first line and field count. Field-count and
-//! UTF-8 errors, and every bad value, then name the line a text editor shows.
+//! [`Records`] finds the records as `csv_core`, the tokenizer inside Arrow's CSV reader, does with
+//! the same settings: each record's bytes, first line and field count. Arrow's reader does not say
+//! where a record is (its errors count records, not lines, and a quoted field may span lines), so
+//! field-count and UTF-8 errors, and every bad value, name the line a text editor shows from
+//! these. [`text_columns`] makes text columns of the records, as Arrow's CSV decoder does, and
+//! [`super::convert_column`] turns each into the table's type.
+//!
+//! Finding the records is sequential; each batch's worth of them is then checked, decoded and
+//! converted on a worker thread ([`super::parallel`]), as a [`Chunk`] of its own bytes.
 
 use std::io::Read;
-use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use arrow::array::{RecordBatch, new_null_array};
-use arrow::csv::reader::ReaderBuilder;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow::error::ArrowError;
+use arrow::datatypes::SchemaRef;
 
 mod records;
+mod text;
 
 use records::{Record, Records, split_fields};
+use text::text_columns;
 
+use super::parallel::{self, Jobs};
 use super::progress::Progress;
 use super::{BadValue, assemble, convert_column, first_null, no_such_column, quote_short, text_converts_to};
 
@@ -32,30 +35,75 @@ pub fn read<R: Read>(
     batch_rows: usize,
     progress: &Progress,
 ) -> anyhow::Result<Vec<RecordBatch>> {
+    read_on(parallel::workers(), input, label, schema, batch_rows, progress)
+}
+
+/// [`read`], converting batches on `workers` threads.
+pub fn read_on<R: Read>(
+    workers: usize,
+    input: R,
+    label: &str,
+    schema: &SchemaRef,
+    batch_rows: usize,
+    progress: &Progress,
+) -> anyhow::Result<Vec<RecordBatch>> {
     let mut records = Records::new(input);
     let Some(header) = records.next(progress).with_context(|| format!("cannot read {label}"))? else {
         return Ok(Vec::new());
     };
-    let columns = Columns::from_header(&records, &header, schema, label)?;
-    records.discard_through(header.end);
-    let mut batches = Vec::new();
+    let columns = Columns::from_header(records.buf(), &header, schema, label)?;
+    records.take_through(header.end);
+    parallel::in_order(
+        workers,
+        |jobs| split(&mut records, &columns, batch_rows, label, progress, jobs),
+        |chunk: Chunk| {
+            let batch = columns.batch(&chunk, schema, label)?;
+            progress.advance(0, chunk.records.len() as u64);
+            Ok(batch)
+        },
+    )
+}
+
+/// Consecutive records with their bytes: one batch's worth, converted on a worker thread.
+struct Chunk {
+    /// The bytes the records' offsets refer to.
+    bytes: Vec<u8>,
+    records: Vec<Record>,
+}
+
+/// Finds the records after the header and hands them on `batch_rows` at a time, until the end
+/// of the file or until a batch fails.
+fn split<R: Read>(
+    records: &mut Records<R>,
+    columns: &Columns,
+    batch_rows: usize,
+    label: &str,
+    progress: &Progress,
+    jobs: &mut Jobs<'_, Chunk>,
+) -> anyhow::Result<()> {
     let mut pending: Vec<Record> = Vec::new();
     loop {
-        let next = records.next(progress).with_context(|| format!("cannot read {label}"))?;
+        let next = match records.next(progress) {
+            Ok(next) => next,
+            Err(e) => {
+                // The records before it come first in the file, so their errors are reported first.
+                columns.check_records(records.buf(), &pending, label)?;
+                return Err(e).with_context(|| format!("cannot read {label}"));
+            }
+        };
         if let Some(record) = next {
-            columns.check_record(&records, &record, label)?;
             pending.push(record);
         }
         if pending.len() == batch_rows || (next.is_none() && !pending.is_empty()) {
-            batches.push(columns.batch(&records, &pending, schema, label)?);
-            progress.advance(0, pending.len() as u64);
-            if let Some(last) = pending.last() {
-                records.discard_through(last.end);
+            let room = pending.len();
+            let full = std::mem::replace(&mut pending, Vec::with_capacity(room));
+            let end = full.last().map_or(0, |last| last.end);
+            if !jobs.push(Chunk { bytes: records.take_through(end), records: full }) {
+                return Ok(());
             }
-            pending.clear();
         }
         if next.is_none() {
-            return Ok(batches);
+            return Ok(());
         }
     }
 }
@@ -71,15 +119,10 @@ struct Columns {
 
 impl Columns {
     /// Reads the header and checks it: known, distinct names; every NOT NULL column present.
-    fn from_header<R>(
-        records: &Records<R>,
-        header: &Record,
-        schema: &SchemaRef,
-        label: &str,
-    ) -> anyhow::Result<Columns> {
+    fn from_header(bytes: &[u8], header: &Record, schema: &SchemaRef, label: &str) -> anyhow::Result<Columns> {
         let at = format!("{label} line {} (the header)", header.line);
         let mut names = Vec::new();
-        for (index, field) in split_fields(records.record_bytes(header)).into_iter().enumerate() {
+        for (index, field) in split_fields(header.text(bytes)).into_iter().enumerate() {
             match String::from_utf8(field.value) {
                 Ok(name) => names.push(name),
                 Err(_) => bail!("{at}, column {}: the name is not valid UTF-8", index + 1),
@@ -107,8 +150,26 @@ impl Columns {
         Ok(Columns { names, header_line: header.line, source })
     }
 
-    /// Checks a record's field count and encoding before Arrow sees it.
-    fn check_record<R>(&self, records: &Records<R>, record: &Record, label: &str) -> anyhow::Result<()> {
+    /// Checks the records' field counts and encoding before they are decoded; the error is the
+    /// first failing record's, its field count before its encoding.
+    fn check_records(&self, bytes: &[u8], records: &[Record], label: &str) -> anyhow::Result<()> {
+        let miscounted = records.iter().position(|r| r.fields != self.names.len());
+        let checked = &records[..miscounted.map_or(records.len(), |index| index + 1)];
+        // One pass over all their bytes: records end at line breaks, which UTF-8 is valid across.
+        let invalid = match (checked.first(), checked.last()) {
+            (Some(first), Some(last)) => std::str::from_utf8(&bytes[first.content..last.end])
+                .err()
+                .map(|e| checked.partition_point(|r| r.end <= first.content + e.valid_up_to())),
+            _ => None,
+        };
+        match miscounted.into_iter().chain(invalid).min() {
+            Some(index) => self.check_record(bytes, &records[index], label),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks a record's field count and encoding.
+    fn check_record(&self, bytes: &[u8], record: &Record, label: &str) -> anyhow::Result<()> {
         let expected = self.names.len();
         if record.fields != expected {
             let detail = match self.names.get(record.fields) {
@@ -124,47 +185,35 @@ impl Columns {
                 self.header_line
             );
         }
-        if let Err(e) = std::str::from_utf8(records.record_bytes(record)) {
+        if let Err(e) = std::str::from_utf8(record.text(bytes)) {
             let offset = record.content + e.valid_up_to();
-            let column = self.column_at(records, record, offset);
-            let line = records.line_at(record, offset);
+            let column = self.column_at(bytes, record, offset);
+            let line = record.line_at(bytes, offset);
             bail!("{label} line {line}, {}: not valid UTF-8", self.describe_column(column));
         }
         Ok(())
     }
 
-    /// Decodes `pending` (consecutive records) with Arrow into text columns, then converts them.
-    fn batch<R>(
-        &self,
-        records: &Records<R>,
-        pending: &[Record],
-        schema: &SchemaRef,
-        label: &str,
-    ) -> anyhow::Result<RecordBatch> {
+    /// Checks the chunk's records, decodes them into text columns, then converts those.
+    fn batch(&self, chunk: &Chunk, schema: &SchemaRef, label: &str) -> anyhow::Result<RecordBatch> {
+        let (bytes, pending) = (chunk.bytes.as_slice(), chunk.records.as_slice());
+        self.check_records(bytes, pending, label)?;
         let (Some(first), Some(last)) = (pending.first(), pending.last()) else {
             return Ok(RecordBatch::new_empty(schema.clone()));
         };
         let lines = format!("{label} lines {}-{}", first.line, last.line);
-        let text = decode_text(&records.buf[first.start..last.end], self.names.len(), pending.len())
-            .with_context(|| format!("{lines}: cannot split into fields"))?;
-        if text.num_rows() != pending.len() {
-            bail!(
-                "internal error (a bug in shardwise load): {lines}: Arrow's CSV reader found {} records, the scanner {}",
-                text.num_rows(),
-                pending.len()
-            );
-        }
+        let text = text_columns(bytes, pending, self.names.len(), &lines)?;
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (field, source) in schema.fields().iter().zip(&self.source) {
             let column = match source {
-                Some(position) => convert_column(text.column(*position), field.data_type())
-                    .map_err(|bad| self.bad_value(records, pending, *position, bad, label))?,
-                None => new_null_array(field.data_type(), text.num_rows()),
+                Some(position) => convert_column(&text[*position], field.data_type())
+                    .map_err(|bad| self.bad_value(bytes, pending, *position, bad, label))?,
+                None => new_null_array(field.data_type(), pending.len()),
             };
             if !field.is_nullable()
                 && let (Some(row), Some(position)) = (first_null(&column), source)
             {
-                let at = self.place(records, &pending[row], *position, label);
+                let at = self.place(bytes, &pending[row], *position, label);
                 bail!("{at}: empty, but the column is NOT NULL");
             }
             columns.push(column);
@@ -172,30 +221,30 @@ impl Columns {
         assemble(schema, columns)
     }
 
-    fn bad_value<R>(
+    fn bad_value(
         &self,
-        records: &Records<R>,
+        bytes: &[u8],
         pending: &[Record],
         position: usize,
         bad: BadValue,
         label: &str,
     ) -> anyhow::Error {
         match bad.row.and_then(|row| pending.get(row)) {
-            Some(record) => anyhow!("{}: {}", self.place(records, record, position, label), bad.message),
+            Some(record) => anyhow!("{}: {}", self.place(bytes, record, position, label), bad.message),
             None => anyhow!("{label}, {}: {}", self.describe_column(position), bad.message),
         }
     }
 
     /// `FILE line L, column K "name"` for field `position` of `record`, L the line the field starts on.
-    fn place<R>(&self, records: &Records<R>, record: &Record, position: usize, label: &str) -> String {
-        let fields = split_fields(records.record_bytes(record));
+    fn place(&self, bytes: &[u8], record: &Record, position: usize, label: &str) -> String {
+        let fields = split_fields(record.text(bytes));
         let offset = record.content + fields.get(position).map_or(0, |f| f.start);
-        format!("{label} line {}, {}", records.line_at(record, offset), self.describe_column(position))
+        format!("{label} line {}, {}", record.line_at(bytes, offset), self.describe_column(position))
     }
 
     /// The field of `record` that holds byte `offset`.
-    fn column_at<R>(&self, records: &Records<R>, record: &Record, offset: usize) -> usize {
-        let fields = split_fields(records.record_bytes(record));
+    fn column_at(&self, bytes: &[u8], record: &Record, offset: usize) -> usize {
+        let fields = split_fields(record.text(bytes));
         let within = offset - record.content;
         fields.iter().rposition(|f| f.start <= within).unwrap_or(0)
     }
@@ -206,23 +255,4 @@ impl Columns {
             None => format!("column {}", position + 1),
         }
     }
-}
-
-/// Arrow's CSV decoder over exactly `rows` complete records, every field as nullable text (an
-/// empty field is NULL). A fresh decoder per batch sizes its buffers to the batch.
-fn decode_text(bytes: &[u8], columns: usize, rows: usize) -> Result<RecordBatch, ArrowError> {
-    let fields: Vec<Field> = (0..columns).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect();
-    let schema = Arc::new(Schema::new(fields));
-    let mut decoder = ReaderBuilder::new(schema.clone()).with_header(false).with_batch_size(rows).build_decoder();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let used = decoder.decode(rest)?;
-        if used == 0 {
-            break;
-        }
-        rest = &rest[used..];
-    }
-    // End of input: completes a last record that has no line break after it.
-    decoder.decode(&[])?;
-    Ok(decoder.flush()?.unwrap_or_else(|| RecordBatch::new_empty(schema)))
 }

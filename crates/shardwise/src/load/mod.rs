@@ -3,15 +3,18 @@
 //! is sent; [`client`] talks to the node; [`progress`] draws the bar.
 //!
 //! Each format has its module; Arrow's readers do the parsing (`arrow::csv`, `arrow::json`,
-//! `datafusion::parquet`). What the formats share lives here: [`convert_column`], which turns a
-//! column into the table's type with Arrow's cast kernel and finds the first value that does not
-//! fit (Arrow's safe cast makes such a value NULL, so a value that was there and is NULL after the
-//! cast is a bad one), [`first_null`] for NOT NULL columns, and how values are shown in errors.
-//! Each reader adds where the value is: a line and column of the file, or a row.
+//! `datafusion::parquet`). CSV and NDJSON split the file on the calling thread and parse and check
+//! its batches on worker threads ([`parallel`]). What the formats share lives here:
+//! [`convert_column`], which turns a column into the table's type with Arrow's cast kernel and
+//! finds the first value that does not fit (Arrow's safe cast makes such a value NULL, so a value
+//! that was there and is NULL after the cast is a bad one), [`first_null`] for NOT NULL columns,
+//! and how values are shown in errors. Each reader adds where the value is: a line and column of
+//! the file, or a row.
 
 pub mod client;
 pub mod csv;
 pub mod ndjson;
+pub mod parallel;
 pub mod parquet;
 pub mod progress;
 #[cfg(test)]

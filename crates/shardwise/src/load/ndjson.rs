@@ -9,6 +9,9 @@
 //! Arrow's JSON errors do not say which row failed. Lines are fed to the decoder one at a time, so
 //! a syntax error is placed at once; when building a batch fails, the batch is decoded again a
 //! line at a time to find the line, and that line a column at a time to find the column.
+//!
+//! The calling thread only splits the file into lines, a batch's worth at a time; worker threads
+//! parse and convert the batches ([`super::parallel`]), each with a decoder of its own.
 
 use std::io::BufRead;
 use std::sync::Arc;
@@ -19,62 +22,145 @@ use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::json::reader::{Decoder, ReaderBuilder};
 
+use super::parallel::{self, Jobs};
 use super::progress::Progress;
 use super::{assemble, convert_column, first_null, no_such_column, quote_short, shorten, text_converts_to};
 
 /// A UTF-8 byte order mark, skipped at the start of the file.
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+/// Bytes read between updates of the progress bar.
+const PROGRESS_STEP_BYTES: usize = 1 << 20;
 
 /// Reads NDJSON from `input` (named `label` in errors) into batches of `schema`.
 pub fn read<R: BufRead>(
-    mut input: R,
+    input: R,
     label: &str,
     schema: &SchemaRef,
     batch_rows: usize,
     progress: &Progress,
 ) -> anyhow::Result<Vec<RecordBatch>> {
-    let wire = wire_schema(schema, label)?;
-    let mut decoder = new_decoder(&wire, batch_rows, true)?;
-    let (mut batches, mut pending, mut buf, mut number) = (Vec::new(), Lines::default(), Vec::new(), 0u64);
-    loop {
-        buf.clear();
-        let read = input.read_until(b'\n', &mut buf).with_context(|| format!("cannot read {label}"))?;
-        if read == 0 {
-            break;
-        }
-        number += 1;
-        progress.advance(read as u64, 0);
-        let mut line = buf.strip_suffix(b"\n").unwrap_or(&buf);
-        line = line.strip_suffix(b"\r").unwrap_or(line);
-        if number == 1 {
-            line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
-        }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Err(e) = std::str::from_utf8(line) {
-            let at = match key_with_invalid_utf8(line) {
-                Some(key) => match schema.index_of(&key) {
-                    Ok(index) => format!("{label} line {number}, {}", column_name(index, schema.field(index))),
-                    Err(_) => format!("{label} line {number}, key {}", quote_short(&key)),
-                },
-                None => format!("{label} line {number}"),
-            };
-            bail!("{at}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
-        }
-        feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
-        pending.push(number, line);
-        if pending.len() == batch_rows {
-            batches.push(finish_batch(&mut decoder, &pending, &wire, schema, label)?);
+    read_on(parallel::workers(), input, label, schema, batch_rows, progress)
+}
+
+/// [`read`], parsing and converting batches on `workers` threads.
+pub fn read_on<R: BufRead>(
+    workers: usize,
+    input: R,
+    label: &str,
+    schema: &SchemaRef,
+    batch_rows: usize,
+    progress: &Progress,
+) -> anyhow::Result<Vec<RecordBatch>> {
+    let reader = Reader { wire: wire_schema(schema, label)?, schema, label, batch_rows };
+    parallel::in_order(
+        workers,
+        |jobs| reader.split(input, progress, jobs),
+        |chunk: Chunk| {
+            let (mut decoder, pending) = reader.feed(&chunk)?;
+            let batch = finish_batch(&mut decoder, &pending, &reader.wire, schema, label)?;
             progress.advance(0, pending.len() as u64);
-            pending.clear();
+            Ok(batch)
+        },
+    )
+}
+
+/// Consecutive lines of the file, with `batch_rows` values (or the last ones) among them.
+struct Chunk {
+    /// The number of the first line.
+    first_line: u64,
+    /// The lines, each with its line break (the last line of the file may have none).
+    text: Vec<u8>,
+}
+
+/// What reading one file needs, shared by the splitting thread and the workers.
+struct Reader<'a> {
+    wire: SchemaRef,
+    schema: &'a SchemaRef,
+    label: &'a str,
+    batch_rows: usize,
+}
+
+impl Reader<'_> {
+    /// Reads the lines and hands them on, a batch's worth at a time, until the end of the file
+    /// or until a batch fails.
+    fn split<R: BufRead>(&self, mut input: R, progress: &Progress, jobs: &mut Jobs<'_, Chunk>) -> anyhow::Result<()> {
+        let mut chunk = Chunk { first_line: 1, text: Vec::new() };
+        let (mut number, mut values, mut unreported_bytes) = (0u64, 0, 0);
+        loop {
+            let line_start = chunk.text.len();
+            let read = match input.read_until(b'\n', &mut chunk.text) {
+                Ok(read) => read,
+                Err(e) => {
+                    // The lines before it come first in the file, so their errors are reported first.
+                    chunk.text.truncate(line_start);
+                    self.feed(&chunk)?;
+                    return Err(e).with_context(|| format!("cannot read {}", self.label));
+                }
+            };
+            if read == 0 {
+                break;
+            }
+            number += 1;
+            unreported_bytes += read;
+            if unreported_bytes >= PROGRESS_STEP_BYTES {
+                progress.advance(std::mem::take(&mut unreported_bytes) as u64, 0);
+            }
+            values += usize::from(!is_blank(content(&chunk.text[line_start..], number)));
+            if values == self.batch_rows {
+                let room = chunk.text.len();
+                let full =
+                    std::mem::replace(&mut chunk, Chunk { first_line: number + 1, text: Vec::with_capacity(room) });
+                values = 0;
+                if !jobs.push(full) {
+                    return Ok(());
+                }
+            }
         }
+        progress.advance(unreported_bytes as u64, 0);
+        if values > 0 {
+            jobs.push(chunk);
+        }
+        Ok(())
     }
-    if !pending.is_empty() {
-        batches.push(finish_batch(&mut decoder, &pending, &wire, schema, label)?);
-        progress.advance(0, pending.len() as u64);
+
+    /// Checks the chunk's lines and feeds them to a new decoder: the first line that is not one
+    /// JSON value, or not UTF-8, is the error.
+    fn feed(&self, chunk: &Chunk) -> anyhow::Result<(Decoder, Lines)> {
+        let (schema, label) = (self.schema, self.label);
+        let mut decoder = new_decoder(&self.wire, self.batch_rows, true)?;
+        let mut pending = Lines::default();
+        for (number, raw) in (chunk.first_line..).zip(chunk.text.split_inclusive(|&b| b == b'\n')) {
+            let line = content(raw, number);
+            if is_blank(line) {
+                continue;
+            }
+            if let Err(e) = std::str::from_utf8(line) {
+                let at = match key_with_invalid_utf8(line) {
+                    Some(key) => match schema.index_of(&key) {
+                        Ok(index) => format!("{label} line {number}, {}", column_name(index, schema.field(index))),
+                        Err(_) => format!("{label} line {number}, key {}", quote_short(&key)),
+                    },
+                    None => format!("{label} line {number}"),
+                };
+                bail!("{at}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
+            }
+            feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
+            pending.push(number, line);
+        }
+        Ok((decoder, pending))
     }
-    Ok(batches)
+}
+
+/// A line as read, without its line break (and, on line 1, a byte order mark).
+fn content(raw: &[u8], number: u64) -> &[u8] {
+    let line = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if number == 1 { line.strip_prefix(UTF8_BOM).unwrap_or(line) } else { line }
+}
+
+/// A line with no value: blank lines are skipped.
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
 }
 
 /// The schema Arrow decodes into: the table's, every column nullable (NOT NULL is checked here,
@@ -261,10 +347,6 @@ impl Lines {
         self.numbers.len()
     }
 
-    fn is_empty(&self) -> bool {
-        self.numbers.is_empty()
-    }
-
     fn number(&self, index: usize) -> Option<u64> {
         self.numbers.get(index).copied()
     }
@@ -273,11 +355,5 @@ impl Lines {
         let end = *self.ends.get(index)?;
         let start = if index == 0 { 0 } else { *self.ends.get(index - 1)? };
         self.text.get(start..end)
-    }
-
-    fn clear(&mut self) {
-        self.text.clear();
-        self.ends.clear();
-        self.numbers.clear();
     }
 }

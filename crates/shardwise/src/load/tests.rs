@@ -103,3 +103,47 @@ mod format {
 mod csv_input;
 mod ndjson_input;
 mod parquet_input;
+
+/// The table of the db-benchmark groupby data (`bench/gen_groupby_csv.py`): `id1..id3` text.
+fn groupby() -> SchemaRef {
+    schema(&[
+        ("id1", DataType::Utf8, true),
+        ("id2", DataType::Utf8, true),
+        ("id3", DataType::Utf8, true),
+        ("id4", DataType::Int32, true),
+        ("id5", DataType::Int32, true),
+        ("id6", DataType::Int32, true),
+        ("v1", DataType::Int32, true),
+        ("v2", DataType::Int32, true),
+        ("v3", DataType::Float64, true),
+    ])
+}
+
+/// Reads `path` with the groupby schema and prints the time it took.
+fn time_read(path: &str, format: Format) {
+    let started = std::time::Instant::now();
+    let batches = super::read_file(path.as_ref(), format, &groupby(), 65_536, &Progress::hidden()).expect("read");
+    let elapsed = started.elapsed();
+    let mib = batches.iter().map(RecordBatch::get_array_memory_size).sum::<usize>() >> 20;
+    println!(
+        "{path}: {} rows in {} batches in {:.3} s ({mib} MiB in memory)",
+        rows(&batches).iter().sum::<usize>(),
+        batches.len(),
+        elapsed.as_secs_f64()
+    );
+}
+
+/// Times reading the 10M-row groupby CSV (`/tmp/G1_1e7.csv`); run in release with
+/// `cargo test --release -p shardwise --bin shardwise -- --ignored read_speed --nocapture`.
+#[test]
+#[ignore = "a benchmark: needs /tmp/G1_1e7.csv and a release build"]
+fn read_speed() {
+    time_read("/tmp/G1_1e7.csv", Format::Csv);
+}
+
+/// Times reading its first 2M rows as NDJSON (`/tmp/G1_2e6.ndjson`, one object per row).
+#[test]
+#[ignore = "a benchmark: needs /tmp/G1_2e6.ndjson and a release build"]
+fn read_speed_ndjson() {
+    time_read("/tmp/G1_2e6.ndjson", Format::Ndjson);
+}

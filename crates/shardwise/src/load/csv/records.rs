@@ -1,9 +1,16 @@
 //! The record scanner of the CSV reader: where each record of the file is.
 //!
-//! `csv_core` is the tokenizer inside Arrow's CSV reader; run here with the same (default)
-//! settings over the same bytes, it finds the records exactly as Arrow will: each record's bytes,
-//! the line it starts on (counted as a text editor counts) and its number of fields. It reads the
-//! file a chunk at a time and keeps only the bytes of records not yet decoded.
+//! It finds the records exactly as `csv_core`, the tokenizer inside Arrow's CSV reader, does with
+//! the same (default) settings: each record's bytes, the line it starts on (counted as a text
+//! editor counts) and its number of fields. It reads the file a chunk at a time and keeps only the
+//! bytes of records not yet handed on ([`Records::take_through`]).
+//!
+//! The file's first record (the header) is found by `csv_core` itself, which does one thing more
+//! at the start of its input: it skips a byte order mark. The rest, most of the file and the one
+//! part of reading that cannot be parallel, are found by [`scan_record`], which does only what
+//! finding a record needs: it skips quoted fields whole, counts the commas outside them (eight
+//! bytes at a time), and stops at the first line break outside them. The tests check it against
+//! `csv_core` on every short input over the bytes that matter.
 
 use std::io::Read;
 
@@ -11,33 +18,53 @@ use csv_core::{ReadFieldResult, Reader as Tokenizer};
 
 use crate::load::progress::Progress;
 
-/// Bytes read from the file at a time.
+/// Bytes read from the file at a time (more while a record longer than that is incomplete).
 const READ_CHUNK_BYTES: usize = 1 << 20;
 /// Output buffer of the tokenizer; the scanner only counts fields, so the output is dropped.
 const SCRATCH_BYTES: usize = 4096;
 /// A UTF-8 byte order mark, skipped at the start of the file.
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+/// Bytes [`unquoted_run`] tests at once, as one `u64`.
+const WORD_BYTES: usize = 8;
 
 /// One record: its bytes in the buffer (`start..end`, with any blank lines before it; `content`
-/// is its first byte), the line it starts on and its number of fields.
-#[derive(Debug, Clone, Copy)]
+/// is its first byte), the line it starts on, its number of fields, and whether it may have a
+/// quoted field (if not, each field is exactly the bytes between its commas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
     pub start: usize,
     pub content: usize,
     pub end: usize,
     pub line: u64,
     pub fields: usize,
+    pub quoted: bool,
+}
+
+impl Record {
+    /// The record's bytes from its first field on; `buf` is the buffer its offsets refer to.
+    pub fn text<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        &buf[self.content..self.end]
+    }
+
+    /// The line of byte `offset` of `buf`, which lies in this record.
+    pub fn line_at(&self, buf: &[u8], offset: usize) -> u64 {
+        let mut lines = LineCounter::starting_at(self.line);
+        lines.advance(&buf[self.content..offset]);
+        lines.current()
+    }
 }
 
 /// The file's bytes, read a chunk at a time, and the records found in them.
 pub struct Records<R> {
     input: R,
-    /// Bytes from the first record not yet decoded to the last byte read.
-    pub buf: Vec<u8>,
-    /// How much of `buf` the tokenizer has consumed.
+    /// Bytes from the first record not yet handed on to the last byte read.
+    buf: Vec<u8>,
+    /// How much of `buf` holds found records.
     scanned: usize,
     eof: bool,
     bom_checked: bool,
+    /// Whether the first record has been found (by `csv_core`; the rest by [`scan_record`]).
+    first_found: bool,
     tokenizer: Tokenizer,
     scratch: Vec<u8>,
     fields: usize,
@@ -52,6 +79,7 @@ impl<R: Read> Records<R> {
             scanned: 0,
             eof: false,
             bom_checked: false,
+            first_found: false,
             tokenizer: Tokenizer::new(),
             scratch: vec![0; SCRATCH_BYTES],
             fields: 0,
@@ -61,10 +89,29 @@ impl<R: Read> Records<R> {
 
     /// The next record, or `None` at the end of the file.
     pub fn next(&mut self, progress: &Progress) -> std::io::Result<Option<Record>> {
+        if !self.first_found {
+            self.first_found = true;
+            return self.next_tokenized(progress);
+        }
+        loop {
+            match scan_record(&self.buf, self.scanned, self.eof) {
+                Scan::Record { content, end, fields, quoted } => {
+                    return Ok(Some(self.finish_record(self.scanned, content, end, fields, quoted)));
+                }
+                Scan::End => return Ok(None),
+                // At least as much again as the incomplete record, so a long one is rescanned
+                // a logarithmic number of times.
+                Scan::Incomplete => self.fill(READ_CHUNK_BYTES.max(self.buf.len() - self.scanned), progress)?,
+            }
+        }
+    }
+
+    /// The next record as `csv_core` finds it, field by field.
+    fn next_tokenized(&mut self, progress: &Progress) -> std::io::Result<Option<Record>> {
         let start = self.scanned;
         loop {
             if (self.scanned == self.buf.len() || !self.bom_checked) && !self.eof {
-                self.fill(progress)?;
+                self.fill(READ_CHUNK_BYTES, progress)?;
                 continue;
             }
             // Empty input (only at the end of the file, by the fill above) tells the tokenizer so.
@@ -78,7 +125,10 @@ impl<R: Read> Records<R> {
                 ReadFieldResult::Field { record_end } => {
                     self.fields += 1;
                     if record_end {
-                        return Ok(Some(self.finish_record(start)));
+                        let end = self.scanned;
+                        let blank = self.buf[start..end].iter().take_while(|&&b| is_line_break(b)).count();
+                        let fields = std::mem::take(&mut self.fields);
+                        return Ok(Some(self.finish_record(start, start + blank, end, fields, true)));
                     }
                 }
                 ReadFieldResult::End => return Ok(None),
@@ -86,31 +136,27 @@ impl<R: Read> Records<R> {
         }
     }
 
-    fn finish_record(&mut self, start: usize) -> Record {
-        let bytes = &self.buf[start..self.scanned];
-        let blank = bytes.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
-        self.lines.advance(&bytes[..blank]);
+    /// The record from `start` (blank lines) and `content` (its first field) to `end`. Only a
+    /// record with a `quoted` field can have a line break before its last byte.
+    fn finish_record(&mut self, start: usize, content: usize, end: usize, fields: usize, quoted: bool) -> Record {
+        self.lines.advance(&self.buf[start..content]);
         let line = self.lines.current();
-        self.lines.advance(&bytes[blank..]);
-        let fields = std::mem::take(&mut self.fields);
-        Record { start, content: start + blank, end: self.scanned, line, fields }
+        if quoted {
+            self.lines.advance(&self.buf[content..end]);
+        } else {
+            self.lines.advance_text();
+            self.lines.advance(&self.buf[end - 1..end]);
+        }
+        self.scanned = end;
+        Record { start, content, end, line, fields, quoted }
     }
 
-    fn fill(&mut self, progress: &Progress) -> std::io::Result<()> {
-        let old = self.buf.len();
-        self.buf.resize(old + READ_CHUNK_BYTES, 0);
-        let read = loop {
-            match self.input.read(&mut self.buf[old..]) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.buf.truncate(old);
-                    return Err(e);
-                }
-            }
-        };
-        self.buf.truncate(old + read);
-        self.eof = read == 0;
+    /// Reads up to `want` more bytes; fewer only at the end of the file.
+    fn fill(&mut self, want: usize, progress: &Progress) -> std::io::Result<()> {
+        self.buf.reserve(want);
+        // Reads into the spare capacity, which is not zeroed first.
+        let read = (&mut self.input).take(want as u64).read_to_end(&mut self.buf)?;
+        self.eof = read < want;
         progress.advance(read as u64, 0);
         if !self.bom_checked && (self.buf.len() >= UTF8_BOM.len() || self.eof) {
             self.bom_checked = true;
@@ -123,23 +169,136 @@ impl<R: Read> Records<R> {
 }
 
 impl<R> Records<R> {
-    /// Drops the bytes before `end` (decoded records); later offsets move down by `end`.
-    pub fn discard_through(&mut self, end: usize) {
-        self.buf.drain(..end);
+    /// The bytes the records' offsets refer to.
+    pub fn buf(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Hands over the bytes before `end` (the records found up to there) and keeps the rest; the
+    /// offsets of records found later are counted from `end`.
+    pub fn take_through(&mut self, end: usize) -> Vec<u8> {
         self.scanned -= end;
+        if self.buf.len() - end <= end {
+            // Usually: the rest is the smaller part, so it moves to a buffer of the same room.
+            let mut rest = Vec::with_capacity(self.buf.capacity());
+            rest.extend_from_slice(&self.buf[end..]);
+            self.buf.truncate(end);
+            std::mem::replace(&mut self.buf, rest)
+        } else {
+            let taken = self.buf[..end].to_vec();
+            self.buf.drain(..end);
+            taken
+        }
     }
+}
 
-    /// The line of byte `offset`, which lies in `record`.
-    pub fn line_at(&self, record: &Record, offset: usize) -> u64 {
-        let mut lines = LineCounter::starting_at(record.line);
-        lines.advance(&self.buf[record.content..offset]);
-        lines.current()
-    }
+/// What [`scan_record`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// A record: first field at `content`, up to `end` (after its line break, if it has one).
+    Record { content: usize, end: usize, fields: usize, quoted: bool },
+    /// Only blank lines (or nothing) before the end of the file.
+    End,
+    /// The record may go on past the bytes read so far.
+    Incomplete,
+}
 
-    /// The record's bytes from its first field on.
-    pub fn record_bytes(&self, record: &Record) -> &[u8] {
-        &self.buf[record.content..record.end]
+/// Finds the record at `from` in `buf` as `csv_core` would, between records: blank lines are
+/// skipped; a field that starts with `"` is quoted, up to a `"` not followed by another (`""` is a
+/// quote in the value; a quote elsewhere is a plain byte); a comma outside quotes ends a field,
+/// and a line break (`\r` or `\n`) outside quotes ends the record, which also ends at the end of
+/// the file (`eof`), inside a quoted field or not.
+fn scan_record(buf: &[u8], from: usize, eof: bool) -> Scan {
+    let content = from + buf[from..].iter().take_while(|&&b| is_line_break(b)).count();
+    if content == buf.len() {
+        return if eof { Scan::End } else { Scan::Incomplete };
     }
+    let (mut fields, mut at, mut quoted) = (1, content, false);
+    loop {
+        let (run, commas) = unquoted_run(&buf[at..]);
+        fields += commas;
+        at += run;
+        let Some(&byte) = buf.get(at) else {
+            return if eof { Scan::Record { content, end: at, fields, quoted } } else { Scan::Incomplete };
+        };
+        if byte != b'"' {
+            return Scan::Record { content, end: at + 1, fields, quoted };
+        }
+        if at != content && buf[at - 1] != b',' {
+            at += 1;
+            continue;
+        }
+        quoted = true;
+        match closing_quote(buf, at + 1, eof) {
+            Some(close) => at = close + 1,
+            None if eof => return Scan::Record { content, end: buf.len(), fields, quoted },
+            None => return Scan::Incomplete,
+        }
+    }
+}
+
+/// The length of `bytes` before the first quote or line break, and the commas in it.
+fn unquoted_run(bytes: &[u8]) -> (usize, usize) {
+    let mut commas = 0;
+    let mut words = bytes.chunks_exact(WORD_BYTES);
+    for (index, word) in words.by_ref().enumerate() {
+        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        let (comma_bytes, stop_bytes) = (bytes_equal(word, b','), stop_bytes(word));
+        if stop_bytes != 0 {
+            // The first stop is the lowest byte: commas in the bytes below it.
+            let below = (1u64 << stop_bytes.trailing_zeros()) - 1;
+            let first = stop_bytes.trailing_zeros() as usize / 8;
+            return (index * WORD_BYTES + first, commas + count_bytes(comma_bytes & below));
+        }
+        commas += count_bytes(comma_bytes);
+    }
+    let at = bytes.len() - words.remainder().len();
+    for (index, &b) in words.remainder().iter().enumerate() {
+        if b == b'"' || is_line_break(b) {
+            return (at + index, commas);
+        }
+        commas += usize::from(b == b',');
+    }
+    (bytes.len(), commas)
+}
+
+/// The high bit of each byte of `word` (eight bytes, little-endian) that is `byte`, exactly: no
+/// carry crosses from one byte to the next.
+fn bytes_equal(word: u64, byte: u8) -> u64 {
+    const ONES: u64 = u64::from_le_bytes([1; WORD_BYTES]);
+    const LOW_BITS: u64 = u64::from_le_bytes([0x7F; WORD_BYTES]);
+    let zero_where_equal = word ^ (ONES * u64::from(byte));
+    !(((zero_where_equal & LOW_BITS) + LOW_BITS) | zero_where_equal | LOW_BITS)
+}
+
+/// [`bytes_equal`] for the bytes that stop an unquoted run: a quote or a line break.
+fn stop_bytes(word: u64) -> u64 {
+    bytes_equal(word, b'"') | bytes_equal(word, b'\r') | bytes_equal(word, b'\n')
+}
+
+/// The number of bytes a [`bytes_equal`] result marks.
+fn count_bytes(marked: u64) -> usize {
+    const ONES: u64 = u64::from_le_bytes([1; WORD_BYTES]);
+    // Each byte 0 or 1; the multiplication sums them into the top byte.
+    ((marked >> 7).wrapping_mul(ONES) >> 56) as usize
+}
+
+/// The quote at or after `from` that closes a quoted field: one not followed by another quote.
+/// `None` when `buf` ends first (with a quote only the next byte can tell about, unless `eof`).
+fn closing_quote(buf: &[u8], from: usize, eof: bool) -> Option<usize> {
+    let mut at = from;
+    loop {
+        let quote = at + buf[at..].iter().position(|&b| b == b'"')?;
+        match buf.get(quote + 1) {
+            Some(b'"') => at = quote + 2,
+            Some(_) => return Some(quote),
+            None => return eof.then_some(quote),
+        }
+    }
+}
+
+fn is_line_break(b: u8) -> bool {
+    b == b'\r' || b == b'\n'
 }
 
 /// Counts lines as a text editor does: `\n`, `\r\n` and a lone `\r` each end one.
@@ -160,10 +319,16 @@ impl LineCounter {
                 self.line += 1;
                 self.after_cr = false;
             } else {
-                self.line += u64::from(self.after_cr);
+                self.advance_text();
                 self.after_cr = b == b'\r';
             }
         }
+    }
+
+    /// Past bytes that are not line breaks (at least one).
+    fn advance_text(&mut self) {
+        self.line += u64::from(self.after_cr);
+        self.after_cr = false;
     }
 
     /// The line the next byte is on.
@@ -198,5 +363,113 @@ pub fn split_fields(record: &[u8]) -> Vec<RawField> {
             }
             ReadFieldResult::End => return fields,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every record of `text`, found by the scanner, or by `csv_core` alone when `tokenized`;
+    /// `quoted` is left out (`csv_core` does not say).
+    fn records(text: &[u8], tokenized: bool) -> Vec<Record> {
+        let mut found = records_quoted(text, tokenized);
+        for record in &mut found {
+            record.quoted = false;
+        }
+        found
+    }
+
+    fn records_quoted(text: &[u8], tokenized: bool) -> Vec<Record> {
+        let (mut records, progress) = (Records::new(text), Progress::hidden());
+        let mut found = Vec::new();
+        loop {
+            let next = if tokenized { records.next_tokenized(&progress) } else { records.next(&progress) };
+            match next.expect("reading a slice") {
+                Some(record) => found.push(record),
+                None => return found,
+            }
+        }
+    }
+
+    /// Checks the scanner against `csv_core` on `body` after a first record ending in `\n` or
+    /// `\r` (after which `csv_core` is in different states), and on each prefix of `body`, that
+    /// it either asks for more bytes or finds what it finds with all of them.
+    fn check(body: &[u8]) {
+        for first in [&b"h\n"[..], b"h\r"] {
+            let text = [first, body].concat();
+            assert_eq!(records(&text, false), records(&text, true), "{:?}", String::from_utf8_lossy(&text));
+            // A record the scanner finds unquoted has no quote at the start of a field.
+            for record in records_quoted(&text, false).iter().filter(|r| !r.quoted) {
+                let fields = split_fields(record.text(&text));
+                assert!(fields.iter().all(|f| record.text(&text).get(f.start) != Some(&b'"')), "{text:?}");
+            }
+        }
+        let whole = scan_record(body, 0, true);
+        for cut in 0..body.len() {
+            let partial = scan_record(&body[..cut], 0, false);
+            assert!(partial == Scan::Incomplete || partial == whole, "{body:?} cut at {cut}: {partial:?} {whole:?}");
+        }
+    }
+
+    #[test]
+    fn finds_records_exactly_as_csv_core_on_every_short_input() {
+        let alphabet = b"a,\"\r\n";
+        for length in 0..=6u32 {
+            for mut n in 0..alphabet.len().pow(length) {
+                let mut body = Vec::new();
+                for _ in 0..length {
+                    body.push(alphabet[n % alphabet.len()]);
+                    n /= alphabet.len();
+                }
+                check(&body);
+            }
+        }
+    }
+
+    #[test]
+    fn finds_records_exactly_as_csv_core_on_longer_inputs() {
+        // Long runs (past the scanner's blocks) of a few bytes, with the special ones rarer.
+        let alphabet = b"abcdefgh,,,\"\r\n\xff";
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..3000 {
+            let mut body = Vec::new();
+            for _ in 0..state % 90 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                body.push(alphabet[(state % alphabet.len() as u64) as usize]);
+            }
+            check(&body);
+        }
+    }
+
+    #[test]
+    fn records_across_read_chunks() {
+        // A quoted field with escaped quotes and line breaks longer than several read chunks.
+        let big = "x\"\"\r\n".repeat(READ_CHUNK_BYTES);
+        let text = format!("h\n1,2\n\"{big}\",3\n\"a\"b\"c,\r\n\n\r4,\"\"");
+        let found = records(text.as_bytes(), false);
+        assert_eq!(found, records(text.as_bytes(), true));
+        assert_eq!(
+            found.iter().map(|r| (r.line, r.fields)).collect::<Vec<_>>(),
+            [(1, 1), (2, 2), (3, 2), (4 + READ_CHUNK_BYTES as u64, 2), (7 + READ_CHUNK_BYTES as u64, 2)]
+        );
+    }
+
+    #[test]
+    fn taking_records_keeps_the_rest() {
+        let text = b"h\na,1\nb,2\nc,3\n";
+        let (mut records, progress) = (Records::new(&text[..]), Progress::hidden());
+        let header = records.next(&progress).expect("read").expect("header");
+        assert_eq!(records.take_through(header.end), b"h\n");
+        let first = records.next(&progress).expect("read").expect("a record");
+        assert_eq!(first.text(records.buf()), b"a,1\n");
+        assert_eq!(records.take_through(first.end), b"a,1\n");
+        let (b, c) =
+            (records.next(&progress).expect("read").expect("b"), records.next(&progress).expect("read").expect("c"));
+        let taken = records.take_through(c.end);
+        assert_eq!((b.text(&taken), c.text(&taken), c.line), (&b"b,2\n"[..], &b"c,3\n"[..], 4));
+        assert_eq!(records.next(&progress).expect("read"), None);
     }
 }

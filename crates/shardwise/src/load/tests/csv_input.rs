@@ -261,3 +261,91 @@ fn reads_across_read_chunks() {
     let batches = read_csv(good.as_bytes(), &small(), 4096).expect("read");
     assert_eq!(rows(&batches).iter().sum::<usize>(), 20_000);
 }
+
+/// Makes row N bad.
+type BadRow = fn(usize) -> Vec<u8>;
+
+/// `id,qty,name` rows `1,1,n1` ... with the rows in `bad` (0-based) made bad as `make_bad` says.
+fn rows_with_bad(rows: usize, bad: &[usize], make_bad: impl Fn(usize) -> Vec<u8>) -> Vec<u8> {
+    let mut text = b"id,qty,name\n".to_vec();
+    for row in 0..rows {
+        match bad.contains(&row) {
+            true => text.extend(make_bad(row)),
+            false => text.extend(format!("{row},{},n{row}\n", row % 100).into_bytes()),
+        }
+    }
+    text
+}
+
+#[test]
+fn the_first_bad_row_of_many_batches_is_the_error() {
+    // Bad rows in many batches of 7 rows; later batches are converted while earlier ones still
+    // are, so any of them may fail first, but the error is the first row's.
+    let bad = [1234, 1250, 1717, 2500, 2990];
+    let kinds: [(BadRow, &str); 5] = [
+        (
+            |row| format!("{row},300,x\n").into_bytes(),
+            "column 2 \"qty\": \"300\" is out of range for Int8 (-128 to 127)",
+        ),
+        (
+            |row| format!("{row},1\n").into_bytes(),
+            "2 fields, but the header (line 1) has 3: column 3 \"name\" is missing",
+        ),
+        (
+            |row| format!("{row},1,caf\u{e9}\n").into_bytes().into_iter().filter(|&b| b != 0xA9).collect(),
+            "column 3 \"name\": not valid UTF-8",
+        ),
+        (|_| b",1,x\n".to_vec(), "column 1 \"id\": empty, but the column is NOT NULL"),
+        (
+            |row| format!("{row},\"1\n0\",x\n").into_bytes(),
+            "column 2 \"qty\": \"1\\n0\" is not an integer (column type Int8)",
+        ),
+    ];
+    for (first_kind, (_, message)) in kinds.iter().enumerate() {
+        // The first bad row has this kind; the later ones every other kind in turn.
+        let make_bad = |row: usize| {
+            let index = bad.iter().position(|&b| b == row).unwrap_or(0);
+            kinds[(first_kind + index) % kinds.len()].0(row)
+        };
+        let text = rows_with_bad(3000, &bad, make_bad);
+        let expected = match message.starts_with("2 fields") {
+            true => format!("data.csv line 1236: {message}"),
+            false => format!("data.csv line 1236, {message}"),
+        };
+        for workers in [1, 2, 4, 8] {
+            let err =
+                csv::read_on(workers, &text[..], "data.csv", &small(), 7, &Progress::hidden()).expect_err("bad rows");
+            assert_eq!(format!("{err:#}"), expected, "{workers} workers");
+        }
+    }
+}
+
+#[test]
+fn one_worker_and_several_give_the_same_batches() {
+    // Quoted fields (with commas, quotes and line breaks), CRLF, blank lines, empty values.
+    let mut text = String::from("name,qty,id\r\n");
+    for row in 0..5000 {
+        let name = match row % 6 {
+            0 => format!("\"n, {row}\""),
+            1 => format!("\"say \"\"{row}\"\"\r\nagain\""),
+            2 => String::new(),
+            3 => format!("caf\u{e9}{row}"),
+            4 => format!("a\"b{row}"),
+            _ => format!("n{row}"),
+        };
+        let qty = if row % 5 == 0 { String::new() } else { (row % 200 - 100).to_string() };
+        text.push_str(&format!("{name},{qty},{row}\r\n"));
+        if row % 97 == 0 {
+            text.push_str("\r\n\n");
+        }
+    }
+    for batch_rows in [1, 7, 1000, 10_000] {
+        let read =
+            |workers| csv::read_on(workers, text.as_bytes(), "data.csv", &small(), batch_rows, &Progress::hidden());
+        let one = read(1).expect("read");
+        assert_eq!(rows(&one).iter().sum::<usize>(), 5000);
+        for workers in [2, 3, 8] {
+            assert!(read(workers).expect("read") == one, "{workers} workers, batches of {batch_rows}");
+        }
+    }
+}

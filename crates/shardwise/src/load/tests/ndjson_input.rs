@@ -166,3 +166,59 @@ fn missing_or_null_not_null_column() {
     let err = ndjson_error("{\"id\":1}\n{\"id\":2}\n\n{\"id\":null}\n", &small());
     assert_eq!(err, "data.ndjson line 4, column \"id\" (table column 1): missing or null, but the column is NOT NULL");
 }
+
+#[test]
+fn the_first_bad_line_of_many_batches_is_the_error() {
+    let bad = [1234, 1250, 1717, 2500, 2990];
+    let kinds: [(&str, &str); 4] = [
+        ("{\"id\":1,\"qty\":300}", "column \"qty\" (table column 2): \"300\" is out of range for Int8 (-128 to 127)"),
+        ("{\"id\":1", "the JSON value does not end on this line (each object must be on one line)"),
+        (
+            "{\"id\":1,\"colour\":2}",
+            "key \"colour\": the table has no such column; its columns are \"id\", \"qty\", \"name\"",
+        ),
+        ("{\"qty\":1}", "column \"id\" (table column 1): missing or null, but the column is NOT NULL"),
+    ];
+    for (first_kind, (_, message)) in kinds.iter().enumerate() {
+        let mut text = String::new();
+        for row in 0..3000 {
+            match bad.iter().position(|&b| b == row) {
+                Some(index) => text.push_str(kinds[(first_kind + index) % kinds.len()].0),
+                None => text.push_str(&format!("{{\"id\":{row},\"qty\":{}}}", row % 100)),
+            }
+            text.push('\n');
+        }
+        let expected = match message.starts_with("the JSON") {
+            true => format!("data.ndjson line 1235: {message}"),
+            false => format!("data.ndjson line 1235, {message}"),
+        };
+        for workers in [1, 2, 4, 8] {
+            let err = ndjson::read_on(workers, text.as_bytes(), "data.ndjson", &small(), 7, &Progress::hidden())
+                .expect_err("bad lines");
+            assert_eq!(format!("{err:#}"), expected, "{workers} workers");
+        }
+    }
+}
+
+#[test]
+fn one_worker_and_several_give_the_same_batches() {
+    let mut text = String::from("\u{feff}");
+    for row in 0..5000 {
+        match row % 4 {
+            0 => text.push_str(&format!("{{\"id\":{row},\"name\":\"caf\u{e9} {row}\"}}\r\n")),
+            1 => text.push_str(&format!("{{\"qty\":{},\"id\":{row}}}\n  \n", row % 100)),
+            2 => text.push_str(&format!("{{\"id\":{row},\"qty\":null,\"name\":12.5}}\n")),
+            _ => text.push_str(&format!("{{\"id\":{row}}}\n")),
+        }
+    }
+    for batch_rows in [1, 7, 1000, 10_000] {
+        let read = |workers| {
+            ndjson::read_on(workers, text.as_bytes(), "data.ndjson", &small(), batch_rows, &Progress::hidden())
+        };
+        let one = read(1).expect("read");
+        assert_eq!(rows(&one).iter().sum::<usize>(), 5000);
+        for workers in [2, 3, 8] {
+            assert!(read(workers).expect("read") == one, "{workers} workers, batches of {batch_rows}");
+        }
+    }
+}

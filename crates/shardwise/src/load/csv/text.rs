@@ -1,0 +1,184 @@
+//! A chunk's records as text columns, one per column of the file, each value a string or NULL
+//! (an empty field): what Arrow's CSV decoder makes of them.
+//!
+//! Records with a quoted field go through Arrow's decoder (`csv_core` unquotes them). The others,
+//! most of most files, hold their values verbatim between commas, so they are split here, which
+//! gives the same columns without tokenizing the bytes a second time.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use arrow::array::{ArrayRef, NullBufferBuilder, RecordBatch, StringArray};
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow::csv::reader::ReaderBuilder;
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::error::ArrowError;
+
+use super::records::Record;
+
+/// A UTF-8 byte order mark: a fresh Arrow decoder skips one at the start of its input.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The text columns of `records` (consecutive, each with `columns` fields, valid UTF-8), whose
+/// offsets refer to `bytes`; `lines` names them in errors.
+pub fn text_columns(bytes: &[u8], records: &[Record], columns: usize, lines: &str) -> anyhow::Result<Vec<ArrayRef>> {
+    let span = match (records.first(), records.last()) {
+        (Some(first), Some(last)) => &bytes[first.start..last.end],
+        _ => &[],
+    };
+    // Arrow's decoder would skip a byte order mark at the start of its input.
+    if !records.iter().any(|r| r.quoted) && !span.starts_with(UTF8_BOM) {
+        return split_unquoted(bytes, records, columns, lines);
+    }
+    let text =
+        decode_text(span, columns, records.len()).with_context(|| format!("{lines}: cannot split into fields"))?;
+    if text.num_rows() != records.len() {
+        bail!(
+            "internal error (a bug in shardwise load): {lines}: Arrow's CSV reader found {} records, the scanner {}",
+            text.num_rows(),
+            records.len()
+        );
+    }
+    Ok(text.columns().to_vec())
+}
+
+/// Arrow's CSV decoder over exactly `rows` complete records, every field as nullable text (an
+/// empty field is NULL). A fresh decoder per batch sizes its buffers to the batch.
+fn decode_text(bytes: &[u8], columns: usize, rows: usize) -> Result<RecordBatch, ArrowError> {
+    let fields: Vec<Field> = (0..columns).map(|i| Field::new(format!("c{i}"), DataType::Utf8, true)).collect();
+    let schema = Arc::new(Schema::new(fields));
+    let mut decoder = ReaderBuilder::new(schema.clone()).with_header(false).with_batch_size(rows).build_decoder();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let used = decoder.decode(rest)?;
+        if used == 0 {
+            break;
+        }
+        rest = &rest[used..];
+    }
+    // End of input: completes a last record that has no line break after it.
+    decoder.decode(&[])?;
+    Ok(decoder.flush()?.unwrap_or_else(|| RecordBatch::new_empty(schema)))
+}
+
+/// The text columns of records without a quoted field: each field is the bytes between commas.
+fn split_unquoted(bytes: &[u8], records: &[Record], columns: usize, lines: &str) -> anyhow::Result<Vec<ArrayRef>> {
+    let room = bytes.len() / columns.max(1);
+    let mut built: Vec<TextColumn> = (0..columns).map(|_| TextColumn::with_capacity(records.len(), room)).collect();
+    for record in records {
+        let text = record.text(bytes);
+        let text = match text.last() {
+            Some(b'\r' | b'\n') => &text[..text.len() - 1],
+            _ => text,
+        };
+        for (column, field) in built.iter_mut().zip(text.split(|&b| b == b',')) {
+            column.push(field);
+        }
+    }
+    built.into_iter().enumerate().map(|(index, column)| column.finish(records.len(), index, lines)).collect()
+}
+
+/// A text column being built: the values end to end, where each ends, which are NULL.
+struct TextColumn {
+    values: Vec<u8>,
+    offsets: Vec<i32>,
+    nulls: NullBufferBuilder,
+}
+
+impl TextColumn {
+    fn with_capacity(rows: usize, value_bytes: usize) -> TextColumn {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        TextColumn { values: Vec::with_capacity(value_bytes), offsets, nulls: NullBufferBuilder::new(rows) }
+    }
+
+    /// Appends a field: NULL when empty, as Arrow's CSV reader has it.
+    fn push(&mut self, field: &[u8]) {
+        self.values.extend_from_slice(field);
+        // Exact unless the values pass `i32::MAX` bytes, which `finish` rejects.
+        self.offsets.push(self.values.len() as i32);
+        self.nulls.append(!field.is_empty());
+    }
+
+    fn finish(mut self, rows: usize, index: usize, lines: &str) -> anyhow::Result<ArrayRef> {
+        if i32::try_from(self.values.len()).is_err() {
+            bail!(
+                "{lines}: column {} has more than 2 GiB of text in one batch: load with a smaller --batch-rows",
+                index + 1
+            );
+        }
+        if self.offsets.len() != rows + 1 {
+            bail!(
+                "internal error (a bug in shardwise load): {lines}: column {} has {} values, not {rows}",
+                index + 1,
+                self.offsets.len() - 1
+            );
+        }
+        // A text column may be kept as it is (for a text column of the table): no spare room.
+        self.values.shrink_to_fit();
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets));
+        let array = StringArray::try_new(offsets, Buffer::from_vec(self.values), self.nulls.finish())
+            .with_context(|| format!("internal error (a bug in shardwise load): {lines}: column {}", index + 1))?;
+        Ok(Arc::new(array))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::records::Records;
+    use super::*;
+    use crate::load::progress::Progress;
+
+    /// The records after the header of `text`, and the buffer they refer to.
+    fn records(text: &[u8]) -> (Vec<u8>, Vec<Record>) {
+        let (mut records, progress) = (Records::new(text), Progress::hidden());
+        let header = records.next(&progress).expect("read").expect("a header");
+        records.take_through(header.end);
+        let mut found = Vec::new();
+        while let Some(record) = records.next(&progress).expect("read") {
+            found.push(record);
+        }
+        (records.buf().to_vec(), found)
+    }
+
+    #[test]
+    fn unquoted_records_split_as_arrow_decodes_them() {
+        let pieces = ["", "a", "bc", "a\"b", "x\"\"", "caf\u{e9}", " 1 ", "\u{feff}z"];
+        let breaks = ["\n", "\r\n", "\r", "\n\n", "\r\n\r\n"];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut checked = 0;
+        for _ in 0..500 {
+            let columns = 1 + next(4);
+            let mut text = format!("{}\n", vec!["h"; columns].join(","));
+            for row in 0..next(12) {
+                if row > 0 {
+                    text.push_str(breaks[next(breaks.len())]);
+                }
+                let fields: Vec<&str> = (0..columns).map(|_| pieces[next(pieces.len())]).collect();
+                text.push_str(&fields.join(","));
+            }
+            if next(2) == 0 {
+                text.push('\n');
+            }
+            let (bytes, found) = records(text.as_bytes());
+            let (Some(first), Some(last)) = (found.first(), found.last()) else { continue };
+            let span = &bytes[first.start..last.end];
+            // Arrow's decoder skips a byte order mark at the start of its input, so that goes to it.
+            if span.starts_with(UTF8_BOM) {
+                continue;
+            }
+            assert!(found.iter().all(|r| !r.quoted && r.fields == columns), "{text:?}");
+            let split = split_unquoted(&bytes, &found, columns, "lines").expect("split");
+            let decoded = decode_text(span, columns, found.len()).expect("decoded");
+            assert_eq!(split, decoded.columns(), "{text:?}");
+            checked += 1;
+        }
+        assert!(checked > 300, "{checked} inputs checked");
+    }
+}
