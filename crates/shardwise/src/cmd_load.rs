@@ -24,7 +24,8 @@ use futures::Stream;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::load::client::{connect, flight_message, status_message, table_schema};
+use crate::cmd_sql::{connect, flight_message, status_message};
+use crate::load::client::table_schema;
 use crate::load::progress::{Progress, per_second};
 use crate::load::{self, Format};
 

@@ -140,8 +140,8 @@ impl SqlClient {
     }
 }
 
-/// Connects and authenticates.
-async fn connect(
+/// Connects and authenticates (also used by `shardwise load`).
+pub(crate) async fn connect(
     addr: &str,
     user: &str,
     password: &str,
@@ -269,7 +269,7 @@ fn render(
 }
 
 /// What a user should read for a failed call: the server's status message, not its debug form.
-fn flight_message(e: FlightError) -> String {
+pub(crate) fn flight_message(e: FlightError) -> String {
     match e {
         FlightError::Tonic(status) => status_message(&status),
         FlightError::Arrow(e) => e.to_string(),
@@ -277,13 +277,15 @@ fn flight_message(e: FlightError) -> String {
     }
 }
 
-fn status_message(status: &tonic::Status) -> String {
+/// A status's message, then its source chain unless the message already says it.
+pub(crate) fn status_message(status: &tonic::Status) -> String {
     let mut message = status.message().to_string();
     if message.is_empty() {
         message = format!("{:?}", status.code());
     }
     if let Some(source) = status.source() {
-        message = format!("{message}: {}", error_chain(source));
+        let chain = error_chain(source);
+        message = if chain.starts_with(&message) { chain } else { format!("{message}: {chain}") };
     }
     message
 }

@@ -1,23 +1,16 @@
-//! The Flight SQL side of `shardwise load` before the ingest: connecting and logging in to a node
-//! (as `shardwise sql` does; its helpers are private to `cmd_sql.rs`, so they are repeated here
-//! until the two share a client module), learning the table's schema, and wording errors.
+//! The Flight SQL side of `shardwise load` before the ingest: learning the table's schema.
+//! Connecting, logging in and wording errors are `shardwise sql`'s ([`crate::cmd_sql`]).
 
-use std::error::Error as StdError;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use arrow::datatypes::SchemaRef;
-use arrow_flight::HandshakeRequest;
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use base64::Engine as _;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-/// Largest gRPC message the client accepts (as `shardwise sql`; matches the server's limit).
-const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+use crate::cmd_sql::flight_message;
 
 /// The table's schema: the result schema of `SELECT * FROM "table" LIMIT 0` (planned, not run).
 pub async fn table_schema(
@@ -53,90 +46,10 @@ pub fn quote_identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Connects to `addr` (`host:port` or a URI) and logs in.
-pub async fn connect(
-    addr: &str,
-    user: &str,
-    password: &str,
-    timeout: Duration,
-) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
-        .connect_timeout(timeout);
-    let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
-        Ok(Ok(channel)) => channel,
-        Ok(Err(e)) => bail!("could not connect to {addr}: {}", error_chain(&e)),
-        Err(_) => bail!("could not connect to {addr}: timed out after {} ms", timeout.as_millis()),
-    };
-    let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let mut client = FlightSqlServiceClient::new_from_inner(inner);
-    handshake(&mut client, user, password)
-        .await
-        .map_err(|message| anyhow!("could not log in to {addr} as {user:?}: {message}"))?;
-    Ok(client)
-}
-
-/// Basic-auth handshake; keeps the bearer token the server returns.
-async fn handshake(client: &mut FlightSqlServiceClient<Channel>, user: &str, password: &str) -> Result<(), String> {
-    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    let header = format!("Basic {credentials}")
-        .parse()
-        .map_err(|_| "user name or password cannot be sent in a header".to_string())?;
-    let hello = HandshakeRequest { protocol_version: 0, payload: Default::default() };
-    let mut request = tonic::Request::new(futures::stream::iter([hello]));
-    request.metadata_mut().insert("authorization", header);
-    let response = client.inner_mut().handshake(request).await.map_err(|s| status_message(&s))?;
-    let token = response
-        .metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
-    let mut replies = response.into_inner();
-    while replies.message().await.map_err(|s| status_message(&s))?.is_some() {}
-    if let Some(token) = token {
-        client.set_token(token);
-    }
-    Ok(())
-}
-
-pub fn flight_message(e: FlightError) -> String {
-    match e {
-        FlightError::Tonic(status) => status_message(&status),
-        FlightError::Arrow(e) => e.to_string(),
-        other => other.to_string(),
-    }
-}
-
-pub fn status_message(status: &tonic::Status) -> String {
-    let mut message = status.message().to_string();
-    if message.is_empty() {
-        message = format!("{:?}", status.code());
-    }
-    if let Some(source) = status.source() {
-        let chain = error_chain(source);
-        message = if chain.starts_with(&message) { chain } else { format!("{message}: {chain}") };
-    }
-    message
-}
-
-fn error_chain(e: &(dyn StdError + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        next = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmd_sql::status_message;
 
     #[test]
     fn quotes_identifiers() {
