@@ -44,8 +44,8 @@ pub struct ShardReplicaRow {
 }
 
 /// One row of `system.sync_queues`: what one node still has to ship for one table to one
-/// destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// destination. Serializable: nodes send their rows to the node that runs the query.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyncQueueRow {
     pub rank: u32,
     pub table: String,

@@ -26,7 +26,7 @@ use shardwise_query::QueryError;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec::ShipRequest;
-use crate::tables::stats::{FlushRequest, ScanTicket, WireQueueRow};
+use crate::tables::stats::{FlushRequest, ScanTicket};
 use crate::tables::{DataPlaneAuth, TablesNode};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -167,10 +167,7 @@ impl FlightService for DataPlane {
                 let stats = self.tables.local_shard_stats().await.map_err(to_status)?;
                 Ok(one_result(json(&stats)?))
             }
-            "sync_queues" => {
-                let rows: Vec<WireQueueRow> = self.tables.local_queue_rows().into_iter().map(Into::into).collect();
-                Ok(one_result(json(&rows)?))
-            }
+            "sync_queues" => Ok(one_result(json(&self.tables.local_queue_rows())?)),
             other => Err(Status::invalid_argument(format!(
                 "unknown data plane action {other:?}; known: apply, flush, shards, sync_queues"
             ))),

@@ -257,56 +257,13 @@ impl TablesNode {
                 continue;
             }
             match self.peers.action(rank, "sync_queues", Vec::new(), Duration::from_secs(5)).await {
-                Ok(body) => match serde_json::from_slice::<Vec<WireQueueRow>>(&body) {
-                    Ok(list) => rows.extend(list.into_iter().map(Into::into)),
+                Ok(body) => match serde_json::from_slice::<Vec<SyncQueueRow>>(&body) {
+                    Ok(list) => rows.extend(list),
                     Err(e) => tracing::warn!(rank, "system.sync_queues: bad reply: {e}"),
                 },
                 Err(e) => tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}"),
             }
         }
         Ok(rows)
-    }
-}
-
-/// [`SyncQueueRow`] on the wire.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WireQueueRow {
-    pub rank: u32,
-    pub table: String,
-    pub destination: u32,
-    pub pending_rows: u64,
-    pub pending_bytes: u64,
-    pub oldest_pending_age_ms: Option<u64>,
-    pub retries: u64,
-    pub last_error: Option<String>,
-}
-
-impl From<SyncQueueRow> for WireQueueRow {
-    fn from(r: SyncQueueRow) -> Self {
-        WireQueueRow {
-            rank: r.rank,
-            table: r.table,
-            destination: r.destination,
-            pending_rows: r.pending_rows,
-            pending_bytes: r.pending_bytes,
-            oldest_pending_age_ms: r.oldest_pending_age_ms,
-            retries: r.retries,
-            last_error: r.last_error,
-        }
-    }
-}
-
-impl From<WireQueueRow> for SyncQueueRow {
-    fn from(r: WireQueueRow) -> Self {
-        SyncQueueRow {
-            rank: r.rank,
-            table: r.table,
-            destination: r.destination,
-            pending_rows: r.pending_rows,
-            pending_bytes: r.pending_bytes,
-            oldest_pending_age_ms: r.oldest_pending_age_ms,
-            retries: r.retries,
-            last_error: r.last_error,
-        }
     }
 }
