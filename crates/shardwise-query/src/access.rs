@@ -58,6 +58,17 @@ pub struct SyncQueueRow {
     pub last_error: Option<String>,
 }
 
+/// One node's replica of one shard, as a fragment reads it.
+#[derive(Debug, Clone, Default)]
+pub struct ShardData {
+    pub batches: Vec<RecordBatch>,
+    /// Every row arrived through shardwise's placement function.
+    pub verified_placement: bool,
+}
+
+/// Rows a fragment sends back from another node.
+pub type RemoteRows = futures::stream::BoxStream<'static, Result<RecordBatch, QueryError>>;
+
 /// The storage side of a node, as the SQL layer sees it.
 pub trait TableAccess: Send + Sync + Debug {
     /// The catalog as this node knows it now.
@@ -76,6 +87,25 @@ pub trait TableAccess: Send + Sync + Debug {
         batches: Vec<RecordBatch>,
         opts: InsertOptions,
     ) -> BoxFuture<'_, Result<u64, QueryError>>;
+
+    /// This node's rank.
+    fn local_rank(&self) -> u32;
+
+    /// The version of the catalog [`TableAccess::catalog`] returns (or a later one).
+    fn catalog_version(&self) -> u64;
+
+    /// This node's replica of `shard` of the table incarnation `(table_id, generation)`, once
+    /// this node has catalog version `catalog_version`.
+    fn read_shard(
+        &self,
+        table_id: u64,
+        generation: u64,
+        catalog_version: u64,
+        shard: u32,
+    ) -> BoxFuture<'_, Result<ShardData, QueryError>>;
+
+    /// Runs an encoded fragment ticket on node `rank` and streams its rows back.
+    fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>>;
 
     /// Every row of `table`: one replica of each shard.
     fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>>;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
-use datafusion::execution::{SendableRecordBatchStream, SessionState};
+use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{LogicalPlan, WriteOp};
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
@@ -18,6 +18,7 @@ use shardwise_cluster::ClusterView;
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
+use crate::dist::{DistributeRule, run_fragment_ticket};
 use crate::error::QueryError;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
@@ -93,7 +94,13 @@ impl QueryEngine {
             SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-        let ctx = SessionContext::new_with_config(config);
+        let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
+        if let Some(access) = &access {
+            // Last of the physical rules: it cuts the finished single-node plan into fragments.
+            let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster));
+            state = state.with_physical_optimizer_rule(Arc::new(rule));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
         let options = ctx.state().config_options().catalog.clone();
         let catalog = ctx
             .catalog(&options.default_catalog)
@@ -128,6 +135,13 @@ impl QueryEngine {
 
     fn access(&self, what: &str) -> Result<&Arc<dyn TableAccess>, QueryError> {
         self.access.as_ref().ok_or_else(|| QueryError::Unsupported(format!("{what} (this engine stores no tables)")))
+    }
+
+    /// Runs a fragment another node sent (an encoded [`crate::dist::FragmentTicket`]) over this
+    /// node's shards.
+    pub fn run_fragment(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
+        let access = self.access("a distributed query fragment")?;
+        Ok(run_fragment_ticket(Arc::clone(access), self.ctx.task_ctx(), ticket)?)
     }
 
     /// Parses and plans one statement without executing anything.

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod ddl;
+pub mod dist;
 pub mod engine;
 pub mod error;
 pub mod settings;
@@ -14,7 +15,7 @@ pub mod sharded_table;
 pub mod system_storage;
 pub mod system_tables;
 
-pub use access::{InsertOptions, ShardReplicaRow, SyncQueueRow, TableAccess};
+pub use access::{InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;
 pub use settings::ShardwiseSettings;

@@ -25,6 +25,18 @@ extensions_options! {
         pub insert_quorum: u64, default = 0
         /// How long `SYSTEM FLUSH DISTRIBUTED` waits for the sync queues to drain.
         pub flush_timeout_ms: u64, default = 60_000
+        /// ClickHouse's setting: 0 merges partial aggregates on the initiator; 1 runs the whole
+        /// query on every shard and concatenates; 2 does as 1, then ORDER BY and LIMIT on the
+        /// initiator. Other non-zero values act as 1.
+        pub distributed_group_by_no_merge: u64, default = 0
+        /// When the GROUP BY keys include every shard-key column of a table whose placement is
+        /// verified, aggregate completely on the shards (exact: groups cannot span shards).
+        pub optimize_distributed_group_by_sharding_key: bool, default = true
+        /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
+        /// `random` or `round_robin`.
+        pub load_balancing: LoadBalancing, default = LoadBalancing::Nearest
+        /// 1: answer from the shards that can be reached, with a warning naming the others.
+        pub skip_unavailable_shards: bool, default = false
     }
 }
 
@@ -33,7 +45,84 @@ impl ConfigExtension for ShardwiseSettings {
 }
 
 /// The settings a user may name without the `shardwise.` prefix.
-pub const SETTING_NAMES: &[&str] = &["insert_id", "insert_quorum", "flush_timeout_ms"];
+pub const SETTING_NAMES: &[&str] = &[
+    "insert_id",
+    "insert_quorum",
+    "flush_timeout_ms",
+    "distributed_group_by_no_merge",
+    "optimize_distributed_group_by_sharding_key",
+    "load_balancing",
+    "skip_unavailable_shards",
+];
+
+/// Defines a setting whose value is one of a few words: parsing lists the accepted words.
+macro_rules! word_setting {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub enum $name {
+            #[default]
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            /// The accepted values, as users write them.
+            pub const WORDS: &'static [&'static str] = &[$($word),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $word),+ }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = datafusion::error::DataFusionError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $($word => Ok($name::$variant),)+
+                    other => Err(datafusion::error::DataFusionError::Configuration(format!(
+                        "{other:?} is not one of {}", Self::WORDS.join(", ")
+                    ))),
+                }
+            }
+        }
+
+        impl datafusion::common::config::ConfigField for $name {
+            fn visit<V: datafusion::common::config::Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
+
+            fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+                *self = value.parse()?;
+                Ok(())
+            }
+
+            fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
+                *self = Self::default();
+                Ok(())
+            }
+        }
+    };
+}
+
+word_setting! {
+    /// `load_balancing`: the order in which a shard's replicas are tried.
+    LoadBalancing {
+        /// The replica on this node first, then the others in replica order.
+        Nearest = "nearest",
+        /// Replica 0 first, then 1, ...
+        InOrder = "in_order",
+        /// A random replica first.
+        Random = "random",
+        /// Each query starts one replica further than the previous one.
+        RoundRobin = "round_robin",
+    }
+}
 
 /// The settings in effect for a statement.
 pub fn current(options: &ConfigOptions) -> ShardwiseSettings {

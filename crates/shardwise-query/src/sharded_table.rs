@@ -6,7 +6,8 @@
 //! node is visible at once everywhere the catalog has arrived, and `SHOW TABLES`,
 //! `information_schema` and `DESCRIBE` need no registration step.
 //!
-//! A scan reads one replica of every shard through [`TableAccess::scan`]. An insert collects its
+//! A scan is a [`ShardScanExec`] leaf, which the distributed planner ([`crate::dist`]) turns into
+//! fragments that run next to each shard. An insert collects its
 //! whole input before anything is written, so a statement that fails part-way through its input
 //! (a bad cast in `INSERT ... SELECT`, an overflowing literal) leaves the table unchanged.
 
@@ -15,7 +16,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::common::SchemaExt;
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
@@ -27,6 +27,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::TryStreamExt;
 
 use crate::access::{InsertOptions, TableAccess};
+use crate::dist::{ShardScanExec, ShardSlice, ShardTableRef};
 use crate::settings;
 
 /// The default schema (`public`): the catalog's tables.
@@ -83,15 +84,38 @@ impl TableProvider for ShardedTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let batches = self.access.scan(&self.name).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let plan: Arc<dyn ExecutionPlan> =
-            MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&self.schema), projection.cloned())?;
-        Ok(plan)
+        let catalog_version = self.access.catalog_version();
+        let catalog = self.access.catalog();
+        let entry = catalog.tables.get(&self.name).ok_or_else(|| {
+            DataFusionError::Plan(format!("table {} was dropped while the query was planned", self.name))
+        })?;
+        let def = &entry.def;
+        let table = ShardTableRef {
+            name: self.name.clone(),
+            table_id: entry.id,
+            generation: entry.generation,
+            catalog_version,
+            shards: def.shards,
+            shard_key: def.shard_key.clone(),
+        };
+        // Enough slices that the plan has at least one partition per thread (and at least two,
+        // so that aggregations are planned as partial + final).
+        let threads = state.config().target_partitions().max(2) as u32;
+        let slices = threads.div_ceil(def.shards.max(1));
+        let parts = (0..def.shards).flat_map(|shard| ShardSlice::all_of(shard, slices)).collect();
+        let scan = ShardScanExec::try_new(
+            table,
+            Arc::clone(&self.schema),
+            projection.cloned(),
+            parts,
+            Arc::clone(&self.access),
+        )?;
+        Ok(Arc::new(scan))
     }
 
     async fn insert_into(

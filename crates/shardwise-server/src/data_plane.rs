@@ -4,7 +4,9 @@
 //! Calls:
 //! - `DoAction("apply")`: a [`ShipRequest`]; replies with the rows applied (JSON number) once
 //!   every piece is durable here.
-//! - `DoGet(ticket)`: a JSON [`ScanTicket`]; streams one local shard replica.
+//! - `DoGet(ticket)`: a JSON [`ScanTicket`]; streams one local shard replica. Or a query
+//!   fragment ticket ([`FragmentTicket`], starting `SWFT`): runs the fragment over this node's
+//!   shards and streams its rows as they are produced.
 //! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies once this node's queues for the table
 //!   are empty, or fails naming what is pending.
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
@@ -16,13 +18,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse,
     PollInfo, PutResult, SchemaResult, Ticket,
 };
 use futures::{Stream, TryStreamExt};
-use shardwise_query::QueryError;
+use shardwise_query::dist::FragmentTicket;
+use shardwise_query::{QueryEngine, QueryError};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec::ShipRequest;
@@ -35,6 +39,7 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[derive(Debug, Clone)]
 pub struct DataPlane {
     tables: Arc<TablesNode>,
+    engine: Arc<QueryEngine>,
     auth: DataPlaneAuth,
 }
 
@@ -58,8 +63,8 @@ fn one_result(body: Vec<u8>) -> Response<BoxStream<arrow_flight::Result>> {
 }
 
 impl DataPlane {
-    pub fn new(tables: Arc<TablesNode>, auth: DataPlaneAuth) -> Self {
-        DataPlane { tables, auth }
+    pub fn new(tables: Arc<TablesNode>, engine: Arc<QueryEngine>, auth: DataPlaneAuth) -> Self {
+        DataPlane { tables, engine, auth }
     }
 
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
@@ -87,6 +92,17 @@ impl DataPlane {
             .serve_with_incoming_shutdown(crate::incoming(listener), shutdown)
             .await?;
         Ok(())
+    }
+}
+
+impl DataPlane {
+    /// Runs a query fragment; errors keep their class (the user's or the node's).
+    fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
+        let stream = self.engine.run_fragment(ticket).map_err(to_status)?;
+        let schema = stream.schema();
+        let rows = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
+        let flight = FlightDataEncoderBuilder::new().with_schema(schema).build(rows).map_err(Status::from);
+        Ok(Response::new(Box::pin(flight)))
     }
 }
 
@@ -129,6 +145,9 @@ impl FlightService for DataPlane {
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         self.check(&request)?;
+        if FragmentTicket::is_fragment(&request.get_ref().ticket) {
+            return self.run_fragment(&request.get_ref().ticket);
+        }
         let ticket: ScanTicket = serde_json::from_slice(&request.get_ref().ticket)
             .map_err(|e| Status::invalid_argument(format!("bad scan ticket: {e}")))?;
         let batches = self.tables.read_local(&ticket).await.map_err(to_status)?;

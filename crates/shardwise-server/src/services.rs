@@ -96,7 +96,7 @@ impl Services {
         let tables = TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings).await?;
         let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone())?);
         let (stop, rx) = watch::channel(false);
-        let plane = DataPlane::new(Arc::clone(&tables), auth);
+        let plane = DataPlane::new(Arc::clone(&tables), Arc::clone(&engine), auth);
         let data = tokio::spawn(plane.serve(listeners.data, max_message_bytes, stopped(rx.clone())));
         let flight = tokio::spawn(crate::serve_flight(listeners.flight, Arc::clone(&engine), stopped(rx)));
         Ok(Services { tables, engine, stop, flight, data })

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot};
-use shardwise_query::{InsertOptions, QueryError, ShardReplicaRow, SyncQueueRow, TableAccess};
+use shardwise_query::{InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
 
@@ -296,6 +296,29 @@ impl TableAccess for TablesNode {
     ) -> BoxFuture<'_, Result<u64, QueryError>> {
         let table = table.to_string();
         Box::pin(async move { self.insert_batches(&table, batches, opts).await })
+    }
+
+    fn local_rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn catalog_version(&self) -> u64 {
+        self.catalog_now().0
+    }
+
+    fn read_shard(
+        &self,
+        table_id: u64,
+        generation: u64,
+        catalog_version: u64,
+        shard: u32,
+    ) -> BoxFuture<'_, Result<ShardData, QueryError>> {
+        let ticket = stats::ScanTicket { table_id, generation, shard, catalog_version };
+        Box::pin(async move { self.read_shard_data(&ticket).await })
+    }
+
+    fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>> {
+        Box::pin(async move { self.peers.fragment(rank, ticket).await })
     }
 
     fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>> {

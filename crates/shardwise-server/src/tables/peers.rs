@@ -10,12 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Ticket};
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 use shardwise_cluster::{ClusterSecret, ClusterView};
-use shardwise_query::QueryError;
+use shardwise_query::{QueryError, RemoteRows};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
@@ -134,9 +135,11 @@ impl Peers {
             .max_encoding_message_size(self.max_message_bytes))
     }
 
-    fn request<T>(&self, body: T, timeout: Duration) -> Result<tonic::Request<T>, QueryError> {
+    fn request<T>(&self, body: T, timeout: Option<Duration>) -> Result<tonic::Request<T>, QueryError> {
         let mut req = tonic::Request::new(body);
-        req.set_timeout(timeout);
+        if let Some(timeout) = timeout {
+            req.set_timeout(timeout);
+        }
         if let Some(h) = self.auth.header() {
             let value: MetadataValue<_> =
                 h.parse().map_err(|_| QueryError::Storage("the data plane credential is not a header".into()))?;
@@ -162,7 +165,7 @@ impl Peers {
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
         let mut client = self.client(rank).await?;
-        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, timeout)?;
+        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
         let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
         match stream.next().await {
             Some(Ok(r)) => Ok(r.body.to_vec()),
@@ -189,9 +192,32 @@ impl Peers {
 
     async fn scan_once(&self, rank: u32, ticket: Vec<u8>) -> Result<Vec<RecordBatch>, QueryError> {
         let mut client = self.client(rank).await?;
-        let req = self.request(Ticket { ticket: ticket.into() }, self.ship_timeout)?;
+        let req = self.request(Ticket { ticket: ticket.into() }, Some(self.ship_timeout))?;
         let stream = client.do_get(req).await.map_err(|s| status_error(rank, "scan", s))?.into_inner();
         let batches = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into));
         batches.try_collect().await.map_err(|e| unavailable(rank, "scan", e))
+    }
+
+    /// Runs a query fragment on `rank`; its rows stream back as they are produced. No deadline:
+    /// the query's own limits bound it.
+    pub async fn fragment(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {
+        let r = self.fragment_once(rank, ticket).await;
+        if let Err(e) = &r {
+            self.forget(rank, e);
+        }
+        r
+    }
+
+    async fn fragment_once(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {
+        let mut client = self.client(rank).await?;
+        let req = self.request(Ticket { ticket: ticket.into() }, None)?;
+        let stream = client.do_get(req).await.map_err(|s| status_error(rank, "fragment", s))?.into_inner();
+        let batches = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into));
+        Ok(batches
+            .map_err(move |e| match e {
+                FlightError::Tonic(status) => status_error(rank, "fragment", *status),
+                other => unavailable(rank, "fragment", other),
+            })
+            .boxed())
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 use shardwise_cluster::NodeState;
-use shardwise_query::{QueryError, ShardReplicaRow, SyncQueueRow};
+use shardwise_query::{QueryError, ShardData, ShardReplicaRow, SyncQueueRow};
 
 use super::insert::unix_ms;
 use super::{TablesNode, lock, outbox_key, outbox_key_table};
@@ -55,6 +55,30 @@ impl TablesNode {
             .clone();
         let store = self.store(&entry, ticket.shard).await?;
         Ok(lock(&store).snapshot())
+    }
+
+    /// This node's replica of a shard, with its placement flag, for a query fragment.
+    pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
+        let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
+        let entry = catalog
+            .by_id(ticket.table_id)
+            .filter(|e| e.generation == ticket.generation)
+            .ok_or_else(|| {
+                QueryError::Unavailable(format!(
+                    "rank {}: table id {} generation {} is not in this node's catalog (dropped or truncated)",
+                    self.rank, ticket.table_id, ticket.generation
+                ))
+            })?
+            .clone();
+        if !entry.def.replica_ranks(ticket.shard, self.world_size).contains(&self.rank) {
+            return Err(QueryError::Unavailable(format!(
+                "rank {} holds no replica of table {} shard {}",
+                self.rank, entry.def.name, ticket.shard
+            )));
+        }
+        let store = self.store(&entry, ticket.shard).await?;
+        let guard = lock(&store);
+        Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
     }
 
     pub(crate) async fn scan_table(&self, table: &str) -> Result<Vec<RecordBatch>, QueryError> {

@@ -1,0 +1,235 @@
+//! How a fragment travels: the plan is serialized with `datafusion-proto`, shardwise's own leaf
+//! ([`ShardScanExec`]) through [`ShardwiseCodec`], and the whole is wrapped in a
+//! [`FragmentTicket`] that also says which slices of the shard the receiving node reads.
+//!
+//! Ticket layout: `SWFT`, a u32 format version, a u32 header length, the JSON header, then the
+//! plan bytes. Every length is checked before use: a ticket from a peer that speaks something
+//! else is an error naming what is wrong, never a panic.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::Schema;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use super::scan::{ShardScanExec, ShardSlice, ShardTableRef};
+use crate::access::TableAccess;
+
+const TICKET_MAGIC: &[u8; 4] = b"SWFT";
+const TICKET_VERSION: u32 = 1;
+
+/// What the leaf of a fragment reads on the node that runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeafAssignment {
+    /// Exactly these slices (a fragment whose operators keep partitions apart).
+    Slices(Vec<ShardSlice>),
+    /// All of one shard, cut into as many slices as the node has threads (a fragment that
+    /// aggregates or sorts the whole shard).
+    WholeShard(u32),
+}
+
+impl LeafAssignment {
+    pub fn shard(&self) -> Option<u32> {
+        match self {
+            LeafAssignment::Slices(s) => s.first().map(|p| p.shard),
+            LeafAssignment::WholeShard(shard) => Some(*shard),
+        }
+    }
+
+    /// The slices to read on a node running `threads` threads.
+    pub fn slices(&self, threads: usize) -> Vec<ShardSlice> {
+        match self {
+            LeafAssignment::Slices(s) => s.clone(),
+            LeafAssignment::WholeShard(shard) => ShardSlice::all_of(*shard, threads.max(1) as u32),
+        }
+    }
+}
+
+/// The header of a fragment ticket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TicketHeader {
+    /// The initiator's query id (for logs, `system.queries` and cancellation).
+    pub query_id: String,
+    pub leaf: LeafAssignment,
+}
+
+/// A fragment to run on a node holding a replica of its shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FragmentTicket {
+    pub header: TicketHeader,
+    /// The plan, as `datafusion-proto` bytes with [`ShardwiseCodec`] extensions.
+    pub plan: Vec<u8>,
+}
+
+fn bad_ticket(problem: impl Into<String>) -> DataFusionError {
+    DataFusionError::Plan(format!("not a shardwise fragment ticket: {}", problem.into()))
+}
+
+impl FragmentTicket {
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let header = serde_json::to_vec(&self.header)
+            .map_err(|e| DataFusionError::Internal(format!("cannot encode a fragment ticket: {e}")))?;
+        let header_len = u32::try_from(header.len()).map_err(|_| bad_ticket("header over 4 GiB"))?;
+        let mut out = Vec::with_capacity(12 + header.len() + self.plan.len());
+        out.extend_from_slice(TICKET_MAGIC);
+        out.extend_from_slice(&TICKET_VERSION.to_le_bytes());
+        out.extend_from_slice(&header_len.to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&self.plan);
+        Ok(out)
+    }
+
+    /// True when `bytes` starts like a fragment ticket (other tickets are JSON).
+    pub fn is_fragment(bytes: &[u8]) -> bool {
+        bytes.starts_with(TICKET_MAGIC)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<FragmentTicket> {
+        let rest = bytes.strip_prefix(TICKET_MAGIC.as_slice()).ok_or_else(|| bad_ticket("no SWFT magic"))?;
+        let (version, rest) = split_u32(rest).ok_or_else(|| bad_ticket("cut short before its version"))?;
+        if version != TICKET_VERSION {
+            return Err(bad_ticket(format!("format version {version}, this node reads {TICKET_VERSION}")));
+        }
+        let (len, rest) = split_u32(rest).ok_or_else(|| bad_ticket("cut short before its header length"))?;
+        let len = len as usize;
+        if rest.len() < len {
+            return Err(bad_ticket(format!("header of {len} bytes, only {} follow", rest.len())));
+        }
+        let header: TicketHeader =
+            serde_json::from_slice(&rest[..len]).map_err(|e| bad_ticket(format!("header: {e}")))?;
+        Ok(FragmentTicket { header, plan: rest[len..].to_vec() })
+    }
+}
+
+fn split_u32(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<4>()?;
+    Some((u32::from_le_bytes(*head), rest))
+}
+
+/// The serialized form of a [`ShardScanExec`]: JSON, then the table schema as protobuf.
+#[derive(Debug, Serialize, Deserialize)]
+struct ScanSpec {
+    table: ShardTableRef,
+    projection: Option<Vec<usize>>,
+    parts: Vec<ShardSlice>,
+    require_verified_placement: bool,
+}
+
+/// `datafusion-proto` extension codec for shardwise's plan nodes.
+#[derive(Debug)]
+pub struct ShardwiseCodec {
+    access: Arc<dyn TableAccess>,
+    /// On the node running a fragment: the slices its leaf reads (replacing the initiator's).
+    leaf_parts: Option<Vec<ShardSlice>>,
+}
+
+impl ShardwiseCodec {
+    /// A codec for the initiator (leaves keep their parts).
+    pub fn new(access: Arc<dyn TableAccess>) -> Self {
+        ShardwiseCodec { access, leaf_parts: None }
+    }
+
+    /// A codec that gives every decoded leaf `parts`.
+    pub fn for_worker(access: Arc<dyn TableAccess>, parts: Vec<ShardSlice>) -> Self {
+        ShardwiseCodec { access, leaf_parts: Some(parts) }
+    }
+
+    pub fn encode_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
+        Ok(physical_plan_to_bytes_with_extension_codec(plan, self)?.to_vec())
+    }
+
+    pub fn decode_plan(&self, bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+        physical_plan_from_bytes_with_extension_codec(bytes, ctx, self)
+    }
+}
+
+impl PhysicalExtensionCodec for ShardwiseCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return Err(bad_ticket("a shard scan with inputs"));
+        }
+        let (len, rest) = split_u32(buf).ok_or_else(|| bad_ticket("shard scan cut short"))?;
+        let len = len as usize;
+        if rest.len() < len {
+            return Err(bad_ticket("shard scan header cut short"));
+        }
+        let spec: ScanSpec =
+            serde_json::from_slice(&rest[..len]).map_err(|e| bad_ticket(format!("shard scan: {e}")))?;
+        let proto =
+            protobuf::Schema::decode(&rest[len..]).map_err(|e| bad_ticket(format!("shard scan schema: {e}")))?;
+        let schema = Schema::try_from(&proto).map_err(|e| bad_ticket(format!("shard scan schema: {e}")))?;
+        let parts = self.leaf_parts.clone().unwrap_or(spec.parts);
+        let scan =
+            ShardScanExec::try_new(spec.table, Arc::new(schema), spec.projection, parts, Arc::clone(&self.access))?
+                .with_required_verified_placement(spec.require_verified_placement);
+        Ok(Arc::new(scan))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let Some(scan) = node.downcast_ref::<ShardScanExec>() else {
+            return Err(DataFusionError::NotImplemented(format!("{} cannot be sent to another node", node.name())));
+        };
+        let spec = ScanSpec {
+            table: scan.table().clone(),
+            projection: scan.projection().cloned(),
+            parts: scan.parts().to_vec(),
+            require_verified_placement: scan.requires_verified_placement(),
+        };
+        let json = serde_json::to_vec(&spec).map_err(|e| DataFusionError::Internal(e.to_string()))?;
+        let schema = protobuf::Schema::try_from(scan.table_schema().as_ref())?;
+        let len = u32::try_from(json.len()).map_err(|_| DataFusionError::Internal("scan spec over 4 GiB".into()))?;
+        buf.extend_from_slice(&len.to_le_bytes());
+        buf.extend_from_slice(&json);
+        schema.encode(buf).map_err(|e| DataFusionError::Internal(e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_round_trip_and_bad_bytes_are_errors() {
+        let ticket = FragmentTicket {
+            header: TicketHeader { query_id: "q1".into(), leaf: LeafAssignment::WholeShard(3) },
+            plan: vec![1, 2, 3],
+        };
+        let bytes = ticket.encode().expect("encode");
+        assert!(FragmentTicket::is_fragment(&bytes));
+        assert_eq!(FragmentTicket::decode(&bytes).expect("decode"), ticket);
+        for cut in [0, 3, 6, 10, 14] {
+            let err = FragmentTicket::decode(&bytes[..cut]).expect_err("cut ticket");
+            assert!(err.to_string().contains("not a shardwise fragment ticket"), "{err}");
+        }
+        let mut wrong_version = bytes.clone();
+        wrong_version[4] = 9;
+        assert!(FragmentTicket::decode(&wrong_version).expect_err("version").to_string().contains("version 9"));
+    }
+
+    #[test]
+    fn whole_shard_uses_the_node_threads() {
+        assert_eq!(LeafAssignment::WholeShard(2).slices(3).len(), 3);
+        assert_eq!(LeafAssignment::WholeShard(2).slices(0).len(), 1);
+        assert_eq!(LeafAssignment::WholeShard(2).shard(), Some(2));
+    }
+}

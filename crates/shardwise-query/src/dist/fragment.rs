@@ -1,0 +1,394 @@
+//! [`FragmentExec`]: the initiator's handle on a plan fragment that runs next to the data. Each
+//! output partition is one [`LeafAssignment`] (a shard, or slices of one), run on a replica of
+//! that shard chosen by `load_balancing`: in this process when the replica is local, otherwise
+//! through the data plane of the node that holds it ([`TableAccess::remote_fragment`]).
+//!
+//! Failover: replicas are tried in order until one produces its first batch (or ends without
+//! one); a failure after rows have started to flow fails the query, since a retry elsewhere
+//! could repeat them. With no replica left the shard is missing: an error naming it, or, under
+//! `skip_unavailable_shards = 1`, an empty result for that shard and a warning.
+//!
+//! The fragment plan is this node's only child, so `EXPLAIN` prints it under the line that says
+//! which strategy was chosen and why; it is never executed as a child here, only decoded from the
+//! bytes every replica receives, so local and remote runs execute the same plan.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+use shardwise_cluster::{ClusterView, NodeState};
+
+use super::codec::{FragmentTicket, LeafAssignment, ShardwiseCodec, TicketHeader};
+use super::scan::ShardTableRef;
+use crate::access::TableAccess;
+use crate::error::QueryError;
+use crate::settings::LoadBalancing;
+
+/// How the distributed planner split a query (the line `EXPLAIN` shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyKind {
+    /// Shards send partial states (or filtered rows); the initiator merges.
+    InitiatorMerge,
+    /// Shards run the complete aggregation; the initiator concatenates.
+    NoMerge,
+    /// As `NoMerge`, then ORDER BY and LIMIT on the initiator.
+    NoMergeOrdered,
+    /// Partial states repartitioned by group-key hash to every node.
+    Shuffle,
+}
+
+impl StrategyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrategyKind::InitiatorMerge => "initiator_merge",
+            StrategyKind::NoMerge => "no_merge",
+            StrategyKind::NoMergeOrdered => "no_merge_ordered",
+            StrategyKind::Shuffle => "shuffle",
+        }
+    }
+}
+
+/// The chosen strategy and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Strategy {
+    pub kind: StrategyKind,
+    pub reason: String,
+}
+
+/// Who runs a fragment and how replicas are chosen.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub table: ShardTableRef,
+    /// Replica ranks of each shard, in replica order.
+    pub replicas: Vec<Vec<u32>>,
+    pub load_balancing: LoadBalancing,
+    pub skip_unavailable_shards: bool,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct FragmentExec {
+    fragment: Arc<dyn ExecutionPlan>,
+    encoded: Arc<Vec<u8>>,
+    targets: Vec<LeafAssignment>,
+    placement: Placement,
+    strategy: Strategy,
+    access: Arc<dyn TableAccess>,
+    cluster: Arc<dyn ClusterView>,
+    metrics: ExecutionPlanMetricsSet,
+    cache: Arc<PlanProperties>,
+}
+
+/// Shared by every query of this process, so `round_robin` moves on between queries.
+static ROUND_ROBIN: AtomicUsize = AtomicUsize::new(0);
+
+impl FragmentExec {
+    /// Encodes `fragment` (whose leaf reads `placement.table`) to run once per target.
+    pub fn try_new(
+        fragment: Arc<dyn ExecutionPlan>,
+        targets: Vec<LeafAssignment>,
+        placement: Placement,
+        strategy: Strategy,
+        access: Arc<dyn TableAccess>,
+        cluster: Arc<dyn ClusterView>,
+    ) -> Result<Self> {
+        let encoded = ShardwiseCodec::new(Arc::clone(&access)).encode_plan(Arc::clone(&fragment))?;
+        // One output partition per target; the ordering (and other equivalences) of the
+        // fragment hold within each.
+        let cache = Arc::new(
+            PlanProperties::clone(fragment.properties())
+                .with_partitioning(Partitioning::UnknownPartitioning(targets.len().max(1))),
+        );
+        Ok(FragmentExec {
+            fragment,
+            encoded: Arc::new(encoded),
+            targets,
+            placement,
+            strategy,
+            access,
+            cluster,
+            metrics: ExecutionPlanMetricsSet::new(),
+            cache,
+        })
+    }
+
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
+    pub fn fragment(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.fragment
+    }
+
+    pub fn targets(&self) -> &[LeafAssignment] {
+        &self.targets
+    }
+}
+
+impl DisplayAs for FragmentExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.placement;
+        let shards: Vec<String> = p
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(shard, ranks)| {
+                let ranks: Vec<String> = ranks.iter().map(u32::to_string).collect();
+                format!("{shard}@[{}]", ranks.join(","))
+            })
+            .collect();
+        write!(
+            f,
+            "DistributedFragmentExec: strategy={}, reason=\"{}\", table={}, fragments={}, shards=[{}], load_balancing={}",
+            self.strategy.kind.as_str(),
+            self.strategy.reason,
+            p.table.name,
+            self.targets.len(),
+            shards.join(" "),
+            p.load_balancing
+        )?;
+        if p.skip_unavailable_shards {
+            write!(f, ", skip_unavailable_shards")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for FragmentExec {
+    fn name(&self) -> &str {
+        "DistributedFragmentExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.fragment]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([child]) if Arc::ptr_eq(&child, &self.fragment) => Ok(self),
+            Ok([child]) => Ok(Arc::new(FragmentExec::try_new(
+                child,
+                self.targets.clone(),
+                self.placement.clone(),
+                self.strategy.clone(),
+                Arc::clone(&self.access),
+                Arc::clone(&self.cluster),
+            )?)),
+            Err(_) => Err(DataFusionError::Internal("DistributedFragmentExec has one child".into())),
+        }
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let target = self.targets.get(partition).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "DistributedFragmentExec: partition {partition} of {}",
+                self.targets.len()
+            ))
+        })?;
+        let shard = target.shard().unwrap_or(0);
+        let replicas = self.placement.replicas.get(shard as usize).cloned().unwrap_or_default();
+        let run = Run {
+            target,
+            shard,
+            replicas,
+            encoded: Arc::clone(&self.encoded),
+            placement: self.placement.clone(),
+            access: Arc::clone(&self.access),
+            cluster: Arc::clone(&self.cluster),
+            schema: self.schema(),
+            context,
+            rows: MetricBuilder::new(&self.metrics).output_rows(partition),
+            bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
+            elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
+        };
+        let schema = self.schema();
+        let stream = futures::stream::once(run.open()).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+type BatchStream = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
+/// One partition's run: open the fragment on a replica, with failover.
+struct Run {
+    target: LeafAssignment,
+    shard: u32,
+    replicas: Vec<u32>,
+    encoded: Arc<Vec<u8>>,
+    placement: Placement,
+    access: Arc<dyn TableAccess>,
+    cluster: Arc<dyn ClusterView>,
+    schema: SchemaRef,
+    context: Arc<TaskContext>,
+    rows: Count,
+    bytes: Count,
+    elapsed: Time,
+}
+
+impl Run {
+    async fn open(self) -> Result<BatchStream> {
+        let ranks = self.ordered_replicas().await;
+        let mut errors = Vec::new();
+        for rank in ranks {
+            let timer = self.elapsed.timer();
+            let attempt = match rank == self.access.local_rank() {
+                true => self.run_local(),
+                false => self.run_remote(rank).await,
+            };
+            let mut stream = match attempt {
+                Ok(stream) => stream,
+                Err(e) => {
+                    errors.push(format!("rank {rank}: {}", QueryError::from(e)));
+                    continue;
+                }
+            };
+            let first = stream.next().await;
+            timer.done();
+            match first {
+                Some(Err(e)) => {
+                    errors.push(format!("rank {rank}: {}", QueryError::from(e)));
+                    continue;
+                }
+                first => return Ok(self.instrument(first, stream)),
+            }
+        }
+        let table = &self.placement.table.name;
+        let shard = self.shard;
+        if self.placement.skip_unavailable_shards {
+            tracing::warn!(
+                table,
+                shard,
+                "skip_unavailable_shards: answering without shard {shard}: {}",
+                errors.join("; ")
+            );
+            return Ok(futures::stream::empty().boxed());
+        }
+        Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
+            "table {table} shard {shard}: no replica could run its fragment ({}); \
+             SET skip_unavailable_shards = 1 answers from the other shards",
+            errors.join("; ")
+        )))))
+    }
+
+    /// Replica ranks in the order `load_balancing` gives, nodes known to be down last.
+    async fn ordered_replicas(&self) -> Vec<u32> {
+        let mut ranks = self.replicas.clone();
+        if ranks.is_empty() {
+            return ranks;
+        }
+        let n = ranks.len();
+        match self.placement.load_balancing {
+            LoadBalancing::InOrder => {}
+            LoadBalancing::Nearest => {
+                let local = self.access.local_rank();
+                ranks.sort_by_key(|r| *r != local);
+            }
+            LoadBalancing::Random => ranks.rotate_left((uuid::Uuid::new_v4().as_u128() % n as u128) as usize),
+            LoadBalancing::RoundRobin => ranks.rotate_left(ROUND_ROBIN.fetch_add(1, Ordering::Relaxed) % n),
+        }
+        let members = self.cluster.members().await;
+        let down = |rank: &u32| members.iter().any(|m| m.rank == *rank && m.state == NodeState::Down);
+        ranks.sort_by_key(down);
+        ranks
+    }
+
+    fn run_local(&self) -> Result<BatchStream> {
+        let threads = self.context.session_config().target_partitions();
+        let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.slices(threads));
+        let plan = codec.decode_plan(&self.encoded, &self.context)?;
+        Ok(execute_merged(plan, Arc::clone(&self.context))?.boxed())
+    }
+
+    async fn run_remote(&self, rank: u32) -> Result<BatchStream> {
+        let ticket = FragmentTicket {
+            header: TicketHeader { query_id: uuid::Uuid::new_v4().to_string(), leaf: self.target.clone() },
+            plan: self.encoded.as_ref().clone(),
+        };
+        let rows = self.access.remote_fragment(rank, ticket.encode()?).await.map_err(external)?;
+        let schema = Arc::clone(&self.schema);
+        // Batches come back with the fragment's columns; give them its exact schema (field
+        // metadata does not survive every transport).
+        Ok(rows
+            .map(move |r| {
+                r.map_err(external).and_then(|b| Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?))
+            })
+            .boxed())
+    }
+
+    fn instrument(self, first: Option<Result<RecordBatch>>, rest: BatchStream) -> BatchStream {
+        let (rows, bytes) = (self.rows, self.bytes);
+        let count = move |batch: Result<RecordBatch>| {
+            if let Ok(b) = &batch {
+                rows.add(b.num_rows());
+                bytes.add(b.get_array_memory_size());
+            }
+            batch
+        };
+        futures::stream::iter(first).chain(rest).map(count).boxed()
+    }
+}
+
+fn external(e: QueryError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// Executes every partition of `plan` as one stream: merged in order when the partitions are
+/// sorted, concatenated otherwise.
+pub fn execute_merged(plan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    let plan: Arc<dyn ExecutionPlan> = match plan.output_partitioning().partition_count() {
+        1 => plan,
+        _ => match plan.output_ordering().cloned() {
+            Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering, plan)),
+            None => Arc::new(CoalescePartitionsExec::new(plan)),
+        },
+    };
+    plan.execute(0, context)
+}
+
+/// The node side of a fragment ticket: decodes the plan with this node's tables under its leaf
+/// and runs it.
+pub fn run_fragment_ticket(
+    access: Arc<dyn TableAccess>,
+    context: Arc<TaskContext>,
+    ticket: &[u8],
+) -> Result<SendableRecordBatchStream> {
+    let ticket = FragmentTicket::decode(ticket)?;
+    let threads = context.session_config().target_partitions();
+    let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.slices(threads));
+    let plan = codec.decode_plan(&ticket.plan, &context)?;
+    tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");
+    execute_merged(plan, context)
+}

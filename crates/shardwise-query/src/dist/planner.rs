@@ -1,0 +1,467 @@
+//! The distributed planner: a physical optimizer rule, run after all of DataFusion's, that cuts
+//! the plan where data must leave the shards and puts a [`FragmentExec`] there.
+//!
+//! With `distributed_group_by_no_merge = 0` (the default) it walks up from each shard scan
+//! through operators that keep partitions apart (filter, projection, partial aggregation,
+//! per-partition sort and limit, batch coalescing). That chain is the fragment; everything above
+//! it runs on the initiator: the final merge of partial aggregates, HAVING, ORDER BY, LIMIT,
+//! joins, windows. The cut is exactly where DataFusion itself exchanges data between partitions,
+//! so the result is the single-node result.
+//!
+//! Automatic no-merge (`optimize_distributed_group_by_sharding_key = 1`): when the GROUP BY keys
+//! of an aggregation directly over a table include every shard-key column, no group spans two
+//! shards, so the fragment extends through the exchange to the final aggregation and each shard
+//! returns finished groups. Only for a table placed by a known placement function, and each
+//! replica refuses to run such a fragment if it holds rows that did not arrive through that
+//! placement.
+//!
+//! `distributed_group_by_no_merge = 1` (and values other than 0 and 2): the whole query runs on
+//! each shard and the initiator concatenates. `= 2`: as 1, then the initiator merges by the
+//! query's ORDER BY and applies LIMIT/OFFSET (shards get LIMIT offset+limit). Both need a query
+//! over exactly one distributed table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+#[allow(deprecated)] // DataFusion 55 no longer inserts it, but older plans and tests may hold it.
+use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use shardwise_cluster::ClusterView;
+
+use super::codec::LeafAssignment;
+use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
+use super::scan::ShardScanExec;
+use crate::access::TableAccess;
+use crate::settings::{self, ShardwiseSettings};
+
+/// The rule. See the module doc.
+#[derive(Debug)]
+pub struct DistributeRule {
+    access: Arc<dyn TableAccess>,
+    cluster: Arc<dyn ClusterView>,
+}
+
+impl DistributeRule {
+    pub fn new(access: Arc<dyn TableAccess>, cluster: Arc<dyn ClusterView>) -> Self {
+        DistributeRule { access, cluster }
+    }
+}
+
+impl PhysicalOptimizerRule for DistributeRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut scans = Vec::new();
+        let mut distributed = false;
+        plan.apply(|node| {
+            if let Some(scan) = node.downcast_ref::<ShardScanExec>() {
+                scans.push(scan.table().name.clone());
+            }
+            distributed |= node.is::<FragmentExec>();
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })?;
+        if scans.is_empty() || distributed {
+            return Ok(plan);
+        }
+        let planner = Planner { rule: self, settings: settings::current(config) };
+        match planner.settings.distributed_group_by_no_merge {
+            0 => planner.merge_plan(plan),
+            mode => planner.no_merge_plan(plan, mode, &scans),
+        }
+    }
+
+    fn name(&self) -> &str {
+        "shardwise_distribute"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+struct Planner<'a> {
+    rule: &'a DistributeRule,
+    settings: ShardwiseSettings,
+}
+
+/// A subtree of partition-local operators over one shard scan, not yet cut.
+struct Chain {
+    plan: Arc<dyn ExecutionPlan>,
+    /// The chain contains a finished aggregation (automatic no-merge): it must see whole shards.
+    whole_shard: bool,
+    /// Why the automatic no-merge was or was not used, for the aggregation in the chain.
+    auto_reason: Option<String>,
+    has_aggregate: bool,
+}
+
+enum Sub {
+    Done(Arc<dyn ExecutionPlan>),
+    Chain(Chain),
+}
+
+/// Identity of a plan node within one optimization pass.
+fn node_id(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    Arc::as_ptr(plan) as *const () as usize
+}
+
+impl Planner<'_> {
+    /// `distributed_group_by_no_merge = 0`.
+    fn merge_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut auto = AutoNoMerge::default();
+        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key)?;
+        match self.rewrite(plan, &auto)? {
+            Sub::Done(plan) => Ok(plan),
+            Sub::Chain(chain) => self.wrap(chain),
+        }
+    }
+
+    fn rewrite(&self, node: Arc<dyn ExecutionPlan>, auto: &AutoNoMerge) -> Result<Sub> {
+        if node.is::<ShardScanExec>() {
+            return Ok(Sub::Chain(Chain { plan: node, whole_shard: false, auto_reason: None, has_aggregate: false }));
+        }
+        let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+        let mut subs = Vec::with_capacity(children.len());
+        for child in &children {
+            subs.push(self.rewrite(Arc::clone(child), auto)?);
+        }
+        if matches!(subs.as_slice(), [Sub::Chain(_)]) {
+            let id = node_id(&node);
+            let is_partial = node.downcast_ref::<AggregateExec>().is_some_and(|a| *a.mode() == AggregateMode::Partial);
+            if is_partial || auto.path.contains_key(&id) || is_partition_local(&node) {
+                let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
+                let finishes = auto.path.get(&id).copied().unwrap_or(false);
+                return Ok(Sub::Chain(Chain {
+                    plan: node,
+                    whole_shard: chain.whole_shard || finishes,
+                    auto_reason: if is_partial { auto.reasons.get(&id).cloned() } else { chain.auto_reason },
+                    has_aggregate: chain.has_aggregate || is_partial,
+                }));
+            }
+        }
+        let mut changed = false;
+        let mut new_children = Vec::with_capacity(subs.len());
+        for sub in subs {
+            new_children.push(match sub {
+                Sub::Done(plan) => plan,
+                Sub::Chain(chain) => {
+                    changed = true;
+                    self.wrap(chain)?
+                }
+            });
+        }
+        let changed = changed || new_children.iter().zip(&children).any(|(a, b)| !Arc::ptr_eq(a, b));
+        Ok(Sub::Done(if changed { replace_children_if_necessary(node, new_children)? } else { node }))
+    }
+
+    /// Cuts a chain: it becomes a fragment run once per slice (or per shard).
+    fn wrap(&self, chain: Chain) -> Result<Arc<dyn ExecutionPlan>> {
+        let Chain { plan, whole_shard, auto_reason, has_aggregate } = chain;
+        let scan = find_scan(&plan)?;
+        let strategy = match (whole_shard, has_aggregate) {
+            (true, _) => Strategy {
+                kind: StrategyKind::NoMerge,
+                reason: format!(
+                    "automatic: {}; shards aggregate completely, the initiator concatenates",
+                    auto_reason.as_deref().unwrap_or("GROUP BY includes the shard key")
+                ),
+            },
+            (false, true) => Strategy {
+                kind: StrategyKind::InitiatorMerge,
+                reason: match auto_reason {
+                    Some(why) => format!("shards send partial aggregation states, the initiator merges them ({why})"),
+                    None => "shards send partial aggregation states, the initiator merges them".into(),
+                },
+            },
+            (false, false) => Strategy {
+                kind: StrategyKind::InitiatorMerge,
+                reason: "no aggregation next to the data: shards filter and project, the initiator runs the rest"
+                    .into(),
+            },
+        };
+        let (plan, targets) = if whole_shard {
+            let plan = require_verified_placement(plan)?;
+            (plan, (0..scan.table().shards).map(LeafAssignment::WholeShard).collect())
+        } else {
+            let targets = scan.parts().iter().map(|p| LeafAssignment::Slices(vec![*p])).collect();
+            (plan, targets)
+        };
+        self.fragment(plan, &scan, targets, strategy)
+    }
+
+    fn fragment(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        scan: &ShardScanExec,
+        targets: Vec<LeafAssignment>,
+        strategy: Strategy,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let placement = self.placement(scan)?;
+        let access = Arc::clone(&self.rule.access);
+        let cluster = Arc::clone(&self.rule.cluster);
+        Ok(Arc::new(FragmentExec::try_new(plan, targets, placement, strategy, access, cluster)?))
+    }
+
+    fn placement(&self, scan: &ShardScanExec) -> Result<Placement> {
+        let table = scan.table().clone();
+        let catalog = self.rule.access.catalog();
+        let entry = catalog.by_id(table.table_id).filter(|e| e.generation == table.generation).ok_or_else(|| {
+            DataFusionError::Plan(format!("table {} was dropped or truncated while the query was planned", table.name))
+        })?;
+        let world_size = self.rule.access.world_size();
+        let replicas = (0..table.shards).map(|s| entry.def.replica_ranks(s, world_size)).collect();
+        Ok(Placement {
+            table,
+            replicas,
+            load_balancing: self.settings.load_balancing,
+            skip_unavailable_shards: self.settings.skip_unavailable_shards,
+        })
+    }
+
+    /// `distributed_group_by_no_merge` = 1, 2 or another non-zero value.
+    fn no_merge_plan(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        mode: u64,
+        scans: &[String],
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if scans.len() != 1 {
+            return Err(DataFusionError::Plan(format!(
+                "distributed_group_by_no_merge = {mode} runs the whole query on each shard, which needs a query over \
+                 exactly one distributed table; this one reads {} ({}); use distributed_group_by_no_merge = 0",
+                scans.len(),
+                scans.join(", ")
+            )));
+        }
+        let scan = find_scan(&plan)?;
+        let targets: Vec<LeafAssignment> = (0..scan.table().shards).map(LeafAssignment::WholeShard).collect();
+        if mode != 2 {
+            let strategy = Strategy {
+                kind: StrategyKind::NoMerge,
+                reason: format!(
+                    "distributed_group_by_no_merge = {mode}: each shard runs the complete query, the initiator \
+                     concatenates (a key on several shards appears once per shard)"
+                ),
+            };
+            let fragment = self.fragment(plan, &scan, targets, strategy)?;
+            return Ok(Arc::new(CoalescePartitionsExec::new(fragment)));
+        }
+        let (skip, fetch, inner) = match plan.downcast_ref::<GlobalLimitExec>() {
+            Some(limit) => (limit.skip(), limit.fetch(), Arc::clone(limit.input())),
+            None => (0, plan.fetch(), Arc::clone(&plan)),
+        };
+        let shard_fetch = fetch.map(|f| f.saturating_add(skip));
+        // Shards must not skip the OFFSET: each keeps its first offset + limit rows.
+        let shard_plan: Arc<dyn ExecutionPlan> = match (plan.is::<GlobalLimitExec>(), shard_fetch) {
+            (true, Some(_)) => Arc::new(GlobalLimitExec::new(Arc::clone(&inner), 0, shard_fetch)),
+            (true, None) => inner,
+            (false, _) => plan,
+        };
+        let ordering = shard_plan.output_ordering().cloned();
+        let reason = match &ordering {
+            Some(_) => "distributed_group_by_no_merge = 2: each shard runs the complete query, the initiator merges \
+                        the shard results by ORDER BY and applies LIMIT"
+                .to_string(),
+            None => "distributed_group_by_no_merge = 2: each shard runs the complete query; the result has no \
+                     ORDER BY on its columns, so the initiator concatenates and applies LIMIT"
+                .to_string(),
+        };
+        let strategy = Strategy { kind: StrategyKind::NoMergeOrdered, reason };
+        let fragment = self.fragment(shard_plan, &scan, targets, strategy)?;
+        let merged: Arc<dyn ExecutionPlan> = match ordering {
+            Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering, fragment).with_fetch(shard_fetch)),
+            None => Arc::new(CoalescePartitionsExec::new(fragment)),
+        };
+        Ok(match (skip, fetch) {
+            (0, None) => merged,
+            _ => Arc::new(GlobalLimitExec::new(merged, skip, fetch)),
+        })
+    }
+}
+
+fn unreachable_chain<T>() -> Result<T> {
+    Err(DataFusionError::Internal("distributed planner: a chain vanished".into()))
+}
+
+/// Operators that never mix rows of different partitions: they can run next to the data.
+#[allow(deprecated)]
+fn is_partition_local(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.is::<FilterExec>()
+        || node.is::<ProjectionExec>()
+        || node.is::<CoalesceBatchesExec>()
+        || node.is::<CooperativeExec>()
+        || node.is::<LocalLimitExec>()
+        || node.downcast_ref::<SortExec>().is_some_and(|s| s.preserve_partitioning())
+}
+
+/// The one shard scan at the bottom of a chain.
+fn find_scan(plan: &Arc<dyn ExecutionPlan>) -> Result<ShardScanExec> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<ShardScanExec>() {
+            found = Some(scan.clone());
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })?;
+    found.ok_or_else(|| DataFusionError::Internal("distributed planner: a fragment without a shard scan".into()))
+}
+
+fn require_verified_placement(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| match node.downcast_ref::<ShardScanExec>() {
+        Some(scan) => {
+            let scan = scan.clone().with_required_verified_placement(true);
+            Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
+        }
+        None => Ok(Transformed::no(node)),
+    })
+    .map(|t| t.data)
+}
+
+/// Which aggregations may finish on the shards (see the module doc), found before the rewrite.
+#[derive(Default)]
+struct AutoNoMerge {
+    /// Exchange and final-aggregation nodes a fragment extends through; `true` on the final
+    /// aggregation, where the fragment's groups are finished.
+    path: HashMap<usize, bool>,
+    /// Per partial aggregation over a shard scan: what the automatic no-merge decided, and why.
+    reasons: HashMap<usize, String>,
+}
+
+impl AutoNoMerge {
+    /// Visits `plan` children first, so a finished aggregation lower down is known when the one
+    /// above it is considered.
+    fn scan(&mut self, plan: &Arc<dyn ExecutionPlan>, enabled: bool) -> Result<()> {
+        for child in plan.children() {
+            self.scan(child, enabled)?;
+        }
+        let Some(agg) = plan.downcast_ref::<AggregateExec>() else { return Ok(()) };
+        if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
+            return Ok(());
+        }
+        // Down through the exchange to the partial aggregation.
+        let mut exchange = vec![node_id(plan)];
+        let mut below = Arc::clone(agg.input());
+        while below.is::<RepartitionExec>() || below.is::<CoalescePartitionsExec>() || is_partition_local(&below) {
+            exchange.push(node_id(&below));
+            let Some(next) = below.children().first().map(|c| Arc::clone(c)) else { return Ok(()) };
+            below = next;
+        }
+        let Some(partial) = below.downcast_ref::<AggregateExec>().filter(|a| *a.mode() == AggregateMode::Partial)
+        else {
+            return Ok(());
+        };
+        let partial_id = node_id(&below);
+        let decision = self.decide(partial, enabled);
+        match decision {
+            Ok(why) => {
+                for id in &exchange {
+                    self.path.insert(*id, *id == node_id(plan));
+                }
+                self.reasons.insert(partial_id, why);
+            }
+            Err(why) => {
+                self.reasons.insert(partial_id, why);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ok(why it applies) or Err(why not).
+    fn decide(&self, partial: &AggregateExec, enabled: bool) -> std::result::Result<String, String> {
+        if !enabled {
+            return Err("optimize_distributed_group_by_sharding_key = 0".into());
+        }
+        let group = partial.group_expr();
+        if !group.is_single() {
+            return Err("GROUPING SETS, ROLLUP and CUBE always merge on the initiator".into());
+        }
+        if group.expr().is_empty() {
+            return Err("no GROUP BY".into());
+        }
+        let input = partial.input();
+        let Some(scan) = self.scan_below(input) else {
+            return Err("the aggregation is not directly over one distributed table".into());
+        };
+        let mut grouped = Vec::new();
+        for (expr, _) in group.expr() {
+            if let Some(column) = expr.downcast_ref::<Column>()
+                && let Some(name) = self.trace(input, column.index())
+            {
+                grouped.push(name);
+            }
+        }
+        let missing: Vec<&String> = scan.table().shard_key.iter().filter(|k| !grouped.contains(k)).collect();
+        if !missing.is_empty() {
+            let missing: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+            return Err(format!(
+                "GROUP BY does not include shard-key column(s) {} of {}",
+                missing.join(", "),
+                scan.table().name
+            ));
+        }
+        Ok(format!("GROUP BY includes the shard key ({}) of {}", scan.table().shard_key.join(", "), scan.table().name))
+    }
+
+    /// The shard scan under a chain of partition-local operators (or finished aggregations).
+    fn scan_below(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<ShardScanExec> {
+        if let Some(scan) = plan.downcast_ref::<ShardScanExec>() {
+            return Some(scan.clone());
+        }
+        let through = is_partition_local(plan)
+            || self.path.contains_key(&node_id(plan))
+            || plan.downcast_ref::<AggregateExec>().is_some_and(|a| *a.mode() == AggregateMode::Partial);
+        match (through, plan.children().as_slice()) {
+            (true, [child]) => self.scan_below(child),
+            _ => None,
+        }
+    }
+
+    /// The table column that output column `index` of `plan` is, if it is one unchanged.
+    #[allow(deprecated)]
+    fn trace(&self, plan: &Arc<dyn ExecutionPlan>, index: usize) -> Option<String> {
+        if let Some(scan) = plan.downcast_ref::<ShardScanExec>() {
+            return scan.output_column_names().get(index).cloned();
+        }
+        if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+            let expr = &projection.expr().get(index)?.expr;
+            let column = expr.downcast_ref::<Column>()?;
+            return self.trace(projection.input(), column.index());
+        }
+        if let Some(filter) = plan.downcast_ref::<FilterExec>() {
+            let index = match filter.projection() {
+                Some(p) => *p.get(index)?,
+                None => index,
+            };
+            return self.trace(filter.input(), index);
+        }
+        if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
+            // A group column of a finished (or partial) aggregation is its group expression.
+            let (expr, _) = agg.group_expr().expr().get(index)?;
+            let column = expr.downcast_ref::<Column>()?;
+            return self.trace(agg.input(), column.index());
+        }
+        let same_columns = plan.is::<CoalesceBatchesExec>()
+            || plan.is::<CooperativeExec>()
+            || plan.is::<RepartitionExec>()
+            || plan.is::<CoalescePartitionsExec>()
+            || plan.is::<LocalLimitExec>()
+            || plan.is::<SortExec>();
+        match (same_columns, plan.children().as_slice()) {
+            (true, [child]) => self.trace(child, index),
+            _ => None,
+        }
+    }
+}
