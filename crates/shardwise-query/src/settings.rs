@@ -31,12 +31,12 @@ extensions_options! {
         pub distributed_group_by_no_merge: u64, default = 0
         /// When the GROUP BY keys include every shard-key column of a table whose placement is
         /// verified, aggregate completely on the shards (exact: groups cannot span shards).
-        pub optimize_distributed_group_by_sharding_key: bool, default = true
+        pub optimize_distributed_group_by_sharding_key: Flag, default = Flag(true)
         /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
         /// `random` or `round_robin`.
         pub load_balancing: LoadBalancing, default = LoadBalancing::Nearest
         /// 1: answer from the shards that can be reached, with a warning naming the others.
-        pub skip_unavailable_shards: bool, default = false
+        pub skip_unavailable_shards: Flag, default = Flag(false)
     }
 }
 
@@ -54,6 +54,28 @@ pub const SETTING_NAMES: &[&str] = &[
     "load_balancing",
     "skip_unavailable_shards",
 ];
+
+/// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value
+/// (its error names the accepted values) and `SHOW` displays it.
+macro_rules! parsed_config_field {
+    ($name:ident) => {
+        impl datafusion::common::config::ConfigField for $name {
+            fn visit<V: datafusion::common::config::Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
+
+            fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
+                *self = value.parse()?;
+                Ok(())
+            }
+
+            fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
+                *self = Self::default();
+                Ok(())
+            }
+        }
+    };
+}
 
 /// Defines a setting whose value is one of a few words: parsing lists the accepted words.
 macro_rules! word_setting {
@@ -92,23 +114,34 @@ macro_rules! word_setting {
             }
         }
 
-        impl datafusion::common::config::ConfigField for $name {
-            fn visit<V: datafusion::common::config::Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-                v.some(key, self, description)
-            }
-
-            fn set(&mut self, _key: &str, value: &str) -> datafusion::error::Result<()> {
-                *self = value.parse()?;
-                Ok(())
-            }
-
-            fn reset(&mut self, _key: &str) -> datafusion::error::Result<()> {
-                *self = Self::default();
-                Ok(())
-            }
-        }
+        parsed_config_field!($name);
     };
 }
+
+/// An on/off setting written as ClickHouse users do: `1`/`0` (or `true`/`false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flag(pub bool);
+
+impl std::fmt::Display for Flag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0 { "1" } else { "0" })
+    }
+}
+
+impl std::str::FromStr for Flag {
+    type Err = datafusion::error::DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" => Ok(Flag(true)),
+            "0" | "false" => Ok(Flag(false)),
+            other => Err(datafusion::error::DataFusionError::Configuration(format!(
+                "{other:?} is not one of 0, 1, true, false"
+            ))),
+        }
+    }
+}
+
+parsed_config_field!(Flag);
 
 word_setting! {
     /// `load_balancing`: the order in which a shard's replicas are tried.

@@ -24,9 +24,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 #[allow(deprecated)] // DataFusion 55 no longer inserts it, but older plans and tests may hold it.
@@ -71,7 +72,7 @@ impl PhysicalOptimizerRule for DistributeRule {
                 scans.push(scan.table().name.clone());
             }
             distributed |= node.is::<FragmentExec>();
-            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            Ok(TreeNodeRecursion::Continue)
         })?;
         if scans.is_empty() || distributed {
             return Ok(plan);
@@ -121,7 +122,7 @@ impl Planner<'_> {
     /// `distributed_group_by_no_merge = 0`.
     fn merge_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         let mut auto = AutoNoMerge::default();
-        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key)?;
+        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0)?;
         match self.rewrite(plan, &auto)? {
             Sub::Done(plan) => Ok(plan),
             Sub::Chain(chain) => self.wrap(chain),
@@ -226,7 +227,7 @@ impl Planner<'_> {
             table,
             replicas,
             load_balancing: self.settings.load_balancing,
-            skip_unavailable_shards: self.settings.skip_unavailable_shards,
+            skip_unavailable_shards: self.settings.skip_unavailable_shards.0,
         })
     }
 
@@ -295,9 +296,14 @@ fn unreachable_chain<T>() -> Result<T> {
     Err(DataFusionError::Internal("distributed planner: a chain vanished".into()))
 }
 
-/// Operators that never mix rows of different partitions: they can run next to the data.
+/// Operators that never mix rows of different partitions: they can run next to the data. An
+/// expression that reads a scalar subquery (computed once, elsewhere in the plan) keeps its
+/// operator on the initiator.
 #[allow(deprecated)]
 fn is_partition_local(node: &Arc<dyn ExecutionPlan>) -> bool {
+    if reads_scalar_subquery(node) {
+        return false;
+    }
     node.is::<FilterExec>()
         || node.is::<ProjectionExec>()
         || node.is::<CoalesceBatchesExec>()
@@ -306,15 +312,26 @@ fn is_partition_local(node: &Arc<dyn ExecutionPlan>) -> bool {
         || node.downcast_ref::<SortExec>().is_some_and(|s| s.preserve_partitioning())
 }
 
+fn reads_scalar_subquery(node: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut found = false;
+    let _ = node.apply_expressions(&mut |expr| {
+        expr.apply(|e| {
+            found |= e.downcast_ref::<ScalarSubqueryExpr>().is_some();
+            Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+        })
+    });
+    found
+}
+
 /// The one shard scan at the bottom of a chain.
 fn find_scan(plan: &Arc<dyn ExecutionPlan>) -> Result<ShardScanExec> {
     let mut found = None;
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<ShardScanExec>() {
             found = Some(scan.clone());
-            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+            return Ok(TreeNodeRecursion::Stop);
         }
-        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        Ok(TreeNodeRecursion::Continue)
     })?;
     found.ok_or_else(|| DataFusionError::Internal("distributed planner: a fragment without a shard scan".into()))
 }

@@ -107,11 +107,9 @@ impl Peers {
         if let Some((_, channel)) = lock(&self.channels).get(&rank) {
             return Ok(channel.clone());
         }
-        let members = self.cluster.members().await;
-        let addr = members
-            .iter()
-            .find(|m| m.rank == rank)
-            .and_then(|m| m.addrs.get(DATA_ADDR_KEY).cloned())
+        let addr = self
+            .member_addr(rank)
+            .await
             .ok_or_else(|| QueryError::Unavailable(format!("rank {rank} has no known data plane address")))?;
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| unavailable(rank, "bad data plane address", e))?
@@ -120,6 +118,12 @@ impl Peers {
         let channel = endpoint.connect_lazy();
         lock(&self.channels).insert(rank, (addr, channel.clone()));
         Ok(channel)
+    }
+
+    /// `rank`'s data plane address as the membership knows it now.
+    async fn member_addr(&self, rank: u32) -> Option<String> {
+        let members = self.cluster.members().await;
+        members.iter().find(|m| m.rank == rank).and_then(|m| m.addrs.get(DATA_ADDR_KEY).cloned())
     }
 
     /// Forgets `rank`'s channel after a failed call: it may have restarted on another address.
@@ -200,7 +204,16 @@ impl Peers {
 
     /// Runs a query fragment on `rank`; its rows stream back as they are produced. No deadline:
     /// the query's own limits bound it.
+    /// A node that restarted has new ports: when the cached channel fails and the membership
+    /// now gives another address, the call is made once more there.
     pub async fn fragment(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {
+        let cached = lock(&self.channels).get(&rank).map(|(addr, _)| addr.clone());
+        let r = self.fragment_once(rank, ticket.clone()).await;
+        let Err(e) = &r else { return r };
+        self.forget(rank, e);
+        if !matches!(e, QueryError::Unavailable(_)) || cached.is_none() || self.member_addr(rank).await == cached {
+            return r;
+        }
         let r = self.fragment_once(rank, ticket).await;
         if let Err(e) = &r {
             self.forget(rank, e);

@@ -7,5 +7,6 @@ mod init_cluster;
 mod init_validation;
 mod launcher;
 mod load;
+mod queries;
 mod sql_client;
 mod tables;

@@ -38,7 +38,7 @@ impl Cluster {
         }
     }
 
-    fn restart(&mut self, rank: u32) {
+    pub(crate) fn restart(&mut self, rank: u32) {
         let n = self.procs.len() as u32;
         let mut p = Proc::spawn(node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank)));
         self.addrs[rank as usize] = flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30)));

@@ -1,0 +1,399 @@
+//! Distributed queries against a differential oracle: the same data in plain single-node
+//! DataFusion, the same SQL, the same answers (rows sorted where the order is not defined, floats
+//! within a relative 1e-9, `array_agg` compared as a multiset). Run on 1, 2 and 3 nodes, through
+//! every node in turn, on uniform and skewed keys; then `distributed_group_by_no_merge` 1 and 2
+//! against their definitions computed from each shard's own rows; then failover with replicas.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use serde_json::Value;
+use shardwise_storage::placement::PlacementVersion;
+
+use crate::support::*;
+use crate::tables::Cluster;
+
+const ROWS: u64 = 20_000;
+
+/// Columns: `id` unique; `k` uniform over 97 values (the shard key of `t`); `sk` skewed (60% one
+/// value, 20% another, the rest spread; the shard key of `s`); nullable `v`, `g` and `b`.
+const COLUMNS: &str = "id BIGINT, k BIGINT, sk BIGINT, g VARCHAR, v DOUBLE, q BIGINT, d DECIMAL(10,2), b BOOLEAN, \
+                       day DATE";
+
+fn insert_rows(table: &str) -> String {
+    format!(
+        "INSERT INTO {table} SELECT value, value % 97, \
+         CASE WHEN value % 10 < 6 THEN 0 WHEN value % 10 < 8 THEN 1 ELSE value % 1000 END, \
+         CASE WHEN value % 23 = 0 THEN NULL ELSE 'g' || (value % 13) END, \
+         CASE WHEN value % 17 = 0 THEN NULL ELSE (value % 1000) * 0.37 END, \
+         value % 50 - 20, CAST((value % 300) / 7.0 AS DECIMAL(10,2)), \
+         CASE WHEN value % 19 = 0 THEN NULL ELSE value % 3 = 0 END, \
+         DATE '2024-01-01' + CAST(value % 400 AS INT) \
+         FROM generate_series(1, {ROWS})"
+    )
+}
+
+/// The corpus: `{t}` is replaced by the table under test (`t`: uniform shard key; `s`: skewed).
+const CORPUS: &[&str] = &[
+    "SELECT count(*) FROM {t}",
+    "SELECT count(*), count(v), sum(v), min(v), max(v), avg(v) FROM {t}",
+    "SELECT sum(q), min(d), max(d), sum(d), avg(d) FROM {t}",
+    "SELECT k, count(*) FROM {t} GROUP BY k",
+    "SELECT sk, count(*), sum(v) FROM {t} GROUP BY sk",
+    "SELECT g, count(*), sum(q) FROM {t} GROUP BY g",
+    "SELECT g, k, count(*), max(v) FROM {t} GROUP BY g, k",
+    "SELECT k, sk, count(*) FROM {t} GROUP BY k, sk",
+    "SELECT g, avg(v), min(d), max(d), sum(d) FROM {t} GROUP BY g",
+    "SELECT g, count(DISTINCT k) FROM {t} GROUP BY g",
+    "SELECT count(DISTINCT g), count(DISTINCT sk) FROM {t}",
+    "SELECT k, count(DISTINCT g) FROM {t} GROUP BY k",
+    "SELECT g, median(v) FROM {t} GROUP BY g",
+    "SELECT median(q), median(v) FROM {t}",
+    "SELECT g, percentile_cont(0.9) WITHIN GROUP (ORDER BY v) FROM {t} GROUP BY g",
+    "SELECT g, stddev(v), stddev_pop(v), var_samp(v), var_pop(v) FROM {t} GROUP BY g",
+    "SELECT g, corr(v, q), covar_samp(v, q), covar_pop(v, q) FROM {t} GROUP BY g",
+    "SELECT g, regr_slope(v, q), regr_intercept(v, q), regr_count(v, q) FROM {t} GROUP BY g",
+    "SELECT g, array_agg(k) FROM {t} WHERE id % 50 = 0 GROUP BY g",
+    "SELECT k, array_agg(DISTINCT g) FROM {t} GROUP BY k",
+    "SELECT g, string_agg(CAST(id AS VARCHAR), ',' ORDER BY id) FROM {t} WHERE id < 300 GROUP BY g",
+    "SELECT g, bool_and(b), bool_or(b), bit_and(q), bit_or(q), bit_xor(q) FROM {t} GROUP BY g",
+    "SELECT g, first_value(v ORDER BY id), last_value(v ORDER BY id) FROM {t} GROUP BY g",
+    "SELECT g, approx_distinct(k) FROM {t} GROUP BY g",
+    "SELECT g, count(*) FILTER (WHERE b), sum(v) FILTER (WHERE q > 0) FROM {t} GROUP BY g",
+    "SELECT g, sum(CASE WHEN b THEN 1 ELSE 0 END), count(b) FROM {t} GROUP BY g",
+    "SELECT g, count(*) FROM {t} GROUP BY g HAVING count(*) > 1400",
+    "SELECT k, sum(v) FROM {t} GROUP BY k HAVING sum(v) > 19000 AND count(*) > 200",
+    "SELECT g, count(*) AS c FROM {t} GROUP BY g ORDER BY c DESC, g LIMIT 5",
+    "SELECT k, sum(q) AS s FROM {t} GROUP BY k ORDER BY s DESC, k LIMIT 7",
+    "SELECT k, sum(q) AS s FROM {t} GROUP BY k ORDER BY s, k LIMIT 5 OFFSET 3",
+    "SELECT sk, count(*) AS c FROM {t} GROUP BY sk ORDER BY c DESC, sk LIMIT 3",
+    "SELECT DISTINCT g FROM {t}",
+    "SELECT DISTINCT k, g FROM {t} WHERE k < 5",
+    "SELECT count(*) FROM (SELECT DISTINCT sk FROM {t})",
+    "SELECT g, count(*) FROM {t} WHERE v > 100 AND g IN ('g1', 'g2', 'g3') GROUP BY g",
+    "SELECT k % 10 AS m, count(*), sum(v) FROM {t} GROUP BY k % 10",
+    "SELECT upper(g), count(*) FROM {t} GROUP BY upper(g)",
+    "SELECT CASE WHEN id % 11 = 0 THEN NULL ELSE g END AS gg, count(*) FROM {t} GROUP BY 1",
+    "SELECT date_trunc('month', day) AS m, count(*), sum(q) FROM {t} GROUP BY 1",
+    "SELECT extract(dow FROM day) AS dow, avg(v) FROM {t} GROUP BY 1",
+    "SELECT b, count(*) FROM {t} GROUP BY b",
+    "SELECT g, b, count(*) FROM {t} GROUP BY ROLLUP(g, b)",
+    "SELECT g, b, sum(q) FROM {t} GROUP BY CUBE(g, b)",
+    "SELECT g, sum(v) AS s, rank() OVER (ORDER BY sum(v) DESC) FROM {t} GROUP BY g",
+    "SELECT k, count(*) AS c, row_number() OVER (ORDER BY k) FROM {t} GROUP BY k",
+    "SELECT g, k, sum(q) AS s, sum(sum(q)) OVER (PARTITION BY g) FROM {t} WHERE k < 10 GROUP BY g, k",
+    "SELECT d.name, count(*) FROM {t} JOIN dim d ON {t}.k = d.k GROUP BY d.name",
+    "SELECT d.name, sum({t}.v) FROM {t} LEFT JOIN dim d ON {t}.k = d.k AND d.k < 50 GROUP BY d.name",
+    "SELECT avg(c), max(c) FROM (SELECT k, count(*) AS c FROM {t} GROUP BY k)",
+    "SELECT count(*) FROM {t} WHERE k IN (SELECT k FROM dim WHERE name LIKE '%1%')",
+    "SELECT g, count(*) FROM {t} WHERE v > (SELECT avg(v) FROM {t}) GROUP BY g",
+    "SELECT id, v, g FROM {t} WHERE id < 60",
+    "SELECT id, q FROM {t} ORDER BY id LIMIT 10 OFFSET 5",
+    "SELECT id, v FROM {t} ORDER BY v DESC NULLS LAST, id LIMIT 7",
+    "SELECT * FROM {t} WHERE id BETWEEN 1000 AND 1010",
+    "SELECT g, count(*) FROM {t} GROUP BY g UNION ALL SELECT 'total', count(*) FROM {t}",
+    "SELECT k, min(id), max(id) FROM {t} WHERE g IS NULL GROUP BY k",
+    "SELECT count(*), sum(v) FROM {t} WHERE v IS NULL OR b IS NULL",
+    "SELECT sk, g, count(*) FROM {t} WHERE sk < 2 GROUP BY sk, g",
+    "SELECT length(g), count(*) FROM {t} GROUP BY 1",
+    "SELECT q, count(*), avg(v) FROM {t} GROUP BY q ORDER BY q LIMIT 12",
+];
+
+/// Single-node DataFusion with the same tables and rows.
+async fn oracle() -> SessionContext {
+    let mut config = SessionConfig::new().with_target_partitions(2);
+    config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+    let ctx = SessionContext::new_with_config(config);
+    for table in ["t", "s"] {
+        run_oracle(&ctx, &format!("CREATE TABLE {table} ({COLUMNS})")).await;
+        run_oracle(&ctx, &insert_rows(table)).await;
+    }
+    run_oracle(&ctx, "CREATE TABLE dim (k BIGINT, name VARCHAR)").await;
+    run_oracle(&ctx, DIM_ROWS).await;
+    ctx
+}
+
+const DIM_ROWS: &str = "INSERT INTO dim SELECT value, 'name' || (value % 20) FROM generate_series(0, 60)";
+
+async fn run_oracle(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    match ctx.sql(sql).await {
+        Ok(df) => df.collect().await.unwrap_or_else(|e| panic!("oracle: {sql}: {e}")),
+        Err(e) => panic!("oracle: {sql}: {e}"),
+    }
+}
+
+fn json_rows(batches: &[RecordBatch]) -> Vec<Value> {
+    let mut out = Vec::new();
+    {
+        let mut w = arrow::json::WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, arrow::json::writer::LineDelimited>(&mut out);
+        for b in batches {
+            w.write(b).unwrap_or_else(|e| panic!("json: {e}"));
+        }
+        w.finish().unwrap_or_else(|e| panic!("json: {e}"));
+    }
+    parse_lines(&String::from_utf8_lossy(&out))
+}
+
+fn parse_lines(text: &str) -> Vec<Value> {
+    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap_or(Value::Null)).collect()
+}
+
+/// Runs `sql` on a node; rows as JSON objects.
+fn shardwise_rows(addr: &str, sql: &str) -> Result<Vec<Value>, String> {
+    let mut c = shardwise();
+    c.args(["sql", "--connect", addr, "--format", "json", "-e", sql]);
+    let out = run_with_timeout(c, Duration::from_secs(60));
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(parse_lines(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// A value in comparable form: arrays sorted (multisets), numbers as f64.
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Array(items) => {
+            let mut items: Vec<Value> = items.iter().map(canonical).collect();
+            items.sort_by_key(|a| a.to_string());
+            Value::Array(items)
+        }
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), canonical(v))).collect()),
+        Value::Number(n) => n.as_f64().and_then(serde_json::Number::from_f64).map(Value::Number).unwrap_or(Value::Null),
+        other => other.clone(),
+    }
+}
+
+/// A sort key that does not depend on float noise.
+fn sort_key(v: &Value) -> String {
+    match v {
+        Value::Number(n) => format!("{:.6e}", n.as_f64().unwrap_or(0.0)),
+        Value::Object(map) => map.iter().map(|(k, v)| format!("{k}={}", sort_key(v))).collect::<Vec<_>>().join("|"),
+        Value::Array(items) => items.iter().map(sort_key).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+fn close(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+            x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| close(a, b)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// Compares as multisets unless `ordered` (then row order must match too).
+fn same_rows(got: &[Value], want: &[Value], ordered: bool) -> Result<(), String> {
+    let prep = |rows: &[Value]| {
+        let mut rows: Vec<Value> = rows.iter().map(canonical).collect();
+        if !ordered {
+            rows.sort_by_key(sort_key);
+        }
+        rows
+    };
+    let (got, want) = (prep(got), prep(want));
+    if got.len() != want.len() {
+        return Err(format!("{} rows, expected {}\n got: {got:?}\nwant: {want:?}", got.len(), want.len()));
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if !close(g, w) {
+            return Err(format!("row {i}: got {g}\n  want {w}"));
+        }
+    }
+    Ok(())
+}
+
+fn is_ordered(sql: &str) -> bool {
+    // Queries whose outermost ORDER BY is total over the rows they return.
+    sql.contains("ORDER BY") && sql.contains("LIMIT") && !sql.contains("OVER")
+}
+
+fn setup(c: &Cluster, replicas: u32) {
+    let shards = c.addrs.len() as u32 + 1;
+    c.sql(0, &format!("CREATE TABLE t ({COLUMNS}) WITH (shard_key = 'k', replicas = {replicas})"));
+    c.sql(0, &format!("CREATE TABLE s ({COLUMNS}) WITH (shard_key = 'sk', shards = {shards}, replicas = {replicas})"));
+    c.sql(0, &format!("CREATE TABLE dim (k BIGINT, name VARCHAR) WITH (shard_key = 'k', replicas = {replicas})"));
+    c.sql(0, &insert_rows("t"));
+    c.sql(c.addrs.len() - 1, &insert_rows("s"));
+    c.sql(0, DIM_ROWS);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("runtime: {e}"))
+}
+
+/// Every corpus query on `t` and `s`, each through a different node, against the oracle.
+fn check_corpus(c: &Cluster, rt: &tokio::runtime::Runtime, ctx: &SessionContext, queries: &[&str]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for table in ["t", "s"] {
+        for q in queries {
+            let sql = q.replace("{t}", table);
+            let want = json_rows(&rt.block_on(run_oracle(ctx, &sql)));
+            let node = n % c.addrs.len();
+            n += 1;
+            match shardwise_rows(&c.addrs[node], &sql) {
+                Ok(got) => {
+                    if let Err(e) = same_rows(&got, &want, is_ordered(&sql)) {
+                        failures.push(format!("rank {node}: {sql}\n{e}"));
+                    }
+                }
+                Err(e) => failures.push(format!("rank {node}: {sql}\nerror: {e}")),
+            }
+        }
+    }
+    failures
+}
+
+#[test]
+fn corpus_matches_single_node_datafusion_on_1_2_and_3_nodes() {
+    assert!(CORPUS.len() >= 60, "the corpus has {} queries", CORPUS.len());
+    let rt = runtime();
+    let ctx = rt.block_on(oracle());
+    for nodes in [1, 2, 3] {
+        let c = Cluster::start(nodes);
+        setup(&c, 1);
+        let failures = check_corpus(&c, &rt, &ctx, CORPUS);
+        assert!(
+            failures.is_empty(),
+            "{nodes} nodes: {} of {} failed:\n{}",
+            failures.len(),
+            2 * CORPUS.len(),
+            failures.join("\n\n")
+        );
+    }
+}
+
+/// `s`'s rows split by shardwise's placement function: what each shard holds.
+fn shard_tables(rt: &tokio::runtime::Runtime, ctx: &SessionContext, shards: u32) -> Vec<SessionContext> {
+    let batches = rt.block_on(run_oracle(ctx, "SELECT * FROM s"));
+    let key = [2usize]; // sk
+    let mut per_shard: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+    for b in &batches {
+        let split =
+            PlacementVersion::XxHash64V1.split_by_shard(b, &key, shards).unwrap_or_else(|e| panic!("split: {e}"));
+        for (shard, piece) in split {
+            per_shard.entry(shard).or_default().push(piece);
+        }
+    }
+    let schema = batches[0].schema();
+    (0..shards)
+        .map(|shard| {
+            let ctx = SessionContext::new();
+            let rows = per_shard.remove(&shard).unwrap_or_default();
+            let table = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![rows])
+                .unwrap_or_else(|e| panic!("memtable: {e}"));
+            ctx.register_table("s", Arc::new(table)).unwrap_or_else(|e| panic!("register: {e}"));
+            ctx
+        })
+        .collect()
+}
+
+#[test]
+fn no_merge_modes_follow_their_definitions() {
+    let rt = runtime();
+    let ctx = rt.block_on(oracle());
+    let c = Cluster::start(3);
+    setup(&c, 2);
+    let shards = shard_tables(&rt, &ctx, 4);
+    let per_shard =
+        |sql: &str| -> Vec<Value> { shards.iter().flat_map(|s| json_rows(&rt.block_on(run_oracle(s, sql)))).collect() };
+    // Mode 1: each shard's complete result, concatenated; a key on several shards repeats.
+    for sql in [
+        "SELECT g, count(*) AS c FROM s GROUP BY g",
+        "SELECT g, count(*) AS c FROM s GROUP BY g ORDER BY c DESC, g LIMIT 2",
+        "SELECT count(*), sum(q) FROM s",
+        "SELECT g, count(*) AS c FROM s GROUP BY g HAVING count(*) > 500",
+    ] {
+        let got = shardwise_rows(&c.addrs[1], &format!("{sql} SETTINGS distributed_group_by_no_merge = 1"))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        same_rows(&got, &per_shard(sql), false).unwrap_or_else(|e| panic!("mode 1: {sql}: {e}"));
+    }
+    // LIMIT n gives up to n rows per shard.
+    let got =
+        shardwise_rows(&c.addrs[0], "SELECT g FROM s GROUP BY g LIMIT 2 SETTINGS distributed_group_by_no_merge = 1")
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.len(), 2 * 4, "{got:?}");
+    // Mode 2: the concatenation, then the query's ORDER BY and LIMIT (OFFSET) on the initiator.
+    let sql = "SELECT g, count(*) AS c FROM s GROUP BY g ORDER BY c DESC, g LIMIT 3 OFFSET 2";
+    let mut all = per_shard("SELECT g, count(*) AS c FROM s GROUP BY g");
+    all.sort_by(|a, b| {
+        let c = |v: &Value| v["c"].as_f64().unwrap_or(0.0);
+        c(b).total_cmp(&c(a)).then_with(|| a["g"].to_string().cmp(&b["g"].to_string()))
+    });
+    let want: Vec<Value> = all.into_iter().skip(2).take(3).collect();
+    let got = shardwise_rows(&c.addrs[2], &format!("{sql} SETTINGS distributed_group_by_no_merge = 2"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    same_rows(&got, &want, true).unwrap_or_else(|e| panic!("mode 2: {e}"));
+    // Values other than 0, 1 and 2 act as 1.
+    let got = shardwise_rows(&c.addrs[0], "SELECT count(*) FROM s SETTINGS distributed_group_by_no_merge = 5")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.len(), 4);
+    // A mode other than 0 over two distributed tables says why it cannot run.
+    let err = c.sql_err(0, "SELECT count(*) FROM s JOIN dim ON s.k = dim.k SETTINGS distributed_group_by_no_merge = 1");
+    assert!(err.contains("exactly one distributed table"), "{err}");
+    // Automatic no-merge: chosen when GROUP BY has the shard key, and EXPLAIN says so.
+    let plan = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
+    assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (sk)"), "{plan}");
+    let plan = c.sql(0, "EXPLAIN SELECT g, count(*) FROM s GROUP BY g").concat().join(" ");
+    assert!(
+        plan.contains("strategy=initiator_merge") && plan.contains("does not include shard-key column(s) sk"),
+        "{plan}"
+    );
+    let plan = c
+        .sql(
+            0,
+            "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk SETTINGS optimize_distributed_group_by_sharding_key = 0",
+        )
+        .concat()
+        .join(" ");
+    assert!(plan.contains("strategy=initiator_merge"), "{plan}");
+    // Bad setting values list what is accepted.
+    let err = c.sql_err(0, "SELECT 1 SETTINGS load_balancing = 'closest'");
+    assert!(err.contains("nearest, in_order, random, round_robin"), "{err}");
+}
+
+#[test]
+fn queries_answer_with_any_one_node_down() {
+    let rt = runtime();
+    let ctx = rt.block_on(oracle());
+    let mut c = Cluster::start(3);
+    setup(&c, 2);
+    let queries: Vec<&str> = CORPUS.iter().copied().step_by(6).collect();
+    for down in 0..3u32 {
+        c.procs[down as usize].kill9();
+        let alive: Vec<usize> = (0..3).filter(|r| *r != down as usize).collect();
+        for q in &queries {
+            for table in ["t", "s"] {
+                let sql = q.replace("{t}", table);
+                let want = json_rows(&rt.block_on(run_oracle(&ctx, &sql)));
+                for policy in ["nearest", "in_order", "round_robin"] {
+                    let node = alive[sql.len() % alive.len()];
+                    let got = shardwise_rows(&c.addrs[node], &format!("{sql} SETTINGS load_balancing = '{policy}'"))
+                        .unwrap_or_else(|e| panic!("rank {down} down, via {node}: {sql}: {e}"));
+                    same_rows(&got, &want, is_ordered(&sql))
+                        .unwrap_or_else(|e| panic!("rank {down} down, via {node}: {sql}: {e}"));
+                }
+            }
+        }
+        c.restart(down);
+        // Until every node sees the restarted one up at its new address (its ports are new).
+        let sql = format!("SELECT flight_addr FROM system.nodes WHERE rank = {down} AND state = 'up'");
+        for node in 0..3 {
+            eventually(Duration::from_secs(30), "every node to see the restarted one", || {
+                let rows = shardwise_rows(&c.addrs[node], &sql).ok()?;
+                (rows.first()?["flight_addr"] == c.addrs[down as usize].as_str()).then_some(())
+            });
+        }
+    }
+}
