@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{LogicalPlan, WriteOp};
@@ -18,7 +19,7 @@ use shardwise_cluster::ClusterView;
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
-use crate::dist::{DistributeRule, run_fragment_ticket};
+use crate::dist::{DistributeRule, ExchangeRegistry, run_fragment_ticket};
 use crate::error::QueryError;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
@@ -66,6 +67,8 @@ impl Planned {
 pub struct QueryEngine {
     ctx: SessionContext,
     access: Option<Arc<dyn TableAccess>>,
+    /// Shuffle stage-1 outputs this node holds for other nodes to fetch.
+    exchanges: ExchangeRegistry,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -118,7 +121,7 @@ impl QueryEngine {
             catalog.register_schema(&options.default_schema, public).map_err(QueryError::Internal)?;
         }
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
-        Ok(QueryEngine { ctx, access })
+        Ok(QueryEngine { ctx, access, exchanges: ExchangeRegistry::default() })
     }
 
     /// What statements DataFusion may run: queries and session statements (`SET`), but not its
@@ -142,6 +145,13 @@ impl QueryEngine {
     pub fn run_fragment(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
         let access = self.access("a distributed query fragment")?;
         Ok(run_fragment_ticket(Arc::clone(access), self.ctx.task_ctx(), ticket)?)
+    }
+
+    /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
+    /// stage 1 for the shard on first request, then hands out the bucket.
+    pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<Vec<RecordBatch>, QueryError> {
+        let access = self.access("a shuffle")?;
+        Ok(self.exchanges.fetch(Arc::clone(access), self.ctx.task_ctx(), ticket).await?)
     }
 
     /// Parses and plans one statement without executing anything.

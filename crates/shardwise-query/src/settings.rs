@@ -32,6 +32,9 @@ extensions_options! {
         /// When the GROUP BY keys include every shard-key column of a table whose placement is
         /// verified, aggregate completely on the shards (exact: groups cannot span shards).
         pub optimize_distributed_group_by_sharding_key: Flag, default = Flag(true)
+        /// Where partial aggregates are merged: `initiator`, or `shuffle` (by group-key hash, on
+        /// every node). A non-zero `distributed_group_by_no_merge` takes precedence.
+        pub distributed_aggregation: DistributedAggregation, default = DistributedAggregation::Initiator
         /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
         /// `random` or `round_robin`.
         pub load_balancing: LoadBalancing, default = LoadBalancing::Nearest
@@ -51,6 +54,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "flush_timeout_ms",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
+    "distributed_aggregation",
     "load_balancing",
     "skip_unavailable_shards",
 ];
@@ -142,6 +146,16 @@ impl std::str::FromStr for Flag {
 }
 
 parsed_config_field!(Flag);
+
+word_setting! {
+    /// `distributed_aggregation`.
+    DistributedAggregation {
+        /// Merge every partial aggregate on the initiator.
+        Initiator = "initiator",
+        /// Repartition partial aggregates by group-key hash and merge on every node.
+        Shuffle = "shuffle",
+    }
+}
 
 word_setting! {
     /// `load_balancing`: the order in which a shard's replicas are tried.

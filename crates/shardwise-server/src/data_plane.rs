@@ -6,7 +6,8 @@
 //!   every piece is durable here.
 //! - `DoGet(ticket)`: a JSON [`ScanTicket`]; streams one local shard replica. Or a query
 //!   fragment ticket ([`FragmentTicket`], starting `SWFT`): runs the fragment over this node's
-//!   shards and streams its rows as they are produced.
+//!   shards and streams its rows as they are produced. Or a shuffle bucket request (`SWSB`):
+//!   one bucket of a shard's shuffle stage 1, which runs here on the first request.
 //! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies once this node's queues for the table
 //!   are empty, or fails naming what is pending.
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
@@ -25,7 +26,7 @@ use arrow_flight::{
     PollInfo, PutResult, SchemaResult, Ticket,
 };
 use futures::{Stream, TryStreamExt};
-use shardwise_query::dist::FragmentTicket;
+use shardwise_query::dist::{FragmentTicket, is_shuffle_ticket};
 use shardwise_query::{QueryEngine, QueryError};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -106,6 +107,18 @@ impl DataPlane {
     }
 }
 
+/// Batches already in memory, as a `DoGet` reply.
+fn batches_response(batches: Vec<datafusion::arrow::record_batch::RecordBatch>) -> Response<BoxStream<FlightData>> {
+    let schema = batches.first().map(|b| b.schema());
+    let mut builder = FlightDataEncoderBuilder::new();
+    if let Some(schema) = schema {
+        builder = builder.with_schema(schema);
+    }
+    let stream =
+        builder.build(futures::stream::iter(batches.into_iter().map(Ok))).map_err(|e| Status::internal(e.to_string()));
+    Response::new(Box::pin(stream))
+}
+
 fn unsupported<T>(what: &str) -> Result<T, Status> {
     Err(Status::unimplemented(format!("{what} is not part of the shardwise data plane")))
 }
@@ -148,18 +161,14 @@ impl FlightService for DataPlane {
         if FragmentTicket::is_fragment(&request.get_ref().ticket) {
             return self.run_fragment(&request.get_ref().ticket);
         }
+        if is_shuffle_ticket(&request.get_ref().ticket) {
+            let batches = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
+            return Ok(batches_response(batches));
+        }
         let ticket: ScanTicket = serde_json::from_slice(&request.get_ref().ticket)
             .map_err(|e| Status::invalid_argument(format!("bad scan ticket: {e}")))?;
         let batches = self.tables.read_local(&ticket).await.map_err(to_status)?;
-        let schema = batches.first().map(|b| b.schema());
-        let mut builder = FlightDataEncoderBuilder::new();
-        if let Some(schema) = schema {
-            builder = builder.with_schema(schema);
-        }
-        let stream = builder
-            .build(futures::stream::iter(batches.into_iter().map(Ok)))
-            .map_err(|e| Status::internal(e.to_string()));
-        Ok(Response::new(Box::pin(stream)))
+        Ok(batches_response(batches))
     }
 
     async fn do_put(&self, _request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {

@@ -1,6 +1,7 @@
 //! How a fragment travels: the plan is serialized with `datafusion-proto`, shardwise's own leaf
 //! ([`ShardScanExec`]) through [`ShardwiseCodec`], and the whole is wrapped in a
-//! [`FragmentTicket`] that also says which slices of the shard the receiving node reads.
+//! [`FragmentTicket`] that also says which slices of the shard (or which shuffle bucket) the
+//! receiving node reads.
 //!
 //! Ticket layout: `SWFT`, a u32 format version, a u32 header length, the JSON header, then the
 //! plan bytes. Every length is checked before use: a ticket from a peer that speaks something
@@ -21,6 +22,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 use super::scan::{ShardScanExec, ShardSlice, ShardTableRef};
+use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 
 const TICKET_MAGIC: &[u8; 4] = b"SWFT";
@@ -34,13 +36,18 @@ pub enum LeafAssignment {
     /// All of one shard, cut into as many slices as the node has threads (a fragment that
     /// aggregates or sorts the whole shard).
     WholeShard(u32),
+    /// One bucket of a shuffle (the leaf is a [`ShuffleReaderExec`]).
+    Bucket(u32),
 }
 
 impl LeafAssignment {
-    pub fn shard(&self) -> Option<u32> {
+    /// The shard read, or the bucket merged: which entry of the fragment's candidate ranks
+    /// applies.
+    pub fn index(&self) -> u32 {
         match self {
-            LeafAssignment::Slices(s) => s.first().map(|p| p.shard),
-            LeafAssignment::WholeShard(shard) => Some(*shard),
+            LeafAssignment::Slices(s) => s.first().map(|p| p.shard).unwrap_or(0),
+            LeafAssignment::WholeShard(shard) => *shard,
+            LeafAssignment::Bucket(bucket) => *bucket,
         }
     }
 
@@ -49,6 +56,7 @@ impl LeafAssignment {
         match self {
             LeafAssignment::Slices(s) => s.clone(),
             LeafAssignment::WholeShard(shard) => ShardSlice::all_of(*shard, threads.max(1) as u32),
+            LeafAssignment::Bucket(_) => Vec::new(),
         }
     }
 }
@@ -127,19 +135,32 @@ struct ScanSpec {
 #[derive(Debug)]
 pub struct ShardwiseCodec {
     access: Arc<dyn TableAccess>,
-    /// On the node running a fragment: the slices its leaf reads (replacing the initiator's).
-    leaf_parts: Option<Vec<ShardSlice>>,
+    /// On the node running a fragment: what its leaf reads (replacing the initiator's), and the
+    /// node's threads.
+    leaf: Option<(LeafAssignment, usize)>,
+}
+
+const SCAN_TAG: u8 = 1;
+const SHUFFLE_READER_TAG: u8 = 2;
+
+/// The serialized form of a [`ShuffleReaderExec`] (then the schema, then the stage-1 plan).
+#[derive(Debug, Serialize, Deserialize)]
+struct ReaderSpec {
+    exchange_id: String,
+    sources: Vec<ShuffleSource>,
+    key_columns: usize,
+    buckets: u32,
 }
 
 impl ShardwiseCodec {
     /// A codec for the initiator (leaves keep their parts).
     pub fn new(access: Arc<dyn TableAccess>) -> Self {
-        ShardwiseCodec { access, leaf_parts: None }
+        ShardwiseCodec { access, leaf: None }
     }
 
-    /// A codec that gives every decoded leaf `parts`.
-    pub fn for_worker(access: Arc<dyn TableAccess>, parts: Vec<ShardSlice>) -> Self {
-        ShardwiseCodec { access, leaf_parts: Some(parts) }
+    /// A codec for the node that runs a fragment: its leaf reads `leaf` with `threads` threads.
+    pub fn for_worker(access: Arc<dyn TableAccess>, leaf: LeafAssignment, threads: usize) -> Self {
+        ShardwiseCodec { access, leaf: Some((leaf, threads)) }
     }
 
     pub fn encode_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
@@ -160,23 +181,46 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if !inputs.is_empty() {
-            return Err(bad_ticket("a shard scan with inputs"));
+            return Err(bad_ticket("a shardwise leaf with inputs"));
         }
-        let (len, rest) = split_u32(buf).ok_or_else(|| bad_ticket("shard scan cut short"))?;
-        let len = len as usize;
-        if rest.len() < len {
-            return Err(bad_ticket("shard scan header cut short"));
+        let (tag, buf) = buf.split_first().ok_or_else(|| bad_ticket("an empty extension node"))?;
+        let (json, rest) = take_sized(buf).ok_or_else(|| bad_ticket("extension node cut short"))?;
+        let (schema, rest) = take_sized(rest).ok_or_else(|| bad_ticket("extension schema cut short"))?;
+        let proto = protobuf::Schema::decode(schema).map_err(|e| bad_ticket(format!("extension schema: {e}")))?;
+        let schema = Arc::new(Schema::try_from(&proto).map_err(|e| bad_ticket(format!("extension schema: {e}")))?);
+        match *tag {
+            SCAN_TAG => {
+                let spec: ScanSpec =
+                    serde_json::from_slice(json).map_err(|e| bad_ticket(format!("shard scan: {e}")))?;
+                let parts = match &self.leaf {
+                    Some((leaf, threads)) => leaf.slices(*threads),
+                    None => spec.parts,
+                };
+                let scan =
+                    ShardScanExec::try_new(spec.table, schema, spec.projection, parts, Arc::clone(&self.access))?
+                        .with_required_verified_placement(spec.require_verified_placement);
+                Ok(Arc::new(scan))
+            }
+            SHUFFLE_READER_TAG => {
+                let spec: ReaderSpec =
+                    serde_json::from_slice(json).map_err(|e| bad_ticket(format!("shuffle reader: {e}")))?;
+                let bucket = match &self.leaf {
+                    Some((LeafAssignment::Bucket(b), _)) => Some(*b),
+                    _ => None,
+                };
+                Ok(Arc::new(ShuffleReaderExec::new(
+                    spec.exchange_id,
+                    Arc::new(rest.to_vec()),
+                    spec.sources,
+                    spec.key_columns,
+                    bucket,
+                    spec.buckets,
+                    schema,
+                    Arc::clone(&self.access),
+                )))
+            }
+            other => Err(bad_ticket(format!("unknown extension node kind {other}"))),
         }
-        let spec: ScanSpec =
-            serde_json::from_slice(&rest[..len]).map_err(|e| bad_ticket(format!("shard scan: {e}")))?;
-        let proto =
-            protobuf::Schema::decode(&rest[len..]).map_err(|e| bad_ticket(format!("shard scan schema: {e}")))?;
-        let schema = Schema::try_from(&proto).map_err(|e| bad_ticket(format!("shard scan schema: {e}")))?;
-        let parts = self.leaf_parts.clone().unwrap_or(spec.parts);
-        let scan =
-            ShardScanExec::try_new(spec.table, Arc::new(schema), spec.projection, parts, Arc::clone(&self.access))?
-                .with_required_verified_placement(spec.require_verified_placement);
-        Ok(Arc::new(scan))
     }
 
     fn try_encode(
@@ -185,23 +229,53 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        let Some(scan) = node.downcast_ref::<ShardScanExec>() else {
-            return Err(DataFusionError::NotImplemented(format!("{} cannot be sent to another node", node.name())));
-        };
-        let spec = ScanSpec {
-            table: scan.table().clone(),
-            projection: scan.projection().cloned(),
-            parts: scan.parts().to_vec(),
-            require_verified_placement: scan.requires_verified_placement(),
-        };
-        let json = serde_json::to_vec(&spec).map_err(|e| DataFusionError::Internal(e.to_string()))?;
-        let schema = protobuf::Schema::try_from(scan.table_schema().as_ref())?;
-        let len = u32::try_from(json.len()).map_err(|_| DataFusionError::Internal("scan spec over 4 GiB".into()))?;
-        buf.extend_from_slice(&len.to_le_bytes());
-        buf.extend_from_slice(&json);
-        schema.encode(buf).map_err(|e| DataFusionError::Internal(e.to_string()))?;
-        Ok(())
+        let internal = |e: String| DataFusionError::Internal(e);
+        if let Some(scan) = node.downcast_ref::<ShardScanExec>() {
+            let spec = ScanSpec {
+                table: scan.table().clone(),
+                projection: scan.projection().cloned(),
+                parts: scan.parts().to_vec(),
+                require_verified_placement: scan.requires_verified_placement(),
+            };
+            let json = serde_json::to_vec(&spec).map_err(|e| internal(e.to_string()))?;
+            let schema = protobuf::Schema::try_from(scan.table_schema().as_ref())?.encode_to_vec();
+            buf.push(SCAN_TAG);
+            put_sized(buf, &json)?;
+            put_sized(buf, &schema)?;
+            return Ok(());
+        }
+        if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
+            let spec = ReaderSpec {
+                exchange_id: reader.exchange_id.clone(),
+                sources: reader.sources.clone(),
+                key_columns: reader.key_columns,
+                buckets: reader.buckets,
+            };
+            let json = serde_json::to_vec(&spec).map_err(|e| internal(e.to_string()))?;
+            let schema = protobuf::Schema::try_from(reader.schema().as_ref())?.encode_to_vec();
+            buf.push(SHUFFLE_READER_TAG);
+            put_sized(buf, &json)?;
+            put_sized(buf, &schema)?;
+            buf.extend_from_slice(&reader.stage1);
+            return Ok(());
+        }
+        Err(DataFusionError::NotImplemented(format!("{} cannot be sent to another node", node.name())))
     }
+}
+
+/// Appends a u32 length and `bytes`.
+fn put_sized(buf: &mut Vec<u8>, bytes: &[u8]) -> Result<()> {
+    let len = u32::try_from(bytes.len()).map_err(|_| DataFusionError::Internal("a plan node over 4 GiB".into()))?;
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(bytes);
+    Ok(())
+}
+
+/// Splits a u32 length and that many bytes off `buf`.
+fn take_sized(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = split_u32(buf)?;
+    let len = len as usize;
+    (rest.len() >= len).then(|| rest.split_at(len))
 }
 
 #[cfg(test)]
@@ -230,6 +304,7 @@ mod tests {
     fn whole_shard_uses_the_node_threads() {
         assert_eq!(LeafAssignment::WholeShard(2).slices(3).len(), 3);
         assert_eq!(LeafAssignment::WholeShard(2).slices(0).len(), 1);
-        assert_eq!(LeafAssignment::WholeShard(2).shard(), Some(2));
+        assert_eq!(LeafAssignment::WholeShard(2).index(), 2);
+        assert_eq!(LeafAssignment::Bucket(4).index(), 4);
     }
 }

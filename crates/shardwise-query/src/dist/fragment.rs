@@ -18,10 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -77,6 +75,8 @@ pub struct Placement {
     pub replicas: Vec<Vec<u32>>,
     pub load_balancing: LoadBalancing,
     pub skip_unavailable_shards: bool,
+    /// What a target is: `shard` or (for a shuffle's merge) `bucket`.
+    pub unit: &'static str,
 }
 
 /// See the module doc.
@@ -153,11 +153,12 @@ impl DisplayAs for FragmentExec {
             .collect();
         write!(
             f,
-            "DistributedFragmentExec: strategy={}, reason=\"{}\", table={}, fragments={}, shards=[{}], load_balancing={}",
+            "DistributedFragmentExec: strategy={}, reason=\"{}\", table={}, fragments={}, {}s=[{}], load_balancing={}",
             self.strategy.kind.as_str(),
             self.strategy.reason,
             p.table.name,
             self.targets.len(),
+            p.unit,
             shards.join(" "),
             p.load_balancing
         )?;
@@ -169,13 +170,7 @@ impl DisplayAs for FragmentExec {
 }
 
 impl ExecutionPlan for FragmentExec {
-    fn name(&self) -> &str {
-        "DistributedFragmentExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
+    plan_node_methods!("DistributedFragmentExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.fragment]
@@ -183,13 +178,6 @@ impl ExecutionPlan for FragmentExec {
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -218,7 +206,7 @@ impl ExecutionPlan for FragmentExec {
                 self.targets.len()
             ))
         })?;
-        let shard = target.shard().unwrap_or(0);
+        let shard = target.index();
         let replicas = self.placement.replicas.get(shard as usize).cloned().unwrap_or_default();
         let run = Run {
             target,
@@ -296,9 +284,13 @@ impl Run {
             );
             return Ok(futures::stream::empty().boxed());
         }
+        let unit = self.placement.unit;
+        let hint = match unit {
+            "shard" => "; SET skip_unavailable_shards = 1 answers from the other shards",
+            _ => "",
+        };
         Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
-            "table {table} shard {shard}: no replica could run its fragment ({}); \
-             SET skip_unavailable_shards = 1 answers from the other shards",
+            "table {table} {unit} {shard}: no node could run its fragment ({}){hint}",
             errors.join("; ")
         )))))
     }
@@ -327,7 +319,7 @@ impl Run {
 
     fn run_local(&self) -> Result<BatchStream> {
         let threads = self.context.session_config().target_partitions();
-        let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.slices(threads));
+        let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.clone(), threads);
         let plan = codec.decode_plan(&self.encoded, &self.context)?;
         Ok(execute_merged(plan, Arc::clone(&self.context))?.boxed())
     }
@@ -387,7 +379,7 @@ pub fn run_fragment_ticket(
 ) -> Result<SendableRecordBatchStream> {
     let ticket = FragmentTicket::decode(ticket)?;
     let threads = context.session_config().target_partitions();
-    let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.slices(threads));
+    let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads);
     let plan = codec.decode_plan(&ticket.plan, &context)?;
     tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");
     execute_merged(plan, context)

@@ -6,14 +6,56 @@
 //! the subtree below it is serialized ([`codec`]) and run by a replica of each shard, local or
 //! remote, and its rows flow back into the rest of the plan on the initiator. The settings that
 //! steer the cut (`distributed_group_by_no_merge`, `optimize_distributed_group_by_sharding_key`,
-//! `load_balancing`, `skip_unavailable_shards`) are documented in docs/distributed-queries.md.
+//! `distributed_aggregation`, `load_balancing`, `skip_unavailable_shards`) are documented in docs/distributed-queries.md.
+
+/// The `ExecutionPlan` methods shardwise's plan nodes share: a name, cached properties in
+/// `self.cache`, and no expressions of their own. `leaf` nodes also have no children.
+macro_rules! plan_node_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            &self.cache
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion>,
+        ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+    ($name:literal, leaf) => {
+        plan_node_methods!($name);
+
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
+        }
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::error::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            if !children.is_empty() {
+                return Err(datafusion::error::DataFusionError::Internal(format!("{} has no children", $name)));
+            }
+            Ok(self)
+        }
+    };
+}
 
 pub mod codec;
 pub mod fragment;
 pub mod planner;
 pub mod scan;
+pub mod shuffle;
 
 pub use codec::{FragmentTicket, LeafAssignment, ShardwiseCodec};
 pub use fragment::{FragmentExec, Strategy, StrategyKind, run_fragment_ticket};
 pub use planner::DistributeRule;
 pub use scan::{ShardScanExec, ShardSlice, ShardTableRef};
+pub use shuffle::{ExchangeRegistry, ShuffleReaderExec, is_shuffle_ticket};

@@ -41,14 +41,15 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::physical_plan::{Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use shardwise_cluster::ClusterView;
 
-use super::codec::LeafAssignment;
+use super::codec::{LeafAssignment, ShardwiseCodec};
 use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
 use super::scan::ShardScanExec;
+use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
-use crate::settings::{self, ShardwiseSettings};
+use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
 
 /// The rule. See the module doc.
 #[derive(Debug)]
@@ -122,13 +123,15 @@ impl Planner<'_> {
     /// `distributed_group_by_no_merge = 0`.
     fn merge_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         let mut auto = AutoNoMerge::default();
-        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0)?;
+        let shuffle = self.settings.distributed_aggregation == DistributedAggregation::Shuffle;
+        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0, shuffle)?;
         match self.rewrite(plan, &auto)? {
             Sub::Done(plan) => Ok(plan),
             Sub::Chain(chain) => self.wrap(chain),
         }
     }
 
+    #[allow(deprecated)] // required_input_distribution: DataFusion 55 still derives the new API from it
     fn rewrite(&self, node: Arc<dyn ExecutionPlan>, auto: &AutoNoMerge) -> Result<Sub> {
         if node.is::<ShardScanExec>() {
             return Ok(Sub::Chain(Chain { plan: node, whole_shard: false, auto_reason: None, has_aggregate: false }));
@@ -141,9 +144,13 @@ impl Planner<'_> {
         if matches!(subs.as_slice(), [Sub::Chain(_)]) {
             let id = node_id(&node);
             let is_partial = node.downcast_ref::<AggregateExec>().is_some_and(|a| *a.mode() == AggregateMode::Partial);
-            if is_partial || auto.path.contains_key(&id) || is_partition_local(&node) {
+            let role = auto.path.get(&id).copied();
+            if role == Some(PathRole::ShuffleFinal) {
+                return Ok(Sub::Done(self.shuffle(node, auto)?));
+            }
+            if is_partial || role.is_some() || is_partition_local(&node) {
                 let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
-                let finishes = auto.path.get(&id).copied().unwrap_or(false);
+                let finishes = role == Some(PathRole::NoMergeFinal);
                 return Ok(Sub::Chain(Chain {
                     plan: node,
                     whole_shard: chain.whole_shard || finishes,
@@ -154,14 +161,27 @@ impl Planner<'_> {
         }
         let mut changed = false;
         let mut new_children = Vec::with_capacity(subs.len());
-        for sub in subs {
-            new_children.push(match sub {
+        let required = node.required_input_distribution();
+        for (i, sub) in subs.into_iter().enumerate() {
+            let new_child = match sub {
                 Sub::Done(plan) => plan,
                 Sub::Chain(chain) => {
                     changed = true;
                     self.wrap(chain)?
                 }
-            });
+            };
+            // A fragment's rows are placed by shard or bucket, not by DataFusion's hash: where
+            // this node relies on that hash (a partitioned join, say), restore it.
+            let new_child = match (required.get(i), children.get(i)) {
+                (Some(Distribution::KeyPartitioned(exprs) | Distribution::HashPartitioned(exprs)), Some(old))
+                    if new_child.is::<FragmentExec>() =>
+                {
+                    let n = old.output_partitioning().partition_count();
+                    Arc::new(RepartitionExec::try_new(new_child, Partitioning::Hash(exprs.clone(), n))?)
+                }
+                _ => new_child,
+            };
+            new_children.push(new_child);
         }
         let changed = changed || new_children.iter().zip(&children).any(|(a, b)| !Arc::ptr_eq(a, b));
         Ok(Sub::Done(if changed { replace_children_if_necessary(node, new_children)? } else { node }))
@@ -202,6 +222,77 @@ impl Planner<'_> {
         self.fragment(plan, &scan, targets, strategy)
     }
 
+    /// Shuffle aggregation for the final aggregation `final_agg` (see `super::shuffle`).
+    fn shuffle(&self, final_agg: Arc<dyn ExecutionPlan>, auto: &AutoNoMerge) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut partial = final_agg.children().first().map(|c| Arc::clone(c));
+        while let Some(p) = partial.clone().filter(|p| !p.is::<AggregateExec>()) {
+            partial = p.children().first().map(|c| Arc::clone(c));
+        }
+        let partial = partial.ok_or_else(|| DataFusionError::Internal("shuffle: no partial aggregation".into()))?;
+        let key_columns = partial
+            .downcast_ref::<AggregateExec>()
+            .map(|a| a.group_expr().expr().len())
+            .ok_or_else(|| DataFusionError::Internal("shuffle: no partial aggregation".into()))?;
+        let scan = find_scan(&partial)?;
+        let shards = self.placement(&scan)?;
+        let access = Arc::clone(&self.rule.access);
+        let stage1 = Arc::new(ShardwiseCodec::new(Arc::clone(&access)).encode_plan(Arc::clone(&partial))?);
+        let sources = shards
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(shard, replicas)| ShuffleSource { shard: shard as u32, replicas: replicas.clone() })
+            .collect();
+        let buckets = self.rule.access.world_size().max(1);
+        // Planned per execution (the engine plans every statement it runs), so the id is new
+        // for every run of the query.
+        let exchange_id = uuid::Uuid::new_v4().to_string();
+        let reader = ShuffleReaderExec::new(
+            exchange_id,
+            stage1,
+            sources,
+            key_columns,
+            None,
+            buckets,
+            partial.schema(),
+            Arc::clone(&access),
+        );
+        let reader: Arc<dyn ExecutionPlan> = Arc::new(reader);
+        let stage2 = final_agg
+            .transform_up(|n| match Arc::ptr_eq(&n, &partial) {
+                true => Ok(Transformed::yes(Arc::clone(&reader))),
+                false => Ok(Transformed::no(n)),
+            })?
+            .data;
+        // Bucket b is merged by rank b, or the next one up if it is down.
+        let ranks: Vec<u32> = (0..buckets).collect();
+        let replicas = (0..buckets as usize)
+            .map(|b| {
+                let mut r = ranks.clone();
+                r.rotate_left(b);
+                r
+            })
+            .collect();
+        let placement = Placement {
+            table: scan.table().clone(),
+            replicas,
+            load_balancing: LoadBalancing::InOrder,
+            skip_unavailable_shards: false,
+            unit: "bucket",
+        };
+        let strategy = Strategy {
+            kind: StrategyKind::Shuffle,
+            reason: format!(
+                "distributed_aggregation = shuffle: each shard's partial states go by group-key hash to {buckets} \
+                 node(s), each merges its bucket, the initiator concatenates ({})",
+                auto.reasons.get(&node_id(&partial)).map(String::as_str).unwrap_or("groups may span shards")
+            ),
+        };
+        let targets = (0..buckets).map(LeafAssignment::Bucket).collect();
+        let cluster = Arc::clone(&self.rule.cluster);
+        Ok(Arc::new(FragmentExec::try_new(stage2, targets, placement, strategy, access, cluster)?))
+    }
+
     fn fragment(
         &self,
         plan: Arc<dyn ExecutionPlan>,
@@ -228,6 +319,7 @@ impl Planner<'_> {
             replicas,
             load_balancing: self.settings.load_balancing,
             skip_unavailable_shards: self.settings.skip_unavailable_shards.0,
+            unit: "shard",
         })
     }
 
@@ -347,12 +439,22 @@ fn require_verified_placement(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Ex
     .map(|t| t.data)
 }
 
+/// A node between a partial aggregation over a shard scan and its final aggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathRole {
+    /// Part of the exchange: the fragment extends through it.
+    Exchange,
+    /// The final aggregation of an automatic no-merge: the fragment's groups are finished.
+    NoMergeFinal,
+    /// The final aggregation of a shuffle: it runs on every node over its bucket.
+    ShuffleFinal,
+}
+
 /// Which aggregations may finish on the shards (see the module doc), found before the rewrite.
 #[derive(Default)]
 struct AutoNoMerge {
-    /// Exchange and final-aggregation nodes a fragment extends through; `true` on the final
-    /// aggregation, where the fragment's groups are finished.
-    path: HashMap<usize, bool>,
+    /// Exchange and final-aggregation nodes a fragment extends through, and what each is.
+    path: HashMap<usize, PathRole>,
     /// Per partial aggregation over a shard scan: what the automatic no-merge decided, and why.
     reasons: HashMap<usize, String>,
 }
@@ -360,9 +462,9 @@ struct AutoNoMerge {
 impl AutoNoMerge {
     /// Visits `plan` children first, so a finished aggregation lower down is known when the one
     /// above it is considered.
-    fn scan(&mut self, plan: &Arc<dyn ExecutionPlan>, enabled: bool) -> Result<()> {
+    fn scan(&mut self, plan: &Arc<dyn ExecutionPlan>, enabled: bool, shuffle: bool) -> Result<()> {
         for child in plan.children() {
-            self.scan(child, enabled)?;
+            self.scan(child, enabled, shuffle)?;
         }
         let Some(agg) = plan.downcast_ref::<AggregateExec>() else { return Ok(()) };
         if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
@@ -382,17 +484,27 @@ impl AutoNoMerge {
         };
         let partial_id = node_id(&below);
         let decision = self.decide(partial, enabled);
-        match decision {
-            Ok(why) => {
-                for id in &exchange {
-                    self.path.insert(*id, *id == node_id(plan));
-                }
-                self.reasons.insert(partial_id, why);
+        let final_role = match &decision {
+            Ok(_) => Some(PathRole::NoMergeFinal),
+            // A global aggregate (no GROUP BY) has one group: nothing to spread, and every bucket
+            // would answer with a row of its own.
+            Err(_)
+                if shuffle
+                    && partial.group_expr().is_single()
+                    && !partial.group_expr().expr().is_empty()
+                    && self.scan_below(partial.input()).is_some() =>
+            {
+                Some(PathRole::ShuffleFinal)
             }
-            Err(why) => {
-                self.reasons.insert(partial_id, why);
+            Err(_) => None,
+        };
+        if let Some(final_role) = final_role {
+            for id in &exchange {
+                let role = if *id == node_id(plan) { final_role } else { PathRole::Exchange };
+                self.path.insert(*id, role);
             }
         }
+        self.reasons.insert(partial_id, decision.unwrap_or_else(|why| why));
         Ok(())
     }
 

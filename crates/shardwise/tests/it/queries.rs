@@ -232,8 +232,15 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("runtime: {e}"))
 }
 
-/// Every corpus query on `t` and `s`, each through a different node, against the oracle.
-fn check_corpus(c: &Cluster, rt: &tokio::runtime::Runtime, ctx: &SessionContext, queries: &[&str]) -> Vec<String> {
+/// Every corpus query on `t` and `s`, each through a different node, against the oracle;
+/// `settings` (a `SETTINGS` clause or "") is added to what shardwise runs.
+fn check_corpus(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    ctx: &SessionContext,
+    queries: &[&str],
+    settings: &str,
+) -> Vec<String> {
     let mut failures = Vec::new();
     let mut n = 0;
     for table in ["t", "s"] {
@@ -242,10 +249,10 @@ fn check_corpus(c: &Cluster, rt: &tokio::runtime::Runtime, ctx: &SessionContext,
             let want = json_rows(&rt.block_on(run_oracle(ctx, &sql)));
             let node = n % c.addrs.len();
             n += 1;
-            match shardwise_rows(&c.addrs[node], &sql) {
+            match shardwise_rows(&c.addrs[node], &format!("{sql} {settings}")) {
                 Ok(got) => {
                     if let Err(e) = same_rows(&got, &want, is_ordered(&sql)) {
-                        failures.push(format!("rank {node}: {sql}\n{e}"));
+                        failures.push(format!("rank {node}: {sql} {settings}\n{e}"));
                     }
                 }
                 Err(e) => failures.push(format!("rank {node}: {sql}\nerror: {e}")),
@@ -263,15 +270,31 @@ fn corpus_matches_single_node_datafusion_on_1_2_and_3_nodes() {
     for nodes in [1, 2, 3] {
         let c = Cluster::start(nodes);
         setup(&c, 1);
-        let failures = check_corpus(&c, &rt, &ctx, CORPUS);
-        assert!(
-            failures.is_empty(),
-            "{nodes} nodes: {} of {} failed:\n{}",
-            failures.len(),
-            2 * CORPUS.len(),
-            failures.join("\n\n")
-        );
+        let mut failures = check_corpus(&c, &rt, &ctx, CORPUS, "");
+        if nodes > 1 {
+            failures.extend(check_corpus(&c, &rt, &ctx, CORPUS, "SETTINGS distributed_aggregation = 'shuffle'"));
+        }
+        assert!(failures.is_empty(), "{nodes} nodes: {} failed:\n{}", failures.len(), failures.join("\n\n"));
     }
+}
+
+#[test]
+fn shuffle_is_exact_at_a_million_groups() {
+    let c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE big (id BIGINT, v BIGINT) WITH (shard_key = 'id')");
+    c.sql(1, "INSERT INTO big SELECT value, value % 1000000 FROM generate_series(1, 1500000)");
+    let sql = "SELECT count(*), sum(c), min(c), max(c), sum(s) FROM (SELECT v, count(*) AS c, sum(id) AS s FROM big GROUP BY v)";
+    let plan = c.sql(2, &format!("EXPLAIN {sql} SETTINGS distributed_aggregation = 'shuffle'")).concat().join(" ");
+    assert!(plan.contains("strategy=shuffle") && plan.contains("ShuffleReaderExec"), "{plan}");
+    let want = vec![vec![
+        "1000000".to_string(),
+        "1500000".to_string(),
+        "1".to_string(),
+        "2".to_string(),
+        (1_500_000u64 * 1_500_001 / 2).to_string(),
+    ]];
+    assert_eq!(c.sql(2, &format!("{sql} SETTINGS distributed_aggregation = 'shuffle'")), want);
+    assert_eq!(c.sql(0, sql), want);
 }
 
 /// `s`'s rows split by shardwise's placement function: what each shard holds.
@@ -361,6 +384,14 @@ fn no_merge_modes_follow_their_definitions() {
     // Bad setting values list what is accepted.
     let err = c.sql_err(0, "SELECT 1 SETTINGS load_balancing = 'closest'");
     assert!(err.contains("nearest, in_order, random, round_robin"), "{err}");
+    let err = c.sql_err(0, "SELECT 1 SETTINGS distributed_aggregation = 'spread'");
+    assert!(err.contains("initiator, shuffle"), "{err}");
+    // A non-zero distributed_group_by_no_merge takes precedence over the shuffle.
+    let plan = c
+        .sql(0, "EXPLAIN SELECT g, count(*) FROM s GROUP BY g SETTINGS distributed_group_by_no_merge = 1, distributed_aggregation = 'shuffle'")
+        .concat()
+        .join(" ");
+    assert!(plan.contains("strategy=no_merge") && !plan.contains("Shuffle"), "{plan}");
 }
 
 #[test]
