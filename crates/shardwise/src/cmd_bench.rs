@@ -31,6 +31,9 @@ pub enum BenchKind {
     Insert(crate::bench_insert::InsertBenchArgs),
     /// Bulk CSV load throughput on 2 and 3 nodes, beside ClickHouse in the same run.
     Load(crate::bench_load::LoadBenchArgs),
+    /// db-benchmark groupby q1-q10: a 1-node cluster beside plain DataFusion, and 1 -> 2 nodes
+    /// beside DataFusion's 1 -> 2 threads.
+    Groupby(crate::bench_groupby::GroupbyBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -52,6 +55,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Crash(a) => crate::bench_crash::run(a).await,
         BenchKind::Insert(a) => crate::bench_insert::run(a).await,
         BenchKind::Load(a) => crate::bench_load::run(a).await,
+        BenchKind::Groupby(a) => crate::bench_groupby::run(a).await,
     }
 }
 

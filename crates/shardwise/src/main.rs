@@ -2,6 +2,7 @@
 //! parses the command line and reports errors (with their causes) and the exit code.
 
 mod bench_crash;
+mod bench_groupby;
 mod bench_insert;
 mod bench_load;
 mod cmd_bench;

@@ -25,6 +25,8 @@ pub struct ProcCluster {
     flight_ports: Vec<u16>,
     data_ports: Vec<u16>,
     extra_args: Vec<String>,
+    /// CPUs each rank is pinned to (`None`: not pinned).
+    cpus: Option<Vec<Vec<usize>>>,
     children: Vec<Option<Child>>,
 }
 
@@ -41,6 +43,29 @@ fn tail(log: &Path) -> String {
 impl ProcCluster {
     /// Starts `n` nodes with data dirs `dir/rank-R` and waits until all are ready.
     pub async fn start(n: u32, dir: &Path, extra_args: &[String]) -> anyhow::Result<ProcCluster> {
+        Self::start_with(n, dir, extra_args, None).await
+    }
+
+    /// As [`ProcCluster::start`], with rank R pinned to the CPUs `cpus[R]` (so it also sizes its
+    /// thread pools to them).
+    pub async fn start_pinned(
+        n: u32,
+        dir: &Path,
+        extra_args: &[String],
+        cpus: Vec<Vec<usize>>,
+    ) -> anyhow::Result<ProcCluster> {
+        if cpus.len() != n as usize {
+            bail!("{} CPU sets for {n} nodes", cpus.len());
+        }
+        Self::start_with(n, dir, extra_args, Some(cpus)).await
+    }
+
+    async fn start_with(
+        n: u32,
+        dir: &Path,
+        extra_args: &[String],
+        cpus: Option<Vec<Vec<usize>>>,
+    ) -> anyhow::Result<ProcCluster> {
         let exe = std::env::current_exe().context("cannot find the shardwise executable")?;
         std::fs::create_dir_all(dir.join("logs")).with_context(|| format!("cannot create {}", dir.display()))?;
         let mut ports = Vec::new();
@@ -58,6 +83,7 @@ impl ProcCluster {
             flight_ports: ports[1..=n as usize].to_vec(),
             data_ports: ports[n as usize + 1..].to_vec(),
             extra_args: extra_args.to_vec(),
+            cpus,
             children: (0..n).map(|_| None).collect(),
         };
         let before: Vec<usize> = (0..n).map(|r| count_ready(&cluster.log(r), r)).collect();
@@ -116,10 +142,23 @@ impl ProcCluster {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
             .kill_on_drop(true);
-        // SAFETY: the closure only calls prctl(2), which is async-signal-safe.
+        let mut cpu_set = None;
+        if let Some(cpus) = self.cpus.as_ref().and_then(|c| c.get(rank as usize)) {
+            let mut set = nix::sched::CpuSet::new();
+            for cpu in cpus {
+                set.set(*cpu).with_context(|| format!("cannot pin rank {rank} to CPU {cpu}"))?;
+            }
+            cpu_set = Some(set);
+        }
+        // SAFETY: the closure only calls prctl(2) and sched_setaffinity(2), which are
+        // async-signal-safe, on values made before the fork.
         unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)?;
+                if let Some(set) = &cpu_set {
+                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), set).map_err(std::io::Error::from)?;
+                }
+                Ok(())
             });
         }
         let child = cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?;

@@ -1,0 +1,242 @@
+//! `shardwise bench groupby`: the db-benchmark groupby questions q1-q10 on shardwise beside plain
+//! DataFusion in this process, on the same data, in the same run.
+//!
+//! 1. **Overhead**: a 1-node cluster (node process, queries over Flight SQL, answers collected by
+//!    the client) against DataFusion with the same thread count on the same rows in memory.
+//! 2. **Scaling** (unless `--skip-scaling`): 2 nodes each pinned to its own core against 1 node
+//!    pinned to one core, beside the speedup DataFusion gets from 1 to 2 threads.
+//!
+//! Each query's time is the best of `--runs`; answers are materialized (collected), and the row
+//! counts of shardwise and DataFusion must agree before any time is reported. The CSV comes from
+//! `bench/gen_groupby_csv.py ROWS FILE`.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::cmd_sql::SqlClient;
+use crate::proc_cluster::ProcCluster;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GroupbyBenchArgs {
+    /// The CSV (header id1,id2,id3,id4,id5,id6,v1,v2,v3), e.g. from bench/gen_groupby_csv.py.
+    #[arg(long)]
+    pub csv: PathBuf,
+    /// Queries to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "q1,q2,q3,q4,q5,q6,q7,q8,q9,q10")]
+    pub queries: Vec<String>,
+    /// Runs per query; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: u32,
+    /// Only the 1-node comparison.
+    #[arg(long)]
+    pub skip_scaling: bool,
+    /// Where the nodes keep their data [default: a temporary directory].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// db-benchmark's groupby questions, as its DataFusion script writes them.
+pub const QUERIES: &[(&str, &str)] = &[
+    ("q1", "SELECT id1, sum(v1) AS v1 FROM x GROUP BY id1"),
+    ("q2", "SELECT id1, id2, sum(v1) AS v1 FROM x GROUP BY id1, id2"),
+    ("q3", "SELECT id3, sum(v1) AS v1, avg(v3) AS v3 FROM x GROUP BY id3"),
+    ("q4", "SELECT id4, avg(v1) AS v1, avg(v2) AS v2, avg(v3) AS v3 FROM x GROUP BY id4"),
+    ("q5", "SELECT id6, sum(v1) AS v1, sum(v2) AS v2, sum(v3) AS v3 FROM x GROUP BY id6"),
+    ("q6", "SELECT id4, id5, median(v3) AS median_v3, stddev(v3) AS sd_v3 FROM x GROUP BY id4, id5"),
+    ("q7", "SELECT id3, max(v1) - min(v2) AS range_v1_v2 FROM x GROUP BY id3"),
+    (
+        "q8",
+        "SELECT id6, v3 FROM (SELECT id6, v3, row_number() OVER (PARTITION BY id6 ORDER BY v3 DESC) AS row FROM x) t \
+         WHERE row <= 2",
+    ),
+    ("q9", "SELECT id2, id4, pow(corr(v1, v2), 2) AS r2 FROM x GROUP BY id2, id4"),
+    (
+        "q10",
+        "SELECT id1, id2, id3, id4, id5, id6, sum(v3) AS v3, count(*) AS count FROM x \
+         GROUP BY id1, id2, id3, id4, id5, id6",
+    ),
+];
+
+const CREATE: &str = "CREATE TABLE x (id1 VARCHAR, id2 VARCHAR, id3 VARCHAR, id4 INT, id5 INT, id6 INT, v1 INT, \
+                      v2 INT, v3 DOUBLE) WITH (shard_key = 'id6')";
+
+fn schema() -> SchemaRef {
+    let utf8 = |n: &str| Field::new(n, DataType::Utf8, true);
+    let int = |n: &str| Field::new(n, DataType::Int32, true);
+    Arc::new(Schema::new(vec![
+        utf8("id1"),
+        utf8("id2"),
+        utf8("id3"),
+        int("id4"),
+        int("id5"),
+        int("id6"),
+        int("v1"),
+        int("v2"),
+        Field::new("v3", DataType::Float64, true),
+    ]))
+}
+
+/// One engine's best time per query, and its answer's row count.
+type Timings = Vec<(Duration, usize)>;
+
+fn rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
+async fn datafusion_times(
+    args: &GroupbyBenchArgs,
+    batches: &[RecordBatch],
+    threads: usize,
+    queries: &[(&str, &str)],
+) -> anyhow::Result<Timings> {
+    let mut config = SessionConfig::new().with_target_partitions(threads);
+    config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+    let ctx = SessionContext::new_with_config(config);
+    let n = threads.max(1);
+    let mut partitions = vec![Vec::new(); n];
+    for (i, b) in batches.iter().enumerate() {
+        partitions[i % n].push(b.clone());
+    }
+    ctx.register_table("x", Arc::new(MemTable::try_new(schema(), partitions)?))?;
+    let mut out = Vec::new();
+    for (name, sql) in queries {
+        let mut best = Duration::MAX;
+        let mut n = 0;
+        for _ in 0..args.runs.max(1) {
+            let started = Instant::now();
+            let answer = ctx.sql(sql).await?.collect().await.with_context(|| format!("DataFusion {name}"))?;
+            best = best.min(started.elapsed());
+            n = rows(&answer);
+        }
+        out.push((best, n));
+    }
+    Ok(out)
+}
+
+async fn shardwise_times(
+    args: &GroupbyBenchArgs,
+    dir: &Path,
+    nodes: u32,
+    cpus: Option<Vec<Vec<usize>>>,
+    queries: &[(&str, &str)],
+) -> anyhow::Result<Timings> {
+    let cluster = match cpus {
+        Some(cpus) => ProcCluster::start_pinned(nodes, dir, &[], cpus).await?,
+        None => ProcCluster::start(nodes, dir, &[]).await?,
+    };
+    let addr = cluster.flight_addr(0);
+    let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
+    sql.query(CREATE).await.map_err(|e| anyhow!("{e}"))?;
+    let out = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["load", "--connect", &addr, "--no-progress", "x"])
+        .arg(&args.csv)
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!("shardwise load failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut times = Vec::new();
+    for (name, q) in queries {
+        let mut best = Duration::MAX;
+        let mut n = 0;
+        for _ in 0..args.runs.max(1) {
+            let started = Instant::now();
+            let answer = sql.query(q).await.map_err(|e| anyhow!("shardwise {name}: {e}"))?;
+            best = best.min(started.elapsed());
+            n = rows(&answer);
+        }
+        times.push((best, n));
+    }
+    cluster.stop().await;
+    Ok(times)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn geomean(values: &[f64]) -> f64 {
+    let logs: f64 = values.iter().map(|v| v.max(1e-9).ln()).sum();
+    (logs / values.len().max(1) as f64).exp()
+}
+
+fn check_rows(queries: &[(&str, &str)], a: &Timings, b: &Timings, what: &str) -> anyhow::Result<()> {
+    for ((name, _), ((_, x), (_, y))) in queries.iter().zip(a.iter().zip(b)) {
+        if x != y {
+            bail!("{name}: {what} answered {x} rows and {y} rows; not reporting times of different answers");
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
+    let queries: Vec<(&str, &str)> = args
+        .queries
+        .iter()
+        .map(|q| {
+            QUERIES.iter().find(|(name, _)| name == q).copied().ok_or_else(|| {
+                anyhow!(
+                    "unknown query {q:?}; known: {}",
+                    QUERIES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let temp = tempfile::tempdir().context("cannot create a temp dir")?;
+    let base = args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!("reading {} for DataFusion ...", args.csv.display());
+    let progress = crate::load::progress::Progress::new(false);
+    let batches = crate::load::read_file(&args.csv, crate::load::Format::Csv, &schema(), 65536, &progress)?;
+    println!("{} rows; {threads} threads; best of {} runs; times in ms", rows(&batches), args.runs);
+
+    let df = datafusion_times(&args, &batches, threads, &queries).await?;
+    let sw = shardwise_times(&args, &base.join("one-node"), 1, None, &queries).await?;
+    check_rows(&queries, &df, &sw, "DataFusion and shardwise")?;
+    println!("\n1 node, {threads} threads: shardwise (Flight SQL client) vs DataFusion (in process)");
+    println!("{:<6} {:>12} {:>12} {:>8}", "query", "datafusion", "shardwise", "ratio");
+    let mut ratios = Vec::new();
+    for ((name, _), ((d, n), (s, _))) in queries.iter().zip(df.iter().zip(&sw)) {
+        let ratio = ms(*s) / ms(*d);
+        ratios.push(ratio);
+        println!("{name:<6} {:>12.1} {:>12.1} {:>8.2}   ({n} rows)", ms(*d), ms(*s), ratio);
+    }
+    println!("{:<6} {:>12} {:>12} {:>8.2}", "geomean", "", "", geomean(&ratios));
+
+    if args.skip_scaling {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if threads < 2 {
+        bail!("the scaling comparison needs 2 cores; pass --skip-scaling");
+    }
+    let df1 = datafusion_times(&args, &batches, 1, &queries).await?;
+    let df2 = datafusion_times(&args, &batches, 2, &queries).await?;
+    drop(batches);
+    let sw1 = shardwise_times(&args, &base.join("pinned-1"), 1, Some(vec![vec![0]]), &queries).await?;
+    let sw2 = shardwise_times(&args, &base.join("pinned-2"), 2, Some(vec![vec![0], vec![1]]), &queries).await?;
+    check_rows(&queries, &df1, &sw1, "DataFusion and shardwise")?;
+    check_rows(&queries, &sw1, &sw2, "1 and 2 nodes")?;
+    println!("\nscaling: shardwise 1 node on core 0 -> 2 nodes on cores 0 and 1; DataFusion 1 -> 2 threads");
+    println!(
+        "{:<6} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9} {:>10}",
+        "query", "sw 1n", "sw 2n", "speedup", "df 1t", "df 2t", "speedup", "sw/df"
+    );
+    let mut rel = Vec::new();
+    for (i, (name, _)) in queries.iter().enumerate() {
+        let (s1, s2, d1, d2) = (ms(sw1[i].0), ms(sw2[i].0), ms(df1[i].0), ms(df2[i].0));
+        let (ss, ds) = (s1 / s2, d1 / d2);
+        rel.push(ss / ds);
+        println!("{name:<6} {s1:>10.1} {s2:>10.1} {ss:>9.2} {d1:>10.1} {d2:>10.1} {ds:>9.2} {:>10.2}", ss / ds);
+    }
+    println!("{:<6} {:>71.2}", "geomean", geomean(&rel));
+    Ok(ExitCode::SUCCESS)
+}
