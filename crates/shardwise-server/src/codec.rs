@@ -112,7 +112,7 @@ impl PieceSet {
             return Err(err("piece set", "one shard per batch is required"));
         }
         let header = serde_json::to_vec(&self.header).map_err(|e| err("piece set", e.to_string()))?;
-        let mut out = Vec::with_capacity(64 + header.len());
+        let mut out = Vec::with_capacity(header.len() + shardwise_storage::ipc_size_estimate(&self.batches));
         out.extend_from_slice(PIECE_SET_MAGIC);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&len_u32(header.len(), "piece set")?.to_le_bytes());

@@ -21,6 +21,7 @@
 pub mod catalog;
 pub mod error;
 pub mod fs;
+pub mod ipc_size;
 pub mod outbox;
 pub mod placement;
 pub mod shard_store;
@@ -31,6 +32,7 @@ mod xorshift;
 pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogOp};
 pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
+pub use ipc_size::ipc_size_estimate;
 pub use outbox::{
     OUTBOX_ID_FILE, OUTBOX_MAX_BYTES_DEFAULT, OUTBOX_WAL_DIR, Outbox, OutboxItem, OutboxOptions, OutboxRecovery,
     PendingItem, QueueStats, SEQ_LEASE_FILE,

@@ -4,7 +4,7 @@ use std::io::ErrorKind;
 use std::path::Path;
 
 use crate::error::StorageError;
-use crate::fs::Fs;
+use crate::fs::{AppendFile, Fs};
 
 /// The manifest's file name.
 pub(super) const MANIFEST_NAME: &str = "MANIFEST";
@@ -40,6 +40,17 @@ pub(super) fn is_temp_name(name: &str) -> bool {
 /// `name`, fsync the directory (reference notes §5.1, PostgreSQL's `durable_rename`). After a
 /// crash, `dir/name` is either its old content or all of `bytes`.
 pub(super) fn write_durably(fs: &dyn Fs, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+    write_durably_with(fs, dir, name, |file, temp| file.write_all(bytes).map_err(StorageError::io("write", temp)))
+}
+
+/// [`write_durably`] of what `write` appends to the temp file (given with its path); returns what
+/// `write` returned. If `write` fails, nothing is renamed.
+pub(super) fn write_durably_with<T>(
+    fs: &dyn Fs,
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut dyn AppendFile, &Path) -> Result<T, StorageError>,
+) -> Result<T, StorageError> {
     let temp = dir.join(format!("{name}{TEMP_SUFFIX}"));
     // A temp file left by an earlier failed attempt in this process (recovery removes the others).
     match fs.remove_file(&temp) {
@@ -47,12 +58,13 @@ pub(super) fn write_durably(fs: &dyn Fs, dir: &Path, name: &str, bytes: &[u8]) -
         _ => {}
     }
     let mut file = fs.create_append(&temp).map_err(StorageError::io("create", &temp))?;
-    file.write_all(bytes).map_err(StorageError::io("write", &temp))?;
+    let written = write(file.as_mut(), &temp)?;
     file.sync_data().map_err(StorageError::io("fsync", &temp))?;
     drop(file);
     let path = dir.join(name);
     fs.rename(&temp, &path).map_err(StorageError::io("rename", &temp))?;
-    fs.sync_dir(dir).map_err(StorageError::io("fsync dir", dir))
+    fs.sync_dir(dir).map_err(StorageError::io("fsync dir", dir))?;
+    Ok(written)
 }
 
 /// Removes `names` from `dir`, then fsyncs `dir` once so the removals are durable.

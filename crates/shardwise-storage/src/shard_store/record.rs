@@ -23,6 +23,7 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 
 use crate::error::StorageError;
+use crate::ipc_size::ipc_size_estimate;
 
 const MAGIC: &[u8; 4] = b"SWPR";
 const VERSION: u8 = 1;
@@ -53,7 +54,7 @@ pub(super) fn encode(record: &PieceRecord) -> Result<Vec<u8>, StorageError> {
     flags |= if record.seq.is_some() { FLAG_SEQ } else { 0 };
     flags |= if record.insert_id.is_some() { FLAG_INSERT_ID } else { 0 };
     let kind = if record.batch.is_some() { KIND_ROWS } else { KIND_MARK };
-    let mut out = Vec::with_capacity(64);
+    let mut out = Vec::with_capacity(record.batch.as_ref().map_or(64, |batch| ipc_size_estimate([batch])));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[VERSION, kind, flags]);
     if let Some(origin) = &record.origin {

@@ -53,6 +53,13 @@ pub(crate) fn frame_len_bytes(payload_bytes: usize) -> usize {
 
 /// Appends the frame of one record to `out`. The caller has checked the payload size.
 pub(crate) fn encode(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8]) {
+    out.extend_from_slice(&header(lsn, payload));
+    out.extend_from_slice(payload);
+}
+
+/// The bytes of a record's frame that come before its payload. The caller has checked the
+/// payload size.
+pub(crate) fn header(lsn: Lsn, payload: &[u8]) -> [u8; FRAME_MIN_BYTES] {
     assert!(payload.len() <= WAL_RECORD_MAX_BYTES, "caller must check WAL_RECORD_MAX_BYTES");
     // Fits: BODY_MAX_BYTES is far below u32::MAX.
     let len = (LSN_BYTES + payload.len()) as u32;
@@ -60,10 +67,11 @@ pub(crate) fn encode(out: &mut Vec<u8>, lsn: Lsn, payload: &[u8]) {
     let lsn_bytes = lsn.0.to_le_bytes();
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len_bytes), &lsn_bytes);
     let crc = crc32c::crc32c_append(crc, payload);
-    out.extend_from_slice(&len_bytes);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(&lsn_bytes);
-    out.extend_from_slice(payload);
+    let mut out = [0; FRAME_MIN_BYTES];
+    out[..4].copy_from_slice(&len_bytes);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    out[8..].copy_from_slice(&lsn_bytes);
+    out
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
