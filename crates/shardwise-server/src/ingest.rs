@@ -1,22 +1,35 @@
 //! Bulk ingest over Flight SQL (`CommandStatementIngest`): the server side of `shardwise load`.
 //!
-//! The whole stream is received and checked (schema, row count) before anything is written, so a
-//! load that is cut off or malformed leaves the table unchanged; then the rows are inserted as
-//! one insert under the client's `insert_id`, which makes a retried load exactly-once.
+//! Two ways to end a stream, chosen by the client:
+//! - **`commit = marker`** (what `shardwise load` sends): the rows are stored **while they
+//!   arrive**. They are cut into segments of [`INGEST_SEGMENT_ROWS`] rows counted from the first
+//!   row, and segment `k` is inserted as soon as it is complete under the insert id
+//!   `<insert_id>/seg-<k>` ([`segment_insert_id`]), up to [`INGEST_SEGMENTS_IN_FLIGHT`] at once,
+//!   while later messages are still being received. The last message's `app_metadata` carries
+//!   [`COMMIT_MARKER_PREFIX`]`<rows>`; the load is acknowledged once that marker has arrived, its
+//!   count matches, and every segment is durable. The server holds at most a few segments in
+//!   memory, and the time to receive overlaps the time to store.
 //!
-//! How the server knows the stream is complete: a client may give `expected_rows` up front, or
-//! (what `shardwise load` does, since it sends while it is still reading the file) the option
-//! `commit = marker`, and put [`COMMIT_MARKER_PREFIX`]`<rows>` in the `app_metadata` of its last
-//! message. A stream that ends without that marker (a client that hit a bad row, or died, half
-//! way) writes nothing. Without either option, a cleanly ended stream is complete, as Flight SQL
-//! clients such as ADBC expect.
+//!   `shardwise load` reads and checks the whole file before it sends a byte, so bad input still
+//!   changes nothing. A stream cut off part-way (the client died, the network failed) is an
+//!   availability failure like a replica lost mid-insert: the segments received may be stored,
+//!   the error names the insert id, and re-sending the same rows with the same insert id stores
+//!   each segment exactly once (the segments, and so their dedup keys, depend only on the rows'
+//!   order). The same holds for a stream whose row count does not match its marker.
+//! - **no marker** (third-party Flight SQL clients such as ADBC): the whole stream is received and
+//!   checked (schema, `expected_rows` if given) before anything is written, then inserted as one
+//!   insert under the client's `insert_id`. A cleanly ended stream is complete.
+
+use std::time::Instant;
 
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::sql::CommandStatementIngest;
 use arrow_flight::sql::server::PeekableFlightDataStream;
+use datafusion::arrow::datatypes::Schema;
 use datafusion::arrow::record_batch::RecordBatch;
+use futures::stream::FuturesUnordered;
 use futures::{StreamExt, TryStreamExt};
-use shardwise_query::{InsertOptions, QueryEngine, QueryError};
+use shardwise_query::{InsertOptions, QueryEngine, QueryError, TableAccess};
 use tonic::Status;
 
 use crate::flight_sql::to_status;
@@ -28,32 +41,90 @@ pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum, commi
 /// followed by the number of rows sent.
 pub const COMMIT_MARKER_PREFIX: &str = "shardwise-commit rows=";
 
+/// Rows per segment of a streamed ingest. Part of the dedup keys of a streamed load (a retry must
+/// cut the same segments), so it is a format constant, not a setting.
+pub const INGEST_SEGMENT_ROWS: usize = 262_144;
+
+/// How many segments of one streamed ingest are being stored at once; receiving waits beyond
+/// that, so a fast client cannot fill the server's memory.
+pub const INGEST_SEGMENTS_IN_FLIGHT: usize = 2;
+
+/// Between a streamed ingest's insert id and a segment number.
+const SEGMENT_SEPARATOR: &str = "/seg-";
+
+/// The insert id segment `segment` of a streamed ingest with insert id `insert_id` is stored under.
+pub fn segment_insert_id(insert_id: &str, segment: u64) -> String {
+    format!("{insert_id}{SEGMENT_SEPARATOR}{segment}")
+}
+
+/// The insert id a client gives and retries with: for a segment of a streamed ingest, the ingest's
+/// own id; any other id as it is.
+pub fn client_insert_id(insert_id: &str) -> &str {
+    match insert_id.rsplit_once(SEGMENT_SEPARATOR) {
+        Some((id, segment)) if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) => id,
+        _ => insert_id,
+    }
+}
+
+/// What the client asked for in the command's options.
+struct IngestRequest {
+    table: String,
+    opts: InsertOptions,
+    expected_rows: Option<u64>,
+    commit_marker: bool,
+}
+
 pub async fn ingest(
     engine: &QueryEngine,
     command: CommandStatementIngest,
     stream: PeekableFlightDataStream,
 ) -> Result<i64, Status> {
     let access = engine.tables().ok_or_else(|| Status::unimplemented("this node stores no tables"))?;
+    let request = parse_command(command)?;
+    let catalog = access.catalog();
+    let entry = catalog
+        .tables
+        .get(&request.table)
+        .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&request.table).to_string())))?;
+    let started = Instant::now();
+    let decoder = FlightDataDecoder::new(stream.map_err(Into::into));
+    let call = Ingest { access: access.as_ref(), request: &request, schema: &entry.def.schema, started };
+    let outcome = if request.commit_marker { call.streamed(decoder).await? } else { call.whole(decoder).await? };
+    tracing::info!(
+        table = %request.table,
+        rows = outcome.rows,
+        streamed = request.commit_marker,
+        received_ms = outcome.received_ms,
+        stored_ms = (started.elapsed().as_millis() as u64).saturating_sub(outcome.received_ms),
+        "bulk ingest"
+    );
+    Ok(i64::try_from(outcome.rows).unwrap_or(i64::MAX))
+}
+
+fn parse_command(command: CommandStatementIngest) -> Result<IngestRequest, Status> {
     if command.catalog.is_some() || command.schema.is_some() {
         return Err(Status::invalid_argument("ingest: tables live in the default catalog and schema; give none"));
     }
-    let mut opts = InsertOptions::default();
-    let mut expected_rows: Option<u64> = None;
-    let mut commit_marker = false;
+    let mut request = IngestRequest {
+        table: command.table,
+        opts: InsertOptions::default(),
+        expected_rows: None,
+        commit_marker: false,
+    };
     for (key, value) in &command.options {
         match key.as_str() {
-            "insert_id" => opts.insert_id = Some(value.clone()),
+            "insert_id" => request.opts.insert_id = Some(value.clone()),
             "expected_rows" => {
-                expected_rows = Some(value.parse().map_err(|_| {
+                request.expected_rows = Some(value.parse().map_err(|_| {
                     Status::invalid_argument(format!("ingest option expected_rows = {value:?} is not a row count"))
                 })?)
             }
-            "commit" if value == "marker" => commit_marker = true,
+            "commit" if value == "marker" => request.commit_marker = true,
             "commit" => {
                 return Err(Status::invalid_argument(format!("ingest option commit = {value:?}: expected \"marker\"")));
             }
             "insert_quorum" => {
-                opts.insert_quorum = Some(value.parse().map_err(|_| {
+                request.opts.insert_quorum = Some(value.parse().map_err(|_| {
                     Status::invalid_argument(format!("ingest option insert_quorum = {value:?} is not a number"))
                 })?)
             }
@@ -64,78 +135,232 @@ pub async fn ingest(
             }
         }
     }
-    let table = command.table.clone();
-    let catalog = access.catalog();
-    let entry = catalog
-        .tables
-        .get(&table)
-        .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&table).to_string())))?;
-    let started = std::time::Instant::now();
-    let mut decoder = FlightDataDecoder::new(stream.map_err(Into::into));
-    let mut batches: Vec<RecordBatch> = Vec::new();
-    let mut last_metadata = bytes::Bytes::new();
-    while let Some(message) = decoder.next().await {
-        let message = message
-            .map_err(|e| Status::invalid_argument(format!("ingest into {table}: the data stream failed: {e}")))?;
-        last_metadata = message.inner.app_metadata.clone();
-        if let DecodedPayload::RecordBatch(batch) = message.payload {
-            batches.push(batch);
-        }
-    }
-    let schema = &entry.def.schema;
-    for batch in &batches {
-        let given = batch.schema();
-        let same = given.fields().len() == schema.fields().len()
-            && given
-                .fields()
-                .iter()
-                .zip(schema.fields())
-                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-        if !same {
-            return Err(Status::invalid_argument(format!(
-                "ingest into {table}: the batches' columns ({}) are not the table's ({})",
-                describe(&given),
-                describe(schema)
-            )));
-        }
-    }
-    let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
-    if commit_marker {
-        let marker = std::str::from_utf8(&last_metadata).ok().and_then(|m| m.strip_prefix(COMMIT_MARKER_PREFIX));
-        match marker.map(str::parse::<u64>) {
-            Some(Ok(sent)) if sent == rows => {}
-            Some(Ok(sent)) => {
-                return Err(Status::invalid_argument(format!(
-                    "ingest into {table}: received {rows} rows, the client's commit marker says {sent}; nothing was written"
-                )));
-            }
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "ingest into {table}: the stream ended without its commit marker (the client stopped before the \
-                     end); nothing was written"
-                )));
-            }
-        }
-    }
-    if let Some(expected) = expected_rows
-        && expected != rows
-    {
-        return Err(Status::invalid_argument(format!(
-            "ingest into {table}: received {rows} rows, the client said it sent {expected}; nothing was written"
-        )));
-    }
-    let received_ms = started.elapsed().as_millis() as u64;
-    let inserted = access.insert(&table, batches, opts).await.map_err(to_status)?;
-    tracing::info!(
-        table = %table,
-        rows,
-        received_ms,
-        stored_ms = started.elapsed().as_millis() as u64 - received_ms,
-        "bulk ingest"
-    );
-    Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
+    Ok(request)
 }
 
-fn describe(schema: &datafusion::arrow::datatypes::Schema) -> String {
+/// Rows stored, and how long receiving the stream took (for the log).
+struct Outcome {
+    rows: u64,
+    received_ms: u64,
+}
+
+/// One ingest call being served.
+#[derive(Clone, Copy)]
+struct Ingest<'a> {
+    access: &'a dyn TableAccess,
+    request: &'a IngestRequest,
+    schema: &'a Schema,
+    started: Instant,
+}
+
+impl Ingest<'_> {
+    /// The whole stream first, then one insert: for clients that send no commit marker.
+    async fn whole(&self, mut decoder: FlightDataDecoder) -> Result<Outcome, Status> {
+        let Ingest { access, request, schema, started } = *self;
+        let table = &request.table;
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        while let Some(message) = decoder.next().await {
+            let message = message.map_err(|e| stream_failed(table, e, "nothing was written"))?;
+            if let DecodedPayload::RecordBatch(batch) = message.payload {
+                check_schema(table, &batch, schema, "nothing was written")?;
+                batches.push(batch);
+            }
+        }
+        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        if let Some(expected) = request.expected_rows
+            && expected != rows
+        {
+            return Err(Status::invalid_argument(format!(
+                "ingest into {table}: received {rows} rows, the client said it sent {expected}; nothing was written"
+            )));
+        }
+        let received_ms = started.elapsed().as_millis() as u64;
+        let rows = access.insert(table, batches, request.opts.clone()).await.map_err(to_status)?;
+        Ok(Outcome { rows, received_ms })
+    }
+
+    /// Stores segments while the stream arrives: for clients that end it with a commit marker.
+    async fn streamed(&self, mut decoder: FlightDataDecoder) -> Result<Outcome, Status> {
+        let Ingest { access, request, schema, started } = *self;
+        let table = &request.table;
+        let insert_id = request.opts.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let unfinished = format!(
+            "segments received before it may be stored; re-send the same rows with insert id {insert_id} (shardwise \
+             load --insert-id {insert_id}) to complete the load exactly once"
+        );
+        let mut segments = Segments::new(access, table, &insert_id, &request.opts);
+        let mut last_metadata = bytes::Bytes::new();
+        let mut received: u64 = 0;
+        loop {
+            // Receive only while fewer than INGEST_SEGMENTS_IN_FLIGHT segments are being stored.
+            let message = tokio::select! {
+                done = segments.in_flight.next(), if !segments.in_flight.is_empty() => {
+                    if let Some(Err(e)) = done {
+                        return Err(segments.failed(e, &unfinished).await);
+                    }
+                    continue;
+                }
+                message = decoder.next(), if segments.in_flight.len() < INGEST_SEGMENTS_IN_FLIGHT => message,
+            };
+            let Some(message) = message else { break };
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => return Err(segments.drained(stream_failed(table, e, &unfinished)).await),
+            };
+            last_metadata = message.inner.app_metadata.clone();
+            if let DecodedPayload::RecordBatch(batch) = message.payload {
+                if let Err(e) = check_schema(table, &batch, schema, &unfinished) {
+                    return Err(segments.drained(e).await);
+                }
+                received += batch.num_rows() as u64;
+                segments.push(batch);
+            }
+        }
+        let received_ms = started.elapsed().as_millis() as u64;
+        let marker = std::str::from_utf8(&last_metadata).ok().and_then(|m| m.strip_prefix(COMMIT_MARKER_PREFIX));
+        let problem = match marker.map(str::parse::<u64>) {
+            Some(Ok(sent)) if sent == received => None,
+            Some(Ok(sent)) => Some(format!("received {received} rows, the client's commit marker says {sent}")),
+            _ => Some(format!(
+                "the stream ended without its commit marker after {received} rows (the client stopped before the end)"
+            )),
+        };
+        if let Some(problem) = problem {
+            return Err(segments
+                .drained(Status::invalid_argument(format!("ingest into {table}: {problem}; {unfinished}")))
+                .await);
+        }
+        if let Some(expected) = request.expected_rows
+            && expected != received
+        {
+            let problem = format!("received {received} rows, the client said it sent {expected}");
+            return Err(segments
+                .drained(Status::invalid_argument(format!("ingest into {table}: {problem}; {unfinished}")))
+                .await);
+        }
+        segments.finish();
+        while let Some(done) = segments.in_flight.next().await {
+            if let Err(e) = done {
+                return Err(segments.failed(e, &unfinished).await);
+            }
+        }
+        Ok(Outcome { rows: received, received_ms })
+    }
+}
+
+type SegmentInsert<'a> = shardwise_cluster::BoxFuture<'a, Result<u64, QueryError>>;
+
+/// The segments of a streamed ingest: rows waiting for their segment to fill, and the inserts of
+/// full segments under way.
+struct Segments<'a> {
+    access: &'a dyn TableAccess,
+    table: &'a str,
+    insert_id: &'a str,
+    opts: &'a InsertOptions,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+    next: u64,
+    in_flight: FuturesUnordered<SegmentInsert<'a>>,
+}
+
+impl<'a> Segments<'a> {
+    fn new(access: &'a dyn TableAccess, table: &'a str, insert_id: &'a str, opts: &'a InsertOptions) -> Self {
+        Segments {
+            access,
+            table,
+            insert_id,
+            opts,
+            pending: Vec::new(),
+            pending_rows: 0,
+            next: 0,
+            in_flight: FuturesUnordered::new(),
+        }
+    }
+
+    /// Adds received rows; starts the insert of every segment they complete.
+    fn push(&mut self, batch: RecordBatch) {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (INGEST_SEGMENT_ROWS - self.pending_rows).min(batch.num_rows() - offset);
+            self.pending.push(batch.slice(offset, take));
+            self.pending_rows += take;
+            offset += take;
+            if self.pending_rows == INGEST_SEGMENT_ROWS {
+                self.start();
+            }
+        }
+    }
+
+    /// Starts the insert of the last, partial segment.
+    fn finish(&mut self) {
+        if self.pending_rows > 0 {
+            self.start();
+        }
+    }
+
+    fn start(&mut self) {
+        let batches = std::mem::take(&mut self.pending);
+        self.pending_rows = 0;
+        let opts = InsertOptions {
+            insert_id: Some(segment_insert_id(self.insert_id, self.next)),
+            insert_quorum: self.opts.insert_quorum,
+        };
+        self.next += 1;
+        self.in_flight.push(self.access.insert(self.table, batches, opts));
+    }
+
+    /// Waits for the inserts under way (so the error is the last word on this ingest), then
+    /// returns `error`.
+    async fn drained(&mut self, error: Status) -> Status {
+        while self.in_flight.next().await.is_some() {}
+        error
+    }
+
+    /// A segment's insert failed: its error, with what the client should do.
+    async fn failed(&mut self, e: QueryError, unfinished: &str) -> Status {
+        let mut status = to_status(e);
+        let message = format!("ingest into {}: {}; {unfinished}", self.table, status.message());
+        status = Status::new(status.code(), message);
+        self.drained(status).await
+    }
+}
+
+fn stream_failed(table: &str, e: arrow_flight::error::FlightError, outcome: &str) -> Status {
+    Status::invalid_argument(format!("ingest into {table}: the data stream failed: {e}; {outcome}"))
+}
+
+fn check_schema(table: &str, batch: &RecordBatch, schema: &Schema, outcome: &str) -> Result<(), Status> {
+    let given = batch.schema();
+    let same = given.fields().len() == schema.fields().len()
+        && given
+            .fields()
+            .iter()
+            .zip(schema.fields())
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+    if same {
+        return Ok(());
+    }
+    Err(Status::invalid_argument(format!(
+        "ingest into {table}: the batches' columns ({}) are not the table's ({}); {outcome}",
+        describe(&given),
+        describe(schema)
+    )))
+}
+
+fn describe(schema: &Schema) -> String {
     schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_ids_retry_as_the_ingest_id() {
+        assert_eq!(segment_insert_id("load-1", 7), "load-1/seg-7");
+        assert_eq!(client_insert_id(&segment_insert_id("load-1", 7)), "load-1");
+        assert_eq!(client_insert_id("a/seg-"), "a/seg-");
+        assert_eq!(client_insert_id("a/seg-x"), "a/seg-x");
+        assert_eq!(client_insert_id("plain"), "plain");
+    }
 }

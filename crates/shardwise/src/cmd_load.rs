@@ -4,11 +4,13 @@
 //! The table's schema comes from the server (the result schema of `SELECT * FROM "t" LIMIT 0`).
 //! The whole file is read and checked against it ([`crate::load`]) before anything is sent, so a
 //! malformed row fails the load with its line and column and leaves the table alone. The rows then
-//! go in one Flight SQL `CommandStatementIngest` call with an insert id, the last message carrying
-//! a commit marker with the row count (a stream that ends without it writes nothing); the server
-//! stages them and inserts them as one insert, at most once per insert id. So after an
-//! error that leaves the outcome unknown (a lost connection, a timeout) the same rows are sent
-//! again under the same id, and a failed load re-run with `--insert-id` completes exactly once.
+//! go in one Flight SQL `CommandStatementIngest` call with an insert id (printed before anything
+//! is sent), the last message carrying a commit marker with the row count; the server stores the
+//! rows in segments as they arrive (see `shardwise_server::ingest`) and acknowledges once the
+//! marker has arrived and every segment is durable. Each segment is stored at most once per
+//! insert id, so after an error that leaves the outcome unknown (a lost connection, a timeout, a
+//! crash of this client) the same rows are sent again under the same id, and a failed load re-run
+//! with `--insert-id` completes exactly once.
 
 use std::collections::HashMap;
 use std::error::Error as _;
@@ -36,9 +38,9 @@ const RETRY_FIRST_DELAY_MS: u64 = 500;
 const RETRY_MAX_DELAY_MS: u64 = 8_000;
 /// `CommandStatementIngest` option keys the server reads.
 const INSERT_ID_OPTION: &str = "insert_id";
-/// With `commit = marker` the server writes nothing unless the stream's last message carries
-/// `shardwise-commit rows=N` (see `shardwise_server::ingest`): a stream cut short, or ended early by
-/// this client, changes nothing.
+/// With `commit = marker` the server stores the rows while they arrive and acknowledges the load
+/// only once the stream's last message carries `shardwise-commit rows=N` (see
+/// `shardwise_server::ingest`); a stream cut short is finished by a retry with the same insert id.
 const COMMIT_OPTION: &str = "commit";
 const COMMIT_MARKER_PREFIX: &str = "shardwise-commit rows=";
 const BYTES_PER_MIB: f64 = 1024.0 * 1024.0;
@@ -94,7 +96,7 @@ impl Failure {
 
     /// The error as printed: the cause, then the insert id and how to finish the load.
     fn into_error(self, insert_id: &str) -> anyhow::Error {
-        let state = if self.sent { "the server may have applied the load" } else { "nothing was sent" };
+        let state = if self.sent { "the server may have stored some or all of the rows" } else { "nothing was sent" };
         anyhow!(
             "{:#}\n{state} (insert id {insert_id}); re-running with --insert-id {insert_id} completes the load exactly once",
             self.error
@@ -105,6 +107,9 @@ impl Failure {
 pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let insert_id = args.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    // Before anything is sent: after a crash of this client part-way through the send, the same
+    // command with --insert-id completes the load exactly once.
+    eprintln!("loading {} into {} with insert id {insert_id}", args.file.display(), args.table);
     let progress = Progress::new(!args.no_progress);
     let outcome = load(&args, &insert_id, &progress).await;
     progress.finish();
@@ -446,5 +451,114 @@ mod tests {
         assert!(text.contains("re-running with --insert-id abc completes the load exactly once"), "{text}");
         let unsent = format!("{:#}", Failure::before_sending(anyhow!("bad file")).into_error("abc"));
         assert!(unsent.contains("nothing was sent (insert id abc)"), "{unsent}");
+    }
+}
+
+/// The server side of a cut-off load, against an embedded cluster: what arrived before the cut may
+/// be stored, the error names the insert id, and a retry with that id completes the load exactly
+/// once.
+#[cfg(test)]
+mod stream_tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow_flight::FlightDescriptor;
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use arrow_flight::sql::ProstMessageExt;
+    use futures::StreamExt;
+    use prost::Message;
+
+    use super::*;
+    use crate::cmd_sql::SqlClient;
+    use crate::embedded::EmbeddedCluster;
+
+    /// More than one ingest segment (262 144 rows), not a whole number of them.
+    const ROWS: i64 = 300_000;
+    const BATCH_ROWS: i64 = 60_000;
+
+    fn rows() -> Vec<RecordBatch> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        (0..ROWS / BATCH_ROWS)
+            .map(|b| {
+                let ids = (b * BATCH_ROWS)..((b + 1) * BATCH_ROWS);
+                let columns: Vec<Arc<dyn Array>> = vec![
+                    Arc::new(Int64Array::from_iter_values(ids.clone())),
+                    Arc::new(Int64Array::from_iter_values(ids.map(|i| 2 * i))),
+                ];
+                RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch")
+            })
+            .collect()
+    }
+
+    fn command(insert_id: &str) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table_definition_options: None,
+            table: "s".into(),
+            schema: None,
+            catalog: None,
+            temporary: false,
+            transaction_id: None,
+            options: HashMap::from([
+                (INSERT_ID_OPTION.to_string(), insert_id.to_string()),
+                (COMMIT_OPTION.to_string(), "marker".to_string()),
+            ]),
+        }
+    }
+
+    /// Sends every row but ends the stream without the commit marker, as a client that died
+    /// after its last batch would; the server's error message.
+    async fn send_without_marker(client: &mut FlightSqlServiceClient<Channel>, insert_id: &str) -> String {
+        let descriptor = FlightDescriptor::new_cmd(command(insert_id).as_any().encode_to_vec());
+        let batches = futures::stream::iter(rows().into_iter().map(Ok));
+        let data = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(descriptor))
+            .build(batches)
+            .map(|message| message.expect("encode"));
+        match client.do_put(data).await {
+            Err(e) => flight_message(e),
+            Ok(mut reply) => match reply.message().await {
+                Err(status) => status.message().to_string(),
+                Ok(_) => panic!("a stream without its commit marker was acknowledged"),
+            },
+        }
+    }
+
+    async fn count_and_sum(sql: &mut SqlClient) -> (i64, i64) {
+        let batches = sql.query("SELECT count(*), sum(v) FROM s").await.expect("count");
+        let column = |i: usize| batches[0].column(i).as_any().downcast_ref::<Int64Array>().expect("int").value(0);
+        (column(0), column(1))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_ended_without_its_commit_marker_is_completed_by_a_retry_with_its_insert_id() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cluster = EmbeddedCluster::start(2, dir.path()).await.expect("cluster");
+        let addr = cluster.nodes[0].flight_addr.clone();
+        let timeout = Duration::from_secs(10);
+        let mut sql = SqlClient::connect(&addr, "default", "", timeout).await.expect("sql");
+        sql.query("CREATE TABLE s (id BIGINT, v BIGINT) WITH (shard_key = 'id')").await.expect("create");
+
+        let mut client = connect(&addr, "default", "", timeout).await.expect("connect");
+        let error = send_without_marker(&mut client, "cut-1").await;
+        assert!(error.contains("ended without its commit marker after 300000 rows"), "{error}");
+        assert!(error.contains("--insert-id cut-1"), "{error}");
+        // The first segment was complete before the stream ended, so it was stored; the rest
+        // (less than a segment) waited for the marker and was not.
+        let (stored, _) = count_and_sum(&mut sql).await;
+        assert_eq!(stored, shardwise_server::ingest::INGEST_SEGMENT_ROWS as i64);
+
+        let expected = (ROWS, (0..ROWS).map(|i| 2 * i).sum::<i64>());
+        for _ in 0..2 {
+            let batches = futures::stream::iter(rows().into_iter().map(Ok));
+            let (back, inserted) = ingest_with_marker(client, command("cut-1"), batches, ROWS as u64).await;
+            client = back;
+            assert_eq!(inserted.expect("retry"), ROWS);
+            assert_eq!(count_and_sum(&mut sql).await, expected, "every row exactly once");
+        }
+        cluster.shutdown().await;
     }
 }

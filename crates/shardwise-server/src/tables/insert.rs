@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use shardwise_query::{InsertOptions, QueryError};
@@ -21,6 +21,7 @@ use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
 use super::{TablesNode, blocking, lock, outbox_key, storage_error};
 use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
+use crate::ingest::client_insert_id;
 
 /// The longest insert id accepted.
 pub const INSERT_ID_MAX_BYTES: usize = 256;
@@ -44,10 +45,10 @@ impl TablesNode {
         let (catalog_version, entry) = self.entry(table)?;
         let batches = conform(&entry, batches)?;
         let insert_id = match opts.insert_id {
-            Some(id) if id.is_empty() || id.len() > INSERT_ID_MAX_BYTES => {
+            Some(id) if client_insert_id(&id).is_empty() || client_insert_id(&id).len() > INSERT_ID_MAX_BYTES => {
                 return Err(QueryError::Rejected(format!(
                     "insert_id must be 1 to {INSERT_ID_MAX_BYTES} bytes, got {} bytes",
-                    id.len()
+                    client_insert_id(&id).len()
                 )));
             }
             Some(id) => id,
@@ -89,7 +90,9 @@ impl TablesNode {
         Ok(total_rows)
     }
 
-    /// Splits a chunk by shard and groups the shards by the ranks that hold them.
+    /// Splits a chunk by shard and groups the shards by the ranks that hold them. Each shard's
+    /// piece is gathered from the chunk's batches in one pass (no per-batch pieces to concatenate
+    /// afterwards: one copy of the rows, not two).
     fn place(
         &self,
         entry: &CatalogEntry,
@@ -100,17 +103,26 @@ impl TablesNode {
     ) -> Result<PlacedChunk, QueryError> {
         let def = &entry.def;
         let key = def.shard_key_indices().map_err(|e| QueryError::Rejected(e.to_string()))?;
-        let mut by_shard: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
-        for batch in chunk {
-            let split = def.placement.split_by_shard(batch, &key, def.shards).map_err(storage_error)?;
-            for (shard, piece) in split {
-                by_shard.entry(shard).or_default().push(piece);
+        // Indexed by shard (at most MAX_SHARDS): (batch, row) of each of its rows, in input order.
+        let mut rows_by_shard: Vec<Vec<(usize, usize)>> = vec![Vec::new(); def.shards as usize];
+        for (batch_index, batch) in chunk.iter().enumerate() {
+            let shards = def.placement.shard_of_rows(batch, &key, def.shards).map_err(storage_error)?;
+            for (row, shard) in shards.into_iter().enumerate() {
+                let rows = rows_by_shard.get_mut(shard as usize).ok_or_else(|| {
+                    QueryError::Storage(format!("bug: placement gave shard {shard} of {}", def.shards))
+                })?;
+                rows.push((batch_index, row));
             }
         }
+        let sources: Vec<&RecordBatch> = chunk.iter().collect();
         let mut by_rank: BTreeMap<u32, PieceSet> = BTreeMap::new();
         let mut shard_rows = BTreeMap::new();
-        for (shard, pieces) in by_shard {
-            let piece = concat_batches(&def.schema, &pieces).map_err(storage_error)?;
+        for (shard, rows) in (0u32..).zip(rows_by_shard).filter(|(_, rows)| !rows.is_empty()) {
+            let piece = match sources.as_slice() {
+                // Everything of a single batch goes to one shard: no copy needed.
+                [single] if rows.len() == single.num_rows() => (*single).clone(),
+                _ => interleave_record_batch(&sources, &rows).map_err(storage_error)?,
+            };
             shard_rows.insert(shard, piece.num_rows() as u64);
             for rank in def.replica_ranks(shard, self.world_size) {
                 let set = by_rank.entry(rank).or_insert_with(|| PieceSet {
@@ -296,6 +308,7 @@ fn chunks(batches: &[RecordBatch], chunk_rows: usize) -> Vec<Vec<RecordBatch>> {
 }
 
 fn with_retry_hint(e: QueryError, table: &str, insert_id: &str, chunk: usize) -> QueryError {
+    let insert_id = client_insert_id(insert_id);
     let hint = format!(
         "chunk {chunk} failed and part of the insert may already be stored; retry with SETTINGS insert_id = \
          '{insert_id}' (shardwise load: --insert-id {insert_id}) to complete it exactly once"
