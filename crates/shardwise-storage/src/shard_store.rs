@@ -103,6 +103,11 @@ pub const SHARD_PART_TARGET_ROWS_DEFAULT: usize = 4_000_000;
 /// Default `insert_id_window`.
 pub const SHARD_INSERT_ID_WINDOW_DEFAULT: usize = 10_000;
 
+/// The most memory a store keeps, between applies, for encoding WAL records. Reusing it spares
+/// each bulk apply a fresh multi-megabyte allocation (and the page faults of touching it);
+/// larger buffers are freed after use.
+pub const SHARD_ENCODE_BUFFER_KEEP_BYTES: usize = 32 * 1024 * 1024;
+
 /// Shard store settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardStoreOptions {
@@ -216,6 +221,8 @@ pub struct ShardStore {
     buffer: Vec<RecordBatch>,
     buffer_rows: usize,
     buffer_bytes: usize,
+    /// Reused by `apply` to encode WAL records (at most [`SHARD_ENCODE_BUFFER_KEEP_BYTES`] kept).
+    encode_buffer: Vec<u8>,
     dedup: DedupState,
     verified_placement: bool,
     next_part_number: u64,
@@ -254,6 +261,9 @@ impl ShardStore {
         self.check_usable()?;
         let batches = self.check_pieces(pieces)?;
         let decisions = self.dedup.decide(pieces);
+        // Every record of the call is encoded back to back into the store's reused buffer.
+        let mut encoded = std::mem::take(&mut self.encode_buffer);
+        encoded.clear();
         let mut records = Vec::new();
         for (index, ((piece, decision), batch)) in pieces.iter().zip(&decisions).zip(batches).enumerate() {
             let batch = match decision {
@@ -264,24 +274,28 @@ impl ShardStore {
             let insert_id = piece.insert_id.clone().filter(|_| batch.is_some());
             let (origin, seq, verified_placement) = (piece.origin.clone(), piece.seq, piece.verified_placement);
             let record = PieceRecord { origin, seq, insert_id, verified_placement, batch };
-            let payload = record::encode(&record)?;
-            if payload.len() > WAL_RECORD_MAX_BYTES {
+            let start = encoded.len();
+            record::encode_into(&record, &mut encoded)?;
+            if encoded.len() - start > WAL_RECORD_MAX_BYTES {
                 let problem = format!(
                     "{} bytes once encoded, more than one WAL record may hold ({WAL_RECORD_MAX_BYTES}); split it",
-                    payload.len()
+                    encoded.len() - start
                 );
                 return Err(StorageError::InvalidPiece { dir: self.dir.clone(), piece: index, problem });
             }
-            records.push((record, payload));
+            records.push((record, start..encoded.len()));
         }
         if !records.is_empty() {
-            let payloads: Vec<&[u8]> = records.iter().map(|(_, payload)| payload.as_slice()).collect();
+            let payloads: Vec<&[u8]> = records.iter().map(|(_, range)| &encoded[range.clone()]).collect();
             if let Err(error) = self.wal.append(&payloads) {
                 if self.wal.failure().is_some() {
                     self.fail(&error);
                 }
                 return Err(error);
             }
+        }
+        if encoded.capacity() <= SHARD_ENCODE_BUFFER_KEEP_BYTES {
+            self.encode_buffer = encoded;
         }
         for (record, _) in records {
             self.absorb(record);

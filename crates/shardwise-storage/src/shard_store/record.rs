@@ -46,33 +46,34 @@ pub(super) struct PieceRecord {
     pub batch: Option<RecordBatch>,
 }
 
-/// Encodes a record. `record.batch` must already carry the store's schema.
-pub(super) fn encode(record: &PieceRecord) -> Result<Vec<u8>, StorageError> {
+/// Appends the encoded record to `out` (which may hold other records before it). `record.batch`
+/// must already carry the store's schema.
+pub(super) fn encode_into(record: &PieceRecord, out: &mut Vec<u8>) -> Result<(), StorageError> {
     let mut flags = 0;
     flags |= if record.verified_placement { FLAG_VERIFIED } else { 0 };
     flags |= if record.origin.is_some() { FLAG_ORIGIN } else { 0 };
     flags |= if record.seq.is_some() { FLAG_SEQ } else { 0 };
     flags |= if record.insert_id.is_some() { FLAG_INSERT_ID } else { 0 };
     let kind = if record.batch.is_some() { KIND_ROWS } else { KIND_MARK };
-    let mut out = Vec::with_capacity(record.batch.as_ref().map_or(64, |batch| ipc_size_estimate([batch])));
+    out.reserve(record.batch.as_ref().map_or(64, |batch| ipc_size_estimate([batch])));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[VERSION, kind, flags]);
     if let Some(origin) = &record.origin {
-        put_str(&mut out, origin)?;
+        put_str(out, origin)?;
     }
     if let Some(seq) = record.seq {
         out.extend_from_slice(&seq.to_le_bytes());
     }
     if let Some(id) = &record.insert_id {
-        put_str(&mut out, id)?;
+        put_str(out, id)?;
     }
     if let Some(batch) = &record.batch {
         let arrow_err = |source| StorageError::Arrow { op: "encode piece as Arrow IPC", source };
-        let mut writer = StreamWriter::try_new(&mut out, batch.schema_ref()).map_err(arrow_err)?;
+        let mut writer = StreamWriter::try_new(&mut *out, batch.schema_ref()).map_err(arrow_err)?;
         writer.write(batch).map_err(arrow_err)?;
         writer.finish().map_err(arrow_err)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) -> Result<(), StorageError> {

@@ -63,6 +63,7 @@ pub(super) fn open(
         buffer: Vec::new(),
         buffer_rows: 0,
         buffer_bytes: 0,
+        encode_buffer: Vec::new(),
         dedup,
         next_part_number,
         failure: None,
