@@ -29,6 +29,10 @@ pub enum Command {
     Flush {
         table: String,
     },
+    /// Stop a query this node is running.
+    Kill {
+        query_id: String,
+    },
 }
 
 /// What a statement turned out to be.
@@ -57,6 +61,23 @@ pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
         _ => return Ok(None),
     };
     Ok(Some(Command::Flush { table: table.trim_matches('"').to_string() }))
+}
+
+/// `KILL QUERY WHERE query_id = '...'` (ClickHouse's form), if `sql` is one.
+pub fn kill_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    let words = settings::leading_words(sql, 7)?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["kill", "query", "where", "query_id", "=", id]
+            if id.len() >= 2 && id.starts_with('\'') && id.ends_with('\'') =>
+        {
+            Ok(Some(Command::Kill { query_id: id[1..id.len() - 1].to_string() }))
+        }
+        ["kill", "query", ..] => {
+            Err(QueryError::Rejected("expected KILL QUERY WHERE query_id = '<id>' (ids are in system.queries)".into()))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Sorts a parsed statement into a [`Command`] or something for DataFusion.
@@ -166,4 +187,18 @@ fn option_pair(option: &SqlOption) -> Result<(String, String), QueryError> {
         }
     };
     Ok((key.value.clone(), text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_query_is_recognised_and_checked() {
+        let cmd = kill_command("KILL QUERY WHERE query_id = 'a-1';").expect("parse");
+        assert!(matches!(cmd, Some(Command::Kill { query_id }) if query_id == "a-1"));
+        assert!(kill_command("SELECT 1").expect("parse").is_none());
+        let err = kill_command("KILL QUERY 12").expect_err("bad form");
+        assert!(err.to_string().contains("KILL QUERY WHERE query_id"), "{err}");
+    }
 }

@@ -19,12 +19,14 @@ use shardwise_cluster::ClusterView;
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
-use crate::dist::{DistributeRule, ExchangeRegistry, run_fragment_ticket};
+use crate::dist::{DistributeRule, ExchangeRegistry, decode_fragment_ticket, execute_merged};
 use crate::error::QueryError;
+use crate::query_log::QueryLog;
+use crate::query_runtime::QueryRuntime;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
-use crate::system_tables::{NODES_TABLE, NodesTable, SYSTEM_SCHEMA};
+use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
 
 /// What a planned statement will do.
 #[derive(Debug, Clone)]
@@ -41,6 +43,8 @@ enum Action {
 pub struct Planned {
     action: Action,
     state: Box<SessionState>,
+    /// The statement as the client sent it (for `system.queries`).
+    sql: String,
 }
 
 impl Planned {
@@ -68,7 +72,11 @@ pub struct QueryEngine {
     ctx: SessionContext,
     access: Option<Arc<dyn TableAccess>>,
     /// Shuffle stage-1 outputs this node holds for other nodes to fetch.
-    exchanges: ExchangeRegistry,
+    exchanges: Arc<ExchangeRegistry>,
+    /// Where plans execute, apart from the network and the heartbeats.
+    runtime: QueryRuntime,
+    /// The queries this node runs as initiator (`system.queries`, `KILL QUERY`).
+    log: Arc<QueryLog>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -110,7 +118,7 @@ impl QueryEngine {
             .ok_or_else(|| internal(format!("default catalog {:?} is missing", options.default_catalog)))?;
         let system = Arc::new(MemorySchemaProvider::new());
         system
-            .register_table(NODES_TABLE.to_string(), Arc::new(NodesTable::new(cluster)))
+            .register_table(NODES_TABLE.to_string(), Arc::new(ComputedTable::nodes(cluster)))
             .map_err(QueryError::Internal)?;
         if let Some(access) = &access {
             for kind in StorageTableKind::ALL {
@@ -120,8 +128,14 @@ impl QueryEngine {
             let public = Arc::new(ShardedSchema::new(Arc::clone(access)));
             catalog.register_schema(&options.default_schema, public).map_err(QueryError::Internal)?;
         }
+        let log = Arc::new(QueryLog::default());
+        system
+            .register_table(QUERIES_TABLE.to_string(), Arc::new(ComputedTable::queries(Arc::clone(&log))))
+            .map_err(QueryError::Internal)?;
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
-        Ok(QueryEngine { ctx, access, exchanges: ExchangeRegistry::default() })
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let runtime = QueryRuntime::new(threads)?;
+        Ok(QueryEngine { ctx, access, exchanges: Arc::default(), runtime, log })
     }
 
     /// What statements DataFusion may run: queries and session statements (`SET`), but not its
@@ -144,14 +158,17 @@ impl QueryEngine {
     /// node's shards.
     pub fn run_fragment(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
         let access = self.access("a distributed query fragment")?;
-        Ok(run_fragment_ticket(Arc::clone(access), self.ctx.task_ctx(), ticket)?)
+        let context = self.ctx.task_ctx();
+        let plan = decode_fragment_ticket(Arc::clone(access), &context, ticket)?;
+        Ok(self.runtime.drive(plan.schema(), move || execute_merged(plan, context))?)
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
     /// stage 1 for the shard on first request, then hands out the bucket.
     pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<Vec<RecordBatch>, QueryError> {
-        let access = self.access("a shuffle")?;
-        Ok(self.exchanges.fetch(Arc::clone(access), self.ctx.task_ctx(), ticket).await?)
+        let access = Arc::clone(self.access("a shuffle")?);
+        let (exchanges, context, ticket) = (Arc::clone(&self.exchanges), self.ctx.task_ctx(), ticket.to_vec());
+        Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket).await }).await?)
     }
 
     /// Parses and plans one statement without executing anything.
@@ -160,9 +177,12 @@ impl QueryEngine {
         let body = settings::qualify_set(&body)?;
         let mut state = self.ctx.state();
         settings::apply(state.config_mut().options_mut(), &pairs)?;
+        if let Some(command) = ddl::kill_command(&body)? {
+            return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
+        }
         if let Some(command) = ddl::flush_command(&body)? {
             self.access("SYSTEM FLUSH DISTRIBUTED")?;
-            return Ok(Planned { action: Action::Command(command), state: Box::new(state) });
+            return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
         }
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(&body, &dialect)?;
@@ -170,7 +190,7 @@ impl QueryEngine {
         let statement = match ddl::classify(statement, &state, world_size).await? {
             Classified::Command(command) => {
                 self.access("DDL")?;
-                return Ok(Planned { action: Action::Command(command), state: Box::new(state) });
+                return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
             }
             Classified::DataFusion(statement) => statement,
         };
@@ -181,13 +201,13 @@ impl QueryEngine {
                 .verify_plan(&plan)
                 .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;
         }
-        Ok(Planned { action: Action::Plan(plan), state: Box::new(state) })
+        Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string() })
     }
 
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
     /// with errors `QueryError::from` classifies).
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
-        let Planned { action, state } = planned;
+        let Planned { action, state, sql } = planned;
         match action {
             Action::Plan(plan @ LogicalPlan::Statement(_)) => {
                 // `SET` changes the node's session, not the statement's copy of it.
@@ -196,7 +216,12 @@ impl QueryEngine {
             }
             Action::Plan(plan) => {
                 let physical = state.create_physical_plan(&plan).await?;
-                Ok(datafusion::physical_plan::execute_stream(physical, state.task_ctx())?)
+                let (plan, context) = (Arc::clone(&physical), state.task_ctx());
+                let stream = self
+                    .runtime
+                    .drive(physical.schema(), move || datafusion::physical_plan::execute_stream(plan, context))?;
+                let limit_ms = settings::current(state.config_options()).max_execution_time_ms;
+                Ok(self.log.track(&sql, physical, stream, limit_ms))
             }
             Action::Command(command) => {
                 self.run_command(command, &state).await?;
@@ -206,6 +231,14 @@ impl QueryEngine {
     }
 
     async fn run_command(&self, command: Command, state: &SessionState) -> Result<(), QueryError> {
+        if let Command::Kill { query_id } = &command {
+            return match self.log.kill(query_id) {
+                true => Ok(()),
+                false => Err(QueryError::Rejected(format!(
+                    "no query with query_id = '{query_id}' is running on this node (see system.queries)"
+                ))),
+            };
+        }
         let access = self.access("DDL")?;
         match command {
             Command::Ddl(op) => access.ddl(op).await,
@@ -213,6 +246,7 @@ impl QueryEngine {
                 let timeout_ms = settings::current(state.config_options()).flush_timeout_ms;
                 access.flush(&table, Duration::from_millis(timeout_ms)).await
             }
+            Command::Kill { .. } => Ok(()),
         }
     }
 }

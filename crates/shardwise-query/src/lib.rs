@@ -10,6 +10,8 @@ pub mod ddl;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod query_log;
+pub mod query_runtime;
 pub mod settings;
 pub mod sharded_table;
 pub mod system_storage;

@@ -38,6 +38,8 @@ extensions_options! {
         /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
         /// `random` or `round_robin`.
         pub load_balancing: LoadBalancing, default = LoadBalancing::Nearest
+        /// Stop a query that runs longer than this (0: no limit), with every fragment it started.
+        pub max_execution_time_ms: u64, default = 0
         /// 1: answer from the shards that can be reached, with a warning naming the others.
         pub skip_unavailable_shards: Flag, default = Flag(false)
     }
@@ -57,6 +59,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "distributed_aggregation",
     "load_balancing",
     "skip_unavailable_shards",
+    "max_execution_time_ms",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

@@ -1,7 +1,9 @@
 //! The `system` schema: tables that describe the running cluster rather than user data.
 //!
-//! `system.nodes` is the operator's view of membership. It holds no rows of its own: every scan
-//! asks the [`ClusterView`] afresh, so a query always sees the membership of the moment it runs.
+//! The tables hold no rows of their own: every scan computes them afresh ([`ComputedTable`]), so
+//! a query sees the state of the moment it runs. `system.nodes` is the operator's view of
+//! membership (asked of the [`ClusterView`]); `system.queries` lists what this node ran as
+//! initiator ([`QueryLog`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,10 +20,14 @@ use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use shardwise_cluster::{ClusterView, MemberInfo};
 
+use crate::query_log::{QueryLog, queries_batch, queries_schema};
+
 /// Name of the schema holding the system tables.
 pub const SYSTEM_SCHEMA: &str = "system";
 /// Name of the membership table in [`SYSTEM_SCHEMA`].
 pub const NODES_TABLE: &str = "nodes";
+/// Name of the table of queries this node ran as initiator.
+pub const QUERIES_TABLE: &str = "queries";
 
 static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     let utc = Some(Arc::from("UTC"));
@@ -38,15 +44,39 @@ static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// `system.nodes`: one row per cluster member, read from the [`ClusterView`] at scan time.
-#[derive(Debug)]
-pub struct NodesTable {
-    cluster: Arc<dyn ClusterView>,
+/// The future of a computed table's rows.
+type RowsFuture = Pin<Box<dyn Future<Output = Result<RecordBatch>> + Send>>;
+
+/// A system table whose rows are computed afresh at every scan, so a query sees the state of
+/// the moment it runs.
+pub struct ComputedTable {
+    schema: SchemaRef,
+    rows: Box<dyn Fn() -> RowsFuture + Send + Sync>,
 }
 
-impl NodesTable {
-    pub fn new(cluster: Arc<dyn ClusterView>) -> Self {
-        NodesTable { cluster }
+impl std::fmt::Debug for ComputedTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComputedTable").field("schema", &self.schema).finish_non_exhaustive()
+    }
+}
+
+impl ComputedTable {
+    /// `system.nodes`: one row per cluster member, read from the [`ClusterView`].
+    pub fn nodes(cluster: Arc<dyn ClusterView>) -> Self {
+        let rows = move || -> RowsFuture {
+            let cluster = Arc::clone(&cluster);
+            Box::pin(async move { nodes_batch(&cluster.members().await) })
+        };
+        ComputedTable { schema: Arc::clone(&NODES_SCHEMA), rows: Box::new(rows) }
+    }
+
+    /// `system.queries`: the queries this node runs or ran as initiator ([`QueryLog`]).
+    pub fn queries(log: Arc<QueryLog>) -> Self {
+        let rows = move || -> RowsFuture {
+            let batch = queries_batch(&log.snapshot());
+            Box::pin(async move { batch })
+        };
+        ComputedTable { schema: queries_schema(), rows: Box::new(rows) }
     }
 }
 
@@ -79,9 +109,9 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
 /// that macro would generate instead of depending on it).
 type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
 
-impl TableProvider for NodesTable {
+impl TableProvider for ComputedTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&NODES_SCHEMA)
+        Arc::clone(&self.schema)
     }
 
     fn table_type(&self) -> TableType {
@@ -103,10 +133,9 @@ impl TableProvider for NodesTable {
         Self: 'async_trait,
     {
         Box::pin(async move {
-            let members = self.cluster.members().await;
-            let batch = nodes_batch(&members)?;
+            let batch = (self.rows)().await?;
             let plan: Arc<dyn ExecutionPlan> =
-                MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&NODES_SCHEMA), projection.cloned())?;
+                MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&self.schema), projection.cloned())?;
             Ok(plan)
         })
     }

@@ -370,17 +370,15 @@ pub fn execute_merged(plan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>) -
     plan.execute(0, context)
 }
 
-/// The node side of a fragment ticket: decodes the plan with this node's tables under its leaf
-/// and runs it.
-pub fn run_fragment_ticket(
+/// The node side of a fragment ticket: decodes the plan with this node's tables under its leaf.
+pub fn decode_fragment_ticket(
     access: Arc<dyn TableAccess>,
-    context: Arc<TaskContext>,
+    context: &TaskContext,
     ticket: &[u8],
-) -> Result<SendableRecordBatchStream> {
+) -> Result<Arc<dyn ExecutionPlan>> {
     let ticket = FragmentTicket::decode(ticket)?;
     let threads = context.session_config().target_partitions();
     let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads);
-    let plan = codec.decode_plan(&ticket.plan, &context)?;
     tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");
-    execute_merged(plan, context)
+    codec.decode_plan(&ticket.plan, context)
 }

@@ -55,7 +55,7 @@ pub mod scan;
 pub mod shuffle;
 
 pub use codec::{FragmentTicket, LeafAssignment, ShardwiseCodec};
-pub use fragment::{FragmentExec, Strategy, StrategyKind, run_fragment_ticket};
+pub use fragment::{FragmentExec, Strategy, StrategyKind, decode_fragment_ticket, execute_merged};
 pub use planner::DistributeRule;
 pub use scan::{ShardScanExec, ShardSlice, ShardTableRef};
 pub use shuffle::{ExchangeRegistry, ShuffleReaderExec, is_shuffle_ticket};

@@ -428,3 +428,45 @@ fn queries_answer_with_any_one_node_down() {
         }
     }
 }
+
+#[test]
+fn slow_queries_are_stopped_by_time_limit_and_kill_and_recorded() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE w (k BIGINT, v BIGINT) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO w SELECT value, value % 10 FROM generate_series(1, 100000)");
+    // Far too much work: a nested-loop join of 1e5 x 1e5 rows.
+    let slow = "SELECT count(*) FROM w a JOIN w b ON a.k + b.k < a.v * b.v + 5";
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, &format!("{slow} SETTINGS max_execution_time_ms = 300"));
+    assert!(err.contains("max_execution_time_ms = 300"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+
+    // KILL QUERY from another connection stops it; system.queries says so.
+    let mut cmd = shardwise();
+    cmd.args(["sql", "--connect", &c.addrs[1], "--format", "csv", "-e", slow]);
+    let mut running = Proc::spawn(cmd);
+    let id = eventually(Duration::from_secs(20), "the slow query to show as running", || {
+        let rows = c.sql(1, "SELECT query_id FROM system.queries WHERE state = 'running' AND query LIKE '%JOIN w b%'");
+        rows.first().map(|r| r[0].clone())
+    });
+    c.sql(1, &format!("KILL QUERY WHERE query_id = '{id}'"));
+    let (code, output) = running.wait_exit(Duration::from_secs(20));
+    assert_ne!(code, Some(0), "{output}");
+    assert!(output.contains("KILL QUERY"), "{output}");
+    let row = c.sql(1, &format!("SELECT state, error FROM system.queries WHERE query_id = '{id}'"));
+    assert_eq!(row.first().map(|r| r[0].as_str()), Some("killed"), "{row:?}");
+    let err = c.sql_err(1, "KILL QUERY WHERE query_id = 'no-such-query'");
+    assert!(err.contains("no query with query_id"), "{err}");
+
+    // A finished query is recorded with its strategy, fragments and the rows they sent.
+    c.sql(0, "SELECT v, count(*) FROM w GROUP BY v");
+    let rows = c.sql(
+        0,
+        "SELECT state, strategy, fragments, rows_moved, result_rows FROM system.queries \
+         WHERE query = 'SELECT v, count(*) FROM w GROUP BY v'",
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!((r[0].as_str(), r[1].as_str(), r[4].as_str()), ("finished", "initiator_merge", "10"), "{r:?}");
+    assert!(r[2].parse::<u64>().unwrap_or(0) >= 2 && r[3].parse::<u64>().unwrap_or(0) >= 10, "{r:?}");
+}

@@ -1,0 +1,315 @@
+//! The queries a node runs as initiator: `system.queries`, `max_execution_time_ms` and
+//! `KILL QUERY`.
+//!
+//! Every statement that executes a plan is registered with an id while it runs and recorded when
+//! it ends (finished, failed, killed, timed out, or abandoned by its client): the strategies the
+//! distributed planner chose, how many fragments ran, the rows and bytes they sent back, the rows
+//! of the answer, the time and the error. The newest [`QUERY_LOG_MAX_ENTRIES`] are kept.
+//!
+//! Stopping a query ends its stream with an error; dropping the stream drops every fragment
+//! stream under it, which cancels the remote calls, so the nodes running fragments stop too.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMillisecondArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use crate::dist::FragmentExec;
+use crate::error::QueryError;
+
+/// How many ended queries `system.queries` keeps.
+pub const QUERY_LOG_MAX_ENTRIES: usize = 1000;
+
+/// How a query ended, or that it has not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryState {
+    Running,
+    Finished,
+    Failed,
+    Killed,
+    TimedOut,
+    /// The client stopped reading before the end.
+    Cancelled,
+}
+
+impl QueryState {
+    fn as_str(self) -> &'static str {
+        match self {
+            QueryState::Running => "running",
+            QueryState::Finished => "finished",
+            QueryState::Failed => "failed",
+            QueryState::Killed => "killed",
+            QueryState::TimedOut => "timed_out",
+            QueryState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One row of `system.queries`.
+#[derive(Debug, Clone)]
+pub struct QueryRecord {
+    pub query_id: String,
+    pub sql: String,
+    pub started_unix_ms: u64,
+    pub duration_ms: Option<u64>,
+    pub state: QueryState,
+    /// The strategy of each distributed fragment, e.g. `initiator_merge`.
+    pub strategies: Vec<String>,
+    pub fragments: u64,
+    /// Rows and Arrow bytes the fragments sent back to this node.
+    pub rows_moved: u64,
+    pub bytes_moved: u64,
+    pub result_rows: u64,
+    pub error: Option<String>,
+}
+
+struct Running {
+    record: QueryRecord,
+    kill: Arc<Notify>,
+}
+
+/// See the module doc.
+#[derive(Default)]
+pub struct QueryLog {
+    running: Mutex<HashMap<String, Running>>,
+    ended: Mutex<VecDeque<QueryRecord>>,
+}
+
+impl std::fmt::Debug for QueryLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueryLog").field("running", &lock(&self.running).len()).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Why a query was stopped.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Killed,
+    TimedOut(u64),
+}
+
+impl QueryLog {
+    /// Runs `stream` (the output of `plan`) as query `sql`: registered while it runs, recorded
+    /// when it ends, stopped after `max_execution_time_ms` (0: no limit) or by [`QueryLog::kill`].
+    pub fn track(
+        self: &Arc<Self>,
+        sql: &str,
+        plan: Arc<dyn ExecutionPlan>,
+        stream: SendableRecordBatchStream,
+        max_execution_time_ms: u64,
+    ) -> SendableRecordBatchStream {
+        let query_id = uuid::Uuid::new_v4().to_string();
+        let kill = Arc::new(Notify::new());
+        let record = QueryRecord {
+            query_id: query_id.clone(),
+            sql: sql.to_string(),
+            started_unix_ms: unix_ms(),
+            duration_ms: None,
+            state: QueryState::Running,
+            strategies: Vec::new(),
+            fragments: 0,
+            rows_moved: 0,
+            bytes_moved: 0,
+            result_rows: 0,
+            error: None,
+        };
+        lock(&self.running).insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
+        let guard = Arc::new(EndGuard {
+            log: Arc::clone(self),
+            query_id,
+            plan,
+            started: Instant::now(),
+            rows: AtomicU64::new(0),
+            outcome: Mutex::new(None),
+        });
+        let stop_reason: Arc<Mutex<Option<Stop>>> = Arc::default();
+        let reason = Arc::clone(&stop_reason);
+        let stop = async move {
+            let deadline = async {
+                match max_execution_time_ms {
+                    0 => std::future::pending::<()>().await,
+                    ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+                }
+            };
+            let why = tokio::select! {
+                _ = kill.notified() => Stop::Killed,
+                _ = deadline => Stop::TimedOut(max_execution_time_ms),
+            };
+            *lock(&reason) = Some(why);
+        };
+        let schema = stream.schema();
+        let counted = {
+            let guard = Arc::clone(&guard);
+            stream.take_until(Box::pin(stop)).map(move |item| {
+                match &item {
+                    Ok(batch) => {
+                        guard.rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => guard.end(QueryState::Failed, Some(e.to_string())),
+                }
+                item
+            })
+        };
+        let tail = futures::stream::once(async move {
+            match *lock(&stop_reason) {
+                Some(Stop::Killed) => {
+                    let e = QueryError::Rejected("the query was stopped by KILL QUERY".into());
+                    guard.end(QueryState::Killed, Some(e.to_string()));
+                    Some(Err(DataFusionError::External(Box::new(e))))
+                }
+                Some(Stop::TimedOut(ms)) => {
+                    let e = QueryError::Rejected(format!(
+                        "the query ran longer than max_execution_time_ms = {ms} and was stopped"
+                    ));
+                    guard.end(QueryState::TimedOut, Some(e.to_string()));
+                    Some(Err(DataFusionError::External(Box::new(e))))
+                }
+                None => {
+                    guard.end(QueryState::Finished, None);
+                    None
+                }
+            }
+        })
+        .filter_map(std::future::ready);
+        Box::pin(RecordBatchStreamAdapter::new(schema, counted.chain(tail)))
+    }
+
+    /// Stops the running query `query_id`; false if no such query is running.
+    pub fn kill(&self, query_id: &str) -> bool {
+        match lock(&self.running).get(query_id) {
+            Some(running) => {
+                running.kill.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Running queries first, then ended ones, newest first.
+    pub fn snapshot(&self) -> Vec<QueryRecord> {
+        let now = unix_ms();
+        let mut out: Vec<QueryRecord> = lock(&self.running)
+            .values()
+            .map(|r| QueryRecord {
+                duration_ms: Some(now.saturating_sub(r.record.started_unix_ms)),
+                ..r.record.clone()
+            })
+            .collect();
+        out.sort_by_key(|r| std::cmp::Reverse(r.started_unix_ms));
+        out.extend(lock(&self.ended).iter().rev().cloned());
+        out
+    }
+
+    fn finish(&self, record: QueryRecord) {
+        lock(&self.running).remove(&record.query_id);
+        let mut ended = lock(&self.ended);
+        ended.push_back(record);
+        while ended.len() > QUERY_LOG_MAX_ENTRIES {
+            ended.pop_front();
+        }
+    }
+}
+
+/// Records the query once, when it ends or when its stream is dropped unfinished.
+struct EndGuard {
+    log: Arc<QueryLog>,
+    query_id: String,
+    plan: Arc<dyn ExecutionPlan>,
+    started: Instant,
+    rows: AtomicU64,
+    outcome: Mutex<Option<(QueryState, Option<String>)>>,
+}
+
+impl EndGuard {
+    fn end(&self, state: QueryState, error: Option<String>) {
+        lock(&self.outcome).get_or_insert((state, error));
+    }
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let (state, error) = lock(&self.outcome).take().unwrap_or((QueryState::Cancelled, None));
+        let Some(running) = lock(&self.log.running).get(&self.query_id).map(|r| r.record.clone()) else { return };
+        let mut record = QueryRecord {
+            duration_ms: Some(self.started.elapsed().as_millis() as u64),
+            state,
+            error,
+            result_rows: self.rows.load(Ordering::Relaxed),
+            ..running
+        };
+        let _ = self.plan.apply(|node| {
+            if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
+                record.strategies.push(fragment.strategy().kind.as_str().to_string());
+                record.fragments += fragment.targets().len() as u64;
+                if let Some(metrics) = fragment.metrics() {
+                    record.rows_moved += metrics.output_rows().unwrap_or(0) as u64;
+                    record.bytes_moved +=
+                        metrics.sum_by_name("bytes_received").map(|v| v.as_usize()).unwrap_or(0) as u64;
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        self.log.finish(record);
+    }
+}
+
+/// `system.queries`' columns.
+pub fn queries_schema() -> SchemaRef {
+    let utc = Some(Arc::from("UTC"));
+    Arc::new(Schema::new(vec![
+        Field::new("query_id", DataType::Utf8, false),
+        Field::new("query", DataType::Utf8, false),
+        Field::new("started", DataType::Timestamp(TimeUnit::Millisecond, utc), false),
+        Field::new("duration_ms", DataType::UInt64, true),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("strategy", DataType::Utf8, true),
+        Field::new("fragments", DataType::UInt64, false),
+        Field::new("rows_moved", DataType::UInt64, false),
+        Field::new("bytes_moved", DataType::UInt64, false),
+        Field::new("result_rows", DataType::UInt64, false),
+        Field::new("error", DataType::Utf8, true),
+    ]))
+}
+
+/// The rows of `system.queries`.
+pub fn queries_batch(records: &[QueryRecord]) -> Result<RecordBatch> {
+    let text = |f: &dyn Fn(&QueryRecord) -> Option<String>| -> ArrayRef {
+        Arc::new(records.iter().map(f).collect::<StringArray>())
+    };
+    let num = |f: &dyn Fn(&QueryRecord) -> Option<u64>| -> ArrayRef {
+        Arc::new(records.iter().map(f).collect::<UInt64Array>())
+    };
+    let started = records.iter().map(|r| i64::try_from(r.started_unix_ms).ok()).collect::<TimestampMillisecondArray>();
+    let columns: Vec<ArrayRef> = vec![
+        text(&|r| Some(r.query_id.clone())),
+        text(&|r| Some(r.sql.clone())),
+        Arc::new(started.with_timezone("UTC")),
+        num(&|r| r.duration_ms),
+        text(&|r| Some(r.state.as_str().to_string())),
+        text(&|r| (!r.strategies.is_empty()).then(|| r.strategies.join(", "))),
+        num(&|r| Some(r.fragments)),
+        num(&|r| Some(r.rows_moved)),
+        num(&|r| Some(r.bytes_moved)),
+        num(&|r| Some(r.result_rows)),
+        text(&|r| r.error.clone()),
+    ];
+    Ok(RecordBatch::try_new(queries_schema(), columns)?)
+}
