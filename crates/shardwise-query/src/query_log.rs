@@ -71,6 +71,8 @@ pub struct QueryRecord {
     pub bytes_moved: u64,
     pub result_rows: u64,
     pub error: Option<String>,
+    /// E.g. shards left out under `skip_unavailable_shards`.
+    pub warnings: Vec<String>,
 }
 
 struct Running {
@@ -130,6 +132,7 @@ impl QueryLog {
             bytes_moved: 0,
             result_rows: 0,
             error: None,
+            warnings: Vec::new(),
         };
         lock(&self.running).insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
         let guard = Arc::new(EndGuard {
@@ -259,6 +262,7 @@ impl Drop for EndGuard {
             if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
                 record.strategies.push(fragment.strategy().kind.as_str().to_string());
                 record.fragments += fragment.targets().len() as u64;
+                record.warnings.extend(fragment.skipped());
                 if let Some(metrics) = fragment.metrics() {
                     record.rows_moved += metrics.output_rows().unwrap_or(0) as u64;
                     record.bytes_moved +=
@@ -286,6 +290,7 @@ pub fn queries_schema() -> SchemaRef {
         Field::new("bytes_moved", DataType::UInt64, false),
         Field::new("result_rows", DataType::UInt64, false),
         Field::new("error", DataType::Utf8, true),
+        Field::new("warnings", DataType::Utf8, true),
     ]))
 }
 
@@ -310,6 +315,7 @@ pub fn queries_batch(records: &[QueryRecord]) -> Result<RecordBatch> {
         num(&|r| Some(r.bytes_moved)),
         num(&|r| Some(r.result_rows)),
         text(&|r| r.error.clone()),
+        text(&|r| (!r.warnings.is_empty()).then(|| r.warnings.join("; "))),
     ];
     Ok(RecordBatch::try_new(queries_schema(), columns)?)
 }

@@ -90,6 +90,8 @@ pub struct FragmentExec {
     access: Arc<dyn TableAccess>,
     cluster: Arc<dyn ClusterView>,
     metrics: ExecutionPlanMetricsSet,
+    /// Shards left out under `skip_unavailable_shards`, with why (for `system.queries`).
+    skipped: Arc<std::sync::Mutex<Vec<String>>>,
     cache: Arc<PlanProperties>,
 }
 
@@ -122,6 +124,7 @@ impl FragmentExec {
             access,
             cluster,
             metrics: ExecutionPlanMetricsSet::new(),
+            skipped: Arc::default(),
             cache,
         })
     }
@@ -136,6 +139,11 @@ impl FragmentExec {
 
     pub fn targets(&self) -> &[LeafAssignment] {
         &self.targets
+    }
+
+    /// The shards this run answered without (`skip_unavailable_shards = 1`), each with why.
+    pub fn skipped(&self) -> Vec<String> {
+        self.skipped.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
@@ -218,6 +226,7 @@ impl ExecutionPlan for FragmentExec {
             cluster: Arc::clone(&self.cluster),
             schema: self.schema(),
             context,
+            skipped: Arc::clone(&self.skipped),
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
@@ -241,6 +250,7 @@ struct Run {
     cluster: Arc<dyn ClusterView>,
     schema: SchemaRef,
     context: Arc<TaskContext>,
+    skipped: Arc<std::sync::Mutex<Vec<String>>>,
     rows: Count,
     bytes: Count,
     elapsed: Time,
@@ -276,12 +286,11 @@ impl Run {
         let table = &self.placement.table.name;
         let shard = self.shard;
         if self.placement.skip_unavailable_shards {
-            tracing::warn!(
-                table,
-                shard,
-                "skip_unavailable_shards: answering without shard {shard}: {}",
-                errors.join("; ")
-            );
+            let why = format!("answered without table {table} shard {shard} ({})", errors.join("; "));
+            tracing::warn!(table, shard, "skip_unavailable_shards: {why}");
+            if let Ok(mut skipped) = self.skipped.lock() {
+                skipped.push(why);
+            }
             return Ok(futures::stream::empty().boxed());
         }
         let unit = self.placement.unit;

@@ -470,3 +470,19 @@ fn slow_queries_are_stopped_by_time_limit_and_kill_and_recorded() {
     assert_eq!((r[0].as_str(), r[1].as_str(), r[4].as_str()), ("finished", "initiator_merge", "10"), "{r:?}");
     assert!(r[2].parse::<u64>().unwrap_or(0) >= 2 && r[3].parse::<u64>().unwrap_or(0) >= 10, "{r:?}");
 }
+
+#[test]
+fn a_shard_without_replicas_fails_the_query_unless_skipped() {
+    let mut c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE one (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 1)");
+    c.sql(0, "INSERT INTO one SELECT value, value * 2 FROM generate_series(1, 1000)");
+    assert_eq!(c.sql(0, "SELECT count(*) FROM one"), vec![vec!["1000".to_string()]]);
+    c.procs[1].kill9();
+    let err = c.sql_err(0, "SELECT count(*) FROM one");
+    assert!(err.contains("table one shard 1") && err.contains("skip_unavailable_shards"), "{err}");
+    let rows = c.sql(0, "SELECT count(*) FROM one SETTINGS skip_unavailable_shards = 1");
+    let n: u64 = rows[0][0].parse().unwrap_or(0);
+    assert!(n > 0 && n < 1000, "{rows:?}");
+    let warned = c.sql(0, "SELECT warnings FROM system.queries WHERE query LIKE '%skip_unavailable_shards = 1'");
+    assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
+}
