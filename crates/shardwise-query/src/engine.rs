@@ -19,7 +19,9 @@ use shardwise_cluster::ClusterView;
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
-use crate::dist::{DistributeRule, ExchangeRegistry, decode_fragment_ticket, execute_merged};
+use crate::dist::{
+    DistributeRule, ExchangeRegistry, FragmentExec, ShardScanExec, decode_fragment_ticket, execute_merged,
+};
 use crate::error::QueryError;
 use crate::query_log::QueryLog;
 use crate::query_runtime::QueryRuntime;
@@ -27,6 +29,8 @@ use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::physical_plan::ExecutionPlan;
 
 /// What a planned statement will do.
 #[derive(Debug, Clone)]
@@ -217,9 +221,15 @@ impl QueryEngine {
             Action::Plan(plan) => {
                 let physical = state.create_physical_plan(&plan).await?;
                 let (plan, context) = (Arc::clone(&physical), state.task_ctx());
-                let stream = self
-                    .runtime
-                    .drive(physical.schema(), move || datafusion::physical_plan::execute_stream(plan, context))?;
+                // Plans that read tables run on the query runtime; the rest (an INSERT of VALUES,
+                // a SELECT of constants) are cheap, and a hop between runtimes would only add
+                // latency to them.
+                let stream = match reads_tables(&physical) {
+                    true => self
+                        .runtime
+                        .drive(physical.schema(), move || datafusion::physical_plan::execute_stream(plan, context))?,
+                    false => datafusion::physical_plan::execute_stream(plan, context)?,
+                };
                 let limit_ms = settings::current(state.config_options()).max_execution_time_ms;
                 Ok(self.log.track(&sql, physical, stream, limit_ms))
             }
@@ -249,6 +259,16 @@ impl QueryEngine {
             Command::Kill { .. } => Ok(()),
         }
     }
+}
+
+/// True when `plan` reads a sharded table (or a fragment of one).
+fn reads_tables(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found |= node.is::<FragmentExec>() || node.is::<ShardScanExec>();
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
 }
 
 /// Rewrites DataFusion's "DDL not supported: CreateExternalTable" as
