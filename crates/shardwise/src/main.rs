@@ -22,12 +22,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc keeps freed memory for reuse: the insert path allocates and frees buffers of many
-/// megabytes per chunk, which with the system allocator means fresh pages (and the kernel zeroing
-/// them) every time — a third of a bulk load's CPU before this change.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// shardwise: a distributed analytical engine. Tables sharded by key across a cluster of nodes,
 /// kept in sync, queried with SQL.
 #[derive(Parser, Debug)]
