@@ -41,6 +41,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 use datafusion::physical_plan::{Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use shardwise_cluster::ClusterView;
 
@@ -148,7 +149,25 @@ impl Planner<'_> {
             if role == Some(PathRole::ShuffleFinal) {
                 return Ok(Sub::Done(self.shuffle(node, auto)?));
             }
-            if is_partial || role.is_some() || is_partition_local(&node) {
+            let whole_shard_below = matches!(subs.as_slice(), [Sub::Chain(c)] if c.whole_shard);
+            // Not while partial aggregation states are on their way to a merge above.
+            let open_aggregate = matches!(subs.as_slice(), [Sub::Chain(c)] if c.has_aggregate && !c.whole_shard);
+            if role.is_none()
+                && !is_partial
+                && !open_aggregate
+                && let Some(why) = self.colocated_repartition(&node, auto)?
+            {
+                let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
+                return Ok(Sub::Chain(Chain {
+                    plan: node,
+                    whole_shard: true,
+                    auto_reason: Some(chain.auto_reason.unwrap_or(why)),
+                    has_aggregate: chain.has_aggregate,
+                }));
+            }
+            let window_in_shard =
+                whole_shard_below && (node.is::<BoundedWindowAggExec>() || node.is::<WindowAggExec>());
+            if is_partial || role.is_some() || is_partition_local(&node) || window_in_shard {
                 let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
                 let finishes = role == Some(PathRole::NoMergeFinal);
                 return Ok(Sub::Chain(Chain {
@@ -187,6 +206,33 @@ impl Planner<'_> {
         Ok(Sub::Done(if changed { replace_children_if_necessary(node, new_children)? } else { node }))
     }
 
+    /// `Some(why)` when `node` repartitions rows by a hash of keys that include every shard-key
+    /// column of the table below it: rows with equal keys are on one shard already, so the
+    /// repartition (and what needs it, such as a window `PARTITION BY` those keys) can run on
+    /// each shard. Same conditions as the automatic no-merge.
+    fn colocated_repartition(&self, node: &Arc<dyn ExecutionPlan>, auto: &AutoNoMerge) -> Result<Option<String>> {
+        let Some(repartition) = node.downcast_ref::<RepartitionExec>() else { return Ok(None) };
+        let Partitioning::Hash(exprs, _) = repartition.partitioning() else { return Ok(None) };
+        if !self.settings.optimize_distributed_group_by_sharding_key.0 {
+            return Ok(None);
+        }
+        let input = repartition.input();
+        let scan = find_scan(input)?;
+        let keys: Vec<String> = exprs
+            .iter()
+            .filter_map(|e| e.downcast_ref::<Column>().and_then(|c| auto.trace(input, c.index())))
+            .collect();
+        let table = scan.table();
+        if table.shard_key.iter().all(|k| keys.contains(k)) {
+            return Ok(Some(format!(
+                "rows are partitioned by keys that include the shard key ({}) of {}",
+                table.shard_key.join(", "),
+                table.name
+            )));
+        }
+        Ok(None)
+    }
+
     /// Cuts a chain: it becomes a fragment run once per slice (or per shard).
     fn wrap(&self, chain: Chain) -> Result<Arc<dyn ExecutionPlan>> {
         let Chain { plan, whole_shard, auto_reason, has_aggregate } = chain;
@@ -195,7 +241,7 @@ impl Planner<'_> {
             (true, _) => Strategy {
                 kind: StrategyKind::NoMerge,
                 reason: format!(
-                    "automatic: {}; shards aggregate completely, the initiator concatenates",
+                    "automatic: {}; each shard computes its part completely, the initiator concatenates",
                     auto_reason.as_deref().unwrap_or("GROUP BY includes the shard key")
                 ),
             },

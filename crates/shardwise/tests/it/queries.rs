@@ -100,6 +100,10 @@ const CORPUS: &[&str] = &[
     "SELECT sk, g, count(*) FROM {t} WHERE sk < 2 GROUP BY sk, g",
     "SELECT length(g), count(*) FROM {t} GROUP BY 1",
     "SELECT q, count(*), avg(v) FROM {t} GROUP BY q ORDER BY q LIMIT 12",
+    "SELECT k, id, row_number() OVER (PARTITION BY k ORDER BY id) AS rn FROM {t} WHERE id < 3000",
+    "SELECT sk, v FROM (SELECT sk, v, row_number() OVER (PARTITION BY sk ORDER BY v DESC, id) AS r FROM {t}) \
+     WHERE r <= 2",
+    "SELECT k, sum(v) OVER (PARTITION BY k, g) FROM {t} WHERE id % 7 = 0",
 ];
 
 /// Single-node DataFusion with the same tables and rows.
@@ -368,6 +372,9 @@ fn no_merge_modes_follow_their_definitions() {
     // Automatic no-merge: chosen when GROUP BY has the shard key, and EXPLAIN says so.
     let plan = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (sk)"), "{plan}");
+    let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
+    let plan = c.sql(0, window).concat().join(" ");
+    assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");
     let plan = c.sql(0, "EXPLAIN SELECT g, count(*) FROM s GROUP BY g").concat().join(" ");
     assert!(
         plan.contains("strategy=initiator_merge") && plan.contains("does not include shard-key column(s) sk"),
