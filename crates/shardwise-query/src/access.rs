@@ -107,9 +107,6 @@ pub trait TableAccess: Send + Sync + Debug {
     /// Runs an encoded fragment ticket on node `rank` and streams its rows back.
     fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>>;
 
-    /// Every row of `table`: one replica of each shard.
-    fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>>;
-
     /// Waits until no node has anything pending for `table`, up to `timeout`.
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>>;
 

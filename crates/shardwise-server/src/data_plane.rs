@@ -4,10 +4,10 @@
 //! Calls:
 //! - `DoAction("apply")`: a [`ShipRequest`]; replies with the rows applied (JSON number) once
 //!   every piece is durable here.
-//! - `DoGet(ticket)`: a JSON [`ScanTicket`]; streams one local shard replica. Or a query
-//!   fragment ticket ([`FragmentTicket`], starting `SWFT`): runs the fragment over this node's
-//!   shards and streams its rows as they are produced. Or a shuffle bucket request (`SWSB`):
-//!   one bucket of a shard's shuffle stage 1, which runs here on the first request.
+//! - `DoGet(ticket)`: a query fragment ticket ([`FragmentTicket`], starting `SWFT`): runs the
+//!   fragment over this node's shards and streams its rows as they are produced. Or a shuffle
+//!   bucket request (`SWSB`): one bucket of a shard's shuffle stage 1, which runs here on the
+//!   first request.
 //! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies once this node's queues for the table
 //!   are empty, or fails naming what is pending.
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
@@ -31,7 +31,7 @@ use shardwise_query::{QueryEngine, QueryError};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec::ShipRequest;
-use crate::tables::stats::{FlushRequest, ScanTicket};
+use crate::tables::stats::FlushRequest;
 use crate::tables::{DataPlaneAuth, TablesNode};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -165,10 +165,9 @@ impl FlightService for DataPlane {
             let batches = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
             return Ok(batches_response(batches));
         }
-        let ticket: ScanTicket = serde_json::from_slice(&request.get_ref().ticket)
-            .map_err(|e| Status::invalid_argument(format!("bad scan ticket: {e}")))?;
-        let batches = self.tables.read_local(&ticket).await.map_err(to_status)?;
-        Ok(batches_response(batches))
+        Err(Status::invalid_argument(
+            "DoGet: not a shardwise ticket (expected a query fragment or a shuffle bucket request)",
+        ))
     }
 
     async fn do_put(&self, _request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {

@@ -321,11 +321,6 @@ impl TableAccess for TablesNode {
         Box::pin(async move { self.peers.fragment(rank, ticket).await })
     }
 
-    fn scan(&self, table: &str) -> BoxFuture<'_, Result<Vec<RecordBatch>, QueryError>> {
-        let table = table.to_string();
-        Box::pin(async move { self.scan_table(&table).await })
-    }
-
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {
         let table = table.to_string();
         Box::pin(async move { self.flush_cluster(&table, timeout).await })

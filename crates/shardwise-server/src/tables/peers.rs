@@ -13,7 +13,6 @@ use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Ticket};
-use datafusion::arrow::record_batch::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 use shardwise_cluster::{ClusterSecret, ClusterView};
 use shardwise_query::{QueryError, RemoteRows};
@@ -185,25 +184,6 @@ impl Peers {
         serde_json::from_slice::<u64>(&reply).map_err(|e| unavailable(rank, "apply: bad reply", e))
     }
 
-    /// Reads one shard replica from `rank`.
-    pub async fn scan(&self, rank: u32, ticket: Vec<u8>) -> Result<Vec<RecordBatch>, QueryError> {
-        let r = self.scan_once(rank, ticket).await;
-        if let Err(e) = &r {
-            self.forget(rank, e);
-        }
-        r
-    }
-
-    async fn scan_once(&self, rank: u32, ticket: Vec<u8>) -> Result<Vec<RecordBatch>, QueryError> {
-        let mut client = self.client(rank).await?;
-        let req = self.request(Ticket { ticket: ticket.into() }, Some(self.ship_timeout))?;
-        let stream = client.do_get(req).await.map_err(|s| status_error(rank, "scan", s))?.into_inner();
-        let batches = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into));
-        batches.try_collect().await.map_err(|e| unavailable(rank, "scan", e))
-    }
-
-    /// Runs a query fragment on `rank`; its rows stream back as they are produced. No deadline:
-    /// the query's own limits bound it.
     /// A node that restarted has new ports: when the cached channel fails and the membership
     /// now gives another address, the call is made once more there.
     pub async fn fragment(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {

@@ -6,15 +6,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
-use shardwise_cluster::NodeState;
 use shardwise_query::{QueryError, ShardData, ShardReplicaRow, SyncQueueRow};
 
 use super::insert::unix_ms;
 use super::{TablesNode, lock, outbox_key, outbox_key_table};
 
-/// What to read in a scan ticket.
+/// Which local shard replica a query fragment reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScanTicket {
@@ -45,18 +43,6 @@ pub struct FlushRequest {
 }
 
 impl TablesNode {
-    /// Reads a local shard replica (for a scan from any node).
-    pub async fn read_local(&self, ticket: &ScanTicket) -> Result<Vec<RecordBatch>, QueryError> {
-        let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
-        let entry = catalog
-            .by_id(ticket.table_id)
-            .filter(|e| e.generation == ticket.generation)
-            .ok_or_else(|| QueryError::Rejected(format!("table id {} is not in this node's catalog", ticket.table_id)))?
-            .clone();
-        let store = self.store(&entry, ticket.shard).await?;
-        Ok(lock(&store).snapshot())
-    }
-
     /// This node's replica of a shard, with its placement flag, for a query fragment.
     pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
         let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
@@ -79,49 +65,6 @@ impl TablesNode {
         let store = self.store(&entry, ticket.shard).await?;
         let guard = lock(&store);
         Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
-    }
-
-    pub(crate) async fn scan_table(&self, table: &str) -> Result<Vec<RecordBatch>, QueryError> {
-        let (version, entry) = self.entry(table)?;
-        let members = self.cluster.members().await;
-        let state = |rank: u32| members.iter().find(|m| m.rank == rank).map(|m| m.state).unwrap_or(NodeState::Down);
-        let mut out = Vec::new();
-        for shard in 0..entry.def.shards {
-            let mut ranks = entry.def.replica_ranks(shard, self.world_size);
-            // This node first, then live replicas, then the rest (the state may be stale).
-            ranks.sort_by_key(|r| (*r != self.rank, state(*r) != NodeState::Up));
-            let ticket =
-                ScanTicket { table_id: entry.id, generation: entry.generation, shard, catalog_version: version };
-            let mut errors = Vec::new();
-            let mut got = None;
-            for rank in ranks {
-                let r = if rank == self.rank {
-                    self.read_local(&ticket).await
-                } else {
-                    match serde_json::to_vec(&ticket) {
-                        Ok(t) => self.peers.scan(rank, t).await,
-                        Err(e) => Err(QueryError::Storage(e.to_string())),
-                    }
-                };
-                match r {
-                    Ok(batches) => {
-                        got = Some(batches);
-                        break;
-                    }
-                    Err(e) => errors.push(format!("rank {rank}: {e}")),
-                }
-            }
-            match got {
-                Some(batches) => out.extend(batches),
-                None => {
-                    return Err(QueryError::Unavailable(format!(
-                        "table {table} shard {shard}: no replica could be read ({})",
-                        errors.join("; ")
-                    )));
-                }
-            }
-        }
-        Ok(out)
     }
 
     /// Waits until this node's outbox has nothing for `table`, up to `timeout`.
