@@ -9,15 +9,23 @@
 mod sim;
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 pub use sim::SimFs;
 
-/// A file opened for appending.
+/// A file written sequentially from a position: the end of the file when it was opened.
 pub trait AppendFile: Send {
-    /// Appends all of `data` at the end of the file (not yet durable).
+    /// Writes all of `data` at the write position and moves it past them (not yet durable).
+    /// Bytes already there (such as preallocated zeros) are overwritten.
     fn write_all(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Writes zeros from the end of the file up to `len_bytes` (nothing if it is already that
+    /// long), without moving the write position; durable with the next `sync_data`. Once those
+    /// zeros are durable, overwriting them changes no file size, so a later `fdatasync` has no
+    /// metadata to commit: the reason a write-ahead log preallocates (PostgreSQL's WAL segments
+    /// are pre-zeroed for the same reason).
+    fn preallocate(&mut self, len_bytes: u64) -> io::Result<()>;
     /// `fdatasync`: makes every byte written so far durable. Does not make the file's directory
     /// entry durable; see [`Fs::sync_dir`].
     fn sync_data(&mut self) -> io::Result<()>;
@@ -50,15 +58,44 @@ pub trait Fs: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealFs;
 
-struct RealFile(File);
+/// Zeros written per call by [`AppendFile::preallocate`] on the real filesystem.
+const PREALLOCATE_WRITE_BYTES: usize = 256 * 1024;
+
+/// A file opened for writing (not `O_APPEND`, under which Linux's `pwrite` ignores its offset),
+/// with its write position and length tracked here.
+struct RealFile {
+    file: File,
+    pos_bytes: u64,
+    len_bytes: u64,
+}
+
+impl RealFile {
+    fn at_end(file: File) -> io::Result<RealFile> {
+        let len_bytes = file.metadata()?.len();
+        Ok(RealFile { file, pos_bytes: len_bytes, len_bytes })
+    }
+}
 
 impl AppendFile for RealFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        self.0.write_all(data)
+        self.file.write_all_at(data, self.pos_bytes)?;
+        self.pos_bytes += data.len() as u64;
+        self.len_bytes = self.len_bytes.max(self.pos_bytes);
+        Ok(())
+    }
+
+    fn preallocate(&mut self, len_bytes: u64) -> io::Result<()> {
+        let zeros = vec![0u8; PREALLOCATE_WRITE_BYTES];
+        while self.len_bytes < len_bytes {
+            let n = (len_bytes - self.len_bytes).min(PREALLOCATE_WRITE_BYTES as u64) as usize;
+            self.file.write_all_at(&zeros[..n], self.len_bytes)?;
+            self.len_bytes += n as u64;
+        }
+        Ok(())
     }
 
     fn sync_data(&mut self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
 }
 
@@ -68,13 +105,13 @@ impl Fs for RealFs {
     }
 
     fn create_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
-        let file = OpenOptions::new().append(true).create_new(true).open(path)?;
-        Ok(Box::new(RealFile(file)))
+        let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+        Ok(Box::new(RealFile { file, pos_bytes: 0, len_bytes: 0 }))
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
-        let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Box::new(RealFile(file)))
+        let file = OpenOptions::new().write(true).open(path)?;
+        Ok(Box::new(RealFile::at_end(file)?))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -131,6 +168,15 @@ mod tests {
         assert_eq!(fs.read(&a)?, b"hello world");
         fs.truncate(&a, 5)?;
         assert_eq!(fs.read(&a)?, b"hello");
+        // Preallocated zeros are overwritten by later writes; the write position does not move.
+        let mut pre = fs.open_append(&a)?;
+        pre.preallocate(12)?;
+        pre.preallocate(8)?; // already longer: nothing
+        assert_eq!(fs.read(&a)?, b"hello\0\0\0\0\0\0\0");
+        pre.write_all(b", w")?;
+        pre.sync_data()?;
+        assert_eq!(fs.read(&a)?, b"hello, w\0\0\0\0");
+        fs.truncate(&a, 5)?;
         let b = dir.join("b");
         fs.rename(&a, &b)?;
         assert_eq!(fs.list_dir(&dir)?, vec!["b".to_string()]);

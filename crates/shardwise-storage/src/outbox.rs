@@ -89,9 +89,18 @@ pub struct OutboxOptions {
     pub wal: WalOptions,
 }
 
+/// How far ahead of its records the outbox keeps its log zero-filled (see the WAL's module doc):
+/// inserts are small and acknowledged after the append's fsync, which this makes a data-only
+/// flush. One insert in about `64 KiB / insert size` pays for writing the next zeros (about
+/// 0.2 ms here; 256 KiB at a time took 0.6-1.2 ms inside a busy node, 4 MiB 16 ms).
+pub const OUTBOX_WAL_PREALLOCATE_BYTES: u64 = 64 * 1024;
+
 impl Default for OutboxOptions {
     fn default() -> Self {
-        OutboxOptions { outbox_max_bytes: OUTBOX_MAX_BYTES_DEFAULT, wal: WalOptions::default() }
+        OutboxOptions {
+            outbox_max_bytes: OUTBOX_MAX_BYTES_DEFAULT,
+            wal: WalOptions { wal_preallocate_bytes: OUTBOX_WAL_PREALLOCATE_BYTES, ..WalOptions::default() },
+        }
     }
 }
 

@@ -13,6 +13,18 @@
 //!
 //! Recovery holds every replayed record in memory; callers keep the log short with
 //! [`Wal::truncate_before`] after each checkpoint.
+//!
+//! # Preallocation
+//! With [`WalOptions::wal_preallocate_bytes`] above 0, the active segment is kept zero-filled
+//! ahead of the records: when a small record would pass the zeros, that many more bytes of zeros
+//! are written first (fsynced with the record). A record then overwrites bytes that already
+//! exist, so its `fdatasync` flushes data only; appending past the end would also commit the new
+//! file size through the filesystem's journal, which doubles the cost of the fsync and makes it
+//! wait behind any other metadata change on the disk. Records of a quarter of the preallocation
+//! or more are written past the end as they are (for them the fsync's fixed cost matters less than
+//! writing their bytes twice). A segment is cut to its records before the next one is created,
+//! so only the last segment can end in zeros; recovery cuts an all-zero tail off it quietly (it
+//! is not a torn write).
 
 mod frame;
 #[cfg(test)]
@@ -80,11 +92,14 @@ pub struct WalOptions {
     /// A new segment is started before a record that would take the current one past this size
     /// (a single larger record gets a segment of its own).
     pub wal_segment_max_bytes: u64,
+    /// How far ahead of its records the active segment is zero-filled; 0 turns preallocation
+    /// off (see the module doc). Worth it for logs of small, latency-bound records.
+    pub wal_preallocate_bytes: u64,
 }
 
 impl Default for WalOptions {
     fn default() -> Self {
-        WalOptions { wal_segment_max_bytes: WAL_SEGMENT_MAX_BYTES_DEFAULT }
+        WalOptions { wal_segment_max_bytes: WAL_SEGMENT_MAX_BYTES_DEFAULT, wal_preallocate_bytes: 0 }
     }
 }
 
@@ -123,7 +138,10 @@ pub struct Wal {
     /// Live segments, oldest first; the last one is the one being appended to.
     segments: VecDeque<SegmentMeta>,
     active: Box<dyn AppendFile>,
+    /// Bytes of records in the active segment: where the next one is written.
     active_len_bytes: u64,
+    /// The active segment's file length: `active_len_bytes` plus any preallocated zeros.
+    active_file_bytes: u64,
     next_lsn: Lsn,
     /// Set by the first I/O error that leaves the log in an unknown state.
     failure: Option<String>,
@@ -166,7 +184,8 @@ impl Wal {
                 (file, 0)
             }
         };
-        let wal = Wal { fs, dir, opts, segments, active, active_len_bytes, next_lsn, failure: None };
+        let active_file_bytes = active_len_bytes;
+        let wal = Wal { fs, dir, opts, segments, active, active_len_bytes, active_file_bytes, next_lsn, failure: None };
         Ok((wal, recovered.report))
     }
 
@@ -242,7 +261,11 @@ impl Wal {
         if lsn <= self.next_lsn {
             return Ok(());
         }
-        // The active segment needs no fsync here: every append ends with one.
+        // The active segment's records are durable (every append ends with an fsync), but its
+        // preallocated zeros are cut first.
+        if let Err(error) = self.trim_active() {
+            return Err(self.fail(error));
+        }
         if let Some(current) = self.segments.back_mut() {
             current.end_lsn = self.next_lsn;
             current.len_bytes = self.active_len_bytes;
@@ -255,6 +278,7 @@ impl Wal {
         self.segments.push_back(meta);
         self.active = file;
         self.active_len_bytes = 0;
+        self.active_file_bytes = 0;
         self.next_lsn = lsn;
         Ok(())
     }
@@ -303,6 +327,7 @@ impl Wal {
                 self.write_active(&buf)?;
                 buf.clear();
                 self.sync_active()?;
+                self.trim_active()?;
                 self.roll_segment(lsn)?;
             }
             if payload.len() < WAL_COPY_MAX_BYTES {
@@ -326,8 +351,29 @@ impl Wal {
     }
 
     fn write_active(&mut self, buf: &[u8]) -> Result<(), StorageError> {
+        let end = self.active_len_bytes + buf.len() as u64;
+        let prealloc = self.opts.wal_preallocate_bytes;
+        if end > self.active_file_bytes && prealloc > 0 && (buf.len() as u64) < prealloc / 4 {
+            let target = (end + prealloc).min(self.opts.wal_segment_max_bytes).max(end);
+            self.active.preallocate(target).map_err(StorageError::io("preallocate", self.active_path()))?;
+            self.active_file_bytes = target;
+        }
         self.active.write_all(buf).map_err(StorageError::io("write", self.active_path()))?;
-        self.active_len_bytes += buf.len() as u64;
+        self.active_len_bytes = end;
+        self.active_file_bytes = self.active_file_bytes.max(end);
+        Ok(())
+    }
+
+    /// Cuts the active segment's preallocated zeros off, durably (before another segment follows
+    /// it, so that only the last segment can end in zeros).
+    fn trim_active(&mut self) -> Result<(), StorageError> {
+        if self.active_file_bytes <= self.active_len_bytes {
+            return Ok(());
+        }
+        let path = self.active_path();
+        self.fs.truncate(&path, self.active_len_bytes).map_err(StorageError::io("truncate", &path))?;
+        self.active.sync_data().map_err(StorageError::io("fsync", &path))?;
+        self.active_file_bytes = self.active_len_bytes;
         Ok(())
     }
 
@@ -345,6 +391,7 @@ impl Wal {
         self.segments.push_back(meta);
         self.active = file;
         self.active_len_bytes = 0;
+        self.active_file_bytes = 0;
         Ok(())
     }
 }

@@ -19,7 +19,7 @@ use futures::StreamExt;
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
-use super::{TablesNode, blocking, lock, outbox_key, storage_error};
+use super::{TablesNode, blocking_short, lock, outbox_key, storage_error};
 use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
 use crate::ingest::client_insert_id;
 
@@ -219,7 +219,7 @@ impl TablesNode {
             let outbox = Arc::clone(&self.outbox);
             let attempt = items.clone();
             let now_ms = unix_ms();
-            let r = blocking(move || Ok(lock(&outbox).append(attempt, now_ms))).await?;
+            let r = blocking_short(move || Ok(lock(&outbox).append(attempt, now_ms))).await?;
             match r {
                 Ok(_) => break,
                 Err(StorageError::OutboxFull { .. }) if Instant::now() < deadline => {

@@ -58,6 +58,7 @@ struct SimFile {
     state: Arc<Mutex<SimState>>,
     inode: u64,
     generation: u64,
+    pos_bytes: usize,
 }
 
 impl SimFs {
@@ -133,21 +134,26 @@ impl SimFs {
     }
 }
 
-/// What of a file survives a power loss: its durable content, plus (torn) a prefix of an
-/// unsynced append.
+/// What of a file survives a power loss: its durable content, plus (torn) a prefix of what was
+/// written since, from the first byte that differs (an append, or an overwrite of preallocated
+/// zeros), a quarter of the time as zeros (size updated, data not).
 fn surviving_content(inode: &SimInode, torn: Option<&mut XorShift64>) -> Vec<u8> {
     let mut kept = inode.durable.clone();
     let Some(rng) = torn else { return kept };
-    let appended = inode.volatile.len() > kept.len() && inode.volatile.starts_with(&kept);
-    if !appended {
-        return kept;
+    let volatile = &inode.volatile;
+    let common = kept.iter().zip(volatile).take_while(|(a, b)| a == b).count();
+    if volatile.len() < kept.len() || common == volatile.len() {
+        return kept; // an unsynced truncation, or nothing new
     }
-    let tail = &inode.volatile[kept.len()..];
+    let tail = &volatile[common..];
     let keep_bytes = rng.below(tail.len() + 1);
-    if rng.below(4) == 0 {
-        kept.resize(kept.len() + keep_bytes, 0);
-    } else {
-        kept.extend_from_slice(&tail[..keep_bytes]);
+    let zeros = rng.below(4) == 0;
+    let end = common + keep_bytes;
+    if kept.len() < end {
+        kept.resize(end, 0);
+    }
+    if !zeros {
+        kept[common..end].copy_from_slice(&tail[..keep_bytes]);
     }
     kept
 }
@@ -199,8 +205,10 @@ impl SimState {
         Ok(())
     }
 
-    fn handle(&self, state: &Arc<Mutex<SimState>>, inode: u64) -> Box<dyn AppendFile> {
-        Box::new(SimFile { state: Arc::clone(state), inode, generation: self.generation })
+    /// A handle writing at the end of the file.
+    fn handle(&self, state: &Arc<Mutex<SimState>>, inode: u64) -> io::Result<Box<dyn AppendFile>> {
+        let pos_bytes = self.inodes.get(&inode).map_or(0, |i| i.volatile.len());
+        Ok(Box::new(SimFile { state: Arc::clone(state), inode, generation: self.generation, pos_bytes }))
     }
 }
 
@@ -214,8 +222,26 @@ impl SimFile {
 
 impl AppendFile for SimFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        let pos = self.pos_bytes;
         self.with_inode(|state, id| {
-            state.inode_mut(id)?.volatile.extend_from_slice(data);
+            let content = &mut state.inode_mut(id)?.volatile;
+            if content.len() < pos + data.len() {
+                content.resize(pos + data.len(), 0);
+            }
+            content[pos..pos + data.len()].copy_from_slice(data);
+            Ok(())
+        })?;
+        self.pos_bytes += data.len();
+        Ok(())
+    }
+
+    fn preallocate(&mut self, len_bytes: u64) -> io::Result<()> {
+        let len = usize::try_from(len_bytes).map_err(|_| io::Error::other("SimFs: preallocation too large"))?;
+        self.with_inode(|state, id| {
+            let content = &mut state.inode_mut(id)?.volatile;
+            if content.len() < len {
+                content.resize(len, 0);
+            }
             Ok(())
         })
     }
@@ -251,13 +277,13 @@ impl Fs for SimFs {
         dir.volatile.insert(name, id);
         state.inodes.insert(id, SimInode::default());
         state.next_inode += 1;
-        Ok(state.handle(&self.state, id))
+        state.handle(&self.state, id)
     }
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
         let state = self.lock();
         let id = state.lookup(path)?;
-        Ok(state.handle(&self.state, id))
+        state.handle(&self.state, id)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

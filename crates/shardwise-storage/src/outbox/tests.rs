@@ -18,7 +18,9 @@ pub(super) type TestResult = Result<(), Box<dyn std::error::Error>>;
 pub(super) type Flat = (u32, u64, String, u64, Vec<u8>, u64);
 
 pub(super) fn options(max_bytes: u64, segment_bytes: u64) -> OutboxOptions {
-    OutboxOptions { outbox_max_bytes: max_bytes, wal: WalOptions { wal_segment_max_bytes: segment_bytes } }
+    // Preallocating half a segment ahead: every test also runs the preallocation paths.
+    let wal = WalOptions { wal_segment_max_bytes: segment_bytes, wal_preallocate_bytes: segment_bytes / 2 };
+    OutboxOptions { outbox_max_bytes: max_bytes, wal }
 }
 
 pub(super) fn small() -> OutboxOptions {
@@ -379,7 +381,8 @@ fn a_record_that_does_not_decode_is_an_error_naming_its_lsn() -> TestResult {
     outbox.append(vec![item("t", 1, 1, b"x")], 0)?;
     drop(outbox);
     let fs: Arc<dyn Fs> = Arc::new(sim.clone());
-    let (mut wal, _) = Wal::open(wal_dir(), fs, WalOptions { wal_segment_max_bytes: SMALL_SEGMENT_BYTES })?;
+    let (mut wal, _) =
+        Wal::open(wal_dir(), fs, WalOptions { wal_segment_max_bytes: SMALL_SEGMENT_BYTES, ..WalOptions::default() })?;
     let lsn = wal.append(&[b"\x07not an outbox record"])?.start;
     drop(wal);
     let err = open_sim(&sim, &small()).map(|_| ());

@@ -206,8 +206,11 @@ impl Model {
 
 #[test]
 fn random_applies_crashes_and_power_cuts_keep_every_acknowledged_row_exactly_once() -> TestResult {
-    let opts =
-        ShardStoreOptions { part_target_rows: 30, wal: WalOptions { wal_segment_max_bytes: 2048 }, ..small_opts() };
+    let opts = ShardStoreOptions {
+        part_target_rows: 30,
+        wal: WalOptions { wal_segment_max_bytes: 2048, ..WalOptions::default() },
+        ..small_opts()
+    };
     let (mut failed_ops, mut reopens, mut duplicates, mut torn_tails, mut orphans) = (0, 0, 0, 0, 0);
     for seed in 1..=40u64 {
         let mut rng = XorShift64::new(seed);

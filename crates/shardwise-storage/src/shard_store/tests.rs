@@ -48,7 +48,7 @@ pub(super) fn small_opts() -> ShardStoreOptions {
         compact_min_parts: 3,
         part_target_rows: 100,
         insert_id_window: 1000,
-        wal: WalOptions { wal_segment_max_bytes: 4096 },
+        wal: WalOptions { wal_segment_max_bytes: 4096, ..WalOptions::default() },
     }
 }
 
@@ -232,7 +232,8 @@ fn a_bad_piece_is_rejected_with_nothing_written_and_the_store_still_works() -> T
 #[test]
 fn flush_writes_a_part_checkpoints_and_reopen_replays_only_the_rest() -> TestResult {
     let sim = SimFs::new();
-    let opts = ShardStoreOptions { wal: WalOptions { wal_segment_max_bytes: 1024 }, ..small_opts() };
+    let opts =
+        ShardStoreOptions { wal: WalOptions { wal_segment_max_bytes: 1024, ..WalOptions::default() }, ..small_opts() };
     let (mut store, _) = open_sim(&sim, opts.clone())?;
     for i in 0..10 {
         store.apply(&[piece(i * 3..i * 3 + 3, None, None, None)])?;

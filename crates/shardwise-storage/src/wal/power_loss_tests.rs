@@ -197,6 +197,19 @@ impl Model {
 
 #[test]
 fn random_appends_crashes_and_power_cuts_keep_every_acknowledged_record() -> TestResult {
+    random_appends_crashes_and_power_cuts(0)
+}
+
+#[test]
+fn random_appends_crashes_and_power_cuts_with_preallocation_keep_every_acknowledged_record() -> TestResult {
+    random_appends_crashes_and_power_cuts(SMALL_SEGMENT_BYTES / 2)
+}
+
+fn random_appends_crashes_and_power_cuts(preallocate_bytes: u64) -> TestResult {
+    let open_sim = |sim: &SimFs, max_bytes: u64| {
+        let opts = WalOptions { wal_segment_max_bytes: max_bytes, wal_preallocate_bytes: preallocate_bytes };
+        Wal::open(DIR, std::sync::Arc::new(sim.clone()), opts)
+    };
     let (mut torn_tails, mut failed_appends, mut acked_total) = (0, 0, 0);
     for seed in 1..=60u64 {
         let mut rng = XorShift64::new(seed);

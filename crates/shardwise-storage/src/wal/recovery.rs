@@ -10,6 +10,8 @@
 //!   `<name>.corrupt` (fsynced, directory fsynced), the segment is truncated to its valid prefix,
 //!   and the corruption is reported with segment name and byte offset. Nothing after the defect
 //!   is replayed from that segment;
+//! - zeros from the defect to the end of the **last** segment are the WAL's preallocation (see
+//!   the WAL's module doc), not damage: they are cut off (truncated, fsynced) without a report;
 //! - segments must continue each other's LSNs: a gap is reported (the missing LSNs are lost), a
 //!   segment that repeats LSNs is renamed aside whole and reported.
 //!
@@ -177,6 +179,10 @@ impl Recoverer<'_> {
     fn repair(&mut self, name: &str, bytes: &[u8], defect: Defect, is_last: bool) -> Result<(), StorageError> {
         let segment = name.to_string();
         let offset_bytes = defect.offset as u64;
+        if is_last && defect.zero_tail {
+            tracing::debug!(segment = name, offset_bytes, "cutting the preallocated zeros off the last WAL segment");
+            return self.truncate_durably(name, offset_bytes);
+        }
         if is_last && defect.is_torn_tail() {
             let dropped_bytes = (bytes.len() - defect.offset) as u64;
             tracing::info!(segment = name, offset_bytes, dropped_bytes, "truncating torn WAL tail: {}", defect.defect);
@@ -251,6 +257,8 @@ struct Defect {
     defect: RecordDefect,
     /// The highest LSN of an intact record found after the defect, if any.
     highest_lsn_after: Option<Lsn>,
+    /// Every byte from the defect to the end of the segment is zero.
+    zero_tail: bool,
 }
 
 impl Defect {
@@ -277,8 +285,10 @@ fn scan_segment(bytes: &[u8], first_lsn: Lsn) -> (Vec<WalRecord>, Option<Defect>
             Ok(f) => (RecordDefect::UnexpectedLsn { expected, found: f.lsn }, Some(f.lsn)),
             Err(defect) => (defect, None),
         };
-        let highest_lsn_after = highest_intact_lsn_after(bytes, pos + 1, expected).max(found);
-        return (records, Some(Defect { offset: pos, defect, highest_lsn_after }));
+        let zero_tail = bytes[pos..].iter().all(|b| *b == 0);
+        let highest_lsn_after =
+            if zero_tail { None } else { highest_intact_lsn_after(bytes, pos + 1, expected).max(found) };
+        return (records, Some(Defect { offset: pos, defect, highest_lsn_after, zero_tail }));
     }
     (records, None)
 }

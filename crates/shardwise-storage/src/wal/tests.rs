@@ -13,7 +13,7 @@ pub(super) const SMALL_SEGMENT_BYTES: u64 = 200;
 pub(super) type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 pub(super) fn open_on(fs: &Arc<dyn Fs>, dir: &Path, max_bytes: u64) -> Result<(Wal, Recovery), StorageError> {
-    Wal::open(dir, Arc::clone(fs), WalOptions { wal_segment_max_bytes: max_bytes })
+    Wal::open(dir, Arc::clone(fs), WalOptions { wal_segment_max_bytes: max_bytes, ..WalOptions::default() })
 }
 
 pub(super) fn open_sim(sim: &SimFs, max_bytes: u64) -> Result<(Wal, Recovery), StorageError> {
@@ -61,6 +61,15 @@ fn frame_offsets(bytes: &[u8]) -> Vec<usize> {
         pos += frame.frame_bytes;
     }
     offsets
+}
+
+/// Where a segment's intact frames end.
+fn records_end(bytes: &[u8]) -> usize {
+    let mut pos = 0;
+    while let Ok(frame) = frame::decode(&bytes[pos..]) {
+        pos += frame.frame_bytes;
+    }
+    pos
 }
 
 #[test]
@@ -258,7 +267,7 @@ fn an_empty_segment_file_is_fine() -> TestResult {
 }
 
 #[test]
-fn a_zero_filled_tail_is_truncated() -> TestResult {
+fn a_zero_filled_tail_is_cut_off_quietly() -> TestResult {
     let sim = SimFs::new();
     let (mut wal, _) = open_sim(&sim, WAL_SEGMENT_MAX_BYTES_DEFAULT)?;
     append_range(&mut wal, 1, 4, 3)?;
@@ -268,10 +277,71 @@ fn a_zero_filled_tail_is_truncated() -> TestResult {
     sim.open_append(&path)?.write_all(&[0u8; 100])?;
     let (mut wal, recovery) = open_sim(&sim, WAL_SEGMENT_MAX_BYTES_DEFAULT)?;
     assert_eq!(lsns_and_payloads(&recovery), expected(1..4));
-    let tail = recovery.truncated_tail.ok_or("no tail truncation")?;
-    assert_eq!((tail.offset_bytes, tail.dropped_bytes), (good_len as u64, 100));
-    assert_eq!(tail.defect, RecordDefect::LengthOutOfRange { len_bytes: 0 });
+    // Zeros are what preallocation leaves: not a torn write, nothing to report.
+    assert!(recovery.truncated_tail.is_none() && recovery.is_clean());
+    assert_eq!(sim.read(&path)?.len(), good_len);
     append_range(&mut wal, 4, 5, 1)?;
+    drop(wal);
+    let (_, recovery) = open_sim(&sim, WAL_SEGMENT_MAX_BYTES_DEFAULT)?;
+    assert_eq!(lsns_and_payloads(&recovery), expected(1..5));
+    Ok(())
+}
+
+fn open_preallocating(sim: &SimFs, max_bytes: u64, prealloc_bytes: u64) -> Result<(Wal, Recovery), StorageError> {
+    let opts = WalOptions { wal_segment_max_bytes: max_bytes, wal_preallocate_bytes: prealloc_bytes };
+    Wal::open(DIR, Arc::new(sim.clone()), opts)
+}
+
+#[test]
+fn preallocation_keeps_zeros_ahead_and_only_the_last_segment_ends_in_them() -> TestResult {
+    let sim = SimFs::new();
+    let (mut wal, _) = open_preallocating(&sim, 400, 160)?;
+    append_range(&mut wal, 1, 4, 1)?;
+    let first = segment_path(&sim, 0)?;
+    let bytes = sim.read(&first)?;
+    let end = records_end(&bytes);
+    assert!(end > 0 && bytes.len() > end && bytes[end..].iter().all(|b| *b == 0), "zeros ahead of the records");
+    // A crash now (the zeros are durable): the reopen cuts them off without a report.
+    sim.power_loss();
+    let (mut wal, recovery) = open_preallocating(&sim, 400, 160)?;
+    assert_eq!(lsns_and_payloads(&recovery), expected(1..4));
+    assert!(recovery.is_clean() && recovery.truncated_tail.is_none());
+    // Across several segments: every segment but the last holds exactly its records.
+    append_range(&mut wal, 4, 60, 2)?;
+    let names = sim.list_dir(Path::new(DIR))?;
+    assert!(names.len() > 3, "segments rolled: {names:?}");
+    for name in &names[..names.len() - 1] {
+        let bytes = sim.read(&Path::new(DIR).join(name))?;
+        assert_eq!(records_end(&bytes), bytes.len(), "{name} ends in its last record");
+    }
+    drop(wal);
+    let (_, recovery) = open_preallocating(&sim, 400, 160)?;
+    assert_eq!(lsns_and_payloads(&recovery), expected(1..60));
+    assert!(recovery.is_clean());
+    Ok(())
+}
+
+#[test]
+fn a_torn_write_into_preallocated_zeros_is_a_torn_tail() -> TestResult {
+    for seed in 0..200 {
+        let sim = SimFs::new();
+        let (mut wal, _) = open_preallocating(&sim, 4096, 1024)?;
+        append_range(&mut wal, 1, 6, 1)?;
+        // Written, not fsynced, then the power goes: a prefix of it may survive over the zeros.
+        let frames: Vec<Vec<u8>> = (6..9).map(payload).collect();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        wal.append_unsynced(&refs)?;
+        sim.power_loss_torn(seed);
+        let (mut wal, recovery) = open_preallocating(&sim, 4096, 1024)?;
+        let got = lsns_and_payloads(&recovery);
+        assert!(got.len() >= 5 && got == expected(1..1 + got.len() as u64), "seed {seed}: {got:?}");
+        assert!(recovery.corruptions.is_empty(), "seed {seed}: {:?}", recovery.corruptions);
+        let next = 1 + got.len() as u64;
+        append_range(&mut wal, next, next + 3, 1)?;
+        drop(wal);
+        let (_, recovery) = open_preallocating(&sim, 4096, 1024)?;
+        assert_eq!(lsns_and_payloads(&recovery), expected(1..next + 3), "seed {seed}");
+    }
     Ok(())
 }
 
