@@ -5,7 +5,8 @@
 //! sees them (Flight SQL bulk ingest: one call, no SQL parsing). In the same run it times the same
 //! number of bare `write` + `fdatasync` calls of the same size on the same file system: the floor
 //! any durable insert pays. The delay mode is then timed again with the two other nodes paused
-//! (SIGSTOP): its latency must not depend on them.
+//! (SIGSTOP): its latency must not depend on them. With `--others-data-dir` (e.g. on /dev/shm),
+//! ranks 1 and 2 keep their data elsewhere, so that their fsyncs do not share rank 0's disk.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -34,6 +35,10 @@ pub struct InsertBenchArgs {
     /// Where the nodes keep their data [default: a temporary directory].
     #[arg(long)]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Keep ranks 1 and 2's data here instead (e.g. on /dev/shm), so that their writes and
+    /// fsyncs do not share rank 0's disk, as on separate machines.
+    #[arg(long)]
+    pub others_data_dir: Option<std::path::PathBuf>,
 }
 
 fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
@@ -103,9 +108,29 @@ fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize) -> anyhow:
     Ok(times)
 }
 
+/// Makes ranks 1 and 2's data dirs (`DIR/rank-R`) links into a fresh directory under `base`,
+/// removed when the returned guard drops.
+fn place_others(base: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<tempfile::TempDir> {
+    let others =
+        tempfile::tempdir_in(base).with_context(|| format!("cannot create a directory in {}", base.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for rank in [1, 2] {
+        let target = others.path().join(format!("rank-{rank}"));
+        std::fs::create_dir_all(&target).with_context(|| format!("cannot create {}", target.display()))?;
+        let link = dir.join(format!("rank-{rank}"));
+        std::os::unix::fs::symlink(&target, &link)
+            .with_context(|| format!("cannot link {} (does it exist already?)", link.display()))?;
+    }
+    Ok(others)
+}
+
 pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     let temp = tempfile::tempdir().context("cannot create a temp dir")?;
     let dir = args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let others_temp = match &args.others_data_dir {
+        Some(base) => Some(place_others(base, &dir)?),
+        None => None,
+    };
     let cluster = ProcCluster::start(3, &dir, &[]).await?;
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
@@ -140,6 +165,7 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     }
     let paused = paused?;
     cluster.stop().await;
+    drop(others_temp);
 
     let bare_p99 = percentile(&bare, 0.99);
     println!(
