@@ -34,6 +34,9 @@ pub enum BenchKind {
     /// db-benchmark groupby q1-q10: a 1-node cluster beside plain DataFusion, and 1 -> 2 nodes
     /// beside DataFusion's 1 -> 2 threads.
     Groupby(crate::bench_groupby::GroupbyBenchArgs),
+    /// The initiator's peak memory for a GROUP BY as groups grow from 1e3 to 1e7, with initiator
+    /// merge and with shuffle aggregation.
+    Memory(crate::bench_memory::MemoryBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -56,6 +59,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Insert(a) => crate::bench_insert::run(a).await,
         BenchKind::Load(a) => crate::bench_load::run(a).await,
         BenchKind::Groupby(a) => crate::bench_groupby::run(a).await,
+        BenchKind::Memory(a) => crate::bench_memory::run(a).await,
     }
 }
 

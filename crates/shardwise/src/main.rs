@@ -5,6 +5,7 @@ mod bench_crash;
 mod bench_groupby;
 mod bench_insert;
 mod bench_load;
+mod bench_memory;
 mod cmd_bench;
 mod cmd_demo;
 mod cmd_launch;
