@@ -20,9 +20,11 @@ use shardwise_cluster::ClusterView;
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
 use crate::dist::{
-    DistributeRule, ExchangeRegistry, FragmentExec, ShardScanExec, decode_fragment_ticket, execute_merged,
+    DistributeRule, ExchangeRegistry, FragmentExec, FragmentTicket, ShardScanExec, decode_fragment_ticket,
+    execute_merged,
 };
 use crate::error::QueryError;
+use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::query_log::QueryLog;
 use crate::query_runtime::QueryRuntime;
 use crate::settings::{self, ShardwiseSettings};
@@ -81,6 +83,8 @@ pub struct QueryEngine {
     runtime: QueryRuntime,
     /// The queries this node runs as initiator (`system.queries`, `KILL QUERY`).
     log: Arc<QueryLog>,
+    /// This node's rank (named in errors).
+    rank: u32,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -105,6 +109,7 @@ impl QueryEngine {
     }
 
     fn build(cluster: Arc<dyn ClusterView>, access: Option<Arc<dyn TableAccess>>) -> Result<Self, QueryError> {
+        let cluster_rank = cluster.rank();
         let mut config =
             SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
@@ -139,7 +144,8 @@ impl QueryEngine {
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let runtime = QueryRuntime::new(threads)?;
-        Ok(QueryEngine { ctx, access, exchanges: Arc::default(), runtime, log })
+        let rank = cluster_rank;
+        Ok(QueryEngine { ctx, access, exchanges: Arc::default(), runtime, log, rank })
     }
 
     /// What statements DataFusion may run: queries and session statements (`SET`), but not its
@@ -162,9 +168,12 @@ impl QueryEngine {
     /// node's shards.
     pub fn run_fragment(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
         let access = self.access("a distributed query fragment")?;
-        let context = self.ctx.task_ctx();
+        let ticket = FragmentTicket::decode(ticket)?;
+        let limit = ticket.header.max_memory_usage;
+        let context = with_memory_limit(self.ctx.task_ctx(), limit)?;
         let plan = decode_fragment_ticket(Arc::clone(access), &context, ticket)?;
-        Ok(self.runtime.drive(plan.schema(), move || execute_merged(plan, context))?)
+        let stream = self.runtime.drive(plan.schema(), move || execute_merged(plan, context))?;
+        Ok(explain_memory_errors(stream, limit, self.rank))
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
@@ -172,7 +181,8 @@ impl QueryEngine {
     pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<Vec<RecordBatch>, QueryError> {
         let access = Arc::clone(self.access("a shuffle")?);
         let (exchanges, context, ticket) = (Arc::clone(&self.exchanges), self.ctx.task_ctx(), ticket.to_vec());
-        Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket).await }).await?)
+        let rank = self.rank;
+        Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank).await }).await?)
     }
 
     /// Parses and plans one statement without executing anything.
@@ -220,7 +230,9 @@ impl QueryEngine {
             }
             Action::Plan(plan) => {
                 let physical = state.create_physical_plan(&plan).await?;
-                let (plan, context) = (Arc::clone(&physical), state.task_ctx());
+                let current = settings::current(state.config_options());
+                let memory_limit = current.max_memory_usage;
+                let (plan, context) = (Arc::clone(&physical), with_memory_limit(state.task_ctx(), memory_limit)?);
                 // Plans that read tables run on the query runtime; the rest (an INSERT of VALUES,
                 // a SELECT of constants) are cheap, and a hop between runtimes would only add
                 // latency to them.
@@ -230,8 +242,8 @@ impl QueryEngine {
                         .drive(physical.schema(), move || datafusion::physical_plan::execute_stream(plan, context))?,
                     false => datafusion::physical_plan::execute_stream(plan, context)?,
                 };
-                let limit_ms = settings::current(state.config_options()).max_execution_time_ms;
-                Ok(self.log.track(&sql, physical, stream, limit_ms))
+                let stream = explain_memory_errors(stream, memory_limit, self.rank);
+                Ok(self.log.track(&sql, physical, stream, current.max_execution_time_ms))
             }
             Action::Command(command) => {
                 self.run_command(command, &state).await?;

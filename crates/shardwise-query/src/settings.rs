@@ -42,6 +42,9 @@ extensions_options! {
         pub max_execution_time_ms: u64, default = 0
         /// 1: answer from the shards that can be reached, with a warning naming the others.
         pub skip_unavailable_shards: Flag, default = Flag(false)
+        /// Most bytes of memory one query may take on each node (0: no limit); operators that
+        /// can spill to disk do so, the others fail the query.
+        pub max_memory_usage: u64, default = 0
     }
 }
 
@@ -60,6 +63,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "load_balancing",
     "skip_unavailable_shards",
     "max_execution_time_ms",
+    "max_memory_usage",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

@@ -67,6 +67,9 @@ pub struct TicketHeader {
     /// The initiator's query id (for logs, `system.queries` and cancellation).
     pub query_id: String,
     pub leaf: LeafAssignment,
+    /// The query's `max_memory_usage` (0: no limit), enforced by the node running the fragment.
+    #[serde(default)]
+    pub max_memory_usage: u64,
 }
 
 /// A fragment to run on a node holding a replica of its shard.
@@ -285,7 +288,7 @@ mod tests {
     #[test]
     fn tickets_round_trip_and_bad_bytes_are_errors() {
         let ticket = FragmentTicket {
-            header: TicketHeader { query_id: "q1".into(), leaf: LeafAssignment::WholeShard(3) },
+            header: TicketHeader { query_id: "q1".into(), leaf: LeafAssignment::WholeShard(3), max_memory_usage: 7 },
             plan: vec![1, 2, 3],
         };
         let bytes = ticket.encode().expect("encode");

@@ -34,7 +34,7 @@ use super::codec::{FragmentTicket, LeafAssignment, ShardwiseCodec, TicketHeader}
 use super::scan::ShardTableRef;
 use crate::access::TableAccess;
 use crate::error::QueryError;
-use crate::settings::LoadBalancing;
+use crate::settings::{self, LoadBalancing};
 
 /// How the distributed planner split a query (the line `EXPLAIN` shows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,7 +335,11 @@ impl Run {
 
     async fn run_remote(&self, rank: u32) -> Result<BatchStream> {
         let ticket = FragmentTicket {
-            header: TicketHeader { query_id: uuid::Uuid::new_v4().to_string(), leaf: self.target.clone() },
+            header: TicketHeader {
+                query_id: uuid::Uuid::new_v4().to_string(),
+                leaf: self.target.clone(),
+                max_memory_usage: settings::current(self.context.session_config().options()).max_memory_usage,
+            },
             plan: self.encoded.as_ref().clone(),
         };
         let rows = self.access.remote_fragment(rank, ticket.encode()?).await.map_err(external)?;
@@ -383,9 +387,8 @@ pub fn execute_merged(plan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>) -
 pub fn decode_fragment_ticket(
     access: Arc<dyn TableAccess>,
     context: &TaskContext,
-    ticket: &[u8],
+    ticket: FragmentTicket,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let ticket = FragmentTicket::decode(ticket)?;
     let threads = context.session_config().target_partitions();
     let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads);
     tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");

@@ -38,6 +38,8 @@ use super::codec::{LeafAssignment, ShardwiseCodec};
 use super::fragment::execute_merged;
 use crate::access::TableAccess;
 use crate::error::QueryError;
+use crate::memory_limit::{explain_memory_errors, with_memory_limit};
+use crate::settings;
 
 /// How long an exchange's buffers wait for their fetchers before they are dropped.
 pub const SHUFFLE_BUFFER_TTL_MS: u64 = 600_000;
@@ -83,6 +85,9 @@ pub struct ShuffleHeader {
     pub bucket: u32,
     pub buckets: u32,
     pub key_columns: usize,
+    /// The query's `max_memory_usage` (0: no limit), enforced by the node running stage 1.
+    #[serde(default)]
+    pub max_memory_usage: u64,
 }
 
 /// Encodes a bucket request: `SWSB`, u32 header length, JSON header, stage-1 plan bytes.
@@ -139,19 +144,23 @@ impl fmt::Debug for ExchangeRegistry {
 }
 
 impl ExchangeRegistry {
-    /// Serves one bucket request: runs the shard's stage 1 if this is the first request.
+    /// Serves one bucket request: runs the shard's stage 1 if this is the first request. `rank`
+    /// is this node's, for errors.
     pub async fn fetch(
         &self,
         access: Arc<dyn TableAccess>,
         context: Arc<TaskContext>,
         ticket: &[u8],
+        rank: u32,
     ) -> Result<Vec<RecordBatch>> {
         let (header, stage1) = decode_shuffle_ticket(ticket)?;
+        let context =
+            with_memory_limit(context, header.max_memory_usage).map_err(|e| DataFusionError::External(Box::new(e)))?;
         let exchange = self.entry(&header);
         let buffers = exchange
             .stage1
             .get_or_init(|| async {
-                run_stage1(access, context, &header, stage1).await.map(Mutex::new).map_err(|e| e.to_string())
+                run_stage1(access, context, &header, stage1, rank).await.map(Mutex::new).map_err(|e| e.to_string())
             })
             .await;
         let bucket = match buffers {
@@ -203,11 +212,12 @@ async fn run_stage1(
     context: Arc<TaskContext>,
     header: &ShuffleHeader,
     stage1: &[u8],
+    rank: u32,
 ) -> Result<Buckets> {
     let threads = context.session_config().target_partitions();
     let codec = ShardwiseCodec::for_worker(access, LeafAssignment::WholeShard(header.shard), threads);
     let plan = codec.decode_plan(stage1, &context)?;
-    let mut stream = execute_merged(plan, context)?;
+    let mut stream = explain_memory_errors(execute_merged(plan, context)?, header.max_memory_usage, rank);
     let mut buckets: Vec<Vec<RecordBatch>> = vec![Vec::new(); header.buckets as usize];
     while let Some(batch) = stream.next().await {
         for (bucket, rows) in bucket_of_rows(&batch?, header.key_columns, header.buckets as usize)? {
@@ -274,7 +284,8 @@ impl DisplayAs for ShuffleReaderExec {
 impl ExecutionPlan for ShuffleReaderExec {
     plan_node_methods!("ShuffleReaderExec", leaf);
 
-    fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let max_memory_usage = settings::current(context.session_config().options()).max_memory_usage;
         let bucket = self.bucket.filter(|_| partition == 0).ok_or_else(|| {
             DataFusionError::Internal("ShuffleReaderExec runs on the node that merges a bucket".into())
         })?;
@@ -283,7 +294,7 @@ impl ExecutionPlan for ShuffleReaderExec {
         let fetches = futures::stream::iter(self.sources.clone())
             .then(move |source| {
                 let reader = reader.clone();
-                async move { reader.fetch(&source, bucket).await }
+                async move { reader.fetch(&source, bucket, max_memory_usage).await }
             })
             .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
@@ -293,13 +304,14 @@ impl ExecutionPlan for ShuffleReaderExec {
 
 impl ShuffleReaderExec {
     /// One shard's bucket, from its first replica that answers.
-    async fn fetch(&self, source: &ShuffleSource, bucket: u32) -> Result<Vec<RecordBatch>> {
+    async fn fetch(&self, source: &ShuffleSource, bucket: u32, max_memory_usage: u64) -> Result<Vec<RecordBatch>> {
         let header = ShuffleHeader {
             exchange_id: self.exchange_id.clone(),
             shard: source.shard,
             bucket,
             buckets: self.buckets,
             key_columns: self.key_columns,
+            max_memory_usage,
         };
         let ticket = encode_shuffle_ticket(&header, &self.stage1)?;
         let mut errors = Vec::new();
@@ -354,7 +366,14 @@ mod tests {
 
     #[test]
     fn tickets_round_trip_and_bad_buckets_are_errors() {
-        let header = ShuffleHeader { exchange_id: "x".into(), shard: 1, bucket: 2, buckets: 3, key_columns: 1 };
+        let header = ShuffleHeader {
+            exchange_id: "x".into(),
+            shard: 1,
+            bucket: 2,
+            buckets: 3,
+            key_columns: 1,
+            max_memory_usage: 0,
+        };
         let bytes = encode_shuffle_ticket(&header, &[9, 9]).expect("encode");
         assert!(is_shuffle_ticket(&bytes));
         let (back, plan) = decode_shuffle_ticket(&bytes).expect("decode");

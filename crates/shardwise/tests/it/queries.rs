@@ -493,3 +493,31 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     let warned = c.sql(0, "SELECT warnings FROM system.queries WHERE query LIKE '%skip_unavailable_shards = 1'");
     assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
 }
+
+#[test]
+fn max_memory_usage_spills_where_it_can_and_fails_clearly_where_it_cannot() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE mm (k BIGINT, v BIGINT) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO mm SELECT value, value % 7 FROM generate_series(1, 400000)");
+    // Many groups with long keys: the final aggregation on the initiator outgrows 12 MB and
+    // spills to disk.
+    let grouped = "SELECT concat('a long group name, number ', k % 200000) AS g, count(*) AS c, sum(v) AS s \
+                   FROM mm GROUP BY g";
+    let mut unlimited = c.sql(0, grouped);
+    assert_eq!(unlimited.len(), 200_000);
+    let mut limited = c.sql(0, &format!("{grouped} SETTINGS max_memory_usage = 12000000"));
+    unlimited.sort();
+    limited.sort();
+    assert!(limited == unlimited, "the spilled answer differs");
+    let explained = c.sql(0, &format!("EXPLAIN ANALYZE {grouped} SETTINGS max_memory_usage = 12000000")).concat();
+    let text = explained.concat();
+    assert!(text.split("spill_count=").skip(1).any(|t| !t.starts_with('0')), "nothing spilled: {text}");
+    // A hash join's build side cannot spill: a clear error naming the setting, limit and node.
+    let join = "SELECT count(*) FROM mm a JOIN mm b ON a.k = b.k SETTINGS max_memory_usage = 1000000";
+    let err = c.sql_err(1, join);
+    assert!(err.contains("max_memory_usage = 1000000 bytes") && err.contains("rank "), "{err}");
+    // The limit applies per query: the same join without it answers.
+    assert_eq!(c.sql(1, "SELECT count(*) FROM mm a JOIN mm b ON a.k = b.k"), vec![vec!["400000".to_string()]]);
+    let err = c.sql_err(0, "SELECT 1 SETTINGS max_memory_usage = 'lots'");
+    assert!(err.contains("max_memory_usage"), "{err}");
+}
