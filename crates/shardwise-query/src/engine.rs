@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{LogicalPlan, WriteOp};
@@ -178,11 +177,12 @@ impl QueryEngine {
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
     /// stage 1 for the shard on first request, then hands out the bucket.
-    pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<Vec<RecordBatch>, QueryError> {
+    pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
         let access = Arc::clone(self.access("a shuffle")?);
         let (exchanges, context, ticket) = (Arc::clone(&self.exchanges), self.ctx.task_ctx(), ticket.to_vec());
         let rank = self.rank;
-        Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank).await }).await?)
+        // On the query runtime: stage 1, started by the first request, runs there.
+        Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank) }).await?)
     }
 
     /// Parses and plans one statement without executing anything.

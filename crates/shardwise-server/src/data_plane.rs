@@ -25,6 +25,7 @@ use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse,
     PollInfo, PutResult, SchemaResult, Ticket,
 };
+use datafusion::execution::SendableRecordBatchStream;
 use futures::{Stream, TryStreamExt};
 use shardwise_query::dist::{FragmentTicket, is_shuffle_ticket};
 use shardwise_query::{QueryEngine, QueryError};
@@ -99,24 +100,16 @@ impl DataPlane {
 impl DataPlane {
     /// Runs a query fragment; errors keep their class (the user's or the node's).
     fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
-        let stream = self.engine.run_fragment(ticket).map_err(to_status)?;
-        let schema = stream.schema();
-        let rows = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
-        let flight = FlightDataEncoderBuilder::new().with_schema(schema).build(rows).map_err(Status::from);
-        Ok(Response::new(Box::pin(flight)))
+        Ok(stream_response(self.engine.run_fragment(ticket).map_err(to_status)?))
     }
 }
 
-/// Batches already in memory, as a `DoGet` reply.
-fn batches_response(batches: Vec<datafusion::arrow::record_batch::RecordBatch>) -> Response<BoxStream<FlightData>> {
-    let schema = batches.first().map(|b| b.schema());
-    let mut builder = FlightDataEncoderBuilder::new();
-    if let Some(schema) = schema {
-        builder = builder.with_schema(schema);
-    }
-    let stream =
-        builder.build(futures::stream::iter(batches.into_iter().map(Ok))).map_err(|e| Status::internal(e.to_string()));
-    Response::new(Box::pin(stream))
+/// A plan's rows as a `DoGet` reply, sent as they are produced.
+fn stream_response(stream: SendableRecordBatchStream) -> Response<BoxStream<FlightData>> {
+    let schema = stream.schema();
+    let rows = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
+    let flight = FlightDataEncoderBuilder::new().with_schema(schema).build(rows).map_err(Status::from);
+    Response::new(Box::pin(flight))
 }
 
 fn unsupported<T>(what: &str) -> Result<T, Status> {
@@ -162,8 +155,8 @@ impl FlightService for DataPlane {
             return self.run_fragment(&request.get_ref().ticket);
         }
         if is_shuffle_ticket(&request.get_ref().ticket) {
-            let batches = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
-            return Ok(batches_response(batches));
+            let stream = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
+            return Ok(stream_response(stream));
         }
         Err(Status::invalid_argument(
             "DoGet: not a shardwise ticket (expected a query fragment or a shuffle bucket request)",

@@ -52,6 +52,10 @@ use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
 
+/// From this many nodes on, the initiator of a shuffle merges no bucket (it only concatenates the
+/// others' results); with fewer, every node merges one.
+pub const SHUFFLE_INITIATOR_FREE_MIN_NODES: u32 = 3;
+
 /// The rule. See the module doc.
 #[derive(Debug)]
 pub struct DistributeRule {
@@ -289,7 +293,13 @@ impl Planner<'_> {
             .enumerate()
             .map(|(shard, replicas)| ShuffleSource { shard: shard as u32, replicas: replicas.clone() })
             .collect();
-        let buckets = self.rule.access.world_size().max(1);
+        // With SHUFFLE_INITIATOR_FREE_MIN_NODES nodes or more the initiator merges no bucket: it
+        // only concatenates, so its memory does not grow with the number of groups.
+        let world = self.rule.access.world_size().max(1);
+        let me = self.rule.cluster.rank();
+        let initiator_free = world >= SHUFFLE_INITIATOR_FREE_MIN_NODES;
+        let mergers: Vec<u32> = (0..world).filter(|r| !initiator_free || *r != me).collect();
+        let buckets = mergers.len() as u32;
         // Planned per execution (the engine plans every statement it runs), so the id is new
         // for every run of the query.
         let exchange_id = uuid::Uuid::new_v4().to_string();
@@ -310,12 +320,14 @@ impl Planner<'_> {
                 false => Ok(Transformed::no(n)),
             })?
             .data;
-        // Bucket b is merged by rank b, or the next one up if it is down.
-        let ranks: Vec<u32> = (0..buckets).collect();
-        let replicas = (0..buckets as usize)
+        // Bucket b is merged by the b-th merger, or the next one if it is down; the initiator last.
+        let replicas = (0..mergers.len())
             .map(|b| {
-                let mut r = ranks.clone();
+                let mut r = mergers.clone();
                 r.rotate_left(b);
+                if initiator_free {
+                    r.push(me);
+                }
                 r
             })
             .collect();
@@ -330,7 +342,8 @@ impl Planner<'_> {
             kind: StrategyKind::Shuffle,
             reason: format!(
                 "distributed_aggregation = shuffle: each shard's partial states go by group-key hash to {buckets} \
-                 node(s), each merges its bucket, the initiator concatenates ({})",
+                 node(s){}, each merges its bucket, the initiator concatenates ({})",
+                if initiator_free { " other than the initiator" } else { "" },
                 auto.reasons.get(&node_id(&partial)).map(String::as_str).unwrap_or("groups may span shards")
             ),
         };

@@ -1,21 +1,25 @@
 //! Shuffle aggregation (`distributed_aggregation = 'shuffle'`): partial aggregation states are
-//! repartitioned by a hash of the group key to every node, each node merges its bucket, and the
-//! initiator only concatenates, so no single node holds every group.
+//! repartitioned by a hash of the group key to the merging nodes, each merges its bucket, and the
+//! initiator only concatenates, so no single node holds every group. From
+//! `SHUFFLE_INITIATOR_FREE_MIN_NODES` nodes on, the initiator merges no bucket, so its memory
+//! stays flat however many groups there are.
 //!
 //! Stage 1 runs once per shard on one replica: the partial aggregation over the whole shard, its
-//! output cut into `buckets` by [`bucket_of_rows`] and held in this node's [`ExchangeRegistry`]
-//! until each bucket has been fetched. Stage 2 is a fragment per bucket whose leaf is a
-//! [`ShuffleReaderExec`]: it fetches its bucket from one replica of every shard (through the data
-//! plane, also when the replica is on the same node), and the final aggregation above it merges.
+//! output cut into `buckets` by [`bucket_of_rows`]. It is started by the first request for one
+//! of its buckets, and streams: each bucket is a channel of [`SHUFFLE_BUCKET_BUFFER_BATCHES`]
+//! batches to the node merging it, so stage 1 runs at the pace of its fetchers and holds no more
+//! than that. Stage 2 is a fragment per bucket whose leaf is a [`ShuffleReaderExec`]: it fetches
+//! its bucket from one replica of every shard at once (through the data plane, also when the
+//! replica is on the same node), and the final aggregation above it merges.
 //!
-//! A bucket is handed out once and then forgotten; a second request for it (a stage-2 fragment
-//! that failed part-way and was retried elsewhere) is an error that asks for the query to be
-//! retried. Exchanges nobody fetched from (a cancelled query) are dropped after
-//! [`SHUFFLE_BUFFER_TTL_MS`]. Buffers are held in memory.
+//! A bucket is handed out once; a second request for it (a stage-2 fragment that failed part-way
+//! and was retried elsewhere) is an error that asks for the query to be retried. A fetcher that
+//! goes away (a cancelled query) closes its channel and stage 1 stops sending to it, and stops
+//! altogether once no bucket is wanted. A bucket nobody claims within
+//! [`SHUFFLE_UNCLAIMED_BUCKET_MS`] is dropped, so stage 1 never waits on it for good.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +37,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use super::codec::{LeafAssignment, ShardwiseCodec};
 use super::fragment::execute_merged;
@@ -41,8 +46,20 @@ use crate::error::QueryError;
 use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::settings;
 
-/// How long an exchange's buffers wait for their fetchers before they are dropped.
+/// How long an exchange is kept at most, whatever its state (a backstop: buckets nobody claims
+/// expire after [`SHUFFLE_UNCLAIMED_BUCKET_MS`]).
 pub const SHUFFLE_BUFFER_TTL_MS: u64 = 600_000;
+
+/// Batches buffered per bucket between a shard's stage 1 and the node merging the bucket: stage
+/// 1 runs at the pace of its slowest fetcher, and holds no more than this.
+pub const SHUFFLE_BUCKET_BUFFER_BATCHES: usize = 4;
+
+/// A bucket nobody has asked for this long after its stage 1 started is dropped (its query
+/// failed or was cancelled), so that stage 1 does not wait on it for good.
+pub const SHUFFLE_UNCLAIMED_BUCKET_MS: u64 = 60_000;
+
+/// How often a stage 1 waiting for room in a bucket checks whether the bucket was ever claimed.
+const SHUFFLE_UNCLAIMED_CHECK_MS: u64 = 1_000;
 
 /// Seed of the bucket hash. DataFusion repartitions with seed 0; a different seed keeps a
 /// bucket's rows spread when the node that merges it repartitions them over its threads.
@@ -122,15 +139,58 @@ fn decode_shuffle_ticket(bytes: &[u8]) -> Result<(ShuffleHeader, &[u8])> {
     Ok((header, &rest[len..]))
 }
 
-type Buckets = Vec<Option<Vec<RecordBatch>>>;
+/// A bucket's rows on their way from stage 1 to the node that merges them.
+type BucketRows = mpsc::Receiver<Result<RecordBatch>>;
+
+/// Where one bucket of an exchange stands.
+enum Slot {
+    /// Stage 1 is filling it; nobody has asked for it yet.
+    Waiting(BucketRows),
+    /// Handed out to its fetcher.
+    Taken,
+    /// Nobody asked for it within [`SHUFFLE_UNCLAIMED_BUCKET_MS`]; its rows were dropped.
+    Expired,
+}
 
 struct Exchange {
     created: Instant,
-    stage1: tokio::sync::OnceCell<std::result::Result<Mutex<Buckets>, String>>,
-    remaining: AtomicUsize,
+    state: Mutex<ExchangeState>,
 }
 
-/// A node's stage-1 outputs waiting to be fetched. See the module doc.
+#[derive(Default)]
+struct ExchangeState {
+    /// Stage 1's output schema, once the first request has started it.
+    schema: Option<SchemaRef>,
+    slots: Vec<Slot>,
+}
+
+impl Exchange {
+    fn state(&self) -> std::sync::MutexGuard<'_, ExchangeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Expires `bucket` if it is still unclaimed after [`SHUFFLE_UNCLAIMED_BUCKET_MS`]; true when
+    /// stage 1 should stop sending to it.
+    fn expire_if_unclaimed(&self, bucket: usize) -> bool {
+        let mut state = self.state();
+        let slots = &mut state.slots;
+        match slots.get(bucket) {
+            Some(Slot::Taken) => false,
+            Some(Slot::Waiting(_)) if self.created.elapsed() < Duration::from_millis(SHUFFLE_UNCLAIMED_BUCKET_MS) => {
+                false
+            }
+            _ => {
+                if let Some(slot) = slots.get_mut(bucket) {
+                    *slot = Slot::Expired;
+                }
+                true
+            }
+        }
+    }
+}
+
+/// A node's shuffle exchanges: stage 1 of each (query, shard) running here, and its buckets
+/// waiting for their fetchers. See the module doc.
 #[derive(Default)]
 pub struct ExchangeRegistry {
     entries: Mutex<HashMap<(String, u32), Arc<Exchange>>>,
@@ -144,47 +204,60 @@ impl fmt::Debug for ExchangeRegistry {
 }
 
 impl ExchangeRegistry {
-    /// Serves one bucket request: runs the shard's stage 1 if this is the first request. `rank`
-    /// is this node's, for errors.
-    pub async fn fetch(
+    /// Serves one bucket request: starts the shard's stage 1 if this is the first request, and
+    /// returns the bucket's rows as stage 1 produces them. Must run on the runtime stage 1 is
+    /// to run on. `rank` is this node's, for errors.
+    pub fn fetch(
         &self,
         access: Arc<dyn TableAccess>,
         context: Arc<TaskContext>,
         ticket: &[u8],
         rank: u32,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<SendableRecordBatchStream> {
         let (header, stage1) = decode_shuffle_ticket(ticket)?;
-        let context =
-            with_memory_limit(context, header.max_memory_usage).map_err(|e| DataFusionError::External(Box::new(e)))?;
         let exchange = self.entry(&header);
-        let buffers = exchange
-            .stage1
-            .get_or_init(|| async {
-                run_stage1(access, context, &header, stage1, rank).await.map(Mutex::new).map_err(|e| e.to_string())
-            })
-            .await;
-        let bucket = match buffers {
-            Ok(buffers) => {
-                let mut buffers = buffers.lock().unwrap_or_else(|p| p.into_inner());
-                buffers.get_mut(header.bucket as usize).and_then(Option::take)
+        let (slot, schema, done) = {
+            let mut state = exchange.state();
+            if state.schema.is_none() {
+                let context = with_memory_limit(context, header.max_memory_usage)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                let threads = context.session_config().target_partitions();
+                let leaf = LeafAssignment::WholeShard(header.shard);
+                let plan = ShardwiseCodec::for_worker(access, leaf, threads).decode_plan(stage1, &context)?;
+                let mut senders = Vec::with_capacity(header.buckets as usize);
+                for _ in 0..header.buckets {
+                    let (tx, rx) = mpsc::channel(SHUFFLE_BUCKET_BUFFER_BATCHES);
+                    senders.push(Some(tx));
+                    state.slots.push(Slot::Waiting(rx));
+                }
+                state.schema = Some(plan.schema());
+                let stage = Stage1 { context, header: header.clone(), rank, exchange: Arc::clone(&exchange) };
+                tokio::spawn(stage.run(plan, senders));
             }
-            Err(e) => {
-                self.forget(&header);
-                return Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
-                    "shuffle stage 1 of shard {}: {e}",
-                    header.shard
-                )))));
-            }
+            let slot = state.slots.get_mut(header.bucket as usize).map(|s| std::mem::replace(s, Slot::Taken));
+            let done = state.slots.iter().all(|s| !matches!(s, Slot::Waiting(_)));
+            (slot, state.schema.clone(), done)
         };
-        if exchange.remaining.fetch_sub(1, Ordering::AcqRel) <= 1 {
+        if done {
             self.forget(&header);
         }
-        bucket.ok_or_else(|| {
+        let gone = |why: &str| {
             DataFusionError::External(Box::new(QueryError::Unavailable(format!(
-                "shuffle {} shard {} bucket {} was already fetched (a stage-2 fragment ran twice); retry the query",
+                "shuffle {} shard {} bucket {} {why}; retry the query",
                 header.exchange_id, header.shard, header.bucket
             ))))
-        })
+        };
+        let rows = match slot {
+            Some(Slot::Waiting(rows)) => rows,
+            Some(Slot::Taken) => return Err(gone("was already fetched (a stage-2 fragment ran twice)")),
+            Some(Slot::Expired) => {
+                return Err(gone(&format!("expired unclaimed after {SHUFFLE_UNCLAIMED_BUCKET_MS} ms")));
+            }
+            None => return Err(gone("does not exist")),
+        };
+        let schema = schema.ok_or_else(|| DataFusionError::Internal("shuffle exchange without a schema".into()))?;
+        let rows = futures::stream::unfold(rows, |mut rows| async move { rows.recv().await.map(|r| (r, rows)) });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
     }
 
     fn entry(&self, header: &ShuffleHeader) -> Arc<Exchange> {
@@ -192,13 +265,11 @@ impl ExchangeRegistry {
         let ttl = Duration::from_millis(SHUFFLE_BUFFER_TTL_MS);
         entries.retain(|_, e| e.created.elapsed() < ttl);
         let key = (header.exchange_id.clone(), header.shard);
-        Arc::clone(entries.entry(key).or_insert_with(|| {
-            Arc::new(Exchange {
-                created: Instant::now(),
-                stage1: tokio::sync::OnceCell::new(),
-                remaining: AtomicUsize::new(header.buckets as usize),
-            })
-        }))
+        Arc::clone(
+            entries
+                .entry(key)
+                .or_insert_with(|| Arc::new(Exchange { created: Instant::now(), state: Mutex::default() })),
+        )
     }
 
     fn forget(&self, header: &ShuffleHeader) {
@@ -207,24 +278,66 @@ impl ExchangeRegistry {
     }
 }
 
-async fn run_stage1(
-    access: Arc<dyn TableAccess>,
+/// One shard's stage 1, running on this node.
+struct Stage1 {
     context: Arc<TaskContext>,
-    header: &ShuffleHeader,
-    stage1: &[u8],
+    header: ShuffleHeader,
     rank: u32,
-) -> Result<Buckets> {
-    let threads = context.session_config().target_partitions();
-    let codec = ShardwiseCodec::for_worker(access, LeafAssignment::WholeShard(header.shard), threads);
-    let plan = codec.decode_plan(stage1, &context)?;
-    let mut stream = explain_memory_errors(execute_merged(plan, context)?, header.max_memory_usage, rank);
-    let mut buckets: Vec<Vec<RecordBatch>> = vec![Vec::new(); header.buckets as usize];
-    while let Some(batch) = stream.next().await {
-        for (bucket, rows) in bucket_of_rows(&batch?, header.key_columns, header.buckets as usize)? {
-            buckets[bucket].push(rows);
+    exchange: Arc<Exchange>,
+}
+
+impl Stage1 {
+    /// Runs the partial aggregation and sends each batch's rows to their buckets, at the pace of
+    /// the fetchers; stops early once no bucket is wanted. An error ends every bucket with it.
+    async fn run(self, plan: Arc<dyn ExecutionPlan>, mut senders: Vec<Option<mpsc::Sender<Result<RecordBatch>>>>) {
+        if let Err(e) = self.send_all(plan, &mut senders).await {
+            let message = format!("shuffle stage 1 of shard {} on rank {}: {e}", self.header.shard, self.rank);
+            for tx in senders.iter().flatten() {
+                let error = QueryError::Unavailable(message.clone());
+                let _ = tx.send(Err(DataFusionError::External(Box::new(error)))).await;
+            }
         }
     }
-    Ok(buckets.into_iter().map(Some).collect())
+
+    async fn send_all(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        senders: &mut [Option<mpsc::Sender<Result<RecordBatch>>>],
+    ) -> Result<()> {
+        let limit = self.header.max_memory_usage;
+        let mut stream = explain_memory_errors(execute_merged(plan, Arc::clone(&self.context))?, limit, self.rank);
+        let (key_columns, buckets) = (self.header.key_columns, self.header.buckets as usize);
+        while let Some(batch) = stream.next().await {
+            for (bucket, rows) in bucket_of_rows(&batch?, key_columns, buckets)? {
+                self.send(senders, bucket, rows).await;
+            }
+            if senders.iter().all(Option::is_none) {
+                return Ok(()); // nobody wants the rest: dropping the stream stops the plan
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `rows` to `bucket`, waiting for room; gives the bucket up when its fetcher went
+    /// away, or never came.
+    async fn send(&self, senders: &mut [Option<mpsc::Sender<Result<RecordBatch>>>], bucket: usize, rows: RecordBatch) {
+        let Some(tx) = senders.get(bucket).and_then(Option::as_ref) else { return };
+        let check = Duration::from_millis(SHUFFLE_UNCLAIMED_CHECK_MS);
+        let dead = loop {
+            match tokio::time::timeout(check, tx.reserve()).await {
+                Ok(Ok(permit)) => {
+                    permit.send(Ok(rows));
+                    break false;
+                }
+                Ok(Err(_closed)) => break true,
+                Err(_waited) if self.exchange.expire_if_unclaimed(bucket) => break true,
+                Err(_waited) => {}
+            }
+        };
+        if dead && let Some(slot) = senders.get_mut(bucket) {
+            *slot = None;
+        }
+    }
 }
 
 /// Stage 2's leaf: one bucket of every shard's stage 1. See the module doc.
@@ -289,22 +402,30 @@ impl ExecutionPlan for ShuffleReaderExec {
         let bucket = self.bucket.filter(|_| partition == 0).ok_or_else(|| {
             DataFusionError::Internal("ShuffleReaderExec runs on the node that merges a bucket".into())
         })?;
+        // Every shard's bucket at once: each shard's stage 1 runs at the pace of its slowest
+        // fetcher, so reading the shards one after the other would run their stage 1s in turn.
         let reader = self.clone();
         let schema = Arc::clone(&self.schema);
-        let fetches = futures::stream::iter(self.sources.clone())
-            .then(move |source| {
+        let opened = futures::stream::iter(self.sources.clone())
+            .map(move |source| {
                 let reader = reader.clone();
-                async move { reader.fetch(&source, bucket, max_memory_usage).await }
+                async move { reader.open(&source, bucket, max_memory_usage).await }
             })
-            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
-            .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, fetches)))
+            .buffer_unordered(self.sources.len().max(1))
+            .try_flatten_unordered(None);
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, opened)))
     }
 }
 
 impl ShuffleReaderExec {
-    /// One shard's bucket, from its first replica that answers.
-    async fn fetch(&self, source: &ShuffleSource, bucket: u32, max_memory_usage: u64) -> Result<Vec<RecordBatch>> {
+    /// One shard's bucket, from its first replica that answers. Once rows flow there is no
+    /// failover: the bucket was handed out.
+    async fn open(
+        &self,
+        source: &ShuffleSource,
+        bucket: u32,
+        max_memory_usage: u64,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         let header = ShuffleHeader {
             exchange_id: self.exchange_id.clone(),
             shard: source.shard,
@@ -315,18 +436,21 @@ impl ShuffleReaderExec {
         };
         let ticket = encode_shuffle_ticket(&header, &self.stage1)?;
         let mut errors = Vec::new();
-        for rank in &source.replicas {
-            match self.access.remote_fragment(*rank, ticket.clone()).await {
-                Ok(rows) => match rows.try_collect::<Vec<RecordBatch>>().await {
-                    Ok(batches) => {
-                        let schema = Arc::clone(&self.schema);
-                        return batches
-                            .into_iter()
-                            .map(|b| Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?))
-                            .collect();
-                    }
-                    Err(e) => errors.push(format!("rank {rank}: {e}")),
-                },
+        for &rank in &source.replicas {
+            match self.access.remote_fragment(rank, ticket.clone()).await {
+                Ok(rows) => {
+                    // Batches come back with stage 1's columns; give them the exact schema.
+                    let schema = Arc::clone(&self.schema);
+                    let shard = source.shard;
+                    return Ok(rows
+                        .map(move |batch| match batch {
+                            Ok(b) => Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?),
+                            Err(e) => Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
+                                "shuffle: bucket {bucket} of shard {shard} from rank {rank} failed: {e}"
+                            ))))),
+                        })
+                        .boxed());
+                }
                 Err(e) => errors.push(format!("rank {rank}: {e}")),
             }
         }
