@@ -104,6 +104,14 @@ pub trait TableAccess: Send + Sync + Debug {
         shard: u32,
     ) -> BoxFuture<'_, Result<ShardData, QueryError>>;
 
+    /// Up to `max_rows` rows of the table incarnation `(table_id, generation)` from the shards
+    /// this node holds, as they are in memory now (no I/O, no waiting), with the table's row
+    /// count estimated from them; `None` when this node holds none of its shards. For planning
+    /// estimates (`distributed_aggregation = 'auto'`).
+    fn sample(&self, _table_id: u64, _generation: u64, _max_rows: usize) -> Option<crate::dist::TableSample> {
+        None
+    }
+
     /// Runs an encoded fragment ticket on node `rank` and streams its rows back.
     fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>>;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
-use datafusion::logical_expr::{LogicalPlan, WriteOp};
+use datafusion::logical_expr::{LogicalPlan, Statement, WriteOp};
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use shardwise_cluster::ClusterView;
@@ -26,6 +26,7 @@ use crate::error::QueryError;
 use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::query_log::QueryLog;
 use crate::query_runtime::QueryRuntime;
+use crate::session::Session;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
@@ -50,6 +51,8 @@ pub struct Planned {
     state: Box<SessionState>,
     /// The statement as the client sent it (for `system.queries`).
     sql: String,
+    /// The session it was planned in (`SET` changes it).
+    session: Arc<Session>,
 }
 
 impl Planned {
@@ -185,18 +188,31 @@ impl QueryEngine {
         Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank) }).await?)
     }
 
-    /// Parses and plans one statement without executing anything.
-    pub async fn plan(&self, sql: &str) -> Result<Planned, QueryError> {
+    /// Parses and plans one statement of `session` without executing anything: the node's
+    /// settings, then the session's, then the statement's `SETTINGS`.
+    pub async fn plan(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
         let (body, pairs) = settings::split_settings_clause(sql)?;
         let body = settings::qualify_set(&body)?;
         let mut state = self.ctx.state();
+        session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;
+        let session = Arc::clone(session);
         if let Some(command) = ddl::kill_command(&body)? {
-            return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
+            return Ok(Planned {
+                action: Action::Command(command),
+                state: Box::new(state),
+                sql: sql.to_string(),
+                session,
+            });
         }
         if let Some(command) = ddl::flush_command(&body)? {
             self.access("SYSTEM FLUSH DISTRIBUTED")?;
-            return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
+            return Ok(Planned {
+                action: Action::Command(command),
+                state: Box::new(state),
+                sql: sql.to_string(),
+                session,
+            });
         }
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(&body, &dialect)?;
@@ -204,7 +220,12 @@ impl QueryEngine {
         let statement = match ddl::classify(statement, &state, world_size).await? {
             Classified::Command(command) => {
                 self.access("DDL")?;
-                return Ok(Planned { action: Action::Command(command), state: Box::new(state), sql: sql.to_string() });
+                return Ok(Planned {
+                    action: Action::Command(command),
+                    state: Box::new(state),
+                    sql: sql.to_string(),
+                    session,
+                });
             }
             Classified::DataFusion(statement) => statement,
         };
@@ -215,16 +236,23 @@ impl QueryEngine {
                 .verify_plan(&plan)
                 .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;
         }
-        Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string() })
+        Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string(), session })
     }
 
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
     /// with errors `QueryError::from` classifies).
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
-        let Planned { action, state, sql } = planned;
+        let Planned { action, state, sql, session } = planned;
         match action {
+            Action::Plan(LogicalPlan::Statement(Statement::SetVariable(set))) => {
+                session.set(state.config_options(), &set.variable, &set.value)?;
+                Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
+            }
+            Action::Plan(LogicalPlan::Statement(Statement::ResetVariable(reset))) => {
+                session.reset(&reset.variable);
+                Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
+            }
             Action::Plan(plan @ LogicalPlan::Statement(_)) => {
-                // `SET` changes the node's session, not the statement's copy of it.
                 let frame = self.ctx.execute_logical_plan(plan).await?;
                 Ok(frame.execute_stream().await?)
             }

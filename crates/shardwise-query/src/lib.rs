@@ -13,6 +13,7 @@ pub mod error;
 pub mod memory_limit;
 pub mod query_log;
 pub mod query_runtime;
+pub mod session;
 pub mod settings;
 pub mod sharded_table;
 pub mod system_storage;
@@ -21,6 +22,7 @@ pub mod system_tables;
 pub use access::{InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;
+pub use session::Session;
 pub use settings::ShardwiseSettings;
 
 #[cfg(test)]

@@ -32,9 +32,12 @@ extensions_options! {
         /// When the GROUP BY keys include every shard-key column of a table whose placement is
         /// verified, aggregate completely on the shards (exact: groups cannot span shards).
         pub optimize_distributed_group_by_sharding_key: Flag, default = Flag(true)
-        /// Where partial aggregates are merged: `initiator`, or `shuffle` (by group-key hash, on
-        /// every node). A non-zero `distributed_group_by_no_merge` takes precedence.
-        pub distributed_aggregation: DistributedAggregation, default = DistributedAggregation::Initiator
+        /// Where partial aggregates are merged: `initiator`, `shuffle` (by group-key hash, on the
+        /// other nodes), or `auto` (shuffle when more than `shuffle_min_groups` groups are
+        /// estimated). A non-zero `distributed_group_by_no_merge` takes precedence.
+        pub distributed_aggregation: DistributedAggregation, default = DistributedAggregation::Auto
+        /// `distributed_aggregation = 'auto'` shuffles above this many estimated groups.
+        pub shuffle_min_groups: u64, default = 1_000_000
         /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
         /// `random` or `round_robin`.
         pub load_balancing: LoadBalancing, default = LoadBalancing::Nearest
@@ -60,6 +63,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
     "distributed_aggregation",
+    "shuffle_min_groups",
     "load_balancing",
     "skip_unavailable_shards",
     "max_execution_time_ms",
@@ -159,8 +163,10 @@ word_setting! {
     DistributedAggregation {
         /// Merge every partial aggregate on the initiator.
         Initiator = "initiator",
-        /// Repartition partial aggregates by group-key hash and merge on every node.
+        /// Repartition partial aggregates by group-key hash and merge on the other nodes.
         Shuffle = "shuffle",
+        /// Shuffle when more than `shuffle_min_groups` groups are estimated, else `initiator`.
+        Auto = "auto",
     }
 }
 
@@ -279,7 +285,8 @@ pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>
 pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
     let all = tokens(sql)?;
     let toks = significant(&all);
-    let is_set = matches!(toks.first().map(|t| &t.token), Some(Token::Word(w)) if w.keyword == Keyword::SET);
+    let is_set = matches!(toks.first().map(|t| &t.token),
+        Some(Token::Word(w)) if w.keyword == Keyword::SET || w.keyword == Keyword::RESET);
     if let (true, Some(t)) = (is_set, toks.get(1))
         && let Token::Word(w) = &t.token
         && w.quote_style.is_none()

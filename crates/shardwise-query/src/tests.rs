@@ -9,7 +9,7 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 use futures::TryStreamExt;
 use shardwise_cluster::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
 
-use crate::{QueryEngine, QueryError};
+use crate::{QueryEngine, QueryError, Session};
 
 /// A three-node cluster whose rank 2 is down and has never sent a heartbeat.
 #[derive(Debug)]
@@ -58,7 +58,11 @@ fn engine() -> QueryEngine {
 }
 
 async fn run(engine: &QueryEngine, sql: &str) -> Result<Vec<RecordBatch>, QueryError> {
-    let planned = engine.plan(sql).await?;
+    run_in(engine, sql, &Arc::default()).await
+}
+
+async fn run_in(engine: &QueryEngine, sql: &str, session: &Arc<Session>) -> Result<Vec<RecordBatch>, QueryError> {
+    let planned = engine.plan(sql, session).await?;
     let stream = engine.execute(planned).await?;
     Ok(stream.try_collect().await?)
 }
@@ -73,7 +77,7 @@ fn pretty(batches: &[RecordBatch]) -> String {
 #[tokio::test]
 async fn select_one() {
     let engine = engine();
-    let planned = engine.plan("SELECT 1 AS one").await.expect("plan");
+    let planned = engine.plan("SELECT 1 AS one", &Arc::default()).await.expect("plan");
     assert_eq!(planned.schema().field(0).name(), "one");
     let batches = run(&engine, "SELECT 1 AS one").await.expect("run");
     assert_eq!(pretty(&batches), "+-----+\n| one |\n+-----+\n| 1   |\n+-----+");
@@ -81,14 +85,14 @@ async fn select_one() {
 
 #[tokio::test]
 async fn unknown_column_is_a_user_error() {
-    let err = engine().plan("SELECT nope FROM system.nodes").await.unwrap_err();
+    let err = engine().plan("SELECT nope FROM system.nodes", &Arc::default()).await.unwrap_err();
     assert!(err.is_user_error(), "{err:?}");
     assert!(err.to_string().contains("nope"), "{err}");
 }
 
 #[tokio::test]
 async fn syntax_error_is_a_user_error() {
-    let err = engine().plan("SELEC 1").await.unwrap_err();
+    let err = engine().plan("SELEC 1", &Arc::default()).await.unwrap_err();
     assert!(err.is_user_error(), "{err:?}");
 }
 
@@ -97,12 +101,12 @@ async fn create_external_table_is_refused_without_running() {
     let dir = std::env::temp_dir().join("shardwise-query-should-not-exist");
     let sql = format!("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}'", dir.display());
     let engine = engine();
-    let err = engine.plan(&sql).await.unwrap_err();
+    let err = engine.plan(&sql, &Arc::default()).await.unwrap_err();
     assert!(matches!(err, QueryError::Unsupported(_)), "{err:?}");
     assert!(err.is_user_error());
     assert!(err.to_string().starts_with("statement not supported: "), "{err}");
     // Planning did not register the table.
-    let err = engine.plan("SELECT * FROM t").await.unwrap_err();
+    let err = engine.plan("SELECT * FROM t", &Arc::default()).await.unwrap_err();
     assert!(err.to_string().contains("t"), "{err}");
 }
 
@@ -114,7 +118,7 @@ async fn insert_and_copy_are_refused() {
         "COPY (SELECT 1) TO '/tmp/shardwise-query-copy.csv'",
         "CREATE VIEW v AS SELECT 1",
     ] {
-        let err = engine.plan(sql).await.unwrap_err();
+        let err = engine.plan(sql, &Arc::default()).await.unwrap_err();
         assert!(matches!(err, QueryError::Unsupported(_)), "{sql}: {err:?}");
     }
 }
@@ -122,12 +126,14 @@ async fn insert_and_copy_are_refused() {
 #[tokio::test]
 async fn set_is_allowed_and_takes_effect() {
     let engine = engine();
-    let batches = run(&engine, "SET datafusion.execution.batch_size = 1234").await.expect("set");
+    let session = Arc::new(Session::new());
+    let batches = run_in(&engine, "SET datafusion.execution.batch_size = 1234", &session).await.expect("set");
     assert!(batches.iter().all(|b| b.num_rows() == 0));
-    let batches = run(
+    let batches = run_in(
         &engine,
         "SELECT value FROM information_schema.df_settings \
          WHERE name = 'datafusion.execution.batch_size'",
+        &session,
     )
     .await
     .expect("read back");
@@ -156,7 +162,10 @@ async fn system_nodes_lists_members() {
 #[tokio::test]
 async fn system_nodes_projection_and_filter() {
     let engine = engine();
-    let planned = engine.plan("SELECT node_id, state FROM system.nodes WHERE state <> 'up'").await.expect("plan");
+    let planned = engine
+        .plan("SELECT node_id, state FROM system.nodes WHERE state <> 'up'", &Arc::default())
+        .await
+        .expect("plan");
     let schema = planned.schema();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     assert_eq!(names, ["node_id", "state"]);
@@ -170,7 +179,7 @@ async fn system_nodes_projection_and_filter() {
 #[tokio::test]
 async fn system_nodes_schema_types() {
     use datafusion::arrow::datatypes::{DataType, TimeUnit};
-    let planned = engine().plan("SELECT * FROM system.nodes").await.expect("plan");
+    let planned = engine().plan("SELECT * FROM system.nodes", &Arc::default()).await.expect("plan");
     let schema = planned.schema();
     assert_eq!(schema.fields().len(), 9);
     assert_eq!(schema.field(0).data_type(), &DataType::UInt32);
@@ -178,4 +187,19 @@ async fn system_nodes_schema_types() {
     assert_eq!(schema.field(8).data_type(), &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())));
     assert!(schema.field(3).is_nullable());
     assert!(!schema.field(1).is_nullable());
+}
+
+#[tokio::test]
+async fn set_changes_its_own_session_only() {
+    let engine = engine();
+    let (a, b) = (Arc::new(Session::new()), Arc::new(Session::new()));
+    // information_schema lists shardwise's settings without their prefix.
+    let show = "SELECT value FROM information_schema.df_settings WHERE name = 'max_memory_usage'";
+    run_in(&engine, "SET max_memory_usage = 12345", &a).await.expect("set");
+    assert!(pretty(&run_in(&engine, show, &a).await.expect("show a")).contains("12345"));
+    assert!(!pretty(&run_in(&engine, show, &b).await.expect("show b")).contains("12345"));
+    let err = run_in(&engine, "SET distributed_aggregation = 'sideways'", &a).await.expect_err("bad value");
+    assert!(err.to_string().contains("shuffle"), "{err}");
+    run_in(&engine, "RESET max_memory_usage", &a).await.expect("reset");
+    assert!(!pretty(&run_in(&engine, show, &a).await.expect("show a")).contains("12345"));
 }

@@ -28,11 +28,12 @@ use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::execution::SendableRecordBatchStream;
 use futures::{Stream, TryStreamExt};
 use prost::Message;
-use shardwise_query::{QueryEngine, QueryError};
+use shardwise_query::{QueryEngine, QueryError, Session};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{self, Credentials};
+use crate::connections::{Sessions, connection_id};
 use crate::error::ServerError;
 
 /// Name reported in `GetSqlInfo`.
@@ -59,6 +60,8 @@ pub struct FlightSqlEndpoint {
     /// Bearer token handed out by `Handshake`; one per process (there is one user so far).
     token: String,
     sql_info: SqlInfoData,
+    /// One per client connection (what `SET` changed).
+    sessions: Arc<Sessions>,
 }
 
 impl std::fmt::Debug for FlightSqlEndpoint {
@@ -68,14 +71,15 @@ impl std::fmt::Debug for FlightSqlEndpoint {
 }
 
 impl FlightSqlEndpoint {
-    pub fn new(engine: Arc<QueryEngine>) -> Result<Self, ServerError> {
+    pub fn new(engine: Arc<QueryEngine>, sessions: Arc<Sessions>) -> Result<Self, ServerError> {
         let mut info = SqlInfoDataBuilder::new();
         info.append(SqlInfo::FlightSqlServerName, SERVER_NAME);
         info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
         // Arrow format version (Schema.fbs MetadataVersion V5 is format 1.3 and later).
         info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
         let sql_info = info.build().map_err(ServerError::SqlInfo)?;
-        Ok(FlightSqlEndpoint { engine, token: uuid::Uuid::new_v4().simple().to_string(), sql_info })
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        Ok(FlightSqlEndpoint { engine, token, sql_info, sessions })
     }
 
     /// Admits a call: no credentials, `default` with an empty password, or our bearer token.
@@ -90,15 +94,26 @@ impl FlightSqlEndpoint {
         }
     }
 
-    /// Plans `sql` and runs it.
-    async fn run(&self, sql: &str) -> Result<SendableRecordBatchStream, Status> {
-        let planned = self.engine.plan(sql).await.map_err(to_status)?;
+    /// The session of the connection `request` came on.
+    fn session<T>(&self, request: &Request<T>) -> Arc<Session> {
+        self.sessions.session(connection_id(request))
+    }
+
+    /// Plans `sql` in `session` and runs it.
+    async fn run(&self, sql: &str, session: &Arc<Session>) -> Result<SendableRecordBatchStream, Status> {
+        let planned = self.engine.plan(sql, session).await.map_err(to_status)?;
         self.engine.execute(planned).await.map_err(to_status)
     }
 
     /// Plans `sql` (nothing runs) and describes its result with one endpoint redeeming `ticket`.
-    async fn flight_info(&self, sql: &str, ticket: Ticket, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-        let planned = self.engine.plan(sql).await.map_err(to_status)?;
+    async fn flight_info(
+        &self,
+        sql: &str,
+        ticket: Ticket,
+        request: Request<FlightDescriptor>,
+    ) -> Result<FlightInfo, Status> {
+        let planned = self.engine.plan(sql, &self.session(&request)).await.map_err(to_status)?;
+        let descriptor = request.into_inner();
         FlightInfo::new()
             .try_with_schema(&planned.schema())
             .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
@@ -106,13 +121,13 @@ impl FlightSqlEndpoint {
     }
 
     /// Plans and runs `sql`, then streams its rows as Flight data.
-    async fn do_get_sql(&self, sql: &str) -> Result<Response<DoGetStream>, Status> {
-        Ok(Response::new(encode(self.run(sql).await?)))
+    async fn do_get_sql(&self, sql: &str, session: &Arc<Session>) -> Result<Response<DoGetStream>, Status> {
+        Ok(Response::new(encode(self.run(sql, session).await?)))
     }
 
     /// Runs a statement for its effect; the affected row count when it reports one, else 0.
-    async fn run_update(&self, sql: &str) -> Result<i64, Status> {
-        let stream = self.run(sql).await?;
+    async fn run_update(&self, sql: &str, session: &Arc<Session>) -> Result<i64, Status> {
+        let stream = self.run(sql, session).await?;
         let batches: Vec<_> = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
         Ok(affected_rows(&batches))
     }
@@ -173,7 +188,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         self.authorize(request.metadata())?;
         let ticket = TicketStatementQuery { statement_handle: query.query.clone().into() };
         let ticket = Ticket::new(ticket.as_any().encode_to_vec());
-        let info = self.flight_info(&query.query, ticket, request.into_inner()).await?;
+        let info = self.flight_info(&query.query, ticket, request).await?;
         Ok(Response::new(info))
     }
 
@@ -185,7 +200,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         self.authorize(request.metadata())?;
         let sql = sql_text(&query.prepared_statement_handle)?.to_string();
         let ticket = Ticket::new(query.as_any().encode_to_vec());
-        let info = self.flight_info(&sql, ticket, request.into_inner()).await?;
+        let info = self.flight_info(&sql, ticket, request).await?;
         Ok(Response::new(info))
     }
 
@@ -210,7 +225,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
-        self.do_get_sql(sql_text(&ticket.statement_handle)?).await
+        self.do_get_sql(sql_text(&ticket.statement_handle)?, &self.session(&request)).await
     }
 
     async fn do_get_prepared_statement(
@@ -219,7 +234,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
-        self.do_get_sql(sql_text(&query.prepared_statement_handle)?).await
+        self.do_get_sql(sql_text(&query.prepared_statement_handle)?, &self.session(&request)).await
     }
 
     async fn do_get_sql_info(
@@ -244,7 +259,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
-        self.run_update(&command.query).await
+        self.run_update(&command.query, &self.session(&request)).await
     }
 
     async fn do_put_prepared_statement_update(
@@ -253,7 +268,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
-        self.run_update(sql_text(&command.prepared_statement_handle)?).await
+        self.run_update(sql_text(&command.prepared_statement_handle)?, &self.session(&request)).await
     }
 
     /// Bulk load (`shardwise load`, ADBC ingest): every batch is received and checked before
@@ -274,7 +289,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.authorize(request.metadata())?;
-        let planned = self.engine.plan(&query.query).await.map_err(to_status)?;
+        let planned = self.engine.plan(&query.query, &self.session(&request)).await.map_err(to_status)?;
         let IpcMessage(dataset_schema) = SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Status::internal(format!("cannot encode the result schema: {e}")))?;

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod catalog_machine;
 pub mod codec;
+pub mod connections;
 pub mod data_plane;
 pub mod error;
 pub mod flight_sql;
@@ -38,7 +39,8 @@ pub async fn serve_flight(
     engine: Arc<QueryEngine>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let endpoint = FlightSqlEndpoint::new(engine)?;
+    let sessions = Arc::new(connections::Sessions::default());
+    let endpoint = FlightSqlEndpoint::new(engine, Arc::clone(&sessions))?;
     let service = FlightServiceServer::new(endpoint)
         .max_decoding_message_size(MAX_FLIGHT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_FLIGHT_MESSAGE_BYTES);
@@ -47,7 +49,7 @@ pub async fn serve_flight(
     }
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(connections::tracked(listener, sessions), shutdown)
         .await?;
     Ok(())
 }

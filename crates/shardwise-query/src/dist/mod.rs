@@ -49,12 +49,14 @@ macro_rules! plan_node_methods {
 }
 
 pub mod codec;
+pub mod estimate;
 pub mod fragment;
 pub mod planner;
 pub mod scan;
 pub mod shuffle;
 
 pub use codec::{FragmentTicket, LeafAssignment, ShardwiseCodec};
+pub use estimate::{GroupEstimate, TableSample};
 pub use fragment::{FragmentExec, Strategy, StrategyKind, decode_fragment_ticket, execute_merged};
 pub use planner::DistributeRule;
 pub use scan::{ShardScanExec, ShardSlice, ShardTableRef};

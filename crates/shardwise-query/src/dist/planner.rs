@@ -46,6 +46,7 @@ use datafusion::physical_plan::{Distribution, ExecutionPlan, ExecutionPlanProper
 use shardwise_cluster::ClusterView;
 
 use super::codec::{LeafAssignment, ShardwiseCodec};
+use super::estimate::{AUTO_SAMPLE_ROWS, estimate_groups};
 use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
 use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
@@ -128,8 +129,13 @@ impl Planner<'_> {
     /// `distributed_group_by_no_merge = 0`.
     fn merge_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         let mut auto = AutoNoMerge::default();
-        let shuffle = self.settings.distributed_aggregation == DistributedAggregation::Shuffle;
-        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0, shuffle)?;
+        let choice = ShuffleChoice {
+            mode: self.settings.distributed_aggregation,
+            min_groups: self.settings.shuffle_min_groups,
+            world_size: self.rule.access.world_size(),
+            access: self.rule.access.as_ref(),
+        };
+        auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0, &choice)?;
         match self.rewrite(plan, &auto)? {
             Sub::Done(plan) => Ok(plan),
             Sub::Chain(chain) => self.wrap(chain),
@@ -509,6 +515,14 @@ enum PathRole {
     ShuffleFinal,
 }
 
+/// What `distributed_aggregation` asks for, and what `auto` needs to decide.
+struct ShuffleChoice<'a> {
+    mode: DistributedAggregation,
+    min_groups: u64,
+    world_size: u32,
+    access: &'a dyn TableAccess,
+}
+
 /// Which aggregations may finish on the shards (see the module doc), found before the rewrite.
 #[derive(Default)]
 struct AutoNoMerge {
@@ -521,9 +535,9 @@ struct AutoNoMerge {
 impl AutoNoMerge {
     /// Visits `plan` children first, so a finished aggregation lower down is known when the one
     /// above it is considered.
-    fn scan(&mut self, plan: &Arc<dyn ExecutionPlan>, enabled: bool, shuffle: bool) -> Result<()> {
+    fn scan(&mut self, plan: &Arc<dyn ExecutionPlan>, enabled: bool, choice: &ShuffleChoice<'_>) -> Result<()> {
         for child in plan.children() {
-            self.scan(child, enabled, shuffle)?;
+            self.scan(child, enabled, choice)?;
         }
         let Some(agg) = plan.downcast_ref::<AggregateExec>() else { return Ok(()) };
         if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
@@ -542,18 +556,23 @@ impl AutoNoMerge {
             return Ok(());
         };
         let partial_id = node_id(&below);
-        let decision = self.decide(partial, enabled);
-        let final_role = match &decision {
+        let mut decision = self.decide(partial, enabled);
+        let final_role = match &mut decision {
             Ok(_) => Some(PathRole::NoMergeFinal),
             // A global aggregate (no GROUP BY) has one group: nothing to spread, and every bucket
             // would answer with a row of its own.
-            Err(_)
-                if shuffle
-                    && partial.group_expr().is_single()
-                    && !partial.group_expr().expr().is_empty()
-                    && self.scan_below(partial.input()).is_some() =>
-            {
-                Some(PathRole::ShuffleFinal)
+            Err(why) if partial.group_expr().is_single() && !partial.group_expr().expr().is_empty() => {
+                match self.scan_below(partial.input()) {
+                    Some(scan) => {
+                        let (shuffle, note) = self.wants_shuffle(partial, &scan, choice)?;
+                        if let Some(note) = note {
+                            why.push_str("; ");
+                            why.push_str(&note);
+                        }
+                        shuffle.then_some(PathRole::ShuffleFinal)
+                    }
+                    None => None,
+                }
             }
             Err(_) => None,
         };
@@ -565,6 +584,53 @@ impl AutoNoMerge {
         }
         self.reasons.insert(partial_id, decision.unwrap_or_else(|why| why));
         Ok(())
+    }
+
+    /// Whether the merge of `partial` (over `scan`) is shuffled, and what `auto` saw.
+    fn wants_shuffle(
+        &self,
+        partial: &AggregateExec,
+        scan: &ShardScanExec,
+        choice: &ShuffleChoice<'_>,
+    ) -> Result<(bool, Option<String>)> {
+        match choice.mode {
+            DistributedAggregation::Shuffle => return Ok((true, None)),
+            DistributedAggregation::Initiator => return Ok((false, None)),
+            DistributedAggregation::Auto => {}
+        }
+        let min = choice.min_groups;
+        if choice.world_size < 2 {
+            return Ok((false, Some("auto: one node, nothing to spread".into())));
+        }
+        let input = partial.input();
+        let mut names = Vec::new();
+        for (expr, _) in partial.group_expr().expr() {
+            match expr.downcast_ref::<Column>().and_then(|c| self.trace(input, c.index())) {
+                Some(name) => names.push(name),
+                None => {
+                    return Ok((false, Some("auto: groups of expressions are not estimated, merged here".into())));
+                }
+            }
+        }
+        let table = scan.table();
+        let Some(sample) = choice.access.sample(table.table_id, table.generation, AUTO_SAMPLE_ROWS) else {
+            return Ok((false, Some("auto: no shard of the table on this node to estimate from".into())));
+        };
+        let Some(schema) = sample.batches.first().map(|b| b.schema()) else {
+            return Ok((false, Some("auto: the table is empty here, 0 groups estimated".into())));
+        };
+        let columns: Option<Vec<usize>> = names.iter().map(|n| schema.index_of(n).ok()).collect();
+        let Some(columns) = columns else {
+            return Ok((false, Some("auto: the group columns are not in the sample".into())));
+        };
+        let e = estimate_groups(&sample, &columns)?;
+        let shuffle = e.groups > min;
+        let verdict = if shuffle { ">" } else { "<=" };
+        let note = format!(
+            "auto: ~{} groups estimated from {} sampled rows ({} distinct) {verdict} shuffle_min_groups = {min}",
+            e.groups, e.sampled_rows, e.distinct_in_sample
+        );
+        Ok((shuffle, Some(note)))
     }
 
     /// Ok(why it applies) or Err(why not).

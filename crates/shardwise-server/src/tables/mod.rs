@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot};
+use shardwise_query::dist::TableSample;
 use shardwise_query::{InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
@@ -328,6 +329,37 @@ impl TableAccess for TablesNode {
     ) -> BoxFuture<'_, Result<ShardData, QueryError>> {
         let ticket = stats::ScanTicket { table_id, generation, shard, catalog_version };
         Box::pin(async move { self.read_shard_data(&ticket).await })
+    }
+
+    fn sample(&self, table_id: u64, generation: u64, max_rows: usize) -> Option<TableSample> {
+        let (_, catalog) = self.catalog_now();
+        let shards = catalog.by_id(table_id).filter(|e| e.generation == generation)?.def.shards;
+        let stores: Vec<SharedStore> = lock(&self.stores)
+            .iter()
+            .filter(|((t, g, _), _)| (*t, *g) == (table_id, generation))
+            .map(|(_, s)| Arc::clone(s))
+            .collect();
+        if stores.is_empty() {
+            return None;
+        }
+        // An equal share of the sample from each local shard, from the start of its data.
+        let per_store = max_rows.div_ceil(stores.len());
+        let (mut batches, mut local_rows) = (Vec::new(), 0u64);
+        for store in &stores {
+            let guard = lock(store);
+            local_rows += guard.stats().rows;
+            let mut taken = 0;
+            for batch in guard.snapshot() {
+                if taken >= per_store {
+                    break;
+                }
+                let rows = (per_store - taken).min(batch.num_rows());
+                taken += rows;
+                batches.push(batch.slice(0, rows));
+            }
+        }
+        let table_rows = local_rows.saturating_mul(u64::from(shards)) / stores.len() as u64;
+        Some(TableSample { batches, table_rows })
     }
 
     fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>> {

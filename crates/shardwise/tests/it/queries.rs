@@ -285,8 +285,8 @@ fn corpus_matches_single_node_datafusion_on_1_2_and_3_nodes() {
 #[test]
 fn shuffle_is_exact_at_a_million_groups() {
     let c = Cluster::start(3);
-    c.sql(0, "CREATE TABLE big (id BIGINT, v BIGINT) WITH (shard_key = 'id')");
-    c.sql(1, "INSERT INTO big SELECT value, value % 1000000 FROM generate_series(1, 1500000)");
+    c.sql(0, "CREATE TABLE big (id BIGINT, v BIGINT, w BIGINT) WITH (shard_key = 'id')");
+    c.sql(1, "INSERT INTO big SELECT value, value % 1000000, value % 7 FROM generate_series(1, 1500000)");
     let sql = "SELECT count(*), sum(c), min(c), max(c), sum(s) FROM (SELECT v, count(*) AS c, sum(id) AS s FROM big GROUP BY v)";
     let plan = c.sql(2, &format!("EXPLAIN {sql} SETTINGS distributed_aggregation = 'shuffle'")).concat().join(" ");
     assert!(plan.contains("strategy=shuffle") && plan.contains("ShuffleReaderExec"), "{plan}");
@@ -298,7 +298,20 @@ fn shuffle_is_exact_at_a_million_groups() {
         (1_500_000u64 * 1_500_001 / 2).to_string(),
     ]];
     assert_eq!(c.sql(2, &format!("{sql} SETTINGS distributed_aggregation = 'shuffle'")), want);
+    assert_eq!(c.sql(2, &format!("{sql} SETTINGS distributed_aggregation = 'initiator'")), want);
+    // The default, auto, estimates about a million groups and shuffles; a few groups it merges
+    // on the initiator; a lower shuffle_min_groups shuffles those too.
+    let plan = c.sql(0, &format!("EXPLAIN {sql}")).concat().join(" ");
+    assert!(plan.contains("strategy=shuffle") && plan.contains("groups estimated from"), "{plan}");
     assert_eq!(c.sql(0, sql), want);
+    let few = "SELECT w, count(*) FROM big GROUP BY w";
+    let plan = c.sql(0, &format!("EXPLAIN {few}")).concat().join(" ");
+    assert!(plan.contains("strategy=initiator_merge") && plan.contains("~7 groups estimated"), "{plan}");
+    let plan = c.sql(0, &format!("EXPLAIN {few} SETTINGS shuffle_min_groups = 5")).concat().join(" ");
+    assert!(plan.contains("strategy=shuffle") && plan.contains("> shuffle_min_groups = 5"), "{plan}");
+    let expr = "SELECT v % 10 AS g, count(*) FROM big GROUP BY g";
+    let plan = c.sql(0, &format!("EXPLAIN {expr}")).concat().join(" ");
+    assert!(plan.contains("strategy=initiator_merge") && plan.contains("groups of expressions"), "{plan}");
 }
 
 /// `s`'s rows split by shardwise's placement function: what each shard holds.
@@ -520,4 +533,22 @@ fn max_memory_usage_spills_where_it_can_and_fails_clearly_where_it_cannot() {
     assert_eq!(c.sql(1, "SELECT count(*) FROM mm a JOIN mm b ON a.k = b.k"), vec![vec!["400000".to_string()]]);
     let err = c.sql_err(0, "SELECT 1 SETTINGS max_memory_usage = 'lots'");
     assert!(err.contains("max_memory_usage"), "{err}");
+}
+
+#[test]
+fn set_lasts_for_its_connection_only() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE st (k BIGINT, v BIGINT) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO st SELECT value, value % 10 FROM generate_series(1, 1000)");
+    let explain = "EXPLAIN SELECT v, count(*) FROM st GROUP BY v";
+    // One connection (one `shardwise sql`): the SET applies to the statements after it.
+    let same = c.sql(0, &format!("SET distributed_aggregation = 'shuffle'; {explain}")).concat().concat();
+    assert!(same.contains("strategy=shuffle"), "{same}");
+    let reset = c.sql(0, &format!("SET distributed_aggregation = 'shuffle'; RESET distributed_aggregation; {explain}"));
+    assert!(reset.concat().concat().contains("strategy=initiator_merge"), "{reset:?}");
+    // Another connection to the same node: the node's default.
+    let other = c.sql(0, explain).concat().concat();
+    assert!(other.contains("strategy=initiator_merge"), "{other}");
+    let err = c.sql_err(0, "SET distributed_aggregation = 'sideways'");
+    assert!(err.contains("initiator") && err.contains("shuffle"), "{err}");
 }

@@ -1,0 +1,99 @@
+//! A client session: the settings `SET` changed, kept for one connection and applied over the
+//! node's defaults to every statement it runs, as in ClickHouse, PostgreSQL and DuckDB. A
+//! statement's own `SETTINGS` clause comes on top, for that statement only.
+//!
+//! Front ends decide what a session is: the Flight SQL endpoint keeps one per TCP connection
+//! and drops it when the connection closes.
+
+use std::sync::Mutex;
+
+use datafusion::common::config::ConfigOptions;
+
+use crate::error::QueryError;
+use crate::settings;
+
+/// Most settings one session may change: every one is re-applied to each statement.
+pub const SESSION_SETTINGS_MAX: usize = 256;
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub struct Session {
+    /// (option key, value) in the order set; a key appears once.
+    changed: Mutex<Vec<(String, String)>>,
+}
+
+impl Session {
+    /// A session with every setting at the node's default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What `SET` changed, in order.
+    pub fn changed(&self) -> Vec<(String, String)> {
+        self.lock().clone()
+    }
+
+    /// Applies the session's settings to `options`.
+    pub fn apply(&self, options: &mut ConfigOptions) -> Result<(), QueryError> {
+        settings::apply(options, &self.changed())
+    }
+
+    /// `SET key = value`: checked against `options` (a copy is changed, so a bad value changes
+    /// nothing), then kept.
+    pub fn set(&self, options: &ConfigOptions, key: &str, value: &str) -> Result<(), QueryError> {
+        let pair = (key.to_string(), value.to_string());
+        settings::apply(&mut options.clone(), std::slice::from_ref(&pair))?;
+        let mut changed = self.lock();
+        changed.retain(|(k, _)| k != key);
+        if changed.len() >= SESSION_SETTINGS_MAX {
+            return Err(QueryError::Rejected(format!(
+                "a session may change at most {SESSION_SETTINGS_MAX} settings (SESSION_SETTINGS_MAX)"
+            )));
+        }
+        changed.push(pair);
+        Ok(())
+    }
+
+    /// `RESET key`: back to the node's default.
+    pub fn reset(&self, key: &str) {
+        self.lock().retain(|(k, _)| k != key);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::prelude::SessionConfig;
+
+    use super::*;
+    use crate::ShardwiseSettings;
+
+    fn options() -> ConfigOptions {
+        SessionConfig::new().with_option_extension(ShardwiseSettings::default()).options().as_ref().clone()
+    }
+
+    #[test]
+    fn set_keeps_the_last_value_and_a_bad_value_changes_nothing() {
+        let session = Session::new();
+        let base = options();
+        session.set(&base, "shardwise.distributed_aggregation", "shuffle").expect("set");
+        session.set(&base, "shardwise.max_memory_usage", "1000").expect("set");
+        session.set(&base, "shardwise.distributed_aggregation", "initiator").expect("set again");
+        assert!(session.set(&base, "shardwise.distributed_aggregation", "sideways").is_err());
+        assert_eq!(
+            session.changed(),
+            vec![
+                ("shardwise.max_memory_usage".to_string(), "1000".to_string()),
+                ("shardwise.distributed_aggregation".to_string(), "initiator".to_string()),
+            ]
+        );
+        let mut applied = options();
+        session.apply(&mut applied).expect("apply");
+        assert_eq!(settings::current(&applied).max_memory_usage, 1000);
+        session.reset("shardwise.max_memory_usage");
+        assert_eq!(session.changed().len(), 1);
+    }
+}
