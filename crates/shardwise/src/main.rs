@@ -12,6 +12,7 @@ mod cmd_launch;
 mod cmd_load;
 mod cmd_node;
 mod cmd_sql;
+mod demo_data;
 mod embedded;
 mod load;
 mod logging;

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod demo;
 mod init_cluster;
 mod init_validation;
 mod launcher;
