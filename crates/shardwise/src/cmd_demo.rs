@@ -18,7 +18,7 @@ use arrow::util::pretty::pretty_format_batches;
 use crate::cmd_load::LoadArgs;
 use crate::cmd_sql::{OutputFormat, SqlClient};
 use crate::demo_data;
-use crate::embedded::EmbeddedCluster;
+use crate::embedded::{EmbeddedCluster, check_nodes, data_dir_or_temp};
 
 /// Largest `--nodes` the demo starts.
 const MAX_DEMO_NODES: u32 = 64;
@@ -48,12 +48,8 @@ pub struct DemoArgs {
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    if args.nodes == 0 || args.nodes > MAX_DEMO_NODES {
-        anyhow::bail!("--nodes {} is out of range: expected 1..={MAX_DEMO_NODES}", args.nodes);
-    }
-    let tmp = tempfile::tempdir().context("cannot create a temporary data dir")?;
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    check_nodes(args.nodes, MAX_DEMO_NODES)?;
+    let (_tmp, data_dir) = data_dir_or_temp(args.data_dir.as_deref())?;
 
     println!("== init_distributed_mode: {} nodes in one process, data in {}", args.nodes, data_dir.display());
     let started = Instant::now();

@@ -1,13 +1,14 @@
 //! `shardwise sql`: run SQL against a node over Arrow Flight SQL, the same protocol ADBC and JDBC
 //! clients use, and print the results as a table, CSV or JSON lines.
 //!
-//! Statements come from `-e`, from `-f FILE`, or from standard input. Scripts are split into
+//! Without `-e` or `-f`, on a terminal, it is an interactive shell (`shell`). Otherwise
+//! statements come from `-e`, from `-f FILE`, or from standard input. Scripts are split into
 //! statements client-side with the SQL tokenizer DataFusion uses (so `;` inside strings and
 //! comments is not a separator) and run in order; the first failure stops the script and names
 //! the statement and the line it starts on.
 
 use std::error::Error as StdError;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,11 +38,9 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Where statements come from and how results print (`sql` and `local`).
 #[derive(clap::Args, Debug)]
-pub struct SqlArgs {
-    /// Node's Flight SQL address, host:port.
-    #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
-    pub connect: String,
+pub struct ScriptArgs {
     /// Run these statements (separated by `;`) and exit.
     #[arg(short = 'e', long = "execute", conflicts_with = "file")]
     pub execute: Option<String>,
@@ -51,6 +50,26 @@ pub struct SqlArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: OutputFormat,
+    /// Run the interactive shell even when standard input is not a terminal (without `-e` or
+    /// `-f`, the shell starts when it is one).
+    #[arg(long, conflicts_with_all = ["execute", "file"])]
+    pub interactive: bool,
+}
+
+impl ScriptArgs {
+    /// True when the shell should run rather than a script.
+    pub fn wants_shell(&self) -> bool {
+        self.execute.is_none() && self.file.is_none() && (self.interactive || std::io::stdin().is_terminal())
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SqlArgs {
+    /// Node's Flight SQL address, host:port.
+    #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
+    pub connect: String,
+    #[command(flatten)]
+    pub script: ScriptArgs,
     /// Give up connecting after this many milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
@@ -63,7 +82,28 @@ pub struct SqlArgs {
 }
 
 pub async fn run(args: SqlArgs) -> anyhow::Result<()> {
-    let (source, label) = match (&args.execute, &args.file) {
+    let timeout = Duration::from_millis(args.connect_timeout_ms);
+    let client = SqlClient::connect(&args.connect, &args.user, &args.password, timeout).await?;
+    run_on(client, &args.connect, &args.script).await
+}
+
+/// The shell on `client` (see [`ScriptArgs::wants_shell`]), or the script.
+pub async fn run_on(mut client: SqlClient, addr: &str, script: &ScriptArgs) -> anyhow::Result<()> {
+    if script.wants_shell() {
+        return crate::shell::run(&mut client, addr, script.format).await;
+    }
+    run_script(client, &script.execute, &script.file, script.format).await
+}
+
+/// Runs the statements of `-e`, of `-f`, or of standard input, stopping at the first error.
+async fn run_script(
+    client: SqlClient,
+    execute: &Option<String>,
+    file: &Option<PathBuf>,
+    format: OutputFormat,
+) -> anyhow::Result<()> {
+    let mut client = client.inner;
+    let (source, label) = match (execute, file) {
         (Some(sql), _) => (sql.clone(), None),
         (None, Some(path)) => {
             let text =
@@ -77,11 +117,9 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let single = pieces.len() == 1 && label.is_none();
-    let timeout = Duration::from_millis(args.connect_timeout_ms);
-    let mut client = connect(&args.connect, &args.user, &args.password, timeout).await?;
     for (index, piece) in pieces.iter().enumerate() {
         let outcome = match piece {
-            Ok(statement) => run_statement(&mut client, &statement.text, args.format).await,
+            Ok(statement) => run_statement(&mut client, &statement.text, format).await,
             Err(e) => Err(e.message.clone()),
         };
         let Err(message) = outcome else { continue };
@@ -136,7 +174,12 @@ impl SqlClient {
 
     /// Runs one statement and prints its result in `format`.
     pub async fn print(&mut self, sql: &str, format: OutputFormat) -> anyhow::Result<()> {
-        run_statement(&mut self.inner, sql, format).await.map_err(|m| anyhow!("{m}"))
+        run_statement(&mut self.inner, sql, format).await.map(|_| ()).map_err(|m| anyhow!("{m}"))
+    }
+
+    /// Runs one statement, prints its result in `format` and returns its row count.
+    pub async fn print_counted(&mut self, sql: &str, format: OutputFormat) -> Result<usize, String> {
+        run_statement(&mut self.inner, sql, format).await
     }
 }
 
@@ -194,13 +237,14 @@ async fn run_statement(
     client: &mut FlightSqlServiceClient<Channel>,
     sql: &str,
     format: OutputFormat,
-) -> Result<(), String> {
+) -> Result<usize, String> {
     let info = client.execute(sql.to_string(), None).await.map_err(flight_message)?;
     let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
     let mut out = Vec::new();
     render(&schema, &batches, format, &mut out).map_err(|e| e.to_string())?;
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(&out).and_then(|()| stdout.flush()).map_err(|e| format!("cannot write the result: {e}"))
+    stdout.write_all(&out).and_then(|()| stdout.flush()).map_err(|e| format!("cannot write the result: {e}"))?;
+    Ok(batches.iter().map(RecordBatch::num_rows).sum())
 }
 
 /// Redeems every endpoint's ticket, in order.

@@ -1,6 +1,6 @@
 //! An embedded cluster: N nodes in this process, on loopback, running the same code as separate
 //! `shardwise node` processes (rendezvous over TCP, data plane and Flight SQL endpoints). Used by
-//! `demo`.
+//! `demo` and `local`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,6 +8,29 @@ use std::sync::Arc;
 use anyhow::Context;
 use shardwise_cluster::{Detected, InitOptions, LaunchSource, Node, Timeouts};
 use shardwise_server::{CatalogMachine, Listeners, ServiceOptions, Services, StorageSettings};
+
+/// Refuses a node count outside `1..=max`.
+pub fn check_nodes(nodes: u32, max: u32) -> anyhow::Result<()> {
+    if nodes == 0 || nodes > max {
+        anyhow::bail!("--nodes {nodes} is out of range: expected 1..={max}");
+    }
+    Ok(())
+}
+
+/// The data dir given (created if missing), or a temporary one, removed when the returned guard
+/// drops.
+pub fn data_dir_or_temp(given: Option<&Path>) -> anyhow::Result<(Option<tempfile::TempDir>, std::path::PathBuf)> {
+    let (guard, dir) = match given {
+        Some(dir) => (None, dir.to_path_buf()),
+        None => {
+            let tmp = tempfile::tempdir().context("cannot create a temporary data dir")?;
+            let dir = tmp.path().to_path_buf();
+            (Some(tmp), dir)
+        }
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok((guard, dir))
+}
 
 /// One running node of an embedded cluster.
 pub struct EmbeddedNode {

@@ -10,6 +10,7 @@ mod cmd_bench;
 mod cmd_demo;
 mod cmd_launch;
 mod cmd_load;
+mod cmd_local;
 mod cmd_node;
 mod cmd_sql;
 mod demo_data;
@@ -18,6 +19,7 @@ mod load;
 mod logging;
 mod ports;
 mod proc_cluster;
+mod shell;
 mod sql_split;
 
 use std::process::ExitCode;
@@ -44,8 +46,11 @@ enum Command {
     Node(Box<cmd_node::NodeArgs>),
     /// Start N local nodes as one cluster, as `torchrun --standalone` does.
     Launch(cmd_launch::LaunchArgs),
-    /// Run SQL against a node: -e SQL, -f FILE, or statements on standard input.
+    /// Run SQL against a node: the interactive shell on a terminal, else -e SQL, -f FILE, or
+    /// statements on standard input.
     Sql(cmd_sql::SqlArgs),
+    /// An embedded cluster in this process with the shell (or -e / -f), as clickhouse-local.
+    Local(cmd_local::LocalArgs),
     /// Bulk-load a CSV, Parquet or NDJSON file into a table, exactly once.
     ///
     /// The whole file is read and checked against the table's schema (from the server) before
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
             Command::Node(args) => cmd_node::run(*args).await,
             Command::Launch(args) => cmd_launch::run(args).await,
             Command::Sql(args) => cmd_sql::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Local(args) => cmd_local::run(args).await,
             Command::Load(args) => cmd_load::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Demo(args) => cmd_demo::run(args).await,
             Command::Bench(args) => cmd_bench::run(args).await,

@@ -59,6 +59,18 @@ pub fn split_statements(src: &str) -> Vec<Result<SqlStatement, SplitError>> {
     out
 }
 
+/// True when `src` ends with a `;` outside strings and comments (ignoring what follows it that
+/// is only whitespace or comments): the shell has a whole statement to run. An unterminated
+/// string or comment is not complete.
+pub fn is_complete(src: &str) -> bool {
+    let mut tokens: Vec<TokenWithSpan> = Vec::new();
+    if Tokenizer::new(&GenericDialect {}, src).tokenize_with_location_into_buf(&mut tokens).is_err() {
+        return false;
+    }
+    let last = tokens.iter().rev().find(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF));
+    matches!(last.map(|t| &t.token), Some(Token::SemiColon))
+}
+
 fn statement(src: &str, start: usize, end: usize, line: u64) -> SqlStatement {
     let text = src.get(start..end.max(start)).unwrap_or_default().trim_end();
     SqlStatement { text: text.to_string(), line }
@@ -91,6 +103,16 @@ impl<'a> LineStarts<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_statement_is_complete_at_a_semicolon_outside_strings_and_comments() {
+        assert!(is_complete("SELECT 1;\n"));
+        assert!(is_complete("SELECT 1; -- done\n"));
+        assert!(!is_complete("SELECT 1\n"));
+        assert!(!is_complete("SELECT ';\n"));
+        assert!(!is_complete("SELECT 1 /* ; */\n"));
+        assert!(is_complete("SELECT\n  1\n;"));
+    }
 
     fn ok(pieces: Vec<Result<SqlStatement, SplitError>>) -> Vec<(String, u64)> {
         pieces

@@ -8,6 +8,7 @@ mod init_cluster;
 mod init_validation;
 mod launcher;
 mod load;
+mod local;
 mod queries;
 mod sql_client;
 mod tables;

@@ -71,7 +71,10 @@ pub struct Proc {
 impl Proc {
     pub fn spawn(mut cmd: Command) -> Proc {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
-        let mut child = cmd.spawn().expect("spawn shardwise");
+        Proc::collect(cmd.spawn().expect("spawn shardwise"))
+    }
+
+    fn collect(mut child: Child) -> Proc {
         let (tx, rx) = mpsc::channel();
         let out = child.stdout.take().unwrap();
         let err = child.stderr.take().unwrap();
@@ -87,6 +90,19 @@ impl Proc {
             }
         });
         Proc { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Like [`Proc::spawn`], with `input` on its standard input (then closed).
+    pub fn spawn_with_input(mut cmd: Command, input: &str) -> Proc {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn shardwise");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_string();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(input.as_bytes());
+        });
+        Proc::collect(child)
     }
 
     pub fn pid(&self) -> u32 {

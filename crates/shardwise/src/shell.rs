@@ -1,0 +1,166 @@
+//! The interactive shell of `shardwise sql` and `shardwise local`: line editing and history
+//! (rustyline, as datafusion-cli uses), statements over several lines until a `;` ends them,
+//! results as aligned tables, the time of each statement, and backslash commands for what one
+//! looks up often. Everything runs over one connection, so `SET` lasts for the session.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+
+use crate::cmd_sql::{OutputFormat, SqlClient};
+use crate::sql_split::{is_complete, split_statements};
+
+/// Lines of history kept.
+const HISTORY_MAX_LINES: usize = 10_000;
+
+const PROMPT: &str = "shardwise> ";
+const CONTINUATION: &str = "        -> ";
+
+const HELP: &str = "\
+  statements end with ;  (they may span lines; Ctrl-C drops the one being typed)
+  \\nodes       the cluster's nodes (system.nodes)
+  \\tables      the tables and how they are sharded (system.tables)
+  \\settings    shardwise's settings in this session (SET name = value changes one)
+  \\queries     the last queries this node ran (system.queries)
+  \\timing      turn the time after each statement off or on
+  \\?           this help
+  \\q           quit (or Ctrl-D)";
+
+/// What a backslash command asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Quit,
+    Help,
+    Timing,
+    Sql(String),
+    Unknown(String),
+}
+
+fn command(line: &str) -> Command {
+    let word = line.split_whitespace().next().unwrap_or_default();
+    match word {
+        "\\q" | "\\quit" => Command::Quit,
+        "\\?" | "\\h" | "\\help" => Command::Help,
+        "\\timing" => Command::Timing,
+        "\\nodes" => {
+            Command::Sql("SELECT rank, role, state, epoch, flight_addr FROM system.nodes ORDER BY rank".into())
+        }
+        "\\tables" => {
+            Command::Sql("SELECT name, shard_key, shards, replicas, sync_mode FROM system.tables ORDER BY name".into())
+        }
+        "\\settings" => {
+            let names: Vec<String> =
+                shardwise_query::settings::SETTING_NAMES.iter().map(|n| format!("'{n}'")).collect();
+            Command::Sql(format!(
+                "SELECT name, value FROM information_schema.df_settings WHERE name IN ({}) ORDER BY name",
+                names.join(", ")
+            ))
+        }
+        "\\queries" => Command::Sql(
+            "SELECT query_id, state, strategy, duration_ms, result_rows, query FROM system.queries \
+             ORDER BY started DESC LIMIT 10"
+                .into(),
+        ),
+        other => Command::Unknown(other.to_string()),
+    }
+}
+
+/// Where history is kept: `$SHARDWISE_HISTORY`, else `~/.shardwise_history`; none without a home.
+fn history_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SHARDWISE_HISTORY") {
+        return Some(PathBuf::from(path));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".shardwise_history"))
+}
+
+/// Reads statements until `\q` or end of input; an error in one statement is printed and the
+/// shell goes on.
+pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> anyhow::Result<()> {
+    let config = rustyline::Config::builder().max_history_size(HISTORY_MAX_LINES)?.auto_add_history(false).build();
+    let mut editor = DefaultEditor::with_config(config).context("cannot start the line editor")?;
+    let history = history_path();
+    if let Some(path) = &history {
+        let _ = editor.load_history(path); // none yet is fine
+    }
+    println!("shardwise {} on {addr}; statements end with ;  \\? for help, \\q to quit", env!("CARGO_PKG_VERSION"));
+    let mut timing = true;
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() { PROMPT } else { CONTINUATION };
+        let line = match tokio::task::block_in_place(|| editor.readline(prompt)) {
+            Ok(line) => line,
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e).context("cannot read the next line"),
+        };
+        if buffer.is_empty() && line.trim_start().starts_with('\\') {
+            let _ = editor.add_history_entry(line.trim());
+            match command(line.trim()) {
+                Command::Quit => break,
+                Command::Help => println!("{HELP}"),
+                Command::Timing => {
+                    timing = !timing;
+                    println!("timing is {}", if timing { "on" } else { "off" });
+                }
+                Command::Sql(sql) => execute(client, &sql, format, timing).await,
+                Command::Unknown(word) => eprintln!("unknown command {word}; \\? lists them"),
+            }
+            continue;
+        }
+        if buffer.is_empty() && line.trim().is_empty() {
+            continue;
+        }
+        buffer.push_str(&line);
+        buffer.push('\n');
+        if !is_complete(&buffer) {
+            continue;
+        }
+        let _ = editor.add_history_entry(buffer.trim_end());
+        for piece in split_statements(&buffer) {
+            match piece {
+                Ok(statement) => execute(client, &statement.text, format, timing).await,
+                Err(e) => eprintln!("error: {}", e.message),
+            }
+        }
+        buffer.clear();
+    }
+    if let Some(path) = &history
+        && let Err(e) = editor.save_history(path)
+    {
+        eprintln!("could not save the history to {}: {e}", path.display());
+    }
+    Ok(())
+}
+
+async fn execute(client: &mut SqlClient, sql: &str, format: OutputFormat, timing: bool) {
+    let started = Instant::now();
+    match client.print_counted(sql, format).await {
+        Ok(rows) if timing => println!("{rows} row{} in {:.1} ms", if rows == 1 { "" } else { "s" }, ms(started)),
+        Ok(_) => {}
+        Err(message) => eprintln!("error: {message}"),
+    }
+}
+
+fn ms(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backslash_commands_are_recognised() {
+        assert_eq!(command("\\q"), Command::Quit);
+        assert_eq!(command("\\timing"), Command::Timing);
+        assert!(matches!(command("\\nodes"), Command::Sql(s) if s.contains("system.nodes")));
+        assert!(matches!(command("\\settings"), Command::Sql(s) if s.contains("'distributed_aggregation'")));
+        assert_eq!(command("\\nope x"), Command::Unknown("\\nope".into()));
+    }
+}

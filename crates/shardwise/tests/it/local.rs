@@ -1,0 +1,56 @@
+//! `shardwise local` and the shell: an embedded cluster in one process, driven by a script or by
+//! the interactive shell (fed on standard input with `--interactive`).
+
+use std::time::Duration;
+
+use crate::support::{Proc, shardwise};
+
+#[test]
+fn local_runs_a_script_against_an_embedded_cluster() {
+    let mut cmd = shardwise();
+    cmd.args(["local", "--nodes", "2", "--format", "csv", "-e"]).arg(
+        "CREATE TABLE t (k BIGINT, v BIGINT) WITH (shard_key = 'k'); \
+         INSERT INTO t SELECT value, value % 3 FROM generate_series(1, 1000); \
+         SELECT v, count(*) AS c FROM t GROUP BY v ORDER BY v",
+    );
+    let (code, out) = Proc::spawn(cmd).wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("v,c\n0,333\n1,334\n2,333"), "{out}");
+}
+
+#[test]
+fn the_shell_reads_statements_over_lines_keeps_its_session_and_survives_errors() {
+    let mut cmd = shardwise();
+    cmd.args(["local", "--nodes", "2", "--interactive"]).env("SHARDWISE_HISTORY", "/dev/null");
+    let input = "SELECT 1 AS one;\n\
+                 SET distributed_aggregation = 'shuffle';\n\
+                 \\settings\n\
+                 SELECT\n  40 + 2\n  AS answer\n;\n\
+                 SELECT nope;\n\
+                 \\nope\n\
+                 \\nodes\n\
+                 \\timing\n\
+                 SELECT 7 AS seven;\n\
+                 \\q\n\
+                 SELECT 'after quit';\n";
+    let (code, out) = Proc::spawn_with_input(cmd, input).wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{out}");
+    for want in [
+        "| one |",
+        "1 row in ",
+        "| distributed_aggregation ", // \settings, with this session's SET
+        "| shuffle ",
+        "| answer |",
+        "| 42     |",
+        "error: Schema error: No field named nope",
+        "unknown command \\nope",
+        "| master |",
+        "timing is off",
+        "| seven |",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(!out.contains("after quit"), "{out}");
+    let after_timing_off = &out[out.find("timing is off").unwrap_or(0)..];
+    assert!(!after_timing_off.contains(" rows in ") && !after_timing_off.contains("1 row in "), "{out}");
+}
