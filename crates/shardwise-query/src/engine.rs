@@ -157,6 +157,21 @@ impl QueryEngine {
         SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(true)
     }
 
+    /// Counts over the queries this node ran as initiator, and how many run now.
+    pub fn query_totals(&self) -> (crate::query_log::QueryTotals, usize) {
+        (self.log.totals(), self.log.running())
+    }
+
+    /// A session with `settings` (name, value) set, each checked as `SET` would check it.
+    pub fn session_with(&self, settings: &[(String, String)]) -> Result<Arc<Session>, QueryError> {
+        let session = Arc::new(Session::new());
+        let state = self.ctx.state();
+        for (name, value) in settings {
+            session.set(state.config_options(), &settings::option_key(name), value)?;
+        }
+        Ok(session)
+    }
+
     /// The table layer, if this engine stores tables.
     pub fn tables(&self) -> Option<&Arc<dyn TableAccess>> {
         self.access.as_ref()

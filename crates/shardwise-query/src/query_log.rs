@@ -43,7 +43,7 @@ pub enum QueryState {
 }
 
 impl QueryState {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             QueryState::Running => "running",
             QueryState::Finished => "finished",
@@ -85,6 +85,17 @@ struct Running {
 pub struct QueryLog {
     running: Mutex<HashMap<String, Running>>,
     ended: Mutex<VecDeque<QueryRecord>>,
+    totals: Mutex<QueryTotals>,
+}
+
+/// Counts over every query this node ran as initiator since it started (for `/metrics`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryTotals {
+    /// Ended queries by state (`finished`, `failed`, ...).
+    pub by_state: std::collections::BTreeMap<String, u64>,
+    pub result_rows: u64,
+    pub rows_moved: u64,
+    pub bytes_moved: u64,
 }
 
 impl std::fmt::Debug for QueryLog {
@@ -221,7 +232,24 @@ impl QueryLog {
         out
     }
 
+    /// Counts since the node started.
+    pub fn totals(&self) -> QueryTotals {
+        lock(&self.totals).clone()
+    }
+
+    /// How many queries are running now.
+    pub fn running(&self) -> usize {
+        lock(&self.running).len()
+    }
+
     fn finish(&self, record: QueryRecord) {
+        {
+            let mut totals = lock(&self.totals);
+            *totals.by_state.entry(record.state.as_str().to_string()).or_default() += 1;
+            totals.result_rows += record.result_rows;
+            totals.rows_moved += record.rows_moved;
+            totals.bytes_moved += record.bytes_moved;
+        }
         lock(&self.running).remove(&record.query_id);
         let mut ended = lock(&self.ended);
         ended.push_back(record);

@@ -9,4 +9,7 @@ pub enum ServerError {
     /// The static server description (`GetSqlInfo`) could not be built.
     #[error("cannot build the flight sql server description: {0}")]
     SqlInfo(#[source] arrow_flight::error::FlightError),
+    /// The HTTP server failed.
+    #[error("http server failed: {0}")]
+    Http(#[source] std::io::Error),
 }

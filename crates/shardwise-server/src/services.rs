@@ -21,18 +21,22 @@ use crate::tables::{DataPlaneAuth, MetadataAccess, TablesNode};
 pub struct Listeners {
     pub flight: TcpListener,
     pub data: TcpListener,
+    pub http: TcpListener,
 }
 
 impl Listeners {
-    /// Binds the Flight SQL and data plane ports (0: any free port) on `host`.
-    pub async fn bind(host: &str, flight_port: u16, data_port: u16) -> std::io::Result<Listeners> {
+    /// Binds the Flight SQL, data plane and HTTP ports (0: any free port) on `host`.
+    pub async fn bind(host: &str, flight_port: u16, data_port: u16, http_port: u16) -> std::io::Result<Listeners> {
         let flight = TcpListener::bind((host, flight_port)).await.map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot listen for Flight SQL on {host}:{flight_port}: {e}"))
         })?;
         let data = TcpListener::bind((host, data_port)).await.map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot listen for the data plane on {host}:{data_port}: {e}"))
         })?;
-        Ok(Listeners { flight, data })
+        let http = TcpListener::bind((host, http_port))
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for HTTP on {host}:{http_port}: {e}")))?;
+        Ok(Listeners { flight, data, http })
     }
 
     /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
@@ -43,6 +47,7 @@ impl Listeners {
                 crate::tables::peers::DATA_ADDR_KEY.to_string(),
                 format!("{advertise_host}:{}", self.data.local_addr()?.port()),
             ),
+            ("http".to_string(), format!("{advertise_host}:{}", self.http.local_addr()?.port())),
         ]))
     }
 }
@@ -81,6 +86,7 @@ pub struct Services {
     stop: watch::Sender<bool>,
     flight: JoinHandle<Result<(), crate::ServerError>>,
     data: JoinHandle<Result<(), crate::ServerError>>,
+    http: JoinHandle<Result<(), crate::ServerError>>,
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {
@@ -98,8 +104,9 @@ impl Services {
         let (stop, rx) = watch::channel(false);
         let plane = DataPlane::new(Arc::clone(&tables), Arc::clone(&engine), auth);
         let data = tokio::spawn(plane.serve(listeners.data, max_message_bytes, stopped(rx.clone())));
+        let http = tokio::spawn(crate::http::serve(listeners.http, Arc::clone(&engine), stopped(rx.clone())));
         let flight = tokio::spawn(crate::serve_flight(listeners.flight, Arc::clone(&engine), stopped(rx)));
-        Ok(Services { tables, engine, stop, flight, data })
+        Ok(Services { tables, engine, stop, flight, data, http })
     }
 
     /// Resolves if a server stops on its own, saying which and why.
@@ -112,6 +119,7 @@ impl Services {
         tokio::select! {
             r = &mut self.flight => describe("Flight SQL", r),
             r = &mut self.data => describe("data plane", r),
+            r = &mut self.http => describe("HTTP", r),
         }
     }
 
@@ -120,5 +128,6 @@ impl Services {
         let _ = self.stop.send(true);
         let _ = self.flight.await;
         let _ = self.data.await;
+        let _ = self.http.await;
     }
 }

@@ -63,6 +63,9 @@ pub struct NodeArgs {
     /// free port].
     #[arg(long, env = "SHARDWISE_DATA_PORT")]
     pub data_port: Option<u16>,
+    /// Port of the HTTP API (POST /query, GET /health, GET /metrics) [default: 0 = any free port].
+    #[arg(long, env = "SHARDWISE_HTTP_PORT")]
+    pub http_port: Option<u16>,
     /// How long DDL waits for the master to apply it [default: 10000].
     #[arg(long, env = "SHARDWISE_PROPOSE_TIMEOUT_MS")]
     pub propose_timeout_ms: Option<u64>,
@@ -123,6 +126,7 @@ struct ConfigFile {
     advertise_host: Option<String>,
     flight_port: Option<u16>,
     data_port: Option<u16>,
+    http_port: Option<u16>,
     propose_timeout_ms: Option<u64>,
     connect_timeout_ms: Option<u64>,
     join_timeout_ms: Option<u64>,
@@ -250,9 +254,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
     let data_port = pick(args.data_port, file.data_port).unwrap_or(0);
-    let listeners = Listeners::bind(&listen_host, flight_port, data_port).await?;
+    let http_port = pick(args.http_port, file.http_port).unwrap_or(0);
+    let listeners = Listeners::bind(&listen_host, flight_port, data_port, http_port).await?;
     let addrs = listeners.addrs(&advertise_host)?;
     let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
+    let http_addr = addrs.get("http").cloned().unwrap_or_default();
 
     let node = prepared.join(addrs).await?;
     if args.exit_after_init {
@@ -263,7 +269,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             "node_id": node.node_id.to_string(),
             "init_ms": node.init_ms,
         });
-        println!("listening rank={} flight={flight_addr}", node.rank);
+        println!("listening rank={} flight={flight_addr} http={http_addr}", node.rank);
         println!("{line}");
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);
@@ -271,7 +277,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let mut signals = StopSignals::install()?;
     let service_opts = ServiceOptions { data_dir, secret, settings: storage_settings(&args, &file) };
     let mut services = Services::start(&node, listeners, service_opts).await?;
-    println!("listening rank={} flight={flight_addr}", node.rank);
+    println!("listening rank={} flight={flight_addr} http={http_addr}", node.rank);
 
     let mut fatal = node.fatal();
     let reason: Option<String> = tokio::select! {

@@ -73,7 +73,7 @@ impl EmbeddedCluster {
                 metadata_machine: Some(Arc::new(CatalogMachine { world_size: n })),
             };
             let prepared = shardwise_cluster::prepare(opts)?;
-            let listeners = Listeners::bind("127.0.0.1", 0, 0).await.context("cannot bind the node's ports")?;
+            let listeners = Listeners::bind("127.0.0.1", 0, 0, 0).await.context("cannot bind the node's ports")?;
             let addrs = listeners.addrs("127.0.0.1")?;
             let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
             joins.push(tokio::spawn(async move {

@@ -1,0 +1,450 @@
+//! The HTTP API of a node (axum), for scripts, dashboards and `curl`, in the spirit of
+//! ClickHouse's HTTP interface:
+//! - `POST /query`: the SQL as the body (`Content-Type: application/sql` or `text/plain`), or
+//!   JSON `{"sql": "...", "settings": {"name": "value", ...}}` (`application/json`). Form
+//!   content types are refused (415): a browser sends them cross-site without asking. The answer
+//!   is JSON (one object per row and line), CSV (with a header row) or an Arrow IPC stream,
+//!   chosen by `?format=json|csv|arrow` or else by `Accept`; anything else is 406. Rows are sent
+//!   as the query produces them.
+//! - `GET /health`: 200 and this node's rank while it serves.
+//! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node
+//!   states and sync queues (pending rows and lag).
+//!
+//! Users are those of Flight SQL (`auth`): HTTP Basic, or none for `default`. Every error is a
+//! status with a JSON body `{"error": "...", "kind": "..."}`. Each request is a session of its
+//! own: settings come from the JSON body (or a `SETTINGS` clause), not from an earlier request.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::execution::SendableRecordBatchStream;
+use futures::StreamExt;
+use shardwise_query::{QueryEngine, QueryError, Session};
+use tokio::net::TcpListener;
+
+use crate::auth::{self, Credentials};
+
+/// Largest request body accepted (the SQL, or the JSON around it).
+pub const HTTP_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// Media type of an Arrow IPC stream.
+const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+
+#[derive(Clone)]
+struct Http {
+    engine: Arc<QueryEngine>,
+}
+
+/// Serves the HTTP API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<QueryEngine>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::ServerError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "http endpoint listening");
+    }
+    let app = Router::new()
+        .route("/query", post(query))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
+        .with_state(Http { engine });
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::ServerError::Http)
+}
+
+/// An error answer: a status and `{"error": ..., "kind": ...}`.
+struct Failure {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Failure {
+        Failure { status, kind, message: message.into() }
+    }
+}
+
+impl From<QueryError> for Failure {
+    fn from(e: QueryError) -> Failure {
+        match &e {
+            QueryError::Unavailable(_) => Failure::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+            _ if e.is_user_error() => Failure::new(StatusCode::BAD_REQUEST, "invalid", e.to_string()),
+            _ => Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.message, "kind": self.kind }).to_string();
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"shardwise\""));
+        }
+        response
+    }
+}
+
+fn authorize(headers: &HeaderMap) -> Result<(), Failure> {
+    let unauthorized = |m: String| Failure::new(StatusCode::UNAUTHORIZED, "unauthenticated", m);
+    let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(()) };
+    let value = value.to_str().map_err(|_| unauthorized("the Authorization header is not ASCII".into()))?;
+    match auth::parse_authorization(value).map_err(|s| unauthorized(s.message().to_string()))? {
+        Credentials::Anonymous => Ok(()),
+        Credentials::Basic { user, password } => {
+            auth::check_password(&user, &password).map_err(|s| unauthorized(s.message().to_string()))
+        }
+        Credentials::Bearer(_) => Err(unauthorized("HTTP takes Basic authentication, not a bearer token".into())),
+    }
+}
+
+/// How the answer is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    JsonLines,
+    Csv,
+    Arrow,
+}
+
+impl Format {
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::JsonLines => "application/x-ndjson",
+            Format::Csv => "text/csv; charset=utf-8",
+            Format::Arrow => ARROW_STREAM,
+        }
+    }
+}
+
+/// `?format=` first, else the first media type of `Accept` this API writes.
+fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result<Format, Failure> {
+    if let Some(name) = param {
+        return match name.as_str() {
+            "json" => Ok(Format::JsonLines),
+            "csv" => Ok(Format::Csv),
+            "arrow" => Ok(Format::Arrow),
+            other => Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                format!("format={other:?} is not one of json, csv, arrow"),
+            )),
+        };
+    }
+    let Some(accept) = accept.and_then(|a| a.to_str().ok()) else { return Ok(Format::JsonLines) };
+    for media in accept.split(',').map(|m| m.split(';').next().unwrap_or("").trim().to_ascii_lowercase()) {
+        match media.as_str() {
+            "application/json" | "application/x-ndjson" | "application/jsonl" | "*/*" | "application/*" => {
+                return Ok(Format::JsonLines);
+            }
+            "text/csv" | "text/*" => return Ok(Format::Csv),
+            ARROW_STREAM => return Ok(Format::Arrow),
+            _ => {}
+        }
+    }
+    Err(Failure::new(
+        StatusCode::NOT_ACCEPTABLE,
+        "not_acceptable",
+        format!("cannot answer as {accept:?}; accepted: application/json, text/csv, {ARROW_STREAM}"),
+    ))
+}
+
+/// The SQL and settings of a request body, by its content type.
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String, String)>), Failure> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let text = || {
+        String::from_utf8(body.to_vec())
+            .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))
+    };
+    match content_type.as_str() {
+        "application/sql" | "text/plain" | "" => Ok((text()?, Vec::new())),
+        "application/json" => {
+            let value: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not JSON: {e}")))?;
+            let sql = value.get("sql").and_then(|s| s.as_str()).ok_or_else(|| {
+                Failure::new(StatusCode::BAD_REQUEST, "invalid", "the JSON body needs \"sql\": a string")
+            })?;
+            let mut settings = Vec::new();
+            match value.get("settings") {
+                None | Some(serde_json::Value::Null) => {}
+                Some(serde_json::Value::Object(map)) => {
+                    for (name, v) in map {
+                        let v = match v {
+                            serde_json::Value::String(s) => s.clone(),
+                            serde_json::Value::Number(n) => n.to_string(),
+                            serde_json::Value::Bool(b) => u8::from(*b).to_string(),
+                            other => {
+                                return Err(Failure::new(
+                                    StatusCode::BAD_REQUEST,
+                                    "invalid",
+                                    format!("setting {name}: {other} is not a string, number or boolean"),
+                                ));
+                            }
+                        };
+                        settings.push((name.clone(), v));
+                    }
+                }
+                Some(_) => {
+                    return Err(Failure::new(StatusCode::BAD_REQUEST, "invalid", "\"settings\" must be an object"));
+                }
+            }
+            Ok((sql.to_string(), settings))
+        }
+        "application/x-www-form-urlencoded" | "multipart/form-data" => Err(Failure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "form bodies are refused (browsers send them cross-site); send application/sql, text/plain or \
+             application/json",
+        )),
+        other => Err(Failure::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("Content-Type {other:?}: send application/sql, text/plain or application/json"),
+        )),
+    }
+}
+
+async fn query(
+    State(http): State<Http>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    authorize(&headers)?;
+    let format = choose_format(params.get("format"), headers.get(header::ACCEPT))?;
+    let (sql, settings) = parse_body(&headers, &body)?;
+    let session: Arc<Session> = http.engine.session_with(&settings)?;
+    let planned = http.engine.plan(&sql, &session).await?;
+    let stream = http.engine.execute(planned).await?;
+    let body = Body::from_stream(encode(stream, format));
+    Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+/// The answer's bytes, batch by batch. An error part-way ends the body early (the status has
+/// been sent); the error is logged.
+fn encode(
+    stream: SendableRecordBatchStream,
+    format: Format,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let schema = stream.schema();
+    let encoder = Encoder::new(format, schema);
+    futures::stream::unfold((stream, Some(encoder)), |(mut stream, encoder)| async move {
+        let mut encoder = encoder?;
+        match stream.next().await {
+            Some(Ok(batch)) => {
+                let bytes = encoder.batch(&batch).map_err(std::io::Error::other);
+                Some((bytes, (stream, Some(encoder))))
+            }
+            Some(Err(e)) => {
+                tracing::warn!("HTTP query failed part-way: {e}");
+                Some((Err(std::io::Error::other(e.to_string())), (stream, None)))
+            }
+            None => encoder.finish().map(|bytes| (Ok(bytes), (stream, None))),
+        }
+    })
+}
+
+/// Writes batches in one format, keeping what must persist between them.
+struct Encoder {
+    format: Format,
+    schema: SchemaRef,
+    header_written: bool,
+    arrow: Option<datafusion::arrow::ipc::writer::StreamWriter<Vec<u8>>>,
+}
+
+impl Encoder {
+    fn new(format: Format, schema: SchemaRef) -> Encoder {
+        Encoder { format, schema, header_written: false, arrow: None }
+    }
+
+    fn batch(&mut self, batch: &RecordBatch) -> Result<Bytes, datafusion::arrow::error::ArrowError> {
+        let mut out = Vec::new();
+        match self.format {
+            Format::JsonLines => {
+                let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(&mut out);
+                writer.write(batch)?;
+                writer.finish()?;
+            }
+            Format::Csv => {
+                let mut writer =
+                    datafusion::arrow::csv::WriterBuilder::new().with_header(!self.header_written).build(&mut out);
+                writer.write(batch)?;
+                self.header_written = true;
+            }
+            Format::Arrow => {
+                let writer = self.arrow_writer()?;
+                writer.write(batch)?;
+                out = std::mem::take(writer.get_mut());
+            }
+        }
+        Ok(Bytes::from(out))
+    }
+
+    fn arrow_writer(
+        &mut self,
+    ) -> Result<&mut datafusion::arrow::ipc::writer::StreamWriter<Vec<u8>>, datafusion::arrow::error::ArrowError> {
+        if self.arrow.is_none() {
+            self.arrow = Some(datafusion::arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &self.schema)?);
+        }
+        self.arrow.as_mut().ok_or_else(|| datafusion::arrow::error::ArrowError::IpcError("no writer".into()))
+    }
+
+    /// What ends the answer: a CSV header when there were no rows, the Arrow stream's end.
+    fn finish(mut self) -> Option<Bytes> {
+        match self.format {
+            Format::JsonLines => None,
+            Format::Csv if self.header_written => None,
+            Format::Csv => {
+                let names: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
+                Some(Bytes::from(format!("{}\n", names.join(","))))
+            }
+            Format::Arrow => {
+                let writer = self.arrow_writer().ok()?;
+                writer.finish().ok()?;
+                Some(Bytes::from(std::mem::take(writer.get_mut())))
+            }
+        }
+    }
+}
+
+async fn health(State(http): State<Http>) -> Response {
+    let rank = http.engine.tables().map(|t| t.local_rank());
+    let body = serde_json::json!({ "status": "ok", "rank": rank }).to_string();
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Result<Response, Failure> {
+    authorize(&headers)?;
+    let (totals, running) = http.engine.query_totals();
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, rows: Vec<(String, u64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in rows {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let by_state = totals.by_state.iter().map(|(s, n)| (format!("{{state=\"{s}\"}}"), *n)).collect();
+    metric("shardwise_queries_total", "counter", "Queries this node ran as initiator, by how they ended.", by_state);
+    metric(
+        "shardwise_queries_running",
+        "gauge",
+        "Queries running on this node as initiator.",
+        vec![(String::new(), running as u64)],
+    );
+    metric(
+        "shardwise_query_result_rows_total",
+        "counter",
+        "Rows answered to clients.",
+        vec![(String::new(), totals.result_rows)],
+    );
+    metric(
+        "shardwise_query_rows_moved_total",
+        "counter",
+        "Rows query fragments sent to this node.",
+        vec![(String::new(), totals.rows_moved)],
+    );
+    metric(
+        "shardwise_query_bytes_moved_total",
+        "counter",
+        "Bytes query fragments sent to this node.",
+        vec![(String::new(), totals.bytes_moved)],
+    );
+    let nodes = rows(&http.engine, "SELECT rank, role, state FROM system.nodes ORDER BY rank").await?;
+    let up =
+        nodes.iter().map(|r| (format!("{{rank=\"{}\",role=\"{}\"}}", r[0], r[1]), u64::from(r[2] == "up"))).collect();
+    metric("shardwise_node_up", "gauge", "1 when the node is up, as this node sees the cluster.", up);
+    if http.engine.tables().is_some() {
+        let queues = rows(
+            &http.engine,
+            "SELECT rank, \"table\", destination, pending_rows, coalesce(oldest_pending_age_ms, 0) \
+             FROM system.sync_queues",
+        )
+        .await?;
+        let label = |r: &Vec<String>| format!("{{rank=\"{}\",table=\"{}\",destination=\"{}\"}}", r[0], r[1], r[2]);
+        let pending = queues.iter().map(|r| (label(r), r[3].parse().unwrap_or(0))).collect();
+        metric("shardwise_sync_pending_rows", "gauge", "Rows waiting in a node's outbox, by destination.", pending);
+        let lag = queues.iter().map(|r| (label(r), r[4].parse().unwrap_or(0))).collect();
+        metric("shardwise_sync_lag_ms", "gauge", "Age of the oldest row waiting in a node's outbox.", lag);
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+/// Every row of `sql` as strings.
+async fn rows(engine: &QueryEngine, sql: &str) -> Result<Vec<Vec<String>>, Failure> {
+    let planned = engine.plan(sql, &Arc::new(Session::new())).await?;
+    let mut stream = engine.execute(planned).await?;
+    let mut out = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(QueryError::from)?;
+        for row in 0..batch.num_rows() {
+            let cells = batch
+                .columns()
+                .iter()
+                .map(|c| datafusion::arrow::util::display::array_value_to_string(c, row).unwrap_or_default())
+                .collect();
+            out.push(cells);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_comes_from_the_parameter_then_accept() {
+        let accept = |v: &'static str| Some(HeaderValue::from_static(v));
+        assert_eq!(choose_format(None, None).ok(), Some(Format::JsonLines));
+        assert_eq!(
+            choose_format(Some(&"csv".to_string()), accept("application/json").as_ref()).ok(),
+            Some(Format::Csv)
+        );
+        assert_eq!(choose_format(None, accept("text/html, text/csv;q=0.9").as_ref()).ok(), Some(Format::Csv));
+        assert_eq!(choose_format(None, accept(ARROW_STREAM).as_ref()).ok(), Some(Format::Arrow));
+        assert_eq!(
+            choose_format(None, accept("image/png").as_ref()).err().map(|f| f.status),
+            Some(StatusCode::NOT_ACCEPTABLE)
+        );
+        assert_eq!(
+            choose_format(Some(&"xml".to_string()), None).err().map(|f| f.status),
+            Some(StatusCode::BAD_REQUEST)
+        );
+    }
+
+    #[test]
+    fn bodies_are_read_by_content_type_and_forms_refused() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let body = Bytes::from_static(
+            br#"{"sql": "SELECT 1", "settings": {"max_memory_usage": 5, "skip_unavailable_shards": true}}"#,
+        );
+        let (sql, settings) = parse_body(&headers, &body).ok().expect("json body");
+        assert_eq!(sql, "SELECT 1");
+        assert_eq!(
+            settings,
+            vec![("max_memory_usage".into(), "5".into()), ("skip_unavailable_shards".into(), "1".into())]
+        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-www-form-urlencoded"));
+        assert_eq!(parse_body(&headers, &body).err().map(|f| f.status), Some(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let bad = Bytes::from_static(b"{not json");
+        assert_eq!(parse_body(&headers, &bad).err().map(|f| f.status), Some(StatusCode::BAD_REQUEST));
+    }
+}
