@@ -1,15 +1,8 @@
-//! Client authentication for the Flight SQL endpoint.
-//!
-//! Until users are configured, shardwise behaves as ClickHouse does out of the box: the only user
-//! is `default`, with an empty password, and clients may also connect without credentials. A
-//! successful handshake returns a bearer token that later calls may present; any other user, a
-//! wrong password, or a token this process did not issue is refused.
+//! The `authorization` header of Flight SQL and HTTP requests: Basic credentials, checked against
+//! [`crate::users::Users`], or a bearer token from an earlier Flight SQL handshake.
 
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-
-/// The only user that exists before users are configured.
-pub const DEFAULT_USER: &str = "default";
 
 /// What the `authorization` header of a request says.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,19 +44,6 @@ pub fn parse_authorization(value: &str) -> Result<Credentials, Status> {
     }
 }
 
-/// Checks a user name and password against the (so far fixed) user list.
-pub fn check_password(user: &str, password: &str) -> Result<(), Status> {
-    if user == DEFAULT_USER && password.is_empty() {
-        Ok(())
-    } else if user == DEFAULT_USER {
-        Err(Status::unauthenticated(format!("wrong password for user {DEFAULT_USER:?}")))
-    } else {
-        Err(Status::unauthenticated(format!(
-            "unknown user {user:?}: no users are configured, only {DEFAULT_USER:?} (empty password)"
-        )))
-    }
-}
-
 /// Decodes standard base64, with or without `=` padding; `None` when malformed.
 fn base64_decode(input: &str) -> Option<Vec<u8>> {
     use base64::Engine as _;
@@ -100,14 +80,5 @@ mod tests {
         assert_eq!(parse_authorization("Bearer abc").ok(), Some(Credentials::Bearer("abc".into())));
         assert!(parse_authorization("Digest x").is_err());
         assert!(parse_authorization("Basic ###").is_err());
-    }
-
-    #[test]
-    fn only_default_with_empty_password() {
-        assert!(check_password("default", "").is_ok());
-        let e = check_password("default", "x").unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated);
-        let e = check_password("admin", "").unwrap_err();
-        assert!(e.message().contains("unknown user \"admin\""), "{}", e.message());
     }
 }

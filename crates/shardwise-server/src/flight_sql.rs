@@ -5,8 +5,9 @@
 //! is simply the SQL text, planned again at `DoGet`, so the endpoint keeps no per-query state.
 //! All failures become a `tonic::Status` in [`to_status`].
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
@@ -35,6 +36,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{self, Credentials};
 use crate::connections::{Sessions, connection_id};
 use crate::error::ServerError;
+use crate::users::{AuthError, DEFAULT_USER, Users};
 
 /// Name reported in `GetSqlInfo`.
 pub const SERVER_NAME: &str = "shardwise";
@@ -57,8 +59,10 @@ pub(crate) fn to_status(e: QueryError) -> Status {
 /// Serves Flight SQL on top of a [`QueryEngine`].
 pub struct FlightSqlEndpoint {
     engine: Arc<QueryEngine>,
-    /// Bearer token handed out by `Handshake`; one per process (there is one user so far).
-    token: String,
+    /// Who may connect.
+    users: Arc<Users>,
+    /// Bearer tokens handed out by `Handshake`: one per user and process, token to user.
+    tokens: Mutex<HashMap<String, String>>,
     sql_info: SqlInfoData,
     /// One per client connection (what `SET` changed).
     sessions: Arc<Sessions>,
@@ -71,27 +75,45 @@ impl std::fmt::Debug for FlightSqlEndpoint {
 }
 
 impl FlightSqlEndpoint {
-    pub fn new(engine: Arc<QueryEngine>, sessions: Arc<Sessions>) -> Result<Self, ServerError> {
+    pub fn new(engine: Arc<QueryEngine>, sessions: Arc<Sessions>, users: Arc<Users>) -> Result<Self, ServerError> {
         let mut info = SqlInfoDataBuilder::new();
         info.append(SqlInfo::FlightSqlServerName, SERVER_NAME);
         info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
         // Arrow format version (Schema.fbs MetadataVersion V5 is format 1.3 and later).
         info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
         let sql_info = info.build().map_err(ServerError::SqlInfo)?;
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        Ok(FlightSqlEndpoint { engine, token, sql_info, sessions })
+        Ok(FlightSqlEndpoint { engine, users, tokens: Mutex::default(), sql_info, sessions })
     }
 
-    /// Admits a call: no credentials, `default` with an empty password, or our bearer token.
-    fn authorize(&self, metadata: &MetadataMap) -> Result<(), Status> {
+    /// Admits a call: a user and password, a bearer token from our handshake, or no credentials
+    /// while no users are configured. Returns the user.
+    fn authorize(&self, metadata: &MetadataMap) -> Result<String, Status> {
+        let refused = |e: AuthError| Status::unauthenticated(e.to_string());
         match auth::credentials(metadata)? {
-            Credentials::Anonymous => Ok(()),
-            Credentials::Basic { user, password } => auth::check_password(&user, &password),
-            Credentials::Bearer(token) if token == self.token => Ok(()),
-            Credentials::Bearer(_) => {
-                Err(Status::unauthenticated("unknown session token (the server may have restarted): handshake again"))
+            Credentials::Anonymous => self.users.check_anonymous().map(|()| DEFAULT_USER.to_string()).map_err(refused),
+            Credentials::Basic { user, password } => {
+                self.users.check_password(&user, &password).map_err(refused)?;
+                Ok(user)
             }
+            Credentials::Bearer(token) => self.tokens().get(&token).cloned().ok_or_else(|| {
+                Status::unauthenticated("unknown session token (the server may have restarted): handshake again")
+            }),
         }
+    }
+
+    /// The bearer token of `user`, made on first use.
+    fn token_of(&self, user: &str) -> String {
+        let mut tokens = self.tokens();
+        if let Some((token, _)) = tokens.iter().find(|(_, u)| *u == user) {
+            return token.clone();
+        }
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        tokens.insert(token.clone(), user.to_string());
+        token
+    }
+
+    fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The session of the connection `request` came on.
@@ -170,11 +192,12 @@ impl FlightSqlService for FlightSqlEndpoint {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<HandshakeStream>, Status> {
-        self.authorize(request.metadata())?;
-        let reply = HandshakeResponse { protocol_version: 0, payload: self.token.clone().into() };
+        let user = self.authorize(request.metadata())?;
+        let token = self.token_of(&user);
+        let reply = HandshakeResponse { protocol_version: 0, payload: token.clone().into() };
         let output: HandshakeStream = Box::pin(futures::stream::iter([Ok(reply)]));
         let mut response = Response::new(output);
-        let bearer = MetadataValue::try_from(format!("Bearer {}", self.token))
+        let bearer = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|e| Status::internal(format!("cannot encode the session token: {e}")))?;
         response.metadata_mut().insert("authorization", bearer);
         Ok(response)
@@ -307,7 +330,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Action>,
     ) -> Result<(), Status> {
         // The handle is the SQL itself: nothing is held, nothing to release.
-        self.authorize(request.metadata())
+        self.authorize(request.metadata()).map(drop)
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

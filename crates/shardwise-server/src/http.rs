@@ -32,6 +32,10 @@ use shardwise_query::{QueryEngine, QueryError, Session};
 use tokio::net::TcpListener;
 
 use crate::auth::{self, Credentials};
+use crate::users::Users;
+
+/// The status page, served at `/`.
+const STATUS_PAGE_HTML: &str = include_str!("status.html");
 
 /// Largest request body accepted (the SQL, or the JSON around it).
 pub const HTTP_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -42,23 +46,26 @@ const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 #[derive(Clone)]
 struct Http {
     engine: Arc<QueryEngine>,
+    users: Arc<Users>,
 }
 
 /// Serves the HTTP API on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     engine: Arc<QueryEngine>,
+    users: Arc<Users>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ServerError> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "http endpoint listening");
     }
     let app = Router::new()
+        .route("/", get(status_page))
         .route("/query", post(query))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
-        .with_state(Http { engine });
+        .with_state(Http { engine, users });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::ServerError::Http)
 }
 
@@ -98,17 +105,49 @@ impl IntoResponse for Failure {
     }
 }
 
-fn authorize(headers: &HeaderMap) -> Result<(), Failure> {
+fn authorize(users: &Users, headers: &HeaderMap) -> Result<(), Failure> {
     let unauthorized = |m: String| Failure::new(StatusCode::UNAUTHORIZED, "unauthenticated", m);
-    let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(()) };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return users.check_anonymous().map_err(|e| unauthorized(e.to_string()));
+    };
     let value = value.to_str().map_err(|_| unauthorized("the Authorization header is not ASCII".into()))?;
     match auth::parse_authorization(value).map_err(|s| unauthorized(s.message().to_string()))? {
-        Credentials::Anonymous => Ok(()),
+        Credentials::Anonymous => users.check_anonymous().map_err(|e| unauthorized(e.to_string())),
         Credentials::Basic { user, password } => {
-            auth::check_password(&user, &password).map_err(|s| unauthorized(s.message().to_string()))
+            users.check_password(&user, &password).map_err(|e| unauthorized(e.to_string()))
         }
         Credentials::Bearer(_) => Err(unauthorized("HTTP takes Basic authentication, not a bearer token".into())),
     }
+}
+
+/// Refuses a request a browser sent from another site's page. `text/plain` bodies need no CORS
+/// preflight, so without this any web page could post SQL to a node on the reader's machine;
+/// browsers always name the page's origin on such requests, and it must be this node.
+fn same_origin(headers: &HeaderMap) -> Result<(), Failure> {
+    let Some(origin) = headers.get(header::ORIGIN) else { return Ok(()) };
+    let origin = origin.to_str().unwrap_or("");
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let origin_host = origin.split_once("://").map(|(_, rest)| rest).unwrap_or("");
+    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "cross_origin",
+            format!("requests from pages of other sites are refused (Origin {origin:?}, Host {host:?})"),
+        ))
+    }
+}
+
+/// The live status page (`status.html`): its script polls `POST /query` for the system tables.
+async fn status_page(State(http): State<Http>, headers: HeaderMap) -> Result<Response, Failure> {
+    authorize(&http.users, &headers)?;
+    let headers = [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ];
+    Ok((headers, STATUS_PAGE_HTML).into_response())
 }
 
 /// How the answer is written.
@@ -226,7 +265,8 @@ async fn query(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    authorize(&headers)?;
+    same_origin(&headers)?;
+    authorize(&http.users, &headers)?;
     let format = choose_format(params.get("format"), headers.get(header::ACCEPT))?;
     let (sql, settings) = parse_body(&headers, &body)?;
     let session: Arc<Session> = http.engine.session_with(&settings)?;
@@ -277,7 +317,11 @@ impl Encoder {
         let mut out = Vec::new();
         match self.format {
             Format::JsonLines => {
-                let mut writer = datafusion::arrow::json::LineDelimitedWriter::new(&mut out);
+                // Nulls written as `null`, as ClickHouse's JSONEachRow does, so every line has
+                // every column.
+                let mut writer = datafusion::arrow::json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, datafusion::arrow::json::writer::LineDelimited>(&mut out);
                 writer.write(batch)?;
                 writer.finish()?;
             }
@@ -330,7 +374,7 @@ async fn health(State(http): State<Http>) -> Response {
 }
 
 async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Result<Response, Failure> {
-    authorize(&headers)?;
+    authorize(&http.users, &headers)?;
     let (totals, running) = http.engine.query_totals();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, rows: Vec<(String, u64)>| {

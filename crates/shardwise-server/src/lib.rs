@@ -13,9 +13,11 @@ pub mod error;
 pub mod flight_sql;
 pub mod http;
 pub mod ingest;
+pub mod pg;
 pub mod services;
 pub mod settings;
 pub mod tables;
+pub mod users;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 pub use catalog_machine::CatalogMachine;
 pub use error::ServerError;
 pub use flight_sql::FlightSqlEndpoint;
-pub use services::{Listeners, ServiceOptions, Services};
+pub use services::{Listeners, Ports, ServiceOptions, Services};
 pub use settings::StorageSettings;
 
 /// Largest gRPC message accepted or sent by the Flight SQL endpoint. Result batches are split
@@ -38,10 +40,11 @@ pub const MAX_FLIGHT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 pub async fn serve_flight(
     listener: tokio::net::TcpListener,
     engine: Arc<QueryEngine>,
+    users: Arc<users::Users>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let sessions = Arc::new(connections::Sessions::default());
-    let endpoint = FlightSqlEndpoint::new(engine, Arc::clone(&sessions))?;
+    let endpoint = FlightSqlEndpoint::new(engine, Arc::clone(&sessions), users)?;
     let service = FlightServiceServer::new(endpoint)
         .max_decoding_message_size(MAX_FLIGHT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_FLIGHT_MESSAGE_BYTES);

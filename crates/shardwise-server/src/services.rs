@@ -1,5 +1,5 @@
 //! Starting a node's services once it has joined: the table layer, the data plane and the Flight
-//! SQL endpoint, with one stop switch for all. `shardwise node` and the embedded cluster both
+//! SQL, HTTP and PostgreSQL endpoints, with one stop switch for all. `shardwise node` and the embedded cluster both
 //! start nodes through here, so they run the same code.
 
 use std::collections::BTreeMap;
@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use crate::data_plane::DataPlane;
 use crate::settings::StorageSettings;
 use crate::tables::{DataPlaneAuth, MetadataAccess, TablesNode};
+use crate::users::Users;
 
 /// The listeners a node serves on, bound before it joins so their addresses can be advertised.
 #[derive(Debug)]
@@ -22,11 +23,13 @@ pub struct Listeners {
     pub flight: TcpListener,
     pub data: TcpListener,
     pub http: TcpListener,
+    pub pg: TcpListener,
 }
 
 impl Listeners {
-    /// Binds the Flight SQL, data plane and HTTP ports (0: any free port) on `host`.
-    pub async fn bind(host: &str, flight_port: u16, data_port: u16, http_port: u16) -> std::io::Result<Listeners> {
+    /// Binds the Flight SQL, data plane, HTTP and PostgreSQL ports (0: any free port) on `host`.
+    pub async fn bind(host: &str, ports: Ports) -> std::io::Result<Listeners> {
+        let Ports { flight: flight_port, data: data_port, http: http_port, pg: pg_port } = ports;
         let flight = TcpListener::bind((host, flight_port)).await.map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot listen for Flight SQL on {host}:{flight_port}: {e}"))
         })?;
@@ -36,7 +39,10 @@ impl Listeners {
         let http = TcpListener::bind((host, http_port))
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for HTTP on {host}:{http_port}: {e}")))?;
-        Ok(Listeners { flight, data, http })
+        let pg = TcpListener::bind((host, pg_port)).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen for PostgreSQL clients on {host}:{pg_port}: {e}"))
+        })?;
+        Ok(Listeners { flight, data, http, pg })
     }
 
     /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
@@ -48,8 +54,18 @@ impl Listeners {
                 format!("{advertise_host}:{}", self.data.local_addr()?.port()),
             ),
             ("http".to_string(), format!("{advertise_host}:{}", self.http.local_addr()?.port())),
+            ("pg".to_string(), format!("{advertise_host}:{}", self.pg.local_addr()?.port())),
         ]))
     }
+}
+
+/// The ports a node listens on; 0 picks any free port.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ports {
+    pub flight: u16,
+    pub data: u16,
+    pub http: u16,
+    pub pg: u16,
 }
 
 /// What a node needs besides its [`Node`] to serve tables.
@@ -58,6 +74,8 @@ pub struct ServiceOptions {
     pub data_dir: PathBuf,
     pub secret: Option<ClusterSecret>,
     pub settings: StorageSettings,
+    /// Who may connect, over every client protocol.
+    pub users: Arc<Users>,
 }
 
 #[derive(Debug)]
@@ -87,6 +105,7 @@ pub struct Services {
     flight: JoinHandle<Result<(), crate::ServerError>>,
     data: JoinHandle<Result<(), crate::ServerError>>,
     http: JoinHandle<Result<(), crate::ServerError>>,
+    pg: JoinHandle<Result<(), crate::ServerError>>,
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {
@@ -104,9 +123,25 @@ impl Services {
         let (stop, rx) = watch::channel(false);
         let plane = DataPlane::new(Arc::clone(&tables), Arc::clone(&engine), auth);
         let data = tokio::spawn(plane.serve(listeners.data, max_message_bytes, stopped(rx.clone())));
-        let http = tokio::spawn(crate::http::serve(listeners.http, Arc::clone(&engine), stopped(rx.clone())));
-        let flight = tokio::spawn(crate::serve_flight(listeners.flight, Arc::clone(&engine), stopped(rx)));
-        Ok(Services { tables, engine, stop, flight, data, http })
+        let http = tokio::spawn(crate::http::serve(
+            listeners.http,
+            Arc::clone(&engine),
+            Arc::clone(&opts.users),
+            stopped(rx.clone()),
+        ));
+        let pg = tokio::spawn(crate::pg::serve(
+            listeners.pg,
+            Arc::clone(&engine),
+            Arc::clone(&opts.users),
+            stopped(rx.clone()),
+        ));
+        let flight = tokio::spawn(crate::serve_flight(
+            listeners.flight,
+            Arc::clone(&engine),
+            Arc::clone(&opts.users),
+            stopped(rx.clone()),
+        ));
+        Ok(Services { tables, engine, stop, flight, data, http, pg })
     }
 
     /// Resolves if a server stops on its own, saying which and why.
@@ -120,6 +155,7 @@ impl Services {
             r = &mut self.flight => describe("Flight SQL", r),
             r = &mut self.data => describe("data plane", r),
             r = &mut self.http => describe("HTTP", r),
+            r = &mut self.pg => describe("PostgreSQL", r),
         }
     }
 
@@ -129,5 +165,6 @@ impl Services {
         let _ = self.flight.await;
         let _ = self.data.await;
         let _ = self.http.await;
+        let _ = self.pg.await;
     }
 }

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use crate::serve_flight;
+use crate::users::{Users, Verifier};
 
 #[derive(Debug)]
 struct TwoNodes;
@@ -53,11 +54,15 @@ struct Running {
 
 impl Running {
     async fn start() -> Running {
+        Running::start_with(Users::default_only()).await
+    }
+
+    async fn start_with(users: Users) -> Running {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let engine = Arc::new(QueryEngine::new(Arc::new(TwoNodes)).expect("engine"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve_flight(listener, engine, async move {
+        let task = tokio::spawn(serve_flight(listener, engine, Arc::new(users), async move {
             let _ = stopped.await;
         }));
         Running { addr, stop: Some(stop), task }
@@ -175,6 +180,32 @@ async fn other_users_and_stale_tokens_are_refused() {
     client.set_token("not-issued-here".to_string());
     let status = status_of(query(&mut client, "SELECT 1").await.unwrap_err());
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
+
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn configured_users_log_in_with_their_password_only() {
+    let config = std::collections::BTreeMap::from([("alice".to_string(), Verifier::generate("s3cret").to_string())]);
+    let server = Running::start_with(Users::from_config(&config).expect("users")).await;
+
+    let mut anonymous = server.client().await;
+    let status = status_of(query(&mut anonymous, "SELECT 1").await.unwrap_err());
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(status.message().contains("credentials required"), "{}", status.message());
+
+    let mut wrong = server.client().await;
+    let err = wrong.handshake("alice", "guess").await.unwrap_err();
+    let err = err.to_string();
+    assert!(err.contains("password authentication failed for user") && err.contains("alice"), "{err}");
+    let err = wrong.handshake("default", "").await.unwrap_err();
+    let err = err.to_string();
+    assert!(err.contains("password authentication failed for user") && err.contains("default"), "{err}");
+
+    let mut alice = server.client().await;
+    alice.handshake("alice", "s3cret").await.expect("alice logs in");
+    let batches = query(&mut alice, "SELECT 41 + 1 AS answer").await.expect("query with the token");
+    assert_eq!(batches[0].num_rows(), 1);
 
     server.stop().await;
 }

@@ -2,6 +2,7 @@
 //! over the launch environment), runs `init_distributed_mode`, prints its `listening` line and
 //! serves Flight SQL until SIGTERM or Ctrl-C.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,7 +11,8 @@ use anyhow::Context;
 use serde::Deserialize;
 use shardwise_cluster::source::{self, Explicit, Given, LaunchSource};
 use shardwise_cluster::{ClusterSecret, InitOptions, Timeouts, secret::SECRET_ENV};
-use shardwise_server::{CatalogMachine, Listeners, ServiceOptions, Services, StorageSettings};
+use shardwise_server::users::Users;
+use shardwise_server::{CatalogMachine, Listeners, Ports, ServiceOptions, Services, StorageSettings};
 use tracing::{info, warn};
 
 /// Flags of `shardwise node`. Every flag can also be set in the `--config` file under the same
@@ -63,9 +65,14 @@ pub struct NodeArgs {
     /// free port].
     #[arg(long, env = "SHARDWISE_DATA_PORT")]
     pub data_port: Option<u16>,
-    /// Port of the HTTP API (POST /query, GET /health, GET /metrics) [default: 0 = any free port].
+    /// Port of the HTTP API and status page (GET /, POST /query, GET /health, GET /metrics)
+    /// [default: 0 = any free port].
     #[arg(long, env = "SHARDWISE_HTTP_PORT")]
     pub http_port: Option<u16>,
+    /// Port of the PostgreSQL protocol endpoint (database `shardwise`) [default: 0 = any free
+    /// port].
+    #[arg(long, env = "SHARDWISE_PG_PORT")]
+    pub pg_port: Option<u16>,
     /// How long DDL waits for the master to apply it [default: 10000].
     #[arg(long, env = "SHARDWISE_PROPOSE_TIMEOUT_MS")]
     pub propose_timeout_ms: Option<u64>,
@@ -127,6 +134,7 @@ struct ConfigFile {
     flight_port: Option<u16>,
     data_port: Option<u16>,
     http_port: Option<u16>,
+    pg_port: Option<u16>,
     propose_timeout_ms: Option<u64>,
     connect_timeout_ms: Option<u64>,
     join_timeout_ms: Option<u64>,
@@ -138,6 +146,10 @@ struct ConfigFile {
     outbox_max_bytes: Option<u64>,
     outbox_full_wait_ms: Option<u64>,
     log: Option<String>,
+    /// Users and their SCRAM-SHA-256 verifiers (`shardwise passwd USER` prints one); while
+    /// absent or empty, only `default` with an empty password.
+    #[serde(default)]
+    users: BTreeMap<String, String>,
 }
 
 fn load_config(path: &Path) -> anyhow::Result<ConfigFile> {
@@ -247,6 +259,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         embedded: false,
         metadata_machine: Some(Arc::new(CatalogMachine { world_size: detected.world_size })),
     };
+    let users = Users::from_config(&file.users).with_context(|| format!("invalid [users] in {config_name}"))?;
+    let users = Arc::new(users);
     let prepared = shardwise_cluster::prepare(opts)?;
 
     let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
@@ -255,10 +269,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
     let data_port = pick(args.data_port, file.data_port).unwrap_or(0);
     let http_port = pick(args.http_port, file.http_port).unwrap_or(0);
-    let listeners = Listeners::bind(&listen_host, flight_port, data_port, http_port).await?;
+    let pg_port = pick(args.pg_port, file.pg_port).unwrap_or(0);
+    let ports = Ports { flight: flight_port, data: data_port, http: http_port, pg: pg_port };
+    let listeners = Listeners::bind(&listen_host, ports).await?;
     let addrs = listeners.addrs(&advertise_host)?;
     let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
     let http_addr = addrs.get("http").cloned().unwrap_or_default();
+    let pg_addr = addrs.get("pg").cloned().unwrap_or_default();
 
     let node = prepared.join(addrs).await?;
     if args.exit_after_init {
@@ -269,15 +286,15 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             "node_id": node.node_id.to_string(),
             "init_ms": node.init_ms,
         });
-        println!("listening rank={} flight={flight_addr} http={http_addr}", node.rank);
+        println!("listening rank={} flight={flight_addr} http={http_addr} pg={pg_addr}", node.rank);
         println!("{line}");
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
     let mut signals = StopSignals::install()?;
-    let service_opts = ServiceOptions { data_dir, secret, settings: storage_settings(&args, &file) };
+    let service_opts = ServiceOptions { data_dir, secret, settings: storage_settings(&args, &file), users };
     let mut services = Services::start(&node, listeners, service_opts).await?;
-    println!("listening rank={} flight={flight_addr} http={http_addr}", node.rank);
+    println!("listening rank={} flight={flight_addr} http={http_addr} pg={pg_addr}", node.rank);
 
     let mut fatal = node.fatal();
     let reason: Option<String> = tokio::select! {

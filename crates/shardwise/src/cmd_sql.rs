@@ -12,7 +12,6 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::sql_split::split_statements;
 use anyhow::{Context, anyhow, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
@@ -22,6 +21,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::{FlightInfo, HandshakeRequest};
 use base64::Engine as _;
 use futures::TryStreamExt;
+use shardwise_query::sql_split::split_statements;
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest gRPC message the client accepts (matches the server's limit).

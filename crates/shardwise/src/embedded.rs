@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use shardwise_cluster::{Detected, InitOptions, LaunchSource, Node, Timeouts};
-use shardwise_server::{CatalogMachine, Listeners, ServiceOptions, Services, StorageSettings};
+use shardwise_server::users::Users;
+use shardwise_server::{CatalogMachine, Listeners, Ports, ServiceOptions, Services, StorageSettings};
 
 /// Refuses a node count outside `1..=max`.
 pub fn check_nodes(nodes: u32, max: u32) -> anyhow::Result<()> {
@@ -73,7 +74,8 @@ impl EmbeddedCluster {
                 metadata_machine: Some(Arc::new(CatalogMachine { world_size: n })),
             };
             let prepared = shardwise_cluster::prepare(opts)?;
-            let listeners = Listeners::bind("127.0.0.1", 0, 0, 0).await.context("cannot bind the node's ports")?;
+            let listeners =
+                Listeners::bind("127.0.0.1", Ports::default()).await.context("cannot bind the node's ports")?;
             let addrs = listeners.addrs("127.0.0.1")?;
             let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
             joins.push(tokio::spawn(async move {
@@ -84,7 +86,12 @@ impl EmbeddedCluster {
         let mut nodes = Vec::new();
         for j in joins {
             let (node, listeners, flight_addr, node_dir) = j.await.context("node task failed")??;
-            let opts = ServiceOptions { data_dir: node_dir, secret: None, settings: StorageSettings::default() };
+            let opts = ServiceOptions {
+                data_dir: node_dir,
+                secret: None,
+                settings: StorageSettings::default(),
+                users: Arc::new(Users::default_only()),
+            };
             let services = Services::start(&node, listeners, opts).await?;
             nodes.push(EmbeddedNode { node, flight_addr, services });
         }

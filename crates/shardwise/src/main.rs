@@ -12,6 +12,7 @@ mod cmd_launch;
 mod cmd_load;
 mod cmd_local;
 mod cmd_node;
+mod cmd_passwd;
 mod cmd_sql;
 mod demo_data;
 mod embedded;
@@ -20,7 +21,6 @@ mod logging;
 mod ports;
 mod proc_cluster;
 mod shell;
-mod sql_split;
 
 use std::process::ExitCode;
 
@@ -63,6 +63,9 @@ enum Command {
     Demo(cmd_demo::DemoArgs),
     /// Benchmarks (run on a release build); each prints ratios against a same-run baseline.
     Bench(cmd_bench::BenchArgs),
+    /// Print a user's line for the `[users]` table of a node's config: the password as a salted
+    /// SCRAM-SHA-256 verifier, used by PostgreSQL clients, Flight SQL and HTTP alike.
+    Passwd(cmd_passwd::PasswdArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
             Command::Load(args) => cmd_load::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Demo(args) => cmd_demo::run(args).await,
             Command::Bench(args) => cmd_bench::run(args).await,
+            Command::Passwd(args) => cmd_passwd::run(args).map(|()| ExitCode::SUCCESS),
         }
     });
     // Do not wait for stray blocking tasks (a stdin reader, say) at exit.

@@ -11,7 +11,7 @@ use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
 use crate::cmd_sql::{OutputFormat, SqlClient};
-use crate::sql_split::{is_complete, split_statements};
+use shardwise_query::sql_split::{is_complete, split_statements};
 
 /// Lines of history kept.
 const HISTORY_MAX_LINES: usize = 10_000;

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod clients;
 mod demo;
 mod init_cluster;
 mod init_validation;

@@ -186,18 +186,29 @@ pub fn node_cmd(rank: u32, world: u32, master_port: u16, data_dir: &Path) -> Com
 
 /// Extracts `flight=HOST:PORT` from a `listening` line.
 pub fn flight_addr(listening_line: &str) -> String {
+    listening_addr(listening_line, "flight")
+}
+
+/// Extracts `KEY=HOST:PORT` (`flight`, `http`, `pg`) from a `listening` line.
+pub fn listening_addr(listening_line: &str, key: &str) -> String {
+    let prefix = format!("{key}=");
     listening_line
         .split_whitespace()
-        .find_map(|w| w.strip_prefix("flight="))
-        .unwrap_or_else(|| panic!("no flight= in {listening_line:?}"))
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {key}= in {listening_line:?}"))
         .to_string()
 }
 
 /// Runs SQL through `shardwise sql --format csv`; returns rows (header dropped) or the error text.
 pub fn sql_csv(addr: &str, sql: &str) -> Result<Vec<Vec<String>>, String> {
+    sql_csv_within(addr, sql, Duration::from_secs(30))
+}
+
+/// [`sql_csv`] with a deadline of its own.
+pub fn sql_csv_within(addr: &str, sql: &str, timeout: Duration) -> Result<Vec<Vec<String>>, String> {
     let mut c = shardwise();
     c.args(["sql", "--connect", addr, "--format", "csv", "-e", sql]);
-    let out = run_with_timeout(c, Duration::from_secs(30));
+    let out = run_with_timeout(c, timeout);
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }

@@ -78,19 +78,21 @@ fn statement(src: &str, start: usize, end: usize, line: u64) -> SqlStatement {
 
 /// Maps the tokenizer's (line, column) locations, both 1-based and counted in characters, to
 /// byte offsets.
-struct LineStarts<'a> {
+/// Byte offsets of a text's lines, to turn the tokenizer's line and column into an offset.
+pub struct LineStarts<'a> {
     src: &'a str,
     starts: Vec<usize>,
 }
 
 impl<'a> LineStarts<'a> {
-    fn new(src: &'a str) -> Self {
+    pub fn new(src: &'a str) -> Self {
         let mut starts = vec![0];
         starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
         LineStarts { src, starts }
     }
 
-    fn offset(&self, location: Location) -> usize {
+    /// The byte offset of `location` (1-based line and character column).
+    pub fn offset(&self, location: Location) -> usize {
         let line = usize::try_from(location.line.saturating_sub(1)).unwrap_or(usize::MAX);
         let Some(&line_start) = self.starts.get(line) else {
             return self.src.len();

@@ -1,0 +1,227 @@
+//! Arrow results as PostgreSQL rows: each Arrow type gets the PostgreSQL type a client expects
+//! (`bigint`, `double precision`, `numeric`, `text`, `date`, `timestamp`, ...), and values are
+//! written in the text or binary format the client asked for, by pgwire's encoders. Types
+//! PostgreSQL has no match for (lists, structs, intervals, times) are sent as `text` in Arrow's
+//! display form, so `array_agg` reads as `[1, 2, 3]`.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
+    Int32Array, Int64Array, LargeBinaryArray, StringArray, TimestampMicrosecondArray,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use pgwire::api::Type;
+use pgwire::api::portal::Format;
+use pgwire::api::results::{DataRowEncoder, FieldInfo};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::data::DataRow;
+use rust_decimal::Decimal;
+
+/// The PostgreSQL type an Arrow column is sent as, and the Arrow type it is cast to first.
+fn pg_type(data_type: &DataType) -> (Type, DataType) {
+    use DataType as D;
+    match data_type {
+        D::Boolean => (Type::BOOL, D::Boolean),
+        D::Int8 | D::Int16 | D::UInt8 => (Type::INT2, D::Int16),
+        D::Int32 | D::UInt16 => (Type::INT4, D::Int32),
+        D::Int64 | D::UInt32 => (Type::INT8, D::Int64),
+        // No unsigned 64-bit type in PostgreSQL: numeric holds every value.
+        D::UInt64 => (Type::NUMERIC, D::Decimal128(20, 0)),
+        D::Float16 | D::Float32 => (Type::FLOAT4, D::Float32),
+        D::Float64 => (Type::FLOAT8, D::Float64),
+        D::Decimal32(p, s) | D::Decimal64(p, s) | D::Decimal128(p, s) => (Type::NUMERIC, D::Decimal128(*p, *s)),
+        D::Utf8 | D::LargeUtf8 | D::Utf8View => (Type::TEXT, D::Utf8),
+        D::Binary | D::LargeBinary | D::BinaryView | D::FixedSizeBinary(_) => (Type::BYTEA, D::LargeBinary),
+        D::Date32 | D::Date64 => (Type::DATE, D::Date32),
+        D::Timestamp(_, None) => (Type::TIMESTAMP, D::Timestamp(TimeUnit::Microsecond, None)),
+        D::Timestamp(_, Some(_)) => (Type::TIMESTAMPTZ, D::Timestamp(TimeUnit::Microsecond, Some(Arc::from("+00:00")))),
+        D::Dictionary(_, value) => pg_type(value),
+        _ => (Type::TEXT, D::Utf8),
+    }
+}
+
+/// The row description of a result: one field per column, in the format the client asked for.
+pub fn fields(schema: &Schema, format: &Format) -> Vec<FieldInfo> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, field)| {
+            FieldInfo::new(field.name().clone(), None, None, pg_type(field.data_type()).0, format.format_for(i))
+        })
+        .collect()
+}
+
+/// Every field in text format (the simple query protocol).
+pub fn text_format() -> Format {
+    Format::UnifiedText
+}
+
+/// One column, cast to the Arrow type its PostgreSQL type is written from.
+enum Column {
+    Bool(BooleanArray),
+    I16(Int16Array),
+    I32(Int32Array),
+    I64(Int64Array),
+    F32(Float32Array),
+    F64(Float64Array),
+    Numeric(Decimal128Array, u32),
+    Text(StringArray),
+    Bytes(LargeBinaryArray),
+    Date(Date32Array),
+    Timestamp(TimestampMicrosecondArray),
+    TimestampTz(TimestampMicrosecondArray),
+}
+
+fn conversion_error(field: &Field, e: impl std::fmt::Display) -> PgWireError {
+    PgWireError::ApiError(format!("cannot send column {:?} ({}): {e}", field.name(), field.data_type()).into())
+}
+
+impl Column {
+    fn new(field: &Field, array: &ArrayRef) -> PgWireResult<Column> {
+        let (pg, target) = pg_type(field.data_type());
+        if pg == Type::TEXT && !matches!(array.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
+            return Ok(Column::Text(display_strings(array).map_err(|e| conversion_error(field, e))?));
+        }
+        let cast = cast(array, &target).map_err(|e| conversion_error(field, e))?;
+        Ok(match target {
+            DataType::Boolean => Column::Bool(cast.as_boolean().clone()),
+            DataType::Int16 => Column::I16(cast.as_primitive().clone()),
+            DataType::Int32 => Column::I32(cast.as_primitive().clone()),
+            DataType::Int64 => Column::I64(cast.as_primitive().clone()),
+            DataType::Float32 => Column::F32(cast.as_primitive().clone()),
+            DataType::Float64 => Column::F64(cast.as_primitive().clone()),
+            DataType::Decimal128(_, scale) => {
+                let scale = u32::try_from(scale).map_err(|_| conversion_error(field, "negative decimal scale"))?;
+                Column::Numeric(cast.as_primitive().clone(), scale)
+            }
+            DataType::Utf8 => Column::Text(cast.as_string::<i32>().clone()),
+            DataType::LargeBinary => Column::Bytes(cast.as_binary::<i64>().clone()),
+            DataType::Date32 => Column::Date(cast.as_primitive().clone()),
+            DataType::Timestamp(_, None) => Column::Timestamp(cast.as_primitive().clone()),
+            DataType::Timestamp(_, Some(_)) => Column::TimestampTz(cast.as_primitive().clone()),
+            other => return Err(conversion_error(field, format!("no encoder for {other}"))),
+        })
+    }
+
+    fn encode(&self, row: usize, encoder: &mut DataRowEncoder) -> PgWireResult<()> {
+        fn opt<A: Array, T>(a: &A, row: usize, f: impl FnOnce() -> T) -> Option<T> {
+            if a.is_null(row) { None } else { Some(f()) }
+        }
+        match self {
+            Column::Bool(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::I16(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::I32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::I64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::F32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::F64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::Numeric(a, scale) => {
+                let value = match opt(a, row, || Decimal::try_from_i128_with_scale(a.value(row), *scale)) {
+                    None => None,
+                    Some(Ok(d)) => Some(d),
+                    Some(Err(e)) => {
+                        return Err(PgWireError::ApiError(
+                            format!("decimal {} does not fit PostgreSQL's numeric encoder: {e}", a.value(row)).into(),
+                        ));
+                    }
+                };
+                encoder.encode_field(&value)
+            }
+            Column::Text(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::Bytes(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::Date(a) => encoder.encode_field(&a.value_as_date(row).filter(|_| !a.is_null(row))),
+            Column::Timestamp(a) => encoder.encode_field(&a.value_as_datetime(row).filter(|_| !a.is_null(row))),
+            Column::TimestampTz(a) => {
+                encoder.encode_field(&a.value_as_datetime(row).filter(|_| !a.is_null(row)).map(|t| t.and_utc()))
+            }
+        }
+    }
+}
+
+/// Arrow's display form of each value (lists, structs, intervals, ...), nulls kept.
+fn display_strings(array: &ArrayRef) -> Result<StringArray, datafusion::arrow::error::ArrowError> {
+    let options = FormatOptions::default();
+    let formatter = ArrayFormatter::try_new(array.as_ref(), &options)?;
+    Ok((0..array.len()).map(|i| if array.is_null(i) { None } else { Some(formatter.value(i).to_string()) }).collect())
+}
+
+/// The rows of one batch, encoded for `fields`.
+pub fn rows(batch: &RecordBatch, fields: &Arc<Vec<FieldInfo>>) -> PgWireResult<Vec<DataRow>> {
+    let schema = batch.schema();
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(array, field)| Column::new(field, array))
+        .collect::<PgWireResult<Vec<_>>>()?;
+    let mut encoder = DataRowEncoder::new(Arc::clone(fields));
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        for column in &columns {
+            column.encode(row, &mut encoder)?;
+        }
+        out.push(encoder.take_row());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, ListArray, UInt64Array};
+    use datafusion::arrow::datatypes::Int64Type;
+
+    fn text_of(row: &DataRow) -> Vec<Option<String>> {
+        // DataRow holds `len: i32` then the bytes of each field (-1: null).
+        let mut data = &row.data[..];
+        let mut out = Vec::new();
+        for _ in 0..row.field_count {
+            let len = i32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+            data = &data[4..];
+            if len < 0 {
+                out.push(None);
+            } else {
+                let (value, rest) = data.split_at(len as usize);
+                out.push(Some(String::from_utf8(value.to_vec()).unwrap()));
+                data = rest;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn text_rows_of_common_types() {
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1), Some(2)]), None]);
+        let batch = RecordBatch::try_from_iter(vec![
+            ("n", Arc::new(Int64Array::from(vec![Some(7), None])) as ArrayRef),
+            ("u", Arc::new(UInt64Array::from(vec![u64::MAX, 0])) as ArrayRef),
+            ("d", Arc::new(Decimal128Array::from(vec![12345, -5]).with_precision_and_scale(10, 2).unwrap())),
+            ("s", Arc::new(StringArray::from(vec![Some("x"), None]))),
+            ("day", Arc::new(Date32Array::from(vec![19000, 0]))),
+            ("l", Arc::new(list)),
+        ])
+        .unwrap();
+        let fields = Arc::new(fields(&batch.schema(), &text_format()));
+        let types: Vec<_> = fields.iter().map(|f| f.datatype().clone()).collect();
+        assert_eq!(types, vec![Type::INT8, Type::NUMERIC, Type::NUMERIC, Type::TEXT, Type::DATE, Type::TEXT]);
+        let rows = rows(&batch, &fields).unwrap();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            text_of(&rows[0]),
+            vec![
+                some("7"),
+                some("18446744073709551615"),
+                some("123.45"),
+                some("x"),
+                some("2022-01-08"),
+                some("[1, 2]")
+            ]
+        );
+        assert_eq!(text_of(&rows[1]), vec![None, some("0"), some("-0.05"), None, some("1970-01-01"), None]);
+        assert_eq!(fields[0].format(), pgwire::api::results::FieldFormat::Text);
+    }
+}

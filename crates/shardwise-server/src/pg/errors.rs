@@ -1,0 +1,85 @@
+//! Engine errors as PostgreSQL errors: each [`QueryError`] gets the SQLSTATE a PostgreSQL client
+//! would act on (`42601` syntax error, `42P01` unknown table, `0A000` not supported, `57014`
+//! canceled, `XX000` internal, ...), and the message shardwise would print anywhere else.
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+use pgwire::error::{ErrorInfo, PgWireError};
+use shardwise_query::QueryError;
+
+/// An `ERROR` with `code` and `message`.
+pub fn error(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new("ERROR".to_string(), code.to_string(), message)))
+}
+
+/// `42601 syntax_error`.
+pub fn syntax_error(message: String) -> PgWireError {
+    error("42601", message)
+}
+
+/// The PostgreSQL error of an engine error.
+pub fn pg_error(e: QueryError) -> PgWireError {
+    let code = sqlstate(&e);
+    if !e.is_user_error() {
+        tracing::warn!(error = %e, "postgres query failed");
+    }
+    error(code, e.to_string())
+}
+
+fn sqlstate(e: &QueryError) -> &'static str {
+    let message = e.to_string();
+    let has = |s: &str| message.contains(s);
+    match e {
+        QueryError::Invalid(df) => match df.find_root() {
+            DataFusionError::SQL(..) => "42601",
+            DataFusionError::SchemaError(..) if has("not found") || has("No field named") => "42703",
+            DataFusionError::Plan(..) if has("table") && has("not found") => "42P01",
+            DataFusionError::Plan(..) | DataFusionError::SchemaError(..) => "42000",
+            DataFusionError::ArrowError(a, _) => match a.as_ref() {
+                ArrowError::DivideByZero => "22012",
+                ArrowError::CastError(_) | ArrowError::ParseError(_) => "22P02",
+                _ => "22000",
+            },
+            _ => "22000",
+        },
+        QueryError::Unsupported(_) => "0A000",
+        QueryError::Rejected(_) if has("KILL QUERY") || has("max_execution_time_ms") => "57014",
+        QueryError::Rejected(_) if has("already exists") => "42P07",
+        QueryError::Rejected(_) if has("unknown table") || has("does not exist") => "42P01",
+        QueryError::Rejected(_) => "22023",
+        QueryError::BadSetting(_) if has("unknown setting") => "42704",
+        QueryError::BadSetting(_) => "22023",
+        // The cluster cannot serve the statement now; it may later.
+        QueryError::Unavailable(_) => "57P03",
+        QueryError::Internal(_) => "XX000",
+        QueryError::Storage(_) => "58030",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(e: QueryError) -> String {
+        match pg_error(e) {
+            PgWireError::UserError(info) => info.code,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn classes_map_to_sqlstates() {
+        assert_eq!(code(QueryError::Unsupported("x".into())), "0A000");
+        assert_eq!(code(QueryError::Rejected("table \"t\" already exists".into())), "42P07");
+        assert_eq!(code(QueryError::Rejected("the query was stopped by KILL QUERY".into())), "57014");
+        assert_eq!(code(QueryError::Unavailable("shard 1".into())), "57P03");
+        assert_eq!(code(QueryError::Storage("disk".into())), "58030");
+        let parse = DataFusionError::SQL(
+            Box::new(datafusion::sql::sqlparser::parser::ParserError::ParserError("bad".into())),
+            None,
+        );
+        assert_eq!(code(QueryError::Invalid(parse)), "42601");
+        let zero = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
+        assert_eq!(code(QueryError::Invalid(zero)), "22012");
+    }
+}

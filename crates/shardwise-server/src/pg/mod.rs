@@ -1,0 +1,455 @@
+//! The PostgreSQL wire protocol on every node (the pgwire crate), so `psql`, psycopg and other
+//! PostgreSQL drivers connect to database `shardwise` and run the same SQL as over Flight SQL,
+//! with the same users.
+//!
+//! Each accepted connection gets its own handlers and its own [`Session`]: what `SET` changes
+//! lasts for the connection. The simple query protocol runs each `;`-separated statement in turn
+//! and stops at the first error, as PostgreSQL does; the extended protocol (what drivers use)
+//! plans a statement when it is parsed, so a bad statement fails at `Parse` and `Describe` knows
+//! its columns. Results stream: rows reach the client as the plan produces them.
+//!
+//! What PostgreSQL clients send that shardwise has no use for is accepted and does nothing:
+//! `BEGIN`/`COMMIT`/`ROLLBACK` (shardwise has no transactions: every statement applies on its
+//! own, and `ROLLBACK` undoes nothing) and `SET` of PostgreSQL client parameters such as
+//! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
+//! ([`params`]).
+
+mod encode;
+mod errors;
+mod params;
+mod startup;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use futures::{Sink, StreamExt, TryStreamExt, future, stream};
+use pgwire::api::portal::{Format, Portal};
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{DescribePortalResponse, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::stmt::QueryParser;
+use pgwire::api::store::PortalStore;
+use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use shardwise_query::sql_split::split_statements;
+use shardwise_query::{QueryEngine, QueryError, Session};
+use tokio::net::TcpListener;
+
+use crate::users::Users;
+pub use errors::pg_error;
+use errors::syntax_error;
+
+/// The one database a node serves.
+pub const PG_DATABASE: &str = "shardwise";
+
+/// PostgreSQL client parameters a `SET` may name that shardwise accepts and ignores: drivers set
+/// them on connect (JDBC sets `extra_float_digits`, many set `application_name`).
+const IGNORED_CLIENT_PARAMETERS: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "client_min_messages",
+    "datestyle",
+    "extra_float_digits",
+    "intervalstyle",
+    "search_path",
+    "standard_conforming_strings",
+    "time",
+    "timezone",
+    "bytea_output",
+    "lc_messages",
+    "lc_monetary",
+    "lc_numeric",
+    "lc_time",
+    "default_transaction_isolation",
+    "session",
+];
+
+/// Serves the PostgreSQL protocol on `listener` until `shutdown` completes. Connections in
+/// progress end with the process.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<QueryEngine>,
+    users: Arc<Users>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::ServerError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "postgres endpoint listening");
+    }
+    let startup = Arc::new(startup::Startup::new(users));
+    tokio::pin!(shutdown);
+    loop {
+        let (socket, peer) = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("postgres endpoint: cannot accept a connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = socket.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+        let handlers = Connection::new(Arc::clone(&engine), Arc::clone(&startup));
+        tokio::spawn(async move {
+            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                tracing::debug!(%peer, "postgres connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// The handlers of one client connection.
+struct Connection {
+    handler: Arc<Handler>,
+    startup: Arc<startup::Startup>,
+}
+
+impl Connection {
+    fn new(engine: Arc<QueryEngine>, startup: Arc<startup::Startup>) -> Connection {
+        let session = Arc::new(Session::new());
+        Connection { handler: Arc::new(Handler { engine, session }), startup }
+    }
+}
+
+impl PgWireServerHandlers for Connection {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        Arc::clone(&self.handler)
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        Arc::clone(&self.handler)
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        Arc::clone(&self.startup)
+    }
+}
+
+/// Runs statements in the connection's session.
+struct Handler {
+    engine: Arc<QueryEngine>,
+    session: Arc<Session>,
+}
+
+/// A statement of the extended protocol: its SQL and, once planned, its result columns.
+#[derive(Debug, Clone)]
+pub struct Statement {
+    sql: String,
+    /// The result columns; `None` for statements the engine does not run.
+    schema: Option<SchemaRef>,
+    /// True when the SQL has bind parameters (`$1`).
+    parameters: bool,
+}
+
+/// What a statement is, as far as the protocol cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Begin,
+    Commit,
+    Rollback,
+    /// `SET` of a PostgreSQL client parameter.
+    IgnoredSet,
+    /// `DEALLOCATE [PREPARE] name | ALL` (psycopg sends it on rollback).
+    Deallocate,
+    /// Anything the engine runs.
+    Sql,
+}
+
+/// The statement's first two words, upper-cased (for the kind and the command tag).
+fn leading_words(sql: &str) -> Vec<String> {
+    words(sql, 2)
+}
+
+/// The statement's first `n` words (names, keywords; other tokens as empty words), upper-cased.
+fn words(sql: &str, n: usize) -> Vec<String> {
+    let dialect = GenericDialect {};
+    let tokens = Tokenizer::new(&dialect, sql).tokenize().unwrap_or_default();
+    tokens
+        .iter()
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.value.to_ascii_uppercase()),
+            Token::Whitespace(_) => None,
+            _ => Some(String::new()),
+        })
+        .take(n)
+        .collect()
+}
+
+/// Forgets the statement a `DEALLOCATE` names; `ALL` forgets nothing (a statement parsed again
+/// under its name replaces it, and all go with the connection).
+fn deallocate<S: PortalStore>(store: &S, sql: &str) {
+    let dialect = GenericDialect {};
+    let tokens = Tokenizer::new(&dialect, sql).tokenize().unwrap_or_default();
+    let names: Vec<&str> = tokens
+        .iter()
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.value.as_str()),
+            _ => None,
+        })
+        .filter(|w| !w.eq_ignore_ascii_case("DEALLOCATE") && !w.eq_ignore_ascii_case("PREPARE"))
+        .collect();
+    if let [name] = names[..]
+        && !name.eq_ignore_ascii_case("ALL")
+    {
+        store.rm_statement(name);
+    }
+}
+
+fn kind_of(sql: &str) -> Kind {
+    let words = leading_words(sql);
+    let first = words.first().map(String::as_str).unwrap_or("");
+    let second = words.get(1).map(|w| w.to_ascii_lowercase()).unwrap_or_default();
+    match first {
+        "BEGIN" | "START" => Kind::Begin,
+        "COMMIT" | "END" => Kind::Commit,
+        "ROLLBACK" | "ABORT" => Kind::Rollback,
+        "DEALLOCATE" => Kind::Deallocate,
+        "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
+        _ => Kind::Sql,
+    }
+}
+
+/// The command tag PostgreSQL sends for a statement without rows: `CREATE TABLE`, `SET`, ...
+fn command_tag(sql: &str) -> String {
+    let words = leading_words(sql);
+    match words.first().map(String::as_str) {
+        Some(first @ ("CREATE" | "DROP" | "TRUNCATE" | "ALTER")) => {
+            format!("{first} {}", words.get(1).map(String::as_str).unwrap_or(""))
+        }
+        Some(first) if !first.is_empty() => first.to_string(),
+        _ => "OK".to_string(),
+    }
+}
+
+/// True when `sql` holds a bind parameter (`$1`).
+fn has_parameters(sql: &str) -> bool {
+    let dialect = GenericDialect {};
+    let tokens = Tokenizer::new(&dialect, sql).tokenize().unwrap_or_default();
+    tokens.iter().any(|t| matches!(t, Token::Placeholder(_)))
+}
+
+/// DataFusion reports DML as one `count: UInt64` column.
+fn is_count(schema: &SchemaRef) -> bool {
+    schema.fields().len() == 1 && schema.field(0).name() == "count"
+}
+
+fn affected_rows(batches: &[RecordBatch]) -> usize {
+    batches
+        .iter()
+        .filter_map(|b| b.column(0).as_any().downcast_ref::<datafusion::arrow::array::UInt64Array>())
+        .map(|counts| counts.iter().flatten().sum::<u64>())
+        .sum::<u64>() as usize
+}
+
+impl Handler {
+    /// Plans a statement of the extended protocol for its result columns. A statement with
+    /// parameters is planned with NULL for each (typed as the client declared), which gives its
+    /// columns without its values.
+    async fn plan(&self, sql: &str, declared: &[Option<Type>]) -> PgWireResult<Statement> {
+        if kind_of(sql) != Kind::Sql {
+            return Ok(Statement { sql: sql.to_string(), schema: None, parameters: false });
+        }
+        if has_parameters(sql) {
+            let nulls: Vec<String> = (0..params::count(sql)?)
+                .map(|i| params::null_of(declared.get(i).cloned().flatten().as_ref()))
+                .collect();
+            let schema = match self.engine.plan(&params::splice(sql, &nulls)?, &self.session).await {
+                Ok(planned) => Some(planned.schema()),
+                Err(_) => None,
+            };
+            return Ok(Statement { sql: sql.to_string(), schema, parameters: true });
+        }
+        let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
+        Ok(Statement { sql: sql.to_string(), schema: Some(planned.schema()), parameters: false })
+    }
+
+    /// Runs one statement. Rows stream when `stream` is set; otherwise the statement runs to
+    /// completion here (statements that follow it in the same simple query see its effect).
+    async fn run(&self, sql: &str, format: &Format, stream: bool) -> PgWireResult<Response> {
+        match kind_of(sql) {
+            Kind::Begin => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
+            Kind::Commit => return Ok(Response::TransactionEnd(Tag::new("COMMIT"))),
+            Kind::Rollback => return Ok(Response::TransactionEnd(Tag::new("ROLLBACK"))),
+            Kind::IgnoredSet => return Ok(Response::Execution(Tag::new("SET"))),
+            Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
+            Kind::Sql => {}
+        }
+        let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
+        let schema = planned.schema();
+        let results = self.engine.execute(planned).await.map_err(pg_error)?;
+        let rows_of = |batch: Result<RecordBatch, datafusion::error::DataFusionError>| match batch {
+            Ok(batch) => Ok(batch),
+            Err(e) => Err(pg_error(QueryError::from(e))),
+        };
+        if schema.fields().is_empty() || is_count(&schema) {
+            let batches: Vec<RecordBatch> = results.map(rows_of).try_collect().await?;
+            let tag = command_tag(sql);
+            return Ok(Response::Execution(if tag == "INSERT" {
+                Tag::new("INSERT").with_oid(0).with_rows(affected_rows(&batches))
+            } else {
+                Tag::new(&tag)
+            }));
+        }
+        let fields: Arc<Vec<FieldInfo>> = Arc::new(encode::fields(&schema, format));
+        let row_fields = Arc::clone(&fields);
+        let rows = results.map(rows_of).and_then(move |batch| {
+            future::ready(encode::rows(&batch, &row_fields).map(|rows| stream::iter(rows.into_iter().map(Ok))))
+        });
+        let rows = rows.try_flatten();
+        if stream {
+            return Ok(Response::Query(QueryResponse::new(fields, rows)));
+        }
+        let collected: Vec<_> = rows.try_collect().await?;
+        Ok(Response::Query(QueryResponse::new(fields, stream::iter(collected.into_iter().map(Ok)))))
+    }
+}
+
+#[async_trait]
+impl SimpleQueryHandler for Handler {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statements = split_statements(query);
+        let last = statements.len().saturating_sub(1);
+        let mut responses = Vec::with_capacity(statements.len());
+        for (i, statement) in statements.into_iter().enumerate() {
+            let outcome = match statement {
+                Ok(statement) => {
+                    if kind_of(&statement.text) == Kind::Deallocate {
+                        deallocate(client.portal_store(), &statement.text);
+                    }
+                    self.run(&statement.text, &encode::text_format(), i == last).await
+                }
+                Err(e) => Err(syntax_error(format!("line {}: {}", e.line, e.message))),
+            };
+            match outcome {
+                Ok(response) => responses.push(response),
+                // PostgreSQL stops a multi-statement query at its first error.
+                Err(e) => {
+                    responses.push(Response::Error(Box::new(e.into())));
+                    break;
+                }
+            }
+        }
+        Ok(responses)
+    }
+}
+
+#[async_trait]
+impl QueryParser for Handler {
+    type Statement = Statement;
+
+    async fn parse_sql<C>(&self, _client: &C, sql: &str, types: &[Option<Type>]) -> PgWireResult<Option<Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        let mut statements = split_statements(sql);
+        if statements.len() > 1 {
+            return Err(syntax_error("cannot insert multiple commands into a prepared statement".to_string()));
+        }
+        match statements.pop() {
+            None => Ok(None),
+            Some(Err(e)) => Err(syntax_error(format!("line {}: {}", e.line, e.message))),
+            Some(Ok(statement)) => self.plan(&statement.text, types).await.map(Some),
+        }
+    }
+
+    fn get_parameter_types(&self, _stmt: &Statement) -> PgWireResult<Vec<Type>> {
+        Ok(Vec::new())
+    }
+
+    fn get_result_schema(&self, stmt: &Statement, column_format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
+        let format = column_format.cloned().unwrap_or(Format::UnifiedBinary);
+        Ok(match &stmt.schema {
+            Some(schema) if !schema.fields().is_empty() && !is_count(schema) => encode::fields(schema, &format),
+            _ => Vec::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for Handler {
+    type Statement = Statement;
+    type QueryParser = Handler;
+
+    fn query_parser(&self) -> Arc<Handler> {
+        Arc::new(Handler { engine: Arc::clone(&self.engine), session: Arc::clone(&self.session) })
+    }
+
+    async fn do_query<C>(&self, client: &mut C, portal: &Portal<Statement>, _max_rows: usize) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if kind_of(&portal.statement.statement.sql) == Kind::Deallocate {
+            deallocate(client.portal_store(), &portal.statement.statement.sql);
+        }
+        if portal.statement.statement.parameters || portal.parameter_len() > 0 {
+            let sql = params::bind(portal)?;
+            return self.run(&sql, &portal.result_column_format, true).await;
+        }
+        self.run(&portal.statement.statement.sql, &portal.result_column_format, true).await
+    }
+
+    /// The columns of a bound statement: with parameters, planned with their values.
+    async fn do_describe_portal<C>(
+        &self,
+        _client: &mut C,
+        portal: &Portal<Statement>,
+    ) -> PgWireResult<DescribePortalResponse>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statement = &portal.statement.statement;
+        let format = &portal.result_column_format;
+        if !statement.parameters {
+            return Ok(DescribePortalResponse::new(self.get_result_schema(statement, Some(format))?));
+        }
+        let sql = params::bind(portal)?;
+        let planned = self.engine.plan(&sql, &self.session).await.map_err(pg_error)?;
+        let bound = Statement { sql, schema: Some(planned.schema()), parameters: false };
+        Ok(DescribePortalResponse::new(self.get_result_schema(&bound, Some(format))?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_tags() {
+        assert_eq!(kind_of("begin"), Kind::Begin);
+        assert_eq!(kind_of("START TRANSACTION"), Kind::Begin);
+        assert_eq!(kind_of("commit"), Kind::Commit);
+        assert_eq!(kind_of("ROLLBACK"), Kind::Rollback);
+        assert_eq!(kind_of("SET extra_float_digits = 3"), Kind::IgnoredSet);
+        assert_eq!(kind_of("SET application_name = 'psql'"), Kind::IgnoredSet);
+        assert_eq!(kind_of("SET max_execution_time_ms = 10"), Kind::Sql);
+        assert_eq!(kind_of("SELECT 1"), Kind::Sql);
+        assert_eq!(kind_of("DEALLOCATE ALL"), Kind::Deallocate);
+        assert_eq!(command_tag("create table t (a int)"), "CREATE TABLE");
+        assert_eq!(command_tag("DROP TABLE IF EXISTS t"), "DROP TABLE");
+        assert_eq!(command_tag("insert into t values (1)"), "INSERT");
+        assert_eq!(command_tag("SYSTEM FLUSH DISTRIBUTED t"), "SYSTEM");
+        assert!(has_parameters("SELECT * FROM t WHERE a = $1"));
+        assert!(!has_parameters("SELECT '$1' AS a"));
+    }
+}

@@ -1,0 +1,333 @@
+//! The client protocols against real nodes, driven by the clients people use: `psql` and
+//! psycopg over the PostgreSQL protocol, `curl` over HTTP, the status page in headless Chromium,
+//! and configured users (made by `shardwise passwd`) on all of them. `.ci/run` installs the
+//! clients when they are missing; a test names what is missing rather than passing without it.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A program the tests drive; fails the test, saying how to get it, when it is not installed.
+fn tool(env: &str, default: &str, install: &str) -> Command {
+    let program = std::env::var(env).unwrap_or_else(|_| default.to_string());
+    let found = Command::new(&program).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert!(found.is_ok_and(|s| s.success()), "{program} is not installed ({install}; or set {env})");
+    Command::new(program)
+}
+
+fn psql(pg: &str, user: &str, database: &str) -> Command {
+    let (host, port) = pg.rsplit_once(':').expect("host:port");
+    let mut c = tool("SHARDWISE_TEST_PSQL", "psql", ".ci/run installs postgresql-client");
+    c.args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose"])
+        .arg(format!("host={host} port={port} user={user} dbname={database} connect_timeout=10"))
+        .env_remove("PGPASSWORD");
+    c
+}
+
+fn text(out: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The venv `.ci/run` makes with psycopg, when it exists; else `python3`.
+fn default_python() -> String {
+    let venv = std::env::var("HOME").map(|h| format!("{h}/.cache/shardwise-venv/bin/python")).unwrap_or_default();
+    if Path::new(&venv).exists() { venv } else { "python3".to_string() }
+}
+
+fn python() -> Command {
+    let default = default_python();
+    let mut c = tool("SHARDWISE_TEST_PYTHON", &default, ".ci/run makes a venv with psycopg");
+    let probe = c.args(["-c", "import psycopg"]).output().expect("run python");
+    assert!(
+        probe.status.success(),
+        "psycopg is not importable ({}): run .ci/run, which installs it, or set SHARDWISE_TEST_PYTHON",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    tool("SHARDWISE_TEST_PYTHON", &default, "")
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
+    c.args(["-s", "-S", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"]).args(args);
+    let out = run_with_timeout(c, T);
+    let (stdout, stderr) = text(&out);
+    let (body, code) = stdout.rsplit_once('\n').unwrap_or_else(|| panic!("curl printed no status: {stderr}"));
+    (code.trim().parse().unwrap_or_else(|_| panic!("status {code:?}: {stderr}")), body.to_string())
+}
+
+/// A two-node cluster; returns the nodes and their listening lines.
+fn two_nodes(dir: &Path, config: Option<&Path>) -> (Vec<Proc>, Vec<String>) {
+    let port = free_port();
+    let mut nodes: Vec<Proc> = (0..2)
+        .map(|rank| {
+            let mut c = node_cmd(rank, 2, port, &rank_dir(dir, rank));
+            if let Some(config) = config {
+                c.arg("--config").arg(config);
+            }
+            Proc::spawn(c)
+        })
+        .collect();
+    let lines = (0..2).map(|r| nodes[r].wait_for_line(&format!("listening rank={r}"), T)).collect();
+    (nodes, lines)
+}
+
+#[test]
+fn psql_and_psycopg_end_to_end() {
+    let dir = tempdir();
+    let (_nodes, lines) = two_nodes(dir.path(), None);
+    let pg0 = listening_addr(&lines[0], "pg");
+    let pg1 = listening_addr(&lines[1], "pg");
+
+    // DDL and inserts through node 1, queries through node 0.
+    let mut c = psql(&pg1, "default", "shardwise");
+    c.args(["-c", "CREATE TABLE sales (id BIGINT, region VARCHAR, amount DOUBLE, day DATE) WITH (shard_key = 'id')"])
+        .args(["-c", "INSERT INTO sales VALUES (1, 'eu', 10.5, '2024-01-01'), (2, 'us', 20, '2024-01-02'), (3, 'eu', NULL, NULL)"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert_eq!(stdout, "CREATE TABLE\nINSERT 0 3\n", "{stderr}");
+
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "SELECT region, count(*), sum(amount) FROM sales GROUP BY region ORDER BY region"]);
+    let out = run_with_timeout(c, T);
+    assert_eq!(text(&out).0, "eu|2|10.5\nus|1|20.0\n", "{}", text(&out).1);
+
+    // A multi-statement query stops at its first error, with the SQLSTATE.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "SELECT 1; SELECT * FROM nosuch; SELECT 3"]);
+    let out = run_with_timeout(c, T);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stdout, "1\n");
+    assert!(stderr.contains("42P01") && stderr.contains("nosuch"), "{stderr}");
+
+    // Wrong database and unknown user: FATAL errors at connect.
+    let out = run_with_timeout(psql(&pg0, "default", "postgres"), T);
+    assert!(text(&out).1.contains("database \"postgres\" does not exist"), "{}", text(&out).1);
+    let out = run_with_timeout(psql(&pg0, "bob", "shardwise"), T);
+    assert!(text(&out).1.contains("unknown user \"bob\""), "{}", text(&out).1);
+
+    // psycopg: the extended protocol, server-side parameters, prepared statements (after five
+    // runs), binary results, transactions that are accepted and errors as exceptions.
+    let (host, port) = pg0.rsplit_once(':').unwrap();
+    let script = format!(
+        r#"
+import datetime, decimal, psycopg
+conn = psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise")
+cur = conn.cursor()
+cur.execute("INSERT INTO sales VALUES (%s, %s, %s, %s)", (4, "it's; DROP TABLE sales", 1.25, datetime.date(2024, 2, 29)))
+assert cur.rowcount == 1, cur.rowcount
+conn.commit()
+for i in range(7):
+    cur.execute("SELECT count(*) FROM sales WHERE id > %s", (i,))
+    assert cur.fetchone()[0] == max(0, 4 - i)
+cur.execute("SELECT id, region, amount, day FROM sales WHERE region = %s", ("it's; DROP TABLE sales",))
+assert cur.fetchall() == [(4, "it's; DROP TABLE sales", 1.25, datetime.date(2024, 2, 29))]
+cur.execute("SELECT id, region FROM sales ORDER BY id LIMIT %s", (2,))
+assert cur.fetchall() == [(1, "eu"), (2, "us")]
+b = conn.cursor(binary=True)
+b.execute("SELECT id, amount, day, CAST(12.5 AS DECIMAL(10, 2)) AS d, id > 2 AS big FROM sales ORDER BY id")
+rows = b.fetchall()
+assert rows[0] == (1, 10.5, datetime.date(2024, 1, 1), decimal.Decimal("12.50"), False), rows[0]
+assert len(rows) == 4
+try:
+    cur.execute("SELECT nope FROM sales")
+    raise SystemExit("no error")
+except psycopg.Error as e:
+    assert e.sqlstate == "42703", e.sqlstate
+conn.rollback()
+with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True) as auto:
+    auto.execute("SET distributed_group_by_no_merge = 1")
+    n = auto.execute("SELECT count(*) FROM sales").fetchall()
+    assert len(n) == 2, n  # one partial count per shard: the session setting holds
+try:
+    psycopg.connect(host="{host}", port={port}, user="default", dbname="other")
+    raise SystemExit("connected to another database")
+except psycopg.OperationalError as e:
+    assert "does not exist" in str(e), e
+print("ok")
+"#
+    );
+    let mut c = python();
+    c.args(["-c", &script]);
+    let out = run_with_timeout(c, T);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout.trim(), "ok", "{stderr}");
+}
+
+/// `shardwise passwd` for `alice`, through standard input.
+fn verifier_line(user: &str, password: &str) -> String {
+    let mut c = shardwise();
+    c.args(["passwd", user]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn passwd");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(format!("{password}\n").as_bytes()).expect("write password");
+    }
+    let out = child.wait_with_output().expect("passwd");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(line.starts_with(&format!("{user} = \"SCRAM-SHA-256$4096:")), "{line}");
+    assert!(!line.contains(password));
+    line
+}
+
+#[test]
+fn configured_users_on_every_protocol() {
+    let dir = tempdir();
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, format!("[users]\n{}\n", verifier_line("alice", "s3cret pass"))).unwrap();
+    let (_nodes, lines) = two_nodes(dir.path(), Some(&config));
+    let pg = listening_addr(&lines[0], "pg");
+    let http = listening_addr(&lines[1], "http");
+    let flight = flight_addr(&lines[1]);
+
+    // PostgreSQL: SCRAM-SHA-256.
+    let mut c = psql(&pg, "alice", "shardwise");
+    c.env("PGPASSWORD", "s3cret pass").args(["-c", "SELECT 40 + 2"]);
+    let out = run_with_timeout(c, T);
+    assert_eq!(text(&out).0, "42\n", "{}", text(&out).1);
+    let mut c = psql(&pg, "alice", "shardwise");
+    c.env("PGPASSWORD", "wrong").args(["-c", "SELECT 1"]);
+    let out = run_with_timeout(c, T);
+    assert!(text(&out).1.contains("authentication failed for user \"alice\""), "{}", text(&out).1);
+    let mut c = psql(&pg, "default", "shardwise");
+    c.env("PGPASSWORD", "x").args(["-c", "SELECT 1"]);
+    assert!(!run_with_timeout(c, T).status.success(), "default no longer exists");
+
+    // HTTP: Basic.
+    let url = format!("http://{http}/query");
+    let (code, body) =
+        curl(&["-u", "alice:s3cret pass", "--data-binary", "SELECT 42 AS a", "-H", "Content-Type: text/plain", &url]);
+    assert_eq!((code, body.as_str()), (200, "{\"a\":42}\n"));
+    let (code, body) = curl(&["--data-binary", "SELECT 1", "-H", "Content-Type: text/plain", &url]);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("credentials required"), "{body}");
+    let (code, _) = curl(&["-u", "alice:nope", "--data-binary", "SELECT 1", "-H", "Content-Type: text/plain", &url]);
+    assert_eq!(code, 401);
+
+    // Flight SQL: `shardwise sql`.
+    let mut c = shardwise();
+    c.args(["sql", "--connect", &flight, "--user", "alice", "--password", "s3cret pass", "--format", "csv"])
+        .args(["-e", "SELECT 7 AS seven"]);
+    assert_eq!(text(&run_with_timeout(c, T)).0, "seven\n7\n");
+    let mut c = shardwise();
+    c.args(["sql", "--connect", &flight, "-e", "SELECT 1"]);
+    let out = run_with_timeout(c, T);
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("password authentication failed for user \"default\""), "{}", text(&out).1);
+}
+
+#[test]
+fn every_http_route_with_curl() {
+    let dir = tempdir();
+    let mut node = Proc::spawn(node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0)));
+    let line = node.wait_for_line("listening rank=0", T);
+    let base = format!("http://{}", listening_addr(&line, "http"));
+    let query = format!("{base}/query");
+    let sql_body = ["-H", "Content-Type: application/sql", "--data-binary"];
+
+    let q = "SELECT * FROM (VALUES (1, 'a'), (2, NULL)) AS t(n, s) ORDER BY n";
+    let (code, body) = curl(&[&sql_body[..], &[q, &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n"));
+    let (code, body) = curl(&[&sql_body[..], &[q, &format!("{query}?format=csv")]].concat());
+    assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
+    let (code, body) = curl(&["-H", "Accept: text/csv", "-H", "Content-Type: text/plain", "--data-binary", q, &query]);
+    assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
+
+    // JSON with settings: mode 1 over one node's shard still answers.
+    let json = r#"{"sql": "SELECT 1 AS one", "settings": {"max_execution_time_ms": 5000}}"#;
+    let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", json, &query]);
+    assert_eq!((code, body.as_str()), (200, "{\"one\":1}\n"));
+
+    // Arrow IPC, decoded here.
+    let arrow_file = dir.path().join("answer.arrows");
+    let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
+    c.args(["-s", "--max-time", "30", "-H", "Accept: application/vnd.apache.arrow.stream"])
+        .args(["-H", "Content-Type: text/plain", "--data-binary", q, "-o"])
+        .arg(&arrow_file)
+        .arg(&query);
+    assert!(run_with_timeout(c, T).status.success());
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::fs::File::open(&arrow_file).unwrap(), None).unwrap();
+    let batches: Vec<_> = reader.collect::<Result<_, _>>().unwrap();
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+    assert_eq!(batches[0].schema().field(0).name(), "n");
+
+    // Refusals, each a 4xx with a JSON body.
+    let cases: Vec<(Vec<&str>, u16, &str)> = vec![
+        (vec!["-H", "Content-Type: application/x-www-form-urlencoded", "--data-binary", "sql=SELECT 1"], 415, "form"),
+        (
+            vec!["-H", "Content-Type: text/plain", "-H", "Accept: image/png", "--data-binary", "SELECT 1"],
+            406,
+            "image/png",
+        ),
+        (vec!["-H", "Content-Type: application/json", "--data-binary", "{\"sql\": 1}"], 400, "\"sql\""),
+        (vec!["-H", "Content-Type: application/json", "--data-binary", "{oops"], 400, "not JSON"),
+        (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELEC 1"], 400, "error"),
+        (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELECT * FROM nosuch"], 400, "nosuch"),
+        (
+            vec!["-H", "Content-Type: text/plain", "-H", "Origin: http://evil.example", "--data-binary", "SELECT 1"],
+            403,
+            "other sites",
+        ),
+        (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELECT 1", "-u", "default:x"], 401, "wrong password"),
+    ];
+    for (args, want, says) in cases {
+        let (code, body) = curl(&[&args[..], &[&query]].concat());
+        assert_eq!(code, want, "{args:?}: {body}");
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert!(parsed["error"].as_str().unwrap_or("").contains(says), "{args:?}: {body}");
+    }
+
+    let (code, body) = curl(&[&format!("{base}/health")]);
+    assert_eq!((code, body.as_str()), (200, "{\"rank\":0,\"status\":\"ok\"}"));
+    let (code, body) = curl(&[&format!("{base}/metrics")]);
+    assert_eq!(code, 200);
+    assert!(body.contains("# TYPE shardwise_queries_total counter"), "{body}");
+    assert!(body.contains("shardwise_node_up{rank=\"0\",role=\"master\"} 1"), "{body}");
+    let (code, body) = curl(&[&format!("{base}/")]);
+    assert_eq!(code, 200);
+    assert!(body.contains("<title>shardwise status</title>"), "{body}");
+    let (code, _) = curl(&[&format!("{base}/nosuch")]);
+    assert_eq!(code, 404);
+}
+
+#[test]
+fn status_page_in_headless_chromium() {
+    let dir = tempdir();
+    let (_nodes, lines) = two_nodes(dir.path(), None);
+    let flight = flight_addr(&lines[0]);
+    sql_csv(&flight, "CREATE TABLE page_events (id BIGINT, kind VARCHAR) WITH (shard_key = 'id', replicas = 2)")
+        .unwrap();
+    sql_csv(&flight, "INSERT INTO page_events VALUES (1, 'click'), (2, 'view'), (3, 'view')").unwrap();
+    let url = format!("http://{}/", listening_addr(&lines[1], "http"));
+
+    let profile = dir.path().join("chromium-profile");
+    let mut c = tool("SHARDWISE_TEST_CHROMIUM", "chromium", ".ci/run installs Debian's chromium");
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--virtual-time-budget=5000", "--dump-dom", &url]);
+    let out = run_with_timeout(c, Duration::from_secs(120));
+    let (dom, stderr) = text(&out);
+    assert!(dom.contains("data-loaded=\"true\""), "the page's script did not finish: {dom}\n{stderr}");
+    // Both nodes, by their addresses, and their state.
+    let nodes = section(&dom, "nodes-table");
+    for line in &lines {
+        assert!(nodes.contains(&listening_addr(line, "pg")), "{nodes}");
+    }
+    assert_eq!(nodes.matches("<td class=\"good\">up</td>").count(), 2, "{nodes}");
+    // The table, its placement (2 shards x 2 replicas) and no errors.
+    assert!(section(&dom, "tables-table").contains("page_events"), "{dom}");
+    assert_eq!(section(&dom, "shards-table").matches("page_events").count(), 4, "{dom}");
+    assert!(dom.contains("<div id=\"error\"></div>"), "{dom}");
+}
+
+/// The HTML of the `<table id=ID>` in `dom`.
+fn section<'a>(dom: &'a str, id: &str) -> &'a str {
+    let start = dom.find(&format!("<table id=\"{id}\"")).unwrap_or_else(|| panic!("no table {id} in {dom}"));
+    let end = dom[start..].find("</table>").map_or(dom.len(), |e| start + e);
+    &dom[start..end]
+}
