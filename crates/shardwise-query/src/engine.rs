@@ -64,6 +64,19 @@ impl Planned {
         }
     }
 
+    /// True for a statement run for its effect rather than its rows: DDL, `INSERT`, `SET`,
+    /// `SYSTEM FLUSH`, `KILL QUERY`. Front ends whose protocol runs a query only when its
+    /// result is fetched (Flight SQL) run these at once instead.
+    pub fn runs_for_effect(&self) -> bool {
+        match &self.action {
+            Action::Command(_) => true,
+            Action::Plan(plan) => matches!(
+                plan,
+                LogicalPlan::Dml(_) | LogicalPlan::Ddl(_) | LogicalPlan::Statement(_) | LogicalPlan::Copy(_)
+            ),
+        }
+    }
+
     /// The DataFusion logical plan, if the statement has one (for `EXPLAIN`-like tooling and
     /// tests).
     pub fn logical_plan(&self) -> Option<&LogicalPlan> {

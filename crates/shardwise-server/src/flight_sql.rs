@@ -36,6 +36,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{self, Credentials};
 use crate::connections::{Sessions, connection_id};
 use crate::error::ServerError;
+use crate::executed::{Executed, ExecutedResults};
 use crate::users::{AuthError, DEFAULT_USER, Users};
 
 /// Name reported in `GetSqlInfo`.
@@ -66,6 +67,8 @@ pub struct FlightSqlEndpoint {
     sql_info: SqlInfoData,
     /// One per client connection (what `SET` changed).
     sessions: Arc<Sessions>,
+    /// Results of statements run when submitted, until fetched.
+    executed: ExecutedResults,
 }
 
 impl std::fmt::Debug for FlightSqlEndpoint {
@@ -82,7 +85,14 @@ impl FlightSqlEndpoint {
         // Arrow format version (Schema.fbs MetadataVersion V5 is format 1.3 and later).
         info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
         let sql_info = info.build().map_err(ServerError::SqlInfo)?;
-        Ok(FlightSqlEndpoint { engine, users, tokens: Mutex::default(), sql_info, sessions })
+        Ok(FlightSqlEndpoint {
+            engine,
+            users,
+            tokens: Mutex::default(),
+            sql_info,
+            sessions,
+            executed: ExecutedResults::default(),
+        })
     }
 
     /// Admits a call: a user and password, a bearer token from our handshake, or no credentials
@@ -136,6 +146,16 @@ impl FlightSqlEndpoint {
     ) -> Result<FlightInfo, Status> {
         let planned = self.engine.plan(sql, &self.session(&request)).await.map_err(to_status)?;
         let descriptor = request.into_inner();
+        let ticket = if planned.runs_for_effect() {
+            // Run it now: a client may never fetch the result of DDL or an INSERT (executed.rs).
+            let stream = self.engine.execute(planned.clone()).await.map_err(to_status)?;
+            let schema = stream.schema();
+            let batches = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
+            let handle = self.executed.put(Executed { schema, batches });
+            Ticket::new(TicketStatementQuery { statement_handle: handle.into() }.as_any().encode_to_vec())
+        } else {
+            ticket
+        };
         FlightInfo::new()
             .try_with_schema(&planned.schema())
             .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
@@ -248,6 +268,14 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
+        if ExecutedResults::is_handle(&ticket.statement_handle) {
+            let executed = self.executed.take(&ticket.statement_handle).ok_or_else(|| {
+                Status::not_found("the statement's result was fetched already or expired (it ran when submitted)")
+            })?;
+            let batches = futures::stream::iter(executed.batches.into_iter().map(Ok));
+            let stream = datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(executed.schema, batches);
+            return Ok(Response::new(encode(Box::pin(stream))));
+        }
         self.do_get_sql(sql_text(&ticket.statement_handle)?, &self.session(&request)).await
     }
 

@@ -10,6 +10,7 @@ pub mod codec;
 pub mod connections;
 pub mod data_plane;
 pub mod error;
+pub mod executed;
 pub mod flight_sql;
 pub mod http;
 pub mod ingest;

@@ -209,3 +209,27 @@ async fn configured_users_log_in_with_their_password_only() {
 
     server.stop().await;
 }
+
+#[tokio::test]
+async fn statements_run_for_their_effect_run_when_submitted() {
+    let server = Running::start().await;
+    let mut client = server.client().await;
+    // Submitted, never fetched: the SET holds anyway (ADBC's cursor.execute may never fetch).
+    let info = client.execute("SET max_execution_time_ms = 4321".to_string(), None).await.expect("submit");
+    let setting = "SELECT value FROM information_schema.df_settings WHERE name = 'max_execution_time_ms'";
+    let batches = query(&mut client, setting).await.expect("read the setting");
+    let text = pretty_format_batches(&batches).expect("format").to_string();
+    assert!(text.contains("4321"), "{text}");
+    // Its (empty) result can still be fetched once.
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let fetched: Vec<RecordBatch> =
+        client.do_get(ticket.clone()).await.expect("do_get").try_collect().await.expect("rows");
+    assert_eq!(fetched.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    let again = client.do_get(ticket).await;
+    let err = match again {
+        Ok(stream) => stream.try_collect::<Vec<RecordBatch>>().await.map(|_| ()).unwrap_err(),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("fetched already"), "{err}");
+    server.stop().await;
+}
