@@ -133,6 +133,7 @@ impl TablesNode {
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
         });
         node.remove_dropped().await;
+        tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));
         sender::spawn_all(&node);
         tokio::spawn(Self::watch_catalog(Arc::downgrade(&node)));
         tokio::spawn(Self::maintain_loop(Arc::downgrade(&node)));
@@ -203,6 +204,25 @@ impl TablesNode {
         }
         let mut stores = lock(&self.stores);
         Ok(Arc::clone(stores.entry(key).or_insert_with(|| Arc::new(Mutex::new(store)))))
+    }
+
+    /// Opens (and recovers) every shard replica this rank holds, in the background after start,
+    /// as a database replays its logs on start: a WAL problem shows in the log now rather than at
+    /// the first query, and the planner's estimate of groups (`sample`, which reads only open
+    /// stores) sees this node's data after a restart.
+    async fn open_local_stores(node: std::sync::Weak<TablesNode>) {
+        let Some(node) = node.upgrade() else { return };
+        let (_, catalog) = node.catalog_now();
+        for entry in catalog.tables.values() {
+            for shard in 0..entry.def.shards {
+                if !entry.def.replica_ranks(shard, node.world_size).contains(&node.rank) {
+                    continue;
+                }
+                if let Err(e) = node.store(entry, shard).await {
+                    tracing::error!(table = %entry.def.name, shard, "cannot open the shard replica: {e}");
+                }
+            }
+        }
     }
 
     /// Open stores of the current catalog, for stats and maintenance.

@@ -556,3 +556,19 @@ fn set_lasts_for_its_connection_only() {
     let err = c.sql_err(0, "SET distributed_aggregation = 'sideways'");
     assert!(err.contains("initiator") && err.contains("shuffle"), "{err}");
 }
+
+#[test]
+fn a_restarted_node_estimates_groups_from_its_replayed_shards() {
+    let mut c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE est (id BIGINT, g BIGINT) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO est SELECT value, value % 50 FROM generate_series(1, 20000)");
+    c.procs[1].kill9();
+    c.restart(1);
+    // Its shard opens (and replays its log) in the background after the start, before any
+    // query touches it; the estimate of `auto` then sees the data.
+    let plan = eventually(Duration::from_secs(20), "the restarted node to estimate from its shard", || {
+        let plan = c.sql(1, "EXPLAIN SELECT g, count(*) FROM est GROUP BY g").concat().join(" ");
+        plan.contains("~50 groups estimated").then_some(plan)
+    });
+    assert!(plan.contains("strategy=initiator_merge"), "{plan}");
+}
