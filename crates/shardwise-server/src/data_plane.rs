@@ -18,7 +18,6 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
@@ -107,8 +106,11 @@ impl DataPlane {
 /// A plan's rows as a `DoGet` reply, sent as they are produced.
 fn stream_response(stream: SendableRecordBatchStream) -> Response<BoxStream<FlightData>> {
     let schema = stream.schema();
-    let rows = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
-    let flight = FlightDataEncoderBuilder::new().with_schema(schema).build(rows).map_err(Status::from);
+    let rows = stream
+        .map_ok(|batch| futures::stream::iter(crate::flight_split::split(batch).into_iter().map(Ok)))
+        .map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))))
+        .try_flatten();
+    let flight = crate::flight_split::encoder().with_schema(schema).build(rows).map_err(Status::from);
     Response::new(Box::pin(flight))
 }
 

@@ -194,8 +194,11 @@ fn affected_rows(batches: &[arrow::array::RecordBatch]) -> i64 {
 /// Turns a result stream into Flight data; the schema is sent even when there are no rows.
 fn encode(stream: SendableRecordBatchStream) -> DoGetStream {
     let schema: SchemaRef = stream.schema();
-    let batches = stream.map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))));
-    let data = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);
+    let batches = stream
+        .map_ok(|batch| futures::stream::iter(crate::flight_split::split(batch).into_iter().map(Ok)))
+        .map_err(|e| FlightError::Tonic(Box::new(to_status(QueryError::from(e)))))
+        .try_flatten();
+    let data = crate::flight_split::encoder().with_schema(schema).build(batches).map_err(Status::from);
     Box::pin(data)
 }
 

@@ -11,6 +11,7 @@ pub mod connections;
 pub mod data_plane;
 pub mod error;
 pub mod executed;
+pub mod flight_split;
 pub mod flight_sql;
 pub mod http;
 pub mod ingest;
