@@ -1,6 +1,6 @@
 //! The client protocols against real nodes, driven by the clients people use: `psql` and
 //! psycopg over the PostgreSQL protocol, `curl` over HTTP, the status page in headless Chromium,
-//! and configured users (made by `shardwise passwd`) on all of them. `.ci/run` installs the
+//! and configured users (made by `shardwise passwd`) on all of them. `scripts/test` installs the
 //! clients when they are missing; a test names what is missing rather than passing without it.
 
 use std::path::Path;
@@ -21,7 +21,7 @@ fn tool(env: &str, default: &str, install: &str) -> Command {
 
 fn psql(pg: &str, user: &str, database: &str) -> Command {
     let (host, port) = pg.rsplit_once(':').expect("host:port");
-    let mut c = tool("SHARDWISE_TEST_PSQL", "psql", ".ci/run installs postgresql-client");
+    let mut c = tool("SHARDWISE_TEST_PSQL", "psql", "scripts/test installs postgresql-client");
     c.args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose"])
         .arg(format!("host={host} port={port} user={user} dbname={database} connect_timeout=10"))
         .env_remove("PGPASSWORD");
@@ -32,7 +32,7 @@ fn text(out: &Output) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// The venv `.ci/run` makes with psycopg, when it exists; else `python3`.
+/// The venv `scripts/test` makes with psycopg, when it exists; else `python3`.
 fn default_python() -> String {
     let venv = std::env::var("HOME").map(|h| format!("{h}/.cache/shardwise-venv/bin/python")).unwrap_or_default();
     if Path::new(&venv).exists() { venv } else { "python3".to_string() }
@@ -40,11 +40,11 @@ fn default_python() -> String {
 
 fn python() -> Command {
     let default = default_python();
-    let mut c = tool("SHARDWISE_TEST_PYTHON", &default, ".ci/run makes a venv with psycopg");
+    let mut c = tool("SHARDWISE_TEST_PYTHON", &default, "scripts/test makes a venv with psycopg");
     let probe = c.args(["-c", "import psycopg"]).output().expect("run python");
     assert!(
         probe.status.success(),
-        "psycopg is not importable ({}): run .ci/run, which installs it, or set SHARDWISE_TEST_PYTHON",
+        "psycopg is not importable ({}): run scripts/test, which installs it, or set SHARDWISE_TEST_PYTHON",
         String::from_utf8_lossy(&probe.stderr)
     );
     tool("SHARDWISE_TEST_PYTHON", &default, "")
@@ -306,7 +306,7 @@ fn status_page_in_headless_chromium() {
     let url = format!("http://{}/", listening_addr(&lines[1], "http"));
 
     let profile = dir.path().join("chromium-profile");
-    let mut c = tool("SHARDWISE_TEST_CHROMIUM", "chromium", ".ci/run installs Debian's chromium");
+    let mut c = tool("SHARDWISE_TEST_CHROMIUM", "chromium", "scripts/test installs Debian's chromium");
     c.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(["--virtual-time-budget=5000", "--dump-dom", &url]);
