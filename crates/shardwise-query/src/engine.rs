@@ -23,6 +23,7 @@ use crate::dist::{
     execute_merged,
 };
 use crate::error::QueryError;
+use crate::group_topk::GroupTopKRule;
 use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::query_log::QueryLog;
 use crate::query_runtime::QueryRuntime;
@@ -129,7 +130,11 @@ impl QueryEngine {
             SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-        let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
+        // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         if let Some(access) = &access {
             // Last of the physical rules: it cuts the finished single-node plan into fragments.
             let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster));

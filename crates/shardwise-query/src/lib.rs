@@ -10,6 +10,7 @@ pub mod ddl;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod group_topk;
 pub mod memory_limit;
 pub mod query_log;
 pub mod query_runtime;

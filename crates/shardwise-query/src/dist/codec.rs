@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::scan::{ShardScanExec, ShardSlice, ShardTableRef};
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
+use crate::group_topk;
 
 const TICKET_MAGIC: &[u8; 4] = b"SWFT";
 const TICKET_VERSION: u32 = 1;
@@ -145,6 +146,8 @@ pub struct ShardwiseCodec {
 
 const SCAN_TAG: u8 = 1;
 const SHUFFLE_READER_TAG: u8 = 2;
+/// A top-N per group ([`group_topk::codec`]), the only tag with an input.
+const TOPK_TAG: u8 = 3;
 
 /// The serialized form of a [`ShuffleReaderExec`] (then the schema, then the stage-1 plan).
 #[derive(Debug, Serialize, Deserialize)]
@@ -180,9 +183,13 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(rest) = buf.strip_prefix(&[TOPK_TAG]) {
+            let [input] = inputs else { return Err(bad_ticket("a top-N per group without its one input")) };
+            return group_topk::codec::decode(rest, Arc::clone(input), ctx, self, proto_converter);
+        }
         if !inputs.is_empty() {
             return Err(bad_ticket("a shardwise leaf with inputs"));
         }
@@ -230,9 +237,14 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
         let internal = |e: String| DataFusionError::Internal(e);
+        if let Some(bytes) = group_topk::codec::encode(&node, self, proto_converter)? {
+            buf.push(TOPK_TAG);
+            buf.extend_from_slice(&bytes);
+            return Ok(());
+        }
         if let Some(scan) = node.downcast_ref::<ShardScanExec>() {
             let spec = ScanSpec {
                 table: scan.table().clone(),

@@ -39,6 +39,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::partitioned_topk::PartitionedTopKExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
@@ -51,6 +52,7 @@ use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
 use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
+use crate::group_topk::{GroupTopKExec, TopKStep};
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
 
 /// From this many nodes on, the initiator of a shuffle merges no bucket (it only concatenates the
@@ -175,8 +177,13 @@ impl Planner<'_> {
                     has_aggregate: chain.has_aggregate,
                 }));
             }
-            let window_in_shard =
-                whole_shard_below && (node.is::<BoundedWindowAggExec>() || node.is::<WindowAggExec>());
+            // Operators that need whole groups of rows together: on the shard only when the rows
+            // below are partitioned by keys that include the shard key.
+            let window_in_shard = whole_shard_below
+                && (node.is::<BoundedWindowAggExec>()
+                    || node.is::<WindowAggExec>()
+                    || node.is::<PartitionedTopKExec>()
+                    || node.downcast_ref::<GroupTopKExec>().is_some_and(|t| t.step() == TopKStep::Final));
             if is_partial || role.is_some() || is_partition_local(&node) || window_in_shard {
                 let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
                 let finishes = role == Some(PathRole::NoMergeFinal);
@@ -466,6 +473,7 @@ fn is_partition_local(node: &Arc<dyn ExecutionPlan>) -> bool {
         || node.is::<CoalesceBatchesExec>()
         || node.is::<CooperativeExec>()
         || node.is::<LocalLimitExec>()
+        || node.downcast_ref::<GroupTopKExec>().is_some_and(|t| t.step() == TopKStep::Partial)
         || node.downcast_ref::<SortExec>().is_some_and(|s| s.preserve_partitioning())
 }
 
@@ -712,7 +720,9 @@ impl AutoNoMerge {
             || plan.is::<RepartitionExec>()
             || plan.is::<CoalescePartitionsExec>()
             || plan.is::<LocalLimitExec>()
-            || plan.is::<SortExec>();
+            || plan.is::<SortExec>()
+            || plan.is::<GroupTopKExec>()
+            || plan.is::<PartitionedTopKExec>();
         match (same_columns, plan.children().as_slice()) {
             (true, [child]) => self.trace(child, index),
             _ => None,

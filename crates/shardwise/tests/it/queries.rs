@@ -103,6 +103,15 @@ const CORPUS: &[&str] = &[
     "SELECT k, id, row_number() OVER (PARTITION BY k ORDER BY id) AS rn FROM {t} WHERE id < 3000",
     "SELECT sk, v FROM (SELECT sk, v, row_number() OVER (PARTITION BY sk ORDER BY v DESC, id) AS r FROM {t}) \
      WHERE r <= 2",
+    "SELECT g, id, v, rn FROM (SELECT g, id, v, row_number() OVER (PARTITION BY g ORDER BY v NULLS FIRST, id) AS rn \
+     FROM {t}) WHERE rn < 4",
+    "SELECT k, b, id FROM (SELECT k, b, id, row_number() OVER (PARTITION BY k, b ORDER BY id DESC) AS rn FROM {t}) \
+     WHERE 1 >= rn",
+    "SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY k ORDER BY id) AS rn FROM {t}) WHERE rn < 1",
+    "SELECT k, g FROM (SELECT k, g, row_number() OVER (PARTITION BY k ORDER BY g DESC, id) AS rn FROM {t}) \
+     WHERE rn <= 3",
+    "SELECT k, q, rk FROM (SELECT k, q, rank() OVER (PARTITION BY k ORDER BY q DESC) AS rk FROM {t}) WHERE rk <= 2",
+    "SELECT k FROM (SELECT k, rank() OVER (PARTITION BY k ORDER BY q) AS rk FROM {t}) WHERE rk < 1",
     "SELECT k, sum(v) OVER (PARTITION BY k, g) FROM {t} WHERE id % 7 = 0",
 ];
 
@@ -388,6 +397,18 @@ fn no_merge_modes_follow_their_definitions() {
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");
+    // Top-N per group: a partial step on each shard below the exchange, the final one above;
+    // both on the shards when the window partitions by the shard key.
+    let top = "EXPLAIN SELECT * FROM (SELECT g, v, row_number() OVER (PARTITION BY g ORDER BY v DESC) AS rn FROM s) \
+               WHERE rn <= 2";
+    let plan = c.sql(0, top).concat().join(" ");
+    let (initiator, shards) = plan.split_once("FragmentExec").unwrap_or_else(|| panic!("{plan}"));
+    assert!(
+        initiator.contains("GroupTopKExec: step=final") && shards.contains("GroupTopKExec: step=partial"),
+        "{plan}"
+    );
+    let plan = c.sql(0, &top.replace("BY g", "BY sk")).concat().join(" ");
+    assert!(plan.contains("strategy=no_merge") && plan.contains("GroupTopKExec: step=final"), "{plan}");
     let plan = c.sql(0, "EXPLAIN SELECT g, count(*) FROM s GROUP BY g").concat().join(" ");
     assert!(
         plan.contains("strategy=initiator_merge") && plan.contains("does not include shard-key column(s) sk"),
