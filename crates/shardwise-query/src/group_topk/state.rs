@@ -21,6 +21,8 @@ use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 
+use super::flat::{FLAT_MAX_K, FlatTopK, Offer};
+
 /// Rows kept in stored batches beyond the live ones before they are compacted: at least this
 /// many, and at least as many as are live (so compaction costs amortised O(1) per row).
 pub const COMPACT_MIN_GARBAGE_ROWS: usize = 1 << 16;
@@ -63,14 +65,12 @@ pub struct TopKState {
     groups: Box<dyn GroupValues>,
     group_ids: Vec<usize>,
     order_rows: RowConverter,
-    /// Per group: a max-heap on the key, so the worst kept row is on top.
+    /// Per group: a max-heap on the key, so the worst kept row is on top (when `flat` is not
+    /// used).
     heaps: Vec<BinaryHeap<Entry>>,
-    /// When every ORDER BY key is fixed-width (numbers, dates, booleans): the width of an
-    /// encoded key, and per group whether its heap is full and the key of its worst row, side
-    /// by side in flat arrays, so most rows are turned away after one look at contiguous memory.
-    key_width: Option<usize>,
-    full: Vec<bool>,
-    thresholds: Vec<u8>,
+    /// Fixed-width ORDER BY keys (numbers, dates, booleans) and N up to [`FLAT_MAX_K`]: the kept
+    /// rows in flat arrays instead. `Some(None)` until the first key gives the width.
+    flat: Option<Option<FlatTopK>>,
     stored: Vec<RecordBatch>,
     stored_rows: usize,
     live_rows: usize,
@@ -111,10 +111,7 @@ impl TopKState {
             group_ids: Vec::new(),
             order_rows,
             heaps: Vec::new(),
-            // Known once the first key is encoded.
-            key_width: fixed_width.then_some(0),
-            full: Vec::new(),
-            thresholds: Vec::new(),
+            flat: (fixed_width && k <= FLAT_MAX_K).then_some(None),
             stored: Vec::new(),
             stored_rows: 0,
             live_rows: 0,
@@ -133,7 +130,8 @@ impl TopKState {
         let stored: usize = self.stored.iter().map(RecordBatch::get_array_memory_size).sum();
         let heaps = self.heaps.capacity() * std::mem::size_of::<BinaryHeap<Entry>>()
             + self.live_rows * std::mem::size_of::<Entry>();
-        stored + heaps + self.key_bytes + self.groups.size() + self.group_ids.capacity() * 8
+        let flat = self.flat.as_ref().and_then(Option::as_ref).map_or(0, FlatTopK::size);
+        stored + heaps + flat + self.key_bytes + self.groups.size() + self.group_ids.capacity() * 8
     }
 
     /// Offers every row of `batch`.
@@ -144,53 +142,54 @@ impl TopKState {
         }
         let keys = evaluate(&self.partition_exprs, batch)?;
         self.groups.intern(&keys, &mut self.group_ids)?;
-        if self.heaps.len() < self.groups.len() {
-            self.heaps.resize_with(self.groups.len(), BinaryHeap::new);
-        }
         let order_columns = evaluate(self.order_exprs.iter().map(|e| &e.expr), batch)?;
         let order_rows = self.order_rows.convert_columns(&order_columns)?;
-        if self.key_width == Some(0) {
-            self.key_width = Some(order_rows.row(0).as_ref().len());
-        }
-        let width = self.key_width.unwrap_or(0);
-        if width > 0 {
-            self.full.resize(self.groups.len(), false);
-            self.thresholds.resize(self.groups.len() * width, 0);
-        }
         let batch_index = self.stored.len();
         let mut taken: Vec<u32> = Vec::new();
-        for (row, &group) in self.group_ids.iter().enumerate() {
-            let key = order_rows.row(row);
-            let key = key.as_ref();
-            let heap = &mut self.heaps[group];
-            if width > 0 && key.len() == width {
-                if self.full[group] && !less(key, &self.thresholds[group * width..(group + 1) * width]) {
-                    continue;
+        if let Some(flat) = &mut self.flat {
+            let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, order_rows.row(0).as_ref().len()));
+            flat.ensure_groups(self.groups.len());
+            for (row, &group) in self.group_ids.iter().enumerate() {
+                let key = order_rows.row(row);
+                if key.as_ref().len() != flat.width() {
+                    return Err(DataFusionError::Internal(format!(
+                        "top-N per group: a fixed-width ORDER BY key of {} bytes, not {}",
+                        key.as_ref().len(),
+                        flat.width()
+                    )));
                 }
-            } else if heap.len() >= self.k {
-                match heap.peek() {
-                    Some(worst) if key < worst.key.as_ref() => {}
-                    _ => continue,
+                match flat.offer(group, key.as_ref(), slot(batch_index, taken.len())) {
+                    Offer::Rejected => continue,
+                    Offer::Added => self.live_rows += 1,
+                    Offer::Replaced => {}
                 }
+                taken.push(row as u32);
             }
-            let entry = Entry { key: key.into(), slot: slot(batch_index, taken.len()) };
-            self.key_bytes += entry.key.len();
-            taken.push(row as u32);
-            heap.push(entry);
-            if heap.len() > self.k {
-                if let Some(out) = heap.pop() {
-                    self.key_bytes -= out.key.len();
-                }
-            } else {
-                self.live_rows += 1;
+        } else {
+            if self.heaps.len() < self.groups.len() {
+                self.heaps.resize_with(self.groups.len(), BinaryHeap::new);
             }
-            if width > 0
-                && heap.len() >= self.k
-                && let Some(worst) = heap.peek()
-                && worst.key.len() == width
-            {
-                self.full[group] = true;
-                self.thresholds[group * width..(group + 1) * width].copy_from_slice(&worst.key);
+            for (row, &group) in self.group_ids.iter().enumerate() {
+                let key = order_rows.row(row);
+                let key = key.as_ref();
+                let heap = &mut self.heaps[group];
+                if heap.len() >= self.k {
+                    match heap.peek() {
+                        Some(worst) if key < worst.key.as_ref() => {}
+                        _ => continue,
+                    }
+                }
+                let entry = Entry { key: key.into(), slot: slot(batch_index, taken.len()) };
+                self.key_bytes += entry.key.len();
+                taken.push(row as u32);
+                heap.push(entry);
+                if heap.len() > self.k {
+                    if let Some(out) = heap.pop() {
+                        self.key_bytes -= out.key.len();
+                    }
+                } else {
+                    self.live_rows += 1;
+                }
             }
         }
         if !taken.is_empty() {
@@ -207,6 +206,12 @@ impl TopKState {
     /// Gathers the kept rows into one batch, dropping the rows heaps have pushed out.
     pub fn compact(&mut self) -> Result<()> {
         let mut indices = Vec::with_capacity(self.live_rows);
+        if let Some(Some(flat)) = &mut self.flat {
+            flat.for_each_slot(|s| {
+                indices.push(unslot(*s));
+                *s = slot(0, indices.len() - 1);
+            });
+        }
         for heap in &mut self.heaps {
             let mut entries = std::mem::take(heap).into_vec();
             for entry in &mut entries {
@@ -244,18 +249,6 @@ impl TopKState {
         let order = lexsort_to_indices(&columns, None)?;
         Ok(take_record_batch(&batch, &order)?)
     }
-}
-
-/// `a < b` for two keys of the same width: as big-endian integers when they fit in 16 bytes
-/// (no call to `memcmp` for a 9-byte float key).
-fn less(a: &[u8], b: &[u8]) -> bool {
-    if a.len() <= 16 && a.len() == b.len() {
-        let (mut x, mut y) = ([0u8; 16], [0u8; 16]);
-        x[..a.len()].copy_from_slice(a);
-        y[..b.len()].copy_from_slice(b);
-        return u128::from_be_bytes(x) < u128::from_be_bytes(y);
-    }
-    a < b
 }
 
 fn evaluate<'a>(
@@ -336,7 +329,9 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        for (k, descending, groups) in [(1, true, 3), (2, true, 50), (3, false, 1000), (5, false, 7), (0, true, 4)] {
+        for (k, descending, groups) in
+            [(1, true, 3), (2, true, 50), (3, false, 1000), (5, false, 7), (0, true, 4), (20, true, 30)]
+        {
             let mut state = TopKState::try_new(Arc::clone(&schema), &ordering(&schema, descending), 1, k).expect("new");
             let mut all = Vec::new();
             for _ in 0..40 {
