@@ -561,6 +561,28 @@ fn max_memory_usage_spills_where_it_can_and_fails_clearly_where_it_cannot() {
 }
 
 #[test]
+fn max_memory_usage_holds_on_the_node_that_runs_a_remote_fragment() {
+    let c = Cluster::start(2);
+    // One shard, on rank 0: a query through rank 1 runs its fragment remotely, and GROUP BY the
+    // shard key puts the whole aggregation in that fragment (automatic no-merge).
+    c.sql(0, "CREATE TABLE mr (k BIGINT, v BIGINT) WITH (shard_key = 'k', shards = 1)");
+    c.sql(0, "INSERT INTO mr SELECT value % 150000, value FROM generate_series(1, 300000)");
+    let grouped = "SELECT k, count(*) AS c, sum(v) AS s FROM mr GROUP BY k";
+    let plan = c.sql(1, &format!("EXPLAIN {grouped}")).concat().join(" ");
+    assert!(plan.contains("strategy=no_merge") && plan.contains("shards=[0@[0]]"), "{plan}");
+    let mut unlimited = c.sql(1, grouped);
+    assert_eq!(unlimited.len(), 150_000);
+    // Enough to spill with: the same answer.
+    let mut limited = c.sql(1, &format!("{grouped} SETTINGS max_memory_usage = 8000000"));
+    unlimited.sort();
+    limited.sort();
+    assert!(limited == unlimited, "the answer under the limit differs");
+    // Too little even to spill: the error names the setting, the limit and the node that ran out.
+    let err = c.sql_err(1, &format!("{grouped} SETTINGS max_memory_usage = 2000"));
+    assert!(err.contains("max_memory_usage = 2000 bytes") && err.contains("rank 0"), "{err}");
+}
+
+#[test]
 fn set_lasts_for_its_connection_only() {
     let c = Cluster::start(2);
     c.sql(0, "CREATE TABLE st (k BIGINT, v BIGINT) WITH (shard_key = 'k')");
