@@ -22,13 +22,15 @@ pub struct FlatTopK {
     width: usize,
     keys: Vec<u8>,
     slots: Vec<u64>,
-    lens: Vec<u8>,
+    /// Kept rows per group (at most `k`).
+    lens: Vec<u32>,
 }
 
 impl FlatTopK {
-    /// `k` must be at most [`FLAT_MAX_K`].
+    /// Correct for any `k`; meant for `k` up to [`FLAT_MAX_K`], since keeping a group sorted
+    /// costs O(k) per kept row.
     pub fn new(k: usize, width: usize) -> Self {
-        FlatTopK { k: k.min(FLAT_MAX_K), width, keys: Vec::new(), slots: Vec::new(), lens: Vec::new() }
+        FlatTopK { k, width, keys: Vec::new(), slots: Vec::new(), lens: Vec::new() }
     }
 
     pub fn width(&self) -> usize {
@@ -44,7 +46,7 @@ impl FlatTopK {
     }
 
     pub fn size(&self) -> usize {
-        self.keys.capacity() + self.slots.capacity() * 8 + self.lens.capacity()
+        self.keys.capacity() + self.slots.capacity() * 8 + self.lens.capacity() * 4
     }
 
     fn key(&self, entry: usize) -> &[u8] {

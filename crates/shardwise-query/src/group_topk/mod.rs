@@ -36,7 +36,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 pub use rule::GroupTopKRule;
 pub use state::TopKState;
@@ -250,8 +250,6 @@ impl ExecutionPlan for GroupTopKExec {
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, stream)))
     }
 }
-
-use futures::TryStreamExt;
 
 /// `batch` cut into batches of at most `rows` rows (zero-copy).
 fn chunks(batch: RecordBatch, rows: usize) -> Vec<RecordBatch> {

@@ -1,5 +1,6 @@
-//! The state of a top-K-per-group operator: for every distinct partition key, a bounded heap of
-//! the K best rows seen so far by the ORDER BY keys.
+//! The state of a top-K-per-group operator: for every distinct partition key, the K best rows
+//! seen so far by the ORDER BY keys, in flat per-group arrays ([`super::flat`]) when K is small
+//! and the keys fixed-width, else in a bounded heap per group.
 //!
 //! Cost per input row: the partition key is interned with DataFusion's own aggregation hash
 //! table ([`GroupValues`], the same one `GROUP BY` uses, specialised by key type), the ORDER BY
