@@ -69,6 +69,10 @@ pub struct ShardData {
 /// Rows a fragment sends back from another node.
 pub type RemoteRows = futures::stream::BoxStream<'static, Result<RecordBatch, QueryError>>;
 
+/// Where the node that ran a fragment leaves its plan with metrics (the text `EXPLAIN ANALYZE`
+/// shows), once its rows have all been sent.
+pub type FragmentReport = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
 /// The storage side of a node, as the SQL layer sees it.
 pub trait TableAccess: Send + Sync + Debug {
     /// The catalog as this node knows it now.
@@ -112,8 +116,14 @@ pub trait TableAccess: Send + Sync + Debug {
         None
     }
 
-    /// Runs an encoded fragment ticket on node `rank` and streams its rows back.
-    fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>>;
+    /// Runs an encoded fragment ticket on node `rank` and streams its rows back; the node's
+    /// plan with metrics lands in `report` after the last row.
+    fn remote_fragment(
+        &self,
+        rank: u32,
+        ticket: Vec<u8>,
+        report: FragmentReport,
+    ) -> BoxFuture<'_, Result<RemoteRows, QueryError>>;
 
     /// Waits until no node has anything pending for `table`, up to `timeout`.
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>>;

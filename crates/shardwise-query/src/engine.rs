@@ -201,14 +201,20 @@ impl QueryEngine {
 
     /// Runs a fragment another node sent (an encoded [`crate::dist::FragmentTicket`]) over this
     /// node's shards.
-    pub fn run_fragment(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
+    /// Also returns the plan being run, whose metrics (see
+    /// [`crate::dist::fragment::render_with_metrics`]) are final once the stream has ended.
+    pub fn run_fragment(
+        &self,
+        ticket: &[u8],
+    ) -> Result<(SendableRecordBatchStream, Arc<dyn ExecutionPlan>), QueryError> {
         let access = self.access("a distributed query fragment")?;
         let ticket = FragmentTicket::decode(ticket)?;
         let limit = ticket.header.max_memory_usage;
         let context = with_memory_limit(self.ctx.task_ctx(), limit)?;
         let plan = decode_fragment_ticket(Arc::clone(access), &context, ticket)?;
-        let stream = self.runtime.drive(plan.schema(), move || execute_merged(plan, context))?;
-        Ok(explain_memory_errors(stream, limit, self.rank))
+        let run = Arc::clone(&plan);
+        let stream = self.runtime.drive(plan.schema(), move || execute_merged(run, context))?;
+        Ok((explain_memory_errors(stream, limit, self.rank), plan))
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
@@ -290,6 +296,7 @@ impl QueryEngine {
                 Ok(frame.execute_stream().await?)
             }
             Action::Plan(plan) => {
+                let plan_is_analyze = matches!(plan, LogicalPlan::Analyze(_));
                 let physical = state.create_physical_plan(&plan).await?;
                 let current = settings::current(state.config_options());
                 let memory_limit = current.max_memory_usage;
@@ -304,6 +311,10 @@ impl QueryEngine {
                     false => datafusion::physical_plan::execute_stream(plan, context)?,
                 };
                 let stream = explain_memory_errors(stream, memory_limit, self.rank);
+                let stream = match plan_is_analyze {
+                    true => with_fragment_reports(stream, Arc::clone(&physical)),
+                    false => stream,
+                };
                 Ok(self.log.track(&sql, physical, stream, current.max_execution_time_ms))
             }
             Action::Command(command) => {
@@ -342,6 +353,37 @@ fn reads_tables(plan: &Arc<dyn ExecutionPlan>) -> bool {
         Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
     });
     found
+}
+
+/// `EXPLAIN ANALYZE`'s rows, then one row per fragment run: `plan_type` says which shard (or
+/// bucket) ran on which rank, `plan` is the plan that node ran, with its operators' metrics.
+/// DataFusion's own rows show the fragment plan as the initiator built it, never executed there.
+fn with_fragment_reports(
+    stream: SendableRecordBatchStream,
+    physical: Arc<dyn ExecutionPlan>,
+) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let out_schema = Arc::clone(&schema);
+    let reports = futures::stream::once(async move {
+        let mut kinds = Vec::new();
+        let mut plans = Vec::new();
+        let _ = physical.apply(|node| {
+            if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
+                for (label, text) in fragment.reports() {
+                    kinds.push(format!("Fragment: {label}"));
+                    plans.push(text);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        let columns: Vec<datafusion::arrow::array::ArrayRef> = vec![
+            Arc::new(datafusion::arrow::array::StringArray::from(kinds)),
+            Arc::new(datafusion::arrow::array::StringArray::from(plans)),
+        ];
+        datafusion::arrow::record_batch::RecordBatch::try_new(schema, columns).map_err(Into::into)
+    });
+    let rows = futures::StreamExt::chain(stream, reports);
+    Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(out_schema, rows))
 }
 
 /// Rewrites DataFusion's "DDL not supported: CreateExternalTable" as

@@ -21,7 +21,7 @@ pub mod sql_split;
 pub mod system_storage;
 pub mod system_tables;
 
-pub use access::{InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
+pub use access::{FragmentReport, InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;
 pub use session::Session;

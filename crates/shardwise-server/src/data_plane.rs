@@ -25,7 +25,7 @@ use arrow_flight::{
     PollInfo, PutResult, SchemaResult, Ticket,
 };
 use datafusion::execution::SendableRecordBatchStream;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use shardwise_query::dist::{FragmentTicket, is_shuffle_ticket};
 use shardwise_query::{QueryEngine, QueryError};
 use tonic::{Request, Response, Status, Streaming};
@@ -97,9 +97,17 @@ impl DataPlane {
 }
 
 impl DataPlane {
-    /// Runs a query fragment; errors keep their class (the user's or the node's).
+    /// Runs a query fragment; errors keep their class (the user's or the node's). After the last
+    /// row comes the plan with metrics ([`crate::fragment_report`]).
     fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
-        Ok(stream_response(self.engine.run_fragment(ticket).map_err(to_status)?))
+        let (stream, plan) = self.engine.run_fragment(ticket).map_err(to_status)?;
+        let schema = stream.schema();
+        let rows = stream_response(stream).into_inner();
+        let report = futures::stream::once(async move {
+            crate::fragment_report::trailer(schema, shardwise_query::dist::fragment::render_with_metrics(&plan))
+        })
+        .flatten();
+        Ok(Response::new(Box::pin(rows.chain(report))))
     }
 }
 

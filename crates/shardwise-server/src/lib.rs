@@ -13,6 +13,7 @@ pub mod error;
 pub mod executed;
 pub mod flight_split;
 pub mod flight_sql;
+pub mod fragment_report;
 pub mod http;
 pub mod ingest;
 pub mod pg;

@@ -32,7 +32,7 @@ use shardwise_cluster::{ClusterView, NodeState};
 
 use super::codec::{FragmentTicket, LeafAssignment, ShardwiseCodec, TicketHeader};
 use super::scan::ShardTableRef;
-use crate::access::TableAccess;
+use crate::access::{FragmentReport, TableAccess};
 use crate::error::QueryError;
 use crate::settings::{self, LoadBalancing};
 
@@ -92,6 +92,8 @@ pub struct FragmentExec {
     metrics: ExecutionPlanMetricsSet,
     /// Shards left out under `skip_unavailable_shards`, with why (for `system.queries`).
     skipped: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Per finished run: which target ran where, and the plan it ran with its metrics.
+    reports: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     cache: Arc<PlanProperties>,
 }
 
@@ -125,8 +127,17 @@ impl FragmentExec {
             cluster,
             metrics: ExecutionPlanMetricsSet::new(),
             skipped: Arc::default(),
+            reports: Arc::default(),
             cache,
         })
+    }
+
+    /// For each run that finished: `(what ran where, its plan with metrics)`, as `EXPLAIN
+    /// ANALYZE` shows them.
+    pub fn reports(&self) -> Vec<(String, String)> {
+        let mut reports = self.reports.lock().map(|r| r.clone()).unwrap_or_default();
+        reports.sort();
+        reports
     }
 
     pub fn strategy(&self) -> &Strategy {
@@ -227,6 +238,7 @@ impl ExecutionPlan for FragmentExec {
             schema: self.schema(),
             context,
             skipped: Arc::clone(&self.skipped),
+            reports: Arc::clone(&self.reports),
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
@@ -251,6 +263,7 @@ struct Run {
     schema: SchemaRef,
     context: Arc<TaskContext>,
     skipped: Arc<std::sync::Mutex<Vec<String>>>,
+    reports: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     rows: Count,
     bytes: Count,
     elapsed: Time,
@@ -330,7 +343,18 @@ impl Run {
         let threads = self.context.session_config().target_partitions();
         let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.clone(), threads);
         let plan = codec.decode_plan(&self.encoded, &self.context)?;
-        Ok(execute_merged(plan, Arc::clone(&self.context))?.boxed())
+        let stream = execute_merged(Arc::clone(&plan), Arc::clone(&self.context))?.boxed();
+        let (reports, label) = (Arc::clone(&self.reports), self.label(self.access.local_rank()));
+        Ok(after_last(stream, move || {
+            if let Ok(mut reports) = reports.lock() {
+                reports.push((label, render_with_metrics(&plan)));
+            }
+        }))
+    }
+
+    /// `shard 3 on rank 1`, `bucket 0 on rank 2`.
+    fn label(&self, rank: u32) -> String {
+        format!("{} {} on rank {rank}", self.placement.unit, self.shard)
     }
 
     async fn run_remote(&self, rank: u32) -> Result<BatchStream> {
@@ -342,15 +366,23 @@ impl Run {
             },
             plan: self.encoded.as_ref().clone(),
         };
-        let rows = self.access.remote_fragment(rank, ticket.encode()?).await.map_err(external)?;
+        let report = FragmentReport::default();
+        let rows = self.access.remote_fragment(rank, ticket.encode()?, Arc::clone(&report)).await.map_err(external)?;
         let schema = Arc::clone(&self.schema);
         // Batches come back with the fragment's columns; give them its exact schema (field
         // metadata does not survive every transport).
-        Ok(rows
+        let rows = rows
             .map(move |r| {
                 r.map_err(external).and_then(|b| Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?))
             })
-            .boxed())
+            .boxed();
+        let (reports, label) = (Arc::clone(&self.reports), self.label(rank));
+        Ok(after_last(rows, move || {
+            let text = report.lock().ok().and_then(|mut r| r.take());
+            if let (Some(text), Ok(mut reports)) = (text, reports.lock()) {
+                reports.push((label, text));
+            }
+        }))
     }
 
     fn instrument(self, first: Option<Result<RecordBatch>>, rest: BatchStream) -> BatchStream {
@@ -364,6 +396,20 @@ impl Run {
         };
         futures::stream::iter(first).chain(rest).map(count).boxed()
     }
+}
+
+/// `stream`, calling `done` once it has ended (not if it is dropped before).
+fn after_last(stream: BatchStream, done: impl FnOnce() + Send + 'static) -> BatchStream {
+    let tail = futures::stream::once(async move {
+        done();
+        None
+    });
+    stream.map(Some).chain(tail).filter_map(futures::future::ready).boxed()
+}
+
+/// A plan with each operator's metrics, indented, as `EXPLAIN ANALYZE` prints one.
+pub fn render_with_metrics(plan: &Arc<dyn ExecutionPlan>) -> String {
+    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref()).indent(true).to_string()
 }
 
 fn external(e: QueryError) -> DataFusionError {

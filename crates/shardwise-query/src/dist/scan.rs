@@ -16,6 +16,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::TryStreamExt;
@@ -73,6 +74,7 @@ pub struct ShardScanExec {
     /// placement (a plan that relies on groups not spanning shards sets this).
     require_verified_placement: bool,
     schema: SchemaRef,
+    metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
 
@@ -102,6 +104,7 @@ impl ShardScanExec {
             access,
             require_verified_placement: false,
             schema,
+            metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
     }
@@ -167,6 +170,10 @@ impl DisplayAs for ShardScanExec {
 impl ExecutionPlan for ShardScanExec {
     plan_node_methods!("ShardScanExec", leaf);
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let part = *self.parts.get(partition).ok_or_else(|| {
             DataFusionError::Internal(format!("ShardScanExec: partition {partition} of {}", self.parts.len()))
@@ -176,6 +183,7 @@ impl ExecutionPlan for ShardScanExec {
         let projection = self.projection.clone();
         let batch_rows = context.session_config().batch_size().max(1);
         let require_verified = self.require_verified_placement;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         let read = async move {
             let data = access
                 .read_shard(table.table_id, table.generation, table.catalog_version, part.shard)
@@ -188,7 +196,12 @@ impl ExecutionPlan for ShardScanExec {
                     table.name, part.shard
                 )))));
             }
-            let out = slice_rows(&data.batches, part, batch_rows, projection.as_deref())?;
+            let out = {
+                let _timer = baseline.elapsed_compute().timer();
+                slice_rows(&data.batches, part, batch_rows, projection.as_deref())?
+            };
+            baseline.record_output(out.iter().map(RecordBatch::num_rows).sum());
+            baseline.done();
             Ok::<_, DataFusionError>(futures::stream::iter(out.into_iter().map(Ok)))
         };
         let stream = futures::stream::once(read).try_flatten();

@@ -437,7 +437,7 @@ impl ShuffleReaderExec {
         let ticket = encode_shuffle_ticket(&header, &self.stage1)?;
         let mut errors = Vec::new();
         for &rank in &source.replicas {
-            match self.access.remote_fragment(rank, ticket.clone()).await {
+            match self.access.remote_fragment(rank, ticket.clone(), crate::access::FragmentReport::default()).await {
                 Ok(rows) => {
                     // Batches come back with stage 1's columns; give them the exact schema.
                     let schema = Arc::clone(&self.schema);

@@ -25,7 +25,9 @@ use std::time::Duration;
 use datafusion::arrow::record_batch::RecordBatch;
 use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot};
 use shardwise_query::dist::TableSample;
-use shardwise_query::{InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
+use shardwise_query::{
+    FragmentReport, InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess,
+};
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
 
@@ -382,8 +384,13 @@ impl TableAccess for TablesNode {
         Some(TableSample { batches, table_rows })
     }
 
-    fn remote_fragment(&self, rank: u32, ticket: Vec<u8>) -> BoxFuture<'_, Result<RemoteRows, QueryError>> {
-        Box::pin(async move { self.peers.fragment(rank, ticket).await })
+    fn remote_fragment(
+        &self,
+        rank: u32,
+        ticket: Vec<u8>,
+        report: FragmentReport,
+    ) -> BoxFuture<'_, Result<RemoteRows, QueryError>> {
+        Box::pin(async move { self.peers.fragment(rank, ticket, report).await })
     }
 
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Ticket};
 use futures::{StreamExt, TryStreamExt};
 use shardwise_cluster::{ClusterSecret, ClusterView};
-use shardwise_query::{QueryError, RemoteRows};
+use shardwise_query::{FragmentReport, QueryError, RemoteRows};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
@@ -186,30 +186,49 @@ impl Peers {
 
     /// A node that restarted has new ports: when the cached channel fails and the membership
     /// now gives another address, the call is made once more there.
-    pub async fn fragment(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {
+    pub async fn fragment(&self, rank: u32, ticket: Vec<u8>, report: FragmentReport) -> Result<RemoteRows, QueryError> {
         let cached = lock(&self.channels).get(&rank).map(|(addr, _)| addr.clone());
-        let r = self.fragment_once(rank, ticket.clone()).await;
+        let r = self.fragment_once(rank, ticket.clone(), Arc::clone(&report)).await;
         let Err(e) = &r else { return r };
         self.forget(rank, e);
         if !matches!(e, QueryError::Unavailable(_)) || cached.is_none() || self.member_addr(rank).await == cached {
             return r;
         }
-        let r = self.fragment_once(rank, ticket).await;
+        let r = self.fragment_once(rank, ticket, report).await;
         if let Err(e) = &r {
             self.forget(rank, e);
         }
         r
     }
 
-    async fn fragment_once(&self, rank: u32, ticket: Vec<u8>) -> Result<RemoteRows, QueryError> {
+    /// One `DoGet` of a fragment (or shuffle bucket): its rows; a report message after them
+    /// ([`crate::fragment_report`]) goes to `report`.
+    async fn fragment_once(
+        &self,
+        rank: u32,
+        ticket: Vec<u8>,
+        report: FragmentReport,
+    ) -> Result<RemoteRows, QueryError> {
         let mut client = self.client(rank).await?;
         let req = self.request(Ticket { ticket: ticket.into() }, None)?;
         let stream = client.do_get(req).await.map_err(|s| status_error(rank, "fragment", s))?.into_inner();
-        let batches = FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into));
-        Ok(batches
-            .map_err(move |e| match e {
-                FlightError::Tonic(status) => status_error(rank, "fragment", *status),
-                other => unavailable(rank, "fragment", other),
+        let messages = FlightDataDecoder::new(stream.map_err(Into::into));
+        Ok(messages
+            .filter_map(move |message| {
+                let row = match message {
+                    Ok(decoded) => {
+                        if let Some(text) = crate::fragment_report::report_of(&decoded.inner) {
+                            *lock(&report) = Some(text);
+                        }
+                        match decoded.payload {
+                            DecodedPayload::RecordBatch(batch) => Some(Ok(batch)),
+                            DecodedPayload::Schema(_) | DecodedPayload::None => None,
+                        }
+                    }
+                    Err(FlightError::Tonic(status)) => Some(Err(status_error(rank, "fragment", *status))),
+                    Err(other) => Some(Err(unavailable(rank, "fragment", other))),
+                };
+                futures::future::ready(row)
             })
             .boxed())
     }

@@ -397,6 +397,20 @@ fn no_merge_modes_follow_their_definitions() {
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");
+    // EXPLAIN ANALYZE adds, per fragment run, the plan the node ran with its operators' metrics:
+    // the initiator's own shards and the other nodes' alike.
+    let analyzed = c.sql(0, "EXPLAIN ANALYZE SELECT sk, count(*) FROM s GROUP BY sk");
+    let text = analyzed.iter().map(|r| r.join(",")).collect::<Vec<_>>().join("\n");
+    let runs: Vec<&str> = text.split("Fragment: shard ").skip(1).collect();
+    assert_eq!(runs.len(), 4, "{text}");
+    for rank in ["on rank 0", "on rank 1"] {
+        assert!(runs.iter().any(|r| r.lines().next().is_some_and(|l| l.contains(rank))), "none {rank}: {text}");
+    }
+    for run in &runs {
+        let scanned = run.lines().find(|l| l.contains("ShardScanExec")).unwrap_or_else(|| panic!("{run}"));
+        assert!(scanned.contains("output_rows="), "{run}");
+        assert!(run.contains("AggregateExec") && run.contains("elapsed_compute="), "{run}");
+    }
     // Top-N per group: a partial step on each shard below the exchange, the final one above;
     // both on the shards when the window partitions by the shard key.
     let top = "EXPLAIN SELECT * FROM (SELECT g, v, row_number() OVER (PARTITION BY g ORDER BY v DESC) AS rn FROM s) \
