@@ -318,6 +318,15 @@ fn shuffle_is_exact_at_a_million_groups() {
     assert!(plan.contains("strategy=initiator_merge") && plan.contains("~7 groups estimated"), "{plan}");
     let plan = c.sql(0, &format!("EXPLAIN {few} SETTINGS shuffle_min_groups = 5")).concat().join(" ");
     assert!(plan.contains("strategy=shuffle") && plan.contains("> shuffle_min_groups = 5"), "{plan}");
+    // EXPLAIN ANALYZE reports each bucket's merge from the node that ran it (3 nodes: the
+    // initiator merges none).
+    let analyzed = c.sql(0, &format!("EXPLAIN ANALYZE {few} SETTINGS shuffle_min_groups = 5")).concat().join(" ");
+    for bucket in ["Fragment: bucket 0 on rank 1", "Fragment: bucket 1 on rank 2"] {
+        assert!(analyzed.contains(bucket), "{bucket}: {analyzed}");
+    }
+    let merges: Vec<&str> = analyzed.split("Fragment: bucket").skip(1).collect();
+    assert_eq!(merges.len(), 2, "{analyzed}");
+    assert!(merges.iter().all(|m| m.contains("AggregateExec") && m.contains("output_rows=")), "{analyzed}");
     let expr = "SELECT v % 10 AS g, count(*) FROM big GROUP BY g";
     let plan = c.sql(0, &format!("EXPLAIN {expr}")).concat().join(" ");
     assert!(plan.contains("strategy=initiator_merge") && plan.contains("groups of expressions"), "{plan}");
