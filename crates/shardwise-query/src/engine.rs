@@ -201,20 +201,21 @@ impl QueryEngine {
 
     /// Runs a fragment another node sent (an encoded [`crate::dist::FragmentTicket`]) over this
     /// node's shards.
-    /// Also returns the plan being run, whose metrics (see
+    /// When the ticket asks for a report, also returns the plan being run, whose metrics (see
     /// [`crate::dist::fragment::render_with_metrics`]) are final once the stream has ended.
     pub fn run_fragment(
         &self,
         ticket: &[u8],
-    ) -> Result<(SendableRecordBatchStream, Arc<dyn ExecutionPlan>), QueryError> {
+    ) -> Result<(SendableRecordBatchStream, Option<Arc<dyn ExecutionPlan>>), QueryError> {
         let access = self.access("a distributed query fragment")?;
         let ticket = FragmentTicket::decode(ticket)?;
         let limit = ticket.header.max_memory_usage;
+        let report = ticket.header.report;
         let context = with_memory_limit(self.ctx.task_ctx(), limit)?;
         let plan = decode_fragment_ticket(Arc::clone(access), &context, ticket)?;
         let run = Arc::clone(&plan);
         let stream = self.runtime.drive(plan.schema(), move || execute_merged(run, context))?;
-        Ok((explain_memory_errors(stream, limit, self.rank), plan))
+        Ok((explain_memory_errors(stream, limit, self.rank), report.then_some(plan)))
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
@@ -301,6 +302,14 @@ impl QueryEngine {
                 let current = settings::current(state.config_options());
                 let memory_limit = current.max_memory_usage;
                 let (plan, context) = (Arc::clone(&physical), with_memory_limit(state.task_ctx(), memory_limit)?);
+                if plan_is_analyze {
+                    let _ = physical.apply(|node| {
+                        if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
+                            fragment.keep_reports();
+                        }
+                        Ok(TreeNodeRecursion::Continue)
+                    });
+                }
                 // Plans that read tables run on the query runtime; the rest (an INSERT of VALUES,
                 // a SELECT of constants) are cheap, and a hop between runtimes would only add
                 // latency to them.

@@ -98,9 +98,10 @@ impl DataPlane {
 
 impl DataPlane {
     /// Runs a query fragment; errors keep their class (the user's or the node's). After the last
-    /// row comes the plan with metrics ([`crate::fragment_report`]).
+    /// row comes the plan with metrics ([`crate::fragment_report`]) if the ticket asks for it.
     fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
         let (stream, plan) = self.engine.run_fragment(ticket).map_err(to_status)?;
+        let Some(plan) = plan else { return Ok(stream_response(stream)) };
         let schema = stream.schema();
         let rows = stream_response(stream).into_inner();
         let report = futures::stream::once(async move {

@@ -71,6 +71,9 @@ pub struct TicketHeader {
     /// The query's `max_memory_usage` (0: no limit), enforced by the node running the fragment.
     #[serde(default)]
     pub max_memory_usage: u64,
+    /// Send the plan with its metrics after the last row (`EXPLAIN ANALYZE` on the initiator).
+    #[serde(default)]
+    pub report: bool,
 }
 
 /// A fragment to run on a node holding a replica of its shard.
@@ -300,7 +303,12 @@ mod tests {
     #[test]
     fn tickets_round_trip_and_bad_bytes_are_errors() {
         let ticket = FragmentTicket {
-            header: TicketHeader { query_id: "q1".into(), leaf: LeafAssignment::WholeShard(3), max_memory_usage: 7 },
+            header: TicketHeader {
+                query_id: "q1".into(),
+                leaf: LeafAssignment::WholeShard(3),
+                max_memory_usage: 7,
+                report: true,
+            },
             plan: vec![1, 2, 3],
         };
         let bytes = ticket.encode().expect("encode");

@@ -14,7 +14,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -92,10 +92,16 @@ pub struct FragmentExec {
     metrics: ExecutionPlanMetricsSet,
     /// Shards left out under `skip_unavailable_shards`, with why (for `system.queries`).
     skipped: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Whether runs keep the plan they ran with its metrics (`EXPLAIN ANALYZE` asks before it
+    /// executes; other queries do not pay for rendering and sending it).
+    reporting: AtomicBool,
     /// Per finished run: which target ran where, and the plan it ran with its metrics.
-    reports: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    reports: Reports,
     cache: Arc<PlanProperties>,
 }
+
+/// Finished runs' `(what ran where, the plan it ran with its metrics)`.
+type Reports = Arc<std::sync::Mutex<Vec<(String, String)>>>;
 
 /// Shared by every query of this process, so `round_robin` moves on between queries.
 static ROUND_ROBIN: AtomicUsize = AtomicUsize::new(0);
@@ -127,13 +133,19 @@ impl FragmentExec {
             cluster,
             metrics: ExecutionPlanMetricsSet::new(),
             skipped: Arc::default(),
+            reporting: AtomicBool::new(false),
             reports: Arc::default(),
             cache,
         })
     }
 
-    /// For each run that finished: `(what ran where, its plan with metrics)`, as `EXPLAIN
-    /// ANALYZE` shows them.
+    /// Makes the runs started from now on keep the plan they ran with its metrics ([`Self::reports`]).
+    pub fn keep_reports(&self) {
+        self.reporting.store(true, Ordering::Relaxed);
+    }
+
+    /// For each run that finished (after [`Self::keep_reports`]): `(what ran where, its plan
+    /// with metrics)`, as `EXPLAIN ANALYZE` shows them.
     pub fn reports(&self) -> Vec<(String, String)> {
         let mut reports = self.reports.lock().map(|r| r.clone()).unwrap_or_default();
         reports.sort();
@@ -238,7 +250,7 @@ impl ExecutionPlan for FragmentExec {
             schema: self.schema(),
             context,
             skipped: Arc::clone(&self.skipped),
-            reports: Arc::clone(&self.reports),
+            reports: self.reporting.load(Ordering::Relaxed).then(|| Arc::clone(&self.reports)),
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
@@ -263,7 +275,8 @@ struct Run {
     schema: SchemaRef,
     context: Arc<TaskContext>,
     skipped: Arc<std::sync::Mutex<Vec<String>>>,
-    reports: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// Where to keep the plan this run ran with its metrics, if anyone asked.
+    reports: Option<Reports>,
     rows: Count,
     bytes: Count,
     elapsed: Time,
@@ -344,7 +357,8 @@ impl Run {
         let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.clone(), threads);
         let plan = codec.decode_plan(&self.encoded, &self.context)?;
         let stream = execute_merged(Arc::clone(&plan), Arc::clone(&self.context))?.boxed();
-        let (reports, label) = (Arc::clone(&self.reports), self.label(self.access.local_rank()));
+        let Some(reports) = self.reports.clone() else { return Ok(stream) };
+        let label = self.label(self.access.local_rank());
         Ok(after_last(stream, move || {
             if let Ok(mut reports) = reports.lock() {
                 reports.push((label, render_with_metrics(&plan)));
@@ -363,6 +377,7 @@ impl Run {
                 query_id: uuid::Uuid::new_v4().to_string(),
                 leaf: self.target.clone(),
                 max_memory_usage: settings::current(self.context.session_config().options()).max_memory_usage,
+                report: self.reports.is_some(),
             },
             plan: self.encoded.as_ref().clone(),
         };
@@ -376,7 +391,8 @@ impl Run {
                 r.map_err(external).and_then(|b| Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?))
             })
             .boxed();
-        let (reports, label) = (Arc::clone(&self.reports), self.label(rank));
+        let Some(reports) = self.reports.clone() else { return Ok(rows) };
+        let label = self.label(rank);
         Ok(after_last(rows, move || {
             let text = report.lock().ok().and_then(|mut r| r.take());
             if let (Some(text), Ok(mut reports)) = (text, reports.lock()) {

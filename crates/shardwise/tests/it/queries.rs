@@ -415,6 +415,8 @@ fn no_merge_modes_follow_their_definitions() {
     for rank in ["on rank 0", "on rank 1"] {
         assert!(runs.iter().any(|r| r.lines().next().is_some_and(|l| l.contains(rank))), "none {rank}: {text}");
     }
+    let plain = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
+    assert!(!plain.contains("Fragment: shard"), "only EXPLAIN ANALYZE reports runs: {plain}");
     for run in &runs {
         let scanned = run.lines().find(|l| l.contains("ShardScanExec")).unwrap_or_else(|| panic!("{run}"));
         assert!(scanned.contains("output_rows="), "{run}");
