@@ -55,10 +55,12 @@ pub const SHUFFLE_BUFFER_TTL_MS: u64 = 600_000;
 pub const SHUFFLE_BUCKET_BUFFER_BATCHES: usize = 4;
 
 /// A bucket nobody has asked for this long after its stage 1 started is dropped (its query
-/// failed or was cancelled), so that stage 1 does not wait on it for good.
+/// failed or was cancelled), so that stage 1 does not wait on it for good. The default of
+/// [`ExchangeRegistry`]; [`ExchangeRegistry::with_unclaimed_bucket_ms`] sets another.
 pub const SHUFFLE_UNCLAIMED_BUCKET_MS: u64 = 60_000;
 
-/// How often a stage 1 waiting for room in a bucket checks whether the bucket was ever claimed.
+/// How often, at most, a stage 1 waiting for room in a bucket checks whether the bucket was ever
+/// claimed (a quarter of the expiry when that is shorter).
 const SHUFFLE_UNCLAIMED_CHECK_MS: u64 = 1_000;
 
 /// Seed of the bucket hash. DataFusion repartitions with seed 0; a different seed keeps a
@@ -148,12 +150,14 @@ enum Slot {
     Waiting(BucketRows),
     /// Handed out to its fetcher.
     Taken,
-    /// Nobody asked for it within [`SHUFFLE_UNCLAIMED_BUCKET_MS`]; its rows were dropped.
+    /// Nobody asked for it within the registry's expiry; its rows were dropped.
     Expired,
 }
 
 struct Exchange {
     created: Instant,
+    /// A bucket still unclaimed this long after `created` expires.
+    unclaimed_expiry: Duration,
     state: Mutex<ExchangeState>,
 }
 
@@ -165,20 +169,22 @@ struct ExchangeState {
 }
 
 impl Exchange {
+    fn new(unclaimed_expiry: Duration) -> Self {
+        Exchange { created: Instant::now(), unclaimed_expiry, state: Mutex::default() }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, ExchangeState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Expires `bucket` if it is still unclaimed after [`SHUFFLE_UNCLAIMED_BUCKET_MS`]; true when
-    /// stage 1 should stop sending to it.
+    /// Expires `bucket` if it is still unclaimed after the exchange's expiry; true when stage 1
+    /// should stop sending to it.
     fn expire_if_unclaimed(&self, bucket: usize) -> bool {
         let mut state = self.state();
         let slots = &mut state.slots;
         match slots.get(bucket) {
             Some(Slot::Taken) => false,
-            Some(Slot::Waiting(_)) if self.created.elapsed() < Duration::from_millis(SHUFFLE_UNCLAIMED_BUCKET_MS) => {
-                false
-            }
+            Some(Slot::Waiting(_)) if self.created.elapsed() < self.unclaimed_expiry => false,
             _ => {
                 if let Some(slot) = slots.get_mut(bucket) {
                     *slot = Slot::Expired;
@@ -191,9 +197,16 @@ impl Exchange {
 
 /// A node's shuffle exchanges: stage 1 of each (query, shard) running here, and its buckets
 /// waiting for their fetchers. See the module doc.
-#[derive(Default)]
 pub struct ExchangeRegistry {
     entries: Mutex<HashMap<(String, u32), Arc<Exchange>>>,
+    /// See [`SHUFFLE_UNCLAIMED_BUCKET_MS`].
+    unclaimed_bucket_ms: u64,
+}
+
+impl Default for ExchangeRegistry {
+    fn default() -> Self {
+        ExchangeRegistry::with_unclaimed_bucket_ms(SHUFFLE_UNCLAIMED_BUCKET_MS)
+    }
 }
 
 impl fmt::Debug for ExchangeRegistry {
@@ -204,6 +217,11 @@ impl fmt::Debug for ExchangeRegistry {
 }
 
 impl ExchangeRegistry {
+    /// A registry whose unclaimed buckets expire after `unclaimed_bucket_ms` (at least 1).
+    pub fn with_unclaimed_bucket_ms(unclaimed_bucket_ms: u64) -> Self {
+        ExchangeRegistry { entries: Mutex::default(), unclaimed_bucket_ms: unclaimed_bucket_ms.max(1) }
+    }
+
     /// Serves one bucket request: starts the shard's stage 1 if this is the first request, and
     /// returns the bucket's rows as stage 1 produces them. Must run on the runtime stage 1 is
     /// to run on. `rank` is this node's, for errors.
@@ -251,7 +269,7 @@ impl ExchangeRegistry {
             Some(Slot::Waiting(rows)) => rows,
             Some(Slot::Taken) => return Err(gone("was already fetched (a stage-2 fragment ran twice)")),
             Some(Slot::Expired) => {
-                return Err(gone(&format!("expired unclaimed after {SHUFFLE_UNCLAIMED_BUCKET_MS} ms")));
+                return Err(gone(&format!("expired unclaimed after {} ms", self.unclaimed_bucket_ms)));
             }
             None => return Err(gone("does not exist")),
         };
@@ -268,7 +286,7 @@ impl ExchangeRegistry {
         Arc::clone(
             entries
                 .entry(key)
-                .or_insert_with(|| Arc::new(Exchange { created: Instant::now(), state: Mutex::default() })),
+                .or_insert_with(|| Arc::new(Exchange::new(Duration::from_millis(self.unclaimed_bucket_ms)))),
         )
     }
 
@@ -322,7 +340,7 @@ impl Stage1 {
     /// away, or never came.
     async fn send(&self, senders: &mut [Option<mpsc::Sender<Result<RecordBatch>>>], bucket: usize, rows: RecordBatch) {
         let Some(tx) = senders.get(bucket).and_then(Option::as_ref) else { return };
-        let check = Duration::from_millis(SHUFFLE_UNCLAIMED_CHECK_MS);
+        let check = Duration::from_millis(SHUFFLE_UNCLAIMED_CHECK_MS).min(self.exchange.unclaimed_expiry / 4);
         let dead = loop {
             match tokio::time::timeout(check, tx.reserve()).await {
                 Ok(Ok(permit)) => {
@@ -505,5 +523,93 @@ mod tests {
         let bad = encode_shuffle_ticket(&ShuffleHeader { bucket: 3, ..header }, &[]).expect("encode");
         assert!(decode_shuffle_ticket(&bad).expect_err("bucket 3 of 3").to_string().contains("bucket 3 of 3"));
         assert!(decode_shuffle_ticket(&bytes[..6]).is_err());
+    }
+
+    /// A one-column plan of `batches` batches of 1,000 keys, and how many rows go to each of 2
+    /// buckets.
+    fn keyed_plan(batches: usize) -> (Arc<dyn ExecutionPlan>, [usize; 2]) {
+        use datafusion::catalog::memory::MemorySourceConfig;
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let mut per_bucket = [0; 2];
+        let data: Vec<RecordBatch> = (0..batches as i64)
+            .map(|b| {
+                let keys = Int64Array::from_iter_values((0..1000).map(|i| b * 1000 + i));
+                let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys)]).expect("batch");
+                for (bucket, rows) in bucket_of_rows(&batch, 1, 2).expect("buckets") {
+                    per_bucket[bucket] += rows.num_rows();
+                }
+                batch
+            })
+            .collect();
+        let plan = MemorySourceConfig::try_new_exec(&[data], schema, None).expect("plan");
+        (plan, per_bucket)
+    }
+
+    /// An exchange of 2 buckets expiring after `expiry`, stage 1 running `plan` into it.
+    fn start_stage1(expiry: Duration, plan: Arc<dyn ExecutionPlan>) -> (Arc<Exchange>, tokio::task::JoinHandle<()>) {
+        let exchange = Arc::new(Exchange::new(expiry));
+        let mut senders = Vec::new();
+        {
+            let mut state = exchange.state();
+            state.schema = Some(plan.schema());
+            for _ in 0..2 {
+                let (tx, rx) = mpsc::channel(SHUFFLE_BUCKET_BUFFER_BATCHES);
+                senders.push(Some(tx));
+                state.slots.push(Slot::Waiting(rx));
+            }
+        }
+        let header = ShuffleHeader {
+            exchange_id: "t".into(),
+            shard: 0,
+            bucket: 0,
+            buckets: 2,
+            key_columns: 1,
+            max_memory_usage: 0,
+        };
+        let stage =
+            Stage1 { context: Arc::new(TaskContext::default()), header, rank: 0, exchange: Arc::clone(&exchange) };
+        (exchange, tokio::spawn(stage.run(plan, senders)))
+    }
+
+    /// Claims `bucket` as a fetch does and counts its rows to the end.
+    async fn drain(exchange: &Exchange, bucket: usize) -> usize {
+        let slot = std::mem::replace(&mut exchange.state().slots[bucket], Slot::Taken);
+        let Slot::Waiting(mut rows) = slot else { panic!("bucket {bucket} was not waiting") };
+        let mut n = 0;
+        while let Some(batch) = rows.recv().await {
+            n += batch.expect("rows").num_rows();
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn a_bucket_nobody_claims_expires_and_stage_1_finishes_the_others() {
+        let expiry = Duration::from_millis(300);
+        // 40 batches: bucket 1's buffer of SHUFFLE_BUCKET_BUFFER_BATCHES fills long before the end.
+        let (plan, per_bucket) = keyed_plan(40);
+        let started = Instant::now();
+        let (exchange, stage1) = start_stage1(expiry, plan);
+        let rows = drain(&exchange, 0).await;
+        tokio::time::timeout(Duration::from_secs(10), stage1).await.expect("stage 1 ended").expect("no panic");
+        assert_eq!(rows, per_bucket[0]);
+        assert!(started.elapsed() >= expiry, "expired early, after {:?}", started.elapsed());
+        assert!(matches!(exchange.state().slots[1], Slot::Expired));
+    }
+
+    #[tokio::test]
+    async fn a_bucket_claimed_before_its_expiry_gets_every_row() {
+        let expiry = Duration::from_millis(400);
+        let (plan, per_bucket) = keyed_plan(40);
+        let (exchange, stage1) = start_stage1(expiry, plan);
+        let first = tokio::spawn({
+            let exchange = Arc::clone(&exchange);
+            async move { drain(&exchange, 0).await }
+        });
+        // Stage 1 is blocked on bucket 1 meanwhile; a claim within the expiry is served in full.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = drain(&exchange, 1).await;
+        tokio::time::timeout(Duration::from_secs(10), stage1).await.expect("stage 1 ended").expect("no panic");
+        assert_eq!([first.await.expect("drain"), second], per_bucket);
+        assert!(!exchange.expire_if_unclaimed(1), "a claimed bucket never expires");
     }
 }
