@@ -3,6 +3,10 @@
 //!
 //! The same methods apply a record whether it was just written or is being replayed, so what a
 //! restart rebuilds is what the running outbox had.
+//!
+//! Per-queue (table, destination) totals are kept as items come and go, so reading them costs
+//! the number of queues, not the number of items: senders read them under the outbox lock that
+//! inserts take, and a queue to an unreachable node holds many thousands of items.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,11 +36,34 @@ struct LiveRecord {
     log_pos: u64,
 }
 
+/// The running totals of one (table, destination) queue.
+#[derive(Debug, Default)]
+struct QueueTotals {
+    items: u64,
+    rows: u64,
+    bytes: u64,
+    /// How many pending items were appended at each time (ms): the first key is the oldest.
+    appended_unix_ms: BTreeMap<u64, u64>,
+}
+
+impl QueueTotals {
+    fn stats(&self) -> QueueStats {
+        QueueStats {
+            pending_items: self.items,
+            pending_rows: self.rows,
+            pending_bytes: self.bytes,
+            oldest_pending_unix_ms: self.appended_unix_ms.keys().next().copied(),
+        }
+    }
+}
+
 /// Pending items and the bookkeeping for truncation and compaction.
 #[derive(Debug, Default)]
 pub(super) struct Queues {
     /// Per destination, pending items by seq.
     dests: BTreeMap<u32, BTreeMap<u64, Entry>>,
+    /// Per destination, then table, the totals of each queue with pending items.
+    totals: BTreeMap<u32, BTreeMap<String, QueueTotals>>,
     /// Records holding pending items, by LSN.
     live_records: BTreeMap<u64, LiveRecord>,
     pending_items: u64,
@@ -149,7 +176,7 @@ impl Queues {
             self.dests.remove(&dest);
         }
         for entry in acked.values() {
-            self.forget(entry);
+            self.forget(dest, entry);
         }
         acked.len() as u64
     }
@@ -204,18 +231,24 @@ impl Queues {
         self.dests.get(&dest)?.get(&seq)
     }
 
+    /// Every non-empty queue's totals, by (table, destination).
     pub fn stats(&self) -> BTreeMap<(String, u32), QueueStats> {
-        let mut out: BTreeMap<(String, u32), QueueStats> = BTreeMap::new();
-        for (dest, _, entry) in self.entries() {
-            out.entry((entry.table.clone(), dest)).or_default().add(entry);
-        }
-        out
+        let queues = self.totals.iter().flat_map(|(&dest, tables)| tables.iter().map(move |(t, q)| (t, dest, q)));
+        queues.map(|(table, dest, totals)| ((table.clone(), dest), totals.stats())).collect()
     }
 
+    /// The totals of every table's queue to `dest`.
     pub fn dest_stats(&self, dest: u32) -> QueueStats {
         let mut stats = QueueStats::default();
-        for entry in self.dests.get(&dest).into_iter().flat_map(BTreeMap::values) {
-            stats.add(entry);
+        for totals in self.totals.get(&dest).into_iter().flat_map(BTreeMap::values) {
+            stats.pending_items += totals.items;
+            stats.pending_rows = stats.pending_rows.saturating_add(totals.rows);
+            stats.pending_bytes += totals.bytes;
+            let oldest = totals.appended_unix_ms.keys().next().copied();
+            stats.oldest_pending_unix_ms = match (stats.oldest_pending_unix_ms, oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
         stats
     }
@@ -261,6 +294,15 @@ impl Queues {
         self.pending_items += 1;
         self.pending_bytes += entry.payload.len() as u64;
         self.pending_carry_bytes += record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
+        let tables = self.totals.entry(dest).or_default();
+        let totals = match tables.get_mut(&entry.table) {
+            Some(totals) => totals,
+            None => tables.entry(entry.table.clone()).or_default(),
+        };
+        totals.items += 1;
+        totals.rows = totals.rows.saturating_add(entry.rows);
+        totals.bytes += entry.payload.len() as u64;
+        *totals.appended_unix_ms.entry(entry.appended_unix_ms).or_default() += 1;
         self.dests.entry(dest).or_default().insert(seq, entry);
     }
 
@@ -270,12 +312,31 @@ impl Queues {
         if queue.is_empty() {
             self.dests.remove(&dest);
         }
-        self.forget(&entry);
+        self.forget(dest, &entry);
         Some(entry)
     }
 
-    /// Takes a removed item out of the counters and its record's count.
-    fn forget(&mut self, entry: &Entry) {
+    /// Takes an item removed from `dest`'s queue out of the counters and its record's count.
+    fn forget(&mut self, dest: u32, entry: &Entry) {
+        if let Some(tables) = self.totals.get_mut(&dest)
+            && let Some(totals) = tables.get_mut(&entry.table)
+        {
+            totals.items -= 1;
+            totals.rows = totals.rows.saturating_sub(entry.rows);
+            totals.bytes -= entry.payload.len() as u64;
+            if let Some(n) = totals.appended_unix_ms.get_mut(&entry.appended_unix_ms) {
+                *n -= 1;
+                if *n == 0 {
+                    totals.appended_unix_ms.remove(&entry.appended_unix_ms);
+                }
+            }
+            if totals.items == 0 {
+                tables.remove(&entry.table);
+                if tables.is_empty() {
+                    self.totals.remove(&dest);
+                }
+            }
+        }
         self.pending_items -= 1;
         self.pending_bytes -= entry.payload.len() as u64;
         self.pending_carry_bytes -= record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
@@ -288,12 +349,74 @@ impl Queues {
     }
 }
 
-impl QueueStats {
-    fn add(&mut self, entry: &Entry) {
-        self.pending_items += 1;
-        self.pending_rows = self.pending_rows.saturating_add(entry.rows);
-        self.pending_bytes += entry.payload.len() as u64;
-        let oldest = self.oldest_pending_unix_ms.map_or(entry.appended_unix_ms, |t| t.min(entry.appended_unix_ms));
-        self.oldest_pending_unix_ms = Some(oldest);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xorshift::XorShift64;
+
+    /// The totals counted from the items themselves.
+    fn recount(queues: &Queues) -> BTreeMap<(String, u32), QueueStats> {
+        let mut out: BTreeMap<(String, u32), QueueStats> = BTreeMap::new();
+        for (dest, _, entry) in queues.entries() {
+            let stats = out.entry((entry.table.clone(), dest)).or_default();
+            stats.pending_items += 1;
+            stats.pending_rows += entry.rows;
+            stats.pending_bytes += entry.payload.len() as u64;
+            let oldest = stats.oldest_pending_unix_ms.map_or(entry.appended_unix_ms, |t| t.min(entry.appended_unix_ms));
+            stats.oldest_pending_unix_ms = Some(oldest);
+        }
+        out
+    }
+
+    #[test]
+    fn running_totals_match_a_recount_through_appends_acks_carries_and_discards() {
+        let mut rng = XorShift64::new(7);
+        let mut queues = Queues::default();
+        let mut seq = 0;
+        for step in 0..3_000u64 {
+            match rng.below(10) {
+                0..=5 => {
+                    seq += 1;
+                    let items = (0..1 + rng.below(3))
+                        .map(|_| OutboxItem {
+                            table: format!("t{}", rng.below(3)),
+                            dest: rng.below(4) as u32,
+                            rows: rng.below(100) as u64,
+                            payload: vec![0; rng.below(50)],
+                        })
+                        .collect();
+                    // Times go backwards now and then (a clock step), and repeat.
+                    queues.append(seq, step, 10, 1_000 + step / 3 - rng.below(5) as u64, items);
+                }
+                6..=7 => {
+                    queues.ack(rng.below(4) as u32, seq.saturating_sub(rng.below(20) as u64));
+                }
+                8 => {
+                    let keys: Vec<(u32, u64)> = queues.entries().take(5).map(|(d, s, _)| (d, s)).collect();
+                    queues.carried(step, 10, &keys);
+                }
+                _ if rng.below(10) == 0 => {
+                    queues.discard(&format!("t{}", rng.below(3)));
+                }
+                _ => {}
+            }
+            let expected = recount(&queues);
+            assert_eq!(queues.stats(), expected, "step {step}");
+            for dest in 0..4 {
+                let mut sum = QueueStats::default();
+                for ((_, d), q) in expected.iter().filter(|((_, d), _)| *d == dest) {
+                    assert_eq!(*d, dest);
+                    sum.pending_items += q.pending_items;
+                    sum.pending_rows += q.pending_rows;
+                    sum.pending_bytes += q.pending_bytes;
+                    sum.oldest_pending_unix_ms = match (sum.oldest_pending_unix_ms, q.oldest_pending_unix_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                assert_eq!(queues.dest_stats(dest), sum, "step {step}, dest {dest}");
+            }
+        }
+        assert!(queues.pending_items() > 0, "the walk should end with items pending");
     }
 }
