@@ -39,6 +39,10 @@ pub struct InsertBenchArgs {
     /// fsyncs do not share rank 0's disk, as on separate machines.
     #[arg(long)]
     pub others_data_dir: Option<std::path::PathBuf>,
+    /// More table options for both tables, as in `WITH (..)`, e.g. `delay_max_ms = 60000` (no
+    /// background shipping while the inserts are timed).
+    #[arg(long)]
+    pub table_options: Option<String>,
 }
 
 fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
@@ -134,10 +138,11 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     let cluster = ProcCluster::start(3, &dir, &[]).await?;
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
+    let extra = args.table_options.as_deref().map(|o| format!(", {o}")).unwrap_or_default();
     for (table, mode) in [("lat_immediate", "immediate"), ("lat_delay", "delay_mode_distributed")] {
         sql.query(&format!(
             "CREATE TABLE {table} (id BIGINT, name VARCHAR, v DOUBLE) WITH (shard_key = 'id', replicas = 2, \
-             sync_mode = '{mode}')"
+             sync_mode = '{mode}'{extra})"
         ))
         .await
         .map_err(|e| anyhow!("{e}"))?;

@@ -53,14 +53,23 @@ pub struct InitBenchArgs {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    match args.which {
+    let before = crate::cpu_steal::CpuTimes::now();
+    let result = match args.which {
         BenchKind::Init(a) => init(a).await,
         BenchKind::Crash(a) => crate::bench_crash::run(a).await,
         BenchKind::Insert(a) => crate::bench_insert::run(a).await,
         BenchKind::Load(a) => crate::bench_load::run(a).await,
         BenchKind::Groupby(a) => crate::bench_groupby::run(a).await,
         BenchKind::Memory(a) => crate::bench_memory::run(a).await,
+    };
+    let after = crate::cpu_steal::CpuTimes::now();
+    if let (Some(before), Some(after)) = (before, after)
+        && let Some(steal) = after.steal_percent_since(&before)
+    {
+        // On stderr: some benches end stdout with a JSON summary line.
+        eprintln!("CPU time stolen by the hypervisor during the run: {steal:.1}%");
     }
+    result
 }
 
 async fn init(args: InitBenchArgs) -> anyhow::Result<ExitCode> {

@@ -14,6 +14,7 @@ mod cmd_local;
 mod cmd_node;
 mod cmd_passwd;
 mod cmd_sql;
+mod cpu_steal;
 mod demo_data;
 mod embedded;
 mod load;

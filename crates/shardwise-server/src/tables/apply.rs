@@ -79,8 +79,11 @@ impl TablesNode {
                     .push(piece);
             }
         }
+        // A delayed shipment (it has an origin) is background work; an `immediate` insert's
+        // replica write is waited for by its client.
+        let background = origin.is_some();
         let applies = by_store.into_iter().map(|((id, generation, shard), (store, pieces))| async move {
-            blocking(move || {
+            let apply = move || {
                 let outcomes = lock(&store)
                     .apply(&pieces)
                     .map_err(|e| storage_error(format!("table id {id} generation {generation} shard {shard}: {e}")))?;
@@ -91,8 +94,8 @@ impl TablesNode {
                         ApplyOutcome::Duplicate => 0,
                     })
                     .sum::<u64>())
-            })
-            .await
+            };
+            if background { self.background.blocking(apply).await } else { blocking(apply).await }
         });
         let mut rows = 0;
         for r in futures::future::join_all(applies).await {

@@ -12,6 +12,7 @@
 //! Everything that fsyncs runs on the blocking pool, never on the async runtime.
 
 mod apply;
+mod background;
 mod insert;
 pub mod peers;
 mod sender;
@@ -63,6 +64,8 @@ pub struct TablesNode {
     pub(crate) origin_id: String,
     pub(crate) peers: Peers,
     pub(crate) senders: sender::Senders,
+    /// Applying delayed shipments and store maintenance, at a lower CPU priority.
+    pub(crate) background: background::BackgroundPool,
     /// The catalog parsed from the newest metadata snapshot, with its version.
     catalog: Mutex<(u64, Arc<Catalog>)>,
 }
@@ -124,6 +127,7 @@ impl TablesNode {
             world_size: cluster.world_size(),
             peers: Peers::new(Arc::clone(&cluster), auth, &settings),
             senders: sender::Senders::new(cluster.world_size()),
+            background: background::BackgroundPool::new()?,
             settings,
             cluster,
             metadata,
@@ -281,7 +285,7 @@ impl TablesNode {
             tokio::time::sleep(interval).await;
             let Some(n) = node.upgrade() else { return };
             for (key, store) in n.open_stores() {
-                let r = blocking(move || lock(&store).maintain().map_err(storage_error)).await;
+                let r = n.background.blocking(move || lock(&store).maintain().map_err(storage_error)).await;
                 if let Err(e) = r {
                     tracing::error!(table_id = key.0, shard = key.2, "shard maintenance failed: {e}");
                 }
