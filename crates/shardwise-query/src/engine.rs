@@ -219,8 +219,12 @@ impl QueryEngine {
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
-    /// stage 1 for the shard on first request, then hands out the bucket.
-    pub async fn shuffle_bucket(&self, ticket: &[u8]) -> Result<SendableRecordBatchStream, QueryError> {
+    /// stage 1 for the shard on first request, then hands out the bucket; with the stage-1 plan
+    /// to report after the bucket's last row when the request asks for it (`EXPLAIN ANALYZE`).
+    pub async fn shuffle_bucket(
+        &self,
+        ticket: &[u8],
+    ) -> Result<(SendableRecordBatchStream, Option<Arc<dyn ExecutionPlan>>), QueryError> {
         let access = Arc::clone(self.access("a shuffle")?);
         let (exchanges, context, ticket) = (Arc::clone(&self.exchanges), self.ctx.task_ctx(), ticket.to_vec());
         let rank = self.rank;

@@ -25,6 +25,7 @@ use arrow_flight::{
     PollInfo, PutResult, SchemaResult, Ticket,
 };
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
 use futures::{Stream, StreamExt, TryStreamExt};
 use shardwise_query::dist::{FragmentTicket, is_shuffle_ticket};
 use shardwise_query::{QueryEngine, QueryError};
@@ -101,15 +102,24 @@ impl DataPlane {
     /// row comes the plan with metrics ([`crate::fragment_report`]) if the ticket asks for it.
     fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
         let (stream, plan) = self.engine.run_fragment(ticket).map_err(to_status)?;
-        let Some(plan) = plan else { return Ok(stream_response(stream)) };
-        let schema = stream.schema();
-        let rows = stream_response(stream).into_inner();
-        let report = futures::stream::once(async move {
-            crate::fragment_report::trailer(schema, shardwise_query::dist::fragment::render_with_metrics(&plan))
-        })
-        .flatten();
-        Ok(Response::new(Box::pin(rows.chain(report))))
+        Ok(reported_response(stream, plan))
     }
+}
+
+/// `stream`'s rows, then, when there is a `plan` to report, that plan with its metrics as
+/// rendered once the rows have all gone ([`crate::fragment_report`]).
+fn reported_response(
+    stream: SendableRecordBatchStream,
+    plan: Option<Arc<dyn ExecutionPlan>>,
+) -> Response<BoxStream<FlightData>> {
+    let Some(plan) = plan else { return stream_response(stream) };
+    let schema = stream.schema();
+    let rows = stream_response(stream).into_inner();
+    let report = futures::stream::once(async move {
+        crate::fragment_report::trailer(schema, shardwise_query::dist::fragment::render_with_metrics(&plan))
+    })
+    .flatten();
+    Response::new(Box::pin(rows.chain(report)))
 }
 
 /// A plan's rows as a `DoGet` reply, sent as they are produced.
@@ -166,8 +176,8 @@ impl FlightService for DataPlane {
             return self.run_fragment(&request.get_ref().ticket);
         }
         if is_shuffle_ticket(&request.get_ref().ticket) {
-            let stream = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
-            return Ok(stream_response(stream));
+            let (stream, plan) = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
+            return Ok(reported_response(stream, plan));
         }
         Err(Status::invalid_argument(
             "DoGet: not a shardwise ticket (expected a query fragment or a shuffle bucket request)",

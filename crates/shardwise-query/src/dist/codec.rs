@@ -145,6 +145,9 @@ pub struct ShardwiseCodec {
     /// On the node running a fragment: what its leaf reads (replacing the initiator's), and the
     /// node's threads.
     leaf: Option<(LeafAssignment, usize)>,
+    /// The fragment reports its plan with metrics (`EXPLAIN ANALYZE`): its shuffle readers ask
+    /// for the stage-1 plans too.
+    report: bool,
 }
 
 const SCAN_TAG: u8 = 1;
@@ -164,12 +167,17 @@ struct ReaderSpec {
 impl ShardwiseCodec {
     /// A codec for the initiator (leaves keep their parts).
     pub fn new(access: Arc<dyn TableAccess>) -> Self {
-        ShardwiseCodec { access, leaf: None }
+        ShardwiseCodec { access, leaf: None, report: false }
     }
 
     /// A codec for the node that runs a fragment: its leaf reads `leaf` with `threads` threads.
     pub fn for_worker(access: Arc<dyn TableAccess>, leaf: LeafAssignment, threads: usize) -> Self {
-        ShardwiseCodec { access, leaf: Some((leaf, threads)) }
+        ShardwiseCodec { access, leaf: Some((leaf, threads)), report: false }
+    }
+
+    /// The same codec, for a fragment whose plan is reported (`EXPLAIN ANALYZE`) or not.
+    pub fn reporting(self, report: bool) -> Self {
+        ShardwiseCodec { report, ..self }
     }
 
     pub fn encode_plan(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
@@ -221,16 +229,19 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
                     Some((LeafAssignment::Bucket(b), _)) => Some(*b),
                     _ => None,
                 };
-                Ok(Arc::new(ShuffleReaderExec::new(
-                    spec.exchange_id,
-                    Arc::new(rest.to_vec()),
-                    spec.sources,
-                    spec.key_columns,
-                    bucket,
-                    spec.buckets,
-                    schema,
-                    Arc::clone(&self.access),
-                )))
+                Ok(Arc::new(
+                    ShuffleReaderExec::new(
+                        spec.exchange_id,
+                        Arc::new(rest.to_vec()),
+                        spec.sources,
+                        spec.key_columns,
+                        bucket,
+                        spec.buckets,
+                        schema,
+                        Arc::clone(&self.access),
+                    )
+                    .with_stage1_reports(self.report),
+                ))
             }
             other => Err(bad_ticket(format!("unknown extension node kind {other}"))),
         }

@@ -425,7 +425,19 @@ fn after_last(stream: BatchStream, done: impl FnOnce() + Send + 'static) -> Batc
 
 /// A plan with each operator's metrics, indented, as `EXPLAIN ANALYZE` prints one.
 pub fn render_with_metrics(plan: &Arc<dyn ExecutionPlan>) -> String {
-    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref()).indent(true).to_string()
+    let mut text = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref())
+        .indent(true)
+        .to_string();
+    // A bucket's merge also shows the shuffle stage 1 that fed it, as each shard's node reported it.
+    let _ = datafusion::common::tree_node::TreeNode::apply(plan, |node| {
+        if let Some(reader) = node.downcast_ref::<super::ShuffleReaderExec>() {
+            for report in reader.stage1_reports() {
+                text.push_str(&report);
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    text
 }
 
 fn external(e: QueryError) -> DataFusionError {
@@ -452,7 +464,7 @@ pub fn decode_fragment_ticket(
     ticket: FragmentTicket,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let threads = context.session_config().target_partitions();
-    let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads);
+    let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads).reporting(ticket.header.report);
     tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");
     codec.decode_plan(&ticket.plan, context)
 }

@@ -107,6 +107,10 @@ pub struct ShuffleHeader {
     /// The query's `max_memory_usage` (0: no limit), enforced by the node running stage 1.
     #[serde(default)]
     pub max_memory_usage: u64,
+    /// Send stage 1's plan with metrics after the bucket's last row (`EXPLAIN ANALYZE`; asked
+    /// with bucket 0 only, so that each stage 1 is reported once).
+    #[serde(default)]
+    pub report: bool,
 }
 
 /// Encodes a bucket request: `SWSB`, u32 header length, JSON header, stage-1 plan bytes.
@@ -165,6 +169,8 @@ struct Exchange {
 struct ExchangeState {
     /// Stage 1's output schema, once the first request has started it.
     schema: Option<SchemaRef>,
+    /// Stage 1's plan, for its report.
+    plan: Option<Arc<dyn ExecutionPlan>>,
     slots: Vec<Slot>,
 }
 
@@ -223,18 +229,19 @@ impl ExchangeRegistry {
     }
 
     /// Serves one bucket request: starts the shard's stage 1 if this is the first request, and
-    /// returns the bucket's rows as stage 1 produces them. Must run on the runtime stage 1 is
-    /// to run on. `rank` is this node's, for errors.
+    /// returns the bucket's rows as stage 1 produces them, with stage 1's plan when the request
+    /// asks for its report (its metrics are final once the bucket's rows have ended). Must run
+    /// on the runtime stage 1 is to run on. `rank` is this node's, for errors.
     pub fn fetch(
         &self,
         access: Arc<dyn TableAccess>,
         context: Arc<TaskContext>,
         ticket: &[u8],
         rank: u32,
-    ) -> Result<SendableRecordBatchStream> {
+    ) -> Result<(SendableRecordBatchStream, Option<Arc<dyn ExecutionPlan>>)> {
         let (header, stage1) = decode_shuffle_ticket(ticket)?;
         let exchange = self.entry(&header);
-        let (slot, schema, done) = {
+        let (slot, schema, done, report) = {
             let mut state = exchange.state();
             if state.schema.is_none() {
                 let context = with_memory_limit(context, header.max_memory_usage)
@@ -249,12 +256,14 @@ impl ExchangeRegistry {
                     state.slots.push(Slot::Waiting(rx));
                 }
                 state.schema = Some(plan.schema());
+                state.plan = Some(Arc::clone(&plan));
                 let stage = Stage1 { context, header: header.clone(), rank, exchange: Arc::clone(&exchange) };
                 tokio::spawn(stage.run(plan, senders));
             }
             let slot = state.slots.get_mut(header.bucket as usize).map(|s| std::mem::replace(s, Slot::Taken));
             let done = state.slots.iter().all(|s| !matches!(s, Slot::Waiting(_)));
-            (slot, state.schema.clone(), done)
+            let report = state.plan.clone().filter(|_| header.report);
+            (slot, state.schema.clone(), done, report)
         };
         if done {
             self.forget(&header);
@@ -275,7 +284,7 @@ impl ExchangeRegistry {
         };
         let schema = schema.ok_or_else(|| DataFusionError::Internal("shuffle exchange without a schema".into()))?;
         let rows = futures::stream::unfold(rows, |mut rows| async move { rows.recv().await.map(|r| (r, rows)) });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
+        Ok((Box::pin(RecordBatchStreamAdapter::new(schema, rows)), report))
     }
 
     fn entry(&self, header: &ShuffleHeader) -> Arc<Exchange> {
@@ -368,6 +377,10 @@ pub struct ShuffleReaderExec {
     /// The bucket this node merges; `None` in the initiator's copy of the plan.
     pub(crate) bucket: Option<u32>,
     pub(crate) buckets: u32,
+    /// Ask each shard for its stage-1 report (the bucket's fragment is reported).
+    report_stage1: bool,
+    /// The stage-1 reports asked for: (shard, rank, filled after the bucket's last row).
+    stage1_reports: Arc<Mutex<Vec<(u32, u32, crate::access::FragmentReport)>>>,
     schema: SchemaRef,
     access: Arc<dyn TableAccess>,
     cache: Arc<PlanProperties>,
@@ -391,12 +404,45 @@ impl ShuffleReaderExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        ShuffleReaderExec { exchange_id, stage1, sources, key_columns, bucket, buckets, schema, access, cache }
+        ShuffleReaderExec {
+            exchange_id,
+            stage1,
+            sources,
+            key_columns,
+            bucket,
+            buckets,
+            report_stage1: false,
+            stage1_reports: Arc::default(),
+            schema,
+            access,
+            cache,
+        }
+    }
+
+    /// The same reader, asking (or not) for the stage-1 reports of the shards it reads. Only
+    /// the reader of bucket 0 asks: each stage 1 feeds every bucket and is reported once.
+    pub fn with_stage1_reports(self, report: bool) -> Self {
+        ShuffleReaderExec { report_stage1: report, ..self }
+    }
+
+    /// The stage-1 reports received, each as a titled block of plan lines.
+    pub fn stage1_reports(&self) -> Vec<String> {
+        let reports = self.stage1_reports.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(u32, String)> = reports
+            .iter()
+            .filter_map(|(shard, rank, slot)| {
+                let text = slot.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+                let body: String = text.lines().map(|l| format!("  {l}\n")).collect();
+                Some((*shard, format!("Shuffle stage 1 of shard {shard} on rank {rank}:\n{body}")))
+            })
+            .collect();
+        out.sort();
+        out.into_iter().map(|(_, text)| text).collect()
     }
 
     /// The same reader, merging `bucket`.
     pub fn for_bucket(&self, bucket: u32) -> Self {
-        ShuffleReaderExec { bucket: Some(bucket), ..self.clone() }
+        ShuffleReaderExec { bucket: Some(bucket), stage1_reports: Arc::default(), ..self.clone() }
     }
 }
 
@@ -451,12 +497,18 @@ impl ShuffleReaderExec {
             buckets: self.buckets,
             key_columns: self.key_columns,
             max_memory_usage,
+            report: self.report_stage1 && bucket == 0,
         };
         let ticket = encode_shuffle_ticket(&header, &self.stage1)?;
         let mut errors = Vec::new();
         for &rank in &source.replicas {
-            match self.access.remote_fragment(rank, ticket.clone(), crate::access::FragmentReport::default()).await {
+            let report = crate::access::FragmentReport::default();
+            match self.access.remote_fragment(rank, ticket.clone(), Arc::clone(&report)).await {
                 Ok(rows) => {
+                    if header.report {
+                        let mut reports = self.stage1_reports.lock().unwrap_or_else(|p| p.into_inner());
+                        reports.push((source.shard, rank, report));
+                    }
                     // Batches come back with stage 1's columns; give them the exact schema.
                     let schema = Arc::clone(&self.schema);
                     let shard = source.shard;
@@ -515,6 +567,7 @@ mod tests {
             buckets: 3,
             key_columns: 1,
             max_memory_usage: 0,
+            report: false,
         };
         let bytes = encode_shuffle_ticket(&header, &[9, 9]).expect("encode");
         assert!(is_shuffle_ticket(&bytes));
@@ -565,6 +618,7 @@ mod tests {
             buckets: 2,
             key_columns: 1,
             max_memory_usage: 0,
+            report: false,
         };
         let stage =
             Stage1 { context: Arc::new(TaskContext::default()), header, rank: 0, exchange: Arc::clone(&exchange) };

@@ -327,6 +327,17 @@ fn shuffle_is_exact_at_a_million_groups() {
     let merges: Vec<&str> = analyzed.split("Fragment: bucket").skip(1).collect();
     assert_eq!(merges.len(), 2, "{analyzed}");
     assert!(merges.iter().all(|m| m.contains("AggregateExec") && m.contains("output_rows=")), "{analyzed}");
+    // Bucket 0's merge also shows the stage 1 of every shard that fed it, as the shard's node
+    // ran it (the partial aggregation over the shard's scan, with metrics); each one once.
+    let first = merges.iter().find(|m| m.starts_with(" 0 on rank")).expect("bucket 0");
+    let stages: Vec<&str> = first.split("Shuffle stage 1 of shard").skip(1).collect();
+    assert_eq!(stages.len(), 3, "{analyzed}");
+    for shard in 0..3 {
+        let stage = stages.iter().find(|s| s.starts_with(&format!(" {shard} on rank {shard}:"))).expect("stage 1");
+        assert!(stage.contains("mode=Partial") && stage.contains("ShardScanExec"), "{stage}");
+        assert!(stage.contains("output_rows=") && stage.contains("elapsed_compute="), "{stage}");
+    }
+    assert_eq!(analyzed.matches("Shuffle stage 1 of shard").count(), 3, "{analyzed}");
     let expr = "SELECT v % 10 AS g, count(*) FROM big GROUP BY g";
     let plan = c.sql(0, &format!("EXPLAIN {expr}")).concat().join(" ");
     assert!(plan.contains("strategy=initiator_merge") && plan.contains("groups of expressions"), "{plan}");
