@@ -18,6 +18,7 @@
 
 pub mod codec;
 mod flat;
+mod keys;
 mod rule;
 mod state;
 

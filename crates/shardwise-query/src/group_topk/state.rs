@@ -2,8 +2,8 @@
 //! seen so far by the ORDER BY keys, in flat per-group arrays ([`super::flat`]) when K is small
 //! and the keys fixed-width, else in a bounded heap per group.
 //!
-//! Cost per input row: the partition key is interned with DataFusion's own aggregation hash
-//! table ([`GroupValues`], the same one `GROUP BY` uses, specialised by key type), the ORDER BY
+//! Cost per input row: the partition key is interned ([`super::keys`]: a table of its own for one
+//! integer column, else DataFusion's aggregation hash table, the one `GROUP BY` uses), the ORDER BY
 //! keys are encoded once per batch as comparable bytes ([`RowConverter`]), and a row is admitted
 //! only if it beats the worst row its group holds. Admitted rows are copied out of their batch
 //! once per batch (one `take`), so a 10M-row input keeps no reference to batches it no longer
@@ -19,10 +19,9 @@ use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
-use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
-use datafusion::physical_plan::aggregates::order::GroupOrdering;
 
-use super::flat::{FLAT_MAX_K, FlatTopK, Offer};
+use super::flat::{FLAT_MAX_K, FLAT_MAX_KEY_BYTES, FlatTopK, Offer, key_of};
+use super::keys::{GroupKeys, PREFETCH_ROWS_AHEAD};
 
 /// Rows kept in stored batches beyond the live ones before they are compacted: at least this
 /// many, and at least as many as are live (so compaction costs amortised O(1) per row).
@@ -63,7 +62,7 @@ pub struct TopKState {
     order_exprs: LexOrdering,
     /// Partition keys first, then ORDER BY keys: the order rows are emitted in.
     output_ordering: LexOrdering,
-    groups: Box<dyn GroupValues>,
+    groups: GroupKeys,
     group_ids: Vec<usize>,
     order_rows: RowConverter,
     /// Per group: a max-heap on the key, so the worst kept row is on top (when `flat` is not
@@ -90,7 +89,7 @@ impl TopKState {
             .enumerate()
             .map(|(i, e)| Ok(Field::new(format!("k{i}"), e.data_type(&schema)?, true)))
             .collect::<Result<Vec<_>>>()?;
-        let groups = new_group_values(Arc::new(Schema::new(key_fields)), &GroupOrdering::None)?;
+        let groups = GroupKeys::try_new(Arc::new(Schema::new(key_fields)))?;
         let sort_fields = order
             .iter()
             .map(|e| Ok(SortField::new_with_options(e.expr.data_type(&schema)?, e.options)))
@@ -147,10 +146,18 @@ impl TopKState {
         let order_rows = self.order_rows.convert_columns(&order_columns)?;
         let batch_index = self.stored.len();
         let mut taken: Vec<u32> = Vec::new();
+        // Keys too long for the flat layout (several wide columns): heaps, decided before any
+        // row is kept.
+        if matches!(self.flat, Some(None)) && order_rows.row(0).as_ref().len() > FLAT_MAX_KEY_BYTES {
+            self.flat = None;
+        }
         if let Some(flat) = &mut self.flat {
             let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, order_rows.row(0).as_ref().len()));
             flat.ensure_groups(self.groups.len());
             for (row, &group) in self.group_ids.iter().enumerate() {
+                if let Some(&ahead) = self.group_ids.get(row + PREFETCH_ROWS_AHEAD) {
+                    flat.prefetch(ahead);
+                }
                 let key = order_rows.row(row);
                 if key.as_ref().len() != flat.width() {
                     return Err(DataFusionError::Internal(format!(
@@ -159,7 +166,7 @@ impl TopKState {
                         flat.width()
                     )));
                 }
-                match flat.offer(group, key.as_ref(), slot(batch_index, taken.len())) {
+                match flat.offer(group, key_of(key.as_ref()), slot(batch_index, taken.len())) {
                     Offer::Rejected => continue,
                     Offer::Added => self.live_rows += 1,
                     Offer::Replaced => {}
