@@ -168,13 +168,7 @@ mod tests {
 
     #[test]
     fn keys_compare_as_their_bytes_at_every_width() {
-        let mut seed = 11u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = super::super::test_rng(11);
         for w in 0..=16usize {
             for _ in 0..2_000 {
                 let a: Vec<u8> = (0..w).map(|_| (next() % 4) as u8 * 85).collect();

@@ -180,13 +180,7 @@ mod tests {
 
     #[test]
     fn integer_keys_get_dense_ids_in_order_of_first_appearance() {
-        let mut seed = 5u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = super::super::test_rng(5);
         let mut groups = keys(DataType::Int64);
         assert!(matches!(groups, GroupKeys::Int(_)));
         let mut expected: HashMap<Option<i64>, usize> = HashMap::new();

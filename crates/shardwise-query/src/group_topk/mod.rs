@@ -22,6 +22,17 @@ mod keys;
 mod rule;
 mod state;
 
+/// A seeded xorshift generator for the tests' random inputs (reproducible, no dependency).
+#[cfg(test)]
+fn test_rng(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 use std::fmt;
 use std::sync::Arc;
 

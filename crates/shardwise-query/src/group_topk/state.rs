@@ -330,13 +330,7 @@ mod tests {
     #[test]
     fn keeps_the_best_k_of_each_group_across_batches_and_compactions() {
         let schema = schema();
-        let mut seed = 7u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = super::super::test_rng(7);
         for (k, descending, groups) in
             [(1, true, 3), (2, true, 50), (3, false, 1000), (5, false, 7), (0, true, 4), (20, true, 30)]
         {
@@ -345,9 +339,9 @@ mod tests {
             for _ in 0..40 {
                 let n = (next() % 5000) as usize;
                 let g: Vec<Option<i64>> =
-                    (0..n).map(|_| (next() % 20 != 0).then(|| (next() % groups) as i64)).collect();
+                    (0..n).map(|_| (!next().is_multiple_of(20)).then(|| (next() % groups) as i64)).collect();
                 let v: Vec<Option<f64>> =
-                    (0..n).map(|_| (next() % 50 != 0).then(|| (next() % 100_000) as f64 / 7.0)).collect();
+                    (0..n).map(|_| (!next().is_multiple_of(50)).then(|| (next() % 100_000) as f64 / 7.0)).collect();
                 all.extend(g.iter().copied().zip(v.iter().copied()));
                 state.insert(&batch(&schema, g, v)).expect("insert");
                 assert!(state.live_rows() <= k * (groups as usize + 1));
