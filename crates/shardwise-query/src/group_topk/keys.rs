@@ -7,7 +7,7 @@
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::datatypes::{DataType, Int32Type, Int64Type, SchemaRef};
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 
@@ -40,9 +40,15 @@ impl GroupKeys {
             GroupKeys::Int(keys) => {
                 ids.clear();
                 let column = &columns[0];
-                let values: Vec<Option<u64>> = match column.data_type() {
-                    DataType::Int64 => column.as_primitive::<Int64Type>().iter().map(|v| v.map(|v| v as u64)).collect(),
-                    _ => column.as_primitive::<Int32Type>().iter().map(|v| v.map(|v| v as i64 as u64)).collect(),
+                let values: Vec<Option<u64>> = if let Some(c) = column.as_primitive_opt::<Int64Type>() {
+                    c.iter().map(|v| v.map(|v| v as u64)).collect()
+                } else if let Some(c) = column.as_primitive_opt::<Int32Type>() {
+                    c.iter().map(|v| v.map(|v| v as i64 as u64)).collect()
+                } else {
+                    return Err(DataFusionError::Internal(format!(
+                        "top-N per group: an integer partition key arrived as {}",
+                        column.data_type()
+                    )));
                 };
                 keys.intern(&values, ids);
                 Ok(())
@@ -207,5 +213,8 @@ mod tests {
             .expect("i32");
         assert_eq!((ids.clone(), small.len()), (vec![0, 1, 2, 0, 1], 3));
         assert!(matches!(keys(DataType::Utf8), GroupKeys::General(_)));
+        // A column of another type than declared is an error, not a panic.
+        let strings = Arc::new(datafusion::arrow::array::StringArray::from(vec!["a"]));
+        assert!(small.intern(&[strings], &mut ids).is_err());
     }
 }
