@@ -69,10 +69,10 @@ impl FlatTopK {
     #[inline]
     pub fn prefetch(&self, group: usize) {
         if let Some(head) = self.heads.get(group) {
-            super::keys::prefetch(head);
+            super::prefetch(head);
         }
         if let Some(key) = self.keys.get(group * self.k) {
-            super::keys::prefetch(key);
+            super::prefetch(key);
         }
     }
 

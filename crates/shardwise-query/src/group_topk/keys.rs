@@ -11,6 +11,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_plan::aggregates::group_values::{GroupValues, new_group_values};
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 
+use super::{PREFETCH_ROWS_AHEAD, prefetch};
+
 /// The integer table's slots at first; it doubles whenever it would be more than half full.
 const INT_KEYS_MIN_SLOTS: usize = 1024;
 
@@ -40,17 +42,16 @@ impl GroupKeys {
             GroupKeys::Int(keys) => {
                 ids.clear();
                 let column = &columns[0];
-                let values: Vec<Option<u64>> = if let Some(c) = column.as_primitive_opt::<Int64Type>() {
-                    c.iter().map(|v| v.map(|v| v as u64)).collect()
+                if let Some(c) = column.as_primitive_opt::<Int64Type>() {
+                    keys.intern(c.len(), |row| c.is_valid(row).then(|| c.value(row) as u64), ids);
                 } else if let Some(c) = column.as_primitive_opt::<Int32Type>() {
-                    c.iter().map(|v| v.map(|v| v as i64 as u64)).collect()
+                    keys.intern(c.len(), |row| c.is_valid(row).then(|| c.value(row) as i64 as u64), ids);
                 } else {
                     return Err(DataFusionError::Internal(format!(
                         "top-N per group: an integer partition key arrived as {}",
                         column.data_type()
                     )));
-                };
-                keys.intern(&values, ids);
+                }
                 Ok(())
             }
         }
@@ -91,19 +92,21 @@ pub struct IntKeys {
 }
 
 impl IntKeys {
-    fn intern(&mut self, values: &[Option<u64>], ids: &mut Vec<usize>) {
+    /// Interns the `rows` keys `key_at` gives (`None`: null), in order.
+    fn intern(&mut self, rows: usize, key_at: impl Fn(usize) -> Option<u64>, ids: &mut Vec<usize>) {
         // Room for every row to be a new key, so that no slot moves while the batch is looked
         // up: each row's slot is then known ahead, and fetched ahead (the lookups miss the
         // cache; the CPU overlaps the misses of rows whose slots are already on their way).
-        while (self.len + values.len() + 1) * 2 > self.slots.len() {
+        while (self.len + rows + 1) * 2 > self.slots.len() {
             self.grow();
         }
         let mask = self.slots.len() - 1;
-        for (row, value) in values.iter().enumerate() {
-            if let Some(Some(ahead)) = values.get(row + PREFETCH_ROWS_AHEAD) {
-                prefetch(&self.slots[home(*ahead, mask)]);
+        for row in 0..rows {
+            if let Some(ahead) = (row + PREFETCH_ROWS_AHEAD < rows).then(|| key_at(row + PREFETCH_ROWS_AHEAD)).flatten()
+            {
+                prefetch(&self.slots[home(ahead, mask)]);
             }
-            let id = match *value {
+            let id = match key_at(row) {
                 Some(key) => self.id_of(key),
                 None => *self.null_id.get_or_insert_with(|| {
                     self.len += 1;
@@ -145,22 +148,6 @@ impl IntKeys {
             self.slots[at] = slot;
         }
     }
-}
-
-/// How many rows ahead a lookup's slot is fetched into the cache.
-pub(super) const PREFETCH_ROWS_AHEAD: usize = 32;
-
-/// Asks the CPU to bring `value`'s cache line in (a hint; it changes nothing else).
-#[inline]
-pub(super) fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint that never faults and writes nothing; the pointer comes
-    // from a reference.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((value as *const T).cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }
 
 /// The slot a key is looked for first: the top bits of the key times 2^64 / phi.

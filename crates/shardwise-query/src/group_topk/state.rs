@@ -20,8 +20,9 @@ use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 
+use super::PREFETCH_ROWS_AHEAD;
 use super::flat::{FLAT_MAX_K, FLAT_MAX_KEY_BYTES, FlatTopK, Offer, key_of};
-use super::keys::{GroupKeys, PREFETCH_ROWS_AHEAD};
+use super::keys::GroupKeys;
 
 /// Rows kept in stored batches beyond the live ones before they are compacted: at least this
 /// many, and at least as many as are live (so compaction costs amortised O(1) per row).

@@ -19,9 +19,6 @@ use tokio::runtime::{Handle, Runtime};
 /// also wants, and all of an idle one.
 pub const BACKGROUND_THREAD_NICE: i32 = 10;
 
-/// Worker threads of the background runtime (its blocking pool grows as needed).
-pub const BACKGROUND_WORKER_THREADS: usize = 1;
-
 /// See the module doc.
 pub(crate) struct BackgroundPool {
     runtime: Option<Runtime>,
@@ -35,11 +32,11 @@ impl std::fmt::Debug for BackgroundPool {
 
 impl BackgroundPool {
     pub(crate) fn new() -> Result<Self, QueryError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(BACKGROUND_WORKER_THREADS)
+        // Only its blocking pool is used: a current-thread runtime starts no worker thread, and
+        // its blocking threads are started on demand (and lowered) as any runtime's are.
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .thread_name("shardwise-bg")
             .on_thread_start(lower_this_thread_priority)
-            .enable_all()
             .build()
             .map_err(|e| QueryError::Storage(format!("cannot start the background storage runtime: {e}")))?;
         Ok(BackgroundPool { runtime: Some(runtime) })
