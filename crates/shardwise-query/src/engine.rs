@@ -32,6 +32,7 @@ use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
+use crate::view_keys::ViewKeysRule;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -134,6 +135,8 @@ impl QueryEngine {
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
+            .with_optimizer_rule(Arc::new(ViewKeysRule))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         if let Some(access) = &access {
             // Last of the physical rules: it cuts the finished single-node plan into fragments.

@@ -48,6 +48,9 @@ extensions_options! {
         /// Most bytes of memory one query may take on each node (0: no limit); operators that
         /// can spill to disk do so, the others fail the query.
         pub max_memory_usage: u64, default = 0
+        /// Group `Utf8` keys as `Utf8View` (faster interning of short strings) and cast the groups
+        /// back; 0 groups them as stored.
+        pub string_group_keys_as_views: Flag, default = Flag(true)
     }
 }
 
@@ -68,6 +71,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "skip_unavailable_shards",
     "max_execution_time_ms",
     "max_memory_usage",
+    "string_group_keys_as_views",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

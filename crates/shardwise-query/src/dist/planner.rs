@@ -26,6 +26,7 @@ use std::sync::Arc;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -54,6 +55,7 @@ use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::group_topk::{GroupTopKExec, TopKStep};
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
+use crate::view_keys::strip_string_casts;
 
 /// From this many nodes on, the initiator of a shuffle merges no bucket (it only concatenates the
 /// others' results); with fewer, every node merges one.
@@ -235,10 +237,8 @@ impl Planner<'_> {
         }
         let input = repartition.input();
         let scan = find_scan(input)?;
-        let keys: Vec<String> = exprs
-            .iter()
-            .filter_map(|e| e.downcast_ref::<Column>().and_then(|c| auto.trace(input, c.index())))
-            .collect();
+        let keys: Vec<String> =
+            exprs.iter().filter_map(|e| column_of(e, input).and_then(|c| auto.trace(input, c.index()))).collect();
         let table = scan.table();
         if table.shard_key.iter().all(|k| keys.contains(k)) {
             return Ok(Some(format!(
@@ -613,7 +613,7 @@ impl AutoNoMerge {
         let input = partial.input();
         let mut names = Vec::new();
         for (expr, _) in partial.group_expr().expr() {
-            match expr.downcast_ref::<Column>().and_then(|c| self.trace(input, c.index())) {
+            match column_of(expr, input).and_then(|c| self.trace(input, c.index())) {
                 Some(name) => names.push(name),
                 None => {
                     return Ok((false, Some("auto: groups of expressions are not estimated, merged here".into())));
@@ -659,7 +659,7 @@ impl AutoNoMerge {
         };
         let mut grouped = Vec::new();
         for (expr, _) in group.expr() {
-            if let Some(column) = expr.downcast_ref::<Column>()
+            if let Some(column) = column_of(expr, input)
                 && let Some(name) = self.trace(input, column.index())
             {
                 grouped.push(name);
@@ -699,7 +699,7 @@ impl AutoNoMerge {
         }
         if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
             let expr = &projection.expr().get(index)?.expr;
-            let column = expr.downcast_ref::<Column>()?;
+            let column = column_of(expr, projection.input())?;
             return self.trace(projection.input(), column.index());
         }
         if let Some(filter) = plan.downcast_ref::<FilterExec>() {
@@ -712,7 +712,7 @@ impl AutoNoMerge {
         if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
             // A group column of a finished (or partial) aggregation is its group expression.
             let (expr, _) = agg.group_expr().expr().get(index)?;
-            let column = expr.downcast_ref::<Column>()?;
+            let column = column_of(expr, agg.input())?;
             return self.trace(agg.input(), column.index());
         }
         let same_columns = plan.is::<CoalesceBatchesExec>()
@@ -728,4 +728,10 @@ impl AutoNoMerge {
             _ => None,
         }
     }
+}
+
+/// The input column `expr` is, seen through casts between string types (they keep the value; see
+/// [`crate::view_keys`]).
+fn column_of<'a>(expr: &'a Arc<dyn PhysicalExpr>, input: &Arc<dyn ExecutionPlan>) -> Option<&'a Column> {
+    strip_string_casts(expr, &input.schema()).downcast_ref::<Column>()
 }

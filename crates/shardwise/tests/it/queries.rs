@@ -414,6 +414,21 @@ fn no_merge_modes_follow_their_definitions() {
     // Automatic no-merge: chosen when GROUP BY has the shard key, and EXPLAIN says so.
     let plan = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (sk)"), "{plan}");
+    // A string shard key: grouped by its Utf8View form (see shardwise_query::view_keys), still the key.
+    c.sql(0, "CREATE TABLE gk (g VARCHAR, v BIGINT) WITH (shard_key = 'g')");
+    c.sql(1, "INSERT INTO gk SELECT 'key' || (value % 50), value FROM generate_series(1, 5000)");
+    let sql = "SELECT g, count(*) AS c, sum(v) AS s FROM gk GROUP BY g";
+    let plan = c.sql(0, &format!("EXPLAIN {sql}")).concat().join(" ");
+    assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (g)"), "{plan}");
+    assert!(plan.contains("AS Utf8View"), "{plan}");
+    let want: Vec<Value> = (0..50u64)
+        .map(|i| {
+            let sum = if i == 0 { 252_500 } else { 100 * i + 247_500 };
+            serde_json::json!({"g": format!("key{i}"), "c": 100, "s": sum})
+        })
+        .collect();
+    let got = shardwise_rows(&c.addrs[2], sql).unwrap_or_else(|e| panic!("{e}"));
+    same_rows(&got, &want, false).unwrap_or_else(|e| panic!("string shard key: {e}"));
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");
