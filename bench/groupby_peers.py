@@ -14,7 +14,9 @@ What it does, in one run on an otherwise idle machine:
    distributions) unless --csv names one.
 3. Loads it once into each engine: a 1-node shardwise (`shardwise node`, `shardwise load`), and
    DuckDB, Polars, chDB and DataFusion in this process, each limited to --threads threads.
-4. Runs every query --runs times per engine and keeps the best. The answer is always
+4. Runs every query --runs times per engine and keeps the best. The runs are interleaved (for
+   each query, each run goes through every engine in turn), so that the machine's speed, which
+   drifts over minutes on a shared host, weighs on every engine alike. The answer is always
    materialized as an Arrow table in this process (shardwise's crosses Flight SQL to get here);
    no count(*) wrapper lets an optimizer skip work.
 5. Checks that every engine's answer to a query agrees (row count, and the sum of each numeric
@@ -373,23 +375,27 @@ def main():
                        check=True)
 
     engines = ["shardwise", *peers]
-    times = {}
+    times = {name: {} for name in engines}
     answers = {}
-    for name in engines:
-        print(f"# loading {csv} into {name}", file=sys.stderr)
-        engine = ENGINES[name](csv, args.threads, args.binary)
-        try:
-            times[name] = {}
-            for q in QUERIES:
-                best = float("inf")
-                for _ in range(args.runs):
+    loaded = {}
+    try:
+        for name in engines:
+            print(f"# loading {csv} into {name}", file=sys.stderr)
+            loaded[name] = ENGINES[name](csv, args.threads, args.binary)
+        for q in QUERIES:
+            tables = {}
+            for name in engines:
+                times[name][q] = float("inf")
+            for _ in range(args.runs):
+                for name in engines:
                     start = time.perf_counter()
-                    table = engine.run(q)
-                    best = min(best, (time.perf_counter() - start) * 1000)
-                answers[(name, q)] = checksum(table)
-                times[name][q] = best
-                print(f"#   {name} {q}: {best:.0f} ms, {table.num_rows} rows", file=sys.stderr)
-        finally:
+                    tables[name] = loaded[name].run(q)
+                    times[name][q] = min(times[name][q], (time.perf_counter() - start) * 1000)
+            for name in engines:
+                answers[(name, q)] = checksum(tables[name])
+                print(f"#   {name} {q}: {times[name][q]:.0f} ms, {tables[name].num_rows} rows", file=sys.stderr)
+    finally:
+        for engine in loaded.values():
             engine.close()
 
     wrong = [(name, q) for q in QUERIES for name in engines[1:]

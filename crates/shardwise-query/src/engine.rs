@@ -32,6 +32,7 @@ use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
+use crate::to_utf8view::to_utf8view_udf;
 use crate::view_keys::ViewKeysRule;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::physical_plan::ExecutionPlan;
@@ -135,15 +136,21 @@ impl QueryEngine {
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
-            .with_optimizer_rule(Arc::new(ViewKeysRule))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
+        // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
+        let view_keys = match &access {
+            Some(access) => ViewKeysRule::new(Arc::clone(access)),
+            None => ViewKeysRule::default(),
+        };
+        state = state.with_optimizer_rule(Arc::new(view_keys));
         if let Some(access) = &access {
             // Last of the physical rules: it cuts the finished single-node plan into fragments.
             let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster));
             state = state.with_physical_optimizer_rule(Arc::new(rule));
         }
         let ctx = SessionContext::new_with_state(state.build());
+        // Fragments that carry it are decoded by name on the node that runs them.
+        ctx.register_udf(to_utf8view_udf().as_ref().clone());
         let options = ctx.state().config_options().catalog.clone();
         let catalog = ctx
             .catalog(&options.default_catalog)

@@ -20,6 +20,7 @@ pub mod sharded_table;
 pub mod sql_split;
 pub mod system_storage;
 pub mod system_tables;
+pub mod to_utf8view;
 pub mod view_keys;
 
 pub use access::{FragmentReport, InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};

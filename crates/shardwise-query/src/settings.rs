@@ -51,6 +51,9 @@ extensions_options! {
         /// Group `Utf8` keys as `Utf8View` (faster interning of short strings) and cast the groups
         /// back; 0 groups them as stored.
         pub string_group_keys_as_views: Flag, default = Flag(true)
+        /// ... for a key column of a sharded table with at least this many distinct values
+        /// (estimated from a sample); 0: every string key.
+        pub string_group_keys_as_views_min_distinct: u64, default = 10_000
     }
 }
 
@@ -72,6 +75,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "max_execution_time_ms",
     "max_memory_usage",
     "string_group_keys_as_views",
+    "string_group_keys_as_views_min_distinct",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

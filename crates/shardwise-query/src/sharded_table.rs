@@ -72,6 +72,13 @@ pub struct ShardedTable {
     access: Arc<dyn TableAccess>,
 }
 
+impl ShardedTable {
+    /// The incarnation `(table_id, generation)` the catalog holds for this table now.
+    pub fn incarnation(&self) -> Option<(u64, u64)> {
+        self.access.catalog().tables.get(&self.name).map(|entry| (entry.id, entry.generation))
+    }
+}
+
 #[async_trait]
 impl TableProvider for ShardedTable {
     fn schema(&self) -> SchemaRef {

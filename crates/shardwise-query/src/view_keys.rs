@@ -2,34 +2,111 @@
 //!
 //! Why: DataFusion interns `Utf8View` keys of up to 12 bytes (db-benchmark's `id1`..`id3`, most
 //! codes and short names) by comparing one 16-byte view, where `Utf8` keys go through an offset
-//! and a byte comparison per probe. On the db-benchmark data (1e7 rows, one node, 2 threads, the
-//! A/B in BENCHMARKS.md) `GROUP BY id3` (100 000 groups, q3 and q7) took 30% less time; with 100
-//! groups the cast costs about what it saves; q10's 10 million groups cost 6% more (the groups
-//! are cast back). Tables keep storing `Utf8` (the WAL, parts and answers are unchanged).
+//! and a byte comparison per probe: with many distinct keys, each probe is a cache miss less.
+//! Making the views costs about 2 ns a row ([`crate::to_utf8view`]), which is more than a key
+//! with few values saves. So a key is converted when its column has at least
+//! `string_group_keys_as_views_min_distinct` (10 000) distinct values, estimated from the same
+//! in-memory sample as the shuffle's group estimate and reused for
+//! [`VIEW_KEYS_ESTIMATE_TTL_MS`]. On db-benchmark's data (1e7 rows, one node, 2 threads, A/B of
+//! the setting in one run) `GROUP BY id3` (100 000 values; q3, q7) took 38% less time; q1 (100
+//! values) is not converted; q10 (10 million groups, one of its keys converted and cast back)
+//! took 3% more. Tables keep storing `Utf8`: the WAL, the parts and the answers are unchanged.
 //!
-//! How: a logical optimizer rule. An aggregation whose group key is `Utf8` or `LargeUtf8` groups by
-//! `CAST(key AS Utf8View)` under the key's own qualified name, and a projection above it casts the
-//! (few) groups back, so every plan node above sees exactly the schema it was planned with. The
-//! casts change a string's representation, never its value, so equal keys stay equal and the
-//! distributed planner sees through them ([`strip_string_casts`]).
+//! How: a logical optimizer rule. Such a key is grouped by `to_utf8view(key)` under the key's own
+//! qualified name, and a projection above the aggregation casts the groups back, so every plan
+//! node above sees exactly the schema it was planned with. The conversions change a string's
+//! representation, never its value, so equal keys stay equal and the distributed planner sees
+//! through them ([`strip_string_casts`]). Keys that are not plain columns of a sharded table
+//! (expressions, other tables) are left alone unless the minimum is 0.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, Result};
+use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::expr::Alias;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, Projection, cast};
+use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, Projection, ScalarUDF, TableScan, cast};
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::CastExpr;
 
+use crate::access::TableAccess;
+use crate::dist::estimate::{AUTO_SAMPLE_ROWS, estimate_groups};
 use crate::settings;
+use crate::sharded_table::ShardedTable;
+use crate::to_utf8view::{TO_UTF8VIEW, to_utf8view_udf};
+
+/// How long a key column's estimated distinct count is reused before it is sampled again.
+pub const VIEW_KEYS_ESTIMATE_TTL_MS: u64 = 10_000;
+
+/// Estimates kept at most; past it the cache starts over.
+const VIEW_KEYS_ESTIMATE_CACHE_ENTRIES: usize = 1024;
+
+/// `(table_id, generation, column)`.
+type EstimateKey = (u64, u64, String);
 
 /// The rule. See the module doc.
-#[derive(Debug, Default)]
-pub struct ViewKeysRule;
+#[derive(Debug)]
+pub struct ViewKeysRule {
+    to_utf8view: Arc<ScalarUDF>,
+    /// Where sharded tables' samples come from; without it only
+    /// `string_group_keys_as_views_min_distinct = 0` converts keys.
+    access: Option<Arc<dyn TableAccess>>,
+    estimates: Mutex<HashMap<EstimateKey, (Instant, Option<u64>)>>,
+}
+
+impl Default for ViewKeysRule {
+    fn default() -> Self {
+        ViewKeysRule { to_utf8view: to_utf8view_udf(), access: None, estimates: Mutex::default() }
+    }
+}
+
+impl ViewKeysRule {
+    /// The rule, estimating the distinct values of sharded tables' key columns through `access`.
+    pub fn new(access: Arc<dyn TableAccess>) -> Self {
+        ViewKeysRule { access: Some(access), ..Self::default() }
+    }
+
+    /// Whether group key `expr` (of `input`) is grouped as a view: a plain column of a sharded
+    /// table with at least `min_distinct` values estimated (any key when `min_distinct` is 0).
+    fn worth_a_view(&self, expr: &Expr, input: &LogicalPlan, min_distinct: u64) -> bool {
+        if min_distinct == 0 {
+            return true;
+        }
+        let Expr::Column(column) = expr else { return false };
+        let Some((scan, name)) = traced_scan_column(input, column) else { return false };
+        let Ok(provider) = source_as_provider(&scan.source) else { return false };
+        let Some(table) = provider.downcast_ref::<ShardedTable>() else { return false };
+        let Some((table_id, generation)) = table.incarnation() else { return false };
+        self.distinct_estimate((table_id, generation, name)).is_some_and(|d| d >= min_distinct)
+    }
+
+    fn distinct_estimate(&self, key: EstimateKey) -> Option<u64> {
+        let access = self.access.as_ref()?;
+        let ttl = Duration::from_millis(VIEW_KEYS_ESTIMATE_TTL_MS);
+        let mut estimates = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((at, estimate)) = estimates.get(&key)
+            && at.elapsed() < ttl
+        {
+            return *estimate;
+        }
+        let (table_id, generation, column) = &key;
+        let estimate = access.sample(*table_id, *generation, AUTO_SAMPLE_ROWS).and_then(|sample| {
+            let index = sample.batches.first()?.schema().index_of(column).ok()?;
+            estimate_groups(&sample, &[index]).ok().map(|e| e.groups)
+        });
+        if estimates.len() >= VIEW_KEYS_ESTIMATE_CACHE_ENTRIES {
+            estimates.clear();
+        }
+        estimates.insert(key, (Instant::now(), estimate));
+        estimate
+    }
+}
 
 fn is_plain_string(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Utf8 | DataType::LargeUtf8)
@@ -37,6 +114,29 @@ fn is_plain_string(data_type: &DataType) -> bool {
 
 fn is_string(data_type: &DataType) -> bool {
     is_plain_string(data_type) || *data_type == DataType::Utf8View
+}
+
+/// The table scan and column name that `column` of `plan` reads unchanged, through filters,
+/// projections and subquery aliases.
+fn traced_scan_column<'a>(plan: &'a LogicalPlan, column: &Column) -> Option<(&'a TableScan, String)> {
+    let index = plan.schema().index_of_column(column).ok()?;
+    match plan {
+        LogicalPlan::TableScan(scan) => Some((scan, scan.projected_schema.field(index).name().clone())),
+        LogicalPlan::Filter(filter) => traced_scan_column(&filter.input, column),
+        LogicalPlan::SubqueryAlias(alias) => {
+            let (qualifier, field) = alias.input.schema().qualified_field(index);
+            traced_scan_column(&alias.input, &Column::new(qualifier.cloned(), field.name()))
+        }
+        LogicalPlan::Projection(projection) => match projection.expr.get(index)? {
+            Expr::Column(inner) => traced_scan_column(&projection.input, inner),
+            Expr::Alias(alias) => match alias.expr.as_ref() {
+                Expr::Column(inner) => traced_scan_column(&projection.input, inner),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 impl OptimizerRule for ViewKeysRule {
@@ -50,18 +150,27 @@ impl OptimizerRule for ViewKeysRule {
 
     fn rewrite(&self, plan: LogicalPlan, config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
         let LogicalPlan::Aggregate(aggregate) = &plan else { return Ok(Transformed::no(plan)) };
-        if !settings::current(&config.options()).string_group_keys_as_views.0 {
+        let settings = settings::current(&config.options());
+        if !settings.string_group_keys_as_views.0 {
             return Ok(Transformed::no(plan));
         }
         if aggregate.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_))) {
             return Ok(Transformed::no(plan));
         }
-        let keys = aggregate.group_expr.len();
         let schema = Arc::clone(&aggregate.schema);
-        let is_converted = |i: usize| i < keys && is_plain_string(schema.field(i).data_type());
-        if !(0..keys).any(is_converted) {
+        let min_distinct = settings.string_group_keys_as_views_min_distinct;
+        let converted: Vec<bool> = aggregate
+            .group_expr
+            .iter()
+            .enumerate()
+            .map(|(i, expr)| {
+                is_plain_string(schema.field(i).data_type()) && self.worth_a_view(expr, &aggregate.input, min_distinct)
+            })
+            .collect();
+        if !converted.contains(&true) {
             return Ok(Transformed::no(plan));
         }
+        let is_converted = |i: usize| converted.get(i).copied().unwrap_or(false);
         let group_expr = aggregate
             .group_expr
             .iter()
@@ -71,7 +180,7 @@ impl OptimizerRule for ViewKeysRule {
                     return expr.clone();
                 }
                 let (qualifier, field) = schema.qualified_field(i);
-                let view = cast(expr.clone().unalias(), DataType::Utf8View);
+                let view = self.to_utf8view.call(vec![expr.clone().unalias()]);
                 Expr::Alias(Alias::new(view, qualifier.cloned(), field.name()))
             })
             .collect();
@@ -94,17 +203,26 @@ impl OptimizerRule for ViewKeysRule {
     }
 }
 
-/// `expr` without the casts between string types (`Utf8`, `LargeUtf8`, `Utf8View`) around it, such
-/// as those [`ViewKeysRule`] adds; `input` is the schema `expr` reads. Such a cast keeps the
-/// value, and so equality and the shard a key belongs to.
+/// `expr` without the conversions between string types around it: casts between `Utf8`,
+/// `LargeUtf8` and `Utf8View`, and [`TO_UTF8VIEW`] (which [`ViewKeysRule`] adds); `input` is the
+/// schema `expr` reads. They keep the value, and so equality and the shard a key belongs to.
 pub fn strip_string_casts<'a>(mut expr: &'a Arc<dyn PhysicalExpr>, input: &Schema) -> &'a Arc<dyn PhysicalExpr> {
-    while let Some(cast) = expr.downcast_ref::<CastExpr>()
-        && is_string(cast.cast_type())
-        && cast.expr().data_type(input).is_ok_and(|t| is_string(&t))
-    {
-        expr = cast.expr();
+    loop {
+        let inner = if let Some(cast) = expr.downcast_ref::<CastExpr>() {
+            Some(cast.expr()).filter(|_| is_string(cast.cast_type()))
+        } else if let Some(function) = expr.downcast_ref::<ScalarFunctionExpr>() {
+            match function.args() {
+                [arg] if function.name() == TO_UTF8VIEW => Some(arg),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        match inner {
+            Some(inner) if inner.data_type(input).is_ok_and(|t| is_string(&t)) => expr = inner,
+            _ => return expr,
+        }
     }
-    expr
 }
 
 #[cfg(test)]
@@ -140,9 +258,16 @@ mod tests {
         let config = SessionConfig::new().with_target_partitions(2).with_option_extension(ShardwiseSettings::default());
         let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
         if with_rule {
-            state = state.with_optimizer_rule(Arc::new(ViewKeysRule));
+            state = state.with_optimizer_rule(Arc::new(ViewKeysRule::default()));
         }
         let ctx = SessionContext::new_with_state(state.build());
+        // No sharded table here to estimate from: every string key.
+        ctx.state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .set("shardwise.string_group_keys_as_views_min_distinct", "0")
+            .expect("set");
         ctx.register_table("t", Arc::new(table)).expect("register");
         ctx
     }
@@ -181,16 +306,16 @@ mod tests {
         let ctx = context(true);
         let explain = |sql: &str| format!("EXPLAIN {sql}");
         let (_, plan) = run(&ctx, &explain("SELECT s, l, count(*) FROM t GROUP BY s, l")).await;
-        assert!(plan.contains("CAST(t.s AS Utf8View) AS s") && plan.contains("CAST(t.l AS Utf8View) AS l"), "{plan}");
+        assert!(plan.contains("to_utf8view(t.s) AS s") && plan.contains("to_utf8view(t.l) AS l"), "{plan}");
         assert!(plan.contains("CAST(t.s AS Utf8) AS s") && plan.contains("CAST(t.l AS LargeUtf8) AS l"), "{plan}");
         // Integer keys and grouping sets are left alone.
         let (_, plan) = run(&ctx, &explain("SELECT n, count(*) FROM t GROUP BY n")).await;
-        assert!(!plan.contains("Utf8View"), "{plan}");
+        assert!(!plan.contains("Utf8View") && !plan.contains("to_utf8view"), "{plan}");
         let (_, plan) = run(&ctx, &explain("SELECT s, count(*) FROM t GROUP BY CUBE(s)")).await;
-        assert!(!plan.contains("Utf8View"), "{plan}");
+        assert!(!plan.contains("Utf8View") && !plan.contains("to_utf8view"), "{plan}");
         // The setting turns it off.
         run(&ctx, "SET shardwise.string_group_keys_as_views = false").await;
         let (_, plan) = run(&ctx, &explain("SELECT s, count(*) FROM t GROUP BY s")).await;
-        assert!(!plan.contains("Utf8View"), "{plan}");
+        assert!(!plan.contains("Utf8View") && !plan.contains("to_utf8view"), "{plan}");
     }
 }

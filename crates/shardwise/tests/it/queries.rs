@@ -414,21 +414,31 @@ fn no_merge_modes_follow_their_definitions() {
     // Automatic no-merge: chosen when GROUP BY has the shard key, and EXPLAIN says so.
     let plan = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (sk)"), "{plan}");
-    // A string shard key: grouped by its Utf8View form (see shardwise_query::view_keys), still the key.
-    c.sql(0, "CREATE TABLE gk (g VARCHAR, v BIGINT) WITH (shard_key = 'g')");
-    c.sql(1, "INSERT INTO gk SELECT 'key' || (value % 50), value FROM generate_series(1, 5000)");
+    // String keys: grouped as Utf8View (see shardwise_query::view_keys) when the column has at
+    // least string_group_keys_as_views_min_distinct values (estimated); a shard key stays one.
+    c.sql(0, "CREATE TABLE gk (g VARCHAR, u VARCHAR, v BIGINT) WITH (shard_key = 'g')");
+    c.sql(1, "INSERT INTO gk SELECT 'key' || (value % 50), 'u' || value, value FROM generate_series(1, 20000)");
+    let plan = c.sql(0, "EXPLAIN SELECT u, count(*) FROM gk GROUP BY u").concat().join(" ");
+    assert!(plan.contains("to_utf8view(gk.u) AS u"), "20000 distinct: {plan}");
     let sql = "SELECT g, count(*) AS c, sum(v) AS s FROM gk GROUP BY g";
     let plan = c.sql(0, &format!("EXPLAIN {sql}")).concat().join(" ");
+    assert!(!plan.contains("to_utf8view"), "50 distinct: {plan}");
+    let forced = format!("{sql} SETTINGS string_group_keys_as_views_min_distinct = 0");
+    let plan = c.sql(0, &format!("EXPLAIN {forced}")).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (g)"), "{plan}");
-    assert!(plan.contains("AS Utf8View"), "{plan}");
+    assert!(plan.contains("to_utf8view(g@0) as g"), "{plan}");
     let want: Vec<Value> = (0..50u64)
         .map(|i| {
-            let sum = if i == 0 { 252_500 } else { 100 * i + 247_500 };
-            serde_json::json!({"g": format!("key{i}"), "c": 100, "s": sum})
+            let sum = if i == 0 { 4_010_000 } else { 400 * i + 3_990_000 };
+            serde_json::json!({"g": format!("key{i}"), "c": 400, "s": sum})
         })
         .collect();
-    let got = shardwise_rows(&c.addrs[2], sql).unwrap_or_else(|e| panic!("{e}"));
-    same_rows(&got, &want, false).unwrap_or_else(|e| panic!("string shard key: {e}"));
+    for sql in [sql, forced.as_str()] {
+        let got = shardwise_rows(&c.addrs[2], sql).unwrap_or_else(|e| panic!("{e}"));
+        same_rows(&got, &want, false).unwrap_or_else(|e| panic!("string shard key: {sql}: {e}"));
+    }
+    let distinct = c.sql(2, "SELECT count(*), min(c), max(c) FROM (SELECT u, count(*) AS c FROM gk GROUP BY u)");
+    assert_eq!(distinct, vec![vec!["20000".to_string(), "1".to_string(), "1".to_string()]]);
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");
