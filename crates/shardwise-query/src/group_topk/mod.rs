@@ -17,6 +17,7 @@
 //! `PartitionedTopKExec` if a user turns `datafusion.optimizer.enable_window_topn` on).
 
 pub mod codec;
+mod fast_key;
 mod flat;
 mod keys;
 mod rule;

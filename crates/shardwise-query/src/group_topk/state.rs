@@ -21,6 +21,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 
 use super::PREFETCH_ROWS_AHEAD;
+use super::fast_key::fast_keys;
 use super::flat::{FLAT_MAX_K, FLAT_MAX_KEY_BYTES, FlatTopK, Offer, key_of};
 use super::keys::GroupKeys;
 
@@ -72,6 +73,8 @@ pub struct TopKState {
     /// Fixed-width ORDER BY keys (numbers, dates, booleans) and N up to [`FLAT_MAX_K`]: the kept
     /// rows in flat arrays instead. `Some(None)` until the first key gives the width.
     flat: Option<Option<FlatTopK>>,
+    /// The current batch's keys when [`fast_keys`] makes them (kept to reuse the allocation).
+    fast_keys: Vec<u128>,
     stored: Vec<RecordBatch>,
     stored_rows: usize,
     live_rows: usize,
@@ -113,6 +116,7 @@ impl TopKState {
             order_rows,
             heaps: Vec::new(),
             flat: (fixed_width && k <= FLAT_MAX_K).then_some(None),
+            fast_keys: Vec::new(),
             stored: Vec::new(),
             stored_rows: 0,
             live_rows: 0,
@@ -144,9 +148,29 @@ impl TopKState {
         let keys = evaluate(&self.partition_exprs, batch)?;
         self.groups.intern(&keys, &mut self.group_ids)?;
         let order_columns = evaluate(self.order_exprs.iter().map(|e| &e.expr), batch)?;
-        let order_rows = self.order_rows.convert_columns(&order_columns)?;
         let batch_index = self.stored.len();
         let mut taken: Vec<u32> = Vec::new();
+        // One Int32/Int64/Float32/Float64 ORDER BY column: flat keys straight from the values.
+        if let (Some(flat), [column], [order]) = (&mut self.flat, order_columns.as_slice(), self.order_exprs.as_ref())
+            && fast_keys(column, order.options, &mut self.fast_keys)
+        {
+            let width = 1 + column.data_type().primitive_width().unwrap_or(0);
+            let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, width));
+            flat.ensure_groups(self.groups.len());
+            for (row, (&group, &key)) in self.group_ids.iter().zip(&self.fast_keys).enumerate() {
+                if let Some(&ahead) = self.group_ids.get(row + PREFETCH_ROWS_AHEAD) {
+                    flat.prefetch(ahead);
+                }
+                match flat.offer(group, key, slot(batch_index, taken.len())) {
+                    Offer::Rejected => continue,
+                    Offer::Added => self.live_rows += 1,
+                    Offer::Replaced => {}
+                }
+                taken.push(row as u32);
+            }
+            return self.keep(batch, taken);
+        }
+        let order_rows = self.order_rows.convert_columns(&order_columns)?;
         // Keys too long for the flat layout (several wide columns): heaps, decided before any
         // row is kept.
         if matches!(self.flat, Some(None)) && order_rows.row(0).as_ref().len() > FLAT_MAX_KEY_BYTES {
@@ -201,6 +225,12 @@ impl TopKState {
                 }
             }
         }
+        self.keep(batch, taken)
+    }
+
+    /// Stores the rows of `batch` that were `taken` (as the slots given to them say), and
+    /// compacts when enough stored rows have been pushed out.
+    fn keep(&mut self, batch: &RecordBatch, taken: Vec<u32>) -> Result<()> {
         if !taken.is_empty() {
             let kept = take_record_batch(batch, &UInt32Array::from(taken))?;
             self.stored_rows += kept.num_rows();
