@@ -6,8 +6,9 @@
 //! 2. **Scaling** (unless `--skip-scaling`): 2 nodes each pinned to its own core against 1 node
 //!    pinned to one core, beside the speedup DataFusion gets from 1 to 2 threads.
 //!
-//! Each query's time is the best of `--runs`; answers are materialized (collected), and the row
-//! counts of shardwise and DataFusion must agree before any time is reported. The CSV comes from
+//! Each query's time is the best of `--runs`, the runs interleaved across the engines compared;
+//! answers are materialized (collected), and the row counts of shardwise and DataFusion must
+//! agree before any time is reported. The CSV comes from
 //! `bench/gen_groupby_csv.py ROWS FILE`.
 
 use std::path::{Path, PathBuf};
@@ -91,72 +92,95 @@ fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(RecordBatch::num_rows).sum()
 }
 
-async fn datafusion_times(
-    args: &GroupbyBenchArgs,
-    batches: &[RecordBatch],
-    threads: usize,
-    queries: &[(&str, &str)],
-) -> anyhow::Result<Timings> {
-    let mut config = SessionConfig::new().with_target_partitions(threads);
-    config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-    let ctx = SessionContext::new_with_config(config);
-    let n = threads.max(1);
-    let mut partitions = vec![Vec::new(); n];
-    for (i, b) in batches.iter().enumerate() {
-        partitions[i % n].push(b.clone());
-    }
-    ctx.register_table("x", Arc::new(MemTable::try_new(schema(), partitions)?))?;
-    let mut out = Vec::new();
-    for (name, sql) in queries {
-        let mut best = Duration::MAX;
-        let mut n = 0;
-        for _ in 0..args.runs.max(1) {
-            let started = Instant::now();
-            let answer = ctx.sql(sql).await?.collect().await.with_context(|| format!("DataFusion {name}"))?;
-            best = best.min(started.elapsed());
-            n = rows(&answer);
-        }
-        out.push((best, n));
-    }
-    Ok(out)
+/// A loaded engine that answers the queries.
+enum Engine {
+    DataFusion(SessionContext),
+    Shardwise { cluster: Box<ProcCluster>, sql: SqlClient },
 }
 
-async fn shardwise_times(
-    args: &GroupbyBenchArgs,
-    dir: &Path,
-    nodes: u32,
-    cpus: Option<Vec<Vec<usize>>>,
-    queries: &[(&str, &str)],
-) -> anyhow::Result<Timings> {
-    let cluster = match cpus {
-        Some(cpus) => ProcCluster::start_pinned(nodes, dir, &[], cpus).await?,
-        None => ProcCluster::start(nodes, dir, &[]).await?,
-    };
-    let addr = cluster.flight_addr(0);
-    let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
-    sql.query(CREATE).await.map_err(|e| anyhow!("{e}"))?;
-    let out = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["load", "--connect", &addr, "--no-progress", "x"])
-        .arg(&args.csv)
-        .stdin(Stdio::null())
-        .output()
-        .await?;
-    if !out.status.success() {
-        bail!("shardwise load failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let mut times = Vec::new();
-    for (name, q) in queries {
-        let mut best = Duration::MAX;
-        let mut n = 0;
-        for _ in 0..args.runs.max(1) {
-            let started = Instant::now();
-            let answer = sql.query(q).await.map_err(|e| anyhow!("shardwise {name}: {e}"))?;
-            best = best.min(started.elapsed());
-            n = rows(&answer);
+impl Engine {
+    /// DataFusion with `threads` partitions over the same batches, in this process.
+    fn datafusion(batches: &[RecordBatch], threads: usize) -> anyhow::Result<Engine> {
+        let mut config = SessionConfig::new().with_target_partitions(threads);
+        config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+        let ctx = SessionContext::new_with_config(config);
+        let n = threads.max(1);
+        let mut partitions = vec![Vec::new(); n];
+        for (i, b) in batches.iter().enumerate() {
+            partitions[i % n].push(b.clone());
         }
-        times.push((best, n));
+        ctx.register_table("x", Arc::new(MemTable::try_new(schema(), partitions)?))?;
+        Ok(Engine::DataFusion(ctx))
     }
-    cluster.stop().await;
+
+    /// A cluster of `nodes` node processes (pinned to `cpus` if given) with the CSV loaded.
+    async fn shardwise(
+        args: &GroupbyBenchArgs,
+        dir: &Path,
+        nodes: u32,
+        cpus: Option<Vec<Vec<usize>>>,
+    ) -> anyhow::Result<Engine> {
+        let cluster = match cpus {
+            Some(cpus) => ProcCluster::start_pinned(nodes, dir, &[], cpus).await?,
+            None => ProcCluster::start(nodes, dir, &[]).await?,
+        };
+        let addr = cluster.flight_addr(0);
+        let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
+        sql.query(CREATE).await.map_err(|e| anyhow!("{e}"))?;
+        let out = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["load", "--connect", &addr, "--no-progress", "x"])
+            .arg(&args.csv)
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!("shardwise load failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(Engine::Shardwise { cluster: Box::new(cluster), sql })
+    }
+
+    /// Runs `sql` to the last row; the answer's row count.
+    async fn run(&mut self, name: &str, sql: &str) -> anyhow::Result<usize> {
+        let answer = match self {
+            Engine::DataFusion(ctx) => {
+                ctx.sql(sql).await?.collect().await.with_context(|| format!("DataFusion {name}"))?
+            }
+            Engine::Shardwise { sql: client, .. } => {
+                client.query(sql).await.map_err(|e| anyhow!("shardwise {name}: {e}"))?
+            }
+        };
+        Ok(rows(&answer))
+    }
+
+    async fn stop(self) {
+        if let Engine::Shardwise { cluster, .. } = self {
+            cluster.stop().await;
+        }
+    }
+}
+
+/// Each engine's best time and row count per query. The runs are interleaved (for each query,
+/// each run goes through every engine in turn), so that the machine's speed, which drifts over
+/// minutes on a shared host, weighs on every engine alike.
+async fn interleaved_times(
+    args: &GroupbyBenchArgs,
+    engines: &mut [Engine],
+    queries: &[(&str, &str)],
+) -> anyhow::Result<Vec<Timings>> {
+    let mut times: Vec<Timings> = vec![Vec::new(); engines.len()];
+    for (name, sql) in queries {
+        let mut best = vec![(Duration::MAX, 0); engines.len()];
+        for _ in 0..args.runs.max(1) {
+            for (engine, best) in engines.iter_mut().zip(&mut best) {
+                let started = Instant::now();
+                let n = engine.run(name, sql).await?;
+                *best = (best.0.min(started.elapsed()), n);
+            }
+        }
+        for (times, best) in times.iter_mut().zip(best) {
+            times.push(best);
+        }
+    }
     Ok(times)
 }
 
@@ -199,8 +223,16 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     let batches = crate::load::read_file(&args.csv, crate::load::Format::Csv, &schema(), 65536, &progress)?;
     println!("{} rows; {threads} threads; best of {} runs; times in ms", rows(&batches), args.runs);
 
-    let df = datafusion_times(&args, &batches, threads, &queries).await?;
-    let sw = shardwise_times(&args, &base.join("one-node"), 1, None, &queries).await?;
+    let mut engines =
+        vec![Engine::datafusion(&batches, threads)?, Engine::shardwise(&args, &base.join("one-node"), 1, None).await?];
+    let times = interleaved_times(&args, &mut engines, &queries).await;
+    for engine in engines {
+        engine.stop().await;
+    }
+    let (df, sw) = match times?.as_slice() {
+        [df, sw] => (df.clone(), sw.clone()),
+        _ => bail!("two engines were timed"),
+    };
     check_rows(&queries, &df, &sw, "DataFusion and shardwise")?;
     println!("\n1 node, {threads} threads: shardwise (Flight SQL client) vs DataFusion (in process)");
     println!("{:<6} {:>12} {:>12} {:>8}", "query", "datafusion", "shardwise", "ratio");
@@ -218,11 +250,21 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     if threads < 2 {
         bail!("the scaling comparison needs 2 cores; pass --skip-scaling");
     }
-    let df1 = datafusion_times(&args, &batches, 1, &queries).await?;
-    let df2 = datafusion_times(&args, &batches, 2, &queries).await?;
+    let mut engines = vec![
+        Engine::datafusion(&batches, 1)?,
+        Engine::datafusion(&batches, 2)?,
+        Engine::shardwise(&args, &base.join("pinned-1"), 1, Some(vec![vec![0]])).await?,
+        Engine::shardwise(&args, &base.join("pinned-2"), 2, Some(vec![vec![0], vec![1]])).await?,
+    ];
     drop(batches);
-    let sw1 = shardwise_times(&args, &base.join("pinned-1"), 1, Some(vec![vec![0]]), &queries).await?;
-    let sw2 = shardwise_times(&args, &base.join("pinned-2"), 2, Some(vec![vec![0], vec![1]]), &queries).await?;
+    let times = interleaved_times(&args, &mut engines, &queries).await;
+    for engine in engines {
+        engine.stop().await;
+    }
+    let (df1, df2, sw1, sw2) = match times?.as_slice() {
+        [df1, df2, sw1, sw2] => (df1.clone(), df2.clone(), sw1.clone(), sw2.clone()),
+        _ => bail!("four engines were timed"),
+    };
     check_rows(&queries, &df1, &sw1, "DataFusion and shardwise")?;
     check_rows(&queries, &sw1, &sw2, "1 and 2 nodes")?;
     println!("\nscaling: shardwise 1 node on core 0 -> 2 nodes on cores 0 and 1; DataFusion 1 -> 2 threads");
