@@ -42,6 +42,10 @@ pub struct GroupbyBenchArgs {
     /// Where the nodes keep their data [default: a temporary directory].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Also time the 1-node cluster with these settings appended to every query (e.g.
+    /// `string_group_keys_as_views = 0`), interleaved with the other runs: an A/B of a setting.
+    #[arg(long, value_name = "NAME = VALUE, ...")]
+    pub setting: Option<String>,
 }
 
 /// db-benchmark's groupby questions, as its DataFusion script writes them.
@@ -95,7 +99,13 @@ fn rows(batches: &[RecordBatch]) -> usize {
 /// A loaded engine that answers the queries.
 enum Engine {
     DataFusion(SessionContext),
-    Shardwise { cluster: Box<ProcCluster>, sql: SqlClient },
+    /// `cluster` is `None` for a second client of another engine's cluster; `settings` is
+    /// appended to every query.
+    Shardwise {
+        cluster: Option<Box<ProcCluster>>,
+        sql: Box<SqlClient>,
+        settings: String,
+    },
 }
 
 impl Engine {
@@ -136,7 +146,16 @@ impl Engine {
         if !out.status.success() {
             bail!("shardwise load failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Ok(Engine::Shardwise { cluster: Box::new(cluster), sql })
+        Ok(Engine::Shardwise { cluster: Some(Box::new(cluster)), sql: Box::new(sql), settings: String::new() })
+    }
+
+    /// Another client of `engine`'s cluster that appends `SETTINGS settings` to every query.
+    async fn with_settings(engine: &Engine, settings: &str) -> anyhow::Result<Engine> {
+        let Engine::Shardwise { cluster: Some(cluster), .. } = engine else {
+            bail!("settings apply to a shardwise cluster");
+        };
+        let sql = SqlClient::connect(&cluster.flight_addr(0), "default", "", Duration::from_secs(5)).await?;
+        Ok(Engine::Shardwise { cluster: None, sql: Box::new(sql), settings: format!(" SETTINGS {settings}") })
     }
 
     /// Runs `sql` to the last row; the answer's row count.
@@ -145,15 +164,16 @@ impl Engine {
             Engine::DataFusion(ctx) => {
                 ctx.sql(sql).await?.collect().await.with_context(|| format!("DataFusion {name}"))?
             }
-            Engine::Shardwise { sql: client, .. } => {
-                client.query(sql).await.map_err(|e| anyhow!("shardwise {name}: {e}"))?
+            Engine::Shardwise { sql: client, settings, .. } => {
+                let sql = format!("{sql}{settings}");
+                client.query(&sql).await.map_err(|e| anyhow!("shardwise {name}{settings}: {e}"))?
             }
         };
         Ok(rows(&answer))
     }
 
     async fn stop(self) {
-        if let Engine::Shardwise { cluster, .. } = self {
+        if let Engine::Shardwise { cluster: Some(cluster), .. } = self {
             cluster.stop().await;
         }
     }
@@ -225,12 +245,17 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
 
     let mut engines =
         vec![Engine::datafusion(&batches, threads)?, Engine::shardwise(&args, &base.join("one-node"), 1, None).await?];
+    if let Some(setting) = &args.setting {
+        let other = Engine::with_settings(&engines[1], setting).await?;
+        engines.push(other);
+    }
     let times = interleaved_times(&args, &mut engines, &queries).await;
     for engine in engines {
         engine.stop().await;
     }
-    let (df, sw) = match times?.as_slice() {
-        [df, sw] => (df.clone(), sw.clone()),
+    let times = times?;
+    let (df, sw) = match times.as_slice() {
+        [df, sw, ..] => (df.clone(), sw.clone()),
         _ => bail!("two engines were timed"),
     };
     check_rows(&queries, &df, &sw, "DataFusion and shardwise")?;
@@ -243,6 +268,18 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         println!("{name:<6} {:>12.1} {:>12.1} {:>8.2}   ({n} rows)", ms(*d), ms(*s), ratio);
     }
     println!("{:<6} {:>12} {:>12} {:>8.2}", "geomean", "", "", geomean(&ratios));
+    if let (Some(setting), Some(with)) = (&args.setting, times.get(2)) {
+        check_rows(&queries, &sw, with, "shardwise with and without the settings")?;
+        println!("\nA/B on the same node: shardwise with `SETTINGS {setting}` vs without");
+        println!("{:<6} {:>12} {:>12} {:>8}", "query", "without", "with", "ratio");
+        let mut ratios = Vec::new();
+        for ((name, _), ((s, _), (w, _))) in queries.iter().zip(sw.iter().zip(with)) {
+            let ratio = ms(*w) / ms(*s);
+            ratios.push(ratio);
+            println!("{name:<6} {:>12.1} {:>12.1} {:>8.2}", ms(*s), ms(*w), ratio);
+        }
+        println!("{:<6} {:>12} {:>12} {:>8.2}", "geomean", "", "", geomean(&ratios));
+    }
 
     if args.skip_scaling {
         return Ok(ExitCode::SUCCESS);
