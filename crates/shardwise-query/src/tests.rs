@@ -84,6 +84,14 @@ async fn select_one() {
 }
 
 #[tokio::test]
+async fn to_utf8view_is_a_sql_function() {
+    let engine = engine();
+    let sql = "SELECT to_utf8view('more than twelve bytes') AS v, arrow_typeof(to_utf8view(NULL)) AS t";
+    let text = pretty(&run(&engine, sql).await.expect("run"));
+    assert!(text.contains("| more than twelve bytes | Utf8View |"), "{text}");
+}
+
+#[tokio::test]
 async fn unknown_column_is_a_user_error() {
     let err = engine().plan("SELECT nope FROM system.nodes", &Arc::default()).await.unwrap_err();
     assert!(err.is_user_error(), "{err:?}");

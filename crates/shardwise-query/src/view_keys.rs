@@ -10,7 +10,8 @@
 //! [`VIEW_KEYS_ESTIMATE_TTL_MS`]. On db-benchmark's data (1e7 rows, one node, 2 threads, A/B of
 //! the setting in one run) `GROUP BY id3` (100 000 values; q3, q7) took 19-38% less time; q1
 //! (100 values) is not converted; q10 (10 million groups, one of its keys converted and cast
-//! back) stayed within noise. Tables keep storing `Utf8`: the WAL, the parts and the answers are unchanged.
+//! back) stayed within noise. Tables keep storing `Utf8`: the WAL, the parts and the answers are
+//! unchanged.
 //!
 //! How: a logical optimizer rule. Such a key is grouped by `to_utf8view(key)` under the key's own
 //! qualified name, and a projection above the aggregation casts the groups back, so every plan
@@ -89,17 +90,19 @@ impl ViewKeysRule {
     fn distinct_estimate(&self, key: EstimateKey) -> Option<u64> {
         let access = self.access.as_ref()?;
         let ttl = Duration::from_millis(VIEW_KEYS_ESTIMATE_TTL_MS);
-        let mut estimates = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((at, estimate)) = estimates.get(&key)
+        let cached = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&key).copied();
+        if let Some((at, estimate)) = cached
             && at.elapsed() < ttl
         {
-            return *estimate;
+            return estimate;
         }
+        // Sampled without the lock: other planners are not held up (two may sample at once).
         let (table_id, generation, column) = &key;
         let estimate = access.sample(*table_id, *generation, AUTO_SAMPLE_ROWS).and_then(|sample| {
             let index = sample.batches.first()?.schema().index_of(column).ok()?;
             estimate_groups(&sample, &[index]).ok().map(|e| e.groups)
         });
+        let mut estimates = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if estimates.len() >= VIEW_KEYS_ESTIMATE_CACHE_ENTRIES {
             estimates.clear();
         }
