@@ -30,12 +30,14 @@ use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 #[allow(deprecated)] // older plans may still hold it between the exchange and the sort
 use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::partitioned_topk::{PartitionedTopKExec, WindowFnKind};
 use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowUDFExpr};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
@@ -105,7 +107,19 @@ fn rewrite_filter(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn Execut
         return Ok(None);
     }
     let partition_len = expr.partition_by().len();
-    let Some(sort) = window.input().downcast_ref::<SortExec>() else { return Ok(None) };
+    // The sort under the window: one sort per partition (the rows already exchanged by key), or,
+    // with one target partition, per-partition sorts merged into one stream (`merged`).
+    let (sort, merged) = match window.input().downcast_ref::<SortExec>() {
+        Some(sort) => (sort, false),
+        None => {
+            let Some(merge) = window.input().downcast_ref::<SortPreservingMergeExec>() else { return Ok(None) };
+            let Some(sort) = merge.input().downcast_ref::<SortExec>() else { return Ok(None) };
+            if merge.fetch().is_some() || !sort.preserve_partitioning() || merge.expr() != sort.expr() {
+                return Ok(None);
+            }
+            (sort, true)
+        }
+    };
     let ordering = sort.expr();
     let keys_first = partition_len > 0
         && ordering.len() == partition_len + expr.order_by().len()
@@ -119,7 +133,16 @@ fn rewrite_filter(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn Execut
     if sort.fetch().is_some() || merges || !keys_first || expr.order_by().is_empty() {
         return Ok(None);
     }
-    let input = with_partial_below_exchange(Arc::clone(sort.input()), ordering, partition_len, fetch)?;
+    let input = if merged {
+        // A key's rows are in every partition: a partial step in each, then all in one.
+        let mut input = Arc::clone(sort.input());
+        if fetch > 0 {
+            input = Arc::new(GroupTopKExec::try_new(input, ordering.clone(), partition_len, fetch, TopKStep::Partial)?);
+        }
+        Arc::new(CoalescePartitionsExec::new(input))
+    } else {
+        with_partial_below_exchange(Arc::clone(sort.input()), ordering, partition_len, fetch)?
+    };
     let topk = GroupTopKExec::try_new(input, ordering.clone(), partition_len, fetch, TopKStep::Final)?;
     let mut plan = replace_children_if_necessary(Arc::clone(&below), vec![Arc::new(topk)])?;
     for projection in projections.into_iter().rev() {
@@ -204,5 +227,65 @@ fn with_partial_below_exchange(
     match above {
         Some(coalesce) => replace_children_if_necessary(coalesce, vec![exchange]),
         None => Ok(exchange),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::physical_plan::displayable;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    use super::GroupTopKRule;
+
+    /// Two partitions of `(g, v)`, a context with `target_partitions` threads.
+    fn context(target_partitions: usize, with_rule: bool) -> SessionContext {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, true),
+            Field::new("v", DataType::Float64, true),
+        ]));
+        let mut next = super::super::test_rng(3);
+        let partition = |n: usize, next: &mut dyn FnMut() -> u64| {
+            let g = Int64Array::from_iter((0..n).map(|_| Some((next() % 50) as i64)));
+            let v = Float64Array::from_iter((0..n).map(|i| (i % 13 != 0).then(|| (next() % 1000) as f64)));
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(g), Arc::new(v)]).expect("batch")
+        };
+        let parts = vec![vec![partition(3000, &mut next)], vec![partition(2000, &mut next)]];
+        let table = MemTable::try_new(Arc::clone(&schema), parts).expect("table");
+        let config = SessionConfig::new().with_target_partitions(target_partitions);
+        let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
+        if with_rule {
+            state = state.with_physical_optimizer_rule(Arc::new(GroupTopKRule));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        ctx.register_table("t", Arc::new(table)).expect("register");
+        ctx
+    }
+
+    const SQL: &str = "SELECT g, v FROM (SELECT g, v, row_number() OVER (PARTITION BY g ORDER BY v DESC) AS rn \
+                       FROM t) WHERE rn <= 2 ORDER BY g, v DESC";
+
+    #[tokio::test]
+    async fn one_target_partition_gets_the_top_n_plan_and_the_same_answer() {
+        for target_partitions in [1, 2] {
+            let ctx = context(target_partitions, true);
+            let df = ctx.sql(SQL).await.expect("plan");
+            let plan = df.clone().create_physical_plan().await.expect("physical plan");
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            assert!(
+                text.contains("GroupTopKExec: step=final") && text.contains("GroupTopKExec: step=partial"),
+                "{target_partitions} partitions: {text}"
+            );
+            let got = pretty_format_batches(&df.collect().await.expect("run")).expect("format").to_string();
+            let plain = context(target_partitions, false);
+            let want = plain.sql(SQL).await.expect("plan").collect().await.expect("run");
+            assert_eq!(got, pretty_format_batches(&want).expect("format").to_string());
+        }
     }
 }
