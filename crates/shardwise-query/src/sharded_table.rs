@@ -54,6 +54,7 @@ impl SchemaProvider for ShardedSchema {
             Arc::new(ShardedTable {
                 name: name.to_string(),
                 schema: Arc::clone(&entry.def.schema),
+                incarnation: (entry.id, entry.generation),
                 access: Arc::clone(&self.access),
             }) as Arc<dyn TableProvider>
         }))
@@ -69,13 +70,15 @@ impl SchemaProvider for ShardedSchema {
 pub struct ShardedTable {
     name: String,
     schema: SchemaRef,
+    /// `(table_id, generation)` at lookup.
+    incarnation: (u64, u64),
     access: Arc<dyn TableAccess>,
 }
 
 impl ShardedTable {
-    /// The incarnation `(table_id, generation)` the catalog holds for this table now.
-    pub fn incarnation(&self) -> Option<(u64, u64)> {
-        self.access.catalog().tables.get(&self.name).map(|entry| (entry.id, entry.generation))
+    /// The incarnation `(table_id, generation)` the catalog held when the query looked the table up.
+    pub fn incarnation(&self) -> (u64, u64) {
+        self.incarnation
     }
 }
 

@@ -83,7 +83,7 @@ impl ViewKeysRule {
         let Some((scan, name)) = traced_scan_column(input, column) else { return false };
         let Ok(provider) = source_as_provider(&scan.source) else { return false };
         let Some(table) = provider.downcast_ref::<ShardedTable>() else { return false };
-        let Some((table_id, generation)) = table.incarnation() else { return false };
+        let (table_id, generation) = table.incarnation();
         self.distinct_estimate((table_id, generation, name)).is_some_and(|d| d >= min_distinct)
     }
 

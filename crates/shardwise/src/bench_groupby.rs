@@ -154,8 +154,11 @@ impl Engine {
         let Engine::Shardwise { cluster: Some(cluster), .. } = engine else {
             bail!("settings apply to a shardwise cluster");
         };
-        let sql = SqlClient::connect(&cluster.flight_addr(0), "default", "", Duration::from_secs(5)).await?;
-        Ok(Engine::Shardwise { cluster: None, sql: Box::new(sql), settings: format!(" SETTINGS {settings}") })
+        let mut sql = SqlClient::connect(&cluster.flight_addr(0), "default", "", Duration::from_secs(5)).await?;
+        let clause = format!(" SETTINGS {settings}");
+        // A bad name or value fails here, before anything is timed.
+        sql.query(&format!("SELECT 1{clause}")).await.map_err(|e| anyhow!("--setting {settings:?}: {e}"))?;
+        Ok(Engine::Shardwise { cluster: None, sql: Box::new(sql), settings: clause })
     }
 
     /// Runs `sql` to the last row; the answer's row count.

@@ -73,8 +73,8 @@ pub struct TopKState {
     /// Fixed-width ORDER BY keys (numbers, dates, booleans) and N up to [`FLAT_MAX_K`]: the kept
     /// rows in flat arrays instead. `Some(None)` until the first key gives the width.
     flat: Option<Option<FlatTopK>>,
-    /// The current batch's keys when [`fast_keys`] makes them (kept to reuse the allocation).
-    fast_keys: Vec<u128>,
+    /// The current batch's flat keys (kept to reuse the allocation).
+    flat_keys: Vec<u128>,
     stored: Vec<RecordBatch>,
     stored_rows: usize,
     live_rows: usize,
@@ -116,7 +116,7 @@ impl TopKState {
             order_rows,
             heaps: Vec::new(),
             flat: (fixed_width && k <= FLAT_MAX_K).then_some(None),
-            fast_keys: Vec::new(),
+            flat_keys: Vec::new(),
             stored: Vec::new(),
             stored_rows: 0,
             live_rows: 0,
@@ -149,25 +149,12 @@ impl TopKState {
         self.groups.intern(&keys, &mut self.group_ids)?;
         let order_columns = evaluate(self.order_exprs.iter().map(|e| &e.expr), batch)?;
         let batch_index = self.stored.len();
-        let mut taken: Vec<u32> = Vec::new();
         // One Int32/Int64/Float32/Float64 ORDER BY column: flat keys straight from the values.
-        if let (Some(flat), [column], [order]) = (&mut self.flat, order_columns.as_slice(), self.order_exprs.as_ref())
-            && fast_keys(column, order.options, &mut self.fast_keys)
+        if let (Some(_), [column], [order]) = (&self.flat, order_columns.as_slice(), self.order_exprs.as_ref())
+            && fast_keys(column, order.options, &mut self.flat_keys)
         {
             let width = 1 + column.data_type().primitive_width().unwrap_or(0);
-            let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, width));
-            flat.ensure_groups(self.groups.len());
-            for (row, (&group, &key)) in self.group_ids.iter().zip(&self.fast_keys).enumerate() {
-                if let Some(&ahead) = self.group_ids.get(row + PREFETCH_ROWS_AHEAD) {
-                    flat.prefetch(ahead);
-                }
-                match flat.offer(group, key, slot(batch_index, taken.len())) {
-                    Offer::Rejected => continue,
-                    Offer::Added => self.live_rows += 1,
-                    Offer::Replaced => {}
-                }
-                taken.push(row as u32);
-            }
+            let taken = self.offer_flat(batch_index, width)?;
             return self.keep(batch, taken);
         }
         let order_rows = self.order_rows.convert_columns(&order_columns)?;
@@ -176,56 +163,75 @@ impl TopKState {
         if matches!(self.flat, Some(None)) && order_rows.row(0).as_ref().len() > FLAT_MAX_KEY_BYTES {
             self.flat = None;
         }
-        if let Some(flat) = &mut self.flat {
-            let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, order_rows.row(0).as_ref().len()));
-            flat.ensure_groups(self.groups.len());
-            for (row, &group) in self.group_ids.iter().enumerate() {
-                if let Some(&ahead) = self.group_ids.get(row + PREFETCH_ROWS_AHEAD) {
-                    flat.prefetch(ahead);
-                }
-                let key = order_rows.row(row);
-                if key.as_ref().len() != flat.width() {
+        if self.flat.is_some() {
+            let width = order_rows.row(0).as_ref().len();
+            self.flat_keys.clear();
+            for row in order_rows.iter() {
+                if row.as_ref().len() != width {
                     return Err(DataFusionError::Internal(format!(
-                        "top-N per group: a fixed-width ORDER BY key of {} bytes, not {}",
-                        key.as_ref().len(),
-                        flat.width()
+                        "top-N per group: fixed-width ORDER BY keys of {} and {width} bytes",
+                        row.as_ref().len()
                     )));
                 }
-                match flat.offer(group, key_of(key.as_ref()), slot(batch_index, taken.len())) {
-                    Offer::Rejected => continue,
-                    Offer::Added => self.live_rows += 1,
-                    Offer::Replaced => {}
-                }
-                taken.push(row as u32);
+                self.flat_keys.push(key_of(row.as_ref()));
             }
-        } else {
-            if self.heaps.len() < self.groups.len() {
-                self.heaps.resize_with(self.groups.len(), BinaryHeap::new);
+            let taken = self.offer_flat(batch_index, width)?;
+            return self.keep(batch, taken);
+        }
+        if self.heaps.len() < self.groups.len() {
+            self.heaps.resize_with(self.groups.len(), BinaryHeap::new);
+        }
+        let mut taken: Vec<u32> = Vec::new();
+        for (row, &group) in self.group_ids.iter().enumerate() {
+            let key = order_rows.row(row);
+            let key = key.as_ref();
+            let heap = &mut self.heaps[group];
+            if heap.len() >= self.k {
+                match heap.peek() {
+                    Some(worst) if key < worst.key.as_ref() => {}
+                    _ => continue,
+                }
             }
-            for (row, &group) in self.group_ids.iter().enumerate() {
-                let key = order_rows.row(row);
-                let key = key.as_ref();
-                let heap = &mut self.heaps[group];
-                if heap.len() >= self.k {
-                    match heap.peek() {
-                        Some(worst) if key < worst.key.as_ref() => {}
-                        _ => continue,
-                    }
+            let entry = Entry { key: key.into(), slot: slot(batch_index, taken.len()) };
+            self.key_bytes += entry.key.len();
+            taken.push(row as u32);
+            heap.push(entry);
+            if heap.len() > self.k {
+                if let Some(out) = heap.pop() {
+                    self.key_bytes -= out.key.len();
                 }
-                let entry = Entry { key: key.into(), slot: slot(batch_index, taken.len()) };
-                self.key_bytes += entry.key.len();
-                taken.push(row as u32);
-                heap.push(entry);
-                if heap.len() > self.k {
-                    if let Some(out) = heap.pop() {
-                        self.key_bytes -= out.key.len();
-                    }
-                } else {
-                    self.live_rows += 1;
-                }
+            } else {
+                self.live_rows += 1;
             }
         }
         self.keep(batch, taken)
+    }
+
+    /// Offers row `i` of batch `batch_index` with key `flat_keys[i]` (of `width` bytes) to the
+    /// flat layout; the rows it kept.
+    fn offer_flat(&mut self, batch_index: usize, width: usize) -> Result<Vec<u32>> {
+        let Some(flat) = &mut self.flat else { return Ok(Vec::new()) };
+        let flat = flat.get_or_insert_with(|| FlatTopK::new(self.k, width));
+        if flat.width() != width {
+            return Err(DataFusionError::Internal(format!(
+                "top-N per group: a fixed-width ORDER BY key of {width} bytes, not {}",
+                flat.width()
+            )));
+        }
+        flat.ensure_groups(self.groups.len());
+        let mut taken = Vec::new();
+        for (row, (&group, &key)) in self.group_ids.iter().zip(&self.flat_keys).enumerate() {
+            if let Some(&ahead) = self.group_ids.get(row + PREFETCH_ROWS_AHEAD) {
+                flat.prefetch(ahead);
+            }
+            match flat.offer(group, key, slot(batch_index, taken.len())) {
+                Offer::Rejected => continue,
+                Offer::Added => self.live_rows += 1,
+                Offer::Replaced => {}
+            }
+            taken.push(row as u32);
+        }
+        Ok(taken)
     }
 
     /// Stores the rows of `batch` that were `taken` (as the slots given to them say), and
@@ -304,17 +310,25 @@ mod tests {
     use datafusion::arrow::compute::SortOptions;
     use datafusion::arrow::datatypes::DataType;
     use datafusion::physical_expr::PhysicalSortExpr;
-    use datafusion::physical_expr::expressions::col;
+    use datafusion::physical_expr::expressions::{IsNullExpr, col};
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![Field::new("g", DataType::Int64, true), Field::new("v", DataType::Float64, true)]))
     }
 
-    fn ordering(schema: &SchemaRef, descending: bool) -> LexOrdering {
+    /// `(g, v)`; with `row_keys`, also `g IS NULL` after `v`: constant within a group, so the same
+    /// order, but two ORDER BY columns take the flat layout through the row encoding instead of
+    /// `fast_keys`.
+    fn ordering(schema: &SchemaRef, descending: bool, row_keys: bool) -> LexOrdering {
         let g = PhysicalSortExpr::new_default(col("g", schema).expect("g"));
         let v =
             PhysicalSortExpr::new(col("v", schema).expect("v"), SortOptions { descending, nulls_first: descending });
-        LexOrdering::new([g, v]).expect("ordering")
+        let mut exprs = vec![g, v];
+        if row_keys {
+            let is_null = Arc::new(IsNullExpr::new(col("g", schema).expect("g")));
+            exprs.push(PhysicalSortExpr::new_default(is_null));
+        }
+        LexOrdering::new(exprs).expect("ordering")
     }
 
     fn batch(schema: &SchemaRef, g: Vec<Option<i64>>, v: Vec<Option<f64>>) -> RecordBatch {
@@ -362,10 +376,10 @@ mod tests {
     fn keeps_the_best_k_of_each_group_across_batches_and_compactions() {
         let schema = schema();
         let mut next = super::super::test_rng(7);
-        for (k, descending, groups) in
-            [(1, true, 3), (2, true, 50), (3, false, 1000), (5, false, 7), (0, true, 4), (20, true, 30)]
-        {
-            let mut state = TopKState::try_new(Arc::clone(&schema), &ordering(&schema, descending), 1, k).expect("new");
+        let cases = [(1, true, 3), (2, true, 50), (3, false, 1000), (5, false, 7), (0, true, 4), (20, true, 30)];
+        for ((k, descending, groups), row_keys) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+            let ordering = ordering(&schema, descending, row_keys);
+            let mut state = TopKState::try_new(Arc::clone(&schema), &ordering, 1, k).expect("new");
             let mut all = Vec::new();
             for _ in 0..40 {
                 let n = (next() % 5000) as usize;
@@ -378,7 +392,11 @@ mod tests {
                 assert!(state.live_rows() <= k * (groups as usize + 1));
             }
             let got = rows(&state.finish().expect("finish"));
-            assert_eq!(got, reference(&all, k, descending), "k={k} descending={descending} groups={groups}");
+            assert_eq!(
+                got,
+                reference(&all, k, descending),
+                "k={k} descending={descending} groups={groups} row_keys={row_keys}"
+            );
         }
     }
 }
