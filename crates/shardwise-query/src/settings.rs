@@ -54,6 +54,12 @@ extensions_options! {
         /// ... for a key column of a sharded table with at least this many distinct values
         /// (estimated from a sample); 0: every string key.
         pub string_group_keys_as_views_min_distinct: u64, default = 10_000
+        /// Partial aggregation by one integer or string key with only count, sum, avg, min and
+        /// max by direct indexing instead of DataFusion's hash table; 0 uses DataFusion's.
+        pub small_group_aggregation: Flag, default = Flag(true)
+        /// ... for at most this many groups per partition (string keys: at most 4096); past it,
+        /// the rest of the partition goes to DataFusion's aggregation.
+        pub small_group_aggregation_max_groups: u64, default = 1_048_576
     }
 }
 
@@ -76,6 +82,8 @@ pub const SETTING_NAMES: &[&str] = &[
     "max_memory_usage",
     "string_group_keys_as_views",
     "string_group_keys_as_views_min_distinct",
+    "small_group_aggregation",
+    "small_group_aggregation_max_groups",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

@@ -25,6 +25,7 @@ use super::scan::{ShardScanExec, ShardSlice, ShardTableRef};
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::group_topk;
+use crate::small_groups;
 
 const TICKET_MAGIC: &[u8; 4] = b"SWFT";
 const TICKET_VERSION: u32 = 1;
@@ -152,8 +153,10 @@ pub struct ShardwiseCodec {
 
 const SCAN_TAG: u8 = 1;
 const SHUFFLE_READER_TAG: u8 = 2;
-/// A top-N per group ([`group_topk::codec`]), the only tag with an input.
+/// A top-N per group ([`group_topk::codec`]); it has an input.
 const TOPK_TAG: u8 = 3;
+/// A small-group aggregation ([`small_groups::codec`]); it has an input.
+const SMALL_GROUPS_TAG: u8 = 4;
 
 /// The serialized form of a [`ShuffleReaderExec`] (then the schema, then the stage-1 plan).
 #[derive(Debug, Serialize, Deserialize)]
@@ -200,6 +203,10 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         if let Some(rest) = buf.strip_prefix(&[TOPK_TAG]) {
             let [input] = inputs else { return Err(bad_ticket("a top-N per group without its one input")) };
             return group_topk::codec::decode(rest, Arc::clone(input), ctx, self, proto_converter);
+        }
+        if let Some(rest) = buf.strip_prefix(&[SMALL_GROUPS_TAG]) {
+            let [input] = inputs else { return Err(bad_ticket("a small-group aggregation without its one input")) };
+            return small_groups::codec::decode(rest, Arc::clone(input), ctx, self);
         }
         if !inputs.is_empty() {
             return Err(bad_ticket("a shardwise leaf with inputs"));
@@ -256,6 +263,11 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         let internal = |e: String| DataFusionError::Internal(e);
         if let Some(bytes) = group_topk::codec::encode(&node, self, proto_converter)? {
             buf.push(TOPK_TAG);
+            buf.extend_from_slice(&bytes);
+            return Ok(());
+        }
+        if let Some(bytes) = small_groups::codec::encode(&node, self)? {
+            buf.push(SMALL_GROUPS_TAG);
             buf.extend_from_slice(&bytes);
             return Ok(());
         }

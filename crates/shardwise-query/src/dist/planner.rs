@@ -55,6 +55,7 @@ use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::group_topk::{GroupTopKExec, TopKStep};
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
+use crate::small_groups;
 use crate::view_keys::strip_string_casts;
 
 /// From this many nodes on, the initiator of a shuffle merges no bucket (it only concatenates the
@@ -375,6 +376,8 @@ impl Planner<'_> {
         let placement = self.placement(scan)?;
         let access = Arc::clone(&self.rule.access);
         let cluster = Arc::clone(&self.rule.cluster);
+        // Partial aggregations by a key with few values, by direct indexing (`small_groups`).
+        let plan = small_groups::rewrite(plan, &self.settings)?;
         Ok(Arc::new(FragmentExec::try_new(plan, targets, placement, strategy, access, cluster)?))
     }
 

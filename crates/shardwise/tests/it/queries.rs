@@ -439,6 +439,19 @@ fn no_merge_modes_follow_their_definitions() {
     }
     let distinct = c.sql(2, "SELECT count(*), min(c), max(c) FROM (SELECT u, count(*) AS c FROM gk GROUP BY u)");
     assert_eq!(distinct, vec![vec!["20000".to_string(), "1".to_string(), "1".to_string()]]);
+    // One integer key with count/sum/avg/min/max: SmallGroupsExec in the fragments (remote ones
+    // decode it), with DataFusion's answer.
+    let small = "SELECT v % 7 AS k, count(*) AS c, sum(v) AS s, avg(v) AS a, min(v) AS lo, max(v) AS hi \
+                 FROM gk GROUP BY v % 7";
+    let plan = c.sql(0, &format!("EXPLAIN {small}")).concat().join(" ");
+    assert!(plan.contains("SmallGroupsExec"), "{plan}");
+    let off = format!("{small} SETTINGS small_group_aggregation = 0");
+    let plan = c.sql(0, &format!("EXPLAIN {off}")).concat().join(" ");
+    assert!(!plan.contains("SmallGroupsExec"), "{plan}");
+    let want = shardwise_rows(&c.addrs[1], &off).unwrap_or_else(|e| panic!("{e}"));
+    let got = shardwise_rows(&c.addrs[1], small).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.len(), 7);
+    same_rows(&got, &want, false).unwrap_or_else(|e| panic!("small groups: {e}"));
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");

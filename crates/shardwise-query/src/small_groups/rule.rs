@@ -1,0 +1,51 @@
+//! Which partial aggregations [`SmallGroupsExec`] takes, and the rewrite that puts it into a
+//! fragment's plan.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::error::Result;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
+
+use super::SmallGroupsExec;
+use super::accum::AccumKind;
+use super::keys::GroupKeys;
+use crate::settings::ShardwiseSettings;
+
+/// The aggregates of `agg`, if [`SmallGroupsExec`] computes it exactly: a partial step with
+/// one plain GROUP BY key of an integer or string type, no grouping sets, no FILTER, no limit,
+/// unordered input, and only aggregates [`AccumKind::of`] knows.
+pub(super) fn eligible(agg: &AggregateExec) -> Option<Vec<AccumKind>> {
+    let input = agg.input_schema();
+    let group_by = agg.group_expr();
+    let [(key, _)] = group_by.expr() else { return None };
+    let plain = *agg.mode() == AggregateMode::Partial
+        && group_by.is_single()
+        && agg.filter_expr().iter().all(Option::is_none)
+        && agg.limit_options().is_none()
+        && agg.dynamic_expressions_produced().is_empty()
+        && *agg.input_order_mode() == InputOrderMode::Linear
+        && !agg.aggr_expr().is_empty();
+    if !plain || GroupKeys::for_type(&key.data_type(&input).ok()?).is_none() {
+        return None;
+    }
+    agg.aggr_expr().iter().map(|a| AccumKind::of(a, &input)).collect()
+}
+
+/// `plan` with every partial aggregation [`SmallGroupsExec`] computes put in its hands, unless
+/// `small_group_aggregation` is off.
+pub fn rewrite(plan: Arc<dyn ExecutionPlan>, settings: &ShardwiseSettings) -> Result<Arc<dyn ExecutionPlan>> {
+    if !settings.small_group_aggregation.0 {
+        return Ok(plan);
+    }
+    let max_groups = usize::try_from(settings.small_group_aggregation_max_groups).unwrap_or(usize::MAX);
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
+        match SmallGroupsExec::try_new(Arc::new(agg.clone()), max_groups) {
+            Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
+            None => Ok(Transformed::no(node)),
+        }
+    })
+    .data()
+}
