@@ -104,118 +104,132 @@ pub fn widened_from(kind: AccumKind, arg: &Arc<dyn PhysicalExpr>, input: &Schema
     takes.then(|| Arc::clone(cast.expr()))
 }
 
-/// One aggregate's states, by group id.
+/// One aggregate's states, by group id. The caller counts each group's rows once for all
+/// aggregates ([`count_rows`]), so an aggregate counts only the rows where its argument is null:
+/// without nulls, an update is one pass that only adds (or compares), and a group's count and
+/// whether it has a value are `rows - nulls`.
 #[derive(Debug)]
 pub enum Accum {
-    Count { counts: Vec<i64> },
-    SumInt { sums: Vec<i64>, seen: Vec<bool> },
-    SumFloat { sums: Vec<f64>, seen: Vec<bool> },
-    Avg { counts: Vec<u64>, sums: Vec<f64> },
-    MinMax { values: Vec<i64>, seen: Vec<bool>, max: bool, width: IntWidth },
+    Count {
+        nulls: Vec<u64>,
+    },
+    SumInt {
+        sums: Vec<i64>,
+        nulls: Vec<u64>,
+    },
+    SumFloat {
+        sums: Vec<f64>,
+        nulls: Vec<u64>,
+    },
+    Avg {
+        sums: Vec<f64>,
+        nulls: Vec<u64>,
+    },
+    /// Starts at `i64::MAX` (min) or `i64::MIN` (max), so an update is one `min`/`max`.
+    MinMax {
+        values: Vec<i64>,
+        nulls: Vec<u64>,
+        max: bool,
+        width: IntWidth,
+    },
+}
+
+/// Adds each row of a batch to its group's row count (`rows` grown to `groups` first).
+pub fn count_rows(rows: &mut Vec<u64>, ids: &[u32], groups: usize) {
+    rows.resize(groups, 0);
+    ids.iter().for_each(|&g| rows[g as usize] += 1);
 }
 
 impl Accum {
     pub fn new(kind: AccumKind) -> Self {
+        let nulls = Vec::new();
         match kind {
-            AccumKind::Count => Accum::Count { counts: Vec::new() },
-            AccumKind::SumInt => Accum::SumInt { sums: Vec::new(), seen: Vec::new() },
-            AccumKind::SumFloat => Accum::SumFloat { sums: Vec::new(), seen: Vec::new() },
-            AccumKind::Avg => Accum::Avg { counts: Vec::new(), sums: Vec::new() },
-            AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), seen: Vec::new(), max: false, width },
-            AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), seen: Vec::new(), max: true, width },
+            AccumKind::Count => Accum::Count { nulls },
+            AccumKind::SumInt => Accum::SumInt { sums: Vec::new(), nulls },
+            AccumKind::SumFloat => Accum::SumFloat { sums: Vec::new(), nulls },
+            AccumKind::Avg => Accum::Avg { sums: Vec::new(), nulls },
+            AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), nulls, max: false, width },
+            AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), nulls, max: true, width },
         }
     }
 
     /// Adds the rows of `arg` to the groups `ids` names (one id per row, each below `groups`).
     pub fn update(&mut self, ids: &[u32], groups: usize, arg: ColumnarValue) -> Result<()> {
-        if let (Accum::Count { counts }, ColumnarValue::Scalar(value)) = (&mut *self, &arg) {
-            counts.resize(groups, 0);
-            if !value.is_null() {
-                ids.iter().for_each(|&g| counts[g as usize] += 1);
+        if let (Accum::Count { nulls }, ColumnarValue::Scalar(value)) = (&mut *self, &arg) {
+            nulls.resize(groups, 0);
+            if value.is_null() {
+                ids.iter().for_each(|&g| nulls[g as usize] += 1);
             }
             return Ok(());
         }
         let array = arg.into_array(ids.len())?;
-        match self {
-            Accum::Count { counts } => {
-                counts.resize(groups, 0);
-                let nulls = array.logical_nulls();
-                each_valid(ids, nulls.as_ref(), |g| counts[g] += 1);
-            }
-            Accum::SumInt { sums, seen } => {
+        let nulls = match self {
+            Accum::Count { nulls } => nulls,
+            Accum::SumInt { sums, nulls } => {
                 sums.resize(groups, 0);
-                seen.resize(groups, false);
-                let mut add = |g: usize, v: i64| {
-                    sums[g] = sums[g].wrapping_add(v);
-                    seen[g] = true;
-                };
+                let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(v);
                 match array.data_type() {
                     DataType::Int32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| add(g, v.into())),
                     _ => each_value(ids, primitive::<Int64Type>(&array)?, add),
                 }
+                nulls
             }
-            Accum::SumFloat { sums, seen } => {
+            Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => {
                 sums.resize(groups, 0.0);
-                seen.resize(groups, false);
-                each_float(ids, &array, |g, v| {
-                    sums[g] += v;
-                    seen[g] = true;
-                })?;
+                each_float(ids, &array, |g, v| sums[g] += v)?;
+                nulls
             }
-            Accum::Avg { counts, sums } => {
-                counts.resize(groups, 0);
-                sums.resize(groups, 0.0);
-                each_float(ids, &array, |g, v| {
-                    counts[g] += 1;
-                    sums[g] += v;
-                })?;
-            }
-            Accum::MinMax { values, seen, max, width } => {
-                values.resize(groups, 0);
-                seen.resize(groups, false);
+            Accum::MinMax { values, nulls, max, width } => {
                 let max = *max;
-                let mut take = |g: usize, v: i64| {
-                    if !seen[g] || (max && v > values[g]) || (!max && v < values[g]) {
-                        values[g] = v;
-                        seen[g] = true;
-                    }
-                };
+                values.resize(groups, if max { i64::MIN } else { i64::MAX });
+                let mut take = |g: usize, v: i64| values[g] = if max { values[g].max(v) } else { values[g].min(v) };
                 match width {
                     IntWidth::I32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| take(g, v.into())),
                     IntWidth::I64 => each_value(ids, primitive::<Int64Type>(&array)?, take),
+                }
+                nulls
+            }
+        };
+        nulls.resize(groups, 0);
+        if let Some(null_rows) = array.logical_nulls().filter(|n| n.null_count() > 0) {
+            for (i, &g) in ids.iter().enumerate() {
+                if null_rows.is_null(i) {
+                    nulls[g as usize] += 1;
                 }
             }
         }
         Ok(())
     }
 
-    /// The state arrays of the first `groups` groups (groups past the last update have none).
-    pub fn emit(&self, groups: usize) -> Result<Vec<ArrayRef>> {
-        let take = |n: usize| n.min(groups);
+    /// The state arrays of the first `groups` groups, whose row counts are `rows` (groups past
+    /// the last update have no values).
+    pub fn emit(&self, groups: usize, rows: &[u64]) -> Result<Vec<ArrayRef>> {
+        let nulls = match self {
+            Accum::Count { nulls }
+            | Accum::SumInt { nulls, .. }
+            | Accum::SumFloat { nulls, .. }
+            | Accum::Avg { nulls, .. }
+            | Accum::MinMax { nulls, .. } => nulls,
+        };
+        // Rows with a value, per group.
+        let counts: Vec<u64> =
+            (0..groups).map(|g| rows.get(g).copied().unwrap_or(0) - nulls.get(g).copied().unwrap_or(0)).collect();
+        let valid = NullBuffer::from_iter(counts.iter().map(|&c| c > 0));
+        let valid = (valid.null_count() > 0).then_some(valid);
         Ok(match self {
-            Accum::Count { counts } => {
-                let mut counts = counts[..take(counts.len())].to_vec();
-                counts.resize(groups, 0);
-                vec![Arc::new(Int64Array::from(counts))]
-            }
-            Accum::SumInt { sums, seen } => {
-                vec![Arc::new(Int64Array::new(padded(sums, groups, 0), seen_nulls(seen, groups)))]
-            }
-            Accum::SumFloat { sums, seen } => {
-                vec![Arc::new(Float64Array::new(padded(sums, groups, 0.0), seen_nulls(seen, groups)))]
-            }
-            Accum::Avg { counts, sums } => {
-                let seen: Vec<bool> = counts.iter().map(|&c| c > 0).collect();
-                let nulls = seen_nulls(&seen, groups);
-                vec![
-                    Arc::new(UInt64Array::new(padded(counts, groups, 0), nulls.clone())),
-                    Arc::new(Float64Array::new(padded(sums, groups, 0.0), nulls)),
-                ]
-            }
-            Accum::MinMax { values, seen, width, .. } => {
-                let values = Int64Array::new(padded(values, groups, 0), seen_nulls(seen, groups));
-                // The values came from `width`'s type, so the cast back is exact.
-                vec![cast(&values, &width.data_type())?]
+            Accum::Count { .. } => vec![Arc::new(Int64Array::from_iter_values(counts.iter().map(|&c| c as i64)))],
+            Accum::SumInt { sums, .. } => vec![Arc::new(Int64Array::new(padded(sums, groups, 0), valid))],
+            Accum::SumFloat { sums, .. } => vec![Arc::new(Float64Array::new(padded(sums, groups, 0.0), valid))],
+            Accum::Avg { sums, .. } => vec![
+                Arc::new(UInt64Array::new(counts.into(), valid.clone())),
+                Arc::new(Float64Array::new(padded(sums, groups, 0.0), valid)),
+            ],
+            Accum::MinMax { values, width, .. } => {
+                // A group without a value still holds its start value: 0 under the null instead.
+                let values: Vec<i64> =
+                    (0..groups).map(|g| if counts[g] > 0 { values.get(g).copied().unwrap_or(0) } else { 0 }).collect();
+                // Every value left came from `width`'s type, so the cast back is exact.
+                vec![cast(&Int64Array::new(values.into(), valid), &width.data_type())?]
             }
         })
     }
@@ -223,11 +237,10 @@ impl Accum {
     /// Bytes held.
     pub fn size(&self) -> usize {
         match self {
-            Accum::Count { counts } => counts.capacity() * 8,
-            Accum::SumInt { sums, seen } => sums.capacity() * 8 + seen.capacity(),
-            Accum::SumFloat { sums, seen } => sums.capacity() * 8 + seen.capacity(),
-            Accum::Avg { counts, sums } => counts.capacity() * 8 + sums.capacity() * 8,
-            Accum::MinMax { values, seen, .. } => values.capacity() * 8 + seen.capacity(),
+            Accum::Count { nulls } => nulls.capacity() * 8,
+            Accum::SumInt { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
+            Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
+            Accum::MinMax { values, nulls, .. } => (values.capacity() + nulls.capacity()) * 8,
         }
     }
 }
@@ -271,21 +284,6 @@ fn each_float(ids: &[u32], array: &ArrayRef, f: impl FnMut(usize, f64)) -> Resul
     Ok(())
 }
 
-/// Calls `f(group)` for every row `nulls` does not mark null.
-#[inline]
-fn each_valid(ids: &[u32], nulls: Option<&NullBuffer>, mut f: impl FnMut(usize)) {
-    match nulls.filter(|n| n.null_count() > 0) {
-        None => ids.iter().for_each(|&g| f(g as usize)),
-        Some(nulls) => {
-            for (i, &g) in ids.iter().enumerate() {
-                if nulls.is_valid(i) {
-                    f(g as usize);
-                }
-            }
-        }
-    }
-}
-
 /// The first `groups` values, padded with `fill` for groups no update reached.
 fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     values: &[T],
@@ -295,11 +293,4 @@ fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     let mut out = values[..values.len().min(groups)].to_vec();
     out.resize(groups, fill);
     out.into()
-}
-
-/// Validity from `seen` for the first `groups` groups (unseen ones null); `None` if all seen.
-fn seen_nulls(seen: &[bool], groups: usize) -> Option<NullBuffer> {
-    let valid = (0..groups).map(|g| seen.get(g).copied().unwrap_or(false));
-    let nulls = NullBuffer::from_iter(valid);
-    (nulls.null_count() > 0).then_some(nulls)
 }

@@ -170,6 +170,8 @@ impl ExecutionPlan for SmallGroupsExec {
         let out_schema = Arc::clone(&schema);
         let run = async move {
             let mut ids = Vec::new();
+            // Each group's rows (every aggregate's count is this less its null rows).
+            let mut rows: Vec<u64> = Vec::new();
             let mut read_rows = 0usize;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
@@ -178,6 +180,7 @@ impl ExecutionPlan for SmallGroupsExec {
                 let before = keys.len();
                 let full = keys.map(key.as_ref(), max_groups, &mut ids)? == Mapped::Full;
                 if !full {
+                    accum::count_rows(&mut rows, &ids, keys.len());
                     for (accum, arg) in accums.iter_mut().zip(&args) {
                         accum.update(&ids, keys.len(), arg.evaluate(&batch)?)?;
                     }
@@ -187,14 +190,14 @@ impl ExecutionPlan for SmallGroupsExec {
                 let scattered =
                     read_rows >= HANDOVER_PROBE_ROWS && keys.len() as f64 > HANDOVER_GROUPS_PER_ROW * read_rows as f64;
                 // Past the query's memory limit: DataFusion's aggregation can spill, this cannot.
-                let held = keys.size() + accums.iter().map(Accum::size).sum::<usize>();
+                let held = keys.size() + rows.capacity() * 8 + accums.iter().map(Accum::size).sum::<usize>();
                 let out_of_memory = !full && reservation.try_resize(held).is_err();
                 if full || scattered || out_of_memory {
                     // What this operator has so far, then DataFusion's aggregation over the
                     // rest (from this batch on if it did not take it).
                     let (head, pending) = match full {
-                        true => (states(&schema, batch_rows, &keys, &accums, before)?, Some(batch)),
-                        false => (states(&schema, batch_rows, &keys, &accums, keys.len())?, None),
+                        true => (states(&schema, batch_rows, &keys, &accums, &rows, before)?, Some(batch)),
+                        false => (states(&schema, batch_rows, &keys, &accums, &rows, keys.len())?, None),
                     };
                     timer.done();
                     drop(reservation);
@@ -217,7 +220,7 @@ impl ExecutionPlan for SmallGroupsExec {
             }
             let out = {
                 let _timer = baseline.elapsed_compute().timer();
-                states(&schema, batch_rows, &keys, &accums, keys.len())?
+                states(&schema, batch_rows, &keys, &accums, &rows, keys.len())?
             };
             baseline.record_output(out.iter().map(RecordBatch::num_rows).sum());
             baseline.done();
@@ -234,6 +237,7 @@ fn states(
     batch_rows: usize,
     keys: &GroupKeys,
     accums: &[Accum],
+    rows: &[u64],
     groups: usize,
 ) -> Result<Vec<RecordBatch>> {
     if groups == 0 {
@@ -241,7 +245,7 @@ fn states(
     }
     let mut columns: Vec<ArrayRef> = vec![keys.emit(groups, schema.field(0).data_type())?];
     for accum in accums {
-        columns.extend(accum.emit(groups)?);
+        columns.extend(accum.emit(groups, rows)?);
     }
     let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
     Ok((0..groups).step_by(batch_rows).map(|at| batch.slice(at, batch_rows.min(groups - at))).collect())
