@@ -212,8 +212,9 @@ impl Accum {
             | Accum::MinMax { nulls, .. } => nulls,
         };
         // Rows with a value, per group.
-        let counts: Vec<u64> =
-            (0..groups).map(|g| rows.get(g).copied().unwrap_or(0) - nulls.get(g).copied().unwrap_or(0)).collect();
+        let counts: Vec<u64> = (0..groups)
+            .map(|g| rows.get(g).copied().unwrap_or(0).saturating_sub(nulls.get(g).copied().unwrap_or(0)))
+            .collect();
         let valid = NullBuffer::from_iter(counts.iter().map(|&c| c > 0));
         let valid = (valid.null_count() > 0).then_some(valid);
         Ok(match self {
