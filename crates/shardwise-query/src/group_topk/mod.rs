@@ -281,7 +281,7 @@ impl ExecutionPlan for GroupTopKExec {
 }
 
 /// `batch` cut into batches of at most `rows` rows (zero-copy).
-fn chunks(batch: RecordBatch, rows: usize) -> Vec<RecordBatch> {
+pub(crate) fn chunks(batch: RecordBatch, rows: usize) -> Vec<RecordBatch> {
     let total = batch.num_rows();
     if total == 0 {
         return Vec::new();

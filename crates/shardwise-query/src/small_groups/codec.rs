@@ -42,7 +42,7 @@ pub fn decode(
     let described = physical_plan_from_bytes_with_extension_codec(rest, ctx, codec)?;
     let agg = with_input(described, input)?;
     let agg = agg.downcast_ref::<AggregateExec>().ok_or_else(|| bad("is not an aggregation"))?;
-    let exec = SmallGroupsExec::try_new(Arc::new(agg.clone()), max_groups)
-        .ok_or_else(|| bad("names an aggregation it does not compute"))?;
+    let exec =
+        SmallGroupsExec::try_new(agg, max_groups).ok_or_else(|| bad("names an aggregation it does not compute"))?;
     Ok(Arc::new(exec))
 }

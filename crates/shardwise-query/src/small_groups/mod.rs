@@ -41,6 +41,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
 
+use crate::group_topk::chunks;
 use accum::{Accum, AccumKind};
 use keys::{GroupKeys, Mapped};
 pub use rule::rewrite;
@@ -64,9 +65,11 @@ pub struct SmallGroupsExec {
 }
 
 impl SmallGroupsExec {
-    /// Stands in for `agg`, if it is a partial aggregation this operator computes exactly.
-    pub fn try_new(agg: Arc<AggregateExec>, max_groups: usize) -> Option<Self> {
-        let accums = rule::eligible(&agg)?;
+    /// Stands in for `agg`, if it is a partial aggregation this operator computes exactly (only
+    /// then is `agg` copied).
+    pub fn try_new(agg: &AggregateExec, max_groups: usize) -> Option<Self> {
+        let accums = rule::eligible(agg)?;
+        let agg = Arc::new(agg.clone());
         Some(SmallGroupsExec { agg, accums, max_groups: max_groups.max(1), metrics: ExecutionPlanMetricsSet::new() })
     }
 
@@ -124,7 +127,6 @@ impl ExecutionPlan for SmallGroupsExec {
         let agg = with_input(Arc::clone(&self.agg) as _, input)?;
         let agg = agg
             .downcast_ref::<AggregateExec>()
-            .map(|a| Arc::new(a.clone()))
             .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: the aggregation changed kind".into()))?;
         let exec = SmallGroupsExec::try_new(agg, self.max_groups)
             .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: the new input changed the key's type".into()))?;
@@ -247,8 +249,7 @@ fn states(
     for accum in accums {
         columns.extend(accum.emit(groups, rows)?);
     }
-    let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
-    Ok((0..groups).step_by(batch_rows).map(|at| batch.slice(at, batch_rows.min(groups - at))).collect())
+    Ok(chunks(RecordBatch::try_new(Arc::clone(schema), columns)?, batch_rows))
 }
 
 /// `plan` (one child) over `input` instead, its properties recomputed.

@@ -42,7 +42,7 @@ pub fn rewrite(plan: Arc<dyn ExecutionPlan>, settings: &ShardwiseSettings) -> Re
     let max_groups = usize::try_from(settings.small_group_aggregation_max_groups).unwrap_or(usize::MAX);
     plan.transform_up(|node| {
         let Some(agg) = node.downcast_ref::<AggregateExec>() else { return Ok(Transformed::no(node)) };
-        match SmallGroupsExec::try_new(Arc::new(agg.clone()), max_groups) {
+        match SmallGroupsExec::try_new(agg, max_groups) {
             Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
             None => Ok(Transformed::no(node)),
         }
