@@ -88,7 +88,7 @@ impl DataPlane {
         let service = FlightServiceServer::new(self)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        tonic::transport::Server::builder()
+        crate::http2::server(tonic::transport::Server::builder())
             .tcp_nodelay(true)
             .add_service(service)
             .serve_with_incoming_shutdown(crate::incoming(listener), shutdown)

@@ -15,6 +15,7 @@ pub mod flight_split;
 pub mod flight_sql;
 pub mod fragment_report;
 pub mod http;
+pub mod http2;
 pub mod ingest;
 pub mod pg;
 pub mod services;
@@ -54,7 +55,7 @@ pub async fn serve_flight(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "flight sql endpoint listening");
     }
-    tonic::transport::Server::builder()
+    http2::server(tonic::transport::Server::builder())
         .add_service(service)
         .serve_with_incoming_shutdown(connections::tracked(listener, sessions), shutdown)
         .await?;

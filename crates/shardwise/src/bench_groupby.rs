@@ -33,6 +33,10 @@ pub struct GroupbyBenchArgs {
     /// Queries to run, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "q1,q2,q3,q4,q5,q6,q7,q8,q9,q10")]
     pub queries: Vec<String>,
+    /// An extra query over table `x` as `NAME=SQL`, timed after `--queries` the same way (e.g.
+    /// `--sql 'scan=SELECT * FROM x'` to see what moving 10M rows costs). Repeatable.
+    #[arg(long = "sql", value_name = "NAME=SQL", value_parser = named_query)]
+    pub extra: Vec<(String, String)>,
     /// Runs per query; the best is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: u32,
@@ -46,6 +50,16 @@ pub struct GroupbyBenchArgs {
     /// `string_group_keys_as_views = 0`), interleaved with the other runs: an A/B of a setting.
     #[arg(long, value_name = "NAME = VALUE, ...")]
     pub setting: Option<String>,
+}
+
+/// Parses `--sql NAME=SQL`.
+fn named_query(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, sql)) if !name.trim().is_empty() && !sql.trim().is_empty() => {
+            Ok((name.trim().to_string(), sql.trim().to_string()))
+        }
+        _ => Err(format!("expected NAME=SQL, got {text:?}")),
+    }
 }
 
 /// db-benchmark's groupby questions, as its DataFusion script writes them.
@@ -226,9 +240,10 @@ fn check_rows(queries: &[(&str, &str)], a: &Timings, b: &Timings, what: &str) ->
 }
 
 pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
-    let queries: Vec<(&str, &str)> = args
+    let mut queries: Vec<(&str, &str)> = args
         .queries
         .iter()
+        .filter(|q| !q.is_empty())
         .map(|q| {
             QUERIES.iter().find(|(name, _)| name == q).copied().ok_or_else(|| {
                 anyhow!(
@@ -238,6 +253,10 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    queries.extend(args.extra.iter().map(|(name, sql)| (name.as_str(), sql.as_str())));
+    if queries.is_empty() {
+        bail!("no queries to run: give --queries or --sql");
+    }
     let temp = tempfile::tempdir().context("cannot create a temp dir")?;
     let base = args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -321,4 +340,20 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{:<6} {:>71.2}", "geomean", geomean(&rel));
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named_query;
+
+    #[test]
+    fn extra_queries_are_name_equals_sql() {
+        assert_eq!(
+            named_query("scan = SELECT a = 1 FROM x").unwrap(),
+            ("scan".to_string(), "SELECT a = 1 FROM x".to_string())
+        );
+        for bad in ["SELECT 1", "=SELECT 1", "scan=", " = "] {
+            assert!(named_query(bad).unwrap_err().contains("NAME=SQL"), "{bad}");
+        }
+    }
 }

@@ -194,6 +194,7 @@ pub(crate) async fn connect(
     let endpoint = Endpoint::from_shared(uri)
         .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
         .connect_timeout(timeout);
+    let endpoint = shardwise_server::http2::client(endpoint);
     let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
         Ok(Err(e)) => bail!("could not connect to {addr}: {}", error_chain(&e)),

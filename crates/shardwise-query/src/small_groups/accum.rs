@@ -9,6 +9,7 @@
 //! | `sum` | `Float64` | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum; both null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type, null without values |
+//! | `corr` | two `Float64` | `UInt64` count of rows with both, sums of x, y, xy, xx, yy (`Float64`); never null |
 //!
 //! DataFusion casts other argument types to these (`sum(Int32)` reads `Int64`, `avg` reads
 //! `Float64`); anything else keeps DataFusion's aggregation ([`AccumKind::of`] says no). Such a
@@ -38,6 +39,7 @@ pub enum AccumKind {
     Avg,
     Min(IntWidth),
     Max(IntWidth),
+    Corr,
 }
 
 /// The integer argument types `min` and `max` read.
@@ -62,9 +64,22 @@ impl AccumKind {
         if expr.is_distinct() || !expr.order_bys().is_empty() {
             return None;
         }
-        let [arg] = expr.expressions().try_into().ok()?;
-        let arg_type = arg.data_type(input).ok()?;
-        let kind = match (expr.fun().name(), &arg_type) {
+        let args = expr.expressions();
+        let kind = match (expr.fun().name(), args.as_slice()) {
+            ("corr", [x, y]) => {
+                let floats = [x, y].iter().all(|a| a.data_type(input).ok() == Some(DataType::Float64));
+                floats.then_some(AccumKind::Corr)?
+            }
+            (_, [arg]) => Self::of_one(expr.fun().name(), &arg.data_type(input).ok()?)?,
+            _ => return None,
+        };
+        let state: Vec<DataType> = expr.state_fields().ok()?.iter().map(|f| f.data_type().clone()).collect();
+        (state == kind.state_types()).then_some(kind)
+    }
+
+    /// The kind of the one-argument aggregate `name` over `arg_type`.
+    fn of_one(name: &str, arg_type: &DataType) -> Option<AccumKind> {
+        Some(match (name, arg_type) {
             ("count", _) => AccumKind::Count,
             ("sum", DataType::Int64) => AccumKind::SumInt,
             ("sum", DataType::Float64) => AccumKind::SumFloat,
@@ -74,9 +89,7 @@ impl AccumKind {
             ("max", DataType::Int32) => AccumKind::Max(IntWidth::I32),
             ("max", DataType::Int64) => AccumKind::Max(IntWidth::I64),
             _ => return None,
-        };
-        let state: Vec<DataType> = expr.state_fields().ok()?.iter().map(|f| f.data_type().clone()).collect();
-        (state == kind.state_types()).then_some(kind)
+        })
     }
 
     /// The types of the state fields this kind emits.
@@ -86,6 +99,11 @@ impl AccumKind {
             AccumKind::SumFloat => vec![DataType::Float64],
             AccumKind::Avg => vec![DataType::UInt64, DataType::Float64],
             AccumKind::Min(w) | AccumKind::Max(w) => vec![w.data_type()],
+            AccumKind::Corr => {
+                let mut types = vec![DataType::UInt64];
+                types.extend(std::iter::repeat_n(DataType::Float64, 5));
+                types
+            }
         }
     }
 }
@@ -98,7 +116,9 @@ pub fn widened_from(kind: AccumKind, arg: &Arc<dyn PhysicalExpr>, input: &Schema
     let from = cast.expr().data_type(input).ok()?;
     let takes = match (kind, cast.cast_type()) {
         (AccumKind::SumInt, DataType::Int64) => from == DataType::Int32,
-        (AccumKind::SumFloat | AccumKind::Avg, DataType::Float64) => matches!(from, DataType::Int32 | DataType::Int64),
+        (AccumKind::SumFloat | AccumKind::Avg | AccumKind::Corr, DataType::Float64) => {
+            matches!(from, DataType::Int32 | DataType::Int64)
+        }
         _ => false,
     };
     takes.then(|| Arc::clone(cast.expr()))
@@ -132,6 +152,12 @@ pub enum Accum {
         max: bool,
         width: IntWidth,
     },
+    /// `corr(x, y)`: over the rows where both are set, their count and the sums of x, y, x*y,
+    /// x*x and y*y, as DataFusion's `CorrelationGroupsAccumulator` keeps them.
+    Corr {
+        counts: Vec<u64>,
+        sums: [Vec<f64>; 5],
+    },
 }
 
 /// Adds each row of a batch to its group's row count (`rows` grown to `groups` first).
@@ -150,11 +176,22 @@ impl Accum {
             AccumKind::Avg => Accum::Avg { sums: Vec::new(), nulls },
             AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), nulls, max: false, width },
             AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), nulls, max: true, width },
+            AccumKind::Corr => Accum::Corr { counts: Vec::new(), sums: Default::default() },
         }
     }
 
-    /// Adds the rows of `arg` to the groups `ids` names (one id per row, each below `groups`).
-    pub fn update(&mut self, ids: &[u32], groups: usize, arg: ColumnarValue) -> Result<()> {
+    /// Adds the rows of `args` (one value per argument) to the groups `ids` names (one id per
+    /// row, each below `groups`).
+    pub fn update(&mut self, ids: &[u32], groups: usize, args: Vec<ColumnarValue>) -> Result<()> {
+        let mut args = args.into_iter();
+        let (Some(arg), second) = (args.next(), args.next()) else {
+            return Err(DataFusionError::Internal("small-group aggregation: an aggregate without arguments".into()));
+        };
+        if let Accum::Corr { counts, sums } = self {
+            let y = second
+                .ok_or_else(|| DataFusionError::Internal("small-group aggregation: corr of one argument".into()))?;
+            return update_corr(counts, sums, ids, groups, &arg.into_array(ids.len())?, &y.into_array(ids.len())?);
+        }
         if let (Accum::Count { nulls }, ColumnarValue::Scalar(value)) = (&mut *self, &arg) {
             nulls.resize(groups, 0);
             if value.is_null() {
@@ -189,6 +226,7 @@ impl Accum {
                 }
                 nulls
             }
+            Accum::Corr { .. } => return Err(DataFusionError::Internal("corr was updated above".into())),
         };
         nulls.resize(groups, 0);
         if let Some(null_rows) = array.logical_nulls().filter(|n| n.null_count() > 0) {
@@ -204,12 +242,14 @@ impl Accum {
     /// The state arrays of the first `groups` groups, whose row counts are `rows` (groups past
     /// the last update have no values).
     pub fn emit(&self, groups: usize, rows: &[u64]) -> Result<Vec<ArrayRef>> {
-        let nulls = match self {
+        let nulls: &[u64] = match self {
             Accum::Count { nulls }
             | Accum::SumInt { nulls, .. }
             | Accum::SumFloat { nulls, .. }
             | Accum::Avg { nulls, .. }
             | Accum::MinMax { nulls, .. } => nulls,
+            // Counts its own rows (those where both arguments are set).
+            Accum::Corr { .. } => &[],
         };
         // Rows with a value, per group.
         let counts: Vec<u64> = (0..groups)
@@ -232,6 +272,12 @@ impl Accum {
                 // Every value left came from `width`'s type, so the cast back is exact.
                 vec![cast(&Int64Array::new(values.into(), valid), &width.data_type())?]
             }
+            Accum::Corr { counts, sums } => {
+                let mut states: Vec<ArrayRef> = vec![Arc::new(UInt64Array::new(padded(counts, groups, 0), None))];
+                states
+                    .extend(sums.iter().map(|s| Arc::new(Float64Array::new(padded(s, groups, 0.0), None)) as ArrayRef));
+                states
+            }
         })
     }
 
@@ -242,8 +288,50 @@ impl Accum {
             Accum::SumInt { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::MinMax { values, nulls, .. } => (values.capacity() + nulls.capacity()) * 8,
+            Accum::Corr { counts, sums } => (counts.capacity() + sums.iter().map(Vec::capacity).sum::<usize>()) * 8,
         }
     }
+}
+
+/// Adds the rows where both `x` and `y` are set to the groups' counts and sums (x, y, xy, xx,
+/// yy), in row order as DataFusion does. Each argument is `Float64`, or an `Int32` / `Int64`
+/// column whose cast to `Float64` was not evaluated ([`widened_from`]).
+fn update_corr(
+    counts: &mut Vec<u64>,
+    sums: &mut [Vec<f64>; 5],
+    ids: &[u32],
+    groups: usize,
+    x: &ArrayRef,
+    y: &ArrayRef,
+) -> Result<()> {
+    counts.resize(groups, 0);
+    sums.iter_mut().for_each(|s| s.resize(groups, 0.0));
+    let (xs, ys) = (floats(x)?, floats(y)?);
+    let both = NullBuffer::union(x.logical_nulls().as_ref(), y.logical_nulls().as_ref());
+    let [sx, sy, sxy, sxx, syy] = sums;
+    for (i, &g) in ids.iter().enumerate() {
+        if both.as_ref().is_some_and(|n| n.is_null(i)) {
+            continue;
+        }
+        let (g, x, y) = (g as usize, xs[i], ys[i]);
+        counts[g] += 1;
+        sx[g] += x;
+        sy[g] += y;
+        sxy[g] += x * y;
+        sxx[g] += x * x;
+        syy[g] += y * y;
+    }
+    Ok(())
+}
+
+/// The values of a `Float64`, `Int64` or `Int32` array as `f64` (as `CAST(.. AS DOUBLE)`
+/// converts them; null rows hold whatever the array holds).
+fn floats(array: &ArrayRef) -> Result<std::borrow::Cow<'_, [f64]>> {
+    Ok(match array.data_type() {
+        DataType::Int32 => primitive::<Int32Type>(array)?.values().iter().map(|&v| f64::from(v)).collect(),
+        DataType::Int64 => primitive::<Int64Type>(array)?.values().iter().map(|&v| v as f64).collect(),
+        _ => std::borrow::Cow::Borrowed(primitive::<Float64Type>(array)?.values().as_ref()),
+    })
 }
 
 fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {

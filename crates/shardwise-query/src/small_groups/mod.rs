@@ -1,12 +1,13 @@
-//! Partial aggregation by a key with few values (db-benchmark's q1 and q4: 100 groups over
-//! 10 million rows) without DataFusion's general machinery.
+//! Partial aggregation by keys with few values (db-benchmark's q1 and q4: 100 groups over
+//! 10 million rows; q2 and q9: two keys, 10 000 groups) without DataFusion's general machinery.
 //!
 //! DataFusion's partial `AggregateExec` hashes every row's key into its group table and then runs
 //! each aggregate's accumulator over the batch; on q4, a profile had 48% of a node's CPU in
 //! interning 100 integer keys and 29% in the `avg` accumulators. [`SmallGroupsExec`] stands in
-//! for a partial aggregation with one integer or string key and only `count`, `sum`, `avg`,
-//! `min`, `max` (see [`accum`]): integer keys index a direct-mapped window instead of a hash table
-//! ([`keys`]), and each aggregate adds into plain vectors by group id. It emits the same partial
+//! for a partial aggregation with one to four integer or string keys and only `count`, `sum`,
+//! `avg`, `min`, `max`, `corr` (see [`accum`]): integer keys index a direct-mapped window instead
+//! of a hash table ([`keys`]), several keys' ids index a table of pairs ([`composite`]), and each
+//! aggregate adds into plain vectors by group id. It emits the same partial
 //! states as DataFusion (same schema, types and nulls), so the final aggregation above it, on
 //! this node or the initiator, is DataFusion's, unchanged.
 //!
@@ -19,6 +20,7 @@
 
 mod accum;
 pub mod codec;
+mod composite;
 mod keys;
 mod rule;
 
@@ -26,7 +28,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
@@ -43,7 +45,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::group_topk::chunks;
 use accum::{Accum, AccumKind};
-use keys::{GroupKeys, Mapped};
+use composite::KeySet;
+use keys::Mapped;
 pub use rule::rewrite;
 
 /// Past this many rows read, a partition whose keys made more than
@@ -53,7 +56,7 @@ pub use rule::rewrite;
 pub const HANDOVER_PROBE_ROWS: usize = 1 << 17;
 pub const HANDOVER_GROUPS_PER_ROW: f64 = 0.8;
 
-/// A partial aggregation by one key with few values. See the module doc.
+/// A partial aggregation by keys with few values. See the module doc.
 #[derive(Debug)]
 pub struct SmallGroupsExec {
     /// The partial aggregation this computes: its expressions, output schema and properties,
@@ -141,29 +144,26 @@ impl ExecutionPlan for SmallGroupsExec {
         let mut input = self.agg.input().execute(partition, Arc::clone(&context))?;
         let schema = self.agg.schema();
         let input_schema = self.agg.input_schema();
-        let (key_expr, _) = self
-            .agg
-            .group_expr()
-            .expr()
-            .first()
-            .cloned()
-            .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: an aggregation without a key".into()))?;
-        let key_type = key_expr.data_type(&input_schema)?;
-        let args = self
+        let key_exprs: Vec<Arc<dyn PhysicalExpr>> =
+            self.agg.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
+        let key_types = key_exprs.iter().map(|e| e.data_type(&input_schema)).collect::<Result<Vec<_>>>()?;
+        // Each aggregate's arguments, a cast that only widens an integer column peeled off.
+        let args: Vec<Vec<Arc<dyn PhysicalExpr>>> = self
             .agg
             .aggr_expr()
             .iter()
             .zip(&self.accums)
             .map(|(a, kind)| {
-                let arg = a.expressions().first().cloned()?;
-                Some(accum::widened_from(*kind, &arg, &input_schema).unwrap_or(arg))
+                let args = a.expressions();
+                args.iter()
+                    .map(|arg| accum::widened_from(*kind, arg, &input_schema).unwrap_or_else(|| Arc::clone(arg)))
+                    .collect()
             })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: an aggregate without an argument".into()))?;
-        let mut keys = GroupKeys::for_type(&key_type)
-            .ok_or_else(|| DataFusionError::Internal(format!("SmallGroupsExec: keys of type {key_type}")))?;
+            .collect();
+        let mut keys = KeySet::for_types(&key_types)
+            .ok_or_else(|| DataFusionError::Internal(format!("SmallGroupsExec: keys of types {key_types:?}")))?;
         let mut accums: Vec<Accum> = self.accums.iter().map(|k| Accum::new(*k)).collect();
-        let max_groups = keys.max_groups(self.max_groups);
+        let max_groups = self.max_groups;
         let fallback_plan = Arc::clone(&self.agg);
         let reservation = MemoryConsumer::new(format!("SmallGroupsExec[{partition}]")).register(context.memory_pool());
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -178,13 +178,17 @@ impl ExecutionPlan for SmallGroupsExec {
             while let Some(batch) = input.next().await {
                 let batch = batch?;
                 let timer = baseline.elapsed_compute().timer();
-                let key = key_expr.evaluate(&batch)?.into_array(batch.num_rows())?;
+                let key_arrays = key_exprs
+                    .iter()
+                    .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
+                    .collect::<Result<Vec<_>>>()?;
                 let before = keys.len();
-                let full = keys.map(key.as_ref(), max_groups, &mut ids)? == Mapped::Full;
+                let full = keys.map(&key_arrays, max_groups, &mut ids)? == Mapped::Full;
                 if !full {
                     accum::count_rows(&mut rows, &ids, keys.len());
-                    for (accum, arg) in accums.iter_mut().zip(&args) {
-                        accum.update(&ids, keys.len(), arg.evaluate(&batch)?)?;
+                    for (accum, args) in accums.iter_mut().zip(&args) {
+                        let values = args.iter().map(|a| a.evaluate(&batch)).collect::<Result<Vec<_>>>()?;
+                        accum.update(&ids, keys.len(), values)?;
                     }
                     read_rows += batch.num_rows();
                 }
@@ -237,7 +241,7 @@ impl ExecutionPlan for SmallGroupsExec {
 fn states(
     schema: &SchemaRef,
     batch_rows: usize,
-    keys: &GroupKeys,
+    keys: &KeySet,
     accums: &[Accum],
     rows: &[u64],
     groups: usize,
@@ -245,7 +249,8 @@ fn states(
     if groups == 0 {
         return Ok(Vec::new());
     }
-    let mut columns: Vec<ArrayRef> = vec![keys.emit(groups, schema.field(0).data_type())?];
+    let key_types: Vec<DataType> = schema.fields().iter().take(keys.width()).map(|f| f.data_type().clone()).collect();
+    let mut columns: Vec<ArrayRef> = keys.emit(groups, &key_types)?;
     for accum in accums {
         columns.extend(accum.emit(groups, rows)?);
     }

@@ -10,16 +10,15 @@ use datafusion::physical_plan::{ExecutionPlan, InputOrderMode};
 
 use super::SmallGroupsExec;
 use super::accum::AccumKind;
-use super::keys::GroupKeys;
+use super::composite::KeySet;
 use crate::settings::ShardwiseSettings;
 
 /// The aggregates of `agg`, if [`SmallGroupsExec`] computes it exactly: a partial step with
-/// one plain GROUP BY key of an integer or string type, no grouping sets, no FILTER, no limit,
+/// one to [`super::composite::KEYS_MAX`] plain GROUP BY keys of integer or string types, no grouping sets, no FILTER, no limit,
 /// unordered input, and only aggregates [`AccumKind::of`] knows.
 pub(super) fn eligible(agg: &AggregateExec) -> Option<Vec<AccumKind>> {
     let input = agg.input_schema();
     let group_by = agg.group_expr();
-    let [(key, _)] = group_by.expr() else { return None };
     let plain = *agg.mode() == AggregateMode::Partial
         && group_by.is_single()
         && agg.filter_expr().iter().all(Option::is_none)
@@ -27,7 +26,8 @@ pub(super) fn eligible(agg: &AggregateExec) -> Option<Vec<AccumKind>> {
         && agg.dynamic_expressions_produced().is_empty()
         && *agg.input_order_mode() == InputOrderMode::Linear
         && !agg.aggr_expr().is_empty();
-    if !plain || GroupKeys::for_type(&key.data_type(&input).ok()?).is_none() {
+    let key_types = group_by.expr().iter().map(|(key, _)| key.data_type(&input).ok()).collect::<Option<Vec<_>>>()?;
+    if !plain || KeySet::for_types(&key_types).is_none() {
         return None;
     }
     agg.aggr_expr().iter().map(|a| AccumKind::of(a, &input)).collect()

@@ -81,10 +81,26 @@ fn uses_small_groups(plan: &Arc<dyn ExecutionPlan>) -> bool {
     displayable(plan.as_ref()).indent(true).to_string().contains("SmallGroupsExec")
 }
 
-/// Every kind; `sum(v_i32)`, `avg(v_i32)`, `avg(v_i64 % 1000)` and `sum(CAST(v_i32 + 1 AS DOUBLE))`
-/// read integers under DataFusion's widening cast.
+/// Every kind; `sum(v_i32)`, `avg(v_i32)`, `avg(v_i64 % 1000)`, `sum(CAST(v_i32 + 1 AS DOUBLE))`
+/// and `corr`'s second argument read integers under DataFusion's widening cast. `corr` sums
+/// products of halves and integers under 2^53: exact in any order, so equal to the last digit.
 const AGGREGATES: &str = "count(*), count(v_i32), sum(v_i32), sum(v_i64), sum(v_f), avg(v_i32), avg(v_f), \
-                          avg(v_i64 % 1000), sum(CAST(v_i32 + 1 AS DOUBLE)), min(v_i32), max(v_i32), min(v_i64), max(v_i64)";
+                          avg(v_i64 % 1000), sum(CAST(v_i32 + 1 AS DOUBLE)), min(v_i32), max(v_i32), min(v_i64), \
+                          max(v_i64), corr(v_f, v_i32)";
+
+/// Runs `sql` with DataFusion's aggregation and with [`SmallGroupsExec`] (roomy, then so tight a
+/// `max_groups` that every partition hands over part-way); the answers must be equal.
+async fn equals_datafusion(ctx: &SessionContext, sql: &str) {
+    let plan = ctx.sql(sql).await.expect("sql").create_physical_plan().await.expect("plan");
+    let expected = answer(ctx, Arc::clone(&plan)).await;
+    assert!(expected.len() > 40, "{sql}: {} groups", expected.len());
+    for max_groups in [65_536, 7] {
+        let settings = ShardwiseSettings { small_group_aggregation_max_groups: max_groups, ..Default::default() };
+        let ours = rewrite(Arc::clone(&plan), &settings).expect("rewrite");
+        assert!(uses_small_groups(&ours), "{sql}: not rewritten");
+        assert_eq!(answer(ctx, ours).await, expected, "{sql} with max_groups {max_groups}");
+    }
+}
 
 #[tokio::test]
 async fn every_key_type_and_aggregate_equals_datafusion() {
@@ -92,17 +108,17 @@ async fn every_key_type_and_aggregate_equals_datafusion() {
     let keys =
         ["k_i8", "k_wide", "k_u32", "k_date", "k_s", "arrow_cast(k_s, 'LargeUtf8')", "arrow_cast(k_s, 'Utf8View')"];
     for key in keys {
-        let sql = format!("SELECT {key} AS k, {AGGREGATES} FROM t GROUP BY {key}");
-        let plan = ctx.sql(&sql).await.expect("sql").create_physical_plan().await.expect("plan");
-        let expected = answer(&ctx, Arc::clone(&plan)).await;
-        assert!(expected.len() > 40, "{sql}: {} groups", expected.len());
-        // Roomy, then so tight that every partition hands over to DataFusion part-way.
-        for max_groups in [65_536, 7] {
-            let settings = ShardwiseSettings { small_group_aggregation_max_groups: max_groups, ..Default::default() };
-            let ours = rewrite(Arc::clone(&plan), &settings).expect("rewrite");
-            assert!(uses_small_groups(&ours), "{sql}: not rewritten");
-            assert_eq!(answer(&ctx, ours).await, expected, "{sql} with max_groups {max_groups}");
-        }
+        equals_datafusion(&ctx, &format!("SELECT {key} AS k, {AGGREGATES} FROM t GROUP BY {key}")).await;
+    }
+}
+
+#[tokio::test]
+async fn several_keys_equal_datafusion() {
+    let ctx = context();
+    // Strings and integers on either side of a pair, nulls in both, three and four keys chained,
+    // and keys 10^10 apart (400 values) beside 300 strings.
+    for keys in ["k_s, k_i8", "k_i8, k_s", "k_date, k_u32, k_s", "k_wide, k_s", "k_u32, k_i8, k_date, k_s"] {
+        equals_datafusion(&ctx, &format!("SELECT {keys}, {AGGREGATES} FROM t GROUP BY {keys}")).await;
     }
 }
 
@@ -112,7 +128,7 @@ async fn other_aggregates_keys_and_the_setting_keep_datafusions_aggregation() {
     for sql in [
         "SELECT k_s, median(v_f) FROM t GROUP BY k_s",
         "SELECT k_s, stddev(v_f) FROM t GROUP BY k_s",
-        "SELECT k_s, k_i8, sum(v_i64) FROM t GROUP BY k_s, k_i8",
+        "SELECT k_s, k_i8, k_u32, k_date, k_wide, sum(v_i64) FROM t GROUP BY k_s, k_i8, k_u32, k_date, k_wide",
         "SELECT v_f, count(*) FROM t GROUP BY v_f",
         "SELECT k_s, count(*) FILTER (WHERE v_i32 > 0) FROM t GROUP BY k_s",
         "SELECT k_s, min(v_f) FROM t GROUP BY k_s",

@@ -114,6 +114,7 @@ impl Peers {
             .map_err(|e| unavailable(rank, "bad data plane address", e))?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true);
+        let endpoint = crate::http2::client(endpoint);
         let channel = endpoint.connect_lazy();
         lock(&self.channels).insert(rank, (addr, channel.clone()));
         Ok(channel)

@@ -1,0 +1,33 @@
+//! HTTP/2 frame and flow-control sizes for every gRPC connection shardwise opens or accepts
+//! (Flight SQL clients, `shardwise load`, the data plane between nodes).
+//!
+//! h2's defaults suit small RPCs: 16 KiB frames and 64 KiB-2 MiB windows. An answer of 10M rows
+//! (db-benchmark's q10, about 600 MB of Arrow) then crosses as some 40 000 DATA frames, each its
+//! own write on the sender, and the receiver's window updates hold the sender back every few
+//! hundred KiB. Larger frames and windows let a stream move in megabyte writes. The receiver
+//! decides both (it advertises its frame size and windows), so clients and servers each set them.
+
+use tonic::transport::{Endpoint, Server};
+
+/// Largest HTTP/2 frame this side accepts (HTTP/2 allows up to 2^24 - 1).
+pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+/// Bytes one stream may have in flight towards this side before the sender waits.
+pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
+/// Bytes all streams of a connection may have in flight towards this side.
+pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+
+/// `endpoint` with shardwise's frame and window sizes.
+pub fn client(endpoint: Endpoint) -> Endpoint {
+    endpoint
+        .max_frame_size(MAX_FRAME_BYTES)
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+}
+
+/// `server` with shardwise's frame and window sizes.
+pub fn server<L>(server: Server<L>) -> Server<L> {
+    server
+        .max_frame_size(MAX_FRAME_BYTES)
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+}
