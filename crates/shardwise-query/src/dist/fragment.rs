@@ -386,11 +386,7 @@ impl Run {
         let schema = Arc::clone(&self.schema);
         // Batches come back with the fragment's columns; give them its exact schema (field
         // metadata does not survive every transport).
-        let rows = rows
-            .map(move |r| {
-                r.map_err(external).and_then(|b| Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?))
-            })
-            .boxed();
+        let rows = rows.map(move |r| r.map_err(external).and_then(|b| super::with_schema(&schema, &b))).boxed();
         let Some(reports) = self.reports.clone() else { return Ok(rows) };
         let label = self.label(rank);
         Ok(after_last(rows, move || {

@@ -61,3 +61,15 @@ pub use fragment::{FragmentExec, Strategy, StrategyKind, decode_fragment_ticket,
 pub use planner::DistributeRule;
 pub use scan::{ShardScanExec, ShardSlice, ShardTableRef};
 pub use shuffle::{ExchangeRegistry, ShuffleReaderExec, is_shuffle_ticket};
+
+/// `batch`'s columns under `schema`, the exact schema of the plan that made them (field
+/// metadata does not survive every transport). Keeps the row count of a batch without columns
+/// (`SELECT count(*) FROM (SELECT DISTINCT k ..)` ships those from a no-merge fragment).
+pub(crate) fn with_schema(
+    schema: &datafusion::arrow::datatypes::SchemaRef,
+    batch: &datafusion::arrow::record_batch::RecordBatch,
+) -> datafusion::error::Result<datafusion::arrow::record_batch::RecordBatch> {
+    use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(std::sync::Arc::clone(schema), batch.columns().to_vec(), &options)?)
+}

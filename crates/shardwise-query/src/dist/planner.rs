@@ -193,7 +193,12 @@ impl Planner<'_> {
                 return Ok(Sub::Chain(Chain {
                     plan: node,
                     whole_shard: chain.whole_shard || finishes,
-                    auto_reason: if is_partial { auto.reasons.get(&id).cloned() } else { chain.auto_reason },
+                    // A finished aggregation below names why its groups stay on the shard; a
+                    // partial one above it would otherwise replace that with its own verdict.
+                    auto_reason: match is_partial && !chain.whole_shard {
+                        true => auto.reasons.get(&id).cloned(),
+                        false => chain.auto_reason,
+                    },
                     has_aggregate: chain.has_aggregate || is_partial,
                 }));
             }
@@ -217,6 +222,13 @@ impl Planner<'_> {
                 {
                     let n = old.output_partitioning().partition_count();
                     Arc::new(RepartitionExec::try_new(new_child, Partitioning::Hash(exprs.clone(), n))?)
+                        as Arc<dyn ExecutionPlan>
+                }
+                // With one partition per node (one core), DataFusion plans a global aggregate or
+                // sort straight over the scan; a fragment has a partition per shard or slice,
+                // and this node would then answer once per partition.
+                (Some(Distribution::SinglePartition), _) if new_child.output_partitioning().partition_count() > 1 => {
+                    Arc::new(CoalescePartitionsExec::new(new_child))
                 }
                 _ => new_child,
             };

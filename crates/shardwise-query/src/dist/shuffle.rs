@@ -514,7 +514,7 @@ impl ShuffleReaderExec {
                     let shard = source.shard;
                     return Ok(rows
                         .map(move |batch| match batch {
-                            Ok(b) => Ok(RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec())?),
+                            Ok(b) => super::with_schema(&schema, &b),
                             Err(e) => Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
                                 "shuffle: bucket {bucket} of shard {shard} from rank {rank} failed: {e}"
                             ))))),
