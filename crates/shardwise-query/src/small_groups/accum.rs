@@ -9,7 +9,7 @@
 //! | `sum` | `Float64` | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum; both null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type, null without values |
-//! | `corr` | two `Float64` | `UInt64` count of rows with both, sums of x, y, xy, xx, yy (`Float64`); never null |
+//! | `corr`, `var`, `stddev`, `median` and kin | `Float64` | see [`super::stats`] |
 //!
 //! DataFusion casts other argument types to these (`sum(Int32)` reads `Int64`, `avg` reads
 //! `Float64`); anything else keeps DataFusion's aggregation ([`AccumKind::of`] says no). Such a
@@ -30,6 +30,8 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::CastExpr;
 
+use super::stats;
+
 /// What one aggregate computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccumKind {
@@ -40,6 +42,9 @@ pub enum AccumKind {
     Min(IntWidth),
     Max(IntWidth),
     Corr,
+    /// `var`, `var_pop`, `stddev`, `stddev_pop` (the same state).
+    Variance,
+    Median,
 }
 
 /// The integer argument types `min` and `max` read.
@@ -88,6 +93,8 @@ impl AccumKind {
             ("min", DataType::Int64) => AccumKind::Min(IntWidth::I64),
             ("max", DataType::Int32) => AccumKind::Max(IntWidth::I32),
             ("max", DataType::Int64) => AccumKind::Max(IntWidth::I64),
+            ("var" | "var_pop" | "stddev" | "stddev_pop", DataType::Float64) => AccumKind::Variance,
+            ("median", DataType::Float64) => AccumKind::Median,
             _ => return None,
         })
     }
@@ -99,11 +106,9 @@ impl AccumKind {
             AccumKind::SumFloat => vec![DataType::Float64],
             AccumKind::Avg => vec![DataType::UInt64, DataType::Float64],
             AccumKind::Min(w) | AccumKind::Max(w) => vec![w.data_type()],
-            AccumKind::Corr => {
-                let mut types = vec![DataType::UInt64];
-                types.extend(std::iter::repeat_n(DataType::Float64, 5));
-                types
-            }
+            AccumKind::Corr => stats::Corr::state_types(),
+            AccumKind::Variance => stats::Variance::state_types(),
+            AccumKind::Median => stats::Median::state_types(),
         }
     }
 }
@@ -116,7 +121,10 @@ pub fn widened_from(kind: AccumKind, arg: &Arc<dyn PhysicalExpr>, input: &Schema
     let from = cast.expr().data_type(input).ok()?;
     let takes = match (kind, cast.cast_type()) {
         (AccumKind::SumInt, DataType::Int64) => from == DataType::Int32,
-        (AccumKind::SumFloat | AccumKind::Avg | AccumKind::Corr, DataType::Float64) => {
+        (
+            AccumKind::SumFloat | AccumKind::Avg | AccumKind::Corr | AccumKind::Variance | AccumKind::Median,
+            DataType::Float64,
+        ) => {
             matches!(from, DataType::Int32 | DataType::Int64)
         }
         _ => false,
@@ -152,12 +160,9 @@ pub enum Accum {
         max: bool,
         width: IntWidth,
     },
-    /// `corr(x, y)`: over the rows where both are set, their count and the sums of x, y, x*y,
-    /// x*x and y*y, as DataFusion's `CorrelationGroupsAccumulator` keeps them.
-    Corr {
-        counts: Vec<u64>,
-        sums: [Vec<f64>; 5],
-    },
+    Corr(stats::Corr),
+    Variance(stats::Variance),
+    Median(stats::Median),
 }
 
 /// Adds each row of a batch to its group's row count (`rows` grown to `groups` first).
@@ -176,7 +181,9 @@ impl Accum {
             AccumKind::Avg => Accum::Avg { sums: Vec::new(), nulls },
             AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), nulls, max: false, width },
             AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), nulls, max: true, width },
-            AccumKind::Corr => Accum::Corr { counts: Vec::new(), sums: Default::default() },
+            AccumKind::Corr => Accum::Corr(Default::default()),
+            AccumKind::Variance => Accum::Variance(Default::default()),
+            AccumKind::Median => Accum::Median(Default::default()),
         }
     }
 
@@ -187,10 +194,15 @@ impl Accum {
         let (Some(arg), second) = (args.next(), args.next()) else {
             return Err(DataFusionError::Internal("small-group aggregation: an aggregate without arguments".into()));
         };
-        if let Accum::Corr { counts, sums } = self {
-            let y = second
-                .ok_or_else(|| DataFusionError::Internal("small-group aggregation: corr of one argument".into()))?;
-            return update_corr(counts, sums, ids, groups, &arg.into_array(ids.len())?, &y.into_array(ids.len())?);
+        match self {
+            Accum::Corr(corr) => {
+                let y = second
+                    .ok_or_else(|| DataFusionError::Internal("small-group aggregation: corr of one argument".into()))?;
+                return corr.update(ids, groups, &arg.into_array(ids.len())?, &y.into_array(ids.len())?);
+            }
+            Accum::Variance(variance) => return variance.update(ids, groups, &arg.into_array(ids.len())?),
+            Accum::Median(median) => return median.update(ids, groups, &arg.into_array(ids.len())?),
+            _ => {}
         }
         if let (Accum::Count { nulls }, ColumnarValue::Scalar(value)) = (&mut *self, &arg) {
             nulls.resize(groups, 0);
@@ -226,7 +238,9 @@ impl Accum {
                 }
                 nulls
             }
-            Accum::Corr { .. } => return Err(DataFusionError::Internal("corr was updated above".into())),
+            Accum::Corr(_) | Accum::Variance(_) | Accum::Median(_) => {
+                return Err(DataFusionError::Internal("statistics were updated above".into()));
+            }
         };
         nulls.resize(groups, 0);
         if let Some(null_rows) = array.logical_nulls().filter(|n| n.null_count() > 0) {
@@ -248,8 +262,9 @@ impl Accum {
             | Accum::SumFloat { nulls, .. }
             | Accum::Avg { nulls, .. }
             | Accum::MinMax { nulls, .. } => nulls,
-            // Counts its own rows (those where both arguments are set).
-            Accum::Corr { .. } => &[],
+            Accum::Corr(corr) => return Ok(corr.emit(groups)),
+            Accum::Variance(variance) => return Ok(variance.emit(groups)),
+            Accum::Median(median) => return median.emit(groups),
         };
         // Rows with a value, per group.
         let counts: Vec<u64> = (0..groups)
@@ -272,11 +287,8 @@ impl Accum {
                 // Every value left came from `width`'s type, so the cast back is exact.
                 vec![cast(&Int64Array::new(values.into(), valid), &width.data_type())?]
             }
-            Accum::Corr { counts, sums } => {
-                let mut states: Vec<ArrayRef> = vec![Arc::new(UInt64Array::new(padded(counts, groups, 0), None))];
-                states
-                    .extend(sums.iter().map(|s| Arc::new(Float64Array::new(padded(s, groups, 0.0), None)) as ArrayRef));
-                states
+            Accum::Corr(_) | Accum::Variance(_) | Accum::Median(_) => {
+                return Err(DataFusionError::Internal("statistics were emitted above".into()));
             }
         })
     }
@@ -288,50 +300,11 @@ impl Accum {
             Accum::SumInt { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::MinMax { values, nulls, .. } => (values.capacity() + nulls.capacity()) * 8,
-            Accum::Corr { counts, sums } => (counts.capacity() + sums.iter().map(Vec::capacity).sum::<usize>()) * 8,
+            Accum::Corr(corr) => corr.size(),
+            Accum::Variance(variance) => variance.size(),
+            Accum::Median(median) => median.size(),
         }
     }
-}
-
-/// Adds the rows where both `x` and `y` are set to the groups' counts and sums (x, y, xy, xx,
-/// yy), in row order as DataFusion does. Each argument is `Float64`, or an `Int32` / `Int64`
-/// column whose cast to `Float64` was not evaluated ([`widened_from`]).
-fn update_corr(
-    counts: &mut Vec<u64>,
-    sums: &mut [Vec<f64>; 5],
-    ids: &[u32],
-    groups: usize,
-    x: &ArrayRef,
-    y: &ArrayRef,
-) -> Result<()> {
-    counts.resize(groups, 0);
-    sums.iter_mut().for_each(|s| s.resize(groups, 0.0));
-    let (xs, ys) = (floats(x)?, floats(y)?);
-    let both = NullBuffer::union(x.logical_nulls().as_ref(), y.logical_nulls().as_ref());
-    let [sx, sy, sxy, sxx, syy] = sums;
-    for (i, &g) in ids.iter().enumerate() {
-        if both.as_ref().is_some_and(|n| n.is_null(i)) {
-            continue;
-        }
-        let (g, x, y) = (g as usize, xs[i], ys[i]);
-        counts[g] += 1;
-        sx[g] += x;
-        sy[g] += y;
-        sxy[g] += x * y;
-        sxx[g] += x * x;
-        syy[g] += y * y;
-    }
-    Ok(())
-}
-
-/// The values of a `Float64`, `Int64` or `Int32` array as `f64` (as `CAST(.. AS DOUBLE)`
-/// converts them; null rows hold whatever the array holds).
-fn floats(array: &ArrayRef) -> Result<std::borrow::Cow<'_, [f64]>> {
-    Ok(match array.data_type() {
-        DataType::Int32 => primitive::<Int32Type>(array)?.values().iter().map(|&v| f64::from(v)).collect(),
-        DataType::Int64 => primitive::<Int64Type>(array)?.values().iter().map(|&v| v as f64).collect(),
-        _ => std::borrow::Cow::Borrowed(primitive::<Float64Type>(array)?.values().as_ref()),
-    })
 }
 
 fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {

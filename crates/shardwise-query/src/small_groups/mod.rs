@@ -5,7 +5,7 @@
 //! each aggregate's accumulator over the batch; on q4, a profile had 48% of a node's CPU in
 //! interning 100 integer keys and 29% in the `avg` accumulators. [`SmallGroupsExec`] stands in
 //! for a partial aggregation with one to four integer or string keys and only `count`, `sum`,
-//! `avg`, `min`, `max`, `corr` (see [`accum`]): integer keys index a direct-mapped window instead
+//! `avg`, `min`, `max` (see [`accum`]), `corr`, the variances and `median` (see [`stats`]): integer keys index a direct-mapped window instead
 //! of a hash table ([`keys`]), several keys' ids index a table of pairs ([`composite`]), and each
 //! aggregate adds into plain vectors by group id. It emits the same partial
 //! states as DataFusion (same schema, types and nulls), so the final aggregation above it, on
@@ -23,6 +23,7 @@ pub mod codec;
 mod composite;
 mod keys;
 mod rule;
+mod stats;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

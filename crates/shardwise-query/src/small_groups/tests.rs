@@ -81,12 +81,15 @@ fn uses_small_groups(plan: &Arc<dyn ExecutionPlan>) -> bool {
     displayable(plan.as_ref()).indent(true).to_string().contains("SmallGroupsExec")
 }
 
-/// Every kind; `sum(v_i32)`, `avg(v_i32)`, `avg(v_i64 % 1000)`, `sum(CAST(v_i32 + 1 AS DOUBLE))`
-/// and `corr`'s second argument read integers under DataFusion's widening cast. `corr` sums
-/// products of halves and integers under 2^53: exact in any order, so equal to the last digit.
+/// Every kind; `sum(v_i32)`, `avg(v_i32)`, `avg(v_i64 % 1000)`, `sum(CAST(v_i32 + 1 AS DOUBLE))`,
+/// `var_pop(v_i32)` and `corr`'s second argument read integers under DataFusion's widening cast.
+/// `corr` sums products of halves and integers under 2^53: exact in any order, so equal to the
+/// last digit. Welford's variance divides, so a hand-over (which splits a group's rows between
+/// two states) changes its last bits: rounded.
 const AGGREGATES: &str = "count(*), count(v_i32), sum(v_i32), sum(v_i64), sum(v_f), avg(v_i32), avg(v_f), \
                           avg(v_i64 % 1000), sum(CAST(v_i32 + 1 AS DOUBLE)), min(v_i32), max(v_i32), min(v_i64), \
-                          max(v_i64), corr(v_f, v_i32)";
+                          max(v_i64), corr(v_f, v_i32), median(v_f), median(v_i64), round(stddev(v_f), 6), \
+                          round(var_pop(v_i32), 3), round(var(v_f), 6), round(stddev_pop(v_f), 6)";
 
 /// Runs `sql` with DataFusion's aggregation and with [`SmallGroupsExec`] (roomy, then so tight a
 /// `max_groups` that every partition hands over part-way); the answers must be equal.
@@ -126,8 +129,9 @@ async fn several_keys_equal_datafusion() {
 async fn other_aggregates_keys_and_the_setting_keep_datafusions_aggregation() {
     let ctx = context();
     for sql in [
-        "SELECT k_s, median(v_f) FROM t GROUP BY k_s",
-        "SELECT k_s, stddev(v_f) FROM t GROUP BY k_s",
+        "SELECT k_s, median(v_f), count(DISTINCT v_i32) FROM t GROUP BY k_s",
+        "SELECT k_s, approx_median(v_f) FROM t GROUP BY k_s",
+        "SELECT k_s, var(v_f), var(DISTINCT v_f) FROM t GROUP BY k_s",
         "SELECT k_s, k_i8, k_u32, k_date, k_wide, sum(v_i64) FROM t GROUP BY k_s, k_i8, k_u32, k_date, k_wide",
         "SELECT v_f, count(*) FROM t GROUP BY v_f",
         "SELECT k_s, count(*) FILTER (WHERE v_i32 > 0) FROM t GROUP BY k_s",
