@@ -53,7 +53,7 @@ use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
 use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
-use crate::group_topk::{GroupTopKExec, TopKStep};
+use crate::group_topk::{GroupTopKExec, RowNumberExec, TopKStep};
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
 use crate::small_groups;
 use crate::view_keys::strip_string_casts;
@@ -186,7 +186,8 @@ impl Planner<'_> {
                 && (node.is::<BoundedWindowAggExec>()
                     || node.is::<WindowAggExec>()
                     || node.is::<PartitionedTopKExec>()
-                    || node.downcast_ref::<GroupTopKExec>().is_some_and(|t| t.step() == TopKStep::Final));
+                    || node.downcast_ref::<GroupTopKExec>().is_some_and(|t| t.step() == TopKStep::Final)
+                    || node.is::<RowNumberExec>());
             if is_partial || role.is_some() || is_partition_local(&node) || window_in_shard {
                 let Some(Sub::Chain(chain)) = subs.pop() else { return unreachable_chain() };
                 let finishes = role == Some(PathRole::NoMergeFinal);

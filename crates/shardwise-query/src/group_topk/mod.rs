@@ -20,6 +20,7 @@ pub mod codec;
 mod fast_key;
 mod flat;
 mod keys;
+mod row_number;
 mod rule;
 mod state;
 
@@ -67,6 +68,7 @@ fn test_rng(mut seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
+pub use row_number::RowNumberExec;
 pub use rule::GroupTopKRule;
 pub use state::TopKState;
 

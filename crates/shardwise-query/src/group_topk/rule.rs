@@ -9,7 +9,8 @@
 //! change what that one sees); and under it the `SortExec` DataFusion put there for the window,
 //! sorting by the partition keys, then the ORDER BY keys. The filter goes (the window numbers
 //! only the rows kept, 1..N), the sort becomes a final [`GroupTopKExec`] with the same ordering,
-//! and a hash exchange under it gets a partial step below it.
+//! a hash exchange under it gets a partial step below it, and the window becomes a
+//! [`RowNumberExec`] (its rows arrive sorted, so numbering them is one pass).
 //!
 //! DataFusion 55's own `WindowTopN` rule (off by default) maps the filter's column to the window
 //! by assuming the projection between them passes every input column through in order, so it
@@ -41,7 +42,7 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowUDFExpr};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
-use super::{GroupTopKExec, TopKStep};
+use super::{GroupTopKExec, RowNumberExec, TopKStep};
 
 /// The rule. Runs after DataFusion's rules, before the distributed planner.
 #[derive(Debug, Default)]
@@ -144,7 +145,16 @@ fn rewrite_filter(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn Execut
         with_partial_below_exchange(Arc::clone(sort.input()), ordering, partition_len, fetch)?
     };
     let topk = GroupTopKExec::try_new(input, ordering.clone(), partition_len, fetch, TopKStep::Final)?;
-    let mut plan = replace_children_if_necessary(Arc::clone(&below), vec![Arc::new(topk)])?;
+    // The top-N's rows come sorted by partition keys, then the window's ORDER BY: numbering them
+    // is one pass, without the window's state per key.
+    let field = window
+        .schema()
+        .fields()
+        .last()
+        .cloned()
+        .ok_or_else(|| DataFusionError::Internal("top-N per group: a window without columns".into()))?;
+    let mut plan: Arc<dyn ExecutionPlan> =
+        Arc::new(RowNumberExec::try_new(Arc::new(topk), expr.partition_by().to_vec(), field)?);
     for projection in projections.into_iter().rev() {
         plan = replace_children_if_necessary(projection, vec![plan])?;
     }

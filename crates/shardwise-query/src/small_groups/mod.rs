@@ -21,7 +21,7 @@
 mod accum;
 pub mod codec;
 mod composite;
-mod keys;
+pub(crate) mod keys;
 mod rule;
 mod stats;
 

@@ -493,8 +493,12 @@ fn no_merge_modes_follow_their_definitions() {
         initiator.contains("GroupTopKExec: step=final") && shards.contains("GroupTopKExec: step=partial"),
         "{plan}"
     );
+    // The window over the kept rows numbers them in one pass.
+    assert!(initiator.contains("RowNumberExec") && !plan.contains("BoundedWindowAggExec"), "{plan}");
     let plan = c.sql(0, &top.replace("BY g", "BY sk")).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GroupTopKExec: step=final"), "{plan}");
+    let (_, shards) = plan.split_once("FragmentExec").unwrap_or_else(|| panic!("{plan}"));
+    assert!(shards.contains("RowNumberExec"), "numbered on the shards too: {plan}");
     let plan = c.sql(0, "EXPLAIN SELECT g, count(*) FROM s GROUP BY g").concat().join(" ");
     assert!(
         plan.contains("strategy=initiator_merge") && plan.contains("does not include shard-key column(s) sk"),
