@@ -88,11 +88,13 @@ impl ExecutionPlan for RowNumberExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
     ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
-        let mut recursion = datafusion::common::tree_node::TreeNodeRecursion::Continue;
+        use datafusion::common::tree_node::TreeNodeRecursion;
         for e in &self.partition_by {
-            recursion = f(e)?;
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
         }
-        Ok(recursion)
+        Ok(TreeNodeRecursion::Continue)
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
