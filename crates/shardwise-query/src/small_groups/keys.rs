@@ -7,25 +7,24 @@
 //!   [`DIRECT_SPAN_MAX`] values and widens as batches bring keys outside it; keys it cannot
 //!   cover go to a hash map, and when a widening covers keys already in the map, they move
 //!   into the window (one group per key, always).
-//! - String keys go through a hash table of group ids whose keys live in one byte buffer.
+//! - String keys go through a hash table of group ids whose keys live in one byte buffer, with a
+//!   cache of short keys in front ([`super::byte_keys`]).
 //!
 //! A mapping stops with [`Mapped::Full`] before it would make more than `max_groups` groups; the
 //! groups made by the batch it was mapping then carry no values yet (the caller emits only the
 //! groups that existed before that batch).
 
-use std::hash::BuildHasher;
-
-use datafusion::arrow::array::{
-    Array, ArrayAccessor, ArrayRef, AsArray, GenericStringArray, Int64Array, LargeStringBuilder, OffsetSizeTrait,
-    StringBuilder, StringViewBuilder,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
     DataType, Date32Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
 };
 use datafusion::error::{DataFusionError, Result};
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
+
+pub use super::byte_keys::ByteKeys;
+use super::byte_keys::CACHE_BITS;
 
 /// Most key values one integer window covers (a `u32` slot each: 1 MiB).
 pub const DIRECT_SPAN_MAX: u64 = 1 << 18;
@@ -37,8 +36,6 @@ const DIRECT_SPAN_MIN: u64 = 1 << 10;
 pub const BYTE_KEYS_MAX_GROUPS: usize = 1 << CACHE_BITS;
 /// A slot of the window no key has taken.
 const EMPTY: u32 = u32::MAX;
-/// A fixed seed: group ids do not depend on it, only the table's layout does.
-const HASH_SEED: u64 = 0x5eed_5a11_9b0f_2ad3;
 
 /// Did every row of the batch get a group id?
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +82,7 @@ impl GroupKeys {
     pub fn len(&self) -> usize {
         match self {
             GroupKeys::Int(k) => k.values.len(),
-            GroupKeys::Bytes(k) => k.starts.len(),
+            GroupKeys::Bytes(k) => k.len(),
         }
     }
 
@@ -135,14 +132,12 @@ impl GroupKeys {
             GroupKeys::Int(k) => {
                 k.slots.capacity() * 4 + k.values.capacity() * 8 + k.spill.capacity() * 16 + k.spill.capacity() / 8
             }
-            GroupKeys::Bytes(k) => {
-                k.bytes.capacity() + k.starts.capacity() * 8 + k.table.capacity() * 16 + k.cache.capacity() * 16
-            }
+            GroupKeys::Bytes(k) => k.size(),
         }
     }
 }
 
-fn unexpected(data_type: &DataType) -> DataFusionError {
+pub(super) fn unexpected(data_type: &DataType) -> DataFusionError {
     DataFusionError::Internal(format!("small-group aggregation: keys of type {data_type} changed mid-stream"))
 }
 
@@ -305,207 +300,17 @@ fn widen(range: Option<(i64, i64)>, v: i64) -> Option<(i64, i64)> {
     }
 }
 
-/// String keys: a hash table of group ids; the keys themselves live in `bytes`.
-#[derive(Debug)]
-pub struct ByteKeys {
-    /// (hash, group) per group.
-    table: HashTable<(u64, u32)>,
-    hasher: foldhash::fast::FixedState,
-    /// Every group's key, one after the other; the null group's is empty.
-    bytes: Vec<u8>,
-    /// Where each group's key starts in `bytes` (it ends where the next starts).
-    starts: Vec<usize>,
-    null_group: Option<u32>,
-    /// Keys of up to 8 bytes seen last in each slot (by a hash of the key): a hit costs one
-    /// load and compare instead of a probe of `table`. Made on first use.
-    cache: Vec<CacheSlot>,
-}
-
-/// Bits of a short key's hash that pick its [`ByteKeys::cache`] slot.
-const CACHE_BITS: u32 = 12;
-
-/// A short key (its bytes as a little-endian word, zero-padded) and its group.
-#[derive(Debug, Clone, Copy)]
-struct CacheSlot {
-    word: u64,
-    /// `u32::MAX` in an empty slot (no key is that long).
-    len: u32,
-    group: u32,
-}
-
-impl CacheSlot {
-    const EMPTY: CacheSlot = CacheSlot { word: 0, len: u32::MAX, group: 0 };
-}
-
-/// The `len` (at most 8) bytes at `start` of `values` as a little-endian word, zero-padded.
-#[inline]
-fn short_word(values: &[u8], start: usize, len: usize) -> u64 {
-    let mask = if len == 0 { 0 } else { u64::MAX >> (64 - 8 * len) };
-    match values.get(start..).and_then(|v| v.first_chunk::<8>()) {
-        Some(chunk) => u64::from_le_bytes(*chunk) & mask,
-        None => {
-            let mut word = [0u8; 8];
-            word[..len].copy_from_slice(&values[start..start + len]);
-            u64::from_le_bytes(word)
-        }
-    }
-}
-
-/// The cache slot of a short key.
-#[inline]
-fn cache_index(word: u64, len: usize) -> usize {
-    (word.wrapping_add(len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CACHE_BITS)) as usize
-}
-
-impl Default for ByteKeys {
-    fn default() -> Self {
-        ByteKeys {
-            table: HashTable::new(),
-            hasher: foldhash::fast::FixedState::with_seed(HASH_SEED),
-            bytes: Vec::new(),
-            starts: Vec::new(),
-            null_group: None,
-            cache: Vec::new(),
-        }
-    }
-}
-
-impl ByteKeys {
-    /// `Utf8` and `LargeUtf8` keys: keys of up to 8 bytes are looked up in `cache` first.
-    fn map_offsets<O: OffsetSizeTrait>(
-        &mut self,
-        keys: &GenericStringArray<O>,
-        max_groups: usize,
-        ids: &mut Vec<u32>,
-    ) -> Mapped {
-        if self.cache.is_empty() {
-            self.cache = vec![CacheSlot::EMPTY; 1 << CACHE_BITS];
-        }
-        let (offsets, values) = (keys.value_offsets(), keys.value_data());
-        let has_nulls = keys.null_count() > 0;
-        for i in 0..keys.len() {
-            if has_nulls && keys.is_null(i) {
-                match self.null_group(max_groups) {
-                    Some(id) => ids.push(id),
-                    None => return Mapped::Full,
-                }
-                continue;
-            }
-            let (start, end) = (offsets[i].as_usize(), offsets[i + 1].as_usize());
-            let key = &values[start..end];
-            if key.len() > 8 {
-                match self.find_or_insert(key, max_groups) {
-                    Some(id) => ids.push(id),
-                    None => return Mapped::Full,
-                }
-                continue;
-            }
-            let word = short_word(values, start, key.len());
-            let slot = cache_index(word, key.len());
-            let cached = self.cache[slot];
-            if cached.word == word && cached.len == key.len() as u32 {
-                ids.push(cached.group);
-                continue;
-            }
-            match self.find_or_insert(key, max_groups) {
-                Some(group) => {
-                    self.cache[slot] = CacheSlot { word, len: key.len() as u32, group };
-                    ids.push(group);
-                }
-                None => return Mapped::Full,
-            }
-        }
-        Mapped::Done
-    }
-
-    fn map<'a, A: ArrayAccessor<Item = &'a str> + Array>(
-        &mut self,
-        keys: A,
-        max_groups: usize,
-        ids: &mut Vec<u32>,
-    ) -> Mapped {
-        let has_nulls = keys.null_count() > 0;
-        for i in 0..keys.len() {
-            let id = match has_nulls && keys.is_null(i) {
-                true => self.null_group(max_groups),
-                false => self.find_or_insert(keys.value(i).as_bytes(), max_groups),
-            };
-            match id {
-                Some(id) => ids.push(id),
-                None => return Mapped::Full,
-            }
-        }
-        Mapped::Done
-    }
-
-    /// The group of null keys, made if there is room.
-    fn null_group(&mut self, max_groups: usize) -> Option<u32> {
-        if self.null_group.is_none() && self.starts.len() < max_groups {
-            self.null_group = Some(self.starts.len() as u32);
-            self.starts.push(self.bytes.len());
-        }
-        self.null_group
-    }
-
-    /// The group of `key`, made if it is new and there is room.
-    fn find_or_insert(&mut self, key: &[u8], max_groups: usize) -> Option<u32> {
-        let ByteKeys { table, hasher, bytes, starts, .. } = self;
-        let hash = hasher.hash_one(key);
-        let key_of = |g: u32| {
-            let start = starts[g as usize];
-            let end = starts.get(g as usize + 1).copied().unwrap_or(bytes.len());
-            &bytes[start..end]
-        };
-        if let Some(&(_, id)) = table.find(hash, |&(h, g)| h == hash && key_of(g) == key) {
-            return Some(id);
-        }
-        if starts.len() >= max_groups {
-            return None;
-        }
-        let id = starts.len() as u32;
-        starts.push(bytes.len());
-        bytes.extend_from_slice(key);
-        table.insert_unique(hash, (hash, id), |&(h, _)| h);
-        Some(id)
-    }
-
-    fn key(&self, group: usize) -> &str {
-        let start = self.starts[group];
-        let end = self.starts.get(group + 1).copied().unwrap_or(self.bytes.len());
-        // Whole keys copied from string arrays: valid UTF-8, cut on their own boundaries.
-        std::str::from_utf8(&self.bytes[start..end]).unwrap_or_default()
-    }
-
-    fn emit(&self, groups: usize, data_type: &DataType) -> Result<ArrayRef> {
-        let null = self.null_group.map(|g| g as usize);
-        let keys = (0..groups).map(|g| (Some(g) != null).then(|| self.key(g)));
-        Ok(match data_type {
-            DataType::Utf8 => {
-                let mut b = StringBuilder::with_capacity(groups, self.bytes.len());
-                keys.for_each(|k| b.append_option(k));
-                std::sync::Arc::new(b.finish())
-            }
-            DataType::LargeUtf8 => {
-                let mut b = LargeStringBuilder::with_capacity(groups, self.bytes.len());
-                keys.for_each(|k| b.append_option(k));
-                std::sync::Arc::new(b.finish())
-            }
-            DataType::Utf8View => {
-                let mut b = StringViewBuilder::with_capacity(groups);
-                keys.for_each(|k| b.append_option(k));
-                std::sync::Arc::new(b.finish())
-            }
-            other => return Err(unexpected(other)),
-        })
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use datafusion::arrow::array::{Int32Array, StringArray};
 
-    fn ids(keys: &mut GroupKeys, array: &dyn Array, max_groups: usize) -> (Mapped, Vec<u32>) {
+    /// The ids `keys` gives `array`'s rows, and whether it mapped them all.
+    pub(in crate::small_groups) fn ids(
+        keys: &mut GroupKeys,
+        array: &dyn Array,
+        max_groups: usize,
+    ) -> (Mapped, Vec<u32>) {
         let mut out = Vec::new();
         let mapped = keys.map(array, max_groups, &mut out).expect("map");
         (mapped, out)
@@ -565,34 +370,6 @@ mod tests {
             assert_eq!(emitted.null_count(), 1);
             assert!(emitted.is_null(1));
         }
-    }
-
-    #[test]
-    fn string_keys_of_every_layout_map_alike() {
-        let values = vec![Some("id001"), Some(""), Some("a much longer key than twelve bytes"), Some("id001"), None];
-        let utf8 = StringArray::from(values.clone());
-        for data_type in [DataType::Utf8, DataType::LargeUtf8, DataType::Utf8View] {
-            let array = cast(&utf8, &data_type).expect("cast");
-            let mut keys = GroupKeys::for_type(&data_type).expect("type");
-            let (_, out) = ids(&mut keys, &array, 10);
-            assert_eq!(out, [0, 1, 2, 0, 3], "{data_type}");
-            let emitted = keys.emit(keys.len(), &data_type).expect("emit");
-            let back = cast(&emitted, &DataType::Utf8).expect("cast");
-            let back: Vec<Option<&str>> = back.as_string::<i32>().iter().collect();
-            assert_eq!(back, [Some("id001"), Some(""), Some("a much longer key than twelve bytes"), None]);
-        }
-    }
-
-    #[test]
-    fn short_string_keys_that_share_cache_slots_keep_their_groups() {
-        // Far more short keys than cache slots, in two orders: every key keeps its first id.
-        let values: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
-        let mut keys = GroupKeys::for_type(&DataType::Utf8).expect("utf8");
-        let (_, first) = ids(&mut keys, &StringArray::from(values.clone()), usize::MAX);
-        let reversed: Vec<String> = values.iter().rev().cloned().collect();
-        let (_, second) = ids(&mut keys, &StringArray::from(reversed), usize::MAX);
-        assert_eq!(first, (0..20_000).collect::<Vec<u32>>());
-        assert_eq!(second, (0..20_000).rev().collect::<Vec<u32>>());
     }
 
     #[test]

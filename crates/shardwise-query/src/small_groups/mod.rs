@@ -19,6 +19,7 @@
 //! fragment is encoded; `small_group_aggregation = 0` turns it off.
 
 mod accum;
+mod byte_keys;
 pub mod codec;
 mod composite;
 pub(crate) mod keys;
