@@ -26,12 +26,13 @@ impl GroupKeys {
     /// Keys of `schema`'s columns.
     pub fn try_new(schema: SchemaRef) -> Result<Self> {
         let types: Vec<&DataType> = schema.fields().iter().map(|f| f.data_type()).collect();
-        Ok(match types[..] {
-            [t @ (DataType::Int64 | DataType::Int32)] => match DirectKeys::for_type(t) {
-                Some(keys) => GroupKeys::Int(keys, Vec::new()),
-                None => GroupKeys::General(new_group_values(schema, &GroupOrdering::None)?),
-            },
-            _ => GroupKeys::General(new_group_values(schema, &GroupOrdering::None)?),
+        let direct = match types[..] {
+            [t @ (DataType::Int64 | DataType::Int32)] => DirectKeys::for_type(t),
+            _ => None,
+        };
+        Ok(match direct {
+            Some(keys) => GroupKeys::Int(keys, Vec::new()),
+            None => GroupKeys::General(new_group_values(schema, &GroupOrdering::None)?),
         })
     }
 

@@ -190,12 +190,8 @@ impl ExecutionPlan for GroupTopKExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
     ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
-        for e in self.ordering.iter() {
-            if f(&e.expr)? == datafusion::common::tree_node::TreeNodeRecursion::Stop {
-                return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        use datafusion::common::tree_node::TreeNodeIterator;
+        self.ordering.iter().apply_until_stop(|e| f(&e.expr))
     }
 
     #[allow(deprecated)] // DataFusion 55 derives the new requirement API from this one.

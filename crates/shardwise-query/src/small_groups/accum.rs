@@ -347,7 +347,7 @@ fn each_float(ids: &[u32], array: &ArrayRef, f: impl FnMut(usize, f64)) -> Resul
 }
 
 /// The first `groups` values, padded with `fill` for groups no update reached.
-fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
+pub(super) fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     values: &[T],
     groups: usize,
     fill: T,

@@ -18,6 +18,8 @@ use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type};
 use datafusion::error::{DataFusionError, Result};
 
+use super::accum::padded;
+
 /// `corr(x, y)`: over the rows where both are set, their count and the sums of x, y, x*y, x*x
 /// and y*y, as DataFusion's `CorrelationGroupsAccumulator` keeps them.
 #[derive(Debug, Default)]
@@ -55,10 +57,8 @@ impl Corr {
     }
 
     pub fn emit(&self, groups: usize) -> Vec<ArrayRef> {
-        let mut states: Vec<ArrayRef> = vec![Arc::new(UInt64Array::new(padded(&self.counts, groups, 0).into(), None))];
-        states.extend(
-            self.sums.iter().map(|s| Arc::new(Float64Array::new(padded(s, groups, 0.0).into(), None)) as ArrayRef),
-        );
+        let mut states: Vec<ArrayRef> = vec![Arc::new(UInt64Array::new(padded(&self.counts, groups, 0), None))];
+        states.extend(self.sums.iter().map(|s| Arc::new(Float64Array::new(padded(s, groups, 0.0), None)) as ArrayRef));
         states
     }
 
@@ -106,9 +106,9 @@ impl Variance {
 
     pub fn emit(&self, groups: usize) -> Vec<ArrayRef> {
         vec![
-            Arc::new(UInt64Array::new(padded(&self.counts, groups, 0).into(), None)),
-            Arc::new(Float64Array::new(padded(&self.means, groups, 0.0).into(), None)),
-            Arc::new(Float64Array::new(padded(&self.m2s, groups, 0.0).into(), None)),
+            Arc::new(UInt64Array::new(padded(&self.counts, groups, 0), None)),
+            Arc::new(Float64Array::new(padded(&self.means, groups, 0.0), None)),
+            Arc::new(Float64Array::new(padded(&self.m2s, groups, 0.0), None)),
         ]
     }
 
@@ -176,11 +176,4 @@ fn floats(array: &ArrayRef) -> Result<Cow<'_, [f64]>> {
         DataType::Int64 => array.as_primitive::<Int64Type>().values().iter().map(|&v| v as f64).collect(),
         _ => Cow::Borrowed(array.as_primitive_opt::<Float64Type>().ok_or_else(wrong)?.values().as_ref()),
     })
-}
-
-/// The first `groups` values, padded with `fill` for groups no update reached.
-fn padded<T: Copy>(values: &[T], groups: usize, fill: T) -> Vec<T> {
-    let mut out = values[..values.len().min(groups)].to_vec();
-    out.resize(groups, fill);
-    out
 }

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""A/B of two shardwise builds on the same queries, in one run.
+
+    bench/ab_builds.py --csv /tmp/G1_1e7.csv --before OLD_BINARY --after NEW_BINARY \
+        [--runs 11] [--query 'SELECT id1, sum(v1) AS v1 FROM x GROUP BY id1'] ...
+
+Starts a 1-node cluster of each binary (`shardwise launch --nproc 1`), loads the groupby CSV into
+table `x` of each (sharded by id6, as `shardwise bench groupby` does), then times each query
+through ADBC Flight SQL, the two builds alternating run by run (the first of each pair swaps), so
+that the machine's drift weighs on both alike. Prints the best time of each and after/before.
+Without --query: db-benchmark's q1-q10. Runs inside the venv of groupby_peers.py (made on first
+use). The clusters are stopped on exit.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import groupby_peers  # noqa: E402  (its venv and its query texts)
+
+CREATE = ("CREATE TABLE x (id1 VARCHAR, id2 VARCHAR, id3 VARCHAR, id4 INT, id5 INT, id6 INT, "
+          "v1 INT, v2 INT, v3 DOUBLE) WITH (shard_key = 'id6')")
+START_TIMEOUT_S = 30
+
+
+def start(binary, data_dir, csv):
+    """A 1-node cluster of `binary` with the CSV loaded; (process, flight address)."""
+    log_path = data_dir + ".log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([binary, "launch", "--nproc", "1", "--data-dir", data_dir],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    addr = None
+    while addr is None:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            sys.exit(f"{binary} did not start; see {log_path}")
+        time.sleep(0.1)
+        found = re.search(r"listening rank=0 flight=(\S+)", open(log_path).read())
+        addr = found and found.group(1)
+    for args in (["sql", "--connect", addr, "-e", CREATE], ["load", "--connect", addr, "--no-progress", "x", csv]):
+        done = subprocess.run([binary, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{binary} {args[0]} failed: {done.stderr.strip()}")
+    return proc, addr
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--csv", required=True, help="groupby CSV (bench/gen_groupby_csv.py)")
+    parser.add_argument("--before", required=True, help="shardwise binary A")
+    parser.add_argument("--after", required=True, help="shardwise binary B")
+    parser.add_argument("--runs", type=int, default=11, help="runs per query and build; the best counts")
+    parser.add_argument("--query", action="append", help="SQL over table x (repeatable); default q1-q10")
+    args = parser.parse_args()
+    groupby_peers.ensure_venv()
+    import adbc_driver_flightsql.dbapi as flight_sql
+
+    queries = args.query or [groupby_peers.SQL[q] for q in groupby_peers.ALL_QUERIES]
+    work = tempfile.mkdtemp(prefix="shardwise-ab-")
+    procs, conns, cursors = [], [], []
+    try:
+        for name, binary in (("before", args.before), ("after", args.after)):
+            proc, addr = start(os.path.abspath(binary), os.path.join(work, name), args.csv)
+            procs.append(proc)
+            conns.append(flight_sql.connect(f"grpc://{addr}", db_kwargs={"username": "default", "password": ""}))
+            cursors.append(conns[-1].cursor())
+        print(f"{'before_ms':>10} {'after_ms':>10} {'after/before':>12}  rows  query")
+        for sql in queries:
+            best, rows = [float("inf"), float("inf")], [None, None]
+            for run in range(args.runs):
+                for i in ((0, 1) if run % 2 == 0 else (1, 0)):
+                    started = time.perf_counter()
+                    cursors[i].execute(sql)
+                    rows[i] = cursors[i].fetch_arrow_table().num_rows
+                    best[i] = min(best[i], (time.perf_counter() - started) * 1e3)
+            if rows[0] != rows[1]:
+                sys.exit(f"the builds disagree on {sql!r}: {rows[0]} rows before, {rows[1]} after")
+            print(f"{best[0]:10.1f} {best[1]:10.1f} {best[1] / best[0]:12.3f}  {rows[0]}  {sql}", flush=True)
+    finally:
+        for handle in cursors + conns:
+            handle.close()
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
