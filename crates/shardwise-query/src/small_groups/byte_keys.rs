@@ -166,7 +166,7 @@ impl ByteKeys {
         let cache = cache.get_or_insert_with(|| Box::new([CacheSlot::EMPTY; CACHE_SLOTS]));
         let (offsets, values) = (keys.value_offsets(), keys.value_data());
         let nulls = keys.nulls().filter(|n| n.null_count() > 0);
-        ids.clear();
+        debug_assert!(ids.is_empty(), "GroupKeys::map clears the ids");
         ids.resize(keys.len(), 0);
         let mut stopped_at = None;
         for (row, (id, bounds)) in ids.iter_mut().zip(offsets.windows(2)).enumerate() {
