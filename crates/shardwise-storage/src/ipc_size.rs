@@ -1,9 +1,15 @@
-//! How big a buffer to reserve before encoding record batches as Arrow IPC.
+//! How many bytes record batches hold: the size to reserve before encoding them as Arrow IPC,
+//! and the size a shard store counts them at.
 //!
 //! Encoders here write a whole piece, WAL record or part into one `Vec` before it goes to disk or
 //! the network. Letting that `Vec` grow by doubling copied multi-megabyte buffers several times
 //! over into freshly faulted memory, which was most of a bulk load's CPU; reserving the encoded
 //! size up front costs one allocation.
+//!
+//! Arrow's own `get_array_memory_size` counts every buffer an array points into whole, once per
+//! array: the columns of a batch decoded from one IPC message are slices of that message's one
+//! buffer, so each column counted the whole message and a shipped batch of nine columns was
+//! counted about twelve times over. [`row_bytes`] counts what the rows show.
 
 use arrow::array::{Array, RecordBatch};
 
@@ -14,12 +20,20 @@ pub const IPC_FRAMING_ESTIMATE_BYTES: usize = 64 * 1024;
 /// About the size of `batches` encoded as Arrow IPC: the bytes of the rows they show (a slice
 /// counts only its own rows, not the buffers it shares), plus [`IPC_FRAMING_ESTIMATE_BYTES`].
 pub fn ipc_size_estimate<'a>(batches: impl IntoIterator<Item = &'a RecordBatch>) -> usize {
-    let rows: usize = batches
-        .into_iter()
-        .flat_map(|batch| batch.columns())
-        .map(|column| column.to_data().get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size()))
-        .sum();
+    let rows: usize = batches.into_iter().map(row_bytes).sum();
     rows + IPC_FRAMING_ESTIMATE_BYTES
+}
+
+/// The bytes of the rows `batch` shows: a slice counts only its own rows, and buffers its
+/// columns share with each other or with other batches count only for the part each column
+/// shows (Arrow's `get_slice_memory_size`; for a type it cannot size that way, the array's
+/// whole buffers).
+pub fn row_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| column.to_data().get_slice_memory_size().unwrap_or_else(|_| column.get_array_memory_size()))
+        .sum()
 }
 
 #[cfg(test)]
@@ -54,5 +68,28 @@ mod tests {
         assert!(estimate < out.len() + 2 * IPC_FRAMING_ESTIMATE_BYTES, "{estimate} vs {}", out.len());
         let slice = batch.slice(0, 100);
         assert!(ipc_size_estimate([&slice]) < IPC_FRAMING_ESTIMATE_BYTES + 4096);
+    }
+
+    #[test]
+    fn a_decoded_batch_counts_its_rows_once_not_its_message_once_per_column() {
+        let schema = Arc::new(Schema::new(
+            (0..8).map(|i| Field::new(format!("c{i}"), DataType::Int64, false)).collect::<Vec<_>>(),
+        ));
+        let columns = (0..8).map(|_| Arc::new(Int64Array::from_iter_values(0..100_000)) as _).collect();
+        let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
+        let mut out = Vec::new();
+        let mut writer = StreamWriter::try_new(&mut out, &schema).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+        drop(writer);
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(out), None).unwrap();
+        let decoded: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        let rows = 8 * 100_000 * 8;
+        assert_eq!(row_bytes(&batch), rows);
+        assert_eq!(decoded.iter().map(row_bytes).sum::<usize>(), rows);
+        // What Arrow's own measure says of the decoded batch, when its columns share the buffer
+        // the message was read into (the reason for `row_bytes`).
+        let arrow_counts: usize = decoded.iter().map(RecordBatch::get_array_memory_size).sum();
+        assert!(arrow_counts > 4 * rows, "{arrow_counts} vs {rows}");
     }
 }

@@ -32,7 +32,7 @@ mod xorshift;
 pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogOp};
 pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
-pub use ipc_size::ipc_size_estimate;
+pub use ipc_size::{ipc_size_estimate, row_bytes};
 pub use outbox::{
     OUTBOX_ID_FILE, OUTBOX_MAX_BYTES_DEFAULT, OUTBOX_WAL_DIR, OUTBOX_WAL_PREALLOCATE_BYTES, Outbox, OutboxItem,
     OutboxOptions, OutboxRecovery, PendingItem, QueueStats, SEQ_LEASE_FILE,

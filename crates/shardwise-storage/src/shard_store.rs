@@ -86,6 +86,7 @@ use arrow::datatypes::SchemaRef;
 
 use crate::error::StorageError;
 use crate::fs::Fs;
+use crate::ipc_size::row_bytes;
 use crate::wal::{Recovery, WAL_RECORD_MAX_BYTES, Wal, WalOptions};
 use dedup::{Decision, DedupState};
 use manifest::Manifest;
@@ -186,7 +187,7 @@ pub enum ApplyOutcome {
 pub struct ShardStats {
     /// Rows in parts and buffer.
     pub rows: u64,
-    /// Arrow memory of parts and buffer.
+    /// Bytes of the rows in parts and buffer (as Arrow arrays; [`crate::ipc_size::row_bytes`]).
     pub bytes: u64,
     pub parts: usize,
     pub buffer_rows: u64,
@@ -387,7 +388,7 @@ impl ShardStore {
         }
         self.verified_placement &= record.verified_placement;
         self.buffer_rows += batch.num_rows();
-        self.buffer_bytes += batch.get_array_memory_size();
+        self.buffer_bytes += row_bytes(&batch);
         self.buffer.push(batch);
     }
 

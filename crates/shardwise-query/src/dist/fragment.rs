@@ -402,7 +402,7 @@ impl Run {
         let count = move |batch: Result<RecordBatch>| {
             if let Ok(b) = &batch {
                 rows.add(b.num_rows());
-                bytes.add(b.get_array_memory_size());
+                bytes.add(shardwise_storage::row_bytes(b));
             }
             batch
         };

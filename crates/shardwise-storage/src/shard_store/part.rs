@@ -15,6 +15,7 @@ use super::files::{part_name, write_durably_with};
 use super::manifest::PartEntry;
 use crate::error::StorageError;
 use crate::fs::{AppendFile, Fs};
+use crate::ipc_size::row_bytes;
 
 /// The most rows a part's batch gets when small batches are merged (a bigger input batch stays
 /// as it is).
@@ -71,7 +72,7 @@ impl EncodedPart {
             Ok((sink.len_bytes, sink.crc32c))
         })?;
         let entry = PartEntry { name, rows: batches.iter().map(|b| b.num_rows() as u64).sum(), len_bytes, crc32c };
-        let mem_bytes = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+        let mem_bytes = batches.iter().map(row_bytes).sum();
         Ok(Part { entry, batches, mem_bytes })
     }
 }
@@ -128,7 +129,7 @@ pub(super) fn load(fs: &dyn Fs, dir: &Path, entry: &PartEntry, schema: &SchemaRe
     if rows != entry.rows {
         return Err(corrupt(format!("{rows} rows, the manifest says {}", entry.rows)));
     }
-    let mem_bytes = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+    let mem_bytes = batches.iter().map(row_bytes).sum();
     Ok(Part { entry: entry.clone(), batches, mem_bytes })
 }
 
@@ -149,7 +150,7 @@ fn coalesce(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<RecordBat
             out.push(batch.clone());
             continue;
         }
-        let (rows, bytes) = (batch.num_rows(), batch.get_array_memory_size());
+        let (rows, bytes) = (batch.num_rows(), row_bytes(batch));
         if !run.is_empty() && (run_rows + rows > PART_BATCH_MAX_ROWS || run_bytes + bytes > PART_BATCH_MAX_BYTES) {
             out.push(concat_run(schema, &run)?);
             run.clear();

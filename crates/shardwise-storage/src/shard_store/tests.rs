@@ -302,6 +302,33 @@ fn maintain_flushes_a_full_buffer_then_compacts() -> TestResult {
 }
 
 #[test]
+fn shipped_rows_count_once_in_the_stats_not_their_message_per_column() -> TestResult {
+    // A batch decoded from one IPC message, as a shipped piece is: its columns are slices of the
+    // buffer the message was read into.
+    let sent = batch(0..10_000);
+    let mut message = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut message, &schema())?;
+    writer.write(&sent)?;
+    writer.finish()?;
+    drop(writer);
+    let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(message), None)?;
+    let received = reader.next().ok_or("no batch in the message")??;
+    let shown = crate::ipc_size::row_bytes(&received);
+    assert!(received.get_array_memory_size() > 2 * shown, "the columns share the message's buffer");
+
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, ShardStoreOptions { buffer_max_rows: 1_000_000, ..small_opts() })?;
+    let piece = Piece { origin: None, seq: None, insert_id: None, verified_placement: true, batch: received };
+    store.apply(&[piece])?;
+    assert_eq!((store.stats().buffer_rows, store.stats().bytes), (10_000, shown as u64), "in the buffer");
+    store.flush()?;
+    let stats = store.stats();
+    assert_eq!((stats.parts, stats.rows), (1, 10_000));
+    assert!(stats.bytes <= 2 * shown as u64, "in a part: {} bytes for {shown}", stats.bytes);
+    Ok(())
+}
+
+#[test]
 fn verified_placement_is_false_once_any_row_is_unverified_and_survives_flush() -> TestResult {
     let sim = SimFs::new();
     let (mut store, _) = open_sim(&sim, small_opts())?;
