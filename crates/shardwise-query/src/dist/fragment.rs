@@ -289,7 +289,14 @@ impl Run {
         for rank in ranks {
             let timer = self.elapsed.timer();
             let attempt = match rank == self.access.local_rank() {
-                true => self.run_local(),
+                true => {
+                    // Let the sibling partitions send their remote fragments first: a local
+                    // fragment's first poll runs its whole aggregation without yielding (its
+                    // input is in memory, always ready), and on a query runtime with one worker
+                    // (a node on one core) the shards would otherwise run one after another.
+                    tokio::task::yield_now().await;
+                    self.run_local()
+                }
                 false => self.run_remote(rank).await,
             };
             let mut stream = match attempt {
