@@ -291,9 +291,9 @@ impl Run {
             let attempt = match rank == self.access.local_rank() {
                 true => {
                     // Let the sibling partitions send their remote fragments first: a local
-                    // fragment's first poll runs its whole aggregation without yielding (its
-                    // input is in memory, always ready), and on a query runtime with one worker
-                    // (a node on one core) the shards would otherwise run one after another.
+                    // fragment's first poll runs until its scan yields (its input is in memory,
+                    // always ready; `SCAN_BATCHES_PER_YIELD`), and on a query runtime with one
+                    // worker (a node on one core) the remote shards would start only then.
                     tokio::task::yield_now().await;
                     self.run_local()
                 }
