@@ -305,14 +305,7 @@ fn maintain_flushes_a_full_buffer_then_compacts() -> TestResult {
 fn shipped_rows_count_once_in_the_stats_not_their_message_per_column() -> TestResult {
     // A batch decoded from one IPC message, as a shipped piece is: its columns are slices of the
     // buffer the message was read into.
-    let sent = batch(0..10_000);
-    let mut message = Vec::new();
-    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut message, &schema())?;
-    writer.write(&sent)?;
-    writer.finish()?;
-    drop(writer);
-    let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(message), None)?;
-    let received = reader.next().ok_or("no batch in the message")??;
+    let received = crate::ipc_size::ipc_round_trip(&batch(0..10_000));
     let shown = crate::ipc_size::row_bytes(&received);
     assert!(received.get_array_memory_size() > 2 * shown, "the columns share the message's buffer");
 
