@@ -97,6 +97,8 @@ impl ShardScanExec {
                 EmissionType::Incremental,
                 Boundedness::Bounded,
             )
+            // It yields on its own (`SCAN_BATCHES_PER_YIELD`): DataFusion's EnsureCooperative
+            // rule must not wrap it in a budget that yields every 128 batches (measured slower).
             .with_scheduling_type(SchedulingType::Cooperative),
         );
         Ok(ShardScanExec {
@@ -382,8 +384,6 @@ mod tests {
     #[test]
     fn reading_a_shard_lets_other_tasks_run() {
         use std::sync::atomic::{AtomicBool, Ordering};
-
-        use futures::StreamExt;
 
         let n = 3 * i64::from(SCAN_BATCHES_PER_YIELD);
         let batches: Vec<RecordBatch> = (0..n).map(|i| batch(i * 8, 8)).collect();
