@@ -11,6 +11,7 @@ pub mod dist;
 pub mod engine;
 pub mod error;
 pub mod group_topk;
+pub mod many_groups;
 pub mod memory_limit;
 pub mod query_log;
 pub mod query_runtime;

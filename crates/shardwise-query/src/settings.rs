@@ -60,6 +60,10 @@ extensions_options! {
         /// ... for at most this many groups per partition (string keys: at most 4096); past it,
         /// the rest of the partition goes to DataFusion's aggregation.
         pub small_group_aggregation_max_groups: u64, default = 1_048_576
+        /// Final aggregation by two to eight integer or string keys with only count, sum, avg,
+        /// min and max through one table of packed key ids instead of DataFusion's; 0 uses
+        /// DataFusion's.
+        pub many_groups_aggregation: Flag, default = Flag(true)
     }
 }
 
@@ -84,6 +88,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "string_group_keys_as_views_min_distinct",
     "small_group_aggregation",
     "small_group_aggregation_max_groups",
+    "many_groups_aggregation",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

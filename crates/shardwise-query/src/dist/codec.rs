@@ -25,6 +25,7 @@ use super::scan::{ShardScanExec, ShardSlice, ShardTableRef};
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::group_topk;
+use crate::many_groups;
 use crate::small_groups;
 
 const TICKET_MAGIC: &[u8; 4] = b"SWFT";
@@ -157,6 +158,8 @@ const SHUFFLE_READER_TAG: u8 = 2;
 const TOPK_TAG: u8 = 3;
 /// A small-group aggregation ([`small_groups::codec`]); it has an input.
 const SMALL_GROUPS_TAG: u8 = 4;
+/// A many-group final aggregation ([`many_groups::codec`]); it has an input.
+const MANY_GROUPS_TAG: u8 = 5;
 
 /// The serialized form of a [`ShuffleReaderExec`] (then the schema, then the stage-1 plan).
 #[derive(Debug, Serialize, Deserialize)]
@@ -207,6 +210,10 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         if let Some(rest) = buf.strip_prefix(&[SMALL_GROUPS_TAG]) {
             let [input] = inputs else { return Err(bad_ticket("a small-group aggregation without its one input")) };
             return small_groups::codec::decode(rest, Arc::clone(input), ctx, self);
+        }
+        if let Some(rest) = buf.strip_prefix(&[MANY_GROUPS_TAG]) {
+            let [input] = inputs else { return Err(bad_ticket("a many-group aggregation without its one input")) };
+            return many_groups::codec::decode(rest, Arc::clone(input), ctx, self);
         }
         if !inputs.is_empty() {
             return Err(bad_ticket("a shardwise leaf with inputs"));
@@ -268,6 +275,11 @@ impl PhysicalExtensionCodec for ShardwiseCodec {
         }
         if let Some(bytes) = small_groups::codec::encode(&node, self)? {
             buf.push(SMALL_GROUPS_TAG);
+            buf.extend_from_slice(&bytes);
+            return Ok(());
+        }
+        if let Some(bytes) = many_groups::codec::encode(&node, self)? {
+            buf.push(MANY_GROUPS_TAG);
             buf.extend_from_slice(&bytes);
             return Ok(());
         }

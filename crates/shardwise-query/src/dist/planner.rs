@@ -54,6 +54,7 @@ use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
 use crate::group_topk::{GroupTopKExec, RowNumberExec, TopKStep};
+use crate::many_groups;
 use crate::settings::{self, DistributedAggregation, LoadBalancing, ShardwiseSettings};
 use crate::small_groups;
 use crate::view_keys::strip_string_casts;
@@ -347,6 +348,8 @@ impl Planner<'_> {
                 false => Ok(Transformed::no(n)),
             })?
             .data;
+        // A bucket's merge by several keys with many groups, by packed key ids (`many_groups`).
+        let stage2 = many_groups::rewrite(stage2, &self.settings)?;
         // Bucket b is merged by the b-th merger, or the next one if it is down; the initiator last.
         let replicas = (0..mergers.len())
             .map(|b| {
@@ -391,6 +394,8 @@ impl Planner<'_> {
         let cluster = Arc::clone(&self.rule.cluster);
         // Partial aggregations by a key with few values, by direct indexing (`small_groups`).
         let plan = small_groups::rewrite(plan, &self.settings)?;
+        // Final aggregations by several keys with many groups, by packed key ids (`many_groups`).
+        let plan = many_groups::rewrite(plan, &self.settings)?;
         Ok(Arc::new(FragmentExec::try_new(plan, targets, placement, strategy, access, cluster)?))
     }
 

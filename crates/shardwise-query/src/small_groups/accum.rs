@@ -307,10 +307,11 @@ impl Accum {
     }
 }
 
-fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {
+/// `array` as a `PrimitiveArray<T>`, or an internal error naming both types.
+pub(crate) fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {
     array.as_primitive_opt::<T>().ok_or_else(|| {
         DataFusionError::Internal(format!(
-            "small-group aggregation: argument of type {} where {} was planned",
+            "group aggregation: an array of type {} where {} was planned",
             array.data_type(),
             T::DATA_TYPE
         ))
@@ -319,7 +320,11 @@ fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<
 
 /// Calls `f(group, value)` for every non-null row.
 #[inline]
-fn each_value<T: ArrowPrimitiveType>(ids: &[u32], array: &PrimitiveArray<T>, mut f: impl FnMut(usize, T::Native)) {
+pub(crate) fn each_value<T: ArrowPrimitiveType>(
+    ids: &[u32],
+    array: &PrimitiveArray<T>,
+    mut f: impl FnMut(usize, T::Native),
+) {
     let values = array.values();
     match array.nulls().filter(|n| n.null_count() > 0) {
         None => ids.iter().zip(values.iter()).for_each(|(&g, &v)| f(g as usize, v)),

@@ -14,7 +14,7 @@
 use std::hash::BuildHasher;
 
 use datafusion::arrow::array::{
-    Array, ArrayAccessor, ArrayRef, GenericStringArray, LargeStringBuilder, OffsetSizeTrait, StringBuilder,
+    Array, ArrayRef, GenericStringArray, LargeStringBuilder, OffsetSizeTrait, StringBuilder, StringViewArray,
     StringViewBuilder,
 };
 use datafusion::arrow::datatypes::DataType;
@@ -22,6 +22,7 @@ use datafusion::error::Result;
 use hashbrown::HashTable;
 
 use super::keys::{Mapped, unexpected};
+use super::view_table::{NOT_SHORT, ViewTable};
 
 /// Bits of a short key's hash that pick its cache slot.
 pub const CACHE_BITS: u32 = 12;
@@ -29,6 +30,8 @@ pub const CACHE_BITS: u32 = 12;
 const CACHE_SLOTS: usize = 1 << CACHE_BITS;
 /// Longest key the cache holds: one little-endian word.
 const SHORT_KEY_MAX_BYTES: usize = 8;
+/// Longest string a `Utf8View` holds inline (in its 16-byte view, after the 4-byte length).
+const INLINE_VIEW_MAX_BYTES: usize = 12;
 /// A fixed seed: group ids do not depend on it, only the table's layout does.
 const HASH_SEED: u64 = 0x5eed_5a11_9b0f_2ad3;
 /// `WORD_MASKS[n]` keeps the first `n` bytes of a little-endian word.
@@ -50,6 +53,10 @@ pub struct ByteKeys {
     null_group: Option<u32>,
     /// Keys of up to 8 bytes seen last in each slot (by a hash of the key). Made on first use.
     cache: Option<Box<[CacheSlot; CACHE_SLOTS]>>,
+    /// `Utf8View` keys of up to 12 bytes (held whole in their view) by their view
+    /// ([`ViewTable`]), and scratch for a batch's views.
+    views: ViewTable,
+    short_views: Vec<u128>,
 }
 
 /// Every group's key and the hash table that finds a key's group.
@@ -105,7 +112,7 @@ impl Default for ByteKeys {
             bytes: Vec::new(),
             starts: Vec::new(),
         };
-        ByteKeys { groups, null_group: None, cache: None }
+        ByteKeys { groups, null_group: None, cache: None, views: ViewTable::new(HASH_SEED), short_views: Vec::new() }
     }
 }
 
@@ -151,7 +158,8 @@ impl ByteKeys {
     pub fn size(&self) -> usize {
         let Groups { table, bytes, starts, .. } = &self.groups;
         let cache = self.cache.as_ref().map_or(0, |c| std::mem::size_of_val(c.as_ref()));
-        bytes.capacity() + starts.capacity() * 8 + table.capacity() * 16 + cache
+        let views = self.views.size() + self.short_views.capacity() * 16;
+        bytes.capacity() + starts.capacity() * 8 + table.capacity() * 16 + cache + views
     }
 
     /// `Utf8` and `LargeUtf8` keys; `ids` is empty on entry and on [`Mapped::Done`] holds a group
@@ -162,7 +170,7 @@ impl ByteKeys {
         max_groups: usize,
         ids: &mut Vec<u32>,
     ) -> Mapped {
-        let ByteKeys { groups, null_group, cache } = self;
+        let ByteKeys { groups, null_group, cache, .. } = self;
         let cache = cache.get_or_insert_with(|| Box::new([CacheSlot::EMPTY; CACHE_SLOTS]));
         let (offsets, values) = (keys.value_offsets(), keys.value_data());
         let nulls = keys.nulls().filter(|n| n.null_count() > 0);
@@ -218,26 +226,37 @@ impl ByteKeys {
         }
     }
 
-    /// Keys of any other string layout (`Utf8View`), through the hash table.
-    pub fn map<'a, A: ArrayAccessor<Item = &'a str> + Array>(
-        &mut self,
-        keys: A,
-        max_groups: usize,
-        ids: &mut Vec<u32>,
-    ) -> Mapped {
-        let ByteKeys { groups, null_group, .. } = self;
-        let has_nulls = keys.null_count() > 0;
-        for i in 0..keys.len() {
-            let id = match has_nulls && keys.is_null(i) {
-                true => groups.null_group(null_group, max_groups),
-                false => groups.find_or_insert(keys.value(i).as_bytes(), max_groups),
-            };
-            match id {
-                Some(id) => ids.push(id),
-                None => return Mapped::Full,
+    /// `Utf8View` keys: those of up to 12 bytes by their view ([`ViewTable`]), longer ones
+    /// through the hash table of bytes. `ids` as for [`ByteKeys::map_offsets`].
+    pub fn map_views(&mut self, keys: &StringViewArray, max_groups: usize, ids: &mut Vec<u32>) -> Mapped {
+        let ByteKeys { groups, null_group, views, short_views, .. } = self;
+        let nulls = keys.nulls().filter(|n| n.null_count() > 0);
+        short_views.clear();
+        short_views.extend(keys.views().iter().enumerate().map(|(row, &view)| {
+            let len = view as u32 as usize;
+            match len <= INLINE_VIEW_MAX_BYTES && !nulls.is_some_and(|n| n.is_null(row)) {
+                // The length and the bytes, the padding cleared (only a valid key's bytes count).
+                true => view & (u128::MAX >> (96 - 8 * len)),
+                false => NOT_SHORT,
             }
+        }));
+        let mut full = false;
+        views.lookup(short_views, |row, known| {
+            let group = match known {
+                Some(group) => Some(group),
+                None if nulls.is_some_and(|n| n.is_null(row)) => groups.null_group(null_group, max_groups),
+                None => groups.find_or_insert(keys.value(row).as_bytes(), max_groups),
+            };
+            match group {
+                Some(group) => ids.push(group),
+                None => full = true,
+            }
+            group
+        });
+        match full {
+            true => Mapped::Full,
+            false => Mapped::Done,
         }
-        Mapped::Done
     }
 
     /// The keys of the first `groups` groups, as an array of `data_type` (the key column's).
@@ -312,6 +331,37 @@ mod tests {
         let (_, second) = ids(&mut keys, &StringArray::from(reversed), usize::MAX);
         assert_eq!(first, (0..20_000).collect::<Vec<u32>>());
         assert_eq!(second, (0..20_000).rev().collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn view_keys_inline_or_not_keep_their_groups() {
+        // 20 000 keys of 10 to 14 bytes (inline up to 12), in two orders, with nulls and the
+        // empty string: every key keeps its first id.
+        let values: Vec<Option<String>> = (0..20_000)
+            .map(|i| match i {
+                0 => Some(String::new()),
+                _ if i % 997 == 0 => None,
+                _ => Some(format!("{:0width$}", i, width = 10 + i % 5)),
+            })
+            .collect();
+        let array = StringViewArray::from_iter(values.iter().map(|v| v.as_deref()));
+        let reversed = StringViewArray::from_iter(values.iter().rev().map(|v| v.as_deref()));
+        let mut keys = GroupKeys::for_type(&DataType::Utf8View).expect("view");
+        let (_, first) = ids(&mut keys, &array, usize::MAX);
+        let (_, second) = ids(&mut keys, &reversed, usize::MAX);
+        let mut by_value = std::collections::HashMap::new();
+        for (value, id) in values.iter().zip(&first).chain(values.iter().rev().zip(&second)) {
+            assert_eq!(*by_value.entry(value.clone()).or_insert(*id), *id, "{value:?}");
+        }
+        let distinct: std::collections::HashSet<&u32> = first.iter().collect();
+        assert_eq!(distinct.len(), by_value.len());
+        let emitted = keys.emit(keys.len(), &DataType::Utf8View).expect("emit");
+        for (value, &id) in values.iter().zip(&first) {
+            assert_eq!(emitted.as_string_view().is_null(id as usize), value.is_none());
+            if let Some(v) = value {
+                assert_eq!(emitted.as_string_view().value(id as usize), v);
+            }
+        }
     }
 
     #[test]

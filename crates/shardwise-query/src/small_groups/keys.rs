@@ -112,7 +112,7 @@ impl GroupKeys {
             GroupKeys::Bytes(k) => match keys.data_type() {
                 DataType::Utf8 => Ok(k.map_offsets(keys.as_string::<i32>(), max_groups, ids)),
                 DataType::LargeUtf8 => Ok(k.map_offsets(keys.as_string::<i64>(), max_groups, ids)),
-                DataType::Utf8View => Ok(k.map(keys.as_string_view(), max_groups, ids)),
+                DataType::Utf8View => Ok(k.map_views(keys.as_string_view(), max_groups, ids)),
                 other => Err(unexpected(other)),
             },
         }

@@ -19,13 +19,14 @@
 //! from any number of rows). [`rewrite`] puts it into a fragment before the
 //! fragment is encoded; `small_group_aggregation = 0` turns it off.
 
-mod accum;
+pub(crate) mod accum;
 mod byte_keys;
 pub mod codec;
 mod composite;
 pub(crate) mod keys;
 mod rule;
 mod stats;
+mod view_table;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -41,7 +42,7 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::execution_plan::{
     Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
 };
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -50,6 +51,7 @@ use crate::group_topk::chunks;
 use accum::{Accum, AccumKind};
 use composite::KeySet;
 use keys::Mapped;
+pub(crate) use rule::plain_grouping;
 pub use rule::rewrite;
 
 /// Past this many rows read, a partition whose keys made more than
@@ -211,16 +213,7 @@ impl ExecutionPlan for SmallGroupsExec {
                     timer.done();
                     drop(reservation);
                     baseline.record_output(head.iter().map(RecordBatch::num_rows).sum());
-                    let rows = handed_over.clone();
-                    let rest = futures::stream::iter(pending.map(Ok)).chain(input).inspect(move |b| {
-                        if let Ok(b) = b {
-                            rows.add(b.num_rows());
-                        }
-                    });
-                    let stream = Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&input_schema), rest));
-                    let replay = Arc::new(ReplayExec::new(input_schema, stream));
-                    let fallback = with_input(Arc::clone(&fallback_plan) as _, replay)?;
-                    let tail = fallback.execute(0, context)?;
+                    let tail = hand_over(&fallback_plan, Vec::new(), pending, input, &handed_over, context)?;
                     return Ok::<_, DataFusionError>(
                         futures::stream::iter(head.into_iter().map(Ok)).chain(tail).boxed(),
                     );
@@ -260,6 +253,29 @@ fn states(
     Ok(chunks(RecordBatch::try_new(Arc::clone(schema), columns)?, batch_rows))
 }
 
+/// DataFusion's aggregation `plan` run over `head`, then `pending`, then the rest of `input`
+/// (an operator handing over part-way); the rows after `head` count in `handed_over`.
+pub(crate) fn hand_over(
+    plan: &Arc<AggregateExec>,
+    head: Vec<RecordBatch>,
+    pending: Option<RecordBatch>,
+    input: SendableRecordBatchStream,
+    handed_over: &Count,
+    context: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let schema = input.schema();
+    let rows = handed_over.clone();
+    let rest = futures::stream::iter(pending.map(Ok)).chain(input).inspect(move |b| {
+        if let Ok(b) = b {
+            rows.add(b.num_rows());
+        }
+    });
+    let replayed = futures::stream::iter(head.into_iter().map(Ok)).chain(rest);
+    let stream = Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&schema), replayed));
+    let replay = Arc::new(ReplayExec::new(schema, stream));
+    with_input(Arc::clone(plan) as _, replay)?.execute(0, context)
+}
+
 /// `plan` (one child) over `input` instead, its properties recomputed.
 pub(crate) fn with_input(
     plan: Arc<dyn ExecutionPlan>,
@@ -269,7 +285,7 @@ pub(crate) fn with_input(
 }
 
 /// Plays back a stream already started, as the input of DataFusion's aggregation when
-/// [`SmallGroupsExec`] hands over: one partition, executable once.
+/// an operator hands over ([`hand_over`]): one partition, executable once.
 struct ReplayExec {
     stream: Mutex<Option<SendableRecordBatchStream>>,
     cache: Arc<PlanProperties>,
@@ -336,4 +352,4 @@ impl ExecutionPlan for ReplayExec {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

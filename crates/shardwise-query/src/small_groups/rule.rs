@@ -19,18 +19,24 @@ use crate::settings::ShardwiseSettings;
 pub(super) fn eligible(agg: &AggregateExec) -> Option<Vec<AccumKind>> {
     let input = agg.input_schema();
     let group_by = agg.group_expr();
-    let plain = *agg.mode() == AggregateMode::Partial
-        && group_by.is_single()
-        && agg.filter_expr().iter().all(Option::is_none)
-        && agg.limit_options().is_none()
-        && agg.dynamic_expressions_produced().is_empty()
-        && *agg.input_order_mode() == InputOrderMode::Linear
-        && !agg.aggr_expr().is_empty();
+    let plain = *agg.mode() == AggregateMode::Partial && plain_grouping(agg);
     let key_types = group_by.expr().iter().map(|(key, _)| key.data_type(&input).ok()).collect::<Option<Vec<_>>>()?;
     if !plain || KeySet::for_types(&key_types).is_none() {
         return None;
     }
     agg.aggr_expr().iter().map(|a| AccumKind::of(a, &input)).collect()
+}
+
+/// Whether `agg` groups plainly: one grouping set, no FILTER, no limit, no dynamic filter it
+/// feeds, unordered input, and at least one aggregate (what the small- and many-group operators
+/// take, whatever the step).
+pub(crate) fn plain_grouping(agg: &AggregateExec) -> bool {
+    agg.group_expr().is_single()
+        && agg.filter_expr().iter().all(Option::is_none)
+        && agg.limit_options().is_none()
+        && agg.dynamic_expressions_produced().is_empty()
+        && *agg.input_order_mode() == InputOrderMode::Linear
+        && !agg.aggr_expr().is_empty()
 }
 
 /// `plan` with every partial aggregation [`SmallGroupsExec`] computes put in its hands, unless

@@ -19,10 +19,12 @@ use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
 use super::{SmallGroupsExec, codec, rewrite};
 use crate::settings::{Flag, ShardwiseSettings};
 
-const ROWS: usize = 24_000;
-const BATCH_ROWS: usize = 1000;
+pub(crate) const ROWS: usize = 24_000;
+pub(crate) const BATCH_ROWS: usize = 1000;
 
-fn table() -> Arc<MemTable> {
+/// Two partitions of `ROWS` rows: keys of every type this module takes (with nulls, and keys
+/// no one window covers) and values of each type its aggregates read.
+pub(crate) fn table() -> Arc<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("k_i8", DataType::Int8, true),
         Field::new("k_wide", DataType::Int64, true),
@@ -69,7 +71,7 @@ fn context() -> SessionContext {
 }
 
 /// The sorted rows of `plan`'s answer.
-async fn answer(ctx: &SessionContext, plan: Arc<dyn ExecutionPlan>) -> Vec<String> {
+pub(crate) async fn answer(ctx: &SessionContext, plan: Arc<dyn ExecutionPlan>) -> Vec<String> {
     let batches = collect(plan, ctx.task_ctx()).await.expect("run");
     let text = pretty_format_batches(&batches).expect("format").to_string();
     let mut rows: Vec<String> = text.lines().filter(|l| l.starts_with('|')).skip(1).map(String::from).collect();

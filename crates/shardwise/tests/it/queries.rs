@@ -464,6 +464,28 @@ fn no_merge_modes_follow_their_definitions() {
     let got = shardwise_rows(&c.addrs[1], small).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got.len(), 7);
     same_rows(&got, &want, false).unwrap_or_else(|e| panic!("small groups: {e}"));
+    // Several keys, many groups: ManyGroupsExec merges them, on the shards (the keys include the
+    // shard key) and in a shuffle's buckets, with DataFusion's answer.
+    let aggregates = "count(*) AS c, sum(v) AS s, avg(v) AS a, min(v) AS lo, max(v) AS hi";
+    for sql in [
+        format!("SELECT g, u, {aggregates} FROM gk GROUP BY g, u"),
+        format!(
+            "SELECT u, v % 3 AS m, {aggregates} FROM gk GROUP BY u, v % 3 SETTINGS distributed_aggregation = 'shuffle'"
+        ),
+    ] {
+        let plan = c.sql(0, &format!("EXPLAIN {sql}")).concat().join(" ");
+        assert!(plan.contains("ManyGroupsExec"), "{plan}");
+        let off = match sql.contains("SETTINGS") {
+            true => format!("{sql}, many_groups_aggregation = 0"),
+            false => format!("{sql} SETTINGS many_groups_aggregation = 0"),
+        };
+        let plan = c.sql(0, &format!("EXPLAIN {off}")).concat().join(" ");
+        assert!(!plan.contains("ManyGroupsExec"), "{plan}");
+        let want = shardwise_rows(&c.addrs[1], &off).unwrap_or_else(|e| panic!("{e}"));
+        let got = shardwise_rows(&c.addrs[1], &sql).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.len(), 20_000, "{sql}");
+        same_rows(&got, &want, false).unwrap_or_else(|e| panic!("many groups: {sql}: {e}"));
+    }
     let window = "EXPLAIN SELECT sk, row_number() OVER (PARTITION BY sk ORDER BY id) FROM s";
     let plan = c.sql(0, window).concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("include the shard key (sk)"), "{plan}");

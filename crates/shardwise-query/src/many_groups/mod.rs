@@ -1,0 +1,315 @@
+//! The final step of an aggregation by several keys with many groups (db-benchmark's q10: six
+//! keys, ten million rows, nearly as many groups) without DataFusion's general group table.
+//!
+//! Why: in q10 the partial step passes almost every row through (each is its own group), and the
+//! final step's `GroupValuesColumn` did the work: a `perf` profile of the node had its hash table
+//! inserts, the table's growth (rehashing and zeroing fresh pages) and the interning of six key
+//! columns at well over half the node's CPU, and the query's first answer batch came only when
+//! DataFusion in process had finished the whole query. [`ManyGroupsExec`] stands in for a final
+//! aggregation (`Final` or `FinalPartitioned`) by two to eight integer or string keys with only
+//! `count`, `sum`, `avg`, `min` and `max` ([`merge`]): each key gets dense ids, a row's ids are
+//! packed into one 128-bit word, and one table of 8-byte entries finds the word's group
+//! ([`packed`]); states merge into plain vectors by group. Its answer (same schema, types and
+//! nulls) is made batch by batch as it is read, so the first batch leaves as soon as the input is
+//! merged.
+//!
+//! Like the small-group aggregation, it cannot spill: when the query's memory limit would be
+//! passed, or a key has more values than its share of the 128 bits numbers, it emits the merged
+//! states it has and hands them, with the rest of its input, to DataFusion's final aggregation
+//! (which spills where it can). [`rewrite`] puts it into a fragment before the fragment is
+//! encoded; `many_groups_aggregation = 0` turns it off.
+
+pub mod codec;
+mod merge;
+mod packed;
+mod radix;
+mod rule;
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::small_groups::keys::Mapped;
+use crate::small_groups::{hand_over, with_input};
+use merge::{Merge, MergeKind};
+use packed::PackedKeys;
+use radix::{BUCKETS, Bucket, Buckets};
+pub use rule::rewrite;
+
+/// A final aggregation by several keys with many groups. See the module doc.
+#[derive(Debug)]
+pub struct ManyGroupsExec {
+    /// The final aggregation this computes: its expressions, output schema and properties, and
+    /// what runs the input if this operator hands over.
+    agg: Arc<AggregateExec>,
+    merges: Vec<MergeKind>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ManyGroupsExec {
+    /// Stands in for `agg`, if it is a final aggregation this operator computes exactly (only
+    /// then is `agg` copied).
+    pub fn try_new(agg: &AggregateExec) -> Option<Self> {
+        let merges = rule::eligible(agg)?;
+        Some(ManyGroupsExec { agg: Arc::new(agg.clone()), merges, metrics: ExecutionPlanMetricsSet::new() })
+    }
+
+    /// The aggregation this operator stands in for.
+    pub fn aggregate(&self) -> &Arc<AggregateExec> {
+        &self.agg
+    }
+}
+
+impl DisplayAs for ManyGroupsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys: Vec<String> = self.agg.group_expr().expr().iter().map(|(e, name)| format!("{e} as {name}")).collect();
+        let aggs: Vec<&str> = self.agg.aggr_expr().iter().map(|a| a.name()).collect();
+        write!(f, "ManyGroupsExec: mode={:?}, gby=[{}], aggr=[{}]", self.agg.mode(), keys.join(", "), aggs.join(", "))
+    }
+}
+
+impl ExecutionPlan for ManyGroupsExec {
+    fn name(&self) -> &str {
+        "ManyGroupsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn input_distribution_requirements(&self) -> datafusion::physical_plan::InputDistributionRequirements {
+        self.agg.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|c| DataFusionError::Internal(format!("ManyGroupsExec takes one child, got {}", c.len())))?;
+        let agg = with_input(Arc::clone(&self.agg) as _, input)?;
+        let agg = agg
+            .downcast_ref::<AggregateExec>()
+            .ok_or_else(|| DataFusionError::Internal("ManyGroupsExec: the aggregation changed kind".into()))?;
+        let exec = ManyGroupsExec::try_new(agg)
+            .ok_or_else(|| DataFusionError::Internal("ManyGroupsExec: the new input changed the keys' types".into()))?;
+        Ok(Arc::new(exec))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let mut input = self.agg.input().execute(partition, Arc::clone(&context))?;
+        let schema = self.agg.schema();
+        // The states' schema (`input_schema()` is the partial step's input).
+        let input_schema = self.agg.input().schema();
+        let key_exprs: Vec<Arc<dyn PhysicalExpr>> =
+            self.agg.group_expr().expr().iter().map(|(e, _)| Arc::clone(e)).collect();
+        let key_types = key_exprs.iter().map(|e| e.data_type(&input_schema)).collect::<Result<Vec<_>>>()?;
+        // The aggregates' state columns follow the keys in the input, in order (`rule::eligible`
+        // checked that they fill it).
+        let state_types: Vec<DataType> =
+            input_schema.fields().iter().skip(key_exprs.len()).map(|f| f.data_type().clone()).collect();
+        let internal = |what: &str| DataFusionError::Internal(format!("ManyGroupsExec: {what}"));
+        let mut keys = PackedKeys::for_types(&key_types).ok_or_else(|| internal("keys of types it does not take"))?;
+        let mut buckets = Buckets::new(&state_types).ok_or_else(|| internal("states of types it does not take"))?;
+        let answer = Answer {
+            merges: self.merges.clone(),
+            batch_rows: context.session_config().batch_size().max(1),
+            key_columns: key_exprs.len(),
+        };
+        let fallback_plan = Arc::clone(&self.agg);
+        let reservation = MemoryConsumer::new(format!("ManyGroupsExec[{partition}]")).register(context.memory_pool());
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let handed_over = MetricBuilder::new(&self.metrics).counter("handed_over_rows", partition);
+        let stream_schema = Arc::clone(&schema);
+        let run = async move {
+            let mut words = Vec::new();
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                let timer = baseline.elapsed_compute().timer();
+                let key_arrays = key_exprs
+                    .iter()
+                    .map(|e| e.evaluate(&batch)?.into_array(batch.num_rows()))
+                    .collect::<Result<Vec<_>>>()?;
+                let full = keys.pack(&key_arrays, &mut words)? == Mapped::Full;
+                if !full {
+                    let states =
+                        batch.columns().get(key_exprs.len()..).ok_or_else(|| internal("a batch without states"))?;
+                    buckets.push(&words, states)?;
+                }
+                let held = keys.size() + buckets.size() + words.capacity() * 16;
+                let out_of_memory = !full && reservation.try_resize(held).is_err();
+                if full || out_of_memory {
+                    // The merged states so far, then the rest of the input (from this batch on
+                    // if it was not taken), through DataFusion's final aggregation.
+                    let dictionaries = keys.dictionaries(&key_types)?;
+                    let mut head = Vec::new();
+                    for b in 0..BUCKETS {
+                        head.extend(answer.bucket(
+                            buckets.take(b)?,
+                            &keys,
+                            &dictionaries,
+                            &input_schema,
+                            Emit::States,
+                        )?);
+                    }
+                    drop(buckets);
+                    timer.done();
+                    drop(reservation);
+                    let pending = full.then_some(batch);
+                    return hand_over(&fallback_plan, head, pending, input, &handed_over, context);
+                }
+                timer.done();
+            }
+            // The answer, a bucket at a time as the consumer asks for it (a group lives in one
+            // bucket, so each bucket's groups are final on their own).
+            let out_key_types: Vec<DataType> =
+                schema.fields().iter().take(answer.key_columns).map(|f| f.data_type().clone()).collect();
+            let dictionaries = keys.dictionaries(&out_key_types)?;
+            let out = Arc::clone(&schema);
+            // Buckets with few groups are joined into batches of up to `batch_rows` rows, so a
+            // small answer does not leave as 64 small batches.
+            let mut pending: Vec<RecordBatch> = Vec::new();
+            let batches = futures::stream::iter(0..BUCKETS).map(move |b| {
+                let _held = &reservation;
+                let _timer = baseline.elapsed_compute().timer();
+                pending.extend(answer.bucket(buckets.take(b)?, &keys, &dictionaries, &out, Emit::Final)?);
+                let last = b + 1 == BUCKETS;
+                let mut ready = Vec::new();
+                while pending.iter().map(RecordBatch::num_rows).sum::<usize>() >= answer.batch_rows || last {
+                    let (batch, rest) = answer.take_batch(&out, std::mem::take(&mut pending))?;
+                    pending = rest;
+                    match batch {
+                        Some(batch) => ready.push(batch),
+                        None => break,
+                    }
+                }
+                baseline.record_output(ready.iter().map(RecordBatch::num_rows).sum());
+                if last {
+                    baseline.done();
+                }
+                Ok::<_, DataFusionError>(futures::stream::iter(ready.into_iter().map(Ok)))
+            });
+            let answer: SendableRecordBatchStream =
+                Box::pin(RecordBatchStreamAdapter::new(schema, batches.try_flatten()));
+            Ok(answer)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(stream_schema, futures::stream::once(run).try_flatten())))
+    }
+}
+
+/// What a bucket's groups become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Emit {
+    /// The answer: keys and final values.
+    Final,
+    /// Partial states, as the input carries them (for DataFusion's final step).
+    States,
+}
+
+/// How one partition's buckets become batches.
+#[derive(Debug)]
+struct Answer {
+    merges: Vec<MergeKind>,
+    batch_rows: usize,
+    key_columns: usize,
+}
+
+impl Answer {
+    /// The first `batch_rows` rows of `pending` as one batch (all of them if fewer), and the
+    /// batches left; `None` when `pending` is empty.
+    fn take_batch(
+        &self,
+        schema: &SchemaRef,
+        pending: Vec<RecordBatch>,
+    ) -> Result<(Option<RecordBatch>, Vec<RecordBatch>)> {
+        let mut taken = Vec::new();
+        let mut rows = 0;
+        let mut rest = Vec::new();
+        for batch in pending {
+            let room = self.batch_rows - rows;
+            if room == 0 {
+                rest.push(batch);
+            } else if batch.num_rows() <= room {
+                rows += batch.num_rows();
+                taken.push(batch);
+            } else {
+                taken.push(batch.slice(0, room));
+                rest.push(batch.slice(room, batch.num_rows() - room));
+                rows += room;
+            }
+        }
+        Ok(match taken.len() {
+            0 => (None, rest),
+            1 => (taken.pop(), rest),
+            _ => (Some(concat_batches(schema, &taken)?), rest),
+        })
+    }
+
+    /// The groups of `bucket`, merged, in batches of at most `batch_rows` rows of `schema`.
+    fn bucket(
+        &self,
+        bucket: Bucket,
+        keys: &PackedKeys,
+        dictionaries: &[ArrayRef],
+        schema: &SchemaRef,
+        emit: Emit,
+    ) -> Result<Vec<RecordBatch>> {
+        let groups = bucket.words.len();
+        let mut merges: Vec<Merge> = self.merges.iter().map(|k| Merge::new(*k)).collect();
+        let mut at = 0;
+        for merge in &mut merges {
+            let columns = merge.kind().state_columns();
+            let states = bucket.states.get(at..at + columns).ok_or_else(|| {
+                DataFusionError::Internal("ManyGroupsExec: fewer state columns than aggregates need".into())
+            })?;
+            merge.update(&bucket.ids, groups, states)?;
+            at += columns;
+        }
+        (0..groups)
+            .step_by(self.batch_rows)
+            .map(|start| {
+                let range = start..(start + self.batch_rows).min(groups);
+                let mut columns = keys.emit(&bucket.words[range.clone()], dictionaries)?;
+                for merge in &merges {
+                    match emit {
+                        Emit::Final => columns.push(merge.evaluate(range.clone())?),
+                        Emit::States => columns.extend(merge.states(range.clone())?),
+                    }
+                }
+                Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
