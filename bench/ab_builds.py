@@ -2,9 +2,10 @@
 """A/B of two shardwise builds on the same queries, in one run.
 
     bench/ab_builds.py --csv /tmp/G1_1e7.csv --before OLD_BINARY --after NEW_BINARY \
-        [--runs 11] [--query 'SELECT id1, sum(v1) AS v1 FROM x GROUP BY id1'] ...
+        [--runs 11] [--nodes 2 [--pin]] [--query 'SELECT id1, sum(v1) AS v1 FROM x GROUP BY id1'] ...
 
-Starts a 1-node cluster of each binary (`shardwise launch --nproc 1`), loads the groupby CSV into
+Starts a cluster of each binary (`shardwise launch --nproc N`, 1 node by default; with --pin,
+rank R runs on core R, as the scaling half of `shardwise bench groupby` pins them), loads the groupby CSV into
 table `x` of each (sharded by id6, as `shardwise bench groupby` does), then times each query
 through ADBC Flight SQL, the two builds alternating run by run (the first of each pair swaps), so
 that the machine's drift weighs on both alike. Prints the best time of each and after/before.
@@ -30,11 +31,32 @@ CREATE = ("CREATE TABLE x (id1 VARCHAR, id2 VARCHAR, id3 VARCHAR, id4 INT, id5 I
 START_TIMEOUT_S = 30
 
 
-def start(binary, data_dir, csv):
-    """A 1-node cluster of `binary` with the CSV loaded; (process, flight address)."""
+def rank_pids(launcher_pid):
+    """{rank: pid} of the nodes a `shardwise launch` started (its children, by their RANK)."""
+    ranks = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"RANK" in env:
+            ranks[int(env[b"RANK"])] = int(entry)
+    return ranks
+
+
+def start(binary, data_dir, csv, nodes, pin):
+    """A cluster of `binary` with the CSV loaded; (process, rank 0's flight address)."""
     log_path = data_dir + ".log"
     log = open(log_path, "w")
-    proc = subprocess.Popen([binary, "launch", "--nproc", "1", "--data-dir", data_dir],
+    command = [binary, "launch", "--nproc", str(nodes), "--data-dir", data_dir]
+    proc = subprocess.Popen((["taskset", "-c", "0"] if pin else []) + command,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     addr = None
@@ -42,8 +64,18 @@ def start(binary, data_dir, csv):
         if time.monotonic() > deadline or proc.poll() is not None:
             sys.exit(f"{binary} did not start; see {log_path}")
         time.sleep(0.1)
-        found = re.search(r"listening rank=0 flight=(\S+)", open(log_path).read())
-        addr = found and found.group(1)
+        text = open(log_path).read()
+        found = re.search(r"listening rank=0 flight=(\S+)", text)
+        ready = all(f"listening rank={r} " in text for r in range(nodes))
+        addr = found and ready and found.group(1)
+    if pin:
+        pids = rank_pids(proc.pid)
+        if sorted(pids) != list(range(nodes)):
+            sys.exit(f"{binary}: found ranks {sorted(pids)} of {nodes} to pin")
+        cores = os.cpu_count() or 1
+        for rank, pid in pids.items():
+            subprocess.run(["taskset", "-a", "-p", "-c", str(rank % cores), str(pid)], check=True,
+                           capture_output=True)
     for args in (["sql", "--connect", addr, "-e", CREATE], ["load", "--connect", addr, "--no-progress", "x", csv]):
         done = subprocess.run([binary, *args], capture_output=True, text=True)
         if done.returncode != 0:
@@ -58,6 +90,8 @@ def main():
     parser.add_argument("--after", required=True, help="shardwise binary B")
     parser.add_argument("--runs", type=int, default=11, help="runs per query and build; the best counts")
     parser.add_argument("--query", action="append", help="SQL over table x (repeatable); default q1-q10")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes per cluster")
+    parser.add_argument("--pin", action="store_true", help="run rank R (all its threads) on core R only")
     args = parser.parse_args()
     groupby_peers.ensure_venv()
     import adbc_driver_flightsql.dbapi as flight_sql
@@ -67,7 +101,7 @@ def main():
     procs, conns, cursors = [], [], []
     try:
         for name, binary in (("before", args.before), ("after", args.after)):
-            proc, addr = start(os.path.abspath(binary), os.path.join(work, name), args.csv)
+            proc, addr = start(os.path.abspath(binary), os.path.join(work, name), args.csv, args.nodes, args.pin)
             procs.append(proc)
             conns.append(flight_sql.connect(f"grpc://{addr}", db_kwargs={"username": "default", "password": ""}))
             cursors.append(conns[-1].cursor())
