@@ -195,15 +195,21 @@ impl ExecutionPlan for ManyGroupsExec {
                 schema.fields().iter().take(answer.key_columns).map(|f| f.data_type().clone()).collect();
             let dictionaries = keys.dictionaries(&out_key_types)?;
             let out = Arc::clone(&schema);
-            // Buckets with few groups are joined into batches of up to `batch_rows` rows, so a
-            // small answer does not leave as 64 small batches.
+            // A bucket's full batches leave as they are; its last, short one waits to be joined
+            // with the next buckets' (so that a small answer does not leave as 64 small batches,
+            // and a large one is not copied again).
             let mut pending: Vec<RecordBatch> = Vec::new();
             let batches = futures::stream::iter(0..BUCKETS).map(move |b| {
                 let _held = &reservation;
                 let _timer = baseline.elapsed_compute().timer();
-                pending.extend(answer.bucket(buckets.take(b)?, &keys, &dictionaries, &out, Emit::Final)?);
-                let last = b + 1 == BUCKETS;
                 let mut ready = Vec::new();
+                for batch in answer.bucket(buckets.take(b)?, &keys, &dictionaries, &out, Emit::Final)? {
+                    match batch.num_rows() == answer.batch_rows {
+                        true => ready.push(batch),
+                        false => pending.push(batch),
+                    }
+                }
+                let last = b + 1 == BUCKETS;
                 while pending.iter().map(RecordBatch::num_rows).sum::<usize>() >= answer.batch_rows || last {
                     let (batch, rest) = answer.take_batch(&out, std::mem::take(&mut pending))?;
                     pending = rest;
