@@ -61,8 +61,8 @@ extensions_options! {
         /// the rest of the partition goes to DataFusion's aggregation.
         pub small_group_aggregation_max_groups: u64, default = 1_048_576
         /// Final aggregation by two to eight integer or string keys with only count, sum, avg,
-        /// min and max through one table of packed key ids instead of DataFusion's; 0 uses
-        /// DataFusion's.
+        /// min and max through packed key ids cut into radix buckets instead of DataFusion's
+        /// group table; 0 uses DataFusion's.
         pub many_groups_aggregation: Flag, default = Flag(true)
     }
 }

@@ -1,5 +1,5 @@
-//! Group ids for two to [`KEYS_MAX`] GROUP BY keys with many combinations (db-benchmark's q10:
-//! six keys, nearly every row its own group).
+//! One 128-bit word per row for two to [`KEYS_MAX`] GROUP BY keys with many combinations
+//! (db-benchmark's q10: six keys, nearly every row its own group).
 //!
 //! Each key column maps its values to dense ids of its own (the small-group mapping,
 //! [`GroupKeys`]: a direct window for integers, a short-key cache and a hash table for strings),
@@ -7,8 +7,8 @@
 //! rows have the same keys exactly when they have the same word. The words' groups are found by
 //! [`super::radix`].
 //!
-//! A key with more values than its bits can number stops the mapping with [`Mapped::Full`], as
-//! `max_groups` does; the operator then hands over to DataFusion's aggregation.
+//! A key with more values than its bits can number stops the packing with [`Mapped::Full`]; the
+//! operator then hands over to DataFusion's aggregation.
 
 use std::sync::Arc;
 
