@@ -15,8 +15,9 @@
 //! when the first bucket is merged. On q10 it took 0.82-0.90x the time of DataFusion's step
 //! (BENCHMARKS.md).
 //!
-//! It holds every input row (word and states) until its input ends, where DataFusion holds every
-//! group: the same when nearly every row is a group. Like the small-group aggregation, it cannot
+//! It holds input rows (word and states) where DataFusion holds groups; when groups come in
+//! several states each, buckets are merged while input still arrives ([`Compaction`]). Like the
+//! small-group aggregation, it cannot
 //! spill: when the query's memory limit would be
 //! passed, or a key has more values than its share of the 128 bits numbers, it emits the merged
 //! states it has and hands them, with the rest of its input, to DataFusion's final aggregation
@@ -41,7 +42,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -153,6 +154,8 @@ impl ExecutionPlan for ManyGroupsExec {
         let reservation = MemoryConsumer::new(format!("ManyGroupsExec[{partition}]")).register(context.memory_pool());
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let handed_over = MetricBuilder::new(&self.metrics).counter("handed_over_rows", partition);
+        let compacted = MetricBuilder::new(&self.metrics).counter("compacted_rows", partition);
+        let mut compaction = Compaction::new();
         let stream_schema = Arc::clone(&schema);
         let run = async move {
             let mut words = Vec::new();
@@ -168,6 +171,7 @@ impl ExecutionPlan for ManyGroupsExec {
                     let states =
                         batch.columns().get(key_exprs.len()..).ok_or_else(|| internal("a batch without states"))?;
                     buckets.push(&words, states)?;
+                    compaction.run(&answer, &mut buckets, &compacted)?;
                 }
                 let held = keys.size() + buckets.size() + words.capacity() * 16;
                 let out_of_memory = !full && reservation.try_resize(held).is_err();
@@ -185,6 +189,51 @@ impl ExecutionPlan for ManyGroupsExec {
             answer.stream(schema, keys, buckets, reservation, baseline)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(stream_schema, futures::stream::once(run).try_flatten())))
+    }
+}
+
+/// Rows a bucket holds before it is first compacted.
+pub const COMPACT_MIN_ROWS: usize = 1 << 12;
+
+/// When buckets are merged while input still arrives, so that the rows held stay near the
+/// number of groups when each group comes in many states (a shuffle's merge of several shards,
+/// a final step whose partial step passed rows through): a bucket is compacted (its rows merged
+/// into one per group) when it holds twice the rows it had after its last compaction, and at
+/// least [`COMPACT_MIN_ROWS`]. When a compaction saves less than a quarter of its rows (nearly
+/// every row its own group, as in q10), there is nothing to gain and it stops for good.
+#[derive(Debug)]
+struct Compaction {
+    /// The rows at which each bucket is compacted next.
+    at: Vec<usize>,
+    on: bool,
+}
+
+impl Compaction {
+    fn new() -> Self {
+        Compaction { at: vec![COMPACT_MIN_ROWS; BUCKETS], on: true }
+    }
+
+    /// Compacts the buckets that are due; the rows it removed count in `compacted`.
+    fn run(&mut self, answer: &Answer, buckets: &mut Buckets, compacted: &Count) -> Result<()> {
+        for b in 0..BUCKETS {
+            let rows = buckets.rows(b);
+            if !self.on || rows < self.at[b] {
+                continue;
+            }
+            let bucket = buckets.take(b)?;
+            let groups = bucket.words.len();
+            let merges = answer.merged(&bucket)?;
+            let mut states = Vec::new();
+            for merge in &merges {
+                states.extend(merge.states(0..groups)?);
+            }
+            // Every word of bucket `b` hashes to `b` again.
+            buckets.push(&bucket.words, &states)?;
+            compacted.add(rows - groups);
+            self.at[b] = (2 * groups).max(COMPACT_MIN_ROWS);
+            self.on = 4 * groups <= 3 * rows;
+        }
+        Ok(())
     }
 }
 
@@ -299,15 +348,8 @@ impl Answer {
         })
     }
 
-    /// The groups of `bucket`, merged, in batches of at most `batch_rows` rows of `schema`.
-    fn bucket(
-        &self,
-        bucket: Bucket,
-        keys: &PackedKeys,
-        dictionaries: &[ArrayRef],
-        schema: &SchemaRef,
-        emit: Emit,
-    ) -> Result<Vec<RecordBatch>> {
+    /// Each aggregate's states of `bucket`'s rows, merged by group.
+    fn merged(&self, bucket: &Bucket) -> Result<Vec<Merge>> {
         let groups = bucket.words.len();
         let mut merges: Vec<Merge> = self.merges.iter().map(|k| Merge::new(*k)).collect();
         let mut at = 0;
@@ -319,6 +361,20 @@ impl Answer {
             merge.update(&bucket.ids, groups, states)?;
             at += columns;
         }
+        Ok(merges)
+    }
+
+    /// The groups of `bucket`, merged, in batches of at most `batch_rows` rows of `schema`.
+    fn bucket(
+        &self,
+        bucket: Bucket,
+        keys: &PackedKeys,
+        dictionaries: &[ArrayRef],
+        schema: &SchemaRef,
+        emit: Emit,
+    ) -> Result<Vec<RecordBatch>> {
+        let groups = bucket.words.len();
+        let merges = self.merged(&bucket)?;
         (0..groups)
             .step_by(self.batch_rows)
             .map(|start| {

@@ -103,6 +103,11 @@ impl Buckets {
         rows + self.values.iter().map(|v| v.capacity() * 8).sum::<usize>()
     }
 
+    /// Rows held in bucket `bucket`.
+    pub fn rows(&self, bucket: usize) -> usize {
+        self.rows.get(bucket).map_or(0, |b| b.len() / self.stride)
+    }
+
     /// Adds a batch's rows: `words` (one per row) and `states` (one array per state column).
     pub fn push(&mut self, words: &[u128], states: &[ArrayRef]) -> Result<()> {
         if states.len() != self.types.len() || states.iter().any(|s| s.len() != words.len()) {

@@ -190,3 +190,31 @@ async fn small_buckets_leave_in_full_batches() {
     assert!(rows > 10 * BATCH_ROWS, "{rows} rows");
     assert!(short <= 2, "{short} short batches of {}", batches.len());
 }
+
+#[tokio::test]
+async fn many_states_per_group_are_compacted_while_input_arrives() {
+    // The partial step passes every row through (told to skip at once), so the final step gets
+    // 1.2M states for 3 700 groups: its buckets are compacted as they fill, and the answer is
+    // DataFusion's.
+    let mut config = SessionConfig::new().with_target_partitions(2).with_batch_size(BATCH_ROWS);
+    config.options_mut().execution.skip_partial_aggregation_probe_rows_threshold = 0;
+    config.options_mut().execution.skip_partial_aggregation_probe_ratio_threshold = 0.0;
+    let ctx = context_with(config, None);
+    let sql = "SELECT value % 100 AS a, value % 37 AS b, count(*), sum(value), avg(CAST(value AS DOUBLE)), \
+               min(value), max(value) FROM generate_series(1, 1200000) GROUP BY value % 100, value % 37";
+    let expected = answer(&ctx, plan(&ctx, sql).await).await;
+    assert_eq!(expected.len(), 3700);
+    let ours = rewrite(plan(&ctx, sql).await, &ShardwiseSettings::default()).expect("rewrite");
+    assert!(uses_many_groups(&ours));
+    assert_eq!(answer(&ctx, Arc::clone(&ours)).await, expected);
+    let mut compacted = 0;
+    ours.apply(|node| {
+        if node.is::<ManyGroupsExec>() {
+            compacted += node.metrics().and_then(|m| m.sum_by_name("compacted_rows")).map_or(0, |v| v.as_usize());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("walk");
+    // Nearly every row merged away while the input came (the last rows of each bucket stay).
+    assert!(compacted > 900_000, "{compacted} rows compacted");
+}
