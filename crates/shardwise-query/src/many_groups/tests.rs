@@ -39,17 +39,21 @@ fn uses_many_groups(plan: &Arc<dyn ExecutionPlan>) -> bool {
     displayable(plan.as_ref()).indent(true).to_string().contains("ManyGroupsExec")
 }
 
-/// The operator's `handed_over_rows`, summed over its partitions.
-fn handed_over(plan: &Arc<dyn ExecutionPlan>) -> usize {
+/// The operator's metric `name`, summed over its partitions.
+fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     let mut rows = 0;
     plan.apply(|node| {
         if node.is::<ManyGroupsExec>() {
-            rows += node.metrics().and_then(|m| m.sum_by_name("handed_over_rows")).map_or(0, |v| v.as_usize());
+            rows += node.metrics().and_then(|m| m.sum_by_name(name)).map_or(0, |v| v.as_usize());
         }
         Ok(TreeNodeRecursion::Continue)
     })
     .expect("walk");
     rows
+}
+
+fn handed_over(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    metric(plan, "handed_over_rows")
 }
 
 /// Every kind it merges; `sum(v_i32)` and `avg(v_i32)` read integers under DataFusion's widening
@@ -207,14 +211,7 @@ async fn many_states_per_group_are_compacted_while_input_arrives() {
     let ours = rewrite(plan(&ctx, sql).await, &ShardwiseSettings::default()).expect("rewrite");
     assert!(uses_many_groups(&ours));
     assert_eq!(answer(&ctx, Arc::clone(&ours)).await, expected);
-    let mut compacted = 0;
-    ours.apply(|node| {
-        if node.is::<ManyGroupsExec>() {
-            compacted += node.metrics().and_then(|m| m.sum_by_name("compacted_rows")).map_or(0, |v| v.as_usize());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })
-    .expect("walk");
+    let compacted = metric(&ours, "compacted_rows");
     // Nearly every row merged away while the input came (the last rows of each bucket stay).
     assert!(compacted > 900_000, "{compacted} rows compacted");
 }
