@@ -3,7 +3,8 @@
 //!
 //! Starts `--nodes` node processes, loads one table of `--rows` rows sharded by `id`, with key
 //! columns `k3` .. `k7` holding 1e3 .. 1e7 distinct values (spread by a hash of the row number),
-//! and runs `SELECT kE, sum(v), count(*) FROM m GROUP BY kE` through rank 0 in each mode. Before
+//! and runs `SELECT kE, sum(v), count(*) FROM m GROUP BY kE` (with `--two-keys`, by `kE, z`, `z`
+//! being 0 in every row) through rank 0 in each mode. Before
 //! each query the peak resident size of every node is reset (`/proc/PID/clear_refs`, 5); after it,
 //! each node's peak (`VmHWM`) above its resident size at the start is reported. The client (this
 //! process) receives and counts the answer: its memory is not a node's. Linux only.
@@ -37,6 +38,13 @@ pub struct MemoryBenchArgs {
     /// Where the nodes keep their data [default: a temporary directory].
     #[arg(long)]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Group by `kE, z` instead of `kE`: `z` is 0 in every row, so the groups are the same, but
+    /// with two keys the merge runs in the many-group operator (docs/distributed-queries.md).
+    #[arg(long)]
+    pub two_keys: bool,
+    /// Also append this setting to every query (e.g. `many_groups_aggregation = 0`). Repeatable.
+    #[arg(long = "setting", value_name = "NAME = VALUE")]
+    pub settings: Vec<String>,
 }
 
 /// Rows per ingest call while loading.
@@ -46,6 +54,7 @@ const KEY_POWERS: std::ops::RangeInclusive<u32> = 3..=7;
 fn schema() -> SchemaRef {
     let mut fields = vec![Field::new("id", DataType::Int64, true)];
     fields.extend(KEY_POWERS.map(|e| Field::new(format!("k{e}"), DataType::Int64, true)));
+    fields.push(Field::new("z", DataType::Int64, true));
     fields.push(Field::new("v", DataType::Float64, true));
     Arc::new(Schema::new(fields))
 }
@@ -67,6 +76,7 @@ fn rows(from: u64, to: u64) -> anyhow::Result<RecordBatch> {
         let keys = (from..to).map(|i| if i < groups { i as i64 } else { (mix(i) % groups) as i64 });
         columns.push(Arc::new(keys.collect::<Int64Array>()));
     }
+    columns.push(Arc::new(Int64Array::from(vec![0; (to - from) as usize])));
     columns.push(Arc::new((from..to).map(|i| (i % 1000) as f64 * 0.5).collect::<Float64Array>()));
     Ok(RecordBatch::try_new(schema(), columns)?)
 }
@@ -119,7 +129,7 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<ExitCode> {
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
     let keys: Vec<String> = KEY_POWERS.map(|e| format!("k{e} BIGINT")).collect();
-    sql.query(&format!("CREATE TABLE m (id BIGINT, {}, v DOUBLE) WITH (shard_key = 'id')", keys.join(", ")))
+    sql.query(&format!("CREATE TABLE m (id BIGINT, {}, z BIGINT, v DOUBLE) WITH (shard_key = 'id')", keys.join(", ")))
         .await
         .map_err(|e| anyhow!("{e}"))?;
     let started = Instant::now();
@@ -135,8 +145,14 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<ExitCode> {
     println!("{:<8} {:<10} {:>9} {:>8} {:>10} {}", "groups", "mode", "rows", "time_s", "initiator", others.join("  "));
     for e in &args.groups_pow10 {
         for mode in ["initiator", "shuffle"] {
+            let keys = match args.two_keys {
+                true => format!("k{e}, z"),
+                false => format!("k{e}"),
+            };
+            let extra: String = args.settings.iter().map(|s| format!(", {s}")).collect();
             let query = format!(
-                "SELECT k{e}, sum(v) AS s, count(*) AS c FROM m GROUP BY k{e} SETTINGS distributed_aggregation = '{mode}'"
+                "SELECT {keys}, sum(v) AS s, count(*) AS c FROM m GROUP BY {keys} \
+                 SETTINGS distributed_aggregation = '{mode}'{extra}"
             );
             let before: Vec<u64> = pids.iter().map(|p| reset_peak(*p)).collect::<anyhow::Result<_>>()?;
             let started = Instant::now();
