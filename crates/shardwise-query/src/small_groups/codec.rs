@@ -20,11 +20,8 @@ use super::{SmallGroupsExec, with_input};
 /// The encoded node, if `node` is a [`SmallGroupsExec`].
 pub fn encode(node: &Arc<dyn ExecutionPlan>, codec: &dyn PhysicalExtensionCodec) -> Result<Option<Vec<u8>>> {
     let Some(exec) = node.downcast_ref::<SmallGroupsExec>() else { return Ok(None) };
-    let agg = exec.aggregate();
-    let placeholder = Arc::new(EmptyExec::new(agg.input_schema()));
-    let described = with_input(Arc::clone(agg) as _, placeholder)?;
     let mut out = (exec.max_groups() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&physical_plan_to_bytes_with_extension_codec(described, codec)?);
+    out.extend_from_slice(&aggregate_to_bytes(exec.aggregate(), codec)?);
     Ok(Some(out))
 }
 
@@ -39,10 +36,27 @@ pub fn decode(
         |what: &str| DataFusionError::Plan(format!("not a shardwise fragment ticket: small-group aggregation {what}"));
     let (max_groups, rest) = buf.split_first_chunk::<8>().ok_or_else(|| bad("cut short"))?;
     let max_groups = usize::try_from(u64::from_le_bytes(*max_groups)).map_err(|_| bad("max_groups is too large"))?;
-    let described = physical_plan_from_bytes_with_extension_codec(rest, ctx, codec)?;
-    let agg = with_input(described, input)?;
+    let agg = aggregate_from_bytes(rest, input, ctx, codec)?;
     let agg = agg.downcast_ref::<AggregateExec>().ok_or_else(|| bad("is not an aggregation"))?;
     let exec =
         SmallGroupsExec::try_new(agg, max_groups).ok_or_else(|| bad("names an aggregation it does not compute"))?;
     Ok(Arc::new(exec))
+}
+
+/// `agg` as `datafusion-proto` bytes, over an `EmptyExec` with its input's schema (the real input
+/// travels as the extension node's child).
+pub(crate) fn aggregate_to_bytes(agg: &Arc<AggregateExec>, codec: &dyn PhysicalExtensionCodec) -> Result<Vec<u8>> {
+    let placeholder = Arc::new(EmptyExec::new(agg.input().schema()));
+    let described = with_input(Arc::clone(agg) as _, placeholder)?;
+    Ok(physical_plan_to_bytes_with_extension_codec(described, codec)?.to_vec())
+}
+
+/// The plan [`aggregate_to_bytes`] wrote, over `input`.
+pub(crate) fn aggregate_from_bytes(
+    buf: &[u8],
+    input: Arc<dyn ExecutionPlan>,
+    ctx: &TaskContext,
+    codec: &dyn PhysicalExtensionCodec,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    with_input(physical_plan_from_bytes_with_extension_codec(buf, ctx, codec)?, input)
 }
