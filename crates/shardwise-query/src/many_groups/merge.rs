@@ -90,10 +90,6 @@ impl Merge {
         Merge { kind, ints: Vec::new(), floats: Vec::new(), seen: Vec::new() }
     }
 
-    pub fn kind(&self) -> MergeKind {
-        self.kind
-    }
-
     /// Merges the states of a batch (`states`: this aggregate's state columns) whose rows have
     /// groups `ids`; `groups` is the number of groups so far.
     pub fn update(&mut self, ids: &[u32], groups: usize, states: &[ArrayRef]) -> Result<()> {

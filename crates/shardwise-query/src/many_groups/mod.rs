@@ -48,7 +48,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::{StreamExt, TryStreamExt};
 
 use crate::small_groups::keys::Mapped;
-use crate::small_groups::{hand_over, with_input};
+use crate::small_groups::{aggregate_over, hand_over};
 use merge::{Merge, MergeKind};
 use packed::PackedKeys;
 use radix::{BUCKETS, Bucket, Buckets};
@@ -115,13 +115,8 @@ impl ExecutionPlan for ManyGroupsExec {
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|c| DataFusionError::Internal(format!("ManyGroupsExec takes one child, got {}", c.len())))?;
-        let agg = with_input(Arc::clone(&self.agg) as _, input)?;
-        let agg = agg
-            .downcast_ref::<AggregateExec>()
-            .ok_or_else(|| DataFusionError::Internal("ManyGroupsExec: the aggregation changed kind".into()))?;
-        let exec = ManyGroupsExec::try_new(agg)
+        let agg = aggregate_over(&self.agg, children, "ManyGroupsExec")?;
+        let exec = ManyGroupsExec::try_new(&agg)
             .ok_or_else(|| DataFusionError::Internal("ManyGroupsExec: the new input changed the keys' types".into()))?;
         Ok(Arc::new(exec))
     }
@@ -216,8 +211,11 @@ impl Compaction {
     /// Compacts the buckets that are due; the rows it removed count in `compacted`.
     fn run(&mut self, answer: &Answer, buckets: &mut Buckets, compacted: &Count) -> Result<()> {
         for b in 0..BUCKETS {
+            if !self.on {
+                return Ok(());
+            }
             let rows = buckets.rows(b);
-            if !self.on || rows < self.at[b] {
+            if rows < self.at[b] {
                 continue;
             }
             let bucket = buckets.take(b)?;
@@ -353,8 +351,8 @@ impl Answer {
         let groups = bucket.words.len();
         let mut merges: Vec<Merge> = self.merges.iter().map(|k| Merge::new(*k)).collect();
         let mut at = 0;
-        for merge in &mut merges {
-            let columns = merge.kind().state_columns();
+        for (merge, kind) in merges.iter_mut().zip(&self.merges) {
+            let columns = kind.state_columns();
             let states = bucket.states.get(at..at + columns).ok_or_else(|| {
                 DataFusionError::Internal("ManyGroupsExec: fewer state columns than aggregates need".into())
             })?;

@@ -130,13 +130,8 @@ impl ExecutionPlan for SmallGroupsExec {
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|c| DataFusionError::Internal(format!("SmallGroupsExec takes one child, got {}", c.len())))?;
-        let agg = with_input(Arc::clone(&self.agg) as _, input)?;
-        let agg = agg
-            .downcast_ref::<AggregateExec>()
-            .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: the aggregation changed kind".into()))?;
-        let exec = SmallGroupsExec::try_new(agg, self.max_groups)
+        let agg = aggregate_over(&self.agg, children, "SmallGroupsExec")?;
+        let exec = SmallGroupsExec::try_new(&agg, self.max_groups)
             .ok_or_else(|| DataFusionError::Internal("SmallGroupsExec: the new input changed the key's type".into()))?;
         Ok(Arc::new(exec))
     }
@@ -274,6 +269,21 @@ pub(crate) fn hand_over(
     let stream = Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&schema), replayed));
     let replay = Arc::new(ReplayExec::new(schema, stream));
     with_input(Arc::clone(plan) as _, replay)?.execute(0, context)
+}
+
+/// The aggregation `agg` over the one plan in `children` instead: the `with_new_children` of an
+/// operator (named `operator` in errors) that stands in for `agg`.
+pub(crate) fn aggregate_over(
+    agg: &Arc<AggregateExec>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    operator: &str,
+) -> Result<AggregateExec> {
+    let [input] = <[_; 1]>::try_from(children)
+        .map_err(|c| DataFusionError::Internal(format!("{operator} takes one child, got {}", c.len())))?;
+    let plan = with_input(Arc::clone(agg) as _, input)?;
+    plan.downcast_ref::<AggregateExec>()
+        .cloned()
+        .ok_or_else(|| DataFusionError::Internal(format!("{operator}: the aggregation changed kind")))
 }
 
 /// `plan` (one child) over `input` instead, its properties recomputed.
