@@ -19,6 +19,7 @@ mod demo_data;
 mod embedded;
 mod load;
 mod logging;
+mod malloc_tuning;
 mod ports;
 mod proc_cluster;
 mod shell;
@@ -70,6 +71,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    malloc_tuning::configure();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
