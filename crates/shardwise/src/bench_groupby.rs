@@ -4,7 +4,11 @@
 //! 1. **Overhead**: a 1-node cluster (node process, queries over Flight SQL, answers collected by
 //!    the client) against DataFusion with the same thread count on the same rows in memory.
 //! 2. **Scaling** (unless `--skip-scaling`): 2 nodes each pinned to its own core against 1 node
-//!    pinned to one core, beside the speedup DataFusion gets from 1 to 2 threads.
+//!    pinned to one core, beside the speedup DataFusion gets from 1 to 2 threads. Each engine
+//!    gets those cores for everything it does: while it is timed, this process (the client that
+//!    receives and decodes the answer, or DataFusion itself) is pinned to them too. Without that
+//!    a 1-node cluster on core 0 had its client decode the answer on core 1 for free, which a
+//!    2-node cluster, or DataFusion on 1 thread, does not get.
 //!
 //! Each query's time is the best of `--runs`, the runs interleaved across the engines compared;
 //! answers are materialized (collected), and the row counts of shardwise and DataFusion must
@@ -199,16 +203,26 @@ impl Engine {
 /// Each engine's best time and row count per query. The runs are interleaved (for each query,
 /// each run goes through every engine in turn), so that the machine's speed, which drifts over
 /// minutes on a shared host, weighs on every engine alike.
+///
+/// `cores[i]`, when given, are the CPUs engine `i` runs on: this process is pinned to them while
+/// that engine is timed (and to the CPUs it started with otherwise).
 async fn interleaved_times(
     args: &GroupbyBenchArgs,
     engines: &mut [Engine],
+    cores: &[Option<Vec<usize>>],
     queries: &[(&str, &str)],
 ) -> anyhow::Result<Vec<Timings>> {
+    let all_cores = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .context("cannot read this process's CPU affinity")?;
     let mut times: Vec<Timings> = vec![Vec::new(); engines.len()];
     for (name, sql) in queries {
         let mut best = vec![(Duration::MAX, 0); engines.len()];
         for _ in 0..args.runs.max(1) {
-            for (engine, best) in engines.iter_mut().zip(&mut best) {
+            for (i, (engine, best)) in engines.iter_mut().zip(&mut best).enumerate() {
+                match cores.get(i).and_then(Option::as_deref) {
+                    Some(cpus) => pin_this_process(&cpu_set(cpus)?)?,
+                    None => pin_this_process(&all_cores)?,
+                }
                 let started = Instant::now();
                 let n = engine.run(name, sql).await?;
                 *best = (best.0.min(started.elapsed()), n);
@@ -219,6 +233,30 @@ async fn interleaved_times(
         }
     }
     Ok(times)
+}
+
+fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
+    let mut set = nix::sched::CpuSet::new();
+    for cpu in cpus {
+        set.set(*cpu).with_context(|| format!("no CPU {cpu}"))?;
+    }
+    Ok(set)
+}
+
+/// Pins every thread of this process to `set` (threads started later inherit it from theirs).
+fn pin_this_process(set: &nix::sched::CpuSet) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir("/proc/self/task").context("cannot list this process's threads")? {
+        let name = entry.context("cannot list this process's threads")?.file_name();
+        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set) {
+            // A thread that ended since the listing.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => bail!("cannot pin thread {tid} of this process: {e}"),
+        }
+    }
+    Ok(())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -271,7 +309,8 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         let other = Engine::with_settings(&engines[1], setting).await?;
         engines.push(other);
     }
-    let times = interleaved_times(&args, &mut engines, &queries).await;
+    let unpinned = vec![None; engines.len()];
+    let times = interleaved_times(&args, &mut engines, &unpinned, &queries).await;
     for engine in engines {
         engine.stop().await;
     }
@@ -316,7 +355,8 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         Engine::shardwise(&args, &base.join("pinned-2"), 2, Some(vec![vec![0], vec![1]])).await?,
     ];
     drop(batches);
-    let times = interleaved_times(&args, &mut engines, &queries).await;
+    let cores = [Some(vec![0]), Some(vec![0, 1]), Some(vec![0]), Some(vec![0, 1])];
+    let times = interleaved_times(&args, &mut engines, &cores, &queries).await;
     for engine in engines {
         engine.stop().await;
     }
@@ -326,7 +366,10 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     };
     check_rows(&queries, &df1, &sw1, "DataFusion and shardwise")?;
     check_rows(&queries, &sw1, &sw2, "1 and 2 nodes")?;
-    println!("\nscaling: shardwise 1 node on core 0 -> 2 nodes on cores 0 and 1; DataFusion 1 -> 2 threads");
+    println!(
+        "\nscaling: shardwise 1 node on core 0 -> 2 nodes on cores 0 and 1; DataFusion 1 -> 2 threads on the same \
+         cores; the client on the cores of the engine it times"
+    );
     println!(
         "{:<6} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9} {:>10}",
         "query", "sw 1n", "sw 2n", "speedup", "df 1t", "df 2t", "speedup", "sw/df"
