@@ -27,7 +27,7 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::cmd_sql::SqlClient;
-use crate::proc_cluster::ProcCluster;
+use crate::proc_cluster::{ProcCluster, cpu_set};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct GroupbyBenchArgs {
@@ -44,7 +44,8 @@ pub struct GroupbyBenchArgs {
     /// Runs per query; the best is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: u32,
-    /// Only the 1-node comparison.
+    /// Only the 1-node comparison (the scaling half runs 1 node on core 0 and 2 nodes on cores 0
+    /// and 1, DataFusion on 1 and 2 threads, this process pinned to the cores of what it times).
     #[arg(long)]
     pub skip_scaling: bool,
     /// Where the nodes keep their data [default: a temporary directory].
@@ -214,15 +215,18 @@ async fn interleaved_times(
 ) -> anyhow::Result<Vec<Timings>> {
     let all_cores = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
         .context("cannot read this process's CPU affinity")?;
+    let sets = (0..engines.len())
+        .map(|i| match cores.get(i).and_then(Option::as_deref) {
+            Some(cpus) => cpu_set(cpus),
+            None => Ok(all_cores),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times: Vec<Timings> = vec![Vec::new(); engines.len()];
     for (name, sql) in queries {
         let mut best = vec![(Duration::MAX, 0); engines.len()];
         for _ in 0..args.runs.max(1) {
-            for (i, (engine, best)) in engines.iter_mut().zip(&mut best).enumerate() {
-                match cores.get(i).and_then(Option::as_deref) {
-                    Some(cpus) => pin_this_process(&cpu_set(cpus)?)?,
-                    None => pin_this_process(&all_cores)?,
-                }
+            for ((engine, best), set) in engines.iter_mut().zip(&mut best).zip(&sets) {
+                pin_this_process(set)?;
                 let started = Instant::now();
                 let n = engine.run(name, sql).await?;
                 *best = (best.0.min(started.elapsed()), n);
@@ -232,15 +236,8 @@ async fn interleaved_times(
             times.push(best);
         }
     }
+    pin_this_process(&all_cores)?;
     Ok(times)
-}
-
-fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
-    let mut set = nix::sched::CpuSet::new();
-    for cpu in cpus {
-        set.set(*cpu).with_context(|| format!("no CPU {cpu}"))?;
-    }
-    Ok(set)
 }
 
 /// Pins every thread of this process to `set` (threads started later inherit it from theirs).
@@ -387,7 +384,33 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::named_query;
+    use super::{cpu_set, named_query, pin_this_process};
+
+    #[test]
+    fn pinning_this_process_pins_every_thread_and_is_undone() {
+        let here = nix::unistd::Pid::from_raw(0);
+        let all = nix::sched::sched_getaffinity(here).expect("affinity");
+        let first = (0..nix::sched::CpuSet::count()).find(|c| all.is_set(*c).unwrap_or(false)).expect("a CPU");
+        let (ready, wait) = std::sync::mpsc::channel::<()>();
+        let (done, check) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            ready.send(()).expect("send");
+            check.recv().expect("recv");
+            nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("affinity")
+        });
+        wait.recv().expect("thread started");
+        pin_this_process(&cpu_set(&[first]).expect("set")).expect("pin");
+        done.send(()).expect("send");
+        let seen = other.join().expect("thread");
+        pin_this_process(&all).expect("unpin");
+        let count = |set: &nix::sched::CpuSet| {
+            (0..nix::sched::CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).count()
+        };
+        assert_eq!(count(&seen), 1, "a thread that already ran was pinned too");
+        assert!(seen.is_set(first).unwrap_or(false));
+        assert_eq!(nix::sched::sched_getaffinity(here).expect("affinity"), all);
+        assert!(cpu_set(&[usize::MAX]).is_err());
+    }
 
     #[test]
     fn extra_queries_are_name_equals_sql() {

@@ -142,14 +142,10 @@ impl ProcCluster {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
             .kill_on_drop(true);
-        let mut cpu_set = None;
-        if let Some(cpus) = self.cpus.as_ref().and_then(|c| c.get(rank as usize)) {
-            let mut set = nix::sched::CpuSet::new();
-            for cpu in cpus {
-                set.set(*cpu).with_context(|| format!("cannot pin rank {rank} to CPU {cpu}"))?;
-            }
-            cpu_set = Some(set);
-        }
+        let cpu_set = match self.cpus.as_ref().and_then(|c| c.get(rank as usize)) {
+            Some(cpus) => Some(cpu_set(cpus).with_context(|| format!("cannot pin rank {rank}"))?),
+            None => None,
+        };
         // SAFETY: the closure only calls prctl(2) and sched_setaffinity(2), which are
         // async-signal-safe, on values made before the fork.
         unsafe {
@@ -218,4 +214,13 @@ impl ProcCluster {
             }
         }
     }
+}
+
+/// The CPU set of `cpus` (for `sched_setaffinity`).
+pub(crate) fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
+    let mut set = nix::sched::CpuSet::new();
+    for cpu in cpus {
+        set.set(*cpu).with_context(|| format!("no CPU {cpu} to pin to"))?;
+    }
+    Ok(set)
 }
