@@ -27,7 +27,7 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::cmd_sql::SqlClient;
-use crate::proc_cluster::{ProcCluster, cpu_set};
+use crate::proc_cluster::{ProcCluster, cpu_set, pin_this_process};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct GroupbyBenchArgs {
@@ -240,22 +240,6 @@ async fn interleaved_times(
     Ok(times)
 }
 
-/// Pins every thread of this process to `set` (threads started later inherit it from theirs).
-fn pin_this_process(set: &nix::sched::CpuSet) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir("/proc/self/task").context("cannot list this process's threads")? {
-        let name = entry.context("cannot list this process's threads")?.file_name();
-        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set) {
-            // A thread that ended since the listing.
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(e) => bail!("cannot pin thread {tid} of this process: {e}"),
-        }
-    }
-    Ok(())
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -384,7 +368,8 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_set, named_query, pin_this_process};
+    use super::named_query;
+    use crate::proc_cluster::{cpu_set, pin_this_process};
 
     #[test]
     fn pinning_this_process_pins_every_thread_and_is_undone() {

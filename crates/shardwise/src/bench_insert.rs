@@ -6,7 +6,10 @@
 //! number of bare `write` + `fdatasync` calls of the same size on the same file system: the floor
 //! any durable insert pays. The delay mode is then timed again with the two other nodes paused
 //! (SIGSTOP): its latency must not depend on them. With `--others-data-dir` (e.g. on /dev/shm),
-//! ranks 1 and 2 keep their data elsewhere, so that their fsyncs do not share rank 0's disk.
+//! ranks 1 and 2 keep their data elsewhere, so that their fsyncs do not share rank 0's disk; with
+//! `--pin`, rank 0 and this process (the client, and the bare fsyncs) run on CPU 0 and ranks 1
+//! and 2 on CPU 1, so that their work does not take rank 0's CPU either: together, the other
+//! nodes as on other machines.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,7 +25,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use tonic::transport::Endpoint;
 
 use crate::cmd_sql::SqlClient;
-use crate::proc_cluster::ProcCluster;
+use crate::proc_cluster::{ProcCluster, cpu_set, pin_this_process};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct InsertBenchArgs {
@@ -39,6 +42,10 @@ pub struct InsertBenchArgs {
     /// fsyncs do not share rank 0's disk, as on separate machines.
     #[arg(long)]
     pub others_data_dir: Option<std::path::PathBuf>,
+    /// Rank 0 and this process (the client) on CPU 0, ranks 1 and 2 on CPU 1, so that the other
+    /// nodes' work does not take rank 0's CPU, as on separate machines (needs 2 CPUs).
+    #[arg(long)]
+    pub pin: bool,
     /// More table options for both tables, as in `WITH (..)`, e.g. `delay_max_ms = 60000` (no
     /// background shipping while the inserts are timed).
     #[arg(long)]
@@ -135,7 +142,13 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         Some(base) => Some(place_others(base, &dir)?),
         None => None,
     };
-    let cluster = ProcCluster::start(3, &dir, &[]).await?;
+    let cluster = match args.pin {
+        true => {
+            pin_this_process(&cpu_set(&[0])?)?;
+            ProcCluster::start_pinned(3, &dir, &[], vec![vec![0], vec![1], vec![1]]).await?
+        }
+        false => ProcCluster::start(3, &dir, &[]).await?,
+    };
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
     let extra = args.table_options.as_deref().map(|o| format!(", {o}")).unwrap_or_default();
@@ -174,8 +187,11 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
 
     let bare_p99 = percentile(&bare, 0.99);
     println!(
-        "{} inserts of {} rows ({} bytes as Arrow IPC) per mode; 3 nodes, replicas = 2",
-        args.count, args.rows, payload_bytes
+        "{} inserts of {} rows ({} bytes as Arrow IPC) per mode; 3 nodes, replicas = 2{}",
+        args.count,
+        args.rows,
+        payload_bytes,
+        if args.pin { "; rank 0 and the client on CPU 0, ranks 1 and 2 on CPU 1" } else { "" }
     );
     println!("{:<36} {:>9} {:>9} {:>22}", "what", "p50_ms", "p99_ms", "p99 - bare fsync p99");
     let line = |what: &str, t: &[f64]| {

@@ -216,6 +216,22 @@ impl ProcCluster {
     }
 }
 
+/// Pins every thread of this process to `set` (threads started later inherit it from theirs).
+pub(crate) fn pin_this_process(set: &nix::sched::CpuSet) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir("/proc/self/task").context("cannot list this process's threads")? {
+        let name = entry.context("cannot list this process's threads")?.file_name();
+        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set) {
+            // A thread that ended since the listing.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => anyhow::bail!("cannot pin thread {tid} of this process: {e}"),
+        }
+    }
+    Ok(())
+}
+
 /// The CPU set of `cpus` (for `sched_setaffinity`).
 pub(crate) fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
     let mut set = nix::sched::CpuSet::new();
