@@ -369,33 +369,6 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::named_query;
-    use crate::proc_cluster::{cpu_set, pin_this_process};
-
-    #[test]
-    fn pinning_this_process_pins_every_thread_and_is_undone() {
-        let here = nix::unistd::Pid::from_raw(0);
-        let all = nix::sched::sched_getaffinity(here).expect("affinity");
-        let first = (0..nix::sched::CpuSet::count()).find(|c| all.is_set(*c).unwrap_or(false)).expect("a CPU");
-        let (ready, wait) = std::sync::mpsc::channel::<()>();
-        let (done, check) = std::sync::mpsc::channel();
-        let other = std::thread::spawn(move || {
-            ready.send(()).expect("send");
-            check.recv().expect("recv");
-            nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("affinity")
-        });
-        wait.recv().expect("thread started");
-        pin_this_process(&cpu_set(&[first]).expect("set")).expect("pin");
-        done.send(()).expect("send");
-        let seen = other.join().expect("thread");
-        pin_this_process(&all).expect("unpin");
-        let count = |set: &nix::sched::CpuSet| {
-            (0..nix::sched::CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).count()
-        };
-        assert_eq!(count(&seen), 1, "a thread that already ran was pinned too");
-        assert!(seen.is_set(first).unwrap_or(false));
-        assert_eq!(nix::sched::sched_getaffinity(here).expect("affinity"), all);
-        assert!(cpu_set(&[usize::MAX]).is_err());
-    }
 
     #[test]
     fn extra_queries_are_name_equals_sql() {
