@@ -19,8 +19,8 @@ use shardwise_cluster::ClusterView;
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
 use crate::dist::{
-    DistributeRule, ExchangeRegistry, FragmentExec, FragmentTicket, ShardScanExec, decode_fragment_ticket,
-    execute_merged,
+    DistributeRule, ExchangeRegistry, FragmentExec, FragmentTicket, LocalShuffle, ShardScanExec,
+    decode_fragment_ticket, execute_merged,
 };
 use crate::error::QueryError;
 use crate::group_topk::GroupTopKRule;
@@ -128,6 +128,10 @@ impl QueryEngine {
 
     fn build(cluster: Arc<dyn ClusterView>, access: Option<Arc<dyn TableAccess>>) -> Result<Self, QueryError> {
         let cluster_rank = cluster.rank();
+        // Shuffle buckets this node fetches from itself are handed over in process.
+        let exchanges = Arc::new(ExchangeRegistry::default());
+        let local_shuffle = access.map(|inner| Arc::new(LocalShuffle::new(inner, Arc::clone(&exchanges))));
+        let access = local_shuffle.clone().map(|a| a as Arc<dyn TableAccess>);
         let mut config =
             SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
@@ -151,6 +155,9 @@ impl QueryEngine {
         let ctx = SessionContext::new_with_state(state.build());
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
+        if let Some(local_shuffle) = &local_shuffle {
+            local_shuffle.set_context(ctx.task_ctx());
+        }
         let options = ctx.state().config_options().catalog.clone();
         let catalog = ctx
             .catalog(&options.default_catalog)
@@ -175,7 +182,7 @@ impl QueryEngine {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let runtime = QueryRuntime::new(threads)?;
         let rank = cluster_rank;
-        Ok(QueryEngine { ctx, access, exchanges: Arc::default(), runtime, log, rank })
+        Ok(QueryEngine { ctx, access, exchanges, runtime, log, rank })
     }
 
     /// What statements DataFusion may run: queries and session statements (`SET`), but not its

@@ -51,13 +51,17 @@ macro_rules! plan_node_methods {
 pub mod codec;
 pub mod estimate;
 pub mod fragment;
+mod local_shuffle;
 pub mod planner;
 pub mod scan;
 pub mod shuffle;
+#[cfg(test)]
+pub(crate) mod test_access;
 
 pub use codec::{FragmentTicket, LeafAssignment, ShardwiseCodec};
 pub use estimate::{GroupEstimate, TableSample};
 pub use fragment::{FragmentExec, Strategy, StrategyKind, decode_fragment_ticket, execute_merged};
+pub(crate) use local_shuffle::LocalShuffle;
 pub use planner::DistributeRule;
 pub use scan::{ShardScanExec, ShardSlice, ShardTableRef};
 pub use shuffle::{ExchangeRegistry, ShuffleReaderExec, is_shuffle_ticket};

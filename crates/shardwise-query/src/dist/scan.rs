@@ -283,6 +283,7 @@ fn slice_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dist::test_access::OneShard;
     use datafusion::arrow::array::{Array, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
@@ -313,69 +314,6 @@ mod tests {
                 all.extend(values(&out));
             }
             assert_eq!(all, (0..20).collect::<Vec<_>>(), "slices = {slices}");
-        }
-    }
-
-    /// A node holding one shard of one table, in memory; nothing else.
-    #[derive(Debug)]
-    struct OneShard(Vec<RecordBatch>);
-
-    fn refused<T: Send + 'static>() -> shardwise_cluster::BoxFuture<'static, Result<T, QueryError>> {
-        Box::pin(async { Err(QueryError::Unavailable("not in this test".into())) })
-    }
-
-    impl TableAccess for OneShard {
-        fn catalog(&self) -> shardwise_storage::Catalog {
-            shardwise_storage::Catalog::default()
-        }
-        fn world_size(&self) -> u32 {
-            1
-        }
-        fn ddl(&self, _: shardwise_storage::CatalogOp) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
-            refused()
-        }
-        fn insert(
-            &self,
-            _: &str,
-            _: Vec<RecordBatch>,
-            _: crate::access::InsertOptions,
-        ) -> shardwise_cluster::BoxFuture<'_, Result<u64, QueryError>> {
-            refused()
-        }
-        fn local_rank(&self) -> u32 {
-            0
-        }
-        fn catalog_version(&self) -> u64 {
-            1
-        }
-        fn read_shard(
-            &self,
-            _: u64,
-            _: u64,
-            _: u64,
-            _: u32,
-        ) -> shardwise_cluster::BoxFuture<'_, Result<crate::access::ShardData, QueryError>> {
-            let data = crate::access::ShardData { batches: self.0.clone(), verified_placement: true };
-            Box::pin(async move { Ok(data) })
-        }
-        fn remote_fragment(
-            &self,
-            _: u32,
-            _: Vec<u8>,
-            _: crate::access::FragmentReport,
-        ) -> shardwise_cluster::BoxFuture<'_, Result<crate::access::RemoteRows, QueryError>> {
-            refused()
-        }
-        fn flush(&self, _: &str, _: std::time::Duration) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
-            refused()
-        }
-        fn shards(&self) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::ShardReplicaRow>, QueryError>> {
-            refused()
-        }
-        fn sync_queues(
-            &self,
-        ) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::SyncQueueRow>, QueryError>> {
-            refused()
         }
     }
 

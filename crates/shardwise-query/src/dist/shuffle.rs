@@ -125,6 +125,20 @@ pub fn encode_shuffle_ticket(header: &ShuffleHeader, stage1: &[u8]) -> Result<Ve
     Ok(out)
 }
 
+/// Bucket 0 of 2 of shard 0, keyed by one column, no limit, no report.
+#[cfg(test)]
+pub(crate) fn test_header(exchange_id: &str) -> ShuffleHeader {
+    ShuffleHeader {
+        exchange_id: exchange_id.into(),
+        shard: 0,
+        bucket: 0,
+        buckets: 2,
+        key_columns: 1,
+        max_memory_usage: 0,
+        report: false,
+    }
+}
+
 /// True when `bytes` is a bucket request.
 pub fn is_shuffle_ticket(bytes: &[u8]) -> bool {
     bytes.starts_with(SHUFFLE_MAGIC)
@@ -611,15 +625,7 @@ mod tests {
                 state.slots.push(Slot::Waiting(rx));
             }
         }
-        let header = ShuffleHeader {
-            exchange_id: "t".into(),
-            shard: 0,
-            bucket: 0,
-            buckets: 2,
-            key_columns: 1,
-            max_memory_usage: 0,
-            report: false,
-        };
+        let header = test_header("t");
         let stage =
             Stage1 { context: Arc::new(TaskContext::default()), header, rank: 0, exchange: Arc::clone(&exchange) };
         (exchange, tokio::spawn(stage.run(plan, senders)))
