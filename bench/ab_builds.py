@@ -11,6 +11,11 @@ through ADBC Flight SQL, the two builds alternating run by run (the first of eac
 that the machine's drift weighs on both alike. Prints the best time of each and after/before.
 Without --query: db-benchmark's q1-q10. Runs inside the venv of groupby_peers.py (made on first
 use). The clusters are stopped on exit.
+
+With --cpu it also sums, per query and build, the CPU time (utime + stime, from /proc) the
+build's node processes spent during its runs, after waiting --settle-s seconds once both are
+loaded (so that the load's background upkeep is over): the work a change removes, which wall
+time on a noisy machine can hide.
 """
 
 import argparse
@@ -49,6 +54,19 @@ def rank_pids(launcher_pid):
         if b"RANK" in env:
             ranks[int(env[b"RANK"])] = int(entry)
     return ranks
+
+
+def cpu_seconds(pids):
+    """utime + stime of `pids`, in seconds (processes that ended count 0)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def start(binary, data_dir, csv, nodes, pin):
@@ -92,6 +110,8 @@ def main():
     parser.add_argument("--query", action="append", help="SQL over table x (repeatable); default q1-q10")
     parser.add_argument("--nodes", type=int, default=1, help="nodes per cluster")
     parser.add_argument("--pin", action="store_true", help="run rank R (all its threads) on core R only")
+    parser.add_argument("--cpu", action="store_true", help="also report the nodes' CPU seconds per query")
+    parser.add_argument("--settle-s", type=float, default=10.0, help="with --cpu: wait this long after loading")
     args = parser.parse_args()
     groupby_peers.ensure_venv()
     import adbc_driver_flightsql.dbapi as flight_sql
@@ -105,18 +125,29 @@ def main():
             procs.append(proc)
             conns.append(flight_sql.connect(f"grpc://{addr}", db_kwargs={"username": "default", "password": ""}))
             cursors.append(conns[-1].cursor())
-        print(f"{'before_ms':>10} {'after_ms':>10} {'after/before':>12}  rows  query")
+        node_pids = [list(rank_pids(proc.pid).values()) for proc in procs]
+        if args.cpu:
+            time.sleep(args.settle_s)
+        cpu_header = f" {'cpu_before_s':>12} {'cpu_after_s':>11} {'cpu a/b':>7}" if args.cpu else ""
+        print(f"{'before_ms':>10} {'after_ms':>10} {'after/before':>12}{cpu_header}  rows  query")
         for sql in queries:
-            best, rows = [float("inf"), float("inf")], [None, None]
+            best, rows, cpu = [float("inf"), float("inf")], [None, None], [0.0, 0.0]
             for run in range(args.runs):
                 for i in ((0, 1) if run % 2 == 0 else (1, 0)):
+                    cpu_at = cpu_seconds(node_pids[i])
                     started = time.perf_counter()
                     cursors[i].execute(sql)
                     rows[i] = cursors[i].fetch_arrow_table().num_rows
                     best[i] = min(best[i], (time.perf_counter() - started) * 1e3)
+                    cpu[i] += cpu_seconds(node_pids[i]) - cpu_at
             if rows[0] != rows[1]:
                 sys.exit(f"the builds disagree on {sql!r}: {rows[0]} rows before, {rows[1]} after")
-            print(f"{best[0]:10.1f} {best[1]:10.1f} {best[1] / best[0]:12.3f}  {rows[0]}  {sql}", flush=True)
+            cpu_cells = ""
+            if args.cpu:
+                ratio = cpu[1] / cpu[0] if cpu[0] > 0 else float("nan")
+                cpu_cells = f" {cpu[0]:12.2f} {cpu[1]:11.2f} {ratio:7.3f}"
+            print(f"{best[0]:10.1f} {best[1]:10.1f} {best[1] / best[0]:12.3f}{cpu_cells}  {rows[0]}  {sql}",
+                  flush=True)
     finally:
         for handle in cursors + conns:
             handle.close()

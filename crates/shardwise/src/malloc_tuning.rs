@@ -31,12 +31,11 @@ fn user_tuned(tunables: Option<&str>) -> bool {
 }
 
 /// Sets the thresholds above, unless the user set glibc's malloc tunables. Call before any other
-/// thread starts. Returns whether they were set.
-pub fn configure() -> bool {
-    if user_tuned(std::env::var("GLIBC_TUNABLES").ok().as_deref()) {
-        return false;
+/// thread starts. glibc refusing them (it never does with these values) leaves its defaults.
+pub fn configure() {
+    if !user_tuned(std::env::var("GLIBC_TUNABLES").ok().as_deref()) {
+        set_thresholds();
     }
-    set_thresholds()
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -5,7 +5,7 @@
 //! bucket in N of every shard it holds), and going through the data plane then meant encoding
 //! the bucket's rows as Arrow IPC, sending them over loopback gRPC to itself and decoding them
 //! again (for db-benchmark's q10 on 2 nodes, counting rows: 5 million of the 25 million its
-//! Flight streams carried; the nodes' CPU time for it fell by 4-6%, BENCHMARKS.md). [`LocalShuffle`] wraps the node's [`TableAccess`]: a fragment call for a shuffle
+//! Flight streams carried; the nodes' CPU time for its aggregation fell by 0-6%, BENCHMARKS.md). [`LocalShuffle`] wraps the node's [`TableAccess`]: a fragment call for a shuffle
 //! ticket addressed to this node's own rank is served straight from the node's
 //! [`ExchangeRegistry`] (the same call the data plane makes for a remote request), with stage
 //! 1's plan and metrics reported after the last row as the data plane reports them. Every other
