@@ -90,12 +90,13 @@ pub async fn ingest(
     let decoder = FlightDataDecoder::new(stream.map_err(Into::into));
     let call = Ingest { access: access.as_ref(), request: &request, schema: &entry.def.schema, started };
     let outcome = if request.commit_marker { call.streamed(decoder).await? } else { call.whole(decoder).await? };
-    tracing::info!(
+    tracing::debug!(
         table = %request.table,
+        insert_id = %request.opts.insert_id.as_deref().unwrap_or(""),
         rows = outcome.rows,
         streamed = request.commit_marker,
-        received_ms = outcome.received_ms,
-        stored_ms = (started.elapsed().as_millis() as u64).saturating_sub(outcome.received_ms),
+        received_us = outcome.received_us,
+        stored_us = (started.elapsed().as_micros() as u64).saturating_sub(outcome.received_us),
         "bulk ingest"
     );
     Ok(i64::try_from(outcome.rows).unwrap_or(i64::MAX))
@@ -141,7 +142,7 @@ fn parse_command(command: CommandStatementIngest) -> Result<IngestRequest, Statu
 /// Rows stored, and how long receiving the stream took (for the log).
 struct Outcome {
     rows: u64,
-    received_ms: u64,
+    received_us: u64,
 }
 
 /// One ingest call being served.
@@ -174,9 +175,9 @@ impl Ingest<'_> {
                 "ingest into {table}: received {rows} rows, the client said it sent {expected}; nothing was written"
             )));
         }
-        let received_ms = started.elapsed().as_millis() as u64;
+        let received_us = started.elapsed().as_micros() as u64;
         let rows = access.insert(table, batches, request.opts.clone()).await.map_err(to_status)?;
-        Ok(Outcome { rows, received_ms })
+        Ok(Outcome { rows, received_us })
     }
 
     /// Stores segments while the stream arrives: for clients that end it with a commit marker.
@@ -216,7 +217,7 @@ impl Ingest<'_> {
                 segments.push(batch);
             }
         }
-        let received_ms = started.elapsed().as_millis() as u64;
+        let received_us = started.elapsed().as_micros() as u64;
         let marker = std::str::from_utf8(&last_metadata).ok().and_then(|m| m.strip_prefix(COMMIT_MARKER_PREFIX));
         let problem = match marker.map(str::parse::<u64>) {
             Some(Ok(sent)) if sent == received => None,
@@ -244,7 +245,7 @@ impl Ingest<'_> {
                 return Err(segments.failed(e, &unfinished).await);
             }
         }
-        Ok(Outcome { rows: received, received_ms })
+        Ok(Outcome { rows: received, received_us })
     }
 }
 

@@ -9,7 +9,9 @@
 //! ranks 1 and 2 keep their data elsewhere, so that their fsyncs do not share rank 0's disk; with
 //! `--pin`, rank 0 and this process (the client, and the bare fsyncs) run on CPU 0 and ranks 1
 //! and 2 on CPU 1, so that their work does not take rank 0's CPU either: together, the other
-//! nodes as on other machines.
+//! nodes as on other machines. With `--server-timing`, each insert's time is split into rank 0's
+//! part (from the ingest handler's start to its answer, from rank 0's debug log) and the rest
+//! (the client, gRPC and loopback on both sides), so that a p99 can be traced to one or the other.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -17,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow_flight::sql::CommandStatementIngest;
@@ -50,6 +52,54 @@ pub struct InsertBenchArgs {
     /// background shipping while the inserts are timed).
     #[arg(long)]
     pub table_options: Option<String>,
+    /// Also split each insert's time into rank 0's part (from its ingest handler's start to the
+    /// answer, read from rank 0's debug log) and the rest (client, gRPC, loopback). Rank 0 then
+    /// writes one log line per insert, which adds a little to both.
+    #[arg(long)]
+    pub server_timing: bool,
+}
+
+/// Node log filter for `--server-timing`: the default, plus the ingest handler's per-call line.
+const SERVER_TIMING_LOG_FILTER: &str = "info,shardwise_server::ingest=debug";
+
+/// Each timed insert: its insert id and its time in milliseconds, as the client saw it.
+type Timed = Vec<(String, f64)>;
+
+fn sorted_ms(timed: &Timed) -> Vec<f64> {
+    let mut ms: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
+    ms.sort_by(f64::total_cmp);
+    ms
+}
+
+/// The insert id and the handler's time in microseconds (receiving plus storing) of one of the
+/// ingest handler's debug lines (`... bulk ingest ... insert_id=ID ... received_us=N stored_us=M`).
+fn parse_ingest_line(line: &str) -> Option<(String, u64)> {
+    if !line.contains("bulk ingest") {
+        return None;
+    }
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .map(|v| v.trim_matches('"').to_string())
+    };
+    let received: u64 = field("received_us")?.parse().ok()?;
+    let stored: u64 = field("stored_us")?.parse().ok()?;
+    Some((field("insert_id")?, received + stored))
+}
+
+/// Rank 0's handler time (ms) beside the rest, for the inserts of `timed` found in `log`.
+fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Vec<f64>) {
+    let (mut server, mut rest) = (Vec::new(), Vec::new());
+    for (id, ms) in timed {
+        if let Some(us) = server_us.get(id) {
+            let server_ms = *us as f64 / 1000.0;
+            server.push(server_ms);
+            rest.push(ms - server_ms);
+        }
+    }
+    server.sort_by(f64::total_cmp);
+    rest.sort_by(f64::total_cmp);
+    (server, rest)
 }
 
 fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
@@ -78,15 +128,30 @@ fn batch(rows: usize, start: i64) -> anyhow::Result<RecordBatch> {
     )?)
 }
 
-async fn time_inserts(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Vec<f64>> {
+/// Times the inserts from a thread of its own running a single-threaded runtime, as most clients
+/// are (psql, a Python driver): the client's request and its connection's I/O then run on one
+/// thread, without a wake-up of another thread for each message.
+async fn time_inserts(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Timed> {
+    let (addr, table, args) = (addr.to_string(), table.to_string(), args.clone());
+    let timer = std::thread::Builder::new().name("insert-client".into()).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(time_inserts_here(&addr, &table, &args, offset))
+    })?;
+    tokio::task::spawn_blocking(move || timer.join())
+        .await?
+        .map_err(|_| anyhow!("the insert client thread panicked"))?
+}
+
+async fn time_inserts_here(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Timed> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = FlightSqlServiceClient::new(channel);
     let mut times = Vec::with_capacity(args.count);
     for i in 0..args.count + 20 {
         let b = batch(args.rows, offset + (i * args.rows) as i64)?;
+        let insert_id = format!("{table}-{offset}-{i}");
         let cmd = CommandStatementIngest {
             table: table.to_string(),
-            options: HashMap::from([("insert_id".to_string(), format!("{table}-{offset}-{i}"))]),
+            options: HashMap::from([("insert_id".to_string(), insert_id.clone())]),
             ..Default::default()
         };
         let started = Instant::now();
@@ -96,10 +161,9 @@ async fn time_inserts(addr: &str, table: &str, args: &InsertBenchArgs, offset: i
             .map_err(|e| anyhow!("insert into {table}: {e}"))?;
         // The first 20 warm connections and caches up.
         if i >= 20 {
-            times.push(started.elapsed().as_secs_f64() * 1000.0);
+            times.push((insert_id, started.elapsed().as_secs_f64() * 1000.0));
         }
     }
-    times.sort_by(f64::total_cmp);
     Ok(times)
 }
 
@@ -142,12 +206,16 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         Some(base) => Some(place_others(base, &dir)?),
         None => None,
     };
+    let node_args = match args.server_timing {
+        true => vec!["--log".to_string(), SERVER_TIMING_LOG_FILTER.to_string()],
+        false => Vec::new(),
+    };
     let cluster = match args.pin {
         true => {
             pin_this_process(&cpu_set(&[0])?)?;
-            ProcCluster::start_pinned(3, &dir, &[], vec![vec![0], vec![1], vec![1]]).await?
+            ProcCluster::start_pinned(3, &dir, &node_args, vec![vec![0], vec![1], vec![1]]).await?
         }
-        false => ProcCluster::start(3, &dir, &[]).await?,
+        false => ProcCluster::start(3, &dir, &node_args).await?,
     };
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
@@ -182,7 +250,16 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
     }
     let paused = paused?;
+    let rank0_log = cluster.log(0);
     cluster.stop().await;
+    let server_us: HashMap<String, u64> = match args.server_timing {
+        true => std::fs::read_to_string(&rank0_log)
+            .with_context(|| format!("cannot read {}", rank0_log.display()))?
+            .lines()
+            .filter_map(parse_ingest_line)
+            .collect(),
+        false => HashMap::new(),
+    };
     drop(others_temp);
 
     let bare_p99 = percentile(&bare, 0.99);
@@ -199,8 +276,44 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         println!("{what:<36} {:>9.3} {:>9.3} {:>19.3} ms", percentile(t, 0.5), p99, p99 - bare_p99);
     };
     line("bare write + fdatasync", &bare);
-    line("immediate", &immediate);
-    line("delay_mode_distributed", &delay);
-    line("delay_mode_distributed, others paused", &paused);
+    let modes = [
+        ("immediate", &immediate),
+        ("delay_mode_distributed", &delay),
+        ("delay_mode_distributed, others paused", &paused),
+    ];
+    for (what, timed) in modes {
+        line(what, &sorted_ms(timed));
+    }
+    if args.server_timing {
+        println!("split (--server-timing): rank 0's ingest handler / the rest (client, gRPC, loopback)");
+        for (what, timed) in modes {
+            let (server, rest) = split_times(timed, &server_us);
+            if server.len() < timed.len() {
+                bail!("rank 0's log has {} of the {} inserts of {what}", server.len(), timed.len());
+            }
+            let p = |t: &[f64]| format!("{:.3} / {:.3}", percentile(t, 0.5), percentile(t, 0.99));
+            println!("  {what:<40} handler p50 / p99 {:>15} ms, rest {:>15} ms", p(&server), p(&rest));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ingest_debug_lines_are_read_and_joined_with_the_client_times() {
+        let log = "2026-12-02T11:50:01.000001Z  INFO node ready rank=0\n\
+                   2026-12-02T11:50:02.000001Z DEBUG bulk ingest table=t insert_id=t-0-20 rows=100 streamed=false \
+                   received_us=40 stored_us=260\n\
+                   2026-12-02T11:50:02.000002Z DEBUG bulk ingest table=t insert_id=\"t-0-21\" rows=100 \
+                   streamed=false received_us=x stored_us=1\n";
+        let server_us: HashMap<String, u64> = log.lines().filter_map(parse_ingest_line).collect();
+        assert_eq!(server_us, HashMap::from([("t-0-20".to_string(), 300)]));
+        let timed: Timed = vec![("t-0-20".to_string(), 0.5), ("t-0-21".to_string(), 0.7)];
+        let (server, rest) = split_times(&timed, &server_us);
+        assert_eq!(server, vec![0.3]);
+        assert!((rest[0] - 0.2).abs() < 1e-9, "{rest:?}");
+    }
 }

@@ -96,7 +96,8 @@ impl ProcCluster {
         Ok(cluster)
     }
 
-    fn log(&self, rank: u32) -> PathBuf {
+    /// Where `rank`'s stdout and stderr go.
+    pub fn log(&self, rank: u32) -> PathBuf {
         self.dir.join("logs").join(format!("rank-{rank}.log"))
     }
 
