@@ -257,7 +257,10 @@ impl Answer {
     /// so each bucket's groups are final on their own). A bucket's full batches leave as they
     /// are; its last, short one waits to be joined with the next buckets' (so that a small answer
     /// does not leave as 64 small batches, and a large one is not copied again). `reservation`
-    /// is held until the last bucket is answered.
+    /// covers what is still held: it keeps the whole input-end size while a bucket is answered
+    /// (the taken bucket's memory covers its answering temporaries), then shrinks to the keys,
+    /// the buckets not yet answered and the short batches waiting to be joined. Batches that
+    /// have left are the consumer's to count.
     fn stream(
         self,
         schema: SchemaRef,
@@ -272,7 +275,6 @@ impl Answer {
         let out = Arc::clone(&schema);
         let mut pending: Vec<RecordBatch> = Vec::new();
         let batches = futures::stream::iter(0..BUCKETS).map(move |b| {
-            let _held = &reservation;
             let _timer = baseline.elapsed_compute().timer();
             let mut ready = Vec::new();
             for batch in self.bucket(buckets.take(b)?, &keys, &dictionaries, &out, Emit::Final)? {
@@ -290,6 +292,8 @@ impl Answer {
                     None => break,
                 }
             }
+            let pending_bytes: usize = pending.iter().map(RecordBatch::get_array_memory_size).sum();
+            reservation.resize(keys.size() + buckets.size() + pending_bytes);
             baseline.record_output(ready.iter().map(RecordBatch::num_rows).sum());
             if last {
                 baseline.done();

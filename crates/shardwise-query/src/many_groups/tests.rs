@@ -215,3 +215,34 @@ async fn many_states_per_group_are_compacted_while_input_arrives() {
     // Nearly every row merged away while the input came (the last rows of each bucket stay).
     assert!(compacted > 900_000, "{compacted} rows compacted");
 }
+
+#[tokio::test]
+async fn its_memory_reservation_shrinks_as_buckets_are_answered() {
+    // 96 000 groups per partition with eleven aggregates: megabytes of buckets at the input's end.
+    let ctx = context();
+    let keys = "k_s, big, k_i8";
+    let sql = format!("SELECT {keys}, {AGGREGATES} FROM ({EIGHT_COPIES}) GROUP BY {keys}");
+    let ours = rewrite(plan(&ctx, &sql).await, &ShardwiseSettings::default()).expect("rewrite");
+    let mut node = None;
+    ours.apply(|n| {
+        if n.is::<ManyGroupsExec>() {
+            node = Some(Arc::clone(n));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("walk");
+    let node = node.expect("a ManyGroupsExec");
+    // One partition alone: every input batch is in before its first answer, so what the pool
+    // holds changes afterwards only by what this partition releases.
+    let pool = Arc::clone(&ctx.runtime_env().memory_pool);
+    let mut stream = node.execute(0, ctx.task_ctx()).expect("execute");
+    let (mut first, mut last, mut rows) = (None, 0, 0);
+    while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+        rows += batch.expect("batch").num_rows();
+        first.get_or_insert(pool.reserved());
+        last = pool.reserved();
+    }
+    let first = first.expect("an answer");
+    assert!(rows > 50_000, "{rows} rows");
+    assert!(first > last + (2 << 20), "reserved {first} bytes at the first answer, {last} at the last");
+}
