@@ -87,7 +87,8 @@ fn parse_ingest_line(line: &str) -> Option<(String, u64)> {
     Some((field("insert_id")?, received + stored))
 }
 
-/// Rank 0's handler time (ms) beside the rest, for the inserts of `timed` found in `log`.
+/// Rank 0's handler time and the rest (ms, each sorted), for the inserts of `timed` that
+/// `server_us` (from rank 0's log) has.
 fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Vec<f64>) {
     let (mut server, mut rest) = (Vec::new(), Vec::new());
     for (id, ms) in timed {

@@ -52,6 +52,19 @@ fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     rows
 }
 
+/// The plan's `ManyGroupsExec` node.
+fn many_groups_node(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let mut found = None;
+    plan.apply(|node| {
+        if node.is::<ManyGroupsExec>() {
+            found = Some(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("walk");
+    found.expect("a ManyGroupsExec")
+}
+
 fn handed_over(plan: &Arc<dyn ExecutionPlan>) -> usize {
     metric(plan, "handed_over_rows")
 }
@@ -160,15 +173,7 @@ async fn the_node_survives_encoding() {
     let sql = format!("SELECT k_s, k_wide, {AGGREGATES} FROM t GROUP BY k_s, k_wide");
     let plan = ctx.sql(&sql).await.expect("sql").create_physical_plan().await.expect("plan");
     let ours = rewrite(Arc::clone(&plan), &ShardwiseSettings::default()).expect("rewrite");
-    let mut found = None;
-    ours.apply(|node| {
-        if node.is::<ManyGroupsExec>() {
-            found = Some(Arc::clone(node));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })
-    .expect("walk");
-    let node = found.expect("a ManyGroupsExec");
+    let node = many_groups_node(&ours);
     let bytes = codec::encode(&node, &DefaultPhysicalExtensionCodec {}).expect("encode").expect("ours");
     let input = Arc::clone(node.children()[0]);
     let back = codec::decode(&bytes, input, &ctx.task_ctx(), &DefaultPhysicalExtensionCodec {}).expect("decode");
@@ -223,15 +228,7 @@ async fn its_memory_reservation_shrinks_as_buckets_are_answered() {
     let keys = "k_s, big, k_i8";
     let sql = format!("SELECT {keys}, {AGGREGATES} FROM ({EIGHT_COPIES}) GROUP BY {keys}");
     let ours = rewrite(plan(&ctx, &sql).await, &ShardwiseSettings::default()).expect("rewrite");
-    let mut node = None;
-    ours.apply(|n| {
-        if n.is::<ManyGroupsExec>() {
-            node = Some(Arc::clone(n));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })
-    .expect("walk");
-    let node = node.expect("a ManyGroupsExec");
+    let node = many_groups_node(&ours);
     // One partition alone: every input batch is in before its first answer, so what the pool
     // holds changes afterwards only by what this partition releases.
     let pool = Arc::clone(&ctx.runtime_env().memory_pool);
