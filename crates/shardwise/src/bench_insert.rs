@@ -12,6 +12,9 @@
 //! nodes as on other machines. With `--server-timing`, each insert's time is split into rank 0's
 //! part (from the ingest handler's start to its answer, from rank 0's debug log) and the rest
 //! (the client, gRPC and loopback on both sides), so that a p99 can be traced to one or the other.
+//! With `--bare-alongside`, the client also times a bare write + fdatasync right before each
+//! insert: the floor at the same moments as the inserts, when the other nodes' work shares the
+//! disk and the CPUs, beside the floor timed on an idle cluster.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -57,6 +60,52 @@ pub struct InsertBenchArgs {
     /// writes one log line per insert, which adds a little to both.
     #[arg(long)]
     pub server_timing: bool,
+    /// Also time a bare write + fdatasync of the same size right before each insert, on the
+    /// client's thread and the nodes' file system: the floor at the same moments as the inserts
+    /// (the other nodes' work sharing the disk and CPUs), beside the floor timed on an idle
+    /// cluster before the inserts.
+    #[arg(long)]
+    pub bare_alongside: bool,
+}
+
+/// Where and how large the bare fsyncs timed alongside the inserts are (`--bare-alongside`).
+#[derive(Debug, Clone)]
+struct BareProbe {
+    dir: std::path::PathBuf,
+    bytes: usize,
+}
+
+/// A bare `write` + `fdatasync` of a fixed size into one file, timed call by call.
+struct BareFsync {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    payload: Vec<u8>,
+}
+
+impl BareFsync {
+    fn create(dir: &std::path::Path, name: &str, bytes: usize) -> anyhow::Result<Self> {
+        let path = dir.join(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(BareFsync { path, file, payload: vec![7u8; bytes] })
+    }
+
+    /// One write + fdatasync, in milliseconds.
+    fn time_one(&mut self) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        self.file.write_all(&self.payload)?;
+        self.file.sync_data()?;
+        Ok(started.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
+impl Drop for BareFsync {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Node log filter for `--server-timing`: the default, plus the ingest handler's per-call line.
@@ -132,22 +181,46 @@ fn batch(rows: usize, start: i64) -> anyhow::Result<RecordBatch> {
 /// Times the inserts from a thread of its own running a single-threaded runtime, as most clients
 /// are (psql, a Python driver): the client's request and its connection's I/O then run on one
 /// thread, without a wake-up of another thread for each message.
-async fn time_inserts(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Timed> {
+/// With `probe`, a bare fsync is timed right before each timed insert (sorted, in ms).
+async fn time_inserts(
+    addr: &str,
+    table: &str,
+    args: &InsertBenchArgs,
+    offset: i64,
+    probe: Option<BareProbe>,
+) -> anyhow::Result<(Timed, Vec<f64>)> {
     let (addr, table, args) = (addr.to_string(), table.to_string(), args.clone());
     let timer = std::thread::Builder::new().name("insert-client".into()).spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        runtime.block_on(time_inserts_here(&addr, &table, &args, offset))
+        runtime.block_on(time_inserts_here(&addr, &table, &args, offset, probe))
     })?;
     tokio::task::spawn_blocking(move || timer.join())
         .await?
         .map_err(|_| anyhow!("the insert client thread panicked"))?
 }
 
-async fn time_inserts_here(addr: &str, table: &str, args: &InsertBenchArgs, offset: i64) -> anyhow::Result<Timed> {
+async fn time_inserts_here(
+    addr: &str,
+    table: &str,
+    args: &InsertBenchArgs,
+    offset: i64,
+    probe: Option<BareProbe>,
+) -> anyhow::Result<(Timed, Vec<f64>)> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = FlightSqlServiceClient::new(channel);
     let mut times = Vec::with_capacity(args.count);
+    let mut bare_file = match &probe {
+        Some(p) => Some(BareFsync::create(&p.dir, &format!("bare-alongside-{table}-{offset}.bin"), p.bytes)?),
+        None => None,
+    };
+    let mut bare = Vec::new();
     for i in 0..args.count + 20 {
+        if let Some(file) = bare_file.as_mut() {
+            let ms = file.time_one()?;
+            if i >= 20 {
+                bare.push(ms);
+            }
+        }
         let b = batch(args.rows, offset + (i * args.rows) as i64)?;
         let insert_id = format!("{table}-{offset}-{i}");
         let cmd = CommandStatementIngest {
@@ -165,21 +238,13 @@ async fn time_inserts_here(addr: &str, table: &str, args: &InsertBenchArgs, offs
             times.push((insert_id, started.elapsed().as_secs_f64() * 1000.0));
         }
     }
-    Ok(times)
+    bare.sort_by(f64::total_cmp);
+    Ok((times, bare))
 }
 
 fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize) -> anyhow::Result<Vec<f64>> {
-    let path = dir.join("bare-fsync.bin");
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-    let payload = vec![7u8; bytes];
-    let mut times = Vec::with_capacity(count);
-    for _ in 0..count {
-        let started = Instant::now();
-        f.write_all(&payload)?;
-        f.sync_data()?;
-        times.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    std::fs::remove_file(&path)?;
+    let mut file = BareFsync::create(dir, "bare-fsync.bin", bytes)?;
+    let mut times = (0..count).map(|_| file.time_one()).collect::<anyhow::Result<Vec<f64>>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times)
 }
@@ -239,18 +304,19 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         buf.len()
     };
     let bare = time_bare_fsync(&dir, payload_bytes, args.count)?;
-    let immediate = time_inserts(&addr, "lat_immediate", &args, 0).await?;
-    let delay = time_inserts(&addr, "lat_delay", &args, 0).await?;
+    let probe = args.bare_alongside.then(|| BareProbe { dir: dir.clone(), bytes: payload_bytes });
+    let (immediate, immediate_bare) = time_inserts(&addr, "lat_immediate", &args, 0, probe.clone()).await?;
+    let (delay, delay_bare) = time_inserts(&addr, "lat_delay", &args, 0, probe.clone()).await?;
     // The other nodes paused: a delay-mode insert must not wait for them.
     let pids = cluster.pids(&[1, 2]);
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP);
     }
-    let paused = time_inserts(&addr, "lat_delay", &args, 10_000_000).await;
+    let paused = time_inserts(&addr, "lat_delay", &args, 10_000_000, probe).await;
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
     }
-    let paused = paused?;
+    let (paused, paused_bare) = paused?;
     let rank0_log = cluster.log(0);
     cluster.stop().await;
     let server_us: HashMap<String, u64> = match args.server_timing {
@@ -284,6 +350,14 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     ];
     for (what, timed) in modes {
         line(what, &sorted_ms(timed));
+    }
+    if args.bare_alongside {
+        println!("bare write + fdatasync right before each insert (--bare-alongside), p50 / p99, and the gap:");
+        for ((what, timed), alongside) in modes.iter().zip([&immediate_bare, &delay_bare, &paused_bare]) {
+            let (p50, p99) = (percentile(alongside, 0.5), percentile(alongside, 0.99));
+            let gap = percentile(&sorted_ms(timed), 0.99) - p99;
+            println!("  {what:<40} bare {p50:.3} / {p99:.3} ms; insert p99 - bare p99 {gap:.3} ms");
+        }
     }
     if args.server_timing {
         println!("split (--server-timing): rank 0's ingest handler / the rest (client, gRPC, loopback)");
