@@ -181,31 +181,29 @@ fn batch(rows: usize, start: i64) -> anyhow::Result<RecordBatch> {
 /// Times the inserts from a thread of its own running a single-threaded runtime, as most clients
 /// are (psql, a Python driver): the client's request and its connection's I/O then run on one
 /// thread, without a wake-up of another thread for each message.
-/// With `probe`, a bare fsync is timed right before each timed insert (sorted, in ms).
-async fn time_inserts(
-    addr: &str,
-    table: &str,
-    args: &InsertBenchArgs,
-    offset: i64,
-    probe: Option<BareProbe>,
-) -> anyhow::Result<(Timed, Vec<f64>)> {
-    let (addr, table, args) = (addr.to_string(), table.to_string(), args.clone());
+/// With a probe, a bare fsync is timed right before each timed insert (sorted, in ms).
+async fn time_inserts(run: InsertRun, args: &InsertBenchArgs) -> anyhow::Result<(Timed, Vec<f64>)> {
+    let args = args.clone();
     let timer = std::thread::Builder::new().name("insert-client".into()).spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        runtime.block_on(time_inserts_here(&addr, &table, &args, offset, probe))
+        runtime.block_on(time_inserts_here(&run, &args))
     })?;
     tokio::task::spawn_blocking(move || timer.join())
         .await?
         .map_err(|_| anyhow!("the insert client thread panicked"))?
 }
 
-async fn time_inserts_here(
-    addr: &str,
-    table: &str,
-    args: &InsertBenchArgs,
+/// One timed series of inserts: into `table` through `addr`, ids and keys from `offset` on.
+struct InsertRun {
+    addr: String,
+    table: &'static str,
     offset: i64,
     probe: Option<BareProbe>,
-) -> anyhow::Result<(Timed, Vec<f64>)> {
+}
+
+async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::Result<(Timed, Vec<f64>)> {
+    let InsertRun { addr, table, offset, probe } = run;
+    let (table, offset) = (*table, *offset);
     let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = FlightSqlServiceClient::new(channel);
     let mut times = Vec::with_capacity(args.count);
@@ -305,14 +303,15 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     };
     let bare = time_bare_fsync(&dir, payload_bytes, args.count)?;
     let probe = args.bare_alongside.then(|| BareProbe { dir: dir.clone(), bytes: payload_bytes });
-    let (immediate, immediate_bare) = time_inserts(&addr, "lat_immediate", &args, 0, probe.clone()).await?;
-    let (delay, delay_bare) = time_inserts(&addr, "lat_delay", &args, 0, probe.clone()).await?;
+    let run = |table: &'static str, offset: i64| InsertRun { addr: addr.clone(), table, offset, probe: probe.clone() };
+    let (immediate, immediate_bare) = time_inserts(run("lat_immediate", 0), &args).await?;
+    let (delay, delay_bare) = time_inserts(run("lat_delay", 0), &args).await?;
     // The other nodes paused: a delay-mode insert must not wait for them.
     let pids = cluster.pids(&[1, 2]);
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP);
     }
-    let paused = time_inserts(&addr, "lat_delay", &args, 10_000_000, probe).await;
+    let paused = time_inserts(run("lat_delay", 10_000_000), &args).await;
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
     }
