@@ -76,6 +76,25 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// [`lock`] for a task on the async runtime, of a mutex that may be held across an fsync (the
+/// outbox's: an insert holds it through its append's `fdatasync`). Uncontended, it is
+/// `try_lock`. Contended, the waiting worker first hands its other tasks to another thread
+/// (`block_in_place`), so a sender or a `system.sync_queues` read waiting out an insert's fsync
+/// does not stall the network tasks queued behind it on that worker. On a current-thread
+/// runtime (tests) it waits in place, as [`lock`].
+pub(crate) fn lock_from_runtime<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.try_lock() {
+        Ok(guard) => guard,
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| lock(m)),
+                _ => lock(m),
+            }
+        }
+    }
+}
+
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
     QueryError::Storage(e.to_string())
 }
@@ -421,5 +440,58 @@ mod tests {
         assert_eq!(parse_table_dir("t12"), None);
         assert_eq!(parse_table_dir("x12-g3"), None);
         assert_eq!(outbox_key_table("events#4.1"), "events");
+    }
+
+    /// Holds `m` on a thread of its own for `hold`, returning once it is held.
+    fn hold_elsewhere(m: &Arc<Mutex<u32>>, hold: Duration) -> std::thread::JoinHandle<()> {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let m = Arc::clone(m);
+        let holder = std::thread::spawn(move || {
+            let _guard = lock(&m);
+            let _ = held_tx.send(());
+            std::thread::sleep(hold);
+        });
+        held_rx.recv().expect("the holder took the lock");
+        holder
+    }
+
+    #[test]
+    fn a_task_waiting_on_a_held_lock_does_not_stall_the_others() -> Result<(), Box<dyn std::error::Error>> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        // One worker: with a plain lock, the waiting task would stop the ticker on it.
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let m = Arc::new(Mutex::new(7u32));
+        runtime.block_on(async {
+            let ticks = Arc::new(AtomicU32::new(0));
+            let counter = Arc::clone(&ticks);
+            let ticker = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            let holder = hold_elsewhere(&m, Duration::from_millis(300));
+            let before = ticks.load(Ordering::Relaxed);
+            let waiter = Arc::clone(&m);
+            let value = tokio::spawn(async move { *lock_from_runtime(&waiter) }).await?;
+            let during = ticks.load(Ordering::Relaxed) - before;
+            assert_eq!(value, 7);
+            assert!(during >= 10, "the ticker ticked {during} times while a task waited 300 ms for the lock");
+            // From the blocking pool (no worker to hand over) it waits in place.
+            let holder2 = hold_elsewhere(&m, Duration::from_millis(20));
+            let from_pool = Arc::clone(&m);
+            assert_eq!(tokio::task::spawn_blocking(move || *lock_from_runtime(&from_pool)).await?, 7);
+            ticker.abort();
+            for h in [holder, holder2] {
+                h.join().map_err(|_| "holder panicked")?;
+            }
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+        // A current-thread runtime waits in place too.
+        let single = tokio::runtime::Builder::new_current_thread().build()?;
+        let holder = hold_elsewhere(&m, Duration::from_millis(20));
+        assert_eq!(single.block_on(async { *lock_from_runtime(&m) }), 7);
+        holder.join().map_err(|_| "holder panicked")?;
+        Ok(())
     }
 }

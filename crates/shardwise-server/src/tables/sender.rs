@@ -17,7 +17,7 @@ use rand::Rng;
 use tokio::sync::Notify;
 
 use super::insert::unix_ms;
-use super::{TablesNode, blocking, lock, outbox_key_table};
+use super::{TablesNode, blocking, lock, lock_from_runtime, outbox_key_table};
 use crate::codec::{ShipItem, ShipRequest};
 
 /// What `system.sync_queues` shows of a sender.
@@ -91,7 +91,7 @@ pub(crate) fn spawn_all(node: &Arc<TablesNode>) {
 /// Whether `dest`'s queue should be shipped now, and if not, how long until it should.
 fn due(node: &TablesNode, dest: u32) -> Option<Duration> {
     let (_, catalog) = node.catalog_now();
-    let stats = lock(&node.outbox).stats();
+    let stats = lock_from_runtime(&node.outbox).stats();
     let now = unix_ms();
     let mut total_rows = 0;
     let mut total_bytes = 0;
@@ -140,7 +140,7 @@ impl TablesNode {
     /// `None` if `dest`'s queue should be shipped now, else how long to wait.
     fn sender_wait(&self, dest: u32) -> Option<Duration> {
         let slot = self.senders.slots.get(dest as usize)?;
-        let pending = lock(&self.outbox).dest_stats(dest).pending_items;
+        let pending = lock_from_runtime(&self.outbox).dest_stats(dest).pending_items;
         if pending == 0 {
             slot.urgent.store(false, Ordering::SeqCst);
             return Some(Duration::from_millis(self.settings.sender_idle_poll_ms));
@@ -153,7 +153,8 @@ impl TablesNode {
         let Some(slot) = self.senders.slots.get(dest as usize) else { return backoff_ms };
         slot.queued_rows.store(0, Ordering::Relaxed);
         slot.queued_bytes.store(0, Ordering::Relaxed);
-        let items = lock(&self.outbox).pending(dest, self.settings.ship_max_items, self.settings.ship_max_bytes);
+        let items =
+            lock_from_runtime(&self.outbox).pending(dest, self.settings.ship_max_items, self.settings.ship_max_bytes);
         let Some(last_seq) = items.last().map(|i| i.seq) else { return backoff_ms };
         let req = ShipRequest {
             origin: Some(self.origin_id.clone()),

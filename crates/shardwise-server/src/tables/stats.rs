@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use shardwise_query::{QueryError, ShardData, ShardReplicaRow, SyncQueueRow};
 
 use super::insert::unix_ms;
-use super::{TablesNode, lock, outbox_key, outbox_key_table};
+use super::{TablesNode, lock, lock_from_runtime, outbox_key, outbox_key_table};
 
 /// Which local shard replica a query fragment reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ impl TablesNode {
         let deadline = Instant::now() + timeout;
         loop {
             let live_key = self.entry(table).ok().map(|(_, e)| outbox_key(&e));
-            let pending: Vec<(u32, u64)> = lock(&self.outbox)
+            let pending: Vec<(u32, u64)> = lock_from_runtime(&self.outbox)
                 .stats()
                 .iter()
                 .filter(|((key, _), q)| q.pending_items > 0 && outbox_key_table(key) == table)
@@ -196,7 +196,7 @@ impl TablesNode {
     /// This node's sync queues.
     pub fn local_queue_rows(&self) -> Vec<SyncQueueRow> {
         let now = unix_ms();
-        let stats = lock(&self.outbox).stats();
+        let stats = lock_from_runtime(&self.outbox).stats();
         stats
             .into_iter()
             .filter(|(_, q)| q.pending_items > 0)
