@@ -108,6 +108,9 @@ impl Drop for BareFsync {
     }
 }
 
+/// Inserts sent before the timed ones in each series, to warm the connection and caches up.
+const WARMUP_INSERTS: usize = 20;
+
 /// Node log filter for `--server-timing`: the default, plus the ingest handler's per-call line.
 const SERVER_TIMING_LOG_FILTER: &str = "info,shardwise_server::ingest=debug";
 
@@ -212,10 +215,10 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
         None => None,
     };
     let mut bare = Vec::new();
-    for i in 0..args.count + 20 {
+    for i in 0..args.count + WARMUP_INSERTS {
         if let Some(file) = bare_file.as_mut() {
             let ms = file.time_one()?;
-            if i >= 20 {
+            if i >= WARMUP_INSERTS {
                 bare.push(ms);
             }
         }
@@ -231,8 +234,7 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
             .execute_ingest(cmd, futures::stream::iter([Ok(b)]))
             .await
             .map_err(|e| anyhow!("insert into {table}: {e}"))?;
-        // The first 20 warm connections and caches up.
-        if i >= 20 {
+        if i >= WARMUP_INSERTS {
             times.push((insert_id, started.elapsed().as_secs_f64() * 1000.0));
         }
     }
