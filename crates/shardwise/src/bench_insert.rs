@@ -14,7 +14,9 @@
 //! (the client, gRPC and loopback on both sides), so that a p99 can be traced to one or the other.
 //! With `--bare-alongside`, the client also times a bare write + fdatasync right before each
 //! insert: the floor at the same moments as the inserts, when the other nodes' work shares the
-//! disk and the CPUs, beside the floor timed on an idle cluster.
+//! disk and the CPUs, beside the floor timed on an idle cluster. Each mode's CPU cost is printed
+//! too: the CPU time rank 0, the two other nodes and the client used per insert (from `/proc`),
+//! which moves less with the host's noise than a p99.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -31,6 +33,7 @@ use tonic::transport::Endpoint;
 
 use crate::cmd_sql::SqlClient;
 use crate::proc_cluster::{ProcCluster, cpu_set, pin_this_process};
+use crate::proc_cpu::cpu_seconds;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct InsertBenchArgs {
@@ -153,6 +156,34 @@ fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Ve
     server.sort_by(f64::total_cmp);
     rest.sort_by(f64::total_cmp);
     (server, rest)
+}
+
+/// CPU seconds used so far by rank 0, by ranks 1 and 2 together, and by this process (the client).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuUse {
+    rank0: f64,
+    others: f64,
+    client: f64,
+}
+
+impl CpuUse {
+    /// Now, or `None` where `/proc` does not say (then no CPU line is printed).
+    fn now(cluster: &ProcCluster) -> Option<CpuUse> {
+        let of = |ranks: &[u32]| -> Option<f64> {
+            cluster.pids(ranks).iter().map(|pid| cpu_seconds(pid.as_raw() as u32)).sum::<Option<f64>>()
+        };
+        Some(CpuUse { rank0: of(&[0])?, others: of(&[1, 2])?, client: cpu_seconds(std::process::id())? })
+    }
+
+    /// Milliseconds of CPU per insert between `before` and `self`, over `count` inserts.
+    fn per_insert_ms(&self, before: &CpuUse, count: usize) -> CpuUse {
+        let per = |a: f64, b: f64| (a - b).max(0.0) * 1000.0 / count.max(1) as f64;
+        CpuUse {
+            rank0: per(self.rank0, before.rank0),
+            others: per(self.others, before.others),
+            client: per(self.client, before.client),
+        }
+    }
 }
 
 fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
@@ -306,18 +337,26 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     let bare = time_bare_fsync(&dir, payload_bytes, args.count)?;
     let probe = args.bare_alongside.then(|| BareProbe { dir: dir.clone(), bytes: payload_bytes });
     let run = |table: &'static str, offset: i64| InsertRun { addr: addr.clone(), table, offset, probe: probe.clone() };
+    // The inserts of a series and their warm-up, for CPU per insert.
+    let sent = args.count + WARMUP_INSERTS;
+    let cpu_start = CpuUse::now(&cluster);
     let (immediate, immediate_bare) = time_inserts(run("lat_immediate", 0), &args).await?;
+    let cpu_immediate = CpuUse::now(&cluster);
     let (delay, delay_bare) = time_inserts(run("lat_delay", 0), &args).await?;
+    let cpu_delay = CpuUse::now(&cluster);
     // The other nodes paused: a delay-mode insert must not wait for them.
     let pids = cluster.pids(&[1, 2]);
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP);
     }
     let paused = time_inserts(run("lat_delay", 10_000_000), &args).await;
+    let cpu_paused = CpuUse::now(&cluster);
     for pid in &pids {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT);
     }
     let (paused, paused_bare) = paused?;
+    let cpu = [(cpu_start, cpu_immediate), (cpu_immediate, cpu_delay), (cpu_delay, cpu_paused)]
+        .map(|(a, b)| Some(b?.per_insert_ms(&a?, sent)));
     let rank0_log = cluster.log(0);
     cluster.stop().await;
     let server_us: HashMap<String, u64> = match args.server_timing {
@@ -358,6 +397,12 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
             let (p50, p99) = (percentile(alongside, 0.5), percentile(alongside, 0.99));
             let gap = percentile(&sorted_ms(timed), 0.99) - p99;
             println!("  {what:<40} bare {p50:.3} / {p99:.3} ms; insert p99 - bare p99 {gap:.3} ms");
+        }
+    }
+    if cpu.iter().all(Option::is_some) {
+        println!("CPU per insert (ms; the warm-up inserts included; the client's with its thread and runtime):");
+        for ((what, _), cpu) in modes.iter().zip(cpu.iter().flatten()) {
+            println!("  {what:<40} rank 0 {:.3}, ranks 1 and 2 {:.3}, client {:.3}", cpu.rank0, cpu.others, cpu.client);
         }
     }
     if args.server_timing {
