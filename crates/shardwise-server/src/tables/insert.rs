@@ -19,7 +19,7 @@ use futures::StreamExt;
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
-use super::{TablesNode, blocking_short, lock, outbox_key, storage_error};
+use super::{TablesNode, outbox_key, run_locked_short, storage_error};
 use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
 use crate::ingest::client_insert_id;
 
@@ -216,10 +216,9 @@ impl TablesNode {
         let deadline = Instant::now() + Duration::from_millis(self.settings.outbox_full_wait_ms);
         let queued: Vec<(u32, u64, u64)> = items.iter().map(|i| (i.dest, i.rows, i.payload.len() as u64)).collect();
         loop {
-            let outbox = Arc::clone(&self.outbox);
             let attempt = items.clone();
             let now_ms = unix_ms();
-            let r = blocking_short(move || Ok(lock(&outbox).append(attempt, now_ms))).await?;
+            let r = run_locked_short(&self.outbox, move |outbox| outbox.append(attempt, now_ms)).await?;
             match r {
                 Ok(_) => break,
                 Err(StorageError::OutboxFull { .. }) if Instant::now() < deadline => {

@@ -9,18 +9,20 @@
 //! - `outbox/`: the node's one [`Outbox`].
 //!
 //! Stores are opened lazily (first insert, scan or stats call), which also replays their WAL.
-//! Everything that fsyncs runs on the blocking pool, never on the async runtime.
+//! What fsyncs runs on the blocking pool, except an insert's outbox append, which runs in place
+//! on its runtime worker while the other workers serve the rest ([`locks`]).
 
 mod apply;
 mod background;
 mod insert;
+mod locks;
 pub mod peers;
 mod sender;
 pub mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use datafusion::arrow::record_batch::RecordBatch;
@@ -32,6 +34,7 @@ use shardwise_query::{
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
 
+pub(crate) use locks::{blocking, lock, lock_from_runtime, run_locked_short};
 pub use peers::{DataPlaneAuth, Peers};
 pub use sender::SenderStatus;
 
@@ -70,53 +73,8 @@ pub struct TablesNode {
     catalog: Mutex<(u64, Arc<Catalog>)>,
 }
 
-/// Locks a mutex even if a thread panicked while holding it (the data behind it stays valid:
-/// stores and the outbox fail themselves on I/O errors rather than half-updating memory).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// [`lock`] for a task on the async runtime, of a mutex that may be held across an fsync (the
-/// outbox's: an insert holds it through its append's `fdatasync`). Uncontended, it is
-/// `try_lock`. Contended, the waiting worker first hands its other tasks to another thread
-/// (`block_in_place`), so a sender or a `system.sync_queues` read waiting out an insert's fsync
-/// does not stall the network tasks queued behind it on that worker. On a current-thread
-/// runtime (tests) it waits in place, as [`lock`].
-pub(crate) fn lock_from_runtime<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.try_lock() {
-        Ok(guard) => guard,
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => {
-            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| lock(m)),
-                _ => lock(m),
-            }
-        }
-    }
-}
-
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
     QueryError::Storage(e.to_string())
-}
-
-/// Runs blocking storage work off the async runtime.
-/// Runs a short blocking call (one fsync) on the calling worker thread when the runtime can
-/// hand that worker's other tasks to another thread (`block_in_place`), and on the blocking pool
-/// otherwise. For the insert path: the hop to a blocking-pool thread and the wake-up back each
-/// wait for a scheduler slice when the CPU is busy, which showed in the insert latency's p99.
-pub(crate) async fn blocking_short<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
-) -> Result<T, QueryError> {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => blocking(f).await,
-    }
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
-) -> Result<T, QueryError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| QueryError::Storage(format!("storage task failed: {e}")))?
 }
 
 impl TablesNode {
@@ -440,58 +398,5 @@ mod tests {
         assert_eq!(parse_table_dir("t12"), None);
         assert_eq!(parse_table_dir("x12-g3"), None);
         assert_eq!(outbox_key_table("events#4.1"), "events");
-    }
-
-    /// Holds `m` on a thread of its own for `hold`, returning once it is held.
-    fn hold_elsewhere(m: &Arc<Mutex<u32>>, hold: Duration) -> std::thread::JoinHandle<()> {
-        let (held_tx, held_rx) = std::sync::mpsc::channel();
-        let m = Arc::clone(m);
-        let holder = std::thread::spawn(move || {
-            let _guard = lock(&m);
-            let _ = held_tx.send(());
-            std::thread::sleep(hold);
-        });
-        held_rx.recv().expect("the holder took the lock");
-        holder
-    }
-
-    #[test]
-    fn a_task_waiting_on_a_held_lock_does_not_stall_the_others() -> Result<(), Box<dyn std::error::Error>> {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        // One worker: with a plain lock, the waiting task would stop the ticker on it.
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-        let m = Arc::new(Mutex::new(7u32));
-        runtime.block_on(async {
-            let ticks = Arc::new(AtomicU32::new(0));
-            let counter = Arc::clone(&ticks);
-            let ticker = tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-            let holder = hold_elsewhere(&m, Duration::from_millis(300));
-            let before = ticks.load(Ordering::Relaxed);
-            let waiter = Arc::clone(&m);
-            let value = tokio::spawn(async move { *lock_from_runtime(&waiter) }).await?;
-            let during = ticks.load(Ordering::Relaxed) - before;
-            assert_eq!(value, 7);
-            assert!(during >= 10, "the ticker ticked {during} times while a task waited 300 ms for the lock");
-            // From the blocking pool (no worker to hand over) it waits in place.
-            let holder2 = hold_elsewhere(&m, Duration::from_millis(20));
-            let from_pool = Arc::clone(&m);
-            assert_eq!(tokio::task::spawn_blocking(move || *lock_from_runtime(&from_pool)).await?, 7);
-            ticker.abort();
-            for h in [holder, holder2] {
-                h.join().map_err(|_| "holder panicked")?;
-            }
-            Ok::<_, Box<dyn std::error::Error>>(())
-        })?;
-        // A current-thread runtime waits in place too.
-        let single = tokio::runtime::Builder::new_current_thread().build()?;
-        let holder = hold_elsewhere(&m, Duration::from_millis(20));
-        assert_eq!(single.block_on(async { *lock_from_runtime(&m) }), 7);
-        holder.join().map_err(|_| "holder panicked")?;
-        Ok(())
     }
 }
