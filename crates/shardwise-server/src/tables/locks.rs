@@ -7,7 +7,8 @@
 //! - [`lock_from_runtime`]: a short read under a mutex that an fsync may hold;
 //! - [`run_locked_short`]: one short call under a mutex (an insert's outbox append and its
 //!   fdatasync, about 0.2 ms), in place on the calling worker when the others can serve the rest,
-//!   since handing the worker over for each small insert cost a fifth of a node's CPU per insert.
+//!   since handing the worker over for each small insert cost a quarter of the CPU the insert
+//!   took on its node.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -57,7 +58,7 @@ pub(crate) async fn run_locked_short<T: Send + 'static, R: Send + 'static>(
     };
     match handle.runtime_flavor() {
         tokio::runtime::RuntimeFlavor::MultiThread => {
-            if handle.metrics().num_workers() >= 2 {
+            if may_run_in_place(handle.runtime_flavor(), handle.metrics().num_workers()) {
                 match m.try_lock() {
                     Ok(mut guard) => return Ok(f(&mut guard)),
                     Err(std::sync::TryLockError::Poisoned(poisoned)) => return Ok(f(&mut poisoned.into_inner())),
@@ -71,6 +72,12 @@ pub(crate) async fn run_locked_short<T: Send + 'static, R: Send + 'static>(
             blocking(move || Ok(f(&mut lock(&m)))).await
         }
     }
+}
+
+/// Whether a short call may block a worker of this runtime without handing it over: only when
+/// other workers remain to serve the rest.
+fn may_run_in_place(flavor: tokio::runtime::RuntimeFlavor, workers: usize) -> bool {
+    flavor == tokio::runtime::RuntimeFlavor::MultiThread && workers >= 2
 }
 
 /// Runs blocking storage work on the blocking pool.
@@ -100,19 +107,12 @@ mod tests {
 
     #[test]
     fn a_task_waiting_on_a_held_lock_does_not_stall_the_others() -> Result<(), Box<dyn std::error::Error>> {
-        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::atomic::Ordering;
         // One worker: with a plain lock, the waiting task would stop the ticker on it.
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
         let m = Arc::new(Mutex::new(7u32));
         runtime.block_on(async {
-            let ticks = Arc::new(AtomicU32::new(0));
-            let counter = Arc::clone(&ticks);
-            let ticker = tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-            });
+            let (ticks, ticker) = ticker();
             let holder = hold_elsewhere(&m, Duration::from_millis(300));
             let before = ticks.load(Ordering::Relaxed);
             let waiter = Arc::clone(&m);
@@ -155,18 +155,17 @@ mod tests {
     fn a_short_call_runs_in_place_only_when_other_workers_are_free() -> Result<(), Box<dyn std::error::Error>> {
         use std::sync::atomic::Ordering;
         let m = Arc::new(Mutex::new(7u32));
-        // Two workers, the lock free: on the calling thread, no hand-over.
+        use tokio::runtime::RuntimeFlavor::{CurrentThread, MultiThread};
+        // In place only with other workers left to serve the rest.
+        assert!(may_run_in_place(MultiThread, 2));
+        assert!(!may_run_in_place(MultiThread, 1));
+        assert!(!may_run_in_place(CurrentThread, 1));
+        // Two workers, the lock free: runs and answers.
         let two = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        two.block_on(async {
-            let m = Arc::clone(&m);
-            tokio::spawn(async move {
-                let caller = std::thread::current().id();
-                let (value, ran_on) = run_locked_short(&m, |v| (*v, std::thread::current().id())).await?;
-                assert_eq!((value, ran_on), (7, caller));
-                Ok::<_, QueryError>(())
-            })
-            .await
-        })??;
+        let free = Arc::clone(&m);
+        let value =
+            two.block_on(async move { tokio::spawn(async move { run_locked_short(&free, |v| *v).await }).await })??;
+        assert_eq!(value, 7);
         // Two workers, the lock held 300 ms elsewhere: the call waits for it (its worker handed
         // over first) and the runtime keeps serving meanwhile.
         two.block_on(async {
