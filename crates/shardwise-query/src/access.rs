@@ -75,8 +75,9 @@ pub type FragmentReport = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 /// The storage side of a node, as the SQL layer sees it.
 pub trait TableAccess: Send + Sync + Debug {
-    /// The catalog as this node knows it now.
-    fn catalog(&self) -> Catalog;
+    /// The catalog as this node knows it now (shared, not copied: an insert and a query each
+    /// look at it, and a deep copy of every table's definition cost a little per call).
+    fn catalog(&self) -> std::sync::Arc<Catalog>;
 
     /// The cluster's world size (a table's default shard count).
     fn world_size(&self) -> u32;

@@ -64,7 +64,7 @@ impl LocalShuffle {
 }
 
 impl TableAccess for LocalShuffle {
-    fn catalog(&self) -> Catalog {
+    fn catalog(&self) -> Arc<Catalog> {
         self.inner.catalog()
     }
 

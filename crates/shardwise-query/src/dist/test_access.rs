@@ -15,8 +15,8 @@ fn refused<T: Send + 'static>() -> shardwise_cluster::BoxFuture<'static, Result<
 }
 
 impl TableAccess for OneShard {
-    fn catalog(&self) -> shardwise_storage::Catalog {
-        shardwise_storage::Catalog::default()
+    fn catalog(&self) -> std::sync::Arc<shardwise_storage::Catalog> {
+        std::sync::Arc::default()
     }
     fn world_size(&self) -> u32 {
         1

@@ -288,8 +288,8 @@ fn parse_table_dir(name: &str) -> Option<(u64, u64)> {
 }
 
 impl TableAccess for TablesNode {
-    fn catalog(&self) -> Catalog {
-        self.catalog_now().1.as_ref().clone()
+    fn catalog(&self) -> Arc<Catalog> {
+        self.catalog_now().1
     }
 
     fn world_size(&self) -> u32 {
