@@ -13,7 +13,9 @@ The foreground writes `--record-bytes` into a pre-zeroed file and fdatasyncs it,
 `--pause-ms` apart (a delay-mode insert's outbox append). The background thread, unless
 `--mode none`, writes `--batch-bytes` every `--batch-every-ms`: in one write and one fdatasync
 (`big`), or in `--chunk-bytes` steps each followed by sync_file_range(WAIT_BEFORE | WRITE |
-WAIT_AFTER), then one fdatasync (`chunked`). Prints p50 / p99 / p99.9 / max of the foreground
+WAIT_AFTER), then one fdatasync (`chunked`). With `--background-io-class idle` the background
+thread's I/O priority is the idle class (ioprio_set), which the `mq-deadline` and `bfq` schedulers
+serve after every other request. Prints p50 / p99 / p99.9 / max of the foreground
 calls in milliseconds. Linux only; the directory should be on the disk in question.
 """
 
@@ -24,10 +26,16 @@ import threading
 import time
 
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+SYS_IOPRIO_SET_X86_64, IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 251, 1, 3, 13
 PREZEROED_BYTES = 8 << 20
 
 
 def background(args, stop, libc):
+    if args.background_io_class == "idle":
+        # who = 0: the calling thread (I/O priorities are per thread on Linux).
+        value = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT
+        if libc.syscall(SYS_IOPRIO_SET_X86_64, IOPRIO_WHO_PROCESS, 0, value) != 0:
+            raise OSError(ctypes.get_errno(), "ioprio_set failed")
     fd = os.open(os.path.join(args.dir, "background"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     batch = b"x" * args.batch_bytes
     offset = 0
@@ -59,6 +67,7 @@ def main():
     parser.add_argument("--batch-every-ms", type=float, default=300)
     parser.add_argument("--record-bytes", type=int, default=3300, help="one 100-row insert as Arrow IPC")
     parser.add_argument("--count", type=int, default=3000)
+    parser.add_argument("--background-io-class", choices=["default", "idle"], default="default")
     parser.add_argument("--pause-ms", type=float, default=0.5)
     args = parser.parse_args()
     if args.chunk_bytes <= 0 or args.batch_bytes <= 0 or args.record_bytes <= 0 or args.count <= 0:
@@ -97,7 +106,8 @@ def main():
     latencies.sort()
     at = lambda q: latencies[min(len(latencies) - 1, int(len(latencies) * q))] * 1e3  # noqa: E731
     chunk = f" chunk {args.chunk_bytes}" if args.mode == "chunked" else ""
-    print(f"{args.mode}{chunk}: p50 {at(0.5):.3f} p99 {at(0.99):.3f} p99.9 {at(0.999):.3f} "
+    io_class = " idle-class" if args.background_io_class == "idle" else ""
+    print(f"{args.mode}{chunk}{io_class}: p50 {at(0.5):.3f} p99 {at(0.99):.3f} p99.9 {at(0.999):.3f} "
           f"max {latencies[-1] * 1e3:.3f} ms")
 
 

@@ -27,7 +27,8 @@ pub enum BenchKind {
     /// Crash soak: kill -9 random nodes while writing to a delay_mode_distributed table, then
     /// check every acknowledged row is present exactly once.
     Crash(crate::bench_crash::CrashArgs),
-    /// Latency of small inserts in each sync mode beside a bare local fsync.
+    /// Latency of small inserts in each sync mode beside a bare local fsync, and the CPU each
+    /// insert cost the nodes and the client.
     Insert(crate::bench_insert::InsertBenchArgs),
     /// Bulk CSV load throughput on 2 and 3 nodes, beside ClickHouse in the same run.
     Load(crate::bench_load::LoadBenchArgs),
