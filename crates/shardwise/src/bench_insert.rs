@@ -400,7 +400,9 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if cpu.iter().all(Option::is_some) {
-        println!("CPU per insert (ms; the warm-up inserts included; the client's with its thread and runtime):");
+        println!(
+            "CPU per insert (ms; warm-up inserts included; the client's whole process, with any --bare-alongside fsyncs):"
+        );
         for ((what, _), cpu) in modes.iter().zip(cpu.iter().flatten()) {
             println!("  {what:<40} rank 0 {:.3}, ranks 1 and 2 {:.3}, client {:.3}", cpu.rank0, cpu.others, cpu.client);
         }
@@ -422,6 +424,17 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_per_insert_is_the_difference_over_the_count() {
+        let before = CpuUse { rank0: 1.0, others: 2.0, client: 0.5 };
+        let after = CpuUse { rank0: 1.9, others: 2.3, client: 0.5 };
+        let per = after.per_insert_ms(&before, 3000);
+        assert!((per.rank0 - 0.3).abs() < 1e-9 && (per.others - 0.1).abs() < 1e-9, "{per:?}");
+        assert_eq!(per.client, 0.0);
+        // A reading that went backwards (a restarted process) counts as nothing, not as negative.
+        assert_eq!(before.per_insert_ms(&after, 3000).rank0, 0.0);
+    }
 
     #[test]
     fn ingest_debug_lines_are_read_and_joined_with_the_client_times() {

@@ -43,7 +43,7 @@ pub(crate) fn lock_from_runtime<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// append and its fdatasync). On a multi-thread runtime with at least two workers, when `m` is
 /// free, in place on this worker: the worker's other tasks wait for the call (about 0.2 ms),
 /// the other workers steal what they can, and no thread is woken. Handing the worker over
-/// (`block_in_place`) for every small insert cost 0.40-0.49 ms of CPU per insert on the node
+/// (`block_in_place`) for every small insert cost 0.44-0.50 ms of CPU per insert on the node
 /// that took it against 0.33-0.36 in place (BENCHMARKS.md, "Insert latency"). When `m` is held,
 /// its holder may be in an fsync of any length, so this worker is handed over before waiting;
 /// since only the holder runs in place, at most one worker at a time is blocked without a
