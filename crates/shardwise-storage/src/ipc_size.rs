@@ -98,10 +98,10 @@ mod tests {
         assert!(ipc_size_estimate([&slice]) < IPC_FRAMING_BASE_BYTES + 4096);
     }
 
-    /// Small batches of many columns and types, several to a stream: the reservation covers the
-    /// encoding without being many times its size.
+    /// Batches of many columns and types, small and large, several to a stream: the reservation
+    /// covers the encoding without being many times its size.
     #[test]
-    fn the_estimate_covers_small_batches_of_many_columns() {
+    fn the_estimate_covers_batches_of_many_columns_and_types() {
         use arrow::array::{BooleanArray, Decimal128Array, Float64Array, ListArray, TimestampMicrosecondArray};
         use arrow::datatypes::Int32Type;
         let list = ListArray::from_iter_primitive::<Int32Type, _, _>((0..5).map(|i| Some(vec![Some(i), None])));
@@ -119,8 +119,10 @@ mod tests {
             .enumerate()
             .map(|(i, c)| Field::new(format!("a_rather_long_column_name_{i}"), c.data_type().clone(), true))
             .collect();
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-        for count in [1, 3] {
+        let small = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        // And a large one of the same columns (a bulk load's), where the rows dominate.
+        let large = arrow::compute::concat_batches(&small.schema(), &vec![small.clone(); 20_000]).unwrap();
+        for (batch, count) in [(&small, 1), (&small, 3), (&large, 1), (&large, 2)] {
             let batches = vec![batch.clone(); count];
             let mut out = Vec::new();
             let mut writer = StreamWriter::try_new(&mut out, &batch.schema()).unwrap();
