@@ -33,7 +33,7 @@ use tonic::transport::Endpoint;
 
 use crate::cmd_sql::SqlClient;
 use crate::proc_cluster::{ProcCluster, cpu_set, pin_this_process};
-use crate::proc_cpu::cpu_seconds;
+use crate::proc_stats::cpu_seconds;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct InsertBenchArgs {

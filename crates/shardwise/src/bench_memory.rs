@@ -23,6 +23,7 @@ use tonic::transport::Endpoint;
 
 use crate::cmd_sql::SqlClient;
 use crate::proc_cluster::ProcCluster;
+use crate::proc_stats::status_kib;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct MemoryBenchArgs {
@@ -101,18 +102,9 @@ async fn load(addr: &str, total: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A field of `/proc/PID/status`, in KiB.
-fn status_kib(pid: nix::unistd::Pid, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
 fn reset_peak(pid: nix::unistd::Pid) -> anyhow::Result<u64> {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").with_context(|| format!("cannot reset {pid}'s peak"))?;
-    status_kib(pid, "VmRSS:")
+    status_kib(pid.as_raw() as u32, "VmRSS:")
 }
 
 pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<ExitCode> {
@@ -165,7 +157,7 @@ pub async fn run(args: MemoryBenchArgs) -> anyhow::Result<ExitCode> {
             drop(answer);
             let mut peaks = Vec::new();
             for (pid, start) in pids.iter().zip(&before) {
-                peaks.push(status_kib(*pid, "VmHWM:")?.saturating_sub(*start) as f64 / 1024.0);
+                peaks.push(status_kib(pid.as_raw() as u32, "VmHWM:")?.saturating_sub(*start) as f64 / 1024.0);
             }
             let rest: Vec<String> = peaks[1..].iter().map(|p| format!("{p:>6.1}")).collect();
             println!("1e{e:<6} {mode:<10} {n:>9} {secs:>8.2} {:>10.1} {}", peaks[0], rest.join("  "));

@@ -185,11 +185,5 @@ async fn idle_rss_kib(exe: &Path, timeout: Duration) -> anyhow::Result<u64> {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pid = children[1].0.id().context("worker exited")?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("no VmRSS in /proc/PID/status")
+    crate::proc_stats::status_kib(pid, "VmRSS:")
 }

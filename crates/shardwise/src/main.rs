@@ -22,7 +22,7 @@ mod logging;
 mod malloc_tuning;
 mod ports;
 mod proc_cluster;
-mod proc_cpu;
+mod proc_stats;
 mod shell;
 
 use std::process::ExitCode;

@@ -56,17 +56,16 @@ pub(crate) async fn run_locked_short<T: Send + 'static, R: Send + 'static>(
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return Ok(f(&mut lock(m)));
     };
-    match handle.runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => {
-            if may_run_in_place(handle.runtime_flavor(), handle.metrics().num_workers()) {
-                match m.try_lock() {
-                    Ok(mut guard) => return Ok(f(&mut guard)),
-                    Err(std::sync::TryLockError::Poisoned(poisoned)) => return Ok(f(&mut poisoned.into_inner())),
-                    Err(std::sync::TryLockError::WouldBlock) => {}
-                }
-            }
-            Ok(tokio::task::block_in_place(|| f(&mut lock(m))))
+    let flavor = handle.runtime_flavor();
+    if may_run_in_place(&flavor, handle.metrics().num_workers()) {
+        match m.try_lock() {
+            Ok(mut guard) => return Ok(f(&mut guard)),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Ok(f(&mut poisoned.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => {}
         }
+    }
+    match flavor {
+        tokio::runtime::RuntimeFlavor::MultiThread => Ok(tokio::task::block_in_place(|| f(&mut lock(m)))),
         _ => {
             let m = Arc::clone(m);
             blocking(move || Ok(f(&mut lock(&m)))).await
@@ -76,8 +75,8 @@ pub(crate) async fn run_locked_short<T: Send + 'static, R: Send + 'static>(
 
 /// Whether a short call may block a worker of this runtime without handing it over: only when
 /// other workers remain to serve the rest.
-fn may_run_in_place(flavor: tokio::runtime::RuntimeFlavor, workers: usize) -> bool {
-    flavor == tokio::runtime::RuntimeFlavor::MultiThread && workers >= 2
+fn may_run_in_place(flavor: &tokio::runtime::RuntimeFlavor, workers: usize) -> bool {
+    *flavor == tokio::runtime::RuntimeFlavor::MultiThread && workers >= 2
 }
 
 /// Runs blocking storage work on the blocking pool.
@@ -157,9 +156,9 @@ mod tests {
         let m = Arc::new(Mutex::new(7u32));
         use tokio::runtime::RuntimeFlavor::{CurrentThread, MultiThread};
         // In place only with other workers left to serve the rest.
-        assert!(may_run_in_place(MultiThread, 2));
-        assert!(!may_run_in_place(MultiThread, 1));
-        assert!(!may_run_in_place(CurrentThread, 1));
+        assert!(may_run_in_place(&MultiThread, 2));
+        assert!(!may_run_in_place(&MultiThread, 1));
+        assert!(!may_run_in_place(&CurrentThread, 1));
         // Two workers, the lock free: runs and answers.
         let two = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let free = Arc::clone(&m);

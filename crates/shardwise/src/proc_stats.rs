@@ -1,10 +1,11 @@
-//! CPU time used by a process, from `/proc/PID/stat`: what a benchmark phase cost each node in
-//! CPU, beside its latency.
+//! What the benchmarks read of a process from `/proc/PID`: its CPU time (`stat`) and its memory
+//! (`status`).
 //!
-//! Why: on this project's 2-core machines the nodes, the client and the host share the CPUs, and
-//! a latency tail follows how busy they are; the CPU a phase costs is a figure that moves much
-//! less with the host's noise than a p99 does, so a change to the insert path can be weighed by
-//! it (`shardwise bench insert` prints CPU milliseconds per insert per node).
+//! CPU time: on this project's 2-core machines the nodes, the client and the host share the
+//! CPUs, and a latency tail follows how busy they are; the CPU a phase costs moves much less with
+//! the host's noise than a p99 does, so a change to the insert path can be weighed by it
+//! (`shardwise bench insert` prints CPU milliseconds per insert per node). Memory: resident and
+//! peak sizes for `shardwise bench memory` and the idle-node figure of `shardwise bench`.
 
 /// User plus system CPU time of a process so far, in seconds; `None` where `/proc` does not
 /// have it (not Linux, or the process is gone).
@@ -14,6 +15,18 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf reads a configuration value and has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (per_second > 0).then(|| ticks as f64 / per_second as f64)
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`, ...), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    use anyhow::Context;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    status_field_kib(&status, field).with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+fn status_field_kib(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 /// Fields 14 and 15 (utime, stime) of a `/proc/PID/stat` line. The command name (field 2) is in
@@ -38,6 +51,15 @@ mod tests {
         assert_eq!(utime_plus_stime_ticks(line), Some(325));
         assert_eq!(utime_plus_stime_ticks("4242 (x) S 1 2"), None);
         assert_eq!(utime_plus_stime_ticks("no name here"), None);
+    }
+
+    #[test]
+    fn status_fields_are_read_in_kib() {
+        let status = "Name:\tshardwise\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(status_field_kib(status, "VmRSS:"), Some(1024));
+        assert_eq!(status_field_kib(status, "VmHWM:"), Some(2048));
+        assert_eq!(status_field_kib(status, "VmSwap:"), None);
+        assert!(status_kib(std::process::id(), "VmRSS:").is_ok_and(|kib| kib > 0));
     }
 
     #[test]
