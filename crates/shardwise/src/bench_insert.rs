@@ -9,7 +9,10 @@
 //! ranks 1 and 2 keep their data elsewhere, so that their fsyncs do not share rank 0's disk; with
 //! `--pin`, rank 0 and this process (the client, and the bare fsyncs) run on CPU 0 and ranks 1
 //! and 2 on CPU 1, so that their work does not take rank 0's CPU either: together, the other
-//! nodes as on other machines. With `--server-timing`, each insert's time is split into rank 0's
+//! nodes as on other machines. `--others-idle` is the CPU half of that without halving rank 0's
+//! CPUs: ranks 1 and 2 run under `SCHED_IDLE`, so they only get CPU time that rank 0 and the
+//! client leave. With `--timings-out FILE` every timed insert is written to a CSV file, with when
+//! it was sent, so that the slow ones can be matched to what the nodes did then. With `--server-timing`, each insert's time is split into rank 0's
 //! part (from the ingest handler's start to its answer, from rank 0's debug log) and the rest
 //! (the client, gRPC and loopback on both sides), so that a p99 can be traced to one or the other.
 //! With `--bare-alongside`, the client also times a bare write + fdatasync right before each
@@ -32,7 +35,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use tonic::transport::Endpoint;
 
 use crate::cmd_sql::SqlClient;
-use crate::proc_cluster::{ProcCluster, cpu_set, pin_this_process};
+use crate::proc_cluster::{ProcCluster, cpu_set, idle_priority, pin_this_process};
 use crate::proc_stats::cpu_seconds;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -54,6 +57,15 @@ pub struct InsertBenchArgs {
     /// nodes' work does not take rank 0's CPU, as on separate machines (needs 2 CPUs).
     #[arg(long)]
     pub pin: bool,
+    /// Run ranks 1 and 2 under the `SCHED_IDLE` policy: they get only CPU time that rank 0 and
+    /// the client leave, as on machines of their own, while all three share both CPUs (unlike
+    /// `--pin`, which leaves rank 0 and the client one CPU).
+    #[arg(long)]
+    pub others_idle: bool,
+    /// Write every timed insert to this CSV file (mode, insert id, start and duration in ms, and
+    /// rank 0's handler time with `--server-timing`), to see when the slow ones came.
+    #[arg(long)]
+    pub timings_out: Option<std::path::PathBuf>,
     /// More table options for both tables, as in `WITH (..)`, e.g. `delay_max_ms = 60000` (no
     /// background shipping while the inserts are timed).
     #[arg(long)]
@@ -117,11 +129,20 @@ const WARMUP_INSERTS: usize = 20;
 /// Node log filter for `--server-timing`: the default, plus the ingest handler's per-call line.
 const SERVER_TIMING_LOG_FILTER: &str = "info,shardwise_server::ingest=debug";
 
-/// Each timed insert: its insert id and its time in milliseconds, as the client saw it.
-type Timed = Vec<(String, f64)>;
+/// One timed insert, as the client saw it.
+#[derive(Debug, Clone, PartialEq)]
+struct TimedInsert {
+    insert_id: String,
+    /// When it was sent, in milliseconds since the series' first timed insert.
+    start_ms: f64,
+    /// How long it took, in milliseconds.
+    ms: f64,
+}
+
+type Timed = Vec<TimedInsert>;
 
 fn sorted_ms(timed: &Timed) -> Vec<f64> {
-    let mut ms: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
+    let mut ms: Vec<f64> = timed.iter().map(|t| t.ms).collect();
     ms.sort_by(f64::total_cmp);
     ms
 }
@@ -146,16 +167,29 @@ fn parse_ingest_line(line: &str) -> Option<(String, u64)> {
 /// `server_us` (from rank 0's log) has.
 fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Vec<f64>) {
     let (mut server, mut rest) = (Vec::new(), Vec::new());
-    for (id, ms) in timed {
-        if let Some(us) = server_us.get(id) {
+    for t in timed {
+        if let Some(us) = server_us.get(&t.insert_id) {
             let server_ms = *us as f64 / 1000.0;
             server.push(server_ms);
-            rest.push(ms - server_ms);
+            rest.push(t.ms - server_ms);
         }
     }
     server.sort_by(f64::total_cmp);
     rest.sort_by(f64::total_cmp);
     (server, rest)
+}
+
+/// The `--timings-out` file: one line per timed insert, in the order sent.
+fn timings_csv(modes: &[(&str, &Timed)], server_us: &HashMap<String, u64>) -> String {
+    let mut out = String::from("mode,insert_id,start_ms,ms,handler_ms\n");
+    for (mode, timed) in modes {
+        for t in timed.iter() {
+            let handler =
+                server_us.get(&t.insert_id).map(|us| format!("{:.3}", *us as f64 / 1000.0)).unwrap_or_default();
+            out.push_str(&format!("{mode},{},{:.3},{:.3},{handler}\n", t.insert_id, t.start_ms, t.ms));
+        }
+    }
+    out
 }
 
 /// CPU seconds used so far by rank 0, by ranks 1 and 2 together, and by this process (the client).
@@ -246,6 +280,7 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
         None => None,
     };
     let mut bare = Vec::new();
+    let mut first_timed: Option<Instant> = None;
     for i in 0..args.count + WARMUP_INSERTS {
         if let Some(file) = bare_file.as_mut() {
             let ms = file.time_one()?;
@@ -266,7 +301,9 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
             .await
             .map_err(|e| anyhow!("insert into {table}: {e}"))?;
         if i >= WARMUP_INSERTS {
-            times.push((insert_id, started.elapsed().as_secs_f64() * 1000.0));
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            let start_ms = started.duration_since(*first_timed.get_or_insert(started)).as_secs_f64() * 1000.0;
+            times.push(TimedInsert { insert_id, start_ms, ms });
         }
     }
     bare.sort_by(f64::total_cmp);
@@ -314,6 +351,11 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         }
         false => ProcCluster::start(3, &dir, &node_args).await?,
     };
+    if args.others_idle {
+        for pid in cluster.pids(&[1, 2]) {
+            idle_priority(pid)?;
+        }
+    }
     let addr = cluster.flight_addr(0);
     let mut sql = SqlClient::connect(&addr, "default", "", Duration::from_secs(5)).await?;
     let extra = args.table_options.as_deref().map(|o| format!(", {o}")).unwrap_or_default();
@@ -368,6 +410,12 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         false => HashMap::new(),
     };
     drop(others_temp);
+    if let Some(path) = &args.timings_out {
+        let modes =
+            [("immediate", &immediate), ("delay_mode_distributed", &delay), ("delay_mode_distributed_paused", &paused)];
+        std::fs::write(path, timings_csv(&modes, &server_us))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
 
     let bare_p99 = percentile(&bare, 0.99);
     println!(
@@ -377,6 +425,9 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         payload_bytes,
         if args.pin { "; rank 0 and the client on CPU 0, ranks 1 and 2 on CPU 1" } else { "" }
     );
+    if args.others_idle {
+        println!("ranks 1 and 2 under SCHED_IDLE (--others-idle)");
+    }
     println!("{:<36} {:>9} {:>9} {:>22}", "what", "p50_ms", "p99_ms", "p99 - bare fsync p99");
     let line = |what: &str, t: &[f64]| {
         let p99 = percentile(t, 0.99);
@@ -445,9 +496,15 @@ mod tests {
                    streamed=false received_us=x stored_us=1\n";
         let server_us: HashMap<String, u64> = log.lines().filter_map(parse_ingest_line).collect();
         assert_eq!(server_us, HashMap::from([("t-0-20".to_string(), 300)]));
-        let timed: Timed = vec![("t-0-20".to_string(), 0.5), ("t-0-21".to_string(), 0.7)];
+        let at = |id: &str, ms: f64| TimedInsert { insert_id: id.to_string(), start_ms: 0.0, ms };
+        let timed: Timed = vec![at("t-0-20", 0.5), at("t-0-21", 0.7)];
         let (server, rest) = split_times(&timed, &server_us);
         assert_eq!(server, vec![0.3]);
         assert!((rest[0] - 0.2).abs() < 1e-9, "{rest:?}");
+        let csv = timings_csv(&[("delay", &timed)], &server_us);
+        assert_eq!(
+            csv,
+            "mode,insert_id,start_ms,ms,handler_ms\ndelay,t-0-20,0.000,0.500,0.300\ndelay,t-0-21,0.000,0.700,\n"
+        );
     }
 }

@@ -217,6 +217,30 @@ impl ProcCluster {
     }
 }
 
+/// Puts every thread of process `pid` under `SCHED_IDLE`: it then runs only on a CPU that no
+/// normal thread wants, as a process on a machine of its own would take nothing from the others.
+/// Threads started later inherit the policy from the thread that starts them.
+pub(crate) fn idle_priority(pid: nix::unistd::Pid) -> anyhow::Result<()> {
+    let tasks = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(&tasks).with_context(|| format!("cannot list {tasks}"))? {
+        let name = entry.with_context(|| format!("cannot list {tasks}"))?.file_name();
+        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler reads `param` and changes thread `tid`'s policy; no memory
+        // of this process is handed over beyond the call.
+        if unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // A thread that ended since the listing.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                anyhow::bail!("cannot give thread {tid} of process {pid} the idle policy: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Pins every thread of this process to `set` (threads started later inherit it from theirs).
 pub(crate) fn pin_this_process(set: &nix::sched::CpuSet) -> anyhow::Result<()> {
     for entry in std::fs::read_dir("/proc/self/task").context("cannot list this process's threads")? {
@@ -244,7 +268,7 @@ pub(crate) fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_set, pin_this_process};
+    use super::{cpu_set, idle_priority, pin_this_process};
 
     #[test]
     fn pinning_this_process_pins_every_thread_and_is_undone() {
@@ -270,5 +294,23 @@ mod tests {
         assert!(seen.is_set(first).unwrap_or(false));
         assert_eq!(nix::sched::sched_getaffinity(here).expect("affinity"), all);
         assert!(cpu_set(&[usize::MAX]).is_err());
+    }
+
+    #[test]
+    fn a_process_put_under_the_idle_policy_has_it_on_every_thread() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        idle_priority(pid).expect("idle");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        // Field 41 (`policy`), counted after the parenthesised command name.
+        let policy: i32 = stat[stat.rfind(')').expect("comm") + 2..]
+            .split_whitespace()
+            .nth(41 - 3)
+            .and_then(|f| f.parse().ok())
+            .expect("policy field");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(policy, libc::SCHED_IDLE);
+        assert!(idle_priority(nix::unistd::Pid::from_raw(i32::MAX)).is_err(), "no such process");
     }
 }
