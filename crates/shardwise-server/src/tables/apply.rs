@@ -11,10 +11,9 @@
 //! or truncated since is discarded, and counts as delivered.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use shardwise_query::QueryError;
-use shardwise_storage::{ApplyOutcome, Piece};
+use shardwise_storage::{ApplyOutcome, CatalogEntry, Piece};
 
 use super::{SharedStore, StoreKey, TablesNode, blocking, lock, storage_error};
 use crate::codec::{PieceSet, ShipRequest};
@@ -27,13 +26,24 @@ impl TablesNode {
 
     /// Applies a ship request to the local stores. Returns the rows newly applied (duplicates
     /// and discarded stale data excluded).
+    ///
+    /// A delayed shipment (it has an origin) holds a second's worth of piece sets, hundreds of
+    /// them: decoding them takes tens of milliseconds of CPU, so it runs on the background
+    /// threads, not on a runtime worker that request handlers are queued behind.
     pub async fn apply_ship(&self, req: ShipRequest) -> Result<u64, QueryError> {
-        let mut sets = Vec::with_capacity(req.items.len());
-        for item in &req.items {
-            let set = PieceSet::decode(&item.payload).map_err(|e| QueryError::Rejected(e.to_string()))?;
-            sets.push((item.seq, set));
-        }
-        self.apply_sets(req.origin, sets).await
+        let ShipRequest { origin, items } = req;
+        let decode = move || {
+            items
+                .iter()
+                .map(|item| {
+                    PieceSet::decode(&item.payload)
+                        .map(|set| (item.seq, set))
+                        .map_err(|e| QueryError::Rejected(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, QueryError>>()
+        };
+        let sets = if origin.is_some() { self.background.blocking(decode).await? } else { decode()? };
+        self.apply_sets(origin, sets).await
     }
 
     /// Applies piece sets (each with its outbox sequence number, if any) from `origin`.
@@ -43,6 +53,8 @@ impl TablesNode {
         sets: Vec<(Option<u64>, PieceSet)>,
     ) -> Result<u64, QueryError> {
         let mut by_store: BTreeMap<StoreKey, (SharedStore, Vec<Piece>)> = BTreeMap::new();
+        // Consecutive sets are mostly of one table: its entry is looked up once per run of them.
+        let mut last: Option<((u64, u64), Option<CatalogEntry>)> = None;
         for (seq, set) in sets {
             let h = &set.header;
             let (mut version, mut catalog) = self.catalog_now();
@@ -54,17 +66,22 @@ impl TablesNode {
                         self.rank, h.catalog_version
                     )));
                 }
+                last = None;
             }
-            let entry = match catalog.by_id(h.table_id) {
-                Some(e) if e.generation == h.generation => e.clone(),
+            let wanted = (h.table_id, h.generation);
+            let entry = match &last {
+                Some((key, entry)) if *key == wanted => entry,
                 _ => {
-                    tracing::debug!(table = %h.table, "discarding shipped rows of a dropped or truncated table");
-                    continue;
+                    let found = catalog.by_id(h.table_id).filter(|e| e.generation == h.generation).cloned();
+                    &last.insert((wanted, found)).1
                 }
+            };
+            let Some(entry) = entry else {
+                tracing::debug!(table = %h.table, "discarding shipped rows of a dropped or truncated table");
+                continue;
             };
             let key = set.header.piece_key();
             for (shard, batch) in h.shards.iter().zip(set.batches) {
-                let store = self.store(&entry, *shard).await?;
                 let piece = Piece {
                     origin: origin.clone(),
                     seq,
@@ -72,11 +89,14 @@ impl TablesNode {
                     verified_placement: true,
                     batch,
                 };
-                by_store
-                    .entry((entry.id, entry.generation, *shard))
-                    .or_insert_with(|| (Arc::clone(&store), Vec::new()))
-                    .1
-                    .push(piece);
+                let store_key = (entry.id, entry.generation, *shard);
+                match by_store.get_mut(&store_key) {
+                    Some((_, pieces)) => pieces.push(piece),
+                    None => {
+                        let store = self.store(entry, *shard).await?;
+                        by_store.insert(store_key, (store, vec![piece]));
+                    }
+                }
             }
         }
         // A delayed shipment (it has an origin) is background work; an `immediate` insert's
