@@ -329,6 +329,11 @@ impl Outbox {
         self.queues.stats()
     }
 
+    /// Pending items per table for one destination; only non-empty queues.
+    pub fn dest_table_stats(&self, dest: u32) -> Vec<(String, QueueStats)> {
+        self.queues.dest_table_stats(dest)
+    }
+
     /// Pending items for one destination, all tables.
     pub fn dest_stats(&self, dest: u32) -> QueueStats {
         self.queues.dest_stats(dest)

@@ -91,14 +91,14 @@ pub(crate) fn spawn_all(node: &Arc<TablesNode>) {
 /// Whether `dest`'s queue should be shipped now, and if not, how long until it should.
 fn due(node: &TablesNode, dest: u32) -> Option<Duration> {
     let (_, catalog) = node.catalog_now();
-    let stats = lock_from_runtime(&node.outbox).stats();
+    let stats = lock_from_runtime(&node.outbox).dest_table_stats(dest);
     let now = unix_ms();
     let mut total_rows = 0;
     let mut total_bytes = 0;
     let mut wait = Duration::from_millis(node.settings.sender_idle_poll_ms);
     let mut any = false;
     let (mut max_rows, mut max_bytes) = (u64::MAX, u64::MAX);
-    for ((key, _), q) in stats.iter().filter(|((_, d), q)| *d == dest && q.pending_items > 0) {
+    for (key, q) in &stats {
         any = true;
         total_rows += q.pending_rows;
         total_bytes += q.pending_bytes;

@@ -237,6 +237,12 @@ impl Queues {
         queues.map(|(table, dest, totals)| ((table.clone(), dest), totals.stats())).collect()
     }
 
+    /// Each table's queue to `dest` that has pending items.
+    pub fn dest_table_stats(&self, dest: u32) -> Vec<(String, QueueStats)> {
+        let tables = self.totals.get(&dest).into_iter().flat_map(BTreeMap::iter);
+        tables.filter(|(_, q)| q.items > 0).map(|(table, q)| (table.clone(), q.stats())).collect()
+    }
+
     /// The totals of every table's queue to `dest`.
     pub fn dest_stats(&self, dest: u32) -> QueueStats {
         let mut stats = QueueStats::default();
