@@ -132,10 +132,64 @@ pub fn widened_from(kind: AccumKind, arg: &Arc<dyn PhysicalExpr>, input: &Schema
     takes.then(|| Arc::clone(cast.expr()))
 }
 
-/// One aggregate's states, by group id. The caller counts each group's rows once for all
-/// aggregates ([`count_rows`]), so an aggregate counts only the rows where its argument is null:
-/// without nulls, an update is one pass that only adds (or compares), and a group's count and
-/// whether it has a value are `rows - nulls`.
+/// Which groups have a value, for the aggregates whose state is only null or not (`sum`, `min`,
+/// `max`), kept without a pass over the rows while the argument has had no nulls: then every
+/// group has one, since each group was made by a row that also reached this aggregate. A
+/// `perf` profile of q1 on a node had a per-row count at 14% of its CPU, where `sum` needs none.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// `None` while every group has a value; after the first null, per group.
+    has_value: Option<Vec<bool>>,
+    /// Groups there were at the last update.
+    groups: usize,
+}
+
+impl Seen {
+    /// Notes a batch: `ids` (one per row) of `groups` groups, `nulls` the argument's.
+    fn update(&mut self, ids: &[u32], groups: usize, nulls: Option<&NullBuffer>) {
+        let nulls = nulls.filter(|n| n.null_count() > 0);
+        if self.has_value.is_none() && nulls.is_some() {
+            // Every group made before this batch has a value.
+            self.has_value = Some(vec![true; self.groups]);
+        }
+        if let Some(has_value) = &mut self.has_value {
+            has_value.resize(groups, false);
+            match nulls {
+                None => ids.iter().for_each(|&g| has_value[g as usize] = true),
+                Some(nulls) => {
+                    for (i, &g) in ids.iter().enumerate() {
+                        if nulls.is_valid(i) {
+                            has_value[g as usize] = true;
+                        }
+                    }
+                }
+            }
+        }
+        self.groups = self.groups.max(groups);
+    }
+
+    /// Whether each of the first `groups` groups has a value; `None` when all do.
+    fn validity(&self, groups: usize) -> Option<NullBuffer> {
+        let has_value = self.has_value.as_ref()?;
+        let valid = NullBuffer::from_iter((0..groups).map(|g| has_value.get(g).copied().unwrap_or(false)));
+        (valid.null_count() > 0).then_some(valid)
+    }
+
+    fn has_value(&self, group: usize) -> bool {
+        self.has_value.as_ref().is_none_or(|h| h.get(group).copied().unwrap_or(false))
+    }
+
+    fn size(&self) -> usize {
+        self.has_value.as_ref().map_or(0, Vec::capacity)
+    }
+}
+
+/// One aggregate's states, by group id. `count` and `avg` need each group's count of values:
+/// the caller counts each group's rows once for them ([`count_rows`], only when one of them is
+/// in the query, [`Accum::needs_row_counts`]), and they count only the rows where their argument
+/// is null, a group's count being `rows - nulls`. `sum`, `min` and `max` need only whether a
+/// group has a value ([`Seen`]). Without nulls, an update is one pass that only adds (or
+/// compares).
 #[derive(Debug)]
 pub enum Accum {
     Count {
@@ -143,11 +197,11 @@ pub enum Accum {
     },
     SumInt {
         sums: Vec<i64>,
-        nulls: Vec<u64>,
+        seen: Seen,
     },
     SumFloat {
         sums: Vec<f64>,
-        nulls: Vec<u64>,
+        seen: Seen,
     },
     Avg {
         sums: Vec<f64>,
@@ -156,7 +210,7 @@ pub enum Accum {
     /// Starts at `i64::MAX` (min) or `i64::MIN` (max), so an update is one `min`/`max`.
     MinMax {
         values: Vec<i64>,
-        nulls: Vec<u64>,
+        seen: Seen,
         max: bool,
         width: IntWidth,
     },
@@ -176,15 +230,20 @@ impl Accum {
         let nulls = Vec::new();
         match kind {
             AccumKind::Count => Accum::Count { nulls },
-            AccumKind::SumInt => Accum::SumInt { sums: Vec::new(), nulls },
-            AccumKind::SumFloat => Accum::SumFloat { sums: Vec::new(), nulls },
+            AccumKind::SumInt => Accum::SumInt { sums: Vec::new(), seen: Seen::default() },
+            AccumKind::SumFloat => Accum::SumFloat { sums: Vec::new(), seen: Seen::default() },
             AccumKind::Avg => Accum::Avg { sums: Vec::new(), nulls },
-            AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), nulls, max: false, width },
-            AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), nulls, max: true, width },
+            AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), seen: Seen::default(), max: false, width },
+            AccumKind::Max(width) => Accum::MinMax { values: Vec::new(), seen: Seen::default(), max: true, width },
             AccumKind::Corr => Accum::Corr(Default::default()),
             AccumKind::Variance => Accum::Variance(Default::default()),
             AccumKind::Median => Accum::Median(Default::default()),
         }
+    }
+
+    /// Whether this aggregate's states need each group's row count ([`count_rows`]).
+    pub fn needs_row_counts(&self) -> bool {
+        matches!(self, Accum::Count { .. } | Accum::Avg { .. })
     }
 
     /// Adds the rows of `args` (one value per argument) to the groups `ids` names (one id per
@@ -214,21 +273,28 @@ impl Accum {
         let array = arg.into_array(ids.len())?;
         let nulls = match self {
             Accum::Count { nulls } => nulls,
-            Accum::SumInt { sums, nulls } => {
+            Accum::SumInt { sums, seen } => {
                 sums.resize(groups, 0);
                 let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(v);
                 match array.data_type() {
                     DataType::Int32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| add(g, v.into())),
                     _ => each_value(ids, primitive::<Int64Type>(&array)?, add),
                 }
-                nulls
+                seen.update(ids, groups, array.logical_nulls().as_ref());
+                return Ok(());
             }
-            Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => {
+            Accum::SumFloat { sums, seen } => {
+                sums.resize(groups, 0.0);
+                each_float(ids, &array, |g, v| sums[g] += v)?;
+                seen.update(ids, groups, array.logical_nulls().as_ref());
+                return Ok(());
+            }
+            Accum::Avg { sums, nulls } => {
                 sums.resize(groups, 0.0);
                 each_float(ids, &array, |g, v| sums[g] += v)?;
                 nulls
             }
-            Accum::MinMax { values, nulls, max, width } => {
+            Accum::MinMax { values, seen, max, width } => {
                 let max = *max;
                 values.resize(groups, if max { i64::MIN } else { i64::MAX });
                 let mut take = |g: usize, v: i64| values[g] = if max { values[g].max(v) } else { values[g].min(v) };
@@ -236,7 +302,8 @@ impl Accum {
                     IntWidth::I32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| take(g, v.into())),
                     IntWidth::I64 => each_value(ids, primitive::<Int64Type>(&array)?, take),
                 }
-                nulls
+                seen.update(ids, groups, array.logical_nulls().as_ref());
+                return Ok(());
             }
             Accum::Corr(_) | Accum::Variance(_) | Accum::Median(_) => {
                 return Err(DataFusionError::Internal("statistics were updated above".into()));
@@ -253,15 +320,26 @@ impl Accum {
         Ok(())
     }
 
-    /// The state arrays of the first `groups` groups, whose row counts are `rows` (groups past
-    /// the last update have no values).
+    /// The state arrays of the first `groups` groups, whose row counts are `rows` when this
+    /// aggregate [needs them](Accum::needs_row_counts) (groups past the last update have no
+    /// values).
     pub fn emit(&self, groups: usize, rows: &[u64]) -> Result<Vec<ArrayRef>> {
         let nulls: &[u64] = match self {
-            Accum::Count { nulls }
-            | Accum::SumInt { nulls, .. }
-            | Accum::SumFloat { nulls, .. }
-            | Accum::Avg { nulls, .. }
-            | Accum::MinMax { nulls, .. } => nulls,
+            Accum::Count { nulls } | Accum::Avg { nulls, .. } => nulls,
+            Accum::SumInt { sums, seen } => {
+                return Ok(vec![Arc::new(Int64Array::new(padded(sums, groups, 0), seen.validity(groups)))]);
+            }
+            Accum::SumFloat { sums, seen } => {
+                return Ok(vec![Arc::new(Float64Array::new(padded(sums, groups, 0.0), seen.validity(groups)))]);
+            }
+            Accum::MinMax { values, seen, width, .. } => {
+                // A group without a value still holds its start value: 0 under the null instead.
+                let values: Vec<i64> = (0..groups)
+                    .map(|g| if seen.has_value(g) { values.get(g).copied().unwrap_or(0) } else { 0 })
+                    .collect();
+                // Every value left came from `width`'s type, so the cast back is exact.
+                return Ok(vec![cast(&Int64Array::new(values.into(), seen.validity(groups)), &width.data_type())?]);
+            }
             Accum::Corr(corr) => return Ok(corr.emit(groups)),
             Accum::Variance(variance) => return Ok(variance.emit(groups)),
             Accum::Median(median) => return median.emit(groups),
@@ -274,22 +352,11 @@ impl Accum {
         let valid = (valid.null_count() > 0).then_some(valid);
         Ok(match self {
             Accum::Count { .. } => vec![Arc::new(Int64Array::from_iter_values(counts.iter().map(|&c| c as i64)))],
-            Accum::SumInt { sums, .. } => vec![Arc::new(Int64Array::new(padded(sums, groups, 0), valid))],
-            Accum::SumFloat { sums, .. } => vec![Arc::new(Float64Array::new(padded(sums, groups, 0.0), valid))],
             Accum::Avg { sums, .. } => vec![
                 Arc::new(UInt64Array::new(counts.into(), valid.clone())),
                 Arc::new(Float64Array::new(padded(sums, groups, 0.0), valid)),
             ],
-            Accum::MinMax { values, width, .. } => {
-                // A group without a value still holds its start value: 0 under the null instead.
-                let values: Vec<i64> =
-                    (0..groups).map(|g| if counts[g] > 0 { values.get(g).copied().unwrap_or(0) } else { 0 }).collect();
-                // Every value left came from `width`'s type, so the cast back is exact.
-                vec![cast(&Int64Array::new(values.into(), valid), &width.data_type())?]
-            }
-            Accum::Corr(_) | Accum::Variance(_) | Accum::Median(_) => {
-                return Err(DataFusionError::Internal("statistics were emitted above".into()));
-            }
+            _ => return Err(DataFusionError::Internal("emitted above".into())),
         })
     }
 
@@ -297,9 +364,10 @@ impl Accum {
     pub fn size(&self) -> usize {
         match self {
             Accum::Count { nulls } => nulls.capacity() * 8,
-            Accum::SumInt { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
-            Accum::SumFloat { sums, nulls } | Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
-            Accum::MinMax { values, nulls, .. } => (values.capacity() + nulls.capacity()) * 8,
+            Accum::SumInt { sums, seen } => sums.capacity() * 8 + seen.size(),
+            Accum::SumFloat { sums, seen } => sums.capacity() * 8 + seen.size(),
+            Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
+            Accum::MinMax { values, seen, .. } => values.capacity() * 8 + seen.size(),
             Accum::Corr(corr) => corr.size(),
             Accum::Variance(variance) => variance.size(),
             Accum::Median(median) => median.size(),
@@ -360,4 +428,72 @@ pub(super) fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     let mut out = values[..values.len().min(groups)].to_vec();
     out.resize(groups, fill);
     out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int32Array, Int64Array};
+
+    use super::*;
+
+    fn update(accum: &mut Accum, ids: &[u32], groups: usize, values: Vec<Option<i64>>) {
+        let array: ArrayRef = Arc::new(Int64Array::from(values));
+        accum.update(ids, groups, vec![ColumnarValue::Array(array)]).expect("update");
+    }
+
+    /// Groups made before the argument's first null, groups made in a batch with nulls and given
+    /// a value only later, and groups that never get one.
+    fn batches(accum: &mut Accum) {
+        update(accum, &[0, 1, 0], 2, vec![Some(1), Some(2), Some(3)]);
+        update(accum, &[2, 0, 3, 4], 5, vec![None, Some(5), None, None]);
+        update(accum, &[3, 1], 5, vec![Some(7), Some(8)]);
+    }
+
+    #[test]
+    fn sum_min_max_know_which_groups_have_a_value_without_row_counts() {
+        let mut sum = Accum::new(AccumKind::SumInt);
+        assert!(!sum.needs_row_counts());
+        batches(&mut sum);
+        let want: ArrayRef = Arc::new(Int64Array::from(vec![Some(9), Some(10), None, Some(7), None]));
+        assert_eq!(&sum.emit(5, &[]).expect("emit")[0], &want);
+        // The first groups only (an operator handing over part-way).
+        let want: ArrayRef = Arc::new(Int64Array::from(vec![Some(9), Some(10)]));
+        assert_eq!(&sum.emit(2, &[]).expect("emit")[0], &want);
+
+        let mut min = Accum::new(AccumKind::Min(IntWidth::I32));
+        let values = |v: Vec<Option<i32>>| vec![ColumnarValue::Array(Arc::new(Int32Array::from(v)) as ArrayRef)];
+        min.update(&[0, 1, 0], 2, values(vec![Some(4), Some(-2), Some(3)])).expect("update");
+        min.update(&[2, 0, 2], 3, values(vec![None, Some(1), None])).expect("update");
+        let want: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), Some(-2), None]));
+        assert_eq!(&min.emit(3, &[]).expect("emit")[0], &want);
+    }
+
+    #[test]
+    fn without_nulls_every_group_has_a_value_and_no_per_row_flags_are_kept() {
+        let mut max = Accum::new(AccumKind::Max(IntWidth::I64));
+        update(&mut max, &[0, 1, 2, 1], 3, vec![Some(1), Some(5), Some(-3), Some(2)]);
+        update(&mut max, &[3], 4, vec![Some(0)]);
+        let Accum::MinMax { seen, .. } = &max else { panic!("min/max") };
+        assert_eq!(seen.size(), 0);
+        let want: ArrayRef = Arc::new(Int64Array::from(vec![1, 5, -3, 0]));
+        assert_eq!(&max.emit(4, &[]).expect("emit")[0], &want);
+    }
+
+    #[test]
+    fn count_and_avg_still_take_the_row_counts() {
+        let mut count = Accum::new(AccumKind::Count);
+        let mut avg = Accum::new(AccumKind::Avg);
+        assert!(count.needs_row_counts() && avg.needs_row_counts());
+        let (ids, mut rows) = ([0u32, 1, 0], Vec::new());
+        count_rows(&mut rows, &ids, 2);
+        let floats =
+            || vec![ColumnarValue::Array(Arc::new(Float64Array::from(vec![Some(1.0), None, Some(2.0)])) as ArrayRef)];
+        count.update(&ids, 2, floats()).expect("update");
+        avg.update(&ids, 2, floats()).expect("update");
+        let want: ArrayRef = Arc::new(Int64Array::from(vec![2, 0]));
+        assert_eq!(&count.emit(2, &rows).expect("emit")[0], &want);
+        let states = avg.emit(2, &rows).expect("emit");
+        let want: ArrayRef = Arc::new(UInt64Array::from(vec![Some(2), None]));
+        assert_eq!(&states[0], &want);
+    }
 }

@@ -172,8 +172,10 @@ impl ExecutionPlan for SmallGroupsExec {
         let out_schema = Arc::clone(&schema);
         let run = async move {
             let mut ids = Vec::new();
-            // Each group's rows (every aggregate's count is this less its null rows).
+            // Each group's rows, for the aggregates that need counts (theirs is this less their
+            // null rows); not counted when none does.
             let mut rows: Vec<u64> = Vec::new();
+            let count_rows = accums.iter().any(Accum::needs_row_counts);
             let mut read_rows = 0usize;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
@@ -185,7 +187,9 @@ impl ExecutionPlan for SmallGroupsExec {
                 let before = keys.len();
                 let full = keys.map(&key_arrays, max_groups, &mut ids)? == Mapped::Full;
                 if !full {
-                    accum::count_rows(&mut rows, &ids, keys.len());
+                    if count_rows {
+                        accum::count_rows(&mut rows, &ids, keys.len());
+                    }
                     for (accum, args) in accums.iter_mut().zip(&args) {
                         let values = args.iter().map(|a| a.evaluate(&batch)).collect::<Result<Vec<_>>>()?;
                         accum.update(&ids, keys.len(), values)?;

@@ -217,3 +217,45 @@ async fn keys_that_are_nearly_all_distinct_go_to_datafusion_early() {
     let limit = 2 * (rows_per_partition as usize - super::HANDOVER_PROBE_ROWS);
     assert!(handed_over > 0 && handed_over <= limit, "{handed_over} rows handed over");
 }
+
+/// Values without nulls in the first batches, then groups whose every value is null, and groups
+/// that get their first value after only nulls: `sum`, `min` and `max` keep no per-row record
+/// until the first null, so each of these must still come out as DataFusion's.
+#[tokio::test]
+async fn groups_whose_values_are_null_at_first_or_always_equal_datafusion() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, true),
+        Field::new("w", DataType::Float64, true),
+    ]));
+    let row = |j: usize| -> (i64, Option<i64>) {
+        match j {
+            0..4000 => ((j % 50) as i64, Some(j as i64 - 2000)),
+            4000..8000 => {
+                let k = 50 + (j % 30) as i64;
+                (k, (k >= 65 && j % 2 == 1).then_some(j as i64))
+            }
+            _ => {
+                let k = 60 + (j % 20) as i64;
+                (k, (k < 63).then_some(-(j as i64)))
+            }
+        }
+    };
+    let batch = |rows: std::ops::Range<usize>| {
+        let (k, v): (Vec<i64>, Vec<Option<i64>>) = rows.map(row).unzip();
+        let w: Vec<Option<f64>> = v.iter().map(|v| v.map(|v| v as f64 * 0.5)).collect();
+        let cols: Vec<Arc<dyn datafusion::arrow::array::Array>> =
+            vec![Arc::new(Int64Array::from(k)), Arc::new(Int64Array::from(v)), Arc::new(Float64Array::from(w))];
+        RecordBatch::try_new(Arc::clone(&schema), cols).expect("batch")
+    };
+    let partition = || (0..12_000).step_by(BATCH_ROWS).map(|at| batch(at..at + BATCH_ROWS)).collect::<Vec<_>>();
+    let table = MemTable::try_new(Arc::clone(&schema), vec![partition(), partition()]).expect("table");
+    let ctx = context();
+    ctx.register_table("late", Arc::new(table)).expect("register");
+    equals_datafusion(
+        &ctx,
+        "SELECT k, sum(v), min(v), max(v), sum(w), count(v), avg(v), count(*) FROM late GROUP BY k",
+    )
+    .await;
+    equals_datafusion(&ctx, "SELECT k, sum(v), min(v), max(v), sum(w) FROM late GROUP BY k").await;
+}
