@@ -12,9 +12,10 @@
 //! nodes as on other machines. `--others-idle` is the CPU half of that without halving rank 0's
 //! CPUs: ranks 1 and 2 run under `SCHED_IDLE`, so they only get CPU time that rank 0 and the
 //! client leave. With `--timings-out FILE` every timed insert is written to a CSV file, with when
-//! it was sent, so that the slow ones can be matched to what the nodes did then. With `--server-timing`, each insert's time is split into rank 0's
-//! part (from the ingest handler's start to its answer, from rank 0's debug log) and the rest
-//! (the client, gRPC and loopback on both sides), so that a p99 can be traced to one or the other.
+//! it was sent, so that the slow ones can be matched to what the nodes did then. With
+//! `--server-timing`, each insert's time is split into rank 0's part (from the ingest handler's
+//! start to its answer, from rank 0's debug log) and the rest (the client, gRPC and loopback on
+//! both sides), so that a p99 can be traced to one or the other.
 //! With `--bare-alongside`, the client also times a bare write + fdatasync right before each
 //! insert: the floor at the same moments as the inserts, when the other nodes' work shares the
 //! disk and the CPUs, beside the floor timed on an idle cluster. Each mode's CPU cost is printed
@@ -168,8 +169,7 @@ fn parse_ingest_line(line: &str) -> Option<(String, u64)> {
 fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Vec<f64>) {
     let (mut server, mut rest) = (Vec::new(), Vec::new());
     for t in timed {
-        if let Some(us) = server_us.get(&t.insert_id) {
-            let server_ms = *us as f64 / 1000.0;
+        if let Some(server_ms) = handler_ms(server_us, &t.insert_id) {
             server.push(server_ms);
             rest.push(t.ms - server_ms);
         }
@@ -179,13 +179,17 @@ fn split_times(timed: &Timed, server_us: &HashMap<String, u64>) -> (Vec<f64>, Ve
     (server, rest)
 }
 
+/// Rank 0's handler time for `insert_id`, in ms, if its log has it.
+fn handler_ms(server_us: &HashMap<String, u64>, insert_id: &str) -> Option<f64> {
+    server_us.get(insert_id).map(|us| *us as f64 / 1000.0)
+}
+
 /// The `--timings-out` file: one line per timed insert, in the order sent.
 fn timings_csv(modes: &[(&str, &Timed)], server_us: &HashMap<String, u64>) -> String {
     let mut out = String::from("mode,insert_id,start_ms,ms,handler_ms\n");
     for (mode, timed) in modes {
         for t in timed.iter() {
-            let handler =
-                server_us.get(&t.insert_id).map(|us| format!("{:.3}", *us as f64 / 1000.0)).unwrap_or_default();
+            let handler = handler_ms(server_us, &t.insert_id).map(|ms| format!("{ms:.3}")).unwrap_or_default();
             out.push_str(&format!("{mode},{},{:.3},{:.3},{handler}\n", t.insert_id, t.start_ms, t.ms));
         }
     }

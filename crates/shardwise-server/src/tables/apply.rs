@@ -53,8 +53,9 @@ impl TablesNode {
         sets: Vec<(Option<u64>, PieceSet)>,
     ) -> Result<u64, QueryError> {
         let mut by_store: BTreeMap<StoreKey, (SharedStore, Vec<Piece>)> = BTreeMap::new();
-        // Consecutive sets are mostly of one table: its entry is looked up once per run of them.
-        let mut last: Option<((u64, u64), Option<CatalogEntry>)> = None;
+        // Consecutive sets are mostly of one table: its entry is looked up once per run of them
+        // (and again when the catalog changes, so each set sees the catalog of its turn).
+        let mut last: Option<((u64, u64, u64), Option<CatalogEntry>)> = None;
         for (seq, set) in sets {
             let h = &set.header;
             let (mut version, mut catalog) = self.catalog_now();
@@ -66,9 +67,8 @@ impl TablesNode {
                         self.rank, h.catalog_version
                     )));
                 }
-                last = None;
             }
-            let wanted = (h.table_id, h.generation);
+            let wanted = (version, h.table_id, h.generation);
             let entry = match &last {
                 Some((key, entry)) if *key == wanted => entry,
                 _ => {
