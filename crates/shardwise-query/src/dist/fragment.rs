@@ -15,6 +15,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -31,6 +32,7 @@ use futures::{StreamExt, TryStreamExt};
 use shardwise_cluster::{ClusterView, NodeState};
 
 use super::codec::{FragmentTicket, LeafAssignment, ShardwiseCodec, TicketHeader};
+use super::remote_start::{REMOTE_START_WAIT_MS, RemoteStarts};
 use super::scan::ShardTableRef;
 use crate::access::{FragmentReport, TableAccess};
 use crate::error::QueryError;
@@ -97,6 +99,8 @@ pub struct FragmentExec {
     reporting: AtomicBool,
     /// Per finished run: which target ran where, and the plan it ran with its metrics.
     reports: Reports,
+    /// Remote runs opening, which local runs let start first.
+    remote_starts: Arc<RemoteStarts>,
     cache: Arc<PlanProperties>,
 }
 
@@ -135,6 +139,7 @@ impl FragmentExec {
             skipped: Arc::default(),
             reporting: AtomicBool::new(false),
             reports: Arc::default(),
+            remote_starts: Arc::default(),
             cache,
         })
     }
@@ -251,6 +256,7 @@ impl ExecutionPlan for FragmentExec {
             context,
             skipped: Arc::clone(&self.skipped),
             reports: self.reporting.load(Ordering::Relaxed).then(|| Arc::clone(&self.reports)),
+            remote_starts: Arc::clone(&self.remote_starts),
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
@@ -277,6 +283,7 @@ struct Run {
     skipped: Arc<std::sync::Mutex<Vec<String>>>,
     /// Where to keep the plan this run ran with its metrics, if anyone asked.
     reports: Option<Reports>,
+    remote_starts: Arc<RemoteStarts>,
     rows: Count,
     bytes: Count,
     elapsed: Time,
@@ -293,11 +300,16 @@ impl Run {
                     // Let the sibling partitions send their remote fragments first: a local
                     // fragment's first poll runs until its scan yields (its input is in memory,
                     // always ready; `SCAN_BATCHES_PER_YIELD`), and on a query runtime with one
-                    // worker (a node on one core) the remote shards would start only then.
+                    // worker (a node on one core) the remote shards would start only then; and
+                    // wait until they run (`remote_start`).
                     tokio::task::yield_now().await;
+                    self.remote_starts.wait(Duration::from_millis(REMOTE_START_WAIT_MS)).await;
                     self.run_local()
                 }
-                false => self.run_remote(rank).await,
+                false => {
+                    let _opening = self.remote_starts.enter();
+                    self.run_remote(rank).await
+                }
             };
             let mut stream = match attempt {
                 Ok(stream) => stream,
