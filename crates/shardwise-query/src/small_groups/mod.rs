@@ -175,7 +175,7 @@ impl ExecutionPlan for SmallGroupsExec {
             // Each group's rows, for the aggregates that need counts (theirs is this less their
             // null rows); not counted when none does.
             let mut rows: Vec<u64> = Vec::new();
-            let count_rows = accums.iter().any(Accum::needs_row_counts);
+            let need_row_counts = accums.iter().any(Accum::needs_row_counts);
             let mut read_rows = 0usize;
             while let Some(batch) = input.next().await {
                 let batch = batch?;
@@ -187,7 +187,7 @@ impl ExecutionPlan for SmallGroupsExec {
                 let before = keys.len();
                 let full = keys.map(&key_arrays, max_groups, &mut ids)? == Mapped::Full;
                 if !full {
-                    if count_rows {
+                    if need_row_counts {
                         accum::count_rows(&mut rows, &ids, keys.len());
                     }
                     for (accum, args) in accums.iter_mut().zip(&args) {
