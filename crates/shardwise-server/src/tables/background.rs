@@ -9,6 +9,11 @@
 //! [`BACKGROUND_THREAD_NICE`], so the scheduler runs a waking request thread first. Locks the two
 //! share (a shard store's) are held for short, bounded steps, as before.
 //!
+//! The senders of delayed shipments run here too, on the one worker thread of this runtime, with
+//! connections of their own to the other nodes (`Peers::ship`): encoding a shipment of a few MB,
+//! writing it into a socket, and the kernel's loopback or network work that comes with it then
+//! never occupy a worker of the runtime that answers inserts and queries.
+//!
 //! Work that a client waits for (an `immediate` insert's replica writes) stays at normal priority.
 
 use shardwise_query::QueryError;
@@ -18,6 +23,10 @@ use tokio::runtime::{Handle, Runtime};
 /// priority). At 10 a busy background thread gets about a tenth of a CPU that a normal thread
 /// also wants, and all of an idle one.
 pub const BACKGROUND_THREAD_NICE: i32 = 10;
+
+/// Worker threads of the background runtime (the senders' tasks and their connections); the
+/// heavy steps go to its blocking threads.
+pub const BACKGROUND_WORKER_THREADS: usize = 1;
 
 /// See the module doc.
 pub(crate) struct BackgroundPool {
@@ -32,11 +41,13 @@ impl std::fmt::Debug for BackgroundPool {
 
 impl BackgroundPool {
     pub(crate) fn new() -> Result<Self, QueryError> {
-        // Only its blocking pool is used: a current-thread runtime starts no worker thread, and
-        // its blocking threads are started on demand (and lowered) as any runtime's are.
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // One worker for the senders' tasks; blocking threads are started on demand (and
+        // lowered) as any runtime's are.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(BACKGROUND_WORKER_THREADS)
             .thread_name("shardwise-bg")
             .on_thread_start(lower_this_thread_priority)
+            .enable_all()
             .build()
             .map_err(|e| QueryError::Storage(format!("cannot start the background storage runtime: {e}")))?;
         Ok(BackgroundPool { runtime: Some(runtime) })
@@ -44,6 +55,15 @@ impl BackgroundPool {
 
     fn handle(&self) -> Result<&Handle, QueryError> {
         self.runtime.as_ref().map(Runtime::handle).ok_or_else(|| QueryError::Storage("the node is stopping".into()))
+    }
+
+    /// Runs `task` on the background runtime's worker.
+    pub(crate) fn spawn<F>(&self, task: F) -> Result<(), QueryError>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.handle()?.spawn(task);
+        Ok(())
     }
 
     /// Runs blocking `work` on a background thread and waits for it.
@@ -60,9 +80,18 @@ impl BackgroundPool {
 
 impl Drop for BackgroundPool {
     fn drop(&mut self) {
-        // Dropping a runtime from inside another one blocks, which tokio forbids.
+        // Dropping a runtime from inside another one blocks, which tokio forbids. The last
+        // owner may even be one of this runtime's own tasks (a sender holding the node when
+        // the node stops): then the runtime is let go from a thread of its own.
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            let inside = Handle::try_current().is_ok_and(|h| h.id() == runtime.handle().id());
+            if inside {
+                let _ = std::thread::Builder::new().name("shardwise-bg-stop".into()).spawn(move || {
+                    runtime.shutdown_background();
+                });
+            } else {
+                runtime.shutdown_background();
+            }
         }
     }
 }
@@ -88,6 +117,8 @@ fn lower_this_thread_priority() {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[cfg(target_os = "linux")]
@@ -106,5 +137,25 @@ mod tests {
         let failed = pool.blocking(|| Err::<(), _>(QueryError::Storage("disk gone".into()))).await;
         assert!(failed.expect_err("error passes through").to_string().contains("disk gone"));
         drop(pool); // from inside a runtime: must not panic
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn tasks_run_on_the_lowered_worker_and_the_pool_can_be_dropped_by_one_of_them() {
+        let pool = Arc::new(BackgroundPool::new().expect("pool"));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let held = Arc::clone(&pool);
+        pool.spawn(async move {
+            let nice = nice_of_this_thread();
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            // The task now holds the last reference: the pool is dropped on its own worker.
+            let _ = tx.send(nice);
+            drop(held);
+        })
+        .expect("spawn");
+        let here = nice_of_this_thread();
+        drop(pool);
+        let nice = rx.await.expect("the task ran");
+        assert_eq!(nice, (here + BACKGROUND_THREAD_NICE).min(19));
     }
 }

@@ -117,7 +117,7 @@ impl TablesNode {
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));
-        sender::spawn_all(&node);
+        sender::spawn_all(&node)?;
         tokio::spawn(Self::watch_catalog(Arc::downgrade(&node)));
         tokio::spawn(Self::maintain_loop(Arc::downgrade(&node)));
         Ok(node)

@@ -1,5 +1,9 @@
-//! Calls to other nodes' data planes: one lazily connected gRPC channel per rank, found through
+//! Calls to other nodes' data planes: lazily connected gRPC channels per rank, found through
 //! the membership's `data` address, every call carrying the cluster credential.
+//!
+//! Each rank gets two channels, one per [`Lane`]: delayed shipments travel on their own, made
+//! from the background runtime that runs the senders (`background.rs`), so that their
+//! connection's I/O runs there and not on the workers that answer requests.
 //!
 //! The credential is `HMAC-SHA256(secret, "shardwise-data-plane" ‖ run_id)` as a bearer token:
 //! only holders of the cluster secret can compute it, and it differs per cluster run. A cluster
@@ -62,12 +66,21 @@ impl DataPlaneAuth {
     }
 }
 
+/// Which channel to a rank a call travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Lane {
+    /// Queries, flushes, statistics, `immediate` replica writes.
+    Requests,
+    /// Delayed shipments (background work).
+    Shipments,
+}
+
 /// Clients for every other rank.
 #[derive(Debug)]
 pub struct Peers {
     cluster: Arc<dyn ClusterView>,
     auth: DataPlaneAuth,
-    channels: Mutex<HashMap<u32, (String, Channel)>>,
+    channels: Mutex<HashMap<(u32, Lane), (String, Channel)>>,
     ship_timeout: Duration,
     connect_timeout: Duration,
     max_message_bytes: usize,
@@ -101,9 +114,10 @@ impl Peers {
         }
     }
 
-    /// The channel to `rank`: the cached one, or one to the address the membership gives.
-    async fn channel(&self, rank: u32) -> Result<Channel, QueryError> {
-        if let Some((_, channel)) = lock(&self.channels).get(&rank) {
+    /// The channel to `rank` on `lane`: the cached one, or one to the address the membership
+    /// gives (its connection then runs on the calling task's runtime).
+    async fn channel(&self, rank: u32, lane: Lane) -> Result<Channel, QueryError> {
+        if let Some((_, channel)) = lock(&self.channels).get(&(rank, lane)) {
             return Ok(channel.clone());
         }
         let addr = self
@@ -116,7 +130,7 @@ impl Peers {
             .tcp_nodelay(true);
         let endpoint = crate::http2::client(endpoint);
         let channel = endpoint.connect_lazy();
-        lock(&self.channels).insert(rank, (addr, channel.clone()));
+        lock(&self.channels).insert((rank, lane), (addr, channel.clone()));
         Ok(channel)
     }
 
@@ -126,15 +140,15 @@ impl Peers {
         members.iter().find(|m| m.rank == rank).and_then(|m| m.addrs.get(DATA_ADDR_KEY).cloned())
     }
 
-    /// Forgets `rank`'s channel after a failed call: it may have restarted on another address.
+    /// Forgets `rank`'s channels after a failed call: it may have restarted on another address.
     fn forget(&self, rank: u32, e: &QueryError) {
         if matches!(e, QueryError::Unavailable(_)) {
-            lock(&self.channels).remove(&rank);
+            lock(&self.channels).retain(|(r, _), _| *r != rank);
         }
     }
 
-    async fn client(&self, rank: u32) -> Result<FlightServiceClient<Channel>, QueryError> {
-        Ok(FlightServiceClient::new(self.channel(rank).await?)
+    async fn client(&self, rank: u32, lane: Lane) -> Result<FlightServiceClient<Channel>, QueryError> {
+        Ok(FlightServiceClient::new(self.channel(rank, lane).await?)
             .max_decoding_message_size(self.max_message_bytes)
             .max_encoding_message_size(self.max_message_bytes))
     }
@@ -154,7 +168,18 @@ impl Peers {
 
     /// Runs a data plane action on `rank` and returns its one result body.
     pub async fn action(&self, rank: u32, kind: &str, body: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, QueryError> {
-        let r = self.action_once(rank, kind, body, timeout).await;
+        self.action_on(Lane::Requests, rank, kind, body, timeout).await
+    }
+
+    async fn action_on(
+        &self,
+        lane: Lane,
+        rank: u32,
+        kind: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, QueryError> {
+        let r = self.action_once(lane, rank, kind, body, timeout).await;
         if let Err(e) = &r {
             self.forget(rank, e);
         }
@@ -163,12 +188,13 @@ impl Peers {
 
     async fn action_once(
         &self,
+        lane: Lane,
         rank: u32,
         kind: &str,
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
-        let mut client = self.client(rank).await?;
+        let mut client = self.client(rank, lane).await?;
         let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
         let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
         match stream.next().await {
@@ -178,17 +204,20 @@ impl Peers {
         }
     }
 
-    /// Ships piece sets to `rank`; returns the rows it applied.
+    /// Ships piece sets to `rank`; returns the rows it applied. A delayed shipment (with an
+    /// origin) goes on the shipments lane, whose channel is made by the first call, from the
+    /// senders' background runtime; an `immediate` insert's replica write on the requests lane.
     pub async fn ship(&self, rank: u32, req: &ShipRequest) -> Result<u64, QueryError> {
+        let lane = if req.origin.is_some() { Lane::Shipments } else { Lane::Requests };
         let body = req.encode().map_err(|e| QueryError::Storage(e.to_string()))?;
-        let reply = self.action(rank, "apply", body, self.ship_timeout).await?;
+        let reply = self.action_on(lane, rank, "apply", body, self.ship_timeout).await?;
         serde_json::from_slice::<u64>(&reply).map_err(|e| unavailable(rank, "apply: bad reply", e))
     }
 
     /// A node that restarted has new ports: when the cached channel fails and the membership
     /// now gives another address, the call is made once more there.
     pub async fn fragment(&self, rank: u32, ticket: Vec<u8>, report: FragmentReport) -> Result<RemoteRows, QueryError> {
-        let cached = lock(&self.channels).get(&rank).map(|(addr, _)| addr.clone());
+        let cached = lock(&self.channels).get(&(rank, Lane::Requests)).map(|(addr, _)| addr.clone());
         let r = self.fragment_once(rank, ticket.clone(), Arc::clone(&report)).await;
         let Err(e) = &r else { return r };
         self.forget(rank, e);
@@ -210,7 +239,7 @@ impl Peers {
         ticket: Vec<u8>,
         report: FragmentReport,
     ) -> Result<RemoteRows, QueryError> {
-        let mut client = self.client(rank).await?;
+        let mut client = self.client(rank, Lane::Requests).await?;
         let req = self.request(Ticket { ticket: ticket.into() }, None)?;
         let stream = client.do_get(req).await.map_err(|s| status_error(rank, "fragment", s))?.into_inner();
         let messages = FlightDataDecoder::new(stream.map_err(Into::into));

@@ -82,10 +82,13 @@ impl Senders {
     }
 }
 
-pub(crate) fn spawn_all(node: &Arc<TablesNode>) {
+/// Starts one sender per destination on the background runtime (`background.rs`), so that
+/// shipping, and applying this node's own share, never takes a worker that answers requests.
+pub(crate) fn spawn_all(node: &Arc<TablesNode>) -> Result<(), shardwise_query::QueryError> {
     for dest in 0..node.world_size {
-        tokio::spawn(run(Arc::downgrade(node), dest));
+        node.background.spawn(run(Arc::downgrade(node), dest))?;
     }
+    Ok(())
 }
 
 /// Whether `dest`'s queue should be shipped now, and if not, how long until it should.
