@@ -171,6 +171,7 @@ impl Peers {
         self.action_on(Lane::Requests, rank, kind, body, timeout).await
     }
 
+    /// [`Peers::action`] on `lane`; a failure that may mean the rank moved forgets its channels.
     async fn action_on(
         &self,
         lane: Lane,
@@ -179,29 +180,21 @@ impl Peers {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
-        let r = self.action_once(lane, rank, kind, body, timeout).await;
+        let r = async {
+            let mut client = self.client(rank, lane).await?;
+            let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
+            let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
+            match stream.next().await {
+                Some(Ok(r)) => Ok(r.body.to_vec()),
+                Some(Err(s)) => Err(status_error(rank, kind, s)),
+                None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
+            }
+        }
+        .await;
         if let Err(e) = &r {
             self.forget(rank, e);
         }
         r
-    }
-
-    async fn action_once(
-        &self,
-        lane: Lane,
-        rank: u32,
-        kind: &str,
-        body: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, QueryError> {
-        let mut client = self.client(rank, lane).await?;
-        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
-        let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
-        match stream.next().await {
-            Some(Ok(r)) => Ok(r.body.to_vec()),
-            Some(Err(s)) => Err(status_error(rank, kind, s)),
-            None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
-        }
     }
 
     /// Ships piece sets to `rank`; returns the rows it applied. A delayed shipment (with an
