@@ -217,16 +217,24 @@ impl ProcCluster {
     }
 }
 
+/// The thread ids of process `proc_dir` (`self` or a pid) at the time of the call.
+fn threads_of(proc_dir: &str) -> anyhow::Result<Vec<i32>> {
+    let tasks = format!("/proc/{proc_dir}/task");
+    let mut tids = Vec::new();
+    for entry in std::fs::read_dir(&tasks).with_context(|| format!("cannot list {tasks}"))? {
+        let name = entry.with_context(|| format!("cannot list {tasks}"))?.file_name();
+        if let Ok(tid) = name.to_string_lossy().parse::<i32>() {
+            tids.push(tid);
+        }
+    }
+    Ok(tids)
+}
+
 /// Puts every thread of process `pid` under `SCHED_IDLE`: it then runs only on a CPU that no
 /// normal thread wants, as a process on a machine of its own would take nothing from the others.
 /// Threads started later inherit the policy from the thread that starts them.
 pub(crate) fn idle_priority(pid: nix::unistd::Pid) -> anyhow::Result<()> {
-    let tasks = format!("/proc/{pid}/task");
-    for entry in std::fs::read_dir(&tasks).with_context(|| format!("cannot list {tasks}"))? {
-        let name = entry.with_context(|| format!("cannot list {tasks}"))?.file_name();
-        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for tid in threads_of(&pid.to_string())? {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: sched_setscheduler reads `param` and changes thread `tid`'s policy; no memory
         // of this process is handed over beyond the call.
@@ -243,11 +251,7 @@ pub(crate) fn idle_priority(pid: nix::unistd::Pid) -> anyhow::Result<()> {
 
 /// Pins every thread of this process to `set` (threads started later inherit it from theirs).
 pub(crate) fn pin_this_process(set: &nix::sched::CpuSet) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir("/proc/self/task").context("cannot list this process's threads")? {
-        let name = entry.context("cannot list this process's threads")?.file_name();
-        let Ok(tid) = name.to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for tid in threads_of("self")? {
         match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), set) {
             // A thread that ended since the listing.
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}

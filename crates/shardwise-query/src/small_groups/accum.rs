@@ -219,6 +219,19 @@ pub enum Accum {
     Median(stats::Median),
 }
 
+/// Adds each null row of a batch (`arg_nulls`) to its group's null count (`nulls` grown to
+/// `groups` first).
+fn count_nulls(nulls: &mut Vec<u64>, ids: &[u32], groups: usize, arg_nulls: Option<&NullBuffer>) {
+    nulls.resize(groups, 0);
+    if let Some(arg_nulls) = arg_nulls.filter(|n| n.null_count() > 0) {
+        for (i, &g) in ids.iter().enumerate() {
+            if arg_nulls.is_null(i) {
+                nulls[g as usize] += 1;
+            }
+        }
+    }
+}
+
 /// Adds each row of a batch to its group's row count (`rows` grown to `groups` first).
 pub fn count_rows(rows: &mut Vec<u64>, ids: &[u32], groups: usize) {
     rows.resize(groups, 0);
@@ -271,8 +284,9 @@ impl Accum {
             return Ok(());
         }
         let array = arg.into_array(ids.len())?;
-        let nulls = match self {
-            Accum::Count { nulls } => nulls,
+        let arg_nulls = array.logical_nulls();
+        match self {
+            Accum::Count { nulls } => count_nulls(nulls, ids, groups, arg_nulls.as_ref()),
             Accum::SumInt { sums, seen } => {
                 sums.resize(groups, 0);
                 let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(v);
@@ -280,19 +294,17 @@ impl Accum {
                     DataType::Int32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| add(g, v.into())),
                     _ => each_value(ids, primitive::<Int64Type>(&array)?, add),
                 }
-                seen.update(ids, groups, array.logical_nulls().as_ref());
-                return Ok(());
+                seen.update(ids, groups, arg_nulls.as_ref());
             }
             Accum::SumFloat { sums, seen } => {
                 sums.resize(groups, 0.0);
                 each_float(ids, &array, |g, v| sums[g] += v)?;
-                seen.update(ids, groups, array.logical_nulls().as_ref());
-                return Ok(());
+                seen.update(ids, groups, arg_nulls.as_ref());
             }
             Accum::Avg { sums, nulls } => {
                 sums.resize(groups, 0.0);
                 each_float(ids, &array, |g, v| sums[g] += v)?;
-                nulls
+                count_nulls(nulls, ids, groups, arg_nulls.as_ref());
             }
             Accum::MinMax { values, seen, max, width } => {
                 let max = *max;
@@ -302,19 +314,10 @@ impl Accum {
                     IntWidth::I32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| take(g, v.into())),
                     IntWidth::I64 => each_value(ids, primitive::<Int64Type>(&array)?, take),
                 }
-                seen.update(ids, groups, array.logical_nulls().as_ref());
-                return Ok(());
+                seen.update(ids, groups, arg_nulls.as_ref());
             }
             Accum::Corr(_) | Accum::Variance(_) | Accum::Median(_) => {
                 return Err(DataFusionError::Internal("statistics were updated above".into()));
-            }
-        };
-        nulls.resize(groups, 0);
-        if let Some(null_rows) = array.logical_nulls().filter(|n| n.null_count() > 0) {
-            for (i, &g) in ids.iter().enumerate() {
-                if null_rows.is_null(i) {
-                    nulls[g as usize] += 1;
-                }
             }
         }
         Ok(())
