@@ -34,8 +34,8 @@ pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
 pub use ipc_size::{ipc_size_estimate, row_bytes};
 pub use outbox::{
-    OUTBOX_ID_FILE, OUTBOX_MAX_BYTES_DEFAULT, OUTBOX_WAL_DIR, OUTBOX_WAL_PREALLOCATE_BYTES, Outbox, OutboxItem,
-    OutboxOptions, OutboxRecovery, PendingItem, QueueStats, SEQ_LEASE_FILE,
+    Delivered, OUTBOX_ID_FILE, OUTBOX_MAX_BYTES_DEFAULT, OUTBOX_WAL_DIR, OUTBOX_WAL_PREALLOCATE_BYTES, Outbox,
+    OutboxItem, OutboxOptions, OutboxRecovery, PendingItem, QueueStats, SEQ_LEASE_FILE,
 };
 pub use placement::{PlacementVersion, hash_rows, shard_of_rows, split_by_shard};
 pub use shard_store::{ApplyOutcome, OriginId, Piece, ShardRecovery, ShardStats, ShardStore, ShardStoreOptions};

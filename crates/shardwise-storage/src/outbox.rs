@@ -107,7 +107,8 @@ impl Default for OutboxOptions {
 /// One destination's share of an insert. The payload is opaque to the outbox.
 #[derive(Debug, Clone)]
 pub struct OutboxItem {
-    pub table: String,
+    /// Shared by an insert's items (one per destination) and kept as is while they are pending.
+    pub table: Arc<str>,
     pub dest: u32,
     pub rows: u64,
     pub payload: Vec<u8>,
@@ -117,10 +118,29 @@ pub struct OutboxItem {
 #[derive(Debug, Clone)]
 pub struct PendingItem {
     pub seq: u64,
-    pub table: String,
+    pub table: Arc<str>,
     pub rows: u64,
     pub payload: Arc<Vec<u8>>,
     pub appended_unix_ms: u64,
+}
+
+/// The items an [`Outbox::ack`] removed, freed when this is dropped.
+///
+/// A shipping round acks thousands of items at once, and freeing them is a few thousand
+/// deallocations. The senders that ack run at a low priority (docs/sync.md) and hold the outbox's
+/// lock while they do, which every insert needs: freeing them under that lock would let a
+/// preempted low-priority thread hold up the inserts. So the items leave the outbox with this,
+/// to be dropped after the lock is released.
+#[derive(Debug, Default)]
+pub struct Delivered {
+    entries: BTreeMap<u64, queues::Entry>,
+}
+
+impl Delivered {
+    /// How many items were delivered.
+    pub fn items(&self) -> usize {
+        self.entries.len()
+    }
 }
 
 /// What is waiting in one queue (or several).
@@ -291,17 +311,21 @@ impl Outbox {
     /// drop resends). This keeps the fsync of a delivery off the path of the inserts that append
     /// behind it. Then the segments that hold only delivered items are deleted. An error after
     /// the ack record was written leaves the ack in effect and the outbox failed.
-    pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> Result<(), StorageError> {
+    ///
+    /// Returns the delivered items, freed when the [`Delivered`] is dropped: a caller holding the
+    /// outbox behind a lock that inserts wait for drops it after the lock (see [`Delivered`]).
+    pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> Result<Delivered, StorageError> {
         if !self.queues.ackable(dest, up_to_seq) {
-            return Ok(());
+            return Ok(Delivered::default());
         }
         self.check_usable()?;
         let encoded = record::encode_ack(&[(dest, up_to_seq)]);
         self.wal.append_unsynced(&[&encoded])?;
         self.queues.note_record(encoded.len());
-        let acked = self.queues.ack(dest, up_to_seq);
-        tracing::trace!(dest, up_to_seq, acked, "outbox ack");
-        self.reclaim()
+        let delivered = Delivered { entries: self.queues.ack(dest, up_to_seq) };
+        tracing::trace!(dest, up_to_seq, acked = delivered.items(), "outbox ack");
+        self.reclaim()?;
+        Ok(delivered)
     }
 
     /// Drops every pending item of `table` (DROP/TRUNCATE TABLE), durably (one fsynced WAL record

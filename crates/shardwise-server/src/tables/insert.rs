@@ -184,7 +184,7 @@ impl TablesNode {
             return Ok(());
         }
         // Quorum met, some replicas missed their piece: hinted handoff through the outbox.
-        let key = outbox_key(entry);
+        let key: Arc<str> = outbox_key(entry).into();
         let mut items = Vec::new();
         for (rank, e) in &failed {
             tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
@@ -194,18 +194,18 @@ impl TablesNode {
                 Some(p) => p.as_ref().clone(),
                 None => set.encode(schema).map_err(storage_error)?,
             };
-            items.push(OutboxItem { table: key.clone(), dest: *rank, rows, payload });
+            items.push(OutboxItem { table: Arc::clone(&key), dest: *rank, rows, payload });
         }
         self.append_outbox(items, entry).await
     }
 
     async fn queue(&self, entry: &CatalogEntry, placed: PlacedChunk) -> Result<(), QueryError> {
-        let key = outbox_key(entry);
+        let key: Arc<str> = outbox_key(entry).into();
         let mut items = Vec::with_capacity(placed.by_rank.len());
         for (rank, set) in &placed.by_rank {
             let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
             let payload = set.encode(&entry.def.schema).map_err(storage_error)?;
-            items.push(OutboxItem { table: key.clone(), dest: *rank, rows, payload });
+            items.push(OutboxItem { table: Arc::clone(&key), dest: *rank, rows, payload });
         }
         tracing::trace!(chunk = placed.index, "queued");
         self.append_outbox(items, entry).await

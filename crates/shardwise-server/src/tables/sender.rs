@@ -166,7 +166,12 @@ impl TablesNode {
         match self.deliver(dest, req).await {
             Ok(_) => {
                 let outbox = Arc::clone(&self.outbox);
-                let acked = blocking(move || lock(&outbox).ack(dest, last_seq).map_err(super::storage_error)).await;
+                let acked = blocking(move || {
+                    let delivered = lock(&outbox).ack(dest, last_seq);
+                    // The lock is released: the delivered items are freed after it (`Delivered`).
+                    delivered.map_err(super::storage_error)
+                })
+                .await;
                 if let Err(e) = acked {
                     tracing::error!(dest, "cannot record a delivery in the outbox (it will be resent): {e}");
                     lock(&slot.status).last_error = Some(e.to_string());

@@ -176,7 +176,7 @@ fn state_of(outbox: &Outbox) -> State {
 fn with_append(state: &State, seq: u64, items: &[OutboxItem], now_unix_ms: u64) -> State {
     let mut out = state.clone();
     for i in items {
-        out.insert((i.dest, seq), (i.table.clone(), i.rows, i.payload.clone(), now_unix_ms));
+        out.insert((i.dest, seq), (i.table.to_string(), i.rows, i.payload.clone(), now_unix_ms));
     }
     out
 }
@@ -262,7 +262,7 @@ fn random_items(rng: &mut XorShift64, step: u64) -> Vec<OutboxItem> {
             let dest = (first + k) % DESTS;
             let mut payload = format!("s{step}d{dest}:").into_bytes();
             payload.extend((0..rng.below(100)).map(|_| rng.below(256) as u8));
-            let table = TABLES[rng.below(TABLES.len())].to_string();
+            let table: Arc<str> = TABLES[rng.below(TABLES.len())].into();
             OutboxItem { table, dest, rows: rng.below(1000) as u64, payload }
         })
         .collect()
@@ -308,7 +308,7 @@ fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_i
                     if result.is_ok() {
                         model.acked(dest, up_to_seq);
                     }
-                    (result, Some(Uncertain::Ack { dest, up_to_seq }))
+                    (result.map(|_| ()), Some(Uncertain::Ack { dest, up_to_seq }))
                 }
                 9 => {
                     let table = TABLES[rng.below(TABLES.len())].to_string();

@@ -20,7 +20,7 @@ const FRAME_OVERHEAD_BYTES: u64 = 16;
 /// One pending item.
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
-    pub table: String,
+    pub table: Arc<str>,
     pub rows: u64,
     pub payload: Arc<Vec<u8>>,
     pub appended_unix_ms: u64,
@@ -63,7 +63,7 @@ pub(super) struct Queues {
     /// Per destination, pending items by seq.
     dests: BTreeMap<u32, BTreeMap<u64, Entry>>,
     /// Per destination, then table, the totals of each queue with pending items.
-    totals: BTreeMap<u32, BTreeMap<String, QueueTotals>>,
+    totals: BTreeMap<u32, BTreeMap<Arc<str>, QueueTotals>>,
     /// Records holding pending items, by LSN.
     live_records: BTreeMap<u64, LiveRecord>,
     pending_items: u64,
@@ -88,7 +88,7 @@ impl Queues {
                 self.max_seq = seq;
                 for item in items {
                     let entry = Entry {
-                        table: item.table,
+                        table: item.table.into(),
                         rows: item.rows,
                         payload: Arc::new(item.payload),
                         appended_unix_ms,
@@ -109,7 +109,7 @@ impl Queues {
                 for carried in items {
                     self.max_seq = self.max_seq.max(carried.seq);
                     let entry = Entry {
-                        table: carried.item.table,
+                        table: carried.item.table.into(),
                         rows: carried.item.rows,
                         payload: Arc::new(carried.item.payload),
                         appended_unix_ms: carried.appended_unix_ms,
@@ -162,9 +162,10 @@ impl Queues {
         first.is_some_and(|&seq| seq <= up_to_seq)
     }
 
-    /// Removes `dest`'s items with seq <= `up_to_seq`; returns how many.
-    pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> u64 {
-        let Some(queue) = self.dests.get_mut(&dest) else { return 0 };
+    /// Removes `dest`'s items with seq <= `up_to_seq` and returns them (for the caller to free
+    /// when it likes: see [`super::Delivered`]).
+    pub fn ack(&mut self, dest: u32, up_to_seq: u64) -> BTreeMap<u64, Entry> {
+        let Some(queue) = self.dests.get_mut(&dest) else { return BTreeMap::new() };
         let acked = match up_to_seq.checked_add(1) {
             Some(first_kept) => {
                 let kept = queue.split_off(&first_kept);
@@ -178,12 +179,12 @@ impl Queues {
         for entry in acked.values() {
             self.forget(dest, entry);
         }
-        acked.len() as u64
+        acked
     }
 
     /// How many pending items belong to `table`.
     pub fn count_table(&self, table: &str) -> u64 {
-        self.dests.values().flat_map(BTreeMap::values).filter(|e| e.table == table).count() as u64
+        self.dests.values().flat_map(BTreeMap::values).filter(|e| &*e.table == table).count() as u64
     }
 
     /// Removes every pending item of `table`; returns how many.
@@ -191,7 +192,7 @@ impl Queues {
         let doomed: Vec<(u32, u64)> = self
             .dests
             .iter()
-            .flat_map(|(&dest, queue)| queue.iter().filter(|(_, e)| e.table == table).map(move |(&seq, _)| (dest, seq)))
+            .flat_map(|(&dest, queue)| queue.iter().filter(|(_, e)| &*e.table == table).map(move |(&seq, _)| (dest, seq)))
             .collect();
         for &(dest, seq) in &doomed {
             self.remove(dest, seq);
@@ -213,7 +214,7 @@ impl Queues {
             bytes = bytes.saturating_add(len);
             out.push(PendingItem {
                 seq,
-                table: entry.table.clone(),
+                table: Arc::clone(&entry.table),
                 rows: entry.rows,
                 payload: Arc::clone(&entry.payload),
                 appended_unix_ms: entry.appended_unix_ms,
@@ -234,13 +235,13 @@ impl Queues {
     /// Every non-empty queue's totals, by (table, destination).
     pub fn stats(&self) -> BTreeMap<(String, u32), QueueStats> {
         let queues = self.totals.iter().flat_map(|(&dest, tables)| tables.iter().map(move |(t, q)| (t, dest, q)));
-        queues.map(|(table, dest, totals)| ((table.clone(), dest), totals.stats())).collect()
+        queues.map(|(table, dest, totals)| ((table.to_string(), dest), totals.stats())).collect()
     }
 
     /// Each table's queue to `dest` that has pending items.
     pub fn dest_table_stats(&self, dest: u32) -> Vec<(String, QueueStats)> {
         let tables = self.totals.get(&dest).into_iter().flat_map(BTreeMap::iter);
-        tables.filter(|(_, q)| q.items > 0).map(|(table, q)| (table.clone(), q.stats())).collect()
+        tables.filter(|(_, q)| q.items > 0).map(|(table, q)| (table.to_string(), q.stats())).collect()
     }
 
     /// The totals of every table's queue to `dest`.
@@ -301,9 +302,9 @@ impl Queues {
         self.pending_bytes += entry.payload.len() as u64;
         self.pending_carry_bytes += record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
         let tables = self.totals.entry(dest).or_default();
-        let totals = match tables.get_mut(&entry.table) {
+        let totals = match tables.get_mut(&*entry.table) {
             Some(totals) => totals,
-            None => tables.entry(entry.table.clone()).or_default(),
+            None => tables.entry(Arc::clone(&entry.table)).or_default(),
         };
         totals.items += 1;
         totals.rows = totals.rows.saturating_add(entry.rows);
@@ -325,7 +326,7 @@ impl Queues {
     /// Takes an item removed from `dest`'s queue out of the counters and its record's count.
     fn forget(&mut self, dest: u32, entry: &Entry) {
         if let Some(tables) = self.totals.get_mut(&dest)
-            && let Some(totals) = tables.get_mut(&entry.table)
+            && let Some(totals) = tables.get_mut(&*entry.table)
         {
             totals.items -= 1;
             totals.rows = totals.rows.saturating_sub(entry.rows);
@@ -337,7 +338,7 @@ impl Queues {
                 }
             }
             if totals.items == 0 {
-                tables.remove(&entry.table);
+                tables.remove(&*entry.table);
                 if tables.is_empty() {
                     self.totals.remove(&dest);
                 }
@@ -364,7 +365,7 @@ mod tests {
     fn recount(queues: &Queues) -> BTreeMap<(String, u32), QueueStats> {
         let mut out: BTreeMap<(String, u32), QueueStats> = BTreeMap::new();
         for (dest, _, entry) in queues.entries() {
-            let stats = out.entry((entry.table.clone(), dest)).or_default();
+            let stats = out.entry((entry.table.to_string(), dest)).or_default();
             stats.pending_items += 1;
             stats.pending_rows += entry.rows;
             stats.pending_bytes += entry.payload.len() as u64;
@@ -385,7 +386,7 @@ mod tests {
                     seq += 1;
                     let items = (0..1 + rng.below(3))
                         .map(|_| OutboxItem {
-                            table: format!("t{}", rng.below(3)),
+                            table: format!("t{}", rng.below(3)).into(),
                             dest: rng.below(4) as u32,
                             rows: rng.below(100) as u64,
                             payload: vec![0; rng.below(50)],

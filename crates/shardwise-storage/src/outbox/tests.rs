@@ -32,7 +32,7 @@ pub(super) fn open_sim(sim: &SimFs, opts: &OutboxOptions) -> Result<(Outbox, Out
 }
 
 pub(super) fn item(table: &str, dest: u32, rows: u64, payload: &[u8]) -> OutboxItem {
-    OutboxItem { table: table.to_string(), dest, rows, payload: payload.to_vec() }
+    OutboxItem { table: table.into(), dest, rows, payload: payload.to_vec() }
 }
 
 /// Every pending item of every destination, by destination then seq.
@@ -40,7 +40,7 @@ pub(super) fn all_pending(outbox: &Outbox) -> Vec<Flat> {
     let mut out = Vec::new();
     for dest in outbox.destinations() {
         for p in outbox.pending(dest, usize::MAX, u64::MAX) {
-            out.push((dest, p.seq, p.table, p.rows, p.payload.to_vec(), p.appended_unix_ms));
+            out.push((dest, p.seq, p.table.to_string(), p.rows, p.payload.to_vec(), p.appended_unix_ms));
         }
     }
     out
@@ -70,7 +70,7 @@ fn pending_is_per_destination_in_seq_order_and_multi_destination_items_share_a_s
     let one = outbox.pending(1, 10, u64::MAX);
     assert_eq!(seqs(&one), vec![a, b]);
     assert_eq!(
-        (one[1].table.as_str(), one[1].rows, one[1].payload.as_slice(), one[1].appended_unix_ms),
+        (&*one[1].table, one[1].rows, one[1].payload.as_slice(), one[1].appended_unix_ms),
         ("u", 3, &b"b1"[..], 11)
     );
     let two = outbox.pending(2, 10, u64::MAX);
@@ -96,10 +96,13 @@ fn acks_remove_up_to_a_seq_for_one_destination_only() -> TestResult {
         all.push(outbox.append(vec![item("t", 1, 1, &[i]), item("t", 2, 1, &[i])], 0)?);
     }
     let syncs = sim.sync_data_count();
-    outbox.ack(1, all[0] - 1)?; // below everything
-    outbox.ack(9, u64::MAX)?; // nothing pending there
+    assert_eq!(outbox.ack(1, all[0] - 1)?.items(), 0); // below everything
+    assert_eq!(outbox.ack(9, u64::MAX)?.items(), 0); // nothing pending there
     assert_eq!(sim.sync_data_count(), syncs, "an ack of nothing writes nothing");
-    outbox.ack(1, all[2])?;
+    let delivered = outbox.ack(1, all[2])?;
+    assert_eq!(delivered.items(), 3, "the delivered items leave the outbox with the ack");
+    assert_eq!(outbox.pending_bytes(), 7, "and no longer count as pending while the caller holds them");
+    drop(delivered);
     assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)), all[3..].to_vec());
     assert_eq!(seqs(&outbox.pending(2, 10, u64::MAX)), all, "dest 2 untouched");
     let syncs = sim.sync_data_count();
