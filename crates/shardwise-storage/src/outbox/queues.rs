@@ -192,7 +192,9 @@ impl Queues {
         let doomed: Vec<(u32, u64)> = self
             .dests
             .iter()
-            .flat_map(|(&dest, queue)| queue.iter().filter(|(_, e)| &*e.table == table).map(move |(&seq, _)| (dest, seq)))
+            .flat_map(|(&dest, queue)| {
+                queue.iter().filter(|(_, e)| &*e.table == table).map(move |(&seq, _)| (dest, seq))
+            })
             .collect();
         for &(dest, seq) in &doomed {
             self.remove(dest, seq);
