@@ -126,11 +126,12 @@ pub struct PendingItem {
 
 /// The items an [`Outbox::ack`] removed, freed when this is dropped.
 ///
-/// A shipping round acks thousands of items at once, and freeing them is a few thousand
+/// A shipping round acks up to `ship_max_items` items at once, and freeing them is that many
 /// deallocations. The senders that ack run at a low priority (docs/sync.md) and hold the outbox's
-/// lock while they do, which every insert needs: freeing them under that lock would let a
-/// preempted low-priority thread hold up the inserts. So the items leave the outbox with this,
-/// to be dropped after the lock is released.
+/// lock, which every insert needs, while they ack: the less they do under it, the less a
+/// preempted sender can hold the inserts up. So the items leave the outbox with this, to be
+/// dropped after the lock is released. (No change in insert latency was measurable on the
+/// benchmark host; BENCHMARKS.md, "Disk or CPU".)
 #[derive(Debug, Default)]
 pub struct Delivered {
     entries: BTreeMap<u64, queues::Entry>,
