@@ -51,7 +51,7 @@ pub struct InsertBenchArgs {
     #[arg(long)]
     pub data_dir: Option<std::path::PathBuf>,
     /// Keep ranks 1 and 2's data here instead (e.g. on /dev/shm), so that their writes and
-    /// fsyncs do not share rank 0's disk, as on separate machines.
+    /// fsyncs do not share rank 0's disk, as on separate machines (created if missing).
     #[arg(long)]
     pub others_data_dir: Option<std::path::PathBuf>,
     /// Rank 0 and this process (the client) on CPU 0, ranks 1 and 2 on CPU 1, so that the other
@@ -321,9 +321,10 @@ fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize) -> anyhow:
     Ok(times)
 }
 
-/// Makes ranks 1 and 2's data dirs (`DIR/rank-R`) links into a fresh directory under `base`,
-/// removed when the returned guard drops.
+/// Makes ranks 1 and 2's data dirs (`DIR/rank-R`) links into a fresh directory under `base`
+/// (created if missing, as `--data-dir` is), removed when the returned guard drops.
 fn place_others(base: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(base).with_context(|| format!("cannot create {}", base.display()))?;
     let others =
         tempfile::tempdir_in(base).with_context(|| format!("cannot create a directory in {}", base.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -510,5 +511,19 @@ mod tests {
             csv,
             "mode,insert_id,start_ms,ms,handler_ms\ndelay,t-0-20,0.000,0.500,0.300\ndelay,t-0-21,0.000,0.700,\n"
         );
+    }
+
+    #[test]
+    fn other_ranks_data_goes_under_a_base_made_if_missing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (base, dir) = (tmp.path().join("not/yet"), tmp.path().join("nodes"));
+        let others = place_others(&base, &dir).expect("placed");
+        for rank in [1, 2] {
+            let link = dir.join(format!("rank-{rank}"));
+            let target = std::fs::read_link(&link).expect("a link");
+            assert!(target.starts_with(&base) && target.is_dir(), "{}", target.display());
+        }
+        drop(others);
+        assert!(!dir.join("rank-1").exists(), "the linked directories go with the guard");
     }
 }
