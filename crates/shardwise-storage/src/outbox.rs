@@ -355,7 +355,7 @@ impl Outbox {
     }
 
     /// Pending items per table for one destination; only non-empty queues.
-    pub fn dest_table_stats(&self, dest: u32) -> Vec<(String, QueueStats)> {
+    pub fn dest_table_stats(&self, dest: u32) -> Vec<(Arc<str>, QueueStats)> {
         self.queues.dest_table_stats(dest)
     }
 

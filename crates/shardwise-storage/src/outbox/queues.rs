@@ -241,9 +241,9 @@ impl Queues {
     }
 
     /// Each table's queue to `dest` that has pending items.
-    pub fn dest_table_stats(&self, dest: u32) -> Vec<(String, QueueStats)> {
+    pub fn dest_table_stats(&self, dest: u32) -> Vec<(Arc<str>, QueueStats)> {
         let tables = self.totals.get(&dest).into_iter().flat_map(BTreeMap::iter);
-        tables.filter(|(_, q)| q.items > 0).map(|(table, q)| (table.to_string(), q.stats())).collect()
+        tables.filter(|(_, q)| q.items > 0).map(|(table, q)| (Arc::clone(table), q.stats())).collect()
     }
 
     /// The totals of every table's queue to `dest`.
@@ -304,10 +304,7 @@ impl Queues {
         self.pending_bytes += entry.payload.len() as u64;
         self.pending_carry_bytes += record::carried_item_encoded_bytes(&entry.table, entry.payload.len()) as u64;
         let tables = self.totals.entry(dest).or_default();
-        let totals = match tables.get_mut(&*entry.table) {
-            Some(totals) => totals,
-            None => tables.entry(Arc::clone(&entry.table)).or_default(),
-        };
+        let totals = tables.entry(Arc::clone(&entry.table)).or_default();
         totals.items += 1;
         totals.rows = totals.rows.saturating_add(entry.rows);
         totals.bytes += entry.payload.len() as u64;

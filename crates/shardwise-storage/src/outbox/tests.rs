@@ -220,7 +220,7 @@ fn stats_count_rows_bytes_and_the_oldest_append_per_queue() -> TestResult {
     assert_eq!(outbox.dest_stats(1), q(3, 31, 12, 900));
     assert_eq!(outbox.dest_stats(2), q(1, 7, 3, 1_000));
     assert_eq!(outbox.dest_stats(3), QueueStats::default());
-    let t = |name: &str| name.to_string();
+    let t = |name: &str| -> Arc<str> { name.into() };
     assert_eq!(outbox.dest_table_stats(1), vec![(t("t"), q(2, 30, 11, 900)), (t("u"), q(1, 1, 1, 2_000))]);
     assert_eq!(outbox.dest_table_stats(2), vec![(t("u"), q(1, 7, 3, 1_000))]);
     assert_eq!(outbox.pending_bytes(), 15);
