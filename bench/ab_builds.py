@@ -12,6 +12,11 @@ that the machine's drift weighs on both alike. Prints the best time of each and 
 Without --query: db-benchmark's q1-q10. Runs inside the venv of groupby_peers.py (made on first
 use). The clusters are stopped on exit.
 
+Two clusters of the same build, loaded alike, can differ by 15-25% on db-benchmark's q10 (best
+of 7; BENCHMARKS.md, "Same build, different clusters"): with --instances N each build gets N
+clusters, all alternating, and a build's time is the mean of its clusters' best times (each
+cluster's best is printed too).
+
 With --cpu it also sums, per query and build, the CPU time (utime + stime, from /proc) the
 build's node processes spent during its runs, after waiting --settle-s seconds once both are
 loaded (so that the load's background upkeep is over): the work a change removes, which wall
@@ -23,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,6 +115,8 @@ def main():
     parser.add_argument("--runs", type=int, default=11, help="runs per query and build; the best counts")
     parser.add_argument("--query", action="append", help="SQL over table x (repeatable); default q1-q10")
     parser.add_argument("--nodes", type=int, default=1, help="nodes per cluster")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="clusters per build; a build's time is the mean of its clusters' best times")
     parser.add_argument("--pin", action="store_true", help="run rank R (all its threads) on core R only")
     parser.add_argument("--cpu", action="store_true", help="also report the nodes' CPU seconds per query")
     parser.add_argument("--settle-s", type=float, default=10.0, help="with --cpu: wait this long after loading")
@@ -117,37 +125,49 @@ def main():
     import adbc_driver_flightsql.dbapi as flight_sql
 
     queries = args.query or [groupby_peers.SQL[q] for q in groupby_peers.ALL_QUERIES]
+    if args.instances < 1:
+        sys.exit("--instances must be at least 1")
     work = tempfile.mkdtemp(prefix="shardwise-ab-")
-    procs, conns, cursors = [], [], []
+    procs, conns, cursors, build_of = [], [], [], []
     try:
-        for name, binary in (("before", args.before), ("after", args.after)):
-            proc, addr = start(os.path.abspath(binary), os.path.join(work, name), args.csv, args.nodes, args.pin)
-            procs.append(proc)
-            conns.append(flight_sql.connect(f"grpc://{addr}", db_kwargs={"username": "default", "password": ""}))
-            cursors.append(conns[-1].cursor())
+        for instance in range(args.instances):
+            for build, (name, binary) in enumerate((("before", args.before), ("after", args.after))):
+                data_dir = os.path.join(work, f"{name}-{instance}")
+                proc, addr = start(os.path.abspath(binary), data_dir, args.csv, args.nodes, args.pin)
+                procs.append(proc)
+                build_of.append(build)
+                conns.append(flight_sql.connect(f"grpc://{addr}", db_kwargs={"username": "default", "password": ""}))
+                cursors.append(conns[-1].cursor())
         node_pids = [list(rank_pids(proc.pid).values()) for proc in procs]
         if args.cpu:
             time.sleep(args.settle_s)
         cpu_header = f" {'cpu_before_s':>12} {'cpu_after_s':>11} {'cpu a/b':>7}" if args.cpu else ""
         print(f"{'before_ms':>10} {'after_ms':>10} {'after/before':>12}{cpu_header}  rows  query")
         for sql in queries:
-            best, rows, cpu = [float("inf"), float("inf")], [None, None], [0.0, 0.0]
+            clusters = len(procs)
+            best, rows, cpu = [float("inf")] * clusters, [None] * clusters, [0.0, 0.0]
             for run in range(args.runs):
-                for i in ((0, 1) if run % 2 == 0 else (1, 0)):
+                # Every cluster once per run; the order reverses from run to run.
+                for i in (range(clusters) if run % 2 == 0 else reversed(range(clusters))):
                     cpu_at = cpu_seconds(node_pids[i])
                     started = time.perf_counter()
                     cursors[i].execute(sql)
                     rows[i] = cursors[i].fetch_arrow_table().num_rows
                     best[i] = min(best[i], (time.perf_counter() - started) * 1e3)
-                    cpu[i] += cpu_seconds(node_pids[i]) - cpu_at
-            if rows[0] != rows[1]:
-                sys.exit(f"the builds disagree on {sql!r}: {rows[0]} rows before, {rows[1]} after")
+                    cpu[build_of[i]] += cpu_seconds(node_pids[i]) - cpu_at
+            if len(set(rows)) != 1:
+                sys.exit(f"the clusters disagree on {sql!r}: row counts {rows}")
+            means = [statistics.mean(b for b, of in zip(best, build_of) if of == build) for build in (0, 1)]
             cpu_cells = ""
             if args.cpu:
                 ratio = cpu[1] / cpu[0] if cpu[0] > 0 else float("nan")
                 cpu_cells = f" {cpu[0]:12.2f} {cpu[1]:11.2f} {ratio:7.3f}"
-            print(f"{best[0]:10.1f} {best[1]:10.1f} {best[1] / best[0]:12.3f}{cpu_cells}  {rows[0]}  {sql}",
+            print(f"{means[0]:10.1f} {means[1]:10.1f} {means[1] / means[0]:12.3f}{cpu_cells}  {rows[0]}  {sql}",
                   flush=True)
+            if args.instances > 1:
+                for build, name in enumerate(("before", "after")):
+                    each = ", ".join(f"{b:.1f}" for b, of in zip(best, build_of) if of == build)
+                    print(f"{'':>10} {name} per cluster: {each}", flush=True)
     finally:
         for handle in cursors + conns:
             handle.close()
