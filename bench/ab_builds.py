@@ -12,8 +12,9 @@ that the machine's drift weighs on both alike. Prints the best time of each and 
 Without --query: db-benchmark's q1-q10. Runs inside the venv of groupby_peers.py (made on first
 use). The clusters are stopped on exit.
 
-Two clusters of the same build, loaded alike, can differ by 15-25% on db-benchmark's q10 (best
-of 7; BENCHMARKS.md, "Same build, different clusters"): with --instances N each build gets N
+Two clusters of the same build, loaded alike, can differ by 15-25% on db-benchmark's q10
+aggregation (`q10c`, best of 7; BENCHMARKS.md, "A bucket's rows never moved, and the same build
+on different clusters"): with --instances N each build gets N
 clusters, all alternating, and a build's time is the mean of its clusters' best times (each
 cluster's best is printed too).
 

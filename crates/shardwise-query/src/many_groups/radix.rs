@@ -12,7 +12,7 @@
 //! A row is `2 + 1 + states` 64-bit values: the word, its hash's low 32 bits beside one null bit
 //! per state column, and the states' values as bits (`Int32` states sign-extended). A bucket
 //! keeps its rows in chunks that are never moved ([`Chunks`]): a bucket held in one growing
-//! vector was copied by `realloc` each time it doubled (3% of a node's CPU on q10).
+//! vector was copied by `realloc` each time it doubled (3% of a node's CPU on q10's aggregation).
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -111,8 +111,7 @@ impl Buckets {
     /// Bytes held.
     pub fn size(&self) -> usize {
         let rows: usize = self.rows.iter().map(|b| b.capacity() * 8).sum();
-        let table = self.table.capacity() * std::mem::size_of::<(u32, u32)>();
-        rows + table + self.values.iter().map(|v| v.capacity() * 8).sum::<usize>()
+        rows + self.table.allocation_size() + self.values.iter().map(|v| v.capacity() * 8).sum::<usize>()
     }
 
     /// Rows held in bucket `bucket`.
@@ -154,7 +153,9 @@ impl Buckets {
         let table = &mut self.table;
         table.clear();
         table.reserve(count, |&(_, h)| table_hash(h));
-        // At most one group per row: sized once, never moved while it fills.
+        // At most one group per row: sized once, never moved while it fills (for the length of
+        // this call it may hold more than the groups need, at 16 bytes a row against the 8 bytes
+        // a value of the bucket's rows being read).
         let mut words: Vec<u128> = Vec::with_capacity(count);
         let mut ids = Vec::with_capacity(count);
         let mut values: Vec<Vec<u64>> = self.types.iter().map(|_| Vec::with_capacity(count)).collect();
