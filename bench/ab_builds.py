@@ -16,7 +16,8 @@ Two clusters of the same build, loaded alike, can differ by 15-25% on db-benchma
 aggregation (`q10c`, best of 7; BENCHMARKS.md, "A bucket's rows never moved, and the same build
 on different clusters"): with --instances N each build gets N
 clusters, all alternating, and a build's time is the mean of its clusters' best times (each
-cluster's best is printed too).
+cluster's best is printed too). The builds take turns starting first (a cluster started later
+ran about 4% slower in an A/A run of 3 clusters each), so an even N cancels that.
 
 With --cpu it also sums, per query and build, the CPU time (utime + stime, from /proc) the
 build's node processes spent during its runs, after waiting --settle-s seconds once both are
@@ -132,7 +133,9 @@ def main():
     procs, conns, cursors, build_of = [], [], [], []
     try:
         for instance in range(args.instances):
-            for build, (name, binary) in enumerate((("before", args.before), ("after", args.after))):
+            # A cluster started later ran 4% slower in an A/A run; the builds take turns going first.
+            builds = list(enumerate((("before", args.before), ("after", args.after))))
+            for build, (name, binary) in (builds if instance % 2 == 0 else reversed(builds)):
                 data_dir = os.path.join(work, f"{name}-{instance}")
                 proc, addr = start(os.path.abspath(binary), data_dir, args.csv, args.nodes, args.pin)
                 procs.append(proc)
