@@ -17,7 +17,8 @@ aggregation (`q10c`, best of 7; BENCHMARKS.md, "A bucket's rows never moved, and
 on different clusters"): with --instances N each build gets N
 clusters, all alternating, and a build's time is the mean of its clusters' best times (each
 cluster's best is printed too). The builds take turns starting first (a cluster started later
-ran about 4% slower in an A/A run of 3 clusters each), so an even N cancels that.
+ran about 4% slower in an A/A run of 3 clusters each), so an even N cancels that; N is 2 unless
+given.
 
 With --cpu it also sums, per query and build, the CPU time (utime + stime, from /proc) the
 build's node processes spent during its runs, after waiting --settle-s seconds once both are
@@ -117,8 +118,9 @@ def main():
     parser.add_argument("--runs", type=int, default=11, help="runs per query and build; the best counts")
     parser.add_argument("--query", action="append", help="SQL over table x (repeatable); default q1-q10")
     parser.add_argument("--nodes", type=int, default=1, help="nodes per cluster")
-    parser.add_argument("--instances", type=int, default=1,
-                        help="clusters per build; a build's time is the mean of its clusters' best times")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="clusters per build (even: the builds take turns starting first); a build's "
+                             "time is the mean of its clusters' best times")
     parser.add_argument("--pin", action="store_true", help="run rank R (all its threads) on core R only")
     parser.add_argument("--cpu", action="store_true", help="also report the nodes' CPU seconds per query")
     parser.add_argument("--settle-s", type=float, default=10.0, help="with --cpu: wait this long after loading")
