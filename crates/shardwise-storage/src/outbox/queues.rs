@@ -88,7 +88,7 @@ impl Queues {
                 self.max_seq = seq;
                 for item in items {
                     let entry = Entry {
-                        table: item.table.into(),
+                        table: self.shared_name(item.table),
                         rows: item.rows,
                         payload: Arc::new(item.payload),
                         appended_unix_ms,
@@ -109,7 +109,7 @@ impl Queues {
                 for carried in items {
                     self.max_seq = self.max_seq.max(carried.seq);
                     let entry = Entry {
-                        table: carried.item.table.into(),
+                        table: self.shared_name(carried.item.table),
                         rows: carried.item.rows,
                         payload: Arc::new(carried.item.payload),
                         appended_unix_ms: carried.appended_unix_ms,
@@ -120,6 +120,13 @@ impl Queues {
             }
         }
         Ok(())
+    }
+
+    /// `table` as the name pending items already share, if any has it (a replayed item then
+    /// shares its table's name with the others, as the items of an append do).
+    fn shared_name(&self, table: String) -> Arc<str> {
+        let known = self.totals.values().find_map(|tables| tables.get_key_value(table.as_str()));
+        known.map_or_else(|| table.into(), |(name, _)| Arc::clone(name))
     }
 
     /// Adds the items of an append of `seq` just written at `lsn`.

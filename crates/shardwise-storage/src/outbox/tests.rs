@@ -254,6 +254,11 @@ fn reopen_restores_exactly_the_pending_items() -> TestResult {
     assert_eq!(recovery.pending_items, before.len() as u64);
     assert_eq!(all_pending(&outbox), before);
     assert_eq!((outbox.stats(), outbox.pending_bytes()), (stats, bytes));
+    // Replayed items of one table share one name, as the items of an append do.
+    let names: Vec<Arc<str>> =
+        outbox.destinations().iter().flat_map(|&d| outbox.pending(d, usize::MAX, u64::MAX)).map(|p| p.table).collect();
+    let a: Vec<&Arc<str>> = names.iter().filter(|n| &***n == "a").collect();
+    assert!(a.len() > 2 && a.iter().all(|n| Arc::ptr_eq(n, a[0])), "{} items of a", a.len());
     Ok(())
 }
 
