@@ -41,8 +41,9 @@ pub enum OutputFormat {
 /// Where statements come from and how results print (`sql` and `local`).
 #[derive(clap::Args, Debug)]
 pub struct ScriptArgs {
-    /// Run these statements (separated by `;`) and exit.
-    #[arg(short = 'e', long = "execute", conflicts_with = "file")]
+    /// Run these statements (separated by `;`) and exit. The aliases are psql's and DuckDB's
+    /// (`-c`) and clickhouse-client's (`--query`).
+    #[arg(short = 'e', long = "execute", visible_short_alias = 'c', visible_alias = "query", conflicts_with = "file")]
     pub execute: Option<String>,
     /// Run the statements in this file, in order, stopping at the first error.
     #[arg(short = 'f', long = "file")]

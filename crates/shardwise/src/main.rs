@@ -103,3 +103,28 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn statements_come_with_the_flags_other_clients_use() {
+        for flag in ["-e", "--execute", "-c", "--query"] {
+            let cli = Cli::try_parse_from(["shardwise", "sql", flag, "SELECT 1"]).expect(flag);
+            let Command::Sql(args) = cli.command else { panic!("{flag}: not the sql command") };
+            assert_eq!(args.script.execute.as_deref(), Some("SELECT 1"), "{flag}");
+        }
+        let cli = Cli::try_parse_from(["shardwise", "local", "-c", "SELECT 2"]).expect("local -c");
+        let Command::Local(args) = cli.command else { panic!("not the local command") };
+        assert_eq!(args.script.execute.as_deref(), Some("SELECT 2"));
+        assert!(Cli::try_parse_from(["shardwise", "sql", "-c", "SELECT 1", "-f", "x.sql"]).is_err());
+    }
+}
