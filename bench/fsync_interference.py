@@ -3,6 +3,7 @@
 
     python3 bench/fsync_interference.py --dir /var/tmp/probe --mode big
     python3 bench/fsync_interference.py --dir /var/tmp/probe --mode chunked --chunk-bytes 65536
+    python3 bench/fsync_interference.py --dir /var/tmp/probe --mode started
 
 The question behind it (issue 3, docs/sync.md): does a node's background write of a shipped
 batch (a shard WAL append of a few MB, then fdatasync) hold back the fdatasync of the
@@ -13,10 +14,11 @@ The foreground writes `--record-bytes` into a pre-zeroed file and fdatasyncs it,
 `--pause-ms` apart (a delay-mode insert's outbox append). The background thread, unless
 `--mode none`, writes `--batch-bytes` every `--batch-every-ms`: in one write and one fdatasync
 (`big`), or in `--chunk-bytes` steps each followed by sync_file_range(WAIT_BEFORE | WRITE |
-WAIT_AFTER), then one fdatasync (`chunked`). With `--background-io-class idle` the background
-thread's I/O priority is the idle class (ioprio_set), which the `mq-deadline` and `bfq` schedulers
-serve after every other request. Prints p50 / p99 / p99.9 / max of the foreground
-calls in milliseconds. Linux only; the directory should be on the disk in question.
+WAIT_AFTER), then one fdatasync (`chunked`), or in `--chunk-bytes` steps each of whose writeback
+is started and not waited for (sync_file_range(WRITE)), then one fdatasync (`started`). With
+`--background-io-class idle` the background thread's I/O priority is the idle class
+(ioprio_set), which the `mq-deadline` and `bfq` schedulers serve after every other request.
+Prints p50 / p99 / p99.9 / max of the foreground calls in milliseconds. Linux only; the directory should be on the disk in question.
 """
 
 import argparse
@@ -39,7 +41,9 @@ def background(args, stop, libc):
     fd = os.open(os.path.join(args.dir, "background"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     batch = b"x" * args.batch_bytes
     offset = 0
-    flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+    flags = SYNC_FILE_RANGE_WRITE
+    if args.mode == "chunked":
+        flags |= SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WAIT_AFTER
     try:
         while not stop.is_set():
             if args.mode == "big":
@@ -61,7 +65,7 @@ def background(args, stop, libc):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", required=True, help="directory on the disk to probe (created if missing)")
-    parser.add_argument("--mode", choices=["none", "big", "chunked"], default="big")
+    parser.add_argument("--mode", choices=["none", "big", "chunked", "started"], default="big")
     parser.add_argument("--chunk-bytes", type=int, default=256 * 1024)
     parser.add_argument("--batch-bytes", type=int, default=2_600_000, help="a second's shipped batch")
     parser.add_argument("--batch-every-ms", type=float, default=300)
@@ -105,7 +109,7 @@ def main():
         os.close(fd)
     latencies.sort()
     at = lambda q: latencies[min(len(latencies) - 1, int(len(latencies) * q))] * 1e3  # noqa: E731
-    chunk = f" chunk {args.chunk_bytes}" if args.mode == "chunked" else ""
+    chunk = f" chunk {args.chunk_bytes}" if args.mode in ("chunked", "started") else ""
     io_class = " idle-class" if args.background_io_class == "idle" else ""
     print(f"{args.mode}{chunk}{io_class}: p50 {at(0.5):.3f} p99 {at(0.99):.3f} p99.9 {at(0.999):.3f} "
           f"max {latencies[-1] * 1e3:.3f} ms")
