@@ -18,6 +18,7 @@ use shardwise_cluster::ClusterView;
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
+use crate::dist::estimate::GroupEstimates;
 use crate::dist::{
     DistributeRule, ExchangeRegistry, FragmentExec, FragmentTicket, LocalShuffle, ShardScanExec,
     decode_fragment_ticket, execute_merged,
@@ -142,14 +143,16 @@ impl QueryEngine {
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
-        let view_keys = match &access {
-            Some(access) => ViewKeysRule::new(Arc::clone(access)),
+        // Both read group estimates from one cache (see `crate::dist::estimate`).
+        let estimates = access.as_ref().map(|access| Arc::new(GroupEstimates::new(Arc::clone(access))));
+        let view_keys = match &estimates {
+            Some(estimates) => ViewKeysRule::new(Arc::clone(estimates)),
             None => ViewKeysRule::default(),
         };
         state = state.with_optimizer_rule(Arc::new(view_keys));
-        if let Some(access) = &access {
+        if let (Some(access), Some(estimates)) = (&access, estimates) {
             // Last of the physical rules: it cuts the finished single-node plan into fragments.
-            let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster));
+            let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster), estimates);
             state = state.with_physical_optimizer_rule(Arc::new(rule));
         }
         let ctx = SessionContext::new_with_state(state.build());

@@ -6,8 +6,8 @@
 //! Making the views ([`crate::to_utf8view`]) was 28% of the node's CPU in a profile of
 //! `GROUP BY id1` (100 values), whose keys are in cache anyway. So a key is converted when its
 //! column has at least `string_group_keys_as_views_min_distinct` (10 000) distinct values,
-//! estimated from the same in-memory sample as the shuffle's group estimate and reused for
-//! [`VIEW_KEYS_ESTIMATE_TTL_MS`]. On db-benchmark's data (1e7 rows, one node, 2 threads, A/B of
+//! estimated from the same in-memory sample as the shuffle's group estimate, in the same cache
+//! ([`GroupEstimates`], reused for [`GROUP_ESTIMATE_TTL_MS`]). On db-benchmark's data (1e7 rows, one node, 2 threads, A/B of
 //! the setting in one run) `GROUP BY id3` (100 000 values; q3, q7) took 19-38% less time; q1
 //! (100 values) is not converted; q10 (10 million groups, one of its keys converted and cast
 //! back) stayed within noise. Tables keep storing `Utf8`: the WAL, the parts and the answers are
@@ -20,9 +20,7 @@
 //! through them ([`strip_string_casts`]). Keys that are not plain columns of a sharded table
 //! (expressions, other tables) are left alone unless the minimum is 0.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::Transformed;
@@ -36,41 +34,32 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::CastExpr;
 
-use crate::access::TableAccess;
-use crate::dist::estimate::{AUTO_SAMPLE_ROWS, estimate_groups};
+#[cfg(doc)]
+use crate::dist::estimate::GROUP_ESTIMATE_TTL_MS;
+use crate::dist::estimate::{GroupEstimates, Sampled};
 use crate::settings;
 use crate::sharded_table::ShardedTable;
 use crate::to_utf8view::{TO_UTF8VIEW, to_utf8view_udf};
-
-/// How long a key column's estimated distinct count is reused before it is sampled again.
-pub const VIEW_KEYS_ESTIMATE_TTL_MS: u64 = 10_000;
-
-/// Estimates kept at most; past it the cache starts over.
-const VIEW_KEYS_ESTIMATE_CACHE_ENTRIES: usize = 1024;
-
-/// `(table_id, generation, column)`.
-type EstimateKey = (u64, u64, String);
 
 /// The rule. See the module doc.
 #[derive(Debug)]
 pub struct ViewKeysRule {
     to_utf8view: Arc<ScalarUDF>,
-    /// Where sharded tables' samples come from; without it only
+    /// Sharded tables' estimated distinct values; without it only
     /// `string_group_keys_as_views_min_distinct = 0` converts keys.
-    access: Option<Arc<dyn TableAccess>>,
-    estimates: Mutex<HashMap<EstimateKey, (Instant, Option<u64>)>>,
+    estimates: Option<Arc<GroupEstimates>>,
 }
 
 impl Default for ViewKeysRule {
     fn default() -> Self {
-        ViewKeysRule { to_utf8view: to_utf8view_udf(), access: None, estimates: Mutex::default() }
+        ViewKeysRule { to_utf8view: to_utf8view_udf(), estimates: None }
     }
 }
 
 impl ViewKeysRule {
-    /// The rule, estimating the distinct values of sharded tables' key columns through `access`.
-    pub fn new(access: Arc<dyn TableAccess>) -> Self {
-        ViewKeysRule { access: Some(access), ..Self::default() }
+    /// The rule, taking the distinct values of sharded tables' key columns from `estimates`.
+    pub fn new(estimates: Arc<GroupEstimates>) -> Self {
+        ViewKeysRule { estimates: Some(estimates), ..Self::default() }
     }
 
     /// Whether group key `expr` (of `input`) is grouped as a view: a plain column of a sharded
@@ -84,30 +73,14 @@ impl ViewKeysRule {
         let Ok(provider) = source_as_provider(&scan.source) else { return false };
         let Some(table) = provider.downcast_ref::<ShardedTable>() else { return false };
         let (table_id, generation) = table.incarnation();
-        self.distinct_estimate((table_id, generation, name)).is_some_and(|d| d >= min_distinct)
+        self.distinct_estimate(table_id, generation, name).is_some_and(|d| d >= min_distinct)
     }
 
-    fn distinct_estimate(&self, key: EstimateKey) -> Option<u64> {
-        let access = self.access.as_ref()?;
-        let ttl = Duration::from_millis(VIEW_KEYS_ESTIMATE_TTL_MS);
-        let cached = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&key).copied();
-        if let Some((at, estimate)) = cached
-            && at.elapsed() < ttl
-        {
-            return estimate;
+    fn distinct_estimate(&self, table_id: u64, generation: u64, column: String) -> Option<u64> {
+        match self.estimates.as_ref()?.estimate(table_id, generation, &[column]).ok()? {
+            Sampled::Estimate(e) => Some(e.groups),
+            Sampled::NoLocalShard | Sampled::Empty | Sampled::MissingColumn => None,
         }
-        // Sampled without the lock: other planners are not held up (two may sample at once).
-        let (table_id, generation, column) = &key;
-        let estimate = access.sample(*table_id, *generation, AUTO_SAMPLE_ROWS).and_then(|sample| {
-            let index = sample.batches.first()?.schema().index_of(column).ok()?;
-            estimate_groups(&sample, &[index]).ok().map(|e| e.groups)
-        });
-        let mut estimates = self.estimates.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if estimates.len() >= VIEW_KEYS_ESTIMATE_CACHE_ENTRIES {
-            estimates.clear();
-        }
-        estimates.insert(key, (Instant::now(), estimate));
-        estimate
     }
 }
 

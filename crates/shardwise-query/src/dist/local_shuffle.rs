@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn a_bucket_of_this_node_is_served_from_its_exchange_and_everything_else_goes_on() {
         let exchanges = Arc::new(ExchangeRegistry::default());
-        let access = LocalShuffle::new(Arc::new(OneShard(Vec::new())), Arc::clone(&exchanges));
+        let access = LocalShuffle::new(Arc::new(OneShard::new(Vec::new())), Arc::clone(&exchanges));
         let header = test_header("q1");
         // Not a plan: the exchange fails to decode it, where the wrapped access would refuse.
         let ticket = encode_shuffle_ticket(&header, b"not a plan").expect("ticket");

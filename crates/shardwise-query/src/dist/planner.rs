@@ -48,7 +48,7 @@ use datafusion::physical_plan::{Distribution, ExecutionPlan, ExecutionPlanProper
 use shardwise_cluster::ClusterView;
 
 use super::codec::{LeafAssignment, ShardwiseCodec};
-use super::estimate::{AUTO_SAMPLE_ROWS, estimate_groups};
+use super::estimate::{GroupEstimates, Sampled};
 use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
 use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
@@ -68,11 +68,13 @@ pub const SHUFFLE_INITIATOR_FREE_MIN_NODES: u32 = 3;
 pub struct DistributeRule {
     access: Arc<dyn TableAccess>,
     cluster: Arc<dyn ClusterView>,
+    /// What `distributed_aggregation = 'auto'` decides from.
+    estimates: Arc<GroupEstimates>,
 }
 
 impl DistributeRule {
-    pub fn new(access: Arc<dyn TableAccess>, cluster: Arc<dyn ClusterView>) -> Self {
-        DistributeRule { access, cluster }
+    pub fn new(access: Arc<dyn TableAccess>, cluster: Arc<dyn ClusterView>, estimates: Arc<GroupEstimates>) -> Self {
+        DistributeRule { access, cluster, estimates }
     }
 }
 
@@ -139,7 +141,7 @@ impl Planner<'_> {
             mode: self.settings.distributed_aggregation,
             min_groups: self.settings.shuffle_min_groups,
             world_size: self.rule.access.world_size(),
-            access: self.rule.access.as_ref(),
+            estimates: self.rule.estimates.as_ref(),
         };
         auto.scan(&plan, self.settings.optimize_distributed_group_by_sharding_key.0, &choice)?;
         match self.rewrite(plan, &auto)? {
@@ -549,7 +551,7 @@ struct ShuffleChoice<'a> {
     mode: DistributedAggregation,
     min_groups: u64,
     world_size: u32,
-    access: &'a dyn TableAccess,
+    estimates: &'a GroupEstimates,
 }
 
 /// Which aggregations may finish on the shards (see the module doc), found before the rewrite.
@@ -642,17 +644,16 @@ impl AutoNoMerge {
             }
         }
         let table = scan.table();
-        let Some(sample) = choice.access.sample(table.table_id, table.generation, AUTO_SAMPLE_ROWS) else {
-            return Ok((false, Some("auto: no shard of the table on this node to estimate from".into())));
+        let e = match choice.estimates.estimate(table.table_id, table.generation, &names)? {
+            Sampled::Estimate(e) => e,
+            Sampled::NoLocalShard => {
+                return Ok((false, Some("auto: no shard of the table on this node to estimate from".into())));
+            }
+            Sampled::Empty => return Ok((false, Some("auto: the table is empty here, 0 groups estimated".into()))),
+            Sampled::MissingColumn => {
+                return Ok((false, Some("auto: the group columns are not in the sample".into())));
+            }
         };
-        let Some(schema) = sample.batches.first().map(|b| b.schema()) else {
-            return Ok((false, Some("auto: the table is empty here, 0 groups estimated".into())));
-        };
-        let columns: Option<Vec<usize>> = names.iter().map(|n| schema.index_of(n).ok()).collect();
-        let Some(columns) = columns else {
-            return Ok((false, Some("auto: the group columns are not in the sample".into())));
-        };
-        let e = estimate_groups(&sample, &columns)?;
         let shuffle = e.groups > min;
         let verdict = if shuffle { ">" } else { "<=" };
         let note = format!(

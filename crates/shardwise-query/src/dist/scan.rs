@@ -334,8 +334,9 @@ mod tests {
             shards: 1,
             shard_key: vec!["v".into()],
         };
-        let scan = ShardScanExec::try_new(table, schema, None, ShardSlice::all_of(0, 1), Arc::new(OneShard(batches)))
-            .expect("scan");
+        let scan =
+            ShardScanExec::try_new(table, schema, None, ShardSlice::all_of(0, 1), Arc::new(OneShard::new(batches)))
+                .expect("scan");
         let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let (rows, other_ran_before_the_end) = runtime.block_on(async {
             let reader = tokio::spawn(async move {

@@ -1,14 +1,25 @@
 //! Test support: a [`TableAccess`] that holds one shard of one table in memory and refuses
 //! everything else.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::access::TableAccess;
 use crate::error::QueryError;
 
-/// A node holding one shard of one table, in memory; nothing else.
+/// A node holding one shard of one table, in memory; nothing else. Counts the samples taken.
 #[derive(Debug)]
-pub(crate) struct OneShard(pub(crate) Vec<RecordBatch>);
+pub(crate) struct OneShard {
+    batches: Vec<RecordBatch>,
+    pub(crate) samples_taken: AtomicUsize,
+}
+
+impl OneShard {
+    pub(crate) fn new(batches: Vec<RecordBatch>) -> Self {
+        OneShard { batches, samples_taken: AtomicUsize::new(0) }
+    }
+}
 
 fn refused<T: Send + 'static>() -> shardwise_cluster::BoxFuture<'static, Result<T, QueryError>> {
     Box::pin(async { Err(QueryError::Unavailable("not in this test".into())) })
@@ -45,8 +56,13 @@ impl TableAccess for OneShard {
         _: u64,
         _: u32,
     ) -> shardwise_cluster::BoxFuture<'_, Result<crate::access::ShardData, QueryError>> {
-        let data = crate::access::ShardData { batches: self.0.clone(), verified_placement: true };
+        let data = crate::access::ShardData { batches: self.batches.clone(), verified_placement: true };
         Box::pin(async move { Ok(data) })
+    }
+    fn sample(&self, _: u64, _: u64, _: usize) -> Option<crate::dist::TableSample> {
+        self.samples_taken.fetch_add(1, Ordering::Relaxed);
+        let table_rows = self.batches.iter().map(|b| b.num_rows() as u64).sum();
+        Some(crate::dist::TableSample { batches: self.batches.clone(), table_rows })
     }
     fn remote_fragment(
         &self,
