@@ -1,11 +1,13 @@
 //! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
-//! WITH (...)`, `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, and `SYSTEM FLUSH DISTRIBUTED t`
-//! (also `FLUSH TABLE t`). Each becomes a [`Command`] that does nothing until executed.
+//! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, and `SYSTEM
+//! FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`). Each becomes a [`Command`] that does nothing until
+//! executed.
 //!
 //! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its
 //! `WITH` options (which DataFusion would refuse), so SQL types map to Arrow exactly as they do
-//! everywhere else in DataFusion (`DECIMAL(10,2)`, `TIMESTAMP`, `VARCHAR`...). The options and the
-//! schema then go through [`TableDef::from_options`], which checks everything.
+//! everywhere else in DataFusion (`DECIMAL(10,2)`, `TIMESTAMP`, `VARCHAR`...); with `AS SELECT`
+//! the columns are the query's. The options and the schema then go through
+//! [`TableDef::from_options`], which checks everything before anything is created.
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, CreateTableOptions, Expr as SqlExpr, ObjectName, ObjectType, SqlOption, Statement, Value,
+    CreateTable, CreateTableOptions, Expr as SqlExpr, Ident, ObjectName, ObjectType, SqlOption, Statement, Value,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -25,6 +27,14 @@ use crate::settings;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Ddl(CatalogOp),
+    /// `CREATE TABLE t WITH (...) AS SELECT ...`: create `def`, then run `insert` (`INSERT INTO
+    /// t SELECT ...`); if the insert fails the table is dropped again. With `if_not_exists` and
+    /// the table already there, nothing runs.
+    CreateTableAs {
+        def: TableDef,
+        if_not_exists: bool,
+        insert: DfStatement,
+    },
     /// Wait until no node has anything pending for the table.
     Flush {
         table: String,
@@ -125,10 +135,12 @@ fn table_name(name: &ObjectName, what: &str) -> Result<String, QueryError> {
 
 async fn create_table(mut create: CreateTable, state: &SessionState, world_size: u32) -> Result<Command, QueryError> {
     let name = table_name(&create.name, "CREATE TABLE")?;
-    if create.query.is_some() {
-        return Err(QueryError::Rejected(
-            "CREATE TABLE ... AS SELECT is not supported: create the table, then INSERT INTO ... SELECT".into(),
-        ));
+    let query = create.query.clone();
+    if query.is_some() && !create.columns.is_empty() {
+        return Err(QueryError::Rejected(format!(
+            "CREATE TABLE {name}: give a column list or AS SELECT, not both (the columns of AS SELECT are \
+             the query's; rename them with AS in the query)"
+        )));
     }
     let options = match std::mem::take(&mut create.table_options) {
         CreateTableOptions::None => Vec::new(),
@@ -152,21 +164,30 @@ async fn create_table(mut create: CreateTable, state: &SessionState, world_size:
     if !cmd.column_defaults.is_empty() {
         return Err(QueryError::Rejected(format!("CREATE TABLE {name}: column DEFAULT values are not supported")));
     }
-    // DataFusion maps VARCHAR/TEXT to Utf8View by default; tables store plain Utf8.
+    // DataFusion maps VARCHAR/TEXT to Utf8View by default; tables store plain Utf8. A query's
+    // columns become nullable ones, as in PostgreSQL and DuckDB (tables have no NOT NULL).
     let fields: Vec<Field> = cmd
         .input
         .schema()
         .fields()
         .iter()
-        .map(|f| match f.data_type() {
-            DataType::Utf8View | DataType::LargeUtf8 => Field::new(f.name(), DataType::Utf8, f.is_nullable()),
-            _ => f.as_ref().clone(),
+        .map(|f| {
+            let data_type = match f.data_type() {
+                DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+                other => other.clone(),
+            };
+            Field::new(f.name(), data_type, f.is_nullable() || query.is_some())
         })
         .collect();
     let schema = Arc::new(Schema::new(fields));
-    let def =
-        TableDef::from_options(name, schema, &options, world_size).map_err(|e| QueryError::Rejected(e.to_string()))?;
-    Ok(Command::Ddl(CatalogOp::CreateTable { def, if_not_exists }))
+    let def = TableDef::from_options(name.clone(), schema, &options, world_size)
+        .map_err(|e| QueryError::Rejected(e.to_string()))?;
+    let Some(query) = query else { return Ok(Command::Ddl(CatalogOp::CreateTable { def, if_not_exists })) };
+    // The query's text as sqlparser prints it parses back to the same query.
+    let insert_sql = format!("INSERT INTO {} {query}", Ident::with_quote('"', &name));
+    let dialect = state.config().options().sql_parser.dialect;
+    let insert = state.sql_to_statement(&insert_sql, &dialect)?;
+    Ok(Command::CreateTableAs { def, if_not_exists, insert })
 }
 
 /// `key = value` of a `WITH` option, the value as text (`'a,b'`, `2`, `immediate`).

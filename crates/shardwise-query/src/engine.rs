@@ -9,12 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{LogicalPlan, Statement, WriteOp};
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DfStatement;
+use futures::TryStreamExt;
 use shardwise_cluster::ClusterView;
+use shardwise_storage::{CatalogOp, TableDef};
 
 use crate::access::TableAccess;
 use crate::ddl::{self, Classified, Command};
@@ -351,13 +355,56 @@ impl QueryEngine {
                 Ok(self.log.track(&sql, physical, stream, current.max_execution_time_ms))
             }
             Action::Command(command) => {
-                self.run_command(command, &state).await?;
+                self.run_command(command, state, sql, session).await?;
                 Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
             }
         }
     }
 
-    async fn run_command(&self, command: Command, state: &SessionState) -> Result<(), QueryError> {
+    /// `CREATE TABLE ... AS SELECT`: creates the table, then runs the insert as any other
+    /// statement (logged, killable, under the statement's settings), dropping the table again if
+    /// it fails.
+    async fn create_table_as(
+        &self,
+        def: TableDef,
+        if_not_exists: bool,
+        insert: DfStatement,
+        state: Box<SessionState>,
+        sql: String,
+        session: Arc<Session>,
+    ) -> Result<(), QueryError> {
+        let access = self.access("DDL")?;
+        let name = def.name.clone();
+        if access.catalog().tables.contains_key(&name) {
+            return match if_not_exists {
+                true => Ok(()),
+                false => Err(QueryError::Rejected(format!("table {name} already exists"))),
+            };
+        }
+        access.ddl(CatalogOp::CreateTable { def, if_not_exists: false }).await?;
+        let inserted = async {
+            let plan = state.statement_to_plan(insert).await?;
+            let planned = Planned { action: Action::Plan(plan), state, sql, session };
+            let stream = Box::pin(self.execute(planned)).await?;
+            let _count: Vec<RecordBatch> = stream.try_collect().await?;
+            Ok::<(), QueryError>(())
+        };
+        let Err(e) = inserted.await else { return Ok(()) };
+        let drop = CatalogOp::DropTable { name: name.clone(), if_exists: true };
+        let outcome = match access.ddl(drop).await {
+            Ok(()) => "table dropped again".to_string(),
+            Err(d) => format!("dropping the table failed too ({d}): DROP TABLE {name} before trying again"),
+        };
+        Err(e.prefixed(&format!("CREATE TABLE {name} AS SELECT: the insert failed ({outcome}): ")))
+    }
+
+    async fn run_command(
+        &self,
+        command: Command,
+        state: Box<SessionState>,
+        sql: String,
+        session: Arc<Session>,
+    ) -> Result<(), QueryError> {
         if let Command::Kill { query_id } = &command {
             return match self.log.kill(query_id) {
                 true => Ok(()),
@@ -369,6 +416,9 @@ impl QueryEngine {
         let access = self.access("DDL")?;
         match command {
             Command::Ddl(op) => access.ddl(op).await,
+            Command::CreateTableAs { def, if_not_exists, insert } => {
+                self.create_table_as(def, if_not_exists, insert, state, sql, session).await
+            }
             Command::Flush { table } => {
                 let timeout_ms = settings::current(state.config_options()).flush_timeout_ms;
                 access.flush(&table, Duration::from_millis(timeout_ms)).await

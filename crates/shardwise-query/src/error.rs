@@ -47,6 +47,19 @@ impl QueryError {
         }
     }
 
+    /// The same class of error with `prefix` before its message (what was being done).
+    pub fn prefixed(self, prefix: &str) -> QueryError {
+        match self.copied() {
+            QueryError::Unsupported(m) => QueryError::Unsupported(format!("{prefix}{m}")),
+            QueryError::Rejected(m) => QueryError::Rejected(format!("{prefix}{m}")),
+            QueryError::BadSetting(m) => QueryError::BadSetting(format!("{prefix}{m}")),
+            QueryError::Unavailable(m) => QueryError::Unavailable(format!("{prefix}{m}")),
+            QueryError::Storage(m) => QueryError::Storage(format!("{prefix}{m}")),
+            // `copied` turns the two DataFusion-carrying classes into the ones above.
+            other @ (QueryError::Invalid(_) | QueryError::Internal(_)) => other,
+        }
+    }
+
     /// A copy that keeps the class and the message (the originals hold DataFusion errors, which
     /// do not clone); used to carry an error through DataFusion's `External` and back out.
     fn copied(&self) -> QueryError {
@@ -64,12 +77,25 @@ impl QueryError {
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
-        if let DataFusionError::External(inner) = e.find_root()
-            && let Some(q) = inner.downcast_ref::<QueryError>()
-        {
+        if let Some(q) = carried(&e) {
             return q.copied();
         }
         if is_user_caused(&e) { QueryError::Invalid(e) } else { QueryError::Internal(e) }
+    }
+}
+
+impl QueryError {
+    /// What `QueryError::from(e).is_user_error()` says, without taking `e`.
+    pub fn is_user_error_of(e: &DataFusionError) -> bool {
+        carried(e).map_or_else(|| is_user_caused(e), QueryError::is_user_error)
+    }
+}
+
+/// The `QueryError` a DataFusion error carries through `External`, if any.
+fn carried(e: &DataFusionError) -> Option<&QueryError> {
+    match e.find_root() {
+        DataFusionError::External(inner) => inner.downcast_ref::<QueryError>(),
+        _ => None,
     }
 }
 
@@ -113,6 +139,16 @@ mod tests {
     fn context_is_looked_through() {
         let e = DataFusionError::Plan("bad".into()).context("while planning");
         assert!(QueryError::from(e).is_user_error());
+    }
+
+    #[test]
+    fn a_prefix_keeps_the_class() {
+        let user = QueryError::from(DataFusionError::Execution("Divide by zero error".into())).prefixed("doing x: ");
+        assert!(user.is_user_error());
+        assert!(user.to_string().starts_with("doing x: "), "{user}");
+        let ours = QueryError::Unavailable("rank 2".into()).prefixed("doing x: ");
+        assert!(!ours.is_user_error());
+        assert_eq!(ours.to_string(), "unavailable: doing x: rank 2");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! Failover: replicas are tried in order until one produces its first batch (or ends without
 //! one); a failure after rows have started to flow fails the query, since a retry elsewhere
-//! could repeat them. With no replica left the shard is missing: an error naming it, or, under
+//! could repeat them, and so does an error the statement or its data caused (every replica
+//! would repeat it). With no replica left the shard is missing: an error naming it, or, under
 //! `skip_unavailable_shards = 1`, an empty result for that shard and a warning.
 //!
 //! The fragment plan is this node's only child, so `EXPLAIN` prints it under the line that says
@@ -314,7 +315,7 @@ impl Run {
             let mut stream = match attempt {
                 Ok(stream) => stream,
                 Err(e) => {
-                    errors.push(format!("rank {rank}: {}", QueryError::from(e)));
+                    errors.push(format!("rank {rank}: {}", replica_failure(e)?));
                     continue;
                 }
             };
@@ -322,7 +323,7 @@ impl Run {
             timer.done();
             match first {
                 Some(Err(e)) => {
-                    errors.push(format!("rank {rank}: {}", QueryError::from(e)));
+                    errors.push(format!("rank {rank}: {}", replica_failure(e)?));
                     continue;
                 }
                 first => return Ok(self.instrument(first, stream)),
@@ -426,6 +427,16 @@ impl Run {
             batch
         };
         futures::stream::iter(first).chain(rest).map(count).boxed()
+    }
+}
+
+/// A replica's failure, to try the next replica with; `Err` when the statement or its data
+/// caused it (a division by zero, a failed cast, a refused plan), which every replica would
+/// repeat: the query fails with it at once, and `skip_unavailable_shards` does not hide it.
+fn replica_failure(e: DataFusionError) -> Result<QueryError> {
+    match QueryError::is_user_error_of(&e) {
+        true => Err(e),
+        false => Ok(QueryError::from(e)),
     }
 }
 

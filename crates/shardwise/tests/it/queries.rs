@@ -634,6 +634,17 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     c.sql(0, "CREATE TABLE one (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 1)");
     c.sql(0, "INSERT INTO one SELECT value, value * 2 FROM generate_series(1, 1000)");
     assert_eq!(c.sql(0, "SELECT count(*) FROM one"), vec![vec!["1000".to_string()]]);
+    // An error the data causes is no missing shard: every replica would repeat it, so the query
+    // fails with it, skipped shards or not (local and remote fragments alike).
+    for sql in
+        ["SELECT k, 10 / (k - k) FROM one", "SELECT sum(10 / (k - k)) FROM one SETTINGS skip_unavailable_shards = 1"]
+    {
+        let err = c.sql_err(0, sql);
+        assert!(
+            err.contains("Divide by zero") && !err.contains("unavailable") && !err.contains("External"),
+            "{sql}: {err}"
+        );
+    }
     c.procs[1].kill9();
     let err = c.sql_err(0, "SELECT count(*) FROM one");
     assert!(err.contains("table one shard 1") && err.contains("skip_unavailable_shards"), "{err}");

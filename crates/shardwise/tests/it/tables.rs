@@ -214,6 +214,46 @@ fn bad_input_is_refused_and_changes_nothing() {
 }
 
 #[test]
+fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE src (id BIGINT, g VARCHAR, v DOUBLE) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO src VALUES (1, 'a', 1.5), (2, 'b', 2.5), (3, 'a', 3.5), (4, NULL, NULL)");
+    c.sql(
+        1,
+        "CREATE TABLE per_g WITH (shard_key = 'g', replicas = 2) AS \
+         SELECT g, count(*) AS n, sum(v) AS total FROM src GROUP BY g",
+    );
+    let want = [["a", "2", "5.0"], ["b", "1", "2.5"], ["", "1", ""]].map(|r| r.map(String::from).to_vec()).to_vec();
+    assert_eq!(c.sql(0, "SELECT g, n, total FROM per_g ORDER BY g NULLS LAST"), want);
+    // The query's columns, every one nullable (count(*) is not, in the query).
+    assert_eq!(
+        c.sql(0, "DESCRIBE per_g"),
+        [["g", "Utf8", "YES"], ["n", "Int64", "YES"], ["total", "Float64", "YES"]]
+            .map(|r| r.map(String::from).to_vec())
+            .to_vec()
+    );
+    assert_eq!(one(c.sql(1, "SELECT replicas FROM system.tables WHERE name = 'per_g'")), vec!["2".to_string()]);
+    // Already there: IF NOT EXISTS runs nothing, without it an error.
+    c.sql(0, "CREATE TABLE IF NOT EXISTS per_g WITH (shard_key = 'g') AS SELECT g, 0 AS n, 0.0 AS total FROM src");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM per_g")), vec!["3".to_string()]);
+    let cases = [
+        ("CREATE TABLE per_g WITH (shard_key = 'g') AS SELECT g FROM src", "already exists"),
+        ("CREATE TABLE both (id BIGINT) WITH (shard_key = 'id') AS SELECT id FROM src", "not both"),
+        ("CREATE TABLE nokey AS SELECT id FROM src", "shard_key"),
+        ("CREATE TABLE arr WITH (shard_key = 'id') AS SELECT id, make_array(1, 2) AS a FROM src", "unsupported type"),
+        ("CREATE TABLE q WITH (shard_key = 'id') AS SELECT id FROM nope", "nope"),
+        // Created, then the insert fails on the data: the table goes again.
+        ("CREATE TABLE bad WITH (shard_key = 'id') AS SELECT id, 10 / (id - id) AS x FROM src", "table dropped again"),
+    ];
+    for (sql, needle) in cases {
+        let err = c.sql_err(0, sql);
+        assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
+    }
+    assert!(c.sql_err(0, cases[5].0).contains("Divide by zero"));
+    assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["per_g".to_string()], vec!["src".to_string()]]);
+}
+
+#[test]
 fn a_down_node_queue_grows_then_drains() {
     let mut c = Cluster::start(3);
     c.sql(
