@@ -1,7 +1,7 @@
 //! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
-//! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, and `SYSTEM
-//! FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`). Each becomes a [`Command`] that does nothing until
-//! executed.
+//! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, `SHOW CREATE
+//! TABLE t` (a query of `system.tables`), and `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`).
+//! Each becomes a [`Command`] that does nothing until executed, or a statement for DataFusion.
 //!
 //! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its
 //! `WITH` options (which DataFusion would refuse), so SQL types map to Arrow exactly as they do
@@ -16,7 +16,8 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, CreateTableOptions, Expr as SqlExpr, Ident, ObjectName, ObjectType, SqlOption, Statement, Value,
+    CreateTable, CreateTableOptions, Expr as SqlExpr, Ident, ObjectName, ObjectType, ShowCreateObject, SqlOption,
+    Statement, Value,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -103,6 +104,21 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
             let names: Vec<ObjectName> = truncate.table_names.iter().map(|t| t.name.clone()).collect();
             let name = one_name(&names, "TRUNCATE TABLE")?;
             Ok(Classified::Command(Command::Ddl(CatalogOp::TruncateTable { name })))
+        }
+        Statement::ShowCreate { obj_type: ShowCreateObject::Table, obj_name } => {
+            let name = table_name(&obj_name, "SHOW CREATE TABLE")?;
+            if !state.schema_for_ref(name.as_str())?.table_exist(&name) {
+                return Err(QueryError::Rejected(format!(
+                    "SHOW CREATE TABLE: unknown table {name} (SHOW TABLES lists them)"
+                )));
+            }
+            let sql = format!(
+                "SELECT create_table_query AS statement FROM system.tables WHERE name = {}",
+                crate::show_create::string_literal(&name)
+            );
+            let mut parsed = datafusion::sql::parser::DFParser::parse_sql(&sql)?;
+            let rewritten = parsed.pop_front().ok_or_else(|| QueryError::Rejected("empty statement".into()))?;
+            Ok(Classified::DataFusion(rewritten))
         }
         Statement::ShowTables { .. } => {
             let mut parsed = datafusion::sql::parser::DFParser::parse_sql(SHOW_TABLES_SQL)?;

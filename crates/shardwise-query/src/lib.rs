@@ -18,6 +18,7 @@ pub mod query_runtime;
 pub mod session;
 pub mod settings;
 pub mod sharded_table;
+pub mod show_create;
 pub mod small_groups;
 pub mod sql_split;
 pub mod system_storage;

@@ -59,6 +59,7 @@ static TABLES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("delay_max_rows", DataType::UInt64, false),
         Field::new("delay_max_bytes", DataType::UInt64, false),
         Field::new("placement", DataType::Utf8, false),
+        Field::new("create_table_query", DataType::Utf8, false),
     ]))
 });
 
@@ -121,6 +122,7 @@ fn tables_columns(access: &Arc<dyn TableAccess>) -> Vec<ArrayRef> {
     let catalog = access.catalog();
     let entries: Vec<_> = catalog.tables.values().collect();
     let keys: Vec<String> = entries.iter().map(|e| e.def.shard_key.join(",")).collect();
+    let statements: Vec<String> = entries.iter().map(|e| crate::show_create::create_statement(&e.def)).collect();
     vec![
         strings(entries.iter().map(|e| e.def.name.as_str())),
         Arc::new(entries.iter().map(|e| e.id).collect::<UInt64Array>()),
@@ -133,6 +135,7 @@ fn tables_columns(access: &Arc<dyn TableAccess>) -> Vec<ArrayRef> {
         Arc::new(entries.iter().map(|e| e.def.delay.delay_max_rows).collect::<UInt64Array>()),
         Arc::new(entries.iter().map(|e| e.def.delay.delay_max_bytes).collect::<UInt64Array>()),
         strings(entries.iter().map(|e| e.def.placement.as_str())),
+        strings(statements.iter().map(String::as_str)),
     ]
 }
 

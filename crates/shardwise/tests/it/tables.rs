@@ -254,6 +254,40 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
 }
 
 #[test]
+fn show_create_table_gives_the_statement_that_makes_the_same_table() {
+    let c = Cluster::start(2);
+    c.sql(
+        0,
+        "CREATE TABLE \"Events\" (id BIGINT, \"order\" INT, \"Kind\" VARCHAR, small TINYINT, tiny TINYINT UNSIGNED, \
+         u64 BIGINT UNSIGNED, r REAL, d DOUBLE, amount DECIMAL(12, 2), ok BOOLEAN, day DATE, at TIMESTAMP, \
+         at_ms TIMESTAMP(3), at_s TIMESTAMP(0)) WITH (shard_key = 'id,Kind', shards = 3, replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 250, delay_max_rows = 5000, delay_max_bytes = 100000)",
+    );
+    let shown = |rank: usize| {
+        let rows = c.sql(rank, "SHOW CREATE TABLE \"Events\"");
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        // One CSV field holding commas and doubled quotes.
+        let field = rows[0].join(",");
+        field.trim_matches('"').replace("\"\"", "\"")
+    };
+    let statement = shown(1);
+    assert!(
+        statement.starts_with("CREATE TABLE \"Events\" (id BIGINT, \"order\" INT, \"Kind\" VARCHAR"),
+        "{statement}"
+    );
+    let describe = c.sql(0, "DESCRIBE \"Events\"");
+    let settings = "SELECT shard_key, shards, replicas, sync_mode, delay_max_ms, delay_max_rows, delay_max_bytes \
+                    FROM system.tables WHERE name = 'Events'";
+    let options = c.sql(0, settings);
+    c.sql(0, "DROP TABLE \"Events\"");
+    c.sql(1, &statement);
+    assert_eq!(c.sql(0, "DESCRIBE \"Events\""), describe);
+    assert_eq!(c.sql(0, settings), options);
+    assert_eq!(shown(0), statement);
+    assert!(c.sql_err(0, "SHOW CREATE TABLE nope").contains("unknown table nope"));
+}
+
+#[test]
 fn a_down_node_queue_grows_then_drains() {
     let mut c = Cluster::start(3);
     c.sql(
