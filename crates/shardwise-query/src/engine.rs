@@ -375,12 +375,10 @@ impl QueryEngine {
     ) -> Result<(), QueryError> {
         let access = self.access("DDL")?;
         let name = def.name.clone();
-        if access.catalog().tables.contains_key(&name) {
-            return match if_not_exists {
-                true => Ok(()),
-                false => Err(QueryError::Rejected(format!("table {name} already exists"))),
-            };
+        if if_not_exists && access.catalog().tables.contains_key(&name) {
+            return Ok(());
         }
+        // Not IF NOT EXISTS here: whoever creates the table first fills it, the other fails.
         access.ddl(CatalogOp::CreateTable { def, if_not_exists: false }).await?;
         let inserted = async {
             let plan = state.statement_to_plan(insert).await?;
