@@ -12,7 +12,10 @@
 //!
 //! Each query's time is the best of `--runs`, the runs interleaved across the engines compared;
 //! answers are materialized (collected), and the row counts of shardwise and DataFusion must
-//! agree before any time is reported. The CSV comes from
+//! agree before any time is reported. With `--instances N` every shardwise configuration is N
+//! clusters, all interleaved, and its time is the mean of their best times: two clusters of one
+//! build, loaded alike, can differ by 15-25% on a query for as long as they run (BENCHMARKS.md),
+//! which one cluster per configuration puts straight into the ratios. The CSV comes from
 //! `bench/gen_groupby_csv.py ROWS FILE`.
 
 use std::path::{Path, PathBuf};
@@ -55,7 +58,14 @@ pub struct GroupbyBenchArgs {
     /// `string_group_keys_as_views = 0`), interleaved with the other runs: an A/B of a setting.
     #[arg(long, value_name = "NAME = VALUE, ...")]
     pub setting: Option<String>,
+    /// Clusters per shardwise configuration (1 node; 1 and 2 nodes pinned), all interleaved; a
+    /// configuration's time is the mean of its clusters' best times.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_INSTANCES))]
+    pub instances: u32,
 }
+
+/// The most clusters per configuration `--instances` starts (each holds the whole table).
+const MAX_INSTANCES: i64 = 4;
 
 /// Parses `--sql NAME=SQL`.
 fn named_query(text: &str) -> Result<(String, String), String> {
@@ -240,6 +250,28 @@ async fn interleaved_times(
     Ok(times)
 }
 
+/// The mean of `instances`' best times per query (their row counts must agree, `what` says whose).
+fn mean_of(queries: &[(&str, &str)], instances: &[Timings], what: &str) -> anyhow::Result<Timings> {
+    let Some((first, rest)) = instances.split_first() else { bail!("{what}: no cluster was timed") };
+    for other in rest {
+        check_rows(queries, first, other, what)?;
+    }
+    let n = instances.len() as u32;
+    Ok((0..first.len()).map(|q| (instances.iter().map(|t| t[q].0).sum::<Duration>() / n, first[q].1)).collect())
+}
+
+/// `name: a / b ...` per query: each cluster's best time of a configuration (for `--instances`).
+fn print_instances(queries: &[(&str, &str)], label: &str, instances: &[Timings]) {
+    if instances.len() < 2 {
+        return;
+    }
+    println!("{label}, each cluster's best:");
+    for (q, (name, _)) in queries.iter().enumerate() {
+        let each: Vec<String> = instances.iter().map(|t| format!("{:.1}", ms(t[q].0))).collect();
+        println!("  {name:<6} {}", each.join(" / "));
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -284,11 +316,16 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     let batches = crate::load::read_file(&args.csv, crate::load::Format::Csv, &schema(), 65536, &progress)?;
     println!("{} rows; {threads} threads; best of {} runs; times in ms", rows(&batches), args.runs);
 
-    let mut engines =
-        vec![Engine::datafusion(&batches, threads)?, Engine::shardwise(&args, &base.join("one-node"), 1, None).await?];
+    let n = args.instances as usize;
+    let mut engines = vec![Engine::datafusion(&batches, threads)?];
+    for i in 0..n {
+        engines.push(Engine::shardwise(&args, &base.join(format!("one-node-{i}")), 1, None).await?);
+    }
     if let Some(setting) = &args.setting {
-        let other = Engine::with_settings(&engines[1], setting).await?;
-        engines.push(other);
+        for i in 1..=n {
+            let other = Engine::with_settings(&engines[i], setting).await?;
+            engines.push(other);
+        }
     }
     let unpinned = vec![None; engines.len()];
     let times = interleaved_times(&args, &mut engines, &unpinned, &queries).await;
@@ -296,11 +333,9 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         engine.stop().await;
     }
     let times = times?;
-    let (df, sw) = match times.as_slice() {
-        [df, sw, ..] => (df.clone(), sw.clone()),
-        _ => bail!("two engines were timed"),
-    };
-    check_rows(&queries, &df, &sw, "DataFusion and shardwise")?;
+    let Some((df, clusters)) = times.split_first() else { bail!("nothing was timed") };
+    let sw = mean_of(&queries, clusters.get(..n).unwrap_or_default(), "the 1-node clusters")?;
+    check_rows(&queries, df, &sw, "DataFusion and shardwise")?;
     println!("\n1 node, {threads} threads: shardwise (Flight SQL client) vs DataFusion (in process)");
     println!("{:<6} {:>12} {:>12} {:>8}", "query", "datafusion", "shardwise", "ratio");
     let mut ratios = Vec::new();
@@ -310,12 +345,14 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         println!("{name:<6} {:>12.1} {:>12.1} {:>8.2}   ({n} rows)", ms(*d), ms(*s), ratio);
     }
     println!("{:<6} {:>12} {:>12} {:>8.2}", "geomean", "", "", geomean(&ratios));
-    if let (Some(setting), Some(with)) = (&args.setting, times.get(2)) {
-        check_rows(&queries, &sw, with, "shardwise with and without the settings")?;
+    print_instances(&queries, "shardwise", clusters.get(..n).unwrap_or_default());
+    if let Some(setting) = &args.setting {
+        let with = mean_of(&queries, clusters.get(n..).unwrap_or_default(), "the clusters with the settings")?;
+        check_rows(&queries, &sw, &with, "shardwise with and without the settings")?;
         println!("\nA/B on the same node: shardwise with `SETTINGS {setting}` vs without");
         println!("{:<6} {:>12} {:>12} {:>8}", "query", "without", "with", "ratio");
         let mut ratios = Vec::new();
-        for ((name, _), ((s, _), (w, _))) in queries.iter().zip(sw.iter().zip(with)) {
+        for ((name, _), ((s, _), (w, _))) in queries.iter().zip(sw.iter().zip(&with)) {
             let ratio = ms(*w) / ms(*s);
             ratios.push(ratio);
             println!("{name:<6} {:>12.1} {:>12.1} {:>8.2}", ms(*s), ms(*w), ratio);
@@ -329,23 +366,30 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
     if threads < 2 {
         bail!("the scaling comparison needs 2 cores; pass --skip-scaling");
     }
-    let mut engines = vec![
-        Engine::datafusion(&batches, 1)?,
-        Engine::datafusion(&batches, 2)?,
-        Engine::shardwise(&args, &base.join("pinned-1"), 1, Some(vec![vec![0]])).await?,
-        Engine::shardwise(&args, &base.join("pinned-2"), 2, Some(vec![vec![0], vec![1]])).await?,
-    ];
+    let mut engines = vec![Engine::datafusion(&batches, 1)?, Engine::datafusion(&batches, 2)?];
+    let mut cores = vec![Some(vec![0]), Some(vec![0, 1])];
+    for i in 0..n {
+        engines.push(Engine::shardwise(&args, &base.join(format!("pinned-1-{i}")), 1, Some(vec![vec![0]])).await?);
+        cores.push(Some(vec![0]));
+    }
+    for i in 0..n {
+        let pinned = Some(vec![vec![0], vec![1]]);
+        engines.push(Engine::shardwise(&args, &base.join(format!("pinned-2-{i}")), 2, pinned).await?);
+        cores.push(Some(vec![0, 1]));
+    }
     drop(batches);
-    let cores = [Some(vec![0]), Some(vec![0, 1]), Some(vec![0]), Some(vec![0, 1])];
     let times = interleaved_times(&args, &mut engines, &cores, &queries).await;
     for engine in engines {
         engine.stop().await;
     }
-    let (df1, df2, sw1, sw2) = match times?.as_slice() {
-        [df1, df2, sw1, sw2] => (df1.clone(), df2.clone(), sw1.clone(), sw2.clone()),
-        _ => bail!("four engines were timed"),
+    let times = times?;
+    let (df1, df2, clusters) = match times.as_slice() {
+        [df1, df2, clusters @ ..] if clusters.len() == 2 * n => (df1, df2, clusters),
+        _ => bail!("{} engines were timed", 2 + 2 * n),
     };
-    check_rows(&queries, &df1, &sw1, "DataFusion and shardwise")?;
+    let (one, two) = clusters.split_at(n);
+    let (sw1, sw2) = (mean_of(&queries, one, "the 1-node clusters")?, mean_of(&queries, two, "the 2-node clusters")?);
+    check_rows(&queries, df1, &sw1, "DataFusion and shardwise")?;
     check_rows(&queries, &sw1, &sw2, "1 and 2 nodes")?;
     println!(
         "\nscaling: shardwise 1 node on core 0 -> 2 nodes on cores 0 and 1; DataFusion 1 -> 2 threads on the same \
@@ -363,6 +407,8 @@ pub async fn run(args: GroupbyBenchArgs) -> anyhow::Result<ExitCode> {
         println!("{name:<6} {s1:>10.1} {s2:>10.1} {ss:>9.2} {d1:>10.1} {d2:>10.1} {ds:>9.2} {:>10.2}", ss / ds);
     }
     println!("{:<6} {:>71.2}", "geomean", geomean(&rel));
+    print_instances(&queries, "sw 1n", one);
+    print_instances(&queries, "sw 2n", two);
     Ok(ExitCode::SUCCESS)
 }
 
