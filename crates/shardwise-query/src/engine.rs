@@ -380,6 +380,7 @@ impl QueryEngine {
         }
         // Not IF NOT EXISTS here: whoever creates the table first fills it, the other fails.
         access.ddl(CatalogOp::CreateTable { def, if_not_exists: false }).await?;
+        let mut abandoned = DropIfAbandoned { access: Some(Arc::clone(access)), name: name.clone() };
         let inserted = async {
             let plan = state.statement_to_plan(insert).await?;
             let planned = Planned { action: Action::Plan(plan), state, sql, session };
@@ -387,7 +388,9 @@ impl QueryEngine {
             let _count: Vec<RecordBatch> = stream.try_collect().await?;
             Ok::<(), QueryError>(())
         };
-        let Err(e) = inserted.await else { return Ok(()) };
+        let result = inserted.await;
+        abandoned.access = None;
+        let Err(e) = result else { return Ok(()) };
         let drop = CatalogOp::DropTable { name: name.clone(), if_exists: true };
         let outcome = match access.ddl(drop).await {
             Ok(()) => "table dropped again".to_string(),
@@ -423,6 +426,29 @@ impl QueryEngine {
             }
             Command::Kill { .. } => Ok(()),
         }
+    }
+}
+
+/// The table of a `CREATE TABLE ... AS SELECT` whose statement is dropped before its insert
+/// has finished (the client went away): dropped too, in the background, so that no half-filled
+/// table is left behind. Disarmed by taking `access`.
+struct DropIfAbandoned {
+    access: Option<Arc<dyn TableAccess>>,
+    name: String,
+}
+
+impl Drop for DropIfAbandoned {
+    fn drop(&mut self) {
+        let Some(access) = self.access.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let name = std::mem::take(&mut self.name);
+        runtime.spawn(async move {
+            let dropped = access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true }).await;
+            match dropped {
+                Ok(()) => tracing::info!(table = %name, "CREATE TABLE ... AS SELECT abandoned: table dropped"),
+                Err(e) => tracing::warn!(table = %name, error = %e, "CREATE TABLE ... AS SELECT abandoned: cannot drop the table"),
+            }
+        });
     }
 }
 

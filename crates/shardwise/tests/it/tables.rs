@@ -251,6 +251,18 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
     }
     assert!(c.sql_err(0, cases[5].0).contains("Divide by zero"));
     assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["per_g".to_string()], vec!["src".to_string()]]);
+
+    // A client that goes away while the rows go in leaves no half-filled table behind.
+    let mut client = Proc::spawn({
+        let mut cmd = shardwise();
+        cmd.args(["sql", "--connect", &c.addrs[0], "-e"])
+            .arg("CREATE TABLE big WITH (shard_key = 'k') AS SELECT value AS k FROM generate_series(1, 30000000)");
+        cmd
+    });
+    let has_big = |c: &Cluster| c.sql(1, "SHOW TABLES").iter().any(|r| r[0] == "big");
+    eventually(Duration::from_secs(30), "the table of the CTAS", || has_big(&c).then_some(()));
+    client.kill9();
+    eventually(Duration::from_secs(30), "the abandoned CTAS's table to go", || (!has_big(&c)).then_some(()));
 }
 
 #[test]
