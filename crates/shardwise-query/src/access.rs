@@ -22,6 +22,9 @@ pub struct InsertOptions {
     /// `immediate` tables: how many replicas of each shard must have the rows durable before
     /// the insert is acknowledged; `None` means all of them.
     pub insert_quorum: Option<u32>,
+    /// `distributed_foreground_insert`: write the replicas before acknowledging even when the
+    /// table is `delay_mode_distributed`.
+    pub foreground: bool,
 }
 
 /// One row of `system.shards`: one replica of one shard of one table.

@@ -23,6 +23,10 @@ extensions_options! {
         /// `immediate` tables: replicas of each shard that must have an insert durable before it
         /// is acknowledged; 0 means all replicas.
         pub insert_quorum: u64, default = 0
+        /// ClickHouse's setting (alias `insert_distributed_sync`): 1 makes an INSERT into a
+        /// `delay_mode_distributed` table write each shard's replicas before it is acknowledged,
+        /// as `immediate` does (`insert_quorum` applies), instead of queueing it in the outbox.
+        pub distributed_foreground_insert: Flag, default = Flag(false)
         /// How long `SYSTEM FLUSH DISTRIBUTED` waits for the sync queues to drain.
         pub flush_timeout_ms: u64, default = 60_000
         /// ClickHouse's setting: 0 merges partial aggregates on the initiator; 1 runs the whole
@@ -75,6 +79,7 @@ impl ConfigExtension for ShardwiseSettings {
 pub const SETTING_NAMES: &[&str] = &[
     "insert_id",
     "insert_quorum",
+    "distributed_foreground_insert",
     "flush_timeout_ms",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
@@ -210,10 +215,19 @@ pub fn current(options: &ConfigOptions) -> ShardwiseSettings {
     options.extensions.get::<ShardwiseSettings>().cloned().unwrap_or_default()
 }
 
+/// Other names of settings, as ClickHouse keeps its old names: `(alias, setting)`.
+pub const SETTING_ALIASES: &[(&str, &str)] = &[("insert_distributed_sync", "distributed_foreground_insert")];
+
+/// The setting a name (lower case) stands for: itself, or the setting it is an alias of.
+fn canonical(lower: &str) -> &str {
+    SETTING_ALIASES.iter().find(|(alias, _)| *alias == lower).map_or(lower, |(_, name)| name)
+}
+
 /// The full option key for a setting name as the user wrote it.
 pub fn option_key(name: &str) -> String {
     let lower = name.to_ascii_lowercase();
-    if SETTING_NAMES.contains(&lower.as_str()) { format!("{}.{lower}", ShardwiseSettings::PREFIX) } else { lower }
+    let name = canonical(&lower);
+    if SETTING_NAMES.contains(&name) { format!("{}.{name}", ShardwiseSettings::PREFIX) } else { lower }
 }
 
 /// Applies `name = value` pairs to `options`, naming the setting on error.
@@ -311,10 +325,16 @@ pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
     if let (true, Some(t)) = (is_set, toks.get(1))
         && let Token::Word(w) = &t.token
         && w.quote_style.is_none()
-        && SETTING_NAMES.contains(&w.value.to_ascii_lowercase().as_str())
+        && SETTING_NAMES.contains(&canonical(&w.value.to_ascii_lowercase()))
     {
         let at = byte_offset(sql, t.span.start.line, t.span.start.column);
-        return Ok(format!("{}{}.{}", &sql[..at], ShardwiseSettings::PREFIX, &sql[at..]));
+        let end = at + w.value.len();
+        let lower = w.value.to_ascii_lowercase();
+        let name = match canonical(&lower) {
+            name if name != lower => name.to_string(),
+            _ => w.value.clone(),
+        };
+        return Ok(format!("{}{}.{name}{}", &sql[..at], ShardwiseSettings::PREFIX, &sql[end..]));
     }
     Ok(sql.to_string())
 }
@@ -367,6 +387,11 @@ mod tests {
         assert_eq!(qualify_set("SET insert_quorum = 1").unwrap(), "SET shardwise.insert_quorum = 1");
         assert_eq!(qualify_set("set Insert_Quorum TO 1").unwrap(), "set shardwise.Insert_Quorum TO 1");
         assert_eq!(qualify_set("SET datafusion.x = 1").unwrap(), "SET datafusion.x = 1");
+        assert_eq!(
+            qualify_set("SET insert_distributed_sync = 1").unwrap(),
+            "SET shardwise.distributed_foreground_insert = 1"
+        );
+        assert_eq!(option_key("Insert_Distributed_Sync"), "shardwise.distributed_foreground_insert");
         assert_eq!(qualify_set("SELECT 1").unwrap(), "SELECT 1");
     }
 

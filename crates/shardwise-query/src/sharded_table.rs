@@ -150,6 +150,7 @@ impl TableProvider for ShardedTable {
                     DataFusionError::Configuration(format!("insert_quorum = {q} is larger than any replica count"))
                 })?),
             },
+            foreground: current.distributed_foreground_insert.0,
         };
         let sink = InsertSink {
             table: self.name.clone(),

@@ -305,6 +305,7 @@ impl<'a> Segments<'a> {
         let opts = InsertOptions {
             insert_id: Some(segment_insert_id(self.insert_id, self.next)),
             insert_quorum: self.opts.insert_quorum,
+            foreground: self.opts.foreground,
         };
         self.next += 1;
         self.in_flight.push(self.access.insert(self.table, batches, opts));

@@ -74,9 +74,11 @@ impl TablesNode {
         let (entry_ref, insert_id_ref) = (&entry, insert_id.as_str());
         let mut writes = futures::stream::iter(chunk_list.into_iter().enumerate().map(|(index, chunk)| async move {
             let placed = self.place(entry_ref, catalog_version, insert_id_ref, index as u64, &chunk)?;
-            match entry_ref.def.sync_mode {
-                SyncMode::Immediate => self.write_immediate(entry_ref, placed, quorum).await,
-                SyncMode::DelayModeDistributed => self.queue(entry_ref, placed).await,
+            match (entry_ref.def.sync_mode, opts.foreground) {
+                (SyncMode::Immediate, _) | (SyncMode::DelayModeDistributed, true) => {
+                    self.write_immediate(entry_ref, placed, quorum).await
+                }
+                (SyncMode::DelayModeDistributed, false) => self.queue(entry_ref, placed).await,
             }
         }))
         .buffered(self.settings.insert_pipeline_depth.max(1));

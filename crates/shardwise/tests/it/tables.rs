@@ -266,6 +266,34 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
 }
 
 #[test]
+fn a_foreground_insert_into_a_delayed_table_is_on_its_replicas_when_acknowledged() {
+    let c = Cluster::start(2);
+    c.sql(
+        0,
+        "CREATE TABLE fg (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed', \
+         delay_max_ms = 600000)",
+    );
+    let stored = |c: &Cluster| one(c.sql(1, "SELECT coalesce(sum(rows), 0) FROM system.shards WHERE \"table\" = 'fg'"));
+    // Queued in the outbox, shipped only after 10 minutes.
+    c.sql(0, "INSERT INTO fg SELECT value FROM generate_series(1, 100)");
+    assert_eq!(stored(&c), vec!["0".to_string()]);
+    // Written to both replicas of every shard before the acknowledgement.
+    c.sql(0, "INSERT INTO fg SELECT value FROM generate_series(101, 150) SETTINGS distributed_foreground_insert = 1");
+    assert_eq!(stored(&c), vec!["100".to_string()]);
+    // ClickHouse's older name, for the rest of the connection.
+    c.sql(1, "SET insert_distributed_sync = 1; INSERT INTO fg SELECT value FROM generate_series(151, 180)");
+    assert_eq!(stored(&c), vec!["160".to_string()]);
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED fg");
+    assert_eq!(stored(&c), vec!["360".to_string()]);
+    assert_eq!(
+        one(c.sql(0, "SELECT count(*), count(DISTINCT id) FROM fg")),
+        vec!["180".to_string(), "180".to_string()]
+    );
+    let err = c.sql_err(0, "INSERT INTO fg VALUES (1) SETTINGS insert_distributed_sync = maybe");
+    assert!(err.contains("insert_distributed_sync = maybe"), "{err}");
+}
+
+#[test]
 fn show_create_table_gives_the_statement_that_makes_the_same_table() {
     let c = Cluster::start(2);
     c.sql(
