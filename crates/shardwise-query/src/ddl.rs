@@ -16,8 +16,8 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, CreateTableOptions, Expr as SqlExpr, Ident, ObjectName, ObjectType, ShowCreateObject, SqlOption,
-    Statement, Value,
+    CreateTable, CreateTableOptions, Expr as SqlExpr, ObjectName, ObjectType, ShowCreateObject, SqlOption, Statement,
+    Value,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -112,21 +112,21 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
                     "SHOW CREATE TABLE: unknown table {name} (SHOW TABLES lists them)"
                 )));
             }
-            let sql = format!(
+            rewritten(&format!(
                 "SELECT create_table_query AS statement FROM system.tables WHERE name = {}",
-                crate::show_create::string_literal(&name)
-            );
-            let mut parsed = datafusion::sql::parser::DFParser::parse_sql(&sql)?;
-            let rewritten = parsed.pop_front().ok_or_else(|| QueryError::Rejected("empty statement".into()))?;
-            Ok(Classified::DataFusion(rewritten))
+                crate::sql_text::string_literal(&name)
+            ))
         }
-        Statement::ShowTables { .. } => {
-            let mut parsed = datafusion::sql::parser::DFParser::parse_sql(SHOW_TABLES_SQL)?;
-            let rewritten = parsed.pop_front().ok_or_else(|| QueryError::Rejected("empty statement".into()))?;
-            Ok(Classified::DataFusion(rewritten))
-        }
+        Statement::ShowTables { .. } => rewritten(SHOW_TABLES_SQL),
         other => Ok(Classified::DataFusion(DfStatement::Statement(Box::new(other)))),
     }
+}
+
+/// A statement answered by the query `sql` instead (for DataFusion).
+fn rewritten(sql: &str) -> Result<Classified, QueryError> {
+    let mut parsed = datafusion::sql::parser::DFParser::parse_sql(sql)?;
+    let statement = parsed.pop_front().ok_or_else(|| QueryError::Rejected("empty statement".into()))?;
+    Ok(Classified::DataFusion(statement))
 }
 
 /// The single, unqualified table name of a DROP or TRUNCATE.
@@ -200,7 +200,7 @@ async fn create_table(mut create: CreateTable, state: &SessionState, world_size:
         .map_err(|e| QueryError::Rejected(e.to_string()))?;
     let Some(query) = query else { return Ok(Command::Ddl(CatalogOp::CreateTable { def, if_not_exists })) };
     // The query's text as sqlparser prints it parses back to the same query.
-    let insert_sql = format!("INSERT INTO {} {query}", Ident::with_quote('"', &name));
+    let insert_sql = format!("INSERT INTO {} {query}", crate::sql_text::quote_identifier(&name));
     let dialect = state.config().options().sql_parser.dialect;
     let insert = state.sql_to_statement(&insert_sql, &dialect)?;
     Ok(Command::CreateTableAs { def, if_not_exists, insert })

@@ -21,6 +21,7 @@ pub mod sharded_table;
 pub mod show_create;
 pub mod small_groups;
 pub mod sql_split;
+pub mod sql_text;
 pub mod system_storage;
 pub mod system_tables;
 pub mod to_utf8view;

@@ -7,10 +7,9 @@
 //! (DataFusion's mapping), so the statement recreates that zone only under the same setting.
 
 use datafusion::arrow::datatypes::{DataType, TimeUnit};
-use datafusion::sql::sqlparser::keywords::{
-    ALL_KEYWORDS, ALL_KEYWORDS_INDEX, RESERVED_FOR_COLUMN_ALIAS, RESERVED_FOR_IDENTIFIER, RESERVED_FOR_TABLE_ALIAS,
-};
 use shardwise_storage::TableDef;
+
+use crate::sql_text::{identifier, string_literal};
 
 /// The `CREATE TABLE` statement for `def`, on one line.
 pub fn create_statement(def: &TableDef) -> String {
@@ -65,51 +64,9 @@ fn sql_type(data_type: &DataType) -> String {
     name.to_string()
 }
 
-/// `name` as it must be written to mean exactly itself: bare when it is a lower-case word that
-/// is no reserved SQL word (DataFusion folds bare names to lower case), double-quoted otherwise.
-fn identifier(name: &str) -> String {
-    let plain = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !is_reserved(name);
-    match plain {
-        true => name.to_string(),
-        false => format!("\"{}\"", name.replace('"', "\"\"")),
-    }
-}
-
-/// True for the words sqlparser keeps from being a bare alias or name (`order`, `select`,
-/// `from`...); other keywords (`id`, `day`, `name`) are fine bare.
-fn is_reserved(word: &str) -> bool {
-    let upper = word.to_ascii_uppercase();
-    let Ok(i) = ALL_KEYWORDS.binary_search(&upper.as_str()) else { return false };
-    ALL_KEYWORDS_INDEX.get(i).is_some_and(|k| {
-        RESERVED_FOR_COLUMN_ALIAS.contains(k)
-            || RESERVED_FOR_TABLE_ALIAS.contains(k)
-            || RESERVED_FOR_IDENTIFIER.contains(k)
-    })
-}
-
-/// `text` as a SQL string literal.
-pub(crate) fn string_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_are_quoted_only_when_they_must_be() {
-        assert_eq!(identifier("user_id2"), "user_id2");
-        assert_eq!(identifier("order"), "\"order\"");
-        assert_eq!(identifier("select"), "\"select\"");
-        assert_eq!(identifier("id"), "id");
-        assert_eq!(identifier("day"), "day");
-        assert_eq!(identifier("Amount"), "\"Amount\"");
-        assert_eq!(identifier("2x"), "\"2x\"");
-        assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
-        assert_eq!(string_literal("it's"), "'it''s'");
-    }
 
     #[test]
     fn every_table_type_has_a_sql_name() {

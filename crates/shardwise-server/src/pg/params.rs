@@ -16,14 +16,10 @@ use pgwire::api::portal::Portal;
 use pgwire::error::PgWireResult;
 use rust_decimal::Decimal;
 use shardwise_query::sql_split::LineStarts;
+use shardwise_query::sql_text::string_literal;
 
 use super::Statement;
 use super::errors::{error, syntax_error};
-
-/// A quoted SQL string literal holding `value`.
-fn quoted(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
 
 /// The SQL type a literal of PostgreSQL type `ty` is cast to; `None`: left a string literal.
 fn sql_type(ty: &Type) -> Option<&'static str> {
@@ -59,8 +55,8 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
     };
     Ok(match (text, sql_type(ty)) {
         (None, _) => "NULL".to_string(),
-        (Some(v), Some(cast)) => format!("CAST({} AS {cast})", quoted(&v)),
-        (Some(v), None) => quoted(&v),
+        (Some(v), Some(cast)) => format!("CAST({} AS {cast})", string_literal(&v)),
+        (Some(v), None) => string_literal(&v),
     })
 }
 
@@ -131,13 +127,13 @@ mod tests {
     #[test]
     fn splices_literals_where_the_placeholders_were() {
         let sql = "SELECT '$1', a FROM t WHERE a = $1 AND b = $2 -- $3\n";
-        let out = splice(sql, &["CAST('1' AS BIGINT)".into(), quoted("it's")]).unwrap();
+        let out = splice(sql, &["CAST('1' AS BIGINT)".into(), string_literal("it's")]).unwrap();
         assert_eq!(out, "SELECT '$1', a FROM t WHERE a = CAST('1' AS BIGINT) AND b = 'it''s' -- $3\n");
     }
 
     #[test]
     fn a_value_stays_one_literal() {
-        let hostile = quoted("x'; DROP TABLE t; --");
+        let hostile = string_literal("x'; DROP TABLE t; --");
         let out = splice("SELECT $1", &[hostile]).unwrap();
         let tokens = Tokenizer::new(&GenericDialect {}, &out).tokenize().unwrap();
         let strings: Vec<_> = tokens

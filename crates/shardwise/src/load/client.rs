@@ -11,6 +11,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::cmd_sql::flight_message;
+use shardwise_query::sql_text::quote_identifier;
 
 /// The table's schema: the result schema of `SELECT * FROM "table" LIMIT 0` (planned, not run).
 pub async fn table_schema(
@@ -41,21 +42,10 @@ pub async fn table_schema(
     Ok(Arc::new(schema))
 }
 
-/// `name` as a SQL identifier: in double quotes, inner double quotes doubled, case kept.
-pub fn quote_identifier(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cmd_sql::status_message;
-
-    #[test]
-    fn quotes_identifiers() {
-        assert_eq!(quote_identifier("trades"), "\"trades\"");
-        assert_eq!(quote_identifier("My \"T\""), "\"My \"\"T\"\"\"");
-    }
 
     #[test]
     fn status_messages_do_not_repeat_their_source() {

@@ -1,0 +1,66 @@
+//! Writing values and names into SQL text that shardwise builds itself (`SHOW CREATE TABLE`,
+//! the insert of `CREATE TABLE ... AS SELECT`, pgwire's bound parameters, `shardwise load`'s
+//! probe of a table): one place that knows how SQL quotes them.
+
+use datafusion::sql::sqlparser::keywords::{
+    ALL_KEYWORDS, ALL_KEYWORDS_INDEX, RESERVED_FOR_COLUMN_ALIAS, RESERVED_FOR_IDENTIFIER, RESERVED_FOR_TABLE_ALIAS,
+};
+
+/// `text` as a SQL string literal: in single quotes, inner single quotes doubled.
+pub fn string_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// `name` as a SQL identifier that keeps its case: in double quotes, inner double quotes doubled.
+pub fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `name` as it must be written to mean exactly itself, for text people read: bare when it is a
+/// lower-case word that is no reserved SQL word (DataFusion folds bare names to lower case),
+/// double-quoted otherwise.
+pub fn identifier(name: &str) -> String {
+    let plain = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !is_reserved(name);
+    match plain {
+        true => name.to_string(),
+        false => quote_identifier(name),
+    }
+}
+
+/// True for the words sqlparser keeps from being a bare alias or name (`order`, `select`,
+/// `from`...); other keywords (`id`, `day`, `name`) are fine bare.
+fn is_reserved(word: &str) -> bool {
+    let upper = word.to_ascii_uppercase();
+    let Ok(i) = ALL_KEYWORDS.binary_search(&upper.as_str()) else { return false };
+    ALL_KEYWORDS_INDEX.get(i).is_some_and(|k| {
+        RESERVED_FOR_COLUMN_ALIAS.contains(k)
+            || RESERVED_FOR_TABLE_ALIAS.contains(k)
+            || RESERVED_FOR_IDENTIFIER.contains(k)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_only_when_they_must_be() {
+        assert_eq!(identifier("user_id2"), "user_id2");
+        assert_eq!(identifier("order"), "\"order\"");
+        assert_eq!(identifier("select"), "\"select\"");
+        assert_eq!(identifier("id"), "id");
+        assert_eq!(identifier("day"), "day");
+        assert_eq!(identifier("Amount"), "\"Amount\"");
+        assert_eq!(identifier("2x"), "\"2x\"");
+        assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn literals_and_quoted_names_double_their_quotes() {
+        assert_eq!(string_literal("it's"), "'it''s'");
+        assert_eq!(quote_identifier("trades"), "\"trades\"");
+        assert_eq!(quote_identifier("My \"T\""), "\"My \"\"T\"\"\"");
+    }
+}
