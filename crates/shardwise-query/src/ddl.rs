@@ -118,6 +118,16 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
             ))
         }
         Statement::ShowTables { .. } => rewritten(SHOW_TABLES_SQL),
+        Statement::AlterTable(_) => Err(QueryError::Unsupported(
+            "ALTER TABLE: a table's columns and options are fixed once created; make the new table \
+             with CREATE TABLE ... AS SELECT, then DROP TABLE the old one"
+                .into(),
+        )),
+        Statement::Update(_) | Statement::Delete(_) | Statement::Merge(_) => Err(QueryError::Unsupported(
+            "UPDATE, DELETE and MERGE: tables take INSERTs only; keep the rows you want with CREATE TABLE \
+             ... AS SELECT ... WHERE, or empty a table with TRUNCATE TABLE"
+                .into(),
+        )),
         other => Ok(Classified::DataFusion(DfStatement::Statement(Box::new(other)))),
     }
 }

@@ -201,6 +201,9 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("DROP TABLE nope", "unknown table"),
         ("TRUNCATE TABLE nope", "unknown table"),
         ("SYSTEM FLUSH DISTRIBUTED nope", "unknown table"),
+        ("ALTER TABLE t ADD COLUMN z INT", "CREATE TABLE ... AS SELECT"),
+        ("UPDATE t SET small = 2", "INSERTs only"),
+        ("DELETE FROM t WHERE id = 1", "INSERTs only"),
     ];
     for (sql, needle) in cases {
         let err = c.sql_err(1, sql);
