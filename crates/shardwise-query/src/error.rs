@@ -47,6 +47,11 @@ impl QueryError {
         }
     }
 
+    /// What `QueryError::from(e).is_user_error()` says, without taking `e`.
+    pub fn is_user_error_of(e: &DataFusionError) -> bool {
+        carried(e).map_or_else(|| is_user_caused(e), QueryError::is_user_error)
+    }
+
     /// The same class of error with `prefix` before its message (what was being done).
     pub fn prefixed(self, prefix: &str) -> QueryError {
         match self.copied() {
@@ -81,13 +86,6 @@ impl From<DataFusionError> for QueryError {
             return q.copied();
         }
         if is_user_caused(&e) { QueryError::Invalid(e) } else { QueryError::Internal(e) }
-    }
-}
-
-impl QueryError {
-    /// What `QueryError::from(e).is_user_error()` says, without taking `e`.
-    pub fn is_user_error_of(e: &DataFusionError) -> bool {
-        carried(e).map_or_else(|| is_user_caused(e), QueryError::is_user_error)
     }
 }
 

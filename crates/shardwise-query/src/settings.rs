@@ -325,16 +325,14 @@ pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
     if let (true, Some(t)) = (is_set, toks.get(1))
         && let Token::Word(w) = &t.token
         && w.quote_style.is_none()
-        && SETTING_NAMES.contains(&canonical(&w.value.to_ascii_lowercase()))
+        && let lower = w.value.to_ascii_lowercase()
+        && SETTING_NAMES.contains(&canonical(&lower))
     {
         let at = byte_offset(sql, t.span.start.line, t.span.start.column);
-        let end = at + w.value.len();
-        let lower = w.value.to_ascii_lowercase();
-        let name = match canonical(&lower) {
-            name if name != lower => name.to_string(),
-            _ => w.value.clone(),
-        };
-        return Ok(format!("{}{}.{name}{}", &sql[..at], ShardwiseSettings::PREFIX, &sql[end..]));
+        // The name as written (its case kept), or the setting an alias stands for.
+        let name = if canonical(&lower) == lower { w.value.as_str() } else { canonical(&lower) };
+        let rest = &sql[at + w.value.len()..];
+        return Ok(format!("{}{}.{name}{rest}", &sql[..at], ShardwiseSettings::PREFIX));
     }
     Ok(sql.to_string())
 }

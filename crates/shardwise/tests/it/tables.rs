@@ -253,6 +253,9 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
         assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
     }
     assert!(c.sql_err(0, cases[5].0).contains("Divide by zero"));
+    // The insert ran as a query of its own node, under the statement's text.
+    let logged = c.sql(1, "SELECT state FROM system.queries WHERE query LIKE 'CREATE TABLE per_g WITH%'");
+    assert_eq!(logged, vec![vec!["finished".to_string()]]);
     assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["per_g".to_string()], vec!["src".to_string()]]);
 
     // A client that goes away while the rows go in leaves no half-filled table behind.
@@ -302,8 +305,9 @@ fn show_create_table_gives_the_statement_that_makes_the_same_table() {
     c.sql(
         0,
         "CREATE TABLE \"Events\" (id BIGINT, \"order\" INT, \"Kind\" VARCHAR, small TINYINT, tiny TINYINT UNSIGNED, \
-         u64 BIGINT UNSIGNED, r REAL, d DOUBLE, amount DECIMAL(12, 2), ok BOOLEAN, day DATE, at TIMESTAMP, \
-         at_ms TIMESTAMP(3), at_s TIMESTAMP(0)) WITH (shard_key = 'id,Kind', shards = 3, replicas = 2, \
+         s16 SMALLINT, u16 SMALLINT UNSIGNED, u32 INT UNSIGNED, u64 BIGINT UNSIGNED, r REAL, d DOUBLE, \
+         amount DECIMAL(12, 2), ok BOOLEAN, day DATE, at TIMESTAMP, at_ms TIMESTAMP(3), at_us TIMESTAMP(6), \
+         at_s TIMESTAMP(0), at_tz TIMESTAMP WITH TIME ZONE) WITH (shard_key = 'id,Kind', shards = 3, replicas = 2, \
          sync_mode = 'delay_mode_distributed', delay_max_ms = 250, delay_max_rows = 5000, delay_max_bytes = 100000)",
     );
     let shown = |rank: usize| {
