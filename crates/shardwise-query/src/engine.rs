@@ -32,9 +32,11 @@ use crate::group_topk::GroupTopKRule;
 use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::query_log::QueryLog;
 use crate::query_runtime::QueryRuntime;
+use crate::repeated_items;
 use crate::session::Session;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
+use crate::system_settings::{SETTINGS_TABLE, SettingsTable, show_settings_query};
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
 use crate::to_utf8view::to_utf8view_udf;
@@ -185,6 +187,8 @@ impl QueryEngine {
         system
             .register_table(QUERIES_TABLE.to_string(), Arc::new(ComputedTable::queries(Arc::clone(&log))))
             .map_err(QueryError::Internal)?;
+        let settings_table = Arc::new(SettingsTable::new(ctx.state().config_options()));
+        system.register_table(SETTINGS_TABLE.to_string(), settings_table).map_err(QueryError::Internal)?;
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let runtime = QueryRuntime::new(threads)?;
@@ -261,6 +265,7 @@ impl QueryEngine {
     pub async fn plan(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
         let (body, pairs) = settings::split_settings_clause(sql)?;
         let body = settings::qualify_set(&body)?;
+        let body = show_settings_query(&body)?.unwrap_or(body);
         let mut state = self.ctx.state();
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;
@@ -283,7 +288,8 @@ impl QueryEngine {
             });
         }
         let dialect = state.config().options().sql_parser.dialect;
-        let statement = state.sql_to_statement(&body, &dialect)?;
+        let mut statement = state.sql_to_statement(&body, &dialect)?;
+        repeated_items::name_repeated_items(&mut statement);
         let world_size = self.access.as_ref().map(|a| a.world_size()).unwrap_or(1);
         let statement = match ddl::classify(statement, &state, world_size).await? {
             Classified::Command(command) => {

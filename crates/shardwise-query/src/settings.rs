@@ -269,6 +269,10 @@ fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
 
 /// Splits a trailing `SETTINGS a = 1, b = 'x'` clause off `sql`. Returns the statement without it
 /// and the pairs in order.
+///
+/// `SETTINGS` starts the clause only where a setting name and `=` follow it, outside parentheses
+/// and not as part of a qualified name: `FROM system.settings`, a column or table named
+/// `settings` and `SHOW SETTINGS` are left to the SQL parser.
 pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>), QueryError> {
     let all = tokens(sql)?;
     let toks = significant(&all);
@@ -278,7 +282,15 @@ pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>
         match &t.token {
             Token::LParen => depth += 1,
             Token::RParen => depth -= 1,
-            Token::Word(w) if depth == 0 && w.keyword == Keyword::SETTINGS && w.quote_style.is_none() => at = Some(i),
+            Token::Word(w)
+                if depth == 0
+                    && w.keyword == Keyword::SETTINGS
+                    && w.quote_style.is_none()
+                    && starts_settings_clause(&toks, i) =>
+            {
+                at = Some(i);
+                break;
+            }
             _ => {}
         }
     }
@@ -289,30 +301,72 @@ pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>
     {
         rest = &rest[..rest.len() - 1];
     }
-    let clause_error = |why: &str| {
-        QueryError::BadSetting(format!("SETTINGS clause: {why}; expected SETTINGS name = value[, name = value ...]"))
-    };
     let mut pairs = Vec::new();
     for item in rest.split(|t| t.token == Token::Comma) {
-        let [name, eq, value] = item else { return Err(clause_error("each setting is name = value")) };
-        let Token::Word(name) = &name.token else { return Err(clause_error("a setting name is expected")) };
-        if eq.token != Token::Eq {
-            return Err(clause_error(&format!("'=' is expected after {}", name.value)));
-        }
-        let value = match &value.token {
-            Token::Number(n, _) => n.clone(),
-            Token::SingleQuotedString(s) => s.clone(),
-            Token::Word(w) => w.value.clone(),
-            other => return Err(clause_error(&format!("{other} is not a value"))),
-        };
-        pairs.push((name.value.clone(), value));
-    }
-    if pairs.is_empty() {
-        return Err(clause_error("no setting given"));
+        pairs.push(setting_pair(item)?);
     }
     let start = toks[at].span.start;
     let body = sql[..byte_offset(sql, start.line, start.column)].trim_end().to_string();
     Ok((body, pairs))
+}
+
+/// True when the `SETTINGS` word at `toks[at]` is followed by a (possibly dotted) name and `=`,
+/// and is not itself part of a dotted name.
+fn starts_settings_clause(toks: &[&TokenWithSpan], at: usize) -> bool {
+    if at > 0 && toks[at - 1].token == Token::Period {
+        return false;
+    }
+    let mut i = at + 1;
+    loop {
+        if !matches!(toks.get(i).map(|t| &t.token), Some(Token::Word(_))) {
+            return false;
+        }
+        match toks.get(i + 1).map(|t| &t.token) {
+            Some(Token::Period) => i += 2,
+            Some(Token::Eq) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// One `name = value` item of a SETTINGS clause: the name may be dotted
+/// (`datafusion.execution.batch_size`), the value a number (with its sign), a quoted string or a
+/// word.
+fn setting_pair(item: &[&TokenWithSpan]) -> Result<(String, String), QueryError> {
+    let clause_error = |why: String| {
+        QueryError::BadSetting(format!("SETTINGS clause: {why}; expected SETTINGS name = value[, name = value ...]"))
+    };
+    let Some(eq) = item.iter().position(|t| t.token == Token::Eq) else {
+        return Err(clause_error("each setting is name = value".into()));
+    };
+    let (name_tokens, value_tokens) = (&item[..eq], &item[eq + 1..]);
+    let mut name = String::new();
+    for (i, t) in name_tokens.iter().enumerate() {
+        match (&t.token, i % 2) {
+            (Token::Word(w), 0) => name.push_str(&w.value),
+            (Token::Period, 1) => name.push('.'),
+            (other, _) => return Err(clause_error(format!("{other} cannot be part of a setting name"))),
+        }
+    }
+    if name.is_empty() || name.ends_with('.') {
+        return Err(clause_error("a setting name is expected before '='".into()));
+    }
+    let value = match value_tokens {
+        [] => return Err(clause_error(format!("{name} has no value after '='"))),
+        [one] => match &one.token {
+            Token::Number(n, _) => n.clone(),
+            Token::SingleQuotedString(s) => s.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => return Err(clause_error(format!("{other} is not a value (for {name})"))),
+        },
+        [sign, number] => match (&sign.token, &number.token) {
+            (Token::Minus, Token::Number(n, _)) => format!("-{n}"),
+            (Token::Plus, Token::Number(n, _)) => n.clone(),
+            _ => return Err(clause_error(format!("the value of {name} is one number, string or word"))),
+        },
+        _ => return Err(clause_error(format!("the value of {name} is one number, string or word"))),
+    };
+    Ok((name, value))
 }
 
 /// `SET insert_quorum = 1` becomes `SET shardwise.insert_quorum = 1`; other statements are
@@ -374,10 +428,44 @@ mod tests {
 
     #[test]
     fn bad_settings_clause_is_an_error() {
-        for sql in ["SELECT 1 SETTINGS", "SELECT 1 SETTINGS a", "SELECT 1 SETTINGS a = ", "SELECT 1 SETTINGS a 1"] {
+        for sql in [
+            "SELECT 1 SETTINGS a = ",
+            "SELECT 1 SETTINGS a = 1 b = 2",
+            "SELECT 1 SETTINGS a = 1, b",
+            "SELECT 1 SETTINGS a = (1)",
+            "SELECT 1 SETTINGS a = - 'x'",
+        ] {
             let err = split_settings_clause(sql).unwrap_err();
             assert!(err.to_string().contains("SETTINGS clause"), "{sql}: {err}");
         }
+    }
+
+    #[test]
+    fn settings_clause_takes_dotted_names_and_signed_numbers() {
+        let (body, pairs) =
+            split_settings_clause("SELECT 1 SETTINGS datafusion.execution.batch_size = 1024, x = -1, y = +2").unwrap();
+        assert_eq!(body, "SELECT 1");
+        let expected = [("datafusion.execution.batch_size", "1024"), ("x", "-1"), ("y", "2")];
+        assert_eq!(pairs, expected.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn the_word_settings_elsewhere_is_not_a_clause() {
+        for sql in [
+            "SELECT name FROM system.settings LIMIT 3",
+            "SHOW SETTINGS",
+            "SELECT 1 AS settings",
+            "SELECT 1 settings",
+            "CREATE TABLE settings (a INT)",
+            "SELECT * FROM settings WHERE settings = 1",
+            "SELECT * FROM settings s ORDER BY 1",
+            "SELECT 1 SETTINGS a",
+        ] {
+            let (body, pairs) = split_settings_clause(sql).unwrap();
+            assert_eq!((body.as_str(), pairs.len()), (sql, 0), "{sql}");
+        }
+        let (body, pairs) = split_settings_clause("SELECT * FROM system.settings SETTINGS a = 1").unwrap();
+        assert_eq!((body.as_str(), pairs.len()), ("SELECT * FROM system.settings", 1));
     }
 
     #[test]

@@ -107,7 +107,7 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
 
 /// The future `scan` returns (`TableProvider` is an `async_trait`; this crate spells out what
 /// that macro would generate instead of depending on it).
-type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
+pub(crate) type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
 
 impl TableProvider for ComputedTable {
     fn schema(&self) -> SchemaRef {

@@ -211,3 +211,41 @@ async fn set_changes_its_own_session_only() {
     run_in(&engine, "RESET max_memory_usage", &a).await.expect("reset");
     assert!(!pretty(&run_in(&engine, show, &a).await.expect("show a")).contains("12345"));
 }
+
+#[tokio::test]
+async fn system_settings_shows_the_querys_values_and_the_word_settings_is_a_name() {
+    let engine = engine();
+    let session = Arc::new(Session::new());
+    let row = "SELECT name, value, changed FROM system.settings WHERE name = 'max_memory_usage'";
+    assert!(
+        pretty(&run_in(&engine, row, &session).await.expect("node value"))
+            .contains("| max_memory_usage | 0     | false   |")
+    );
+    run_in(&engine, "SET max_memory_usage = 12345", &session).await.expect("set");
+    let shown = pretty(&run_in(&engine, row, &session).await.expect("session value"));
+    assert!(shown.contains("| 12345 | true"), "{shown}");
+    let shown =
+        pretty(&run_in(&engine, &format!("{row} SETTINGS max_memory_usage = 7"), &session).await.expect("clause"));
+    assert!(shown.contains("| 7     | true"), "{shown}");
+    let changed = pretty(&run_in(&engine, "SHOW CHANGED SETTINGS", &session).await.expect("show changed"));
+    assert!(changed.contains("max_memory_usage") && !changed.contains("insert_quorum"), "{changed}");
+    let like = pretty(&run_in(&engine, "SHOW SETTINGS LIKE '%no_merge'", &session).await.expect("show like"));
+    assert!(like.contains("distributed_group_by_no_merge") && like.contains("ClickHouse"), "{like}");
+    // DataFusion's options, by their dotted names, in a SETTINGS clause too.
+    let batch = "SELECT value FROM system.settings WHERE name = 'datafusion.execution.batch_size' \
+                 SETTINGS datafusion.execution.batch_size = 1024";
+    assert!(pretty(&run_in(&engine, batch, &session).await.expect("dotted")).contains("1024"));
+    let err = run(&engine, "SELECT 1 SETTINGS max_execution_time_ms = -1").await.expect_err("negative");
+    assert!(err.to_string().contains("max_execution_time_ms = -1"), "{err}");
+    // `settings` as an alias is a name, not a clause.
+    assert!(pretty(&run(&engine, "SELECT 1 AS settings").await.expect("alias")).contains("settings"));
+}
+
+#[tokio::test]
+async fn repeated_select_items_are_answered() {
+    let engine = engine();
+    let shown = pretty(&run(&engine, "SELECT 1, 1, NULL, NULL").await.expect("repeated"));
+    assert!(shown.contains("| 1 | 1_2 | NULL | NULL_2 |"), "{shown}");
+    let shown = pretty(&run(&engine, "SELECT x, x FROM (SELECT 5 AS x) t").await.expect("repeated column"));
+    assert!(shown.contains("| 5 | 5   |"), "{shown}");
+}

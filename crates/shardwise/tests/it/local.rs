@@ -9,13 +9,15 @@ use crate::support::{Proc, shardwise};
 fn local_runs_a_script_against_an_embedded_cluster() {
     let mut cmd = shardwise();
     cmd.args(["local", "--nodes", "2", "--format", "csv", "-e"]).arg(
-        "CREATE TABLE t (k BIGINT, v BIGINT) WITH (shard_key = 'k'); \
-         INSERT INTO t SELECT value, value % 3 FROM generate_series(1, 1000); \
-         SELECT v, count(*) AS c FROM t GROUP BY v ORDER BY v",
+        "CREATE TABLE t (k BIGINT, v BIGINT, a BIGINT, b VARCHAR) WITH (shard_key = 'k'); \
+         INSERT INTO t SELECT value, value % 3, NULL, NULL FROM generate_series(1, 1000); \
+         SELECT v, count(*) AS c, count(a) AS a, count(b) AS b FROM t GROUP BY v ORDER BY v; \
+         SELECT name, value FROM system.settings WHERE name = 'load_balancing'",
     );
     let (code, out) = Proc::spawn(cmd).wait_exit(Duration::from_secs(60));
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("v,c\n0,333\n1,334\n2,333"), "{out}");
+    assert!(out.contains("v,c,a,b\n0,333,0,0\n1,334,0,0\n2,333,0,0"), "{out}");
+    assert!(out.contains("name,value\nload_balancing,nearest"), "{out}");
 }
 
 #[test]

@@ -1,0 +1,125 @@
+//! Names for SELECT items written more than once: `SELECT 1, 1`, `SELECT a, a FROM t`, or
+//! `INSERT INTO t SELECT id, NULL, NULL FROM s`.
+//!
+//! PostgreSQL, DuckDB and ClickHouse answer these; DataFusion refuses a projection whose columns
+//! would share a name ("Projections require unique expression names"), even in an INSERT's
+//! source, where names play no part. Before planning, every unaliased item whose text appears
+//! more than once in its SELECT list is given a name of its own: the text for the first, then
+//! the text with `_2`, `_3`... (skipping names the list already uses), as pandas and Polars
+//! name repeated columns. Items that differ in text but not in DataFusion's name for them
+//! (`a` and `t.a`) are left for DataFusion to refuse, with its message.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{Ident, Query, SelectItem, SetExpr, VisitMut, VisitorMut};
+
+/// Gives repeated unaliased SELECT items distinct names, in every SELECT of `statement`.
+pub fn name_repeated_items(statement: &mut DfStatement) {
+    match statement {
+        DfStatement::Statement(statement) => {
+            let _ = statement.visit(&mut Renamer);
+        }
+        DfStatement::Explain(explain) => name_repeated_items(&mut explain.statement),
+        _ => {}
+    }
+}
+
+struct Renamer;
+
+impl VisitorMut for Renamer {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        rename_in(&mut query.body);
+        ControlFlow::Continue(())
+    }
+}
+
+/// The SELECT lists of `body` (nested queries are visited on their own).
+fn rename_in(body: &mut SetExpr) {
+    match body {
+        SetExpr::Select(select) => rename_items(&mut select.projection),
+        SetExpr::SetOperation { left, right, .. } => {
+            rename_in(left);
+            rename_in(right);
+        }
+        _ => {}
+    }
+}
+
+fn rename_items(items: &mut [SelectItem]) {
+    let texts: Vec<Option<String>> = items
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(expr) => Some(expr.to_string()),
+            _ => None,
+        })
+        .collect();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for text in texts.iter().flatten() {
+        *count.entry(text).or_default() += 1;
+    }
+    if count.values().all(|&n| n < 2) {
+        return;
+    }
+    let mut taken: HashSet<String> = texts.iter().flatten().cloned().collect();
+    taken.extend(items.iter().filter_map(|item| match item {
+        SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+        _ => None,
+    }));
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (item, text) in items.iter_mut().zip(&texts) {
+        let Some(text) = text else { continue };
+        if count[text.as_str()] < 2 {
+            continue;
+        }
+        let n = seen.entry(text).or_default();
+        *n += 1;
+        let name = if *n == 1 {
+            text.clone()
+        } else {
+            let mut k = *n;
+            while taken.contains(&format!("{text}_{k}")) {
+                k += 1;
+            }
+            format!("{text}_{k}")
+        };
+        taken.insert(name.clone());
+        if let SelectItem::UnnamedExpr(expr) = item {
+            *item = SelectItem::ExprWithAlias { expr: expr.clone(), alias: Ident::with_quote('"', name) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::sql::parser::DFParser;
+
+    use super::*;
+
+    fn renamed(sql: &str) -> String {
+        let mut statement = DFParser::parse_sql(sql).unwrap().pop_front().unwrap();
+        name_repeated_items(&mut statement);
+        statement.to_string()
+    }
+
+    #[test]
+    fn repeated_items_get_names_and_others_are_untouched() {
+        assert_eq!(renamed("SELECT 1, 1"), r#"SELECT 1 AS "1", 1 AS "1_2""#);
+        assert_eq!(renamed("SELECT a, b, a, a FROM t"), r#"SELECT a AS "a", b, a AS "a_2", a AS "a_3" FROM t"#);
+        assert_eq!(renamed("SELECT a, a, 5 AS a_2 FROM t"), r#"SELECT a AS "a", a AS "a_3", 5 AS a_2 FROM t"#);
+        assert_eq!(renamed("SELECT a, b FROM t"), "SELECT a, b FROM t");
+        assert_eq!(renamed("SELECT a, t.a FROM t"), "SELECT a, t.a FROM t");
+        assert_eq!(
+            renamed("INSERT INTO t SELECT id, NULL, NULL FROM s"),
+            r#"INSERT INTO t SELECT id, NULL AS "NULL", NULL AS "NULL_2" FROM s"#
+        );
+        assert_eq!(
+            renamed("SELECT * FROM (SELECT x, x FROM t) UNION ALL SELECT 2, 2"),
+            r#"SELECT * FROM (SELECT x AS "x", x AS "x_2" FROM t) UNION ALL SELECT 2 AS "2", 2 AS "2_2""#
+        );
+        assert!(renamed("EXPLAIN SELECT NULL, NULL").contains(r#"NULL AS "NULL_2""#));
+    }
+}
