@@ -328,7 +328,7 @@ impl Encoder {
             Format::Csv => {
                 let mut writer =
                     datafusion::arrow::csv::WriterBuilder::new().with_header(!self.header_written).build(&mut out);
-                writer.write(batch)?;
+                writer.write(&crate::csv_text::nested_as_text(batch)?)?;
                 self.header_written = true;
             }
             Format::Arrow => {

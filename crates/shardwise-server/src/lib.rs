@@ -8,6 +8,7 @@ pub mod auth;
 pub mod catalog_machine;
 pub mod codec;
 pub mod connections;
+pub mod csv_text;
 pub mod data_plane;
 pub mod error;
 pub mod executed;

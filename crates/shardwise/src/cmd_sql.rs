@@ -295,10 +295,10 @@ fn render(
         OutputFormat::Csv => {
             let mut writer = arrow::csv::WriterBuilder::new().with_header(true).with_null(String::new()).build(out);
             if batches.is_empty() {
-                writer.write(&RecordBatch::new_empty(schema.clone()))?;
+                writer.write(&shardwise_server::csv_text::nested_as_text(&RecordBatch::new_empty(schema.clone()))?)?;
             }
             for batch in batches {
-                writer.write(batch)?;
+                writer.write(&shardwise_server::csv_text::nested_as_text(batch)?)?;
             }
         }
         OutputFormat::Json => {
