@@ -28,6 +28,7 @@ use crate::dist::{
     decode_fragment_ticket, execute_merged,
 };
 use crate::error::QueryError;
+use crate::format_clause::split_format_clause;
 use crate::group_topk::GroupTopKRule;
 use crate::memory_limit::{explain_memory_errors, with_memory_limit};
 use crate::query_log::QueryLog;
@@ -263,6 +264,13 @@ impl QueryEngine {
     /// Parses and plans one statement of `session` without executing anything: the node's
     /// settings, then the session's, then the statement's `SETTINGS`.
     pub async fn plan(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
+        if let (_, Some(_)) = split_format_clause(sql)? {
+            return Err(QueryError::Rejected(
+                "FORMAT: over PostgreSQL and Flight SQL the rows travel typed and the client formats them; \
+                 the HTTP API (POST /query) and shardwise sql take a FORMAT clause"
+                    .into(),
+            ));
+        }
         let (body, pairs) = settings::split_settings_clause(sql)?;
         let body = settings::qualify_set(&body)?;
         let body = show_settings_query(&body)?.unwrap_or(body);

@@ -10,6 +10,7 @@ pub mod ddl;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod format_clause;
 pub mod group_topk;
 pub mod many_groups;
 pub mod memory_limit;

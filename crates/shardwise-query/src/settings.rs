@@ -244,18 +244,18 @@ pub fn apply(options: &mut ConfigOptions, pairs: &[(String, String)]) -> Result<
     Ok(())
 }
 
-fn tokens(sql: &str) -> Result<Vec<TokenWithSpan>, QueryError> {
+pub(crate) fn tokens(sql: &str) -> Result<Vec<TokenWithSpan>, QueryError> {
     Tokenizer::new(&GenericDialect {}, sql)
         .tokenize_with_location()
         .map_err(|e| QueryError::BadSetting(format!("cannot read the statement: {e}")))
 }
 
-fn significant(tokens: &[TokenWithSpan]) -> Vec<&TokenWithSpan> {
+pub(crate) fn significant(tokens: &[TokenWithSpan]) -> Vec<&TokenWithSpan> {
     tokens.iter().filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF)).collect()
 }
 
 /// Byte offset in `sql` of a 1-based (line, column) location, columns counted in characters.
-fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
+pub(crate) fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
     let mut offset = 0;
     for (i, text) in sql.split_inclusive('\n').enumerate() {
         if i as u64 + 1 == line {
@@ -312,7 +312,7 @@ pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>
 
 /// True when the `SETTINGS` word at `toks[at]` is followed by a (possibly dotted) name and `=`,
 /// and is not itself part of a dotted name.
-fn starts_settings_clause(toks: &[&TokenWithSpan], at: usize) -> bool {
+pub(crate) fn starts_settings_clause(toks: &[&TokenWithSpan], at: usize) -> bool {
     if at > 0 && toks[at - 1].token == Token::Period {
         return false;
     }

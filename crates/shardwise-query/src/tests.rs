@@ -249,3 +249,12 @@ async fn repeated_select_items_are_answered() {
     let shown = pretty(&run(&engine, "SELECT x, x FROM (SELECT 5 AS x) t").await.expect("repeated column"));
     assert!(shown.contains("| 5 | 5   |"), "{shown}");
 }
+
+#[tokio::test]
+async fn a_format_clause_is_refused_where_the_client_formats_the_rows() {
+    let engine = engine();
+    let err = run(&engine, "SELECT 1 FORMAT CSV").await.expect_err("FORMAT over a typed protocol");
+    assert!(err.to_string().contains("HTTP API"), "{err}");
+    // A column named format is a name.
+    assert!(pretty(&run(&engine, "SELECT 1 AS format").await.expect("name")).contains("format"));
+}

@@ -4,8 +4,9 @@
 //!   JSON `{"sql": "...", "settings": {"name": "value", ...}}` (`application/json`). Form
 //!   content types are refused (415): a browser sends them cross-site without asking. The answer
 //!   is JSON (one object per row and line), CSV (with a header row) or an Arrow IPC stream,
-//!   chosen by `?format=json|csv|arrow` or else by `Accept`; anything else is 406. Rows are sent
-//!   as the query produces them.
+//!   chosen by a trailing `FORMAT CSV | CSVWithNames | JSONEachRow | ArrowStream` clause, else by
+//!   `?format=json|csv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the query
+//!   produces them.
 //! - `GET /health`: 200 and this node's rank while it serves.
 //! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node
 //!   states and sync queues (pending rows and lag).
@@ -28,6 +29,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
 use futures::StreamExt;
+use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::{QueryEngine, QueryError, Session};
 use tokio::net::TcpListener;
 
@@ -267,12 +269,26 @@ async fn query(
 ) -> Result<Response, Failure> {
     same_origin(&headers)?;
     authorize(&http.users, &headers)?;
-    let format = choose_format(params.get("format"), headers.get(header::ACCEPT))?;
     let (sql, settings) = parse_body(&headers, &body)?;
+    // A FORMAT clause wins over `?format=` and `Accept`, as in ClickHouse.
+    let (sql, clause) = split_format_clause(&sql)?;
+    let (format, csv_header) = match clause {
+        Some(ClauseFormat::Csv { header }) => (Format::Csv, header),
+        Some(ClauseFormat::JsonEachRow) => (Format::JsonLines, true),
+        Some(ClauseFormat::ArrowStream) => (Format::Arrow, true),
+        Some(ClauseFormat::Pretty) => {
+            return Err(Failure::new(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                "FORMAT Pretty: the HTTP API writes CSV, CSVWithNames, JSONEachRow or ArrowStream",
+            ));
+        }
+        None => (choose_format(params.get("format"), headers.get(header::ACCEPT))?, true),
+    };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan(&sql, &session).await?;
     let stream = http.engine.execute(planned).await?;
-    let body = Body::from_stream(encode(stream, format));
+    let body = Body::from_stream(encode(stream, format, csv_header));
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
@@ -281,9 +297,12 @@ async fn query(
 fn encode(
     stream: SendableRecordBatchStream,
     format: Format,
+    csv_header: bool,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let schema = stream.schema();
-    let encoder = Encoder::new(format, schema);
+    let mut encoder = Encoder::new(format, schema);
+    // Without a header row, as if it had been written.
+    encoder.header_written = !csv_header;
     futures::stream::unfold((stream, Some(encoder)), |(mut stream, encoder)| async move {
         let mut encoder = encoder?;
         match stream.next().await {

@@ -21,6 +21,7 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::{FlightInfo, HandshakeRequest};
 use base64::Engine as _;
 use futures::TryStreamExt;
+use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::sql_split::split_statements;
 use tonic::transport::{Channel, Endpoint};
 
@@ -36,6 +37,25 @@ pub enum OutputFormat {
     Csv,
     /// One JSON object per row and line.
     Json,
+    /// CSV without a header row (ClickHouse's `FORMAT CSV`; only from a FORMAT clause).
+    #[value(skip)]
+    CsvNoHeader,
+}
+
+impl OutputFormat {
+    /// How a statement's trailing `FORMAT name` clause asks its rows printed.
+    fn of_clause(clause: ClauseFormat) -> Result<OutputFormat, String> {
+        match clause {
+            ClauseFormat::Csv { header: true } => Ok(OutputFormat::Csv),
+            ClauseFormat::Csv { header: false } => Ok(OutputFormat::CsvNoHeader),
+            ClauseFormat::JsonEachRow => Ok(OutputFormat::Json),
+            ClauseFormat::Pretty => Ok(OutputFormat::Table),
+            ClauseFormat::ArrowStream => {
+                Err("FORMAT ArrowStream: shardwise sql prints text; fetch Arrow through ADBC or the HTTP API"
+                    .to_string())
+            }
+        }
+    }
 }
 
 /// Where statements come from and how results print (`sql` and `local`).
@@ -240,7 +260,10 @@ async fn run_statement(
     sql: &str,
     format: OutputFormat,
 ) -> Result<usize, String> {
-    let info = client.execute(sql.to_string(), None).await.map_err(flight_message)?;
+    // A trailing FORMAT clause is the client's to apply (the server refuses it).
+    let (sql, clause) = split_format_clause(sql).map_err(|e| e.to_string())?;
+    let format = clause.map(OutputFormat::of_clause).transpose()?.unwrap_or(format);
+    let info = client.execute(sql, None).await.map_err(flight_message)?;
     let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
     let mut out = Vec::new();
     render(&schema, &batches, format, &mut out).map_err(|e| e.to_string())?;
@@ -292,8 +315,9 @@ fn render(
             let table = arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), batches)?;
             writeln!(out, "{table}")?;
         }
-        OutputFormat::Csv => {
-            let mut writer = arrow::csv::WriterBuilder::new().with_header(true).with_null(String::new()).build(out);
+        OutputFormat::Csv | OutputFormat::CsvNoHeader => {
+            let header = format == OutputFormat::Csv;
+            let mut writer = arrow::csv::WriterBuilder::new().with_header(header).with_null(String::new()).build(out);
             if batches.is_empty() {
                 writer.write(&shardwise_server::csv_text::nested_as_text(&RecordBatch::new_empty(schema.clone()))?)?;
             }

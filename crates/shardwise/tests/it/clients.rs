@@ -237,6 +237,14 @@ fn every_http_route_with_curl() {
     assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
     let (code, body) = curl(&["-H", "Accept: text/csv", "-H", "Content-Type: text/plain", "--data-binary", q, &query]);
     assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
+    // A FORMAT clause wins over ?format= (ClickHouse's CSV has no header row).
+    let (code, body) = curl(&[&sql_body[..], &[&format!("{q} FORMAT CSV"), &format!("{query}?format=json")]].concat());
+    assert_eq!((code, body.as_str()), (200, "1,a\n2,\n"));
+    let with_settings = format!("{q} FORMAT JSONEachRow SETTINGS max_memory_usage = 0");
+    let (code, body) = curl(&[&sql_body[..], &[&with_settings, &format!("{query}?format=csv")]].concat());
+    assert_eq!((code, body.as_str()), (200, "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n"));
+    let (code, body) = curl(&[&sql_body[..], &["SELECT 1 FORMAT Pretty", &query]].concat());
+    assert!(code == 400 && body.contains("FORMAT Pretty"), "{code} {body}");
     // Lists and structs as their text (arrow's CSV writer has no nested values).
     let nested = "SELECT [1, 2] AS l, named_struct('a', 1) AS s";
     let (code, body) = curl(&[&sql_body[..], &[nested, &format!("{query}?format=csv")]].concat());

@@ -12,12 +12,13 @@ fn local_runs_a_script_against_an_embedded_cluster() {
         "CREATE TABLE t (k BIGINT, v BIGINT, a BIGINT, b VARCHAR) WITH (shard_key = 'k'); \
          INSERT INTO t SELECT value, value % 3, NULL, NULL FROM generate_series(1, 1000); \
          SELECT v, count(*) AS c, count(a) AS a, count(b) AS b FROM t GROUP BY v ORDER BY v; \
-         SELECT name, value FROM system.settings WHERE name = 'load_balancing'",
+         SELECT name, value FROM system.settings WHERE name = 'load_balancing'; \
+         SELECT 'no header' AS h FORMAT CSV",
     );
     let (code, out) = Proc::spawn(cmd).wait_exit(Duration::from_secs(60));
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("v,c,a,b\n0,333,0,0\n1,334,0,0\n2,333,0,0"), "{out}");
-    assert!(out.contains("name,value\nload_balancing,nearest"), "{out}");
+    assert!(out.contains("name,value\nload_balancing,nearest\nno header"), "{out}");
 }
 
 #[test]
