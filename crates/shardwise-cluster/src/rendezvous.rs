@@ -594,10 +594,10 @@ impl Master {
         }
         self.bump();
         let mut writer_task = tokio::spawn(write_loop(writer, rx));
-        let result = tokio::select! {
-            r = self.read_loop(&mut reader, rank, conn_id) => r,
+        let (result, writer_ended) = tokio::select! {
+            r = self.read_loop(&mut reader, rank, conn_id) => (r, false),
             // The writer ends when this connection was dropped (fenced, stuck, shutdown).
-            _ = &mut writer_task => Ok(()),
+            _ = &mut writer_task => (Ok(()), true),
         };
         let dropped = current_slot(&mut self.lock(), rank, conn_id).is_none();
         if dropped {
@@ -607,7 +607,10 @@ impl Master {
             // has not read yet, the `Fenced` included: the old incarnation would reconnect and
             // fence the new one.
             let _ = tokio::time::timeout(Duration::from_millis(CLOSE_LINGER_MS), async {
-                let _ = (&mut writer_task).await;
+                // A finished task's handle must not be polled again (tokio panics).
+                if !writer_ended {
+                    let _ = (&mut writer_task).await;
+                }
                 while reader.read::<NodeMsg>().await.is_ok() {}
             })
             .await;

@@ -93,6 +93,9 @@ pub fn kill_command(sql: &str) -> Result<Option<Command>, QueryError> {
 
 /// Sorts a parsed statement into a [`Command`] or something for DataFusion.
 pub async fn classify(statement: DfStatement, state: &SessionState, world_size: u32) -> Result<Classified, QueryError> {
+    if let Some(explained) = explain_of_create_as(&statement)? {
+        return Ok(Classified::DataFusion(explained));
+    }
     let DfStatement::Statement(sql) = statement else { return Ok(Classified::DataFusion(statement)) };
     match *sql {
         Statement::CreateTable(create) => create_table(create, state, world_size).await.map(Classified::Command),
@@ -130,6 +133,24 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
         )),
         other => Ok(Classified::DataFusion(DfStatement::Statement(Box::new(other)))),
     }
+}
+
+/// `EXPLAIN CREATE TABLE ... AS SELECT`: the plan of its SELECT, which is what runs (as the
+/// insert into the new table). `EXPLAIN ANALYZE` of one is refused: it would have to create and
+/// fill the table.
+fn explain_of_create_as(statement: &DfStatement) -> Result<Option<DfStatement>, QueryError> {
+    let DfStatement::Explain(explain) = statement else { return Ok(None) };
+    let DfStatement::Statement(inner) = explain.statement.as_ref() else { return Ok(None) };
+    let Statement::CreateTable(CreateTable { query: Some(query), .. }) = inner.as_ref() else { return Ok(None) };
+    if explain.options.analyze {
+        return Err(QueryError::Unsupported(
+            "EXPLAIN ANALYZE CREATE TABLE ... AS SELECT would create and fill the table; EXPLAIN ANALYZE its SELECT"
+                .into(),
+        ));
+    }
+    let mut explain = explain.clone();
+    explain.statement = Box::new(DfStatement::Statement(Box::new(Statement::Query(query.clone()))));
+    Ok(Some(DfStatement::Explain(explain)))
 }
 
 /// A statement answered by the query `sql` instead (for DataFusion).

@@ -161,9 +161,21 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// Kills the process, and fails the test if it ever panicked: a panic in a task is caught by
+    /// tokio and the node goes on, so only its output tells (a panicking task skips whatever
+    /// clean-up came after the panic).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        while let Ok((_, l)) = self.lines.recv_timeout(Duration::from_millis(100)) {
+            self.seen.push(l);
+        }
+        if !std::thread::panicking()
+            && let Some(at) = self.seen.iter().position(|l| l.contains("panicked at"))
+        {
+            let end = (at + 12).min(self.seen.len());
+            panic!("the process panicked:\n{}", self.seen[at..end].join("\n"));
+        }
     }
 }
 

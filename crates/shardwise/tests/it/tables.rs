@@ -253,6 +253,11 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
         assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
     }
     assert!(c.sql_err(0, cases[5].0).contains("Divide by zero"));
+    // EXPLAIN shows the SELECT's plan and creates nothing; EXPLAIN ANALYZE would have to.
+    let plan = c.sql(0, "EXPLAIN CREATE TABLE ex WITH (shard_key = 'g') AS SELECT g, count(*) FROM src GROUP BY g");
+    assert!(plan.iter().any(|r| r.join(" ").contains("DistributedFragmentExec")), "{plan:?}");
+    let err = c.sql_err(0, "EXPLAIN ANALYZE CREATE TABLE ex WITH (shard_key = 'g') AS SELECT g FROM src");
+    assert!(err.contains("EXPLAIN ANALYZE its SELECT"), "{err}");
     // The insert ran as a query of its own node, under the statement's text.
     let logged = c.sql(1, "SELECT state FROM system.queries WHERE query LIKE 'CREATE TABLE per_g WITH%'");
     assert_eq!(logged, vec![vec!["finished".to_string()]]);
@@ -269,6 +274,22 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
     eventually(Duration::from_secs(30), "the table of the CTAS", || has_big(&c).then_some(()));
     client.kill9();
     eventually(Duration::from_secs(30), "the abandoned CTAS's table to go", || (!has_big(&c)).then_some(()));
+
+    // KILL QUERY stops one too, and its table goes.
+    let mut client = Proc::spawn({
+        let mut cmd = shardwise();
+        cmd.args(["sql", "--connect", &c.addrs[0], "-e"])
+            .arg("CREATE TABLE big WITH (shard_key = 'k') AS SELECT value AS k FROM generate_series(1, 30000000)");
+        cmd
+    });
+    let running = "SELECT query_id FROM system.queries WHERE state = 'running' AND query LIKE 'CREATE TABLE big %'";
+    let id = eventually(Duration::from_secs(30), "the CTAS in system.queries", || {
+        c.sql(0, running).first().map(|r| r[0].clone())
+    });
+    c.sql(0, &format!("KILL QUERY WHERE query_id = '{id}'"));
+    let (code, out) = client.wait_exit(Duration::from_secs(30));
+    assert!(code != Some(0) && out.contains("KILL QUERY"), "{code:?} {out}");
+    eventually(Duration::from_secs(30), "the killed CTAS's table to go", || (!has_big(&c)).then_some(()));
 }
 
 #[test]
