@@ -21,6 +21,7 @@ pub mod session;
 pub mod settings;
 pub mod sharded_table;
 pub mod show_create;
+pub mod skip_unused_shards;
 pub mod small_groups;
 pub mod sql_split;
 pub mod sql_text;

@@ -40,6 +40,9 @@ extensions_options! {
         /// other nodes), or `auto` (shuffle when more than `shuffle_min_groups` groups are
         /// estimated). A non-zero `distributed_group_by_no_merge` takes precedence.
         pub distributed_aggregation: DistributedAggregation, default = DistributedAggregation::Auto
+        /// ClickHouse's setting: a WHERE that pins every shard-key column to a few values
+        /// (`k = 1`, `k IN (1, 2)`) reads only the shards those values are placed on.
+        pub optimize_skip_unused_shards: Flag, default = Flag(true)
         /// `distributed_aggregation = 'auto'` shuffles above this many estimated groups.
         pub shuffle_min_groups: u64, default = 1_000_000
         /// Which replica of a shard runs its fragment: `nearest` (this node first), `in_order`,
@@ -83,6 +86,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "flush_timeout_ms",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
+    "optimize_skip_unused_shards",
     "distributed_aggregation",
     "shuffle_min_groups",
     "load_balancing",

@@ -22,13 +22,14 @@ use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableType};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::TryStreamExt;
 
 use crate::access::{InsertOptions, TableAccess};
 use crate::dist::{ShardScanExec, ShardSlice, ShardTableRef};
 use crate::settings;
+use crate::skip_unused_shards;
 
 /// The default schema (`public`): the catalog's tables.
 #[derive(Debug)]
@@ -92,11 +93,25 @@ impl TableProvider for ShardedTable {
         TableType::Base
     }
 
+    /// Equalities on the shard key reach `scan` (which may skip shards by them); every filter
+    /// still runs above the scan.
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        let catalog = self.access.catalog();
+        let def = catalog.tables.get(&self.name).map(|entry| &entry.def);
+        Ok(filters
+            .iter()
+            .map(|f| match def {
+                Some(def) if skip_unused_shards::could_pin(f, def) => TableProviderFilterPushDown::Inexact,
+                _ => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let catalog_version = self.access.catalog_version();
@@ -113,11 +128,14 @@ impl TableProvider for ShardedTable {
             shards: def.shards,
             shard_key: def.shard_key.clone(),
         };
+        let skip_unused = settings::current(state.config_options()).optimize_skip_unused_shards.0;
+        let pinned = if skip_unused { skip_unused_shards::pinned_shards(def, filters)? } else { None };
+        let shards: Vec<u32> = pinned.clone().unwrap_or_else(|| (0..def.shards).collect());
         // Enough slices that the plan has at least one partition per thread (and at least two,
         // so that aggregations are planned as partial + final).
         let threads = state.config().target_partitions().max(2) as u32;
-        let slices = threads.div_ceil(def.shards.max(1));
-        let parts = (0..def.shards).flat_map(|shard| ShardSlice::all_of(shard, slices)).collect();
+        let slices = threads.div_ceil((shards.len() as u32).max(1));
+        let parts = shards.iter().flat_map(|&shard| ShardSlice::all_of(shard, slices)).collect();
         let scan = ShardScanExec::try_new(
             table,
             Arc::clone(&self.schema),
@@ -125,6 +143,11 @@ impl TableProvider for ShardedTable {
             parts,
             Arc::clone(&self.access),
         )?;
+        // Skipping shards trusts placement: the replicas read must hold only placed rows.
+        let scan = match pinned {
+            Some(_) => scan.with_required_verified_placement(true).with_skipped_shards(true),
+            None => scan,
+        };
         Ok(Arc::new(scan))
     }
 

@@ -179,10 +179,13 @@ impl FragmentExec {
 impl DisplayAs for FragmentExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.placement;
+        // The shards (or buckets) the targets read, with their replicas.
+        let read: Vec<u32> = self.targets.iter().map(LeafAssignment::index).collect();
         let shards: Vec<String> = p
             .replicas
             .iter()
             .enumerate()
+            .filter(|(shard, _)| read.contains(&(*shard as u32)))
             .map(|(shard, ranks)| {
                 let ranks: Vec<String> = ranks.iter().map(u32::to_string).collect();
                 format!("{shard}@[{}]", ranks.join(","))

@@ -294,7 +294,7 @@ impl Planner<'_> {
         };
         let (plan, targets) = if whole_shard {
             let plan = require_verified_placement(plan)?;
-            (plan, (0..scan.table().shards).map(LeafAssignment::WholeShard).collect())
+            (plan, scan.shards().into_iter().map(LeafAssignment::WholeShard).collect())
         } else {
             let targets = scan.parts().iter().map(|p| LeafAssignment::Slices(vec![*p])).collect();
             (plan, targets)
@@ -317,10 +317,13 @@ impl Planner<'_> {
         let shards = self.placement(&scan)?;
         let access = Arc::clone(&self.rule.access);
         let stage1 = Arc::new(ShardwiseCodec::new(Arc::clone(&access)).encode_plan(Arc::clone(&partial))?);
+        // The shards the scan reads (all, unless its WHERE pinned the shard key).
+        let read = scan.shards();
         let sources = shards
             .replicas
             .iter()
             .enumerate()
+            .filter(|(shard, _)| read.contains(&(*shard as u32)))
             .map(|(shard, replicas)| ShuffleSource { shard: shard as u32, replicas: replicas.clone() })
             .collect();
         // With SHUFFLE_INITIATOR_FREE_MIN_NODES nodes or more the initiator merges no bucket: it

@@ -73,6 +73,9 @@ pub struct ShardScanExec {
     /// Refuse to read a shard replica holding rows that did not arrive through shardwise's
     /// placement (a plan that relies on groups not spanning shards sets this).
     require_verified_placement: bool,
+    /// The WHERE pinned the shard key, so the parts leave out the other shards
+    /// (`optimize_skip_unused_shards`; for EXPLAIN).
+    skipped_shards: bool,
     schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
@@ -108,6 +111,7 @@ impl ShardScanExec {
             parts,
             access,
             require_verified_placement: false,
+            skipped_shards: false,
             schema,
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
@@ -130,6 +134,20 @@ impl ShardScanExec {
     pub fn with_required_verified_placement(mut self, required: bool) -> Self {
         self.require_verified_placement = required;
         self
+    }
+
+    /// The same scan, marked as reading only the shards its WHERE pinned.
+    pub fn with_skipped_shards(mut self, skipped: bool) -> Self {
+        self.skipped_shards = skipped;
+        self
+    }
+
+    /// The shards the parts read, ascending.
+    pub fn shards(&self) -> Vec<u32> {
+        let mut shards: Vec<u32> = self.parts.iter().map(|p| p.shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        shards
     }
 
     pub fn requires_verified_placement(&self) -> bool {
@@ -165,6 +183,9 @@ impl DisplayAs for ShardScanExec {
         shards.dedup();
         let slices = self.parts.iter().map(|p| p.slices).max().unwrap_or(1);
         write!(f, "ShardScanExec: table={}, columns=[{columns}], shards={shards:?}", self.table.name)?;
+        if self.skipped_shards {
+            write!(f, " of {} (optimize_skip_unused_shards: the WHERE pins the shard key)", self.table.shards)?;
+        }
         if slices > 1 {
             write!(f, ", slices_per_shard={slices}")?;
         }

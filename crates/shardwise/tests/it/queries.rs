@@ -87,6 +87,13 @@ const CORPUS: &[&str] = &[
     "SELECT g, k, sum(q) AS s, sum(sum(q)) OVER (PARTITION BY g) FROM {t} WHERE k < 10 GROUP BY g, k",
     "SELECT d.name, count(*) FROM {t} JOIN dim d ON {t}.k = d.k GROUP BY d.name",
     "SELECT d.name, sum({t}.v) FROM {t} LEFT JOIN dim d ON {t}.k = d.k AND d.k < 50 GROUP BY d.name",
+    // WHERE pinning the shard key of t (k) or of s (sk): only those shards are read.
+    "SELECT count(*), sum(v), min(g) FROM {t} WHERE k = 5",
+    "SELECT sk, count(*), sum(q) FROM {t} WHERE sk IN (0, 1, 7) GROUP BY sk",
+    "SELECT g, count(*) FROM {t} WHERE (k = 3 OR k = 40) AND sk = 1 GROUP BY g",
+    "SELECT k, sk, count(*), max(v) FROM {t} WHERE k IN (1, 2, 96) AND sk IN (0, 5, 999) GROUP BY k, sk",
+    "SELECT id, v FROM {t} WHERE k = 7 ORDER BY id LIMIT 5",
+    "SELECT count(*) FROM {t} WHERE k = 1000",
     "SELECT avg(c), max(c) FROM (SELECT k, count(*) AS c FROM {t} GROUP BY k)",
     "SELECT count(*), sum(s), max(c) FROM (SELECT sk, k, sum(v) AS s, count(*) AS c FROM {t} GROUP BY sk, k)",
     "SELECT count(*) FROM {t} WHERE k IN (SELECT k FROM dim WHERE name LIKE '%1%')",
@@ -721,6 +728,30 @@ fn set_lasts_for_its_connection_only() {
     assert!(other.contains("strategy=initiator_merge"), "{other}");
     let err = c.sql_err(0, "SET distributed_aggregation = 'sideways'");
     assert!(err.contains("initiator") && err.contains("shuffle"), "{err}");
+}
+
+#[test]
+fn a_where_pinning_the_shard_key_reads_only_its_shards() {
+    let c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE pk (k BIGINT, v BIGINT) WITH (shard_key = 'k', shards = 6)");
+    c.sql(0, "INSERT INTO pk SELECT value, value % 10 FROM generate_series(1, 6000)");
+    let explain = |sql: &str| c.sql(1, &format!("EXPLAIN {sql}")).concat().concat();
+    let point = "SELECT v, count(*) FROM pk WHERE k = 42 GROUP BY v";
+    let plan = explain(point);
+    // The one shard 42 is placed on (shard 1 of 6 by the placement spec's golden value), in as
+    // many slices as the node has threads.
+    assert!(plan.contains("shards=[1@[1]]") && plan.contains("of 6 (optimize_skip_unused_shards"), "{plan}");
+    assert_eq!(c.sql(2, point), vec![vec!["2".to_string(), "1".to_string()]]);
+    let plan = explain("SELECT count(*) FROM pk WHERE k IN (1, 2) SETTINGS distributed_aggregation = 'shuffle'");
+    assert!(!plan.contains("fragments=6") && plan.contains("optimize_skip_unused_shards"), "{plan}");
+    // Off, or a WHERE that does not pin the key: every shard.
+    let plan = explain(&format!("{point} SETTINGS optimize_skip_unused_shards = 0"));
+    assert!(plan.contains("fragments=6") && !plan.contains("optimize_skip_unused_shards"), "{plan}");
+    let plan = explain("SELECT count(*) FROM pk WHERE k > 42 OR v = 1");
+    assert!(plan.contains("fragments=6"), "{plan}");
+    // Modes 1 and 2 run the complete query on every shard, as defined.
+    let per_shard = c.sql(0, "SELECT count(*) FROM pk WHERE k = 42 SETTINGS distributed_group_by_no_merge = 1");
+    assert_eq!(per_shard.len(), 6, "{per_shard:?}");
 }
 
 #[test]
