@@ -14,6 +14,7 @@
 //! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
 //! ([`params`]).
 
+mod copy_out;
 mod encode;
 mod errors;
 mod params;
@@ -30,7 +31,7 @@ use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use futures::{Sink, StreamExt, TryStreamExt, future, stream};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{DescribePortalResponse, FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::{CopyResponse, DescribePortalResponse, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
@@ -160,6 +161,8 @@ enum Kind {
     IgnoredSet,
     /// `DEALLOCATE [PREPARE] name | ALL` (psycopg sends it on rollback).
     Deallocate,
+    /// `COPY ... TO STDOUT` ([`copy_out`]; psql's `\copy`).
+    Copy,
     /// Anything the engine runs.
     Sql,
 }
@@ -213,6 +216,7 @@ fn kind_of(sql: &str) -> Kind {
         "COMMIT" | "END" => Kind::Commit,
         "ROLLBACK" | "ABORT" => Kind::Rollback,
         "DEALLOCATE" => Kind::Deallocate,
+        "COPY" => Kind::Copy,
         "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
         _ => Kind::Sql,
     }
@@ -281,6 +285,13 @@ impl Handler {
             Kind::Rollback => return Ok(Response::TransactionEnd(Tag::new("ROLLBACK"))),
             Kind::IgnoredSet => return Ok(Response::Execution(Tag::new("SET"))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
+            Kind::Copy => {
+                let copy = copy_out::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT".into()))?;
+                let planned = self.engine.plan(&copy.query, &self.session).await.map_err(pg_error)?;
+                let columns = planned.schema().fields().len();
+                let results = self.engine.execute(planned).await.map_err(pg_error)?;
+                return Ok(Response::CopyOut(CopyResponse::new(0, columns, copy.data(results))));
+            }
             Kind::Sql => {}
         }
         let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;

@@ -103,6 +103,24 @@ fn psql_and_psycopg_end_to_end() {
     assert_eq!(stdout, "1\n");
     assert!(stderr.contains("42P01") && stderr.contains("nosuch"), "{stderr}");
 
+    // psql's \copy to a file: COPY ... TO STDOUT, CSV with a header or PostgreSQL's text format.
+    let csv = dir.path().join("sales.csv");
+    let txt = dir.path().join("sales.txt");
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args([
+        "-c",
+        &format!("\\copy (SELECT id, region, amount FROM sales ORDER BY id) TO '{}' CSV HEADER", csv.display()),
+    ])
+    .args(["-c", &format!("\\copy sales (id, day) TO '{}'", txt.display())])
+    .args(["-c", "COPY sales FROM STDIN"]);
+    let out = run_with_timeout(c, T);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.starts_with("COPY 3\nCOPY 3\n") && stderr.contains("only COPY ... TO STDOUT"), "{stdout} {stderr}");
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), "id,region,amount\n1,eu,10.5\n2,us,20.0\n3,eu,\n");
+    let mut lines: Vec<String> = std::fs::read_to_string(&txt).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(lines, ["1\t2024-01-01", "2\t2024-01-02", "3\t\\N"]);
+
     // Wrong database and unknown user: FATAL errors at connect.
     let out = run_with_timeout(psql(&pg0, "default", "postgres"), T);
     assert!(text(&out).1.contains("database \"postgres\" does not exist"), "{}", text(&out).1);
