@@ -60,6 +60,9 @@ pub const SHOW_TABLES_SQL: &str =
 
 /// Recognises `SYSTEM FLUSH DISTRIBUTED t` and `FLUSH TABLE t`, which no SQL parser knows.
 pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    if !crate::sql_text::mentions(sql, "flush") {
+        return Ok(None);
+    }
     let words = settings::leading_words(sql, 5)?;
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     let table = match words.as_slice() {
@@ -76,6 +79,9 @@ pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
 
 /// `KILL QUERY WHERE query_id = '...'` (ClickHouse's form), if `sql` is one.
 pub fn kill_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    if !crate::sql_text::mentions(sql, "kill") {
+        return Ok(None);
+    }
     let words = settings::leading_words(sql, 7)?;
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {

@@ -11,6 +11,7 @@ use datafusion::sql::sqlparser::tokenizer::Token;
 
 use crate::error::QueryError;
 use crate::settings::{byte_offset, significant, starts_settings_clause, tokens};
+use crate::sql_text::mentions;
 
 /// An output format a `FORMAT` clause can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,9 @@ impl ClauseFormat {
 /// Takes a trailing `FORMAT name` off `sql` (before or after a `SETTINGS` clause): the statement
 /// without it, and the format if there was one.
 pub fn split_format_clause(sql: &str) -> Result<(String, Option<ClauseFormat>), QueryError> {
+    if !mentions(sql, "format") {
+        return Ok((sql.to_string(), None));
+    }
     let all = tokens(sql)?;
     let mut toks = significant(&all);
     if toks.last().is_some_and(|t| t.token == Token::SemiColon) {

@@ -278,6 +278,9 @@ pub(crate) fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
 /// and not as part of a qualified name: `FROM system.settings`, a column or table named
 /// `settings` and `SHOW SETTINGS` are left to the SQL parser.
 pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>), QueryError> {
+    if !crate::sql_text::mentions(sql, "settings") {
+        return Ok((sql.to_string(), Vec::new()));
+    }
     let all = tokens(sql)?;
     let toks = significant(&all);
     let mut depth = 0i32;
@@ -376,6 +379,9 @@ fn setting_pair(item: &[&TokenWithSpan]) -> Result<(String, String), QueryError>
 /// `SET insert_quorum = 1` becomes `SET shardwise.insert_quorum = 1`; other statements are
 /// returned unchanged.
 pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
+    if !crate::sql_text::mentions(sql, "set") {
+        return Ok(sql.to_string());
+    }
     let all = tokens(sql)?;
     let toks = significant(&all);
     let is_set = matches!(toks.first().map(|t| &t.token),

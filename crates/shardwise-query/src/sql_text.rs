@@ -29,6 +29,14 @@ pub fn identifier(name: &str) -> String {
     }
 }
 
+/// True when `sql` holds `word` (ASCII, any case) anywhere: a cheap test that lets the checks
+/// for statements shardwise recognises itself (`SHOW SETTINGS`, a `FORMAT` clause) skip
+/// tokenizing a statement that cannot be one, such as a long `INSERT ... VALUES`.
+pub fn mentions(sql: &str, word: &str) -> bool {
+    let word = word.as_bytes();
+    !word.is_empty() && sql.as_bytes().windows(word.len()).any(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// True for the words sqlparser keeps from being a bare alias or name (`order`, `select`,
 /// `from`...); other keywords (`id`, `day`, `name`) are fine bare.
 fn is_reserved(word: &str) -> bool {
@@ -44,6 +52,13 @@ fn is_reserved(word: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mentions_is_an_ascii_case_insensitive_substring_test() {
+        assert!(mentions("SELECT 1 FORMAT CSV", "format") && mentions("reset x", "set"));
+        assert!(!mentions("SELECT 1", "format") && !mentions("", "kill") && !mentions("kill", ""));
+        assert!(mentions("SELECT 'é' FROM système.Settings", "settings"));
+    }
 
     #[test]
     fn names_are_quoted_only_when_they_must_be() {

@@ -19,11 +19,11 @@ use datafusion::common::config::{ConfigEntry, ConfigOptions};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use datafusion::sql::sqlparser::tokenizer::Token;
 
 use crate::error::QueryError;
-use crate::sql_text::string_literal;
+use crate::settings::{significant, tokens};
+use crate::sql_text::{mentions, string_literal};
 use crate::system_tables::ScanFuture;
 
 /// Name of the table in the `system` schema.
@@ -103,11 +103,12 @@ impl TableProvider for SettingsTable {
 
 /// The query `SHOW [CHANGED] SETTINGS [LIKE | ILIKE 'pattern']` runs, if `sql` is one.
 pub fn show_settings_query(sql: &str) -> Result<Option<String>, QueryError> {
-    let tokens = Tokenizer::new(&GenericDialect {}, sql)
-        .tokenize()
-        .map_err(|e| QueryError::Rejected(format!("cannot read the statement: {e}")))?;
-    let tokens: Vec<Token> =
-        tokens.into_iter().filter(|t| !matches!(t, Token::Whitespace(_) | Token::EOF | Token::SemiColon)).collect();
+    if !mentions(sql, "settings") {
+        return Ok(None);
+    }
+    let all = tokens(sql)?;
+    let tokens: Vec<&Token> =
+        significant(&all).into_iter().map(|t| &t.token).filter(|t| **t != Token::SemiColon).collect();
     let word = |i: usize| match tokens.get(i) {
         Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
         _ => None,
@@ -124,7 +125,7 @@ pub fn show_settings_query(sql: &str) -> Result<Option<String>, QueryError> {
     if changed {
         conditions.push("changed".to_string());
     }
-    match (word(at + 1).as_deref(), tokens.get(at + 2), tokens.len() - at) {
+    match (word(at + 1).as_deref(), tokens.get(at + 2).copied(), tokens.len() - at) {
         (None, None, 1) => {}
         (Some(op @ ("like" | "ilike")), Some(Token::SingleQuotedString(pattern)), 3) => {
             conditions.push(format!("name {} {}", op.to_ascii_uppercase(), string_literal(pattern)));
