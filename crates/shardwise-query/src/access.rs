@@ -27,6 +27,25 @@ pub struct InsertOptions {
     pub foreground: bool,
 }
 
+impl InsertOptions {
+    /// The options a statement's settings give an insert (`insert_id`, `insert_quorum`,
+    /// `distributed_foreground_insert`).
+    pub fn from_settings(settings: &crate::settings::ShardwiseSettings) -> datafusion::error::Result<InsertOptions> {
+        Ok(InsertOptions {
+            insert_id: Some(settings.insert_id.clone()).filter(|id| !id.is_empty()),
+            insert_quorum: match settings.insert_quorum {
+                0 => None,
+                q => Some(u32::try_from(q).map_err(|_| {
+                    datafusion::error::DataFusionError::Configuration(format!(
+                        "insert_quorum = {q} is larger than any replica count"
+                    ))
+                })?),
+            },
+            foreground: settings.distributed_foreground_insert.0,
+        })
+    }
+}
+
 /// One row of `system.shards`: one replica of one shard of one table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardReplicaRow {

@@ -20,7 +20,7 @@ use futures::TryStreamExt;
 use shardwise_cluster::ClusterView;
 use shardwise_storage::{CatalogOp, TableDef};
 
-use crate::access::TableAccess;
+use crate::access::{InsertOptions, TableAccess};
 use crate::ddl::{self, Classified, Command};
 use crate::dist::estimate::GroupEstimates;
 use crate::dist::{
@@ -259,6 +259,22 @@ impl QueryEngine {
         let rank = self.rank;
         // On the query runtime: stage 1, started by the first request, runs there.
         Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank) }).await?)
+    }
+
+    /// Inserts rows read outside SQL (PostgreSQL's `COPY ... FROM STDIN`) into `table`, as an
+    /// `INSERT` would under `session`'s settings; `batches` have the table's columns. The rows
+    /// stored.
+    pub async fn insert_batches(
+        &self,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        session: &Arc<Session>,
+    ) -> Result<u64, QueryError> {
+        let access = self.access("COPY ... FROM STDIN")?;
+        let mut state = self.ctx.state();
+        session.apply(state.config_mut().options_mut())?;
+        let opts = InsertOptions::from_settings(&settings::current(state.config_options()))?;
+        access.insert(table, batches, opts).await
     }
 
     /// Parses and plans one statement of `session` without executing anything: the node's

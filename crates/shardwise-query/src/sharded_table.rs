@@ -164,17 +164,7 @@ impl TableProvider for ShardedTable {
             )));
         }
         self.schema.logically_equivalent_names_and_types(&input.schema())?;
-        let current = settings::current(state.config_options());
-        let opts = InsertOptions {
-            insert_id: Some(current.insert_id).filter(|id| !id.is_empty()),
-            insert_quorum: match current.insert_quorum {
-                0 => None,
-                q => Some(u32::try_from(q).map_err(|_| {
-                    DataFusionError::Configuration(format!("insert_quorum = {q} is larger than any replica count"))
-                })?),
-            },
-            foreground: current.distributed_foreground_insert.0,
-        };
+        let opts = InsertOptions::from_settings(&settings::current(state.config_options()))?;
         let sink = InsertSink {
             table: self.name.clone(),
             schema: Arc::clone(&self.schema),

@@ -2,8 +2,8 @@
 //! 'file'` sends: the rows stream to the client as PostgreSQL's text format (tab-separated, `\N`
 //! for NULL, backslash escapes) or, with `CSV` / `FORMAT csv`, as CSV (NULL an empty field, an
 //! empty string `""`), with a header row on request. Values are written as PostgreSQL writes them
-//! (`t`/`f`, `2024-01-31 10:00:00`, lists as `[1, 2]`). `COPY ... FROM STDIN` and `COPY` to or
-//! from a server file are refused with what to use instead.
+//! (`t`/`f`, `2024-01-31 10:00:00`, lists as `[1, 2]`). `COPY ... FROM STDIN` is
+//! [`super::copy_in`]'s; `COPY` to or from a server file is refused.
 
 use std::sync::Arc;
 
@@ -34,13 +34,23 @@ pub struct CopyOut {
     null: String,
 }
 
+/// A `COPY` statement shardwise runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Copy {
+    /// `COPY ... TO STDOUT`.
+    Out(CopyOut),
+    /// `COPY table [(columns)] FROM STDIN`: the table, the columns named (empty: all), and the
+    /// format, read as [`CopyOut`] would write it.
+    In { table: String, columns: Vec<String>, format: CopyOut },
+}
+
 fn refused(message: String) -> PgWireError {
     pg_error(QueryError::Unsupported(message))
 }
 
-/// The `COPY` in `sql`, if it is one: `Some` for `COPY ... TO STDOUT`, an error for the other
-/// forms, `None` for any other statement.
-pub fn parse(sql: &str) -> PgWireResult<Option<CopyOut>> {
+/// The `COPY` in `sql`, if it is one: `COPY ... TO STDOUT` or `COPY t FROM STDIN`; an error for
+/// the other forms; `None` for any other statement.
+pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
     let first = sql.trim_start().get(..4).unwrap_or("");
     if !first.eq_ignore_ascii_case("copy") {
         return Ok(None);
@@ -50,14 +60,16 @@ pub fn parse(sql: &str) -> PgWireResult<Option<CopyOut>> {
     let [SqlStatement::Copy { source, to, target, options, legacy_options, .. }] = statements.as_slice() else {
         return Ok(None);
     };
-    if !to || *target != CopyTarget::Stdout {
+    let expected = if *to { CopyTarget::Stdout } else { CopyTarget::Stdin };
+    if *target != expected {
         return Err(refused(
-            "COPY: only COPY ... TO STDOUT (psql's \\copy ... to 'file'); load rows with INSERT or \
-             `shardwise load --connect HOST:PORT TABLE FILE`, and nothing reads or writes server files"
+            "COPY: only COPY ... TO STDOUT and COPY table FROM STDIN (psql's \\copy); nothing reads or \
+             writes server files"
                 .into(),
         ));
     }
     let query = match source {
+        CopySource::Query(_) if !to => return Err(refused("COPY FROM STDIN loads a table, not a query".into())),
         CopySource::Query(query) => query.to_string(),
         CopySource::Table { table_name, columns } if columns.is_empty() => format!("SELECT * FROM {table_name}"),
         CopySource::Table { table_name, columns } => {
@@ -100,7 +112,39 @@ pub fn parse(sql: &str) -> PgWireResult<Option<CopyOut>> {
     if matches!(copy.delimiter, '\n' | '\r' | '\\' | '"') {
         return Err(refused(format!("COPY delimiter {:?} cannot be used", copy.delimiter)));
     }
-    Ok(Some(copy))
+    match source {
+        CopySource::Table { table_name, columns } if !to => Ok(Some(Copy::In {
+            table: table_name.to_string(),
+            // Unquoted names fold to lower case, as everywhere in DataFusion.
+            columns: columns
+                .iter()
+                .map(|c| if c.quote_style.is_some() { c.value.clone() } else { c.value.to_lowercase() })
+                .collect(),
+            format: copy,
+        })),
+        _ => Ok(Some(Copy::Out(copy))),
+    }
+}
+
+impl CopyOut {
+    /// Text (`false`) or CSV.
+    pub fn csv(&self) -> bool {
+        self.csv
+    }
+
+    /// Whether the first line is a header.
+    pub fn header(&self) -> bool {
+        self.header
+    }
+
+    pub fn delimiter(&self) -> char {
+        self.delimiter
+    }
+
+    /// What stands for NULL.
+    pub fn null(&self) -> &str {
+        &self.null
+    }
 }
 
 impl CopyOut {
@@ -222,7 +266,10 @@ mod tests {
     use super::*;
 
     fn copy(sql: &str) -> CopyOut {
-        parse(sql).unwrap().unwrap()
+        match parse(sql).unwrap().unwrap() {
+            Copy::Out(c) => c,
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -237,7 +284,15 @@ mod tests {
         let c = copy("COPY t TO STDOUT");
         assert_eq!((c.query.as_str(), c.csv, c.delimiter, c.null.as_str()), ("SELECT * FROM t", false, '\t', "\\N"));
         assert_eq!(parse("SELECT 1").unwrap(), None);
-        for bad in ["COPY t FROM STDIN", "COPY t TO '/tmp/x'", "COPY t TO STDOUT (FORMAT binary, FREEZE)"] {
+        let Some(Copy::In { table, columns, format }) = parse("COPY t (a, \"B\") FROM STDIN CSV HEADER").unwrap()
+        else {
+            panic!("COPY FROM STDIN")
+        };
+        assert_eq!(
+            (table.as_str(), columns, format.csv, format.header),
+            ("t", vec!["a".into(), "B".into()], true, true)
+        );
+        for bad in ["COPY t FROM '/tmp/x'", "COPY t TO '/tmp/x'", "COPY t TO STDOUT (FORMAT binary, FREEZE)"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

@@ -14,6 +14,7 @@
 //! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
 //! ([`params`]).
 
+mod copy_in;
 mod copy_out;
 mod encode;
 mod errors;
@@ -28,7 +29,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-use futures::{Sink, StreamExt, TryStreamExt, future, stream};
+use futures::{Sink, SinkExt, StreamExt, TryStreamExt, future, stream};
+use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{CopyResponse, DescribePortalResponse, FieldInfo, QueryResponse, Response, Tag};
@@ -37,6 +39,7 @@ use pgwire::api::store::PortalStore;
 use pgwire::api::{ClientInfo, ClientPortalStore, PgWireServerHandlers, Type};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail};
 use shardwise_query::sql_split::split_statements;
 use shardwise_query::{QueryEngine, QueryError, Session};
 use tokio::net::TcpListener;
@@ -117,7 +120,7 @@ struct Connection {
 impl Connection {
     fn new(engine: Arc<QueryEngine>, startup: Arc<startup::Startup>) -> Connection {
         let session = Arc::new(Session::new());
-        Connection { handler: Arc::new(Handler { engine, session }), startup }
+        Connection { handler: Arc::new(Handler { engine, session, copy_in: Default::default() }), startup }
     }
 }
 
@@ -133,12 +136,18 @@ impl PgWireServerHandlers for Connection {
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
         Arc::clone(&self.startup)
     }
+
+    fn copy_handler(&self) -> Arc<impl CopyHandler> {
+        Arc::clone(&self.handler)
+    }
 }
 
 /// Runs statements in the connection's session.
 struct Handler {
     engine: Arc<QueryEngine>,
     session: Arc<Session>,
+    /// The `COPY ... FROM STDIN` whose data is arriving, if any.
+    copy_in: std::sync::Mutex<Option<copy_in::PendingCopyIn>>,
 }
 
 /// A statement of the extended protocol: its SQL and, once planned, its result columns.
@@ -255,6 +264,42 @@ fn affected_rows(batches: &[RecordBatch]) -> usize {
 }
 
 impl Handler {
+    /// `COPY ... TO STDOUT` streams the query's rows; `COPY t FROM STDIN` checks the table and
+    /// its columns, then waits for the data ([`CopyHandler`] below).
+    async fn copy(&self, sql: &str) -> PgWireResult<Response> {
+        match copy_out::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT or FROM STDIN".into()))? {
+            copy_out::Copy::Out(copy) => {
+                let planned = self.engine.plan(&copy.query, &self.session).await.map_err(pg_error)?;
+                let columns = planned.schema().fields().len();
+                let results = self.engine.execute(planned).await.map_err(pg_error)?;
+                Ok(Response::CopyOut(CopyResponse::new(0, columns, copy.data(results))))
+            }
+            copy_out::Copy::In { table, columns, format } => {
+                let probe = format!("SELECT * FROM {table} LIMIT 0");
+                let schema = self.engine.plan(&probe, &self.session).await.map_err(pg_error)?.schema();
+                let indices: Vec<usize> = match columns.is_empty() {
+                    true => (0..schema.fields().len()).collect(),
+                    false => columns
+                        .iter()
+                        .map(|c| {
+                            schema.index_of(c).map_err(|_| {
+                                pg_error(QueryError::Rejected(format!("COPY {table}: no column {c:?} in {table}")))
+                            })
+                        })
+                        .collect::<PgWireResult<_>>()?,
+                };
+                let width = indices.len();
+                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format);
+                *self.copy_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
+                Ok(Response::CopyIn(CopyResponse::new(0, width, stream::empty())))
+            }
+        }
+    }
+
+    fn take_copy_in(&self) -> Option<copy_in::PendingCopyIn> {
+        self.copy_in.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Plans a statement of the extended protocol for its result columns. A statement with
     /// parameters is planned with NULL for each (typed as the client declared), which gives its
     /// columns without its values.
@@ -285,13 +330,7 @@ impl Handler {
             Kind::Rollback => return Ok(Response::TransactionEnd(Tag::new("ROLLBACK"))),
             Kind::IgnoredSet => return Ok(Response::Execution(Tag::new("SET"))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
-            Kind::Copy => {
-                let copy = copy_out::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT".into()))?;
-                let planned = self.engine.plan(&copy.query, &self.session).await.map_err(pg_error)?;
-                let columns = planned.schema().fields().len();
-                let results = self.engine.execute(planned).await.map_err(pg_error)?;
-                return Ok(Response::CopyOut(CopyResponse::new(0, columns, copy.data(results))));
-            }
+            Kind::Copy => return self.copy(sql).await,
             Kind::Sql => {}
         }
         let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
@@ -321,6 +360,46 @@ impl Handler {
         }
         let collected: Vec<_> = rows.try_collect().await?;
         Ok(Response::Query(QueryResponse::new(fields, stream::iter(collected.into_iter().map(Ok)))))
+    }
+}
+
+#[async_trait]
+impl CopyHandler for Handler {
+    async fn on_copy_data<C>(&self, _client: &mut C, copy_data: CopyData) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if let Some(pending) = self.copy_in.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            pending.push(&copy_data.data);
+        }
+        Ok(())
+    }
+
+    /// The data is complete: checked whole, then inserted; `COPY n` names the rows stored.
+    async fn on_copy_done<C>(&self, client: &mut C, _done: CopyDone) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let pending = self.take_copy_in().ok_or_else(|| syntax_error("COPY data without a COPY FROM STDIN".into()))?;
+        let batch = pending.batch().map_err(pg_error)?;
+        let rows = self.engine.insert_batches(&pending.table, vec![batch], &self.session).await.map_err(pg_error)?;
+        let tag = Tag::new("COPY").with_rows(usize::try_from(rows).unwrap_or(usize::MAX));
+        client.send(PgWireBackendMessage::CommandComplete(tag.into())).await?;
+        Ok(())
+    }
+
+    async fn on_copy_fail<C>(&self, _client: &mut C, fail: CopyFail) -> PgWireError
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let table = self.take_copy_in().map(|p| p.table).unwrap_or_default();
+        pg_error(QueryError::Rejected(format!("COPY {table} stopped by the client, nothing stored: {}", fail.message)))
     }
 }
 
@@ -397,7 +476,11 @@ impl ExtendedQueryHandler for Handler {
     type QueryParser = Handler;
 
     fn query_parser(&self) -> Arc<Handler> {
-        Arc::new(Handler { engine: Arc::clone(&self.engine), session: Arc::clone(&self.session) })
+        Arc::new(Handler {
+            engine: Arc::clone(&self.engine),
+            session: Arc::clone(&self.session),
+            copy_in: Default::default(),
+        })
     }
 
     async fn do_query<C>(&self, client: &mut C, portal: &Portal<Statement>, _max_rows: usize) -> PgWireResult<Response>

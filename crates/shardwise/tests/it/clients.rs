@@ -112,14 +112,29 @@ fn psql_and_psycopg_end_to_end() {
         &format!("\\copy (SELECT id, region, amount FROM sales ORDER BY id) TO '{}' CSV HEADER", csv.display()),
     ])
     .args(["-c", &format!("\\copy sales (id, day) TO '{}'", txt.display())])
-    .args(["-c", "COPY sales FROM STDIN"]);
+    .args(["-c", "COPY sales TO '/tmp/server-side-file'"]);
     let out = run_with_timeout(c, T);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.starts_with("COPY 3\nCOPY 3\n") && stderr.contains("only COPY ... TO STDOUT"), "{stdout} {stderr}");
+    assert!(stdout.starts_with("COPY 3\nCOPY 3\n") && stderr.contains("server files"), "{stdout} {stderr}");
     assert_eq!(std::fs::read_to_string(&csv).unwrap(), "id,region,amount\n1,eu,10.5\n2,us,20.0\n3,eu,\n");
     let mut lines: Vec<String> = std::fs::read_to_string(&txt).unwrap().lines().map(String::from).collect();
     lines.sort();
     assert_eq!(lines, ["1\t2024-01-01", "2\t2024-01-02", "3\t\\N"]);
+    // ... and back: \copy from a file (COPY ... FROM STDIN), checked whole before it is stored.
+    std::fs::write(&csv, "id,region,amount\n7,\"asia, east\",1.5\n8,,\n").unwrap();
+    std::fs::write(&txt, "9\tbad\tnot a number\n").unwrap();
+    let mut c = psql(&pg1, "default", "shardwise");
+    c.args(["-c", "CREATE TABLE imports (id BIGINT, region VARCHAR, amount DOUBLE) WITH (shard_key = 'id')"])
+        .args(["-c", &format!("\\copy imports FROM '{}' CSV HEADER", csv.display())])
+        .args(["-c", &format!("\\copy imports (id, region, amount) FROM '{}'", txt.display())]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert!(
+        stdout.starts_with("CREATE TABLE\nCOPY 2\n") && stderr.contains("line 1, column amount"),
+        "{stdout} {stderr}"
+    );
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "SELECT id, region, amount FROM imports ORDER BY id"]);
+    assert_eq!(text(&run_with_timeout(c, T)).0, "7|asia, east|1.5\n8||\n");
 
     // Wrong database and unknown user: FATAL errors at connect.
     let out = run_with_timeout(psql(&pg0, "default", "postgres"), T);

@@ -1,0 +1,227 @@
+//! `COPY table [(columns)] FROM STDIN`, what psql's `\copy table from 'file.csv' csv header`
+//! sends: the client streams the rows after the statement, in PostgreSQL's text format or CSV
+//! (the options of [`super::copy_out`]), and they are stored as one `INSERT` of them would be.
+//!
+//! As everywhere in shardwise, the input is checked whole before anything is written: the data is
+//! held (up to [`COPY_IN_MAX_BYTES`]), every line is split and every value converted to its
+//! column's type, and only then are the rows inserted. A bad line is an error that names its line
+//! and column, and the table is unchanged. Columns the statement does not name are NULL. In CSV an
+//! empty field is NULL, quoted or not (PostgreSQL keeps a quoted `""` as an empty string);
+//! a line `\.` ends the data, as in PostgreSQL.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray, new_null_array};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::util::display::FormatOptions;
+use shardwise_query::QueryError;
+
+use super::copy_out::CopyOut;
+
+/// Most bytes of COPY data one statement may send; the rows are held until the last arrives.
+pub const COPY_IN_MAX_BYTES: usize = 256 << 20;
+
+/// One line of COPY data: its line number and its fields (`None`: NULL).
+type Row = (u64, Vec<Option<String>>);
+
+/// A `COPY ... FROM STDIN` whose data is arriving.
+#[derive(Debug)]
+pub struct PendingCopyIn {
+    pub table: String,
+    /// The table's columns, in order.
+    pub table_schema: SchemaRef,
+    /// Indices into the table's columns of the columns the data holds, in the data's order.
+    pub columns: Vec<usize>,
+    pub format: CopyOut,
+    data: Vec<u8>,
+    /// Set when the data went past [`COPY_IN_MAX_BYTES`]; the rest is dropped.
+    too_large: bool,
+}
+
+impl PendingCopyIn {
+    pub fn new(table: String, table_schema: SchemaRef, columns: Vec<usize>, format: CopyOut) -> Self {
+        PendingCopyIn { table, table_schema, columns, format, data: Vec::new(), too_large: false }
+    }
+
+    /// Takes one CopyData message.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.too_large || self.data.len() + bytes.len() > COPY_IN_MAX_BYTES {
+            self.too_large = true;
+            self.data = Vec::new();
+            return;
+        }
+        self.data.extend_from_slice(bytes);
+    }
+
+    /// The rows received, as one batch of the table's columns; or what is wrong with them.
+    pub fn batch(&self) -> Result<RecordBatch, QueryError> {
+        if self.too_large {
+            return Err(bad(format!(
+                "COPY {}: more than {} MiB of data (COPY_IN_MAX_BYTES); load large files with `shardwise load`",
+                self.table,
+                COPY_IN_MAX_BYTES >> 20
+            )));
+        }
+        let text = std::str::from_utf8(&self.data)
+            .map_err(|e| bad(format!("COPY {}: the data is not UTF-8 ({e})", self.table)))?;
+        let rows = if self.format.csv() { self.csv_rows(text)? } else { self.text_rows(text)? };
+        let width = self.columns.len();
+        for (line, fields) in &rows {
+            if fields.len() != width {
+                return Err(bad(format!(
+                    "COPY {} line {line}: {} fields, the statement names {width} column(s)",
+                    self.table,
+                    fields.len()
+                )));
+            }
+        }
+        let mut columns: Vec<ArrayRef> =
+            self.table_schema.fields().iter().map(|f| new_null_array(f.data_type(), rows.len())).collect();
+        let options = CastOptions { safe: false, format_options: FormatOptions::default() };
+        for (i, &column) in self.columns.iter().enumerate() {
+            let field = self.table_schema.field(column);
+            let text: StringArray = rows.iter().map(|(_, fields)| fields[i].as_deref()).collect();
+            columns[column] = cast_with_options(&text, field.data_type(), &options).map_err(|e| {
+                // Name the first value that does not convert.
+                let at = (0..text.len())
+                    .find(|&r| cast_with_options(&text.slice(r, 1), field.data_type(), &options).is_err());
+                match at {
+                    Some(r) => bad(format!(
+                        "COPY {} line {}, column {}: {:?} is not a {} ({e})",
+                        self.table,
+                        rows[r].0,
+                        field.name(),
+                        text.value(r),
+                        field.data_type()
+                    )),
+                    None => bad(format!("COPY {}, column {}: {e}", self.table, field.name())),
+                }
+            })?;
+        }
+        RecordBatch::try_new(Arc::clone(&self.table_schema), columns)
+            .map_err(|e| bad(format!("COPY {}: {e}", self.table)))
+    }
+
+    /// CSV records with their line numbers; an empty field is NULL.
+    fn csv_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
+        let delimiter = u8::try_from(self.format.delimiter())
+            .map_err(|_| bad(format!("COPY {}: a CSV delimiter must be one byte", self.table)))?;
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(self.format.header())
+            .delimiter(delimiter)
+            .flexible(true)
+            .from_reader(text.as_bytes());
+        let mut rows = Vec::new();
+        for record in reader.records() {
+            let record = record.map_err(|e| bad(format!("COPY {}: {e}", self.table)))?;
+            let line = record.position().map(|p| p.line()).unwrap_or(0);
+            if record.len() == 1 && record.get(0) == Some("\\.") {
+                break;
+            }
+            let null = self.format.null();
+            rows.push((line, record.iter().map(|f| (!f.is_empty() && f != null).then(|| f.to_string())).collect()));
+        }
+        Ok(rows)
+    }
+
+    /// PostgreSQL's text format: one line per row, fields split by the delimiter, backslash
+    /// escapes, `\N` (or the NULL option) for NULL.
+    fn text_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
+        let mut rows = Vec::new();
+        let skip = usize::from(self.format.header());
+        for (i, line) in text.lines().enumerate().skip(skip) {
+            if line == "\\." {
+                break;
+            }
+            rows.push((i as u64 + 1, self.text_fields(line)));
+        }
+        Ok(rows)
+    }
+
+    fn text_fields(&self, line: &str) -> Vec<Option<String>> {
+        let (delimiter, null) = (self.format.delimiter(), self.format.null());
+        let mut fields = Vec::new();
+        let (mut raw, mut value) = (String::new(), String::new());
+        let mut chars = line.chars();
+        let mut end_field = |raw: &mut String, value: &mut String| {
+            fields.push((raw.as_str() != null).then(|| value.clone()));
+            raw.clear();
+            value.clear();
+        };
+        while let Some(c) = chars.next() {
+            if c == delimiter {
+                end_field(&mut raw, &mut value);
+                continue;
+            }
+            raw.push(c);
+            if c != '\\' {
+                value.push(c);
+                continue;
+            }
+            let Some(e) = chars.next() else { break };
+            raw.push(e);
+            value.push(match e {
+                'n' => '\n',
+                'r' => '\r',
+                't' => '\t',
+                'b' => '\u{8}',
+                'f' => '\u{c}',
+                'v' => '\u{b}',
+                other => other,
+            });
+        }
+        end_field(&mut raw, &mut value);
+        fields
+    }
+}
+
+fn bad(message: String) -> QueryError {
+    QueryError::Rejected(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    use super::super::copy_out::{Copy, parse};
+    use super::*;
+
+    fn pending(sql: &str, columns: Vec<usize>, data: &str) -> PendingCopyIn {
+        let Some(Copy::In { format, .. }) = parse(sql).unwrap() else { panic!("{sql}") };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("b", DataType::Boolean, true),
+        ]));
+        let mut p = PendingCopyIn::new("t".into(), schema, columns, format);
+        p.push(data.as_bytes());
+        p
+    }
+
+    #[test]
+    fn csv_and_text_rows_become_the_tables_columns() {
+        let batch = pending("COPY t FROM STDIN CSV HEADER", vec![0, 1, 2], "id,s,b\n1,\"a,b\",t\n2,,f\n\\.\n9,x,t\n")
+            .batch()
+            .unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        assert_eq!(batch.column(0).as_primitive::<Int64Type>(), &Int64Array::from(vec![1, 2]));
+        assert_eq!((batch.column(1).as_string::<i32>().value(0), batch.column(1).is_null(1)), ("a,b", true));
+        let batch = pending("COPY t (s, id) FROM STDIN", vec![1, 0], "a\\tb\\\\\t7\n\\N\t8\n").batch().unwrap();
+        assert_eq!(batch.column(1).as_string::<i32>().value(0), "a\tb\\");
+        assert!(batch.column(1).is_null(1) && batch.column(2).is_null(0), "unnamed columns are NULL");
+        assert_eq!(batch.column(0).as_primitive::<Int64Type>().value(1), 8);
+    }
+
+    #[test]
+    fn a_bad_line_is_named() {
+        let err = pending("COPY t FROM STDIN CSV", vec![0, 1, 2], "1,a,t\n2,b,maybe\n").batch().unwrap_err();
+        assert!(err.to_string().contains("line 2, column b: \"maybe\""), "{err}");
+        let err = pending("COPY t FROM STDIN", vec![0, 1, 2], "1\ta\n").batch().unwrap_err();
+        assert!(err.to_string().contains("line 1: 2 fields"), "{err}");
+        let mut big = pending("COPY t FROM STDIN", vec![0], "");
+        big.push(&vec![b'1'; COPY_IN_MAX_BYTES + 1]);
+        assert!(big.batch().unwrap_err().to_string().contains("COPY_IN_MAX_BYTES"));
+    }
+}
