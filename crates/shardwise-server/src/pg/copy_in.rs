@@ -1,6 +1,6 @@
 //! `COPY table [(columns)] FROM STDIN`, what psql's `\copy table from 'file.csv' csv header`
 //! sends: the client streams the rows after the statement, in PostgreSQL's text format or CSV
-//! (the options of [`super::copy_out`]), and they are stored as one `INSERT` of them would be.
+//! (the options of [`super::copy`]), and they are stored as one `INSERT` of them would be.
 //!
 //! As everywhere in shardwise, the input is checked whole before anything is written: the data is
 //! held (up to [`COPY_IN_MAX_BYTES`]), every line is split and every value converted to its
@@ -17,7 +17,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::util::display::FormatOptions;
 use shardwise_query::QueryError;
 
-use super::copy_out::CopyOut;
+use super::copy::CopyFormat;
 
 /// Most bytes of COPY data one statement may send; the rows are held until the last arrives.
 pub const COPY_IN_MAX_BYTES: usize = 256 << 20;
@@ -33,14 +33,14 @@ pub struct PendingCopyIn {
     pub table_schema: SchemaRef,
     /// Indices into the table's columns of the columns the data holds, in the data's order.
     pub columns: Vec<usize>,
-    pub format: CopyOut,
+    pub format: CopyFormat,
     data: Vec<u8>,
     /// Set when the data went past [`COPY_IN_MAX_BYTES`]; the rest is dropped.
     too_large: bool,
 }
 
 impl PendingCopyIn {
-    pub fn new(table: String, table_schema: SchemaRef, columns: Vec<usize>, format: CopyOut) -> Self {
+    pub fn new(table: String, table_schema: SchemaRef, columns: Vec<usize>, format: CopyFormat) -> Self {
         PendingCopyIn { table, table_schema, columns, format, data: Vec::new(), too_large: false }
     }
 
@@ -65,7 +65,7 @@ impl PendingCopyIn {
         }
         let text = std::str::from_utf8(&self.data)
             .map_err(|e| bad(format!("COPY {}: the data is not UTF-8 ({e})", self.table)))?;
-        let rows = if self.format.csv() { self.csv_rows(text)? } else { self.text_rows(text)? };
+        let rows = if self.format.csv { self.csv_rows(text)? } else { self.text_rows(text)? };
         let width = self.columns.len();
         for (line, fields) in &rows {
             if fields.len() != width {
@@ -105,10 +105,10 @@ impl PendingCopyIn {
 
     /// CSV records with their line numbers; an empty field is NULL.
     fn csv_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
-        let delimiter = u8::try_from(self.format.delimiter())
+        let delimiter = u8::try_from(self.format.delimiter)
             .map_err(|_| bad(format!("COPY {}: a CSV delimiter must be one byte", self.table)))?;
         let mut reader = csv::ReaderBuilder::new()
-            .has_headers(self.format.header())
+            .has_headers(self.format.header)
             .delimiter(delimiter)
             .flexible(true)
             .from_reader(text.as_bytes());
@@ -119,7 +119,7 @@ impl PendingCopyIn {
             if record.len() == 1 && record.get(0) == Some("\\.") {
                 break;
             }
-            let null = self.format.null();
+            let null = &self.format.null;
             rows.push((line, record.iter().map(|f| (!f.is_empty() && f != null).then(|| f.to_string())).collect()));
         }
         Ok(rows)
@@ -129,7 +129,7 @@ impl PendingCopyIn {
     /// escapes, `\N` (or the NULL option) for NULL.
     fn text_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
         let mut rows = Vec::new();
-        let skip = usize::from(self.format.header());
+        let skip = usize::from(self.format.header);
         for (i, line) in text.lines().enumerate().skip(skip) {
             if line == "\\." {
                 break;
@@ -140,7 +140,7 @@ impl PendingCopyIn {
     }
 
     fn text_fields(&self, line: &str) -> Vec<Option<String>> {
-        let (delimiter, null) = (self.format.delimiter(), self.format.null());
+        let (delimiter, null) = (self.format.delimiter, &self.format.null);
         let mut fields = Vec::new();
         let (mut raw, mut value) = (String::new(), String::new());
         let mut chars = line.chars();
@@ -185,7 +185,7 @@ mod tests {
     use datafusion::arrow::array::{AsArray, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 
-    use super::super::copy_out::{Copy, parse};
+    use super::super::copy::{Copy, parse};
     use super::*;
 
     fn pending(sql: &str, columns: Vec<usize>, data: &str) -> PendingCopyIn {

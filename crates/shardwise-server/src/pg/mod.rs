@@ -14,6 +14,7 @@
 //! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
 //! ([`params`]).
 
+mod copy;
 mod copy_in;
 mod copy_out;
 mod encode;
@@ -170,7 +171,7 @@ enum Kind {
     IgnoredSet,
     /// `DEALLOCATE [PREPARE] name | ALL` (psycopg sends it on rollback).
     Deallocate,
-    /// `COPY ... TO STDOUT` ([`copy_out`]; psql's `\copy`).
+    /// `COPY ... TO STDOUT` or `FROM STDIN` ([`copy`]; psql's `\copy`).
     Copy,
     /// Anything the engine runs.
     Sql,
@@ -267,14 +268,14 @@ impl Handler {
     /// `COPY ... TO STDOUT` streams the query's rows; `COPY t FROM STDIN` checks the table and
     /// its columns, then waits for the data ([`CopyHandler`] below).
     async fn copy(&self, sql: &str) -> PgWireResult<Response> {
-        match copy_out::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT or FROM STDIN".into()))? {
-            copy_out::Copy::Out(copy) => {
-                let planned = self.engine.plan(&copy.query, &self.session).await.map_err(pg_error)?;
+        match copy::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT or FROM STDIN".into()))? {
+            copy::Copy::Out { query, format } => {
+                let planned = self.engine.plan(&query, &self.session).await.map_err(pg_error)?;
                 let columns = planned.schema().fields().len();
                 let results = self.engine.execute(planned).await.map_err(pg_error)?;
-                Ok(Response::CopyOut(CopyResponse::new(0, columns, copy.data(results))))
+                Ok(Response::CopyOut(CopyResponse::new(0, columns, format.data(results))))
             }
-            copy_out::Copy::In { table, columns, format } => {
+            copy::Copy::In { table, columns, format } => {
                 let probe = format!("SELECT * FROM {table} LIMIT 0");
                 let schema = self.engine.plan(&probe, &self.session).await.map_err(pg_error)?.schema();
                 let indices: Vec<usize> = match columns.is_empty() {

@@ -1,0 +1,152 @@
+//! The `COPY` statements of the PostgreSQL endpoint, read with sqlparser's PostgreSQL dialect:
+//! `COPY (query) TO STDOUT` and `COPY table [(columns)] TO STDOUT` ([`super::copy_out`]),
+//! `COPY table [(columns)] FROM STDIN` ([`super::copy_in`]), what psql's `\copy` sends; with
+//! PostgreSQL's text format or CSV (`CSV`, `FORMAT csv`), `HEADER`, `DELIMITER` and `NULL`.
+//! `COPY` to or from a file on the server is refused: nothing reads or writes server files.
+
+use datafusion::sql::sqlparser::ast::{
+    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement as SqlStatement,
+};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use pgwire::error::{PgWireError, PgWireResult};
+use shardwise_query::QueryError;
+
+use super::errors::pg_error;
+
+/// How COPY data is written and read: PostgreSQL's text format or CSV, and their options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyFormat {
+    /// CSV, else PostgreSQL's text format.
+    pub(super) csv: bool,
+    /// The first line is a header.
+    pub(super) header: bool,
+    pub(super) delimiter: char,
+    /// What stands for NULL (`\N` in text, nothing in CSV, unless the NULL option says).
+    pub(super) null: String,
+}
+
+/// A `COPY` statement shardwise runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Copy {
+    /// `COPY (query) TO STDOUT`, `COPY table [(columns)] TO STDOUT`: the query whose rows go out.
+    Out { query: String, format: CopyFormat },
+    /// `COPY table [(columns)] FROM STDIN`: the table and the columns named (empty: all).
+    In { table: String, columns: Vec<String>, format: CopyFormat },
+}
+
+fn refused(message: String) -> PgWireError {
+    pg_error(QueryError::Unsupported(message))
+}
+
+/// The `COPY` in `sql`, if it is one: `COPY ... TO STDOUT` or `COPY t FROM STDIN`; an error for
+/// the other forms; `None` for any other statement.
+pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
+    let first = sql.trim_start().get(..4).unwrap_or("");
+    if !first.eq_ignore_ascii_case("copy") {
+        return Ok(None);
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+        .map_err(|e| pg_error(QueryError::Rejected(format!("COPY: {e}"))))?;
+    let [SqlStatement::Copy { source, to, target, options, legacy_options, .. }] = statements.as_slice() else {
+        return Ok(None);
+    };
+    let expected = if *to { CopyTarget::Stdout } else { CopyTarget::Stdin };
+    if *target != expected {
+        return Err(refused(
+            "COPY: only COPY ... TO STDOUT and COPY table FROM STDIN (psql's \\copy); nothing reads or \
+             writes server files"
+                .into(),
+        ));
+    }
+    let query = match source {
+        CopySource::Query(_) if !to => return Err(refused("COPY FROM STDIN loads a table, not a query".into())),
+        CopySource::Query(query) => query.to_string(),
+        CopySource::Table { table_name, columns } if columns.is_empty() => format!("SELECT * FROM {table_name}"),
+        CopySource::Table { table_name, columns } => {
+            let columns: Vec<String> = columns.iter().map(ToString::to_string).collect();
+            format!("SELECT {} FROM {table_name}", columns.join(", "))
+        }
+    };
+    let mut copy = CopyFormat { csv: false, header: false, delimiter: '\t', null: String::new() };
+    let mut delimiter = None;
+    let mut null = None;
+    for option in options {
+        match option {
+            CopyOption::Format(name) if name.value.eq_ignore_ascii_case("csv") => copy.csv = true,
+            CopyOption::Format(name) if name.value.eq_ignore_ascii_case("text") => copy.csv = false,
+            CopyOption::Header(on) => copy.header = *on,
+            CopyOption::Delimiter(c) => delimiter = Some(*c),
+            CopyOption::Null(s) => null = Some(s.clone()),
+            other => return Err(refused(format!("COPY option {other} is not supported"))),
+        }
+    }
+    for option in legacy_options {
+        match option {
+            CopyLegacyOption::Csv(csv_options) => {
+                copy.csv = true;
+                for o in csv_options {
+                    match o {
+                        CopyLegacyCsvOption::Header => copy.header = true,
+                        other => return Err(refused(format!("COPY option {other} is not supported"))),
+                    }
+                }
+            }
+            CopyLegacyOption::Header => copy.header = true,
+            CopyLegacyOption::Delimiter(c) => delimiter = Some(*c),
+            CopyLegacyOption::Null(s) => null = Some(s.clone()),
+            other => return Err(refused(format!("COPY option {other} is not supported"))),
+        }
+    }
+    copy.delimiter = delimiter.unwrap_or(if copy.csv { ',' } else { '\t' });
+    copy.null = null.unwrap_or_else(|| if copy.csv { String::new() } else { "\\N".into() });
+    if matches!(copy.delimiter, '\n' | '\r' | '\\' | '"') {
+        return Err(refused(format!("COPY delimiter {:?} cannot be used", copy.delimiter)));
+    }
+    match source {
+        CopySource::Table { table_name, columns } if !to => Ok(Some(Copy::In {
+            table: table_name.to_string(),
+            // Unquoted names fold to lower case, as everywhere in DataFusion.
+            columns: columns
+                .iter()
+                .map(|c| if c.quote_style.is_some() { c.value.clone() } else { c.value.to_lowercase() })
+                .collect(),
+            format: copy,
+        })),
+        _ => Ok(Some(Copy::Out { query, format: copy })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psql_copy_statements_are_read() {
+        let out = |sql: &str| match parse(sql).unwrap().unwrap() {
+            Copy::Out { query, format } => (query, format),
+            other => panic!("{other:?}"),
+        };
+        let (q, c) = out("COPY ( SELECT a FROM t ) TO STDOUT CSV HEADER");
+        assert_eq!(
+            (q.as_str(), c.csv, c.header, c.delimiter, c.null.as_str()),
+            ("SELECT a FROM t", true, true, ',', "")
+        );
+        let (q, c) = out("copy t (a, b) to stdout with (format csv, header true, delimiter ';')");
+        assert_eq!((q.as_str(), c.csv, c.header, c.delimiter), ("SELECT a, b FROM t", true, true, ';'));
+        let (q, c) = out("COPY t TO STDOUT");
+        assert_eq!((q.as_str(), c.csv, c.delimiter, c.null.as_str()), ("SELECT * FROM t", false, '\t', "\\N"));
+        assert_eq!(parse("SELECT 1").unwrap(), None);
+        let Some(Copy::In { table, columns, format }) = parse("COPY t (a, \"B\") FROM STDIN CSV HEADER").unwrap()
+        else {
+            panic!("COPY FROM STDIN")
+        };
+        assert_eq!(
+            (table.as_str(), columns, format.csv, format.header),
+            ("t", vec!["a".into(), "B".into()], true, true)
+        );
+        for bad in ["COPY t FROM '/tmp/x'", "COPY t TO '/tmp/x'", "COPY t TO STDOUT (FORMAT binary, FREEZE)"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+}
