@@ -261,6 +261,16 @@ impl QueryEngine {
         Ok(self.runtime.run(async move { exchanges.fetch(access, context, &ticket, rank) }).await?)
     }
 
+    /// Every table a query can name ([`crate::table_listing`]).
+    pub async fn listed_tables(&self) -> Vec<crate::table_listing::ListedTable> {
+        crate::table_listing::list_tables(&self.ctx).await
+    }
+
+    /// Every `(catalog, schema)` a query can name.
+    pub fn listed_schemas(&self) -> Vec<(String, String)> {
+        crate::table_listing::list_schemas(&self.ctx)
+    }
+
     /// Inserts rows read outside SQL (PostgreSQL's `COPY ... FROM STDIN`) into `table`, as an
     /// `INSERT` would under `session`'s settings; `batches` have the table's columns. The rows
     /// stored.

@@ -28,6 +28,7 @@ pub mod sql_text;
 pub mod system_settings;
 pub mod system_storage;
 pub mod system_tables;
+pub mod table_listing;
 pub mod to_utf8view;
 pub mod view_keys;
 

@@ -18,8 +18,9 @@ use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
-    CommandGetSqlInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest,
-    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
+    CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
+    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
@@ -37,6 +38,7 @@ use crate::auth::{self, Credentials};
 use crate::connections::{Sessions, connection_id};
 use crate::error::ServerError;
 use crate::executed::{Executed, ExecutedResults};
+use crate::flight_metadata;
 use crate::users::{AuthError, DEFAULT_USER, Users};
 
 /// Name reported in `GetSqlInfo`.
@@ -305,6 +307,87 @@ impl FlightSqlService for FlightSqlEndpoint {
             .build(futures::stream::once(async { batch }))
             .map_err(Status::from);
         Ok(Response::new(Box::pin(data)))
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::catalogs_schema(query);
+        Ok(Response::new(flight_metadata::info(&query, &schema, request.into_inner())?))
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::catalogs_schema(query);
+        Ok(Response::new(flight_metadata::answer(schema, flight_metadata::catalogs(&self.engine, query))))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::db_schemas_schema(query.clone());
+        Ok(Response::new(flight_metadata::info(&query, &schema, request.into_inner())?))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::db_schemas_schema(query.clone());
+        Ok(Response::new(flight_metadata::answer(schema, flight_metadata::db_schemas(&self.engine, query))))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::tables_schema(query.clone());
+        Ok(Response::new(flight_metadata::info(&query, &schema, request.into_inner())?))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::tables_schema(query.clone());
+        let batch = flight_metadata::tables(&self.engine, query).await;
+        Ok(Response::new(flight_metadata::answer(schema, batch)))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::table_types_schema(query);
+        Ok(Response::new(flight_metadata::info(&query, &schema, request.into_inner())?))
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        self.authorize(request.metadata())?;
+        let schema = flight_metadata::table_types_schema(query);
+        Ok(Response::new(flight_metadata::answer(schema, flight_metadata::table_types(query))))
     }
 
     async fn do_put_statement_update(

@@ -233,3 +233,43 @@ async fn statements_run_for_their_effect_run_when_submitted() {
     assert!(err.to_string().contains("fetched already"), "{err}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn metadata_calls_list_what_queries_can_name() {
+    use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables};
+    let server = Running::start().await;
+    let mut client = server.client().await;
+    async fn rows(client: &mut FlightSqlServiceClient<Channel>, info: arrow_flight::FlightInfo) -> String {
+        let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+        let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+        pretty_format_batches(&batches).expect("fmt").to_string()
+    }
+
+    let info = client.get_catalogs().await.expect("catalogs");
+    assert!(rows(&mut client, info).await.contains("| datafusion "));
+    let schemas = CommandGetDbSchemas { catalog: None, db_schema_filter_pattern: Some("sys%".into()) };
+    let info = client.get_db_schemas(schemas).await.expect("schemas");
+    let text = rows(&mut client, info).await;
+    assert!(text.contains("| system ") && !text.contains("public"), "{text}");
+    // The system tables, filtered by pattern, with their Arrow schemas.
+    let tables = CommandGetTables {
+        catalog: None,
+        db_schema_filter_pattern: Some("system".into()),
+        table_name_filter_pattern: Some("node_".into()),
+        table_types: vec![],
+        include_schema: true,
+    };
+    let info = client.get_tables(tables).await.expect("tables");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 1, "system.nodes only");
+    let schema_bytes = batches[0].column_by_name("table_schema").expect("table_schema column");
+    let bytes = schema_bytes.as_any().downcast_ref::<arrow::array::BinaryArray>().expect("binary").value(0);
+    let schema = arrow::ipc::convert::try_schema_from_ipc_buffer(bytes).expect("schema");
+    assert_eq!(schema.field(0).name(), "rank");
+    let info = client.get_table_types().await.expect("types");
+    let text = rows(&mut client, info).await;
+    assert!(text.contains("| TABLE ") && text.contains("| VIEW "), "{text}");
+
+    server.stop().await;
+}
