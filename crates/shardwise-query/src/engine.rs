@@ -37,7 +37,7 @@ use crate::repeated_items;
 use crate::session::Session;
 use crate::settings::{self, ShardwiseSettings};
 use crate::sharded_table::ShardedSchema;
-use crate::system_settings::{SETTINGS_TABLE, SettingsTable, show_settings_query};
+use crate::system_settings::{SETTINGS_TABLE, settings_table, show_settings_query};
 use crate::system_storage::{StorageSystemTable, StorageTableKind};
 use crate::system_tables::{ComputedTable, NODES_TABLE, QUERIES_TABLE, SYSTEM_SCHEMA};
 use crate::to_utf8view::to_utf8view_udf;
@@ -188,7 +188,7 @@ impl QueryEngine {
         system
             .register_table(QUERIES_TABLE.to_string(), Arc::new(ComputedTable::queries(Arc::clone(&log))))
             .map_err(QueryError::Internal)?;
-        let settings_table = Arc::new(SettingsTable::new(ctx.state().config_options()));
+        let settings_table = Arc::new(settings_table(ctx.state().config_options()));
         system.register_table(SETTINGS_TABLE.to_string(), settings_table).map_err(QueryError::Internal)?;
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

@@ -5,26 +5,21 @@
 //!
 //! shardwise's own settings come first, under the names users write (`max_memory_usage`), then
 //! DataFusion's options under theirs (`datafusion.execution.batch_size`). The values are read
-//! from the configuration of the query scanning the table, which is why this is not a
-//! [`crate::system_tables::ComputedTable`]: those compute their rows without the query.
+//! from the configuration of the statement scanning the table.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::memory::MemorySourceConfig;
-use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::config::{ConfigEntry, ConfigOptions};
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, TableType};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::tokenizer::Token;
 
 use crate::error::QueryError;
 use crate::settings::{significant, tokens};
 use crate::sql_text::{mentions, string_literal};
-use crate::system_tables::ScanFuture;
+use crate::system_tables::{ComputedTable, RowsFuture};
 
 /// Name of the table in the `system` schema.
 pub const SETTINGS_TABLE: &str = "settings";
@@ -39,66 +34,32 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// `system.settings`: the settings of the query that reads it.
-#[derive(Debug)]
-pub struct SettingsTable {
-    /// The node's value of each setting, by configuration key.
-    defaults: HashMap<String, Option<String>>,
+/// `system.settings`, with `node`'s values as the defaults every session starts from.
+pub fn settings_table(node: &ConfigOptions) -> ComputedTable {
+    let defaults: Arc<Defaults> = Arc::new(node.entries().into_iter().map(|e| (e.key, e.value)).collect());
+    ComputedTable::new(Arc::clone(&SCHEMA), move |options: &ConfigOptions| -> RowsFuture {
+        let batch = settings_batch(&defaults, options);
+        Box::pin(async move { batch })
+    })
 }
 
-impl SettingsTable {
-    /// The table, with `node` as the values every session starts from.
-    pub fn new(node: &ConfigOptions) -> Self {
-        SettingsTable { defaults: node.entries().into_iter().map(|e| (e.key, e.value)).collect() }
-    }
+/// The node's value of each setting, by configuration key.
+type Defaults = HashMap<String, Option<String>>;
 
-    fn batch(&self, options: &ConfigOptions) -> Result<RecordBatch> {
-        let mut entries = options.entries();
-        // shardwise's first, in declaration order (an extension's entries carry its bare names),
-        // then DataFusion's.
-        entries.sort_by_key(|e| e.key.starts_with("datafusion."));
-        let default = |e: &ConfigEntry| self.defaults.get(&e.key).cloned().flatten();
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(entries.iter().map(|e| Some(e.key.as_str())).collect::<StringArray>()),
-            Arc::new(entries.iter().map(|e| e.value.clone()).collect::<StringArray>()),
-            Arc::new(entries.iter().map(default).collect::<StringArray>()),
-            Arc::new(entries.iter().map(|e| Some(e.value != default(e))).collect::<BooleanArray>()),
-            Arc::new(entries.iter().map(|e| Some(e.description.trim())).collect::<StringArray>()),
-        ];
-        Ok(RecordBatch::try_new(Arc::clone(&SCHEMA), columns)?)
-    }
-}
-
-impl TableProvider for SettingsTable {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(&SCHEMA)
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    fn scan<'life0, 'life1, 'life2, 'life3, 'async_trait>(
-        &'life0 self,
-        state: &'life1 dyn Session,
-        projection: Option<&'life2 Vec<usize>>,
-        _filters: &'life3 [Expr],
-        _limit: Option<usize>,
-    ) -> ScanFuture<'async_trait>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        'life3: 'async_trait,
-        Self: 'async_trait,
-    {
-        let batch = self.batch(state.config_options());
-        Box::pin(async move {
-            let plan: Arc<dyn ExecutionPlan> =
-                MemorySourceConfig::try_new_exec(&[vec![batch?]], Arc::clone(&SCHEMA), projection.cloned())?;
-            Ok(plan)
-        })
-    }
+fn settings_batch(defaults: &Defaults, options: &ConfigOptions) -> Result<RecordBatch> {
+    let mut entries = options.entries();
+    // shardwise's first, in declaration order (an extension's entries carry its bare names),
+    // then DataFusion's.
+    entries.sort_by_key(|e| e.key.starts_with("datafusion."));
+    let default = |e: &ConfigEntry| defaults.get(&e.key).cloned().flatten();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(entries.iter().map(|e| Some(e.key.as_str())).collect::<StringArray>()),
+        Arc::new(entries.iter().map(|e| e.value.clone()).collect::<StringArray>()),
+        Arc::new(entries.iter().map(default).collect::<StringArray>()),
+        Arc::new(entries.iter().map(|e| Some(e.value != default(e))).collect::<BooleanArray>()),
+        Arc::new(entries.iter().map(|e| Some(e.description.trim())).collect::<StringArray>()),
+    ];
+    Ok(RecordBatch::try_new(Arc::clone(&SCHEMA), columns)?)
 }
 
 /// The query `SHOW [CHANGED] SETTINGS [LIKE | ILIKE 'pattern']` runs, if `sql` is one.
@@ -167,10 +128,10 @@ mod tests {
         let mut extensions = datafusion::common::config::Extensions::new();
         extensions.insert(ShardwiseSettings::default());
         let node = ConfigOptions::new().with_extensions(extensions);
-        let table = SettingsTable::new(&node);
+        let defaults: Defaults = node.entries().into_iter().map(|e| (e.key, e.value)).collect();
         let mut query = node.clone();
         query.set("shardwise.max_memory_usage", "1000").unwrap();
-        let batch = table.batch(&query).unwrap();
+        let batch = settings_batch(&defaults, &query).unwrap();
         let column = |i: usize| batch.column(i).as_any().downcast_ref::<StringArray>().unwrap().clone();
         let (names, values, defaults) = (column(0), column(1), column(2));
         let changed = batch.column(3).as_any().downcast_ref::<BooleanArray>().unwrap();

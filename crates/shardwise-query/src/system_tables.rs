@@ -3,7 +3,8 @@
 //! The tables hold no rows of their own: every scan computes them afresh ([`ComputedTable`]), so
 //! a query sees the state of the moment it runs. `system.nodes` is the operator's view of
 //! membership (asked of the [`ClusterView`]); `system.queries` lists what this node ran as
-//! initiator ([`QueryLog`]).
+//! initiator ([`QueryLog`]); `system.settings` ([`crate::system_settings`]) the settings of the
+//! statement reading it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +16,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
@@ -45,13 +47,14 @@ static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 /// The future of a computed table's rows.
-type RowsFuture = Pin<Box<dyn Future<Output = Result<RecordBatch>> + Send>>;
+pub type RowsFuture = Pin<Box<dyn Future<Output = Result<RecordBatch>> + Send>>;
 
 /// A system table whose rows are computed afresh at every scan, so a query sees the state of
-/// the moment it runs.
+/// the moment it runs; the rows may depend on the scanning statement's configuration
+/// (`system.settings`).
 pub struct ComputedTable {
     schema: SchemaRef,
-    rows: Box<dyn Fn() -> RowsFuture + Send + Sync>,
+    rows: Box<dyn Fn(&ConfigOptions) -> RowsFuture + Send + Sync>,
 }
 
 impl std::fmt::Debug for ComputedTable {
@@ -61,9 +64,14 @@ impl std::fmt::Debug for ComputedTable {
 }
 
 impl ComputedTable {
+    /// A table of `schema` whose rows `rows` computes from the scanning statement's configuration.
+    pub fn new(schema: SchemaRef, rows: impl Fn(&ConfigOptions) -> RowsFuture + Send + Sync + 'static) -> Self {
+        ComputedTable { schema, rows: Box::new(rows) }
+    }
+
     /// `system.nodes`: one row per cluster member, read from the [`ClusterView`].
     pub fn nodes(cluster: Arc<dyn ClusterView>) -> Self {
-        let rows = move || -> RowsFuture {
+        let rows = move |_: &ConfigOptions| -> RowsFuture {
             let cluster = Arc::clone(&cluster);
             Box::pin(async move { nodes_batch(&cluster.members().await) })
         };
@@ -72,7 +80,7 @@ impl ComputedTable {
 
     /// `system.queries`: the queries this node runs or ran as initiator ([`QueryLog`]).
     pub fn queries(log: Arc<QueryLog>) -> Self {
-        let rows = move || -> RowsFuture {
+        let rows = move |_: &ConfigOptions| -> RowsFuture {
             let batch = queries_batch(&log.snapshot());
             Box::pin(async move { batch })
         };
@@ -107,7 +115,7 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
 
 /// The future `scan` returns (`TableProvider` is an `async_trait`; this crate spells out what
 /// that macro would generate instead of depending on it).
-pub(crate) type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
+type ScanFuture<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn ExecutionPlan>>> + Send + 'a>>;
 
 impl TableProvider for ComputedTable {
     fn schema(&self) -> SchemaRef {
@@ -120,7 +128,7 @@ impl TableProvider for ComputedTable {
 
     fn scan<'life0, 'life1, 'life2, 'life3, 'async_trait>(
         &'life0 self,
-        _state: &'life1 dyn Session,
+        state: &'life1 dyn Session,
         projection: Option<&'life2 Vec<usize>>,
         _filters: &'life3 [Expr],
         _limit: Option<usize>,
@@ -132,8 +140,9 @@ impl TableProvider for ComputedTable {
         'life3: 'async_trait,
         Self: 'async_trait,
     {
+        let rows = (self.rows)(state.config_options());
         Box::pin(async move {
-            let batch = (self.rows)().await?;
+            let batch = rows.await?;
             let plan: Arc<dyn ExecutionPlan> =
                 MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&self.schema), projection.cloned())?;
             Ok(plan)

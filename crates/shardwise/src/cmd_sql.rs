@@ -68,7 +68,8 @@ pub struct ScriptArgs {
     /// Run the statements in this file, in order, stopping at the first error.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// Output format.
+    /// Output format. A statement's trailing ClickHouse `FORMAT` clause (`CSV`, without a header,
+    /// `CSVWithNames`, `JSONEachRow`, `Pretty`) overrides it for that statement.
     #[arg(long, value_enum, default_value = "table")]
     pub format: OutputFormat,
     /// Run the interactive shell even when standard input is not a terminal (without `-e` or

@@ -51,14 +51,9 @@ fn command(line: &str) -> Command {
         "\\tables" => {
             Command::Sql("SELECT name, shard_key, shards, replicas, sync_mode FROM system.tables ORDER BY name".into())
         }
-        "\\settings" => {
-            let names: Vec<String> =
-                shardwise_query::settings::SETTING_NAMES.iter().map(|n| format!("'{n}'")).collect();
-            Command::Sql(format!(
-                "SELECT name, value FROM information_schema.df_settings WHERE name IN ({}) ORDER BY name",
-                names.join(", ")
-            ))
-        }
+        "\\settings" => Command::Sql(
+            "SELECT name, value, changed FROM system.settings WHERE name NOT LIKE 'datafusion.%' ORDER BY name".into(),
+        ),
         "\\queries" => Command::Sql(
             "SELECT query_id, state, strategy, duration_ms, result_rows, query FROM system.queries \
              ORDER BY started DESC LIMIT 10"
@@ -160,7 +155,7 @@ mod tests {
         assert_eq!(command("\\q"), Command::Quit);
         assert_eq!(command("\\timing"), Command::Timing);
         assert!(matches!(command("\\nodes"), Command::Sql(s) if s.contains("system.nodes")));
-        assert!(matches!(command("\\settings"), Command::Sql(s) if s.contains("'distributed_aggregation'")));
+        assert!(matches!(command("\\settings"), Command::Sql(s) if s.contains("FROM system.settings")));
         assert_eq!(command("\\nope x"), Command::Unknown("\\nope".into()));
     }
 }
