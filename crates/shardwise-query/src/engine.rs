@@ -119,6 +119,10 @@ impl std::fmt::Debug for QueryEngine {
     }
 }
 
+/// The one catalog: what `current_database()`, `information_schema` and Flight SQL's
+/// `GetCatalogs` name, and the database PostgreSQL clients connect to.
+pub const CATALOG: &str = "shardwise";
+
 fn internal(message: String) -> QueryError {
     QueryError::Internal(datafusion::error::DataFusionError::Internal(message))
 }
@@ -140,8 +144,10 @@ impl QueryEngine {
         let exchanges = Arc::new(ExchangeRegistry::default());
         let local_shuffle = access.map(|inner| Arc::new(LocalShuffle::new(inner, Arc::clone(&exchanges))));
         let access = local_shuffle.clone().map(|a| a as Arc<dyn TableAccess>);
-        let mut config =
-            SessionConfig::new().with_information_schema(true).with_option_extension(ShardwiseSettings::default());
+        let mut config = SessionConfig::new()
+            .with_default_catalog_and_schema(CATALOG, "public")
+            .with_information_schema(true)
+            .with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
@@ -191,6 +197,7 @@ impl QueryEngine {
         let settings_table = Arc::new(settings_table(ctx.state().config_options()));
         system.register_table(SETTINGS_TABLE.to_string(), settings_table).map_err(QueryError::Internal)?;
         catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
+        crate::pg_catalog::install(&ctx, &options.default_catalog)?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let runtime = QueryRuntime::new(threads)?;
         let rank = cluster_rank;

@@ -14,6 +14,7 @@ pub mod format_clause;
 pub mod group_topk;
 pub mod many_groups;
 pub mod memory_limit;
+pub mod pg_catalog;
 pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;

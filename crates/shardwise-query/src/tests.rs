@@ -258,3 +258,20 @@ async fn a_format_clause_is_refused_where_the_client_formats_the_rows() {
     // A column named format is a name.
     assert!(pretty(&run(&engine, "SELECT 1 AS format").await.expect("name")).contains("format"));
 }
+
+#[tokio::test]
+async fn pg_catalog_answers_psqls_describe_query() {
+    let engine = engine();
+    // What psql's `\d nodes` sends first, as the PostgreSQL endpoint rewrites it.
+    let psql = "SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_class c \
+                LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                WHERE c.relname OPERATOR(pg_catalog.~) '^(nodes)$' COLLATE pg_catalog.default \
+                AND pg_catalog.pg_table_is_visible(c.oid) ORDER BY 2, 3";
+    let sql = crate::pg_catalog::rewrite(psql).expect("rewritten");
+    let out = pretty(&run(&engine, &sql).await.expect("planned and run"));
+    assert!(out.contains("| system  | nodes   |"), "{out}");
+    assert!(run(&engine, psql).await.is_err(), "DataFusion does not plan psql's dialect as written");
+    // One database name everywhere: the catalog is the database PostgreSQL clients connect to.
+    let db = pretty(&run(&engine, "SELECT current_database() AS db").await.expect("current_database"));
+    assert!(db.contains(&format!("| {} |", crate::engine::CATALOG)), "{db}");
+}

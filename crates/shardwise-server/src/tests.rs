@@ -246,7 +246,7 @@ async fn metadata_calls_list_what_queries_can_name() {
     }
 
     let info = client.get_catalogs().await.expect("catalogs");
-    assert!(rows(&mut client, info).await.contains("| datafusion "));
+    assert!(rows(&mut client, info).await.contains("| shardwise "));
     let schemas = CommandGetDbSchemas { catalog: None, db_schema_filter_pattern: Some("sys%".into()) };
     let info = client.get_db_schemas(schemas).await.expect("schemas");
     let text = rows(&mut client, info).await;

@@ -50,7 +50,7 @@ pub use errors::pg_error;
 use errors::syntax_error;
 
 /// The one database a node serves.
-pub const PG_DATABASE: &str = "shardwise";
+pub const PG_DATABASE: &str = shardwise_query::engine::CATALOG;
 
 /// PostgreSQL client parameters a `SET` may name that shardwise accepts and ignores: drivers set
 /// them on connect (JDBC sets `extra_float_digits`, many set `application_name`).
@@ -308,6 +308,8 @@ impl Handler {
         if kind_of(sql) != Kind::Sql {
             return Ok(Statement { sql: sql.to_string(), schema: None, parameters: false });
         }
+        let rewritten = shardwise_query::pg_catalog::rewrite(sql);
+        let sql = rewritten.as_deref().unwrap_or(sql);
         if has_parameters(sql) {
             let nulls: Vec<String> = (0..params::count(sql)?)
                 .map(|i| params::null_of(declared.get(i).cloned().flatten().as_ref()))
@@ -334,6 +336,9 @@ impl Handler {
             Kind::Copy => return self.copy(sql).await,
             Kind::Sql => {}
         }
+        // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect.
+        let rewritten = shardwise_query::pg_catalog::rewrite(sql);
+        let sql = rewritten.as_deref().unwrap_or(sql);
         let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
         let schema = planned.schema();
         let results = self.engine.execute(planned).await.map_err(pg_error)?;

@@ -89,6 +89,14 @@ fn psql_and_psycopg_end_to_end() {
     let (stdout, stderr) = text(&run_with_timeout(c, T));
     assert_eq!(stdout, "CREATE TABLE\nINSERT 0 3\n", "{stderr}");
 
+    // psql's catalog commands read pg_catalog: `\dt` lists the table, `\d sales` its columns.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "\\dt", "-c", "\\d sales"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    let described =
+        "public|sales|table|postgres\nid|bigint|||\nregion|text|||\namount|double precision|||\nday|date|||\n";
+    assert_eq!(stdout, described, "{stderr}");
+
     let mut c = psql(&pg0, "default", "shardwise");
     c.args(["-c", "SELECT region, count(*), sum(amount) FROM sales GROUP BY region ORDER BY region"]);
     let out = run_with_timeout(c, T);
