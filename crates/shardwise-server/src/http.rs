@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::{QueryEngine, QueryError, Session};
@@ -214,7 +215,9 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String,
             .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))
     };
     match content_type.as_str() {
-        "application/sql" | "text/plain" | "" => Ok((text()?, Vec::new())),
+        // `curl --data-binary "SELECT 1"` sends its body as a form: taken as SQL, as ClickHouse
+        // takes it. A browser's cross-site form post is refused by `same_origin` before this.
+        "application/sql" | "text/plain" | "application/x-www-form-urlencoded" | "" => Ok((text()?, Vec::new())),
         "application/json" => {
             let value: serde_json::Value = serde_json::from_slice(body)
                 .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not JSON: {e}")))?;
@@ -247,11 +250,10 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String,
             }
             Ok((sql.to_string(), settings))
         }
-        "application/x-www-form-urlencoded" | "multipart/form-data" => Err(Failure::new(
+        "multipart/form-data" => Err(Failure::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            "form bodies are refused (browsers send them cross-site); send application/sql, text/plain or \
-             application/json",
+            "multipart form bodies are refused; send the SQL as application/sql, text/plain or application/json",
         )),
         other => Err(Failure::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -287,13 +289,22 @@ async fn query(
     };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan(&sql, &session).await?;
-    let stream = http.engine.execute(planned).await?;
-    let body = Body::from_stream(encode(stream, format, csv_header));
+    let mut stream = http.engine.execute(planned).await?;
+    // The status goes out with the first bytes: wait for the first batch (or the end), so that
+    // a query failing before it has produced a row (a division by zero, an unreachable shard,
+    // the time limit) answers with its error's status and JSON body, not 200 and an empty body.
+    let first = match stream.next().await {
+        Some(Err(e)) => return Err(QueryError::from(e).into()),
+        first => first,
+    };
+    let schema = stream.schema();
+    let rest = RecordBatchStreamAdapter::new(schema, futures::stream::iter(first).chain(stream));
+    let body = Body::from_stream(encode(Box::pin(rest), format, csv_header));
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
-/// The answer's bytes, batch by batch. An error part-way ends the body early (the status has
-/// been sent); the error is logged.
+/// The answer's bytes, batch by batch. An error after the first batch ends the body early (the
+/// status has been sent): the client sees the transfer cut short; the error is logged.
 fn encode(
     stream: SendableRecordBatchStream,
     format: Format,
@@ -492,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn bodies_are_read_by_content_type_and_forms_refused() {
+    fn bodies_are_read_by_content_type() {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let body = Bytes::from_static(
@@ -504,7 +515,11 @@ mod tests {
             settings,
             vec![("max_memory_usage".into(), "5".into()), ("skip_unavailable_shards".into(), "1".into())]
         );
+        // What `curl --data-binary` sends: the body is the SQL.
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-www-form-urlencoded"));
+        let (sql, _) = parse_body(&headers, &Bytes::from_static(b"SELECT 2")).ok().expect("curl's default body");
+        assert_eq!(sql, "SELECT 2");
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("multipart/form-data; boundary=x"));
         assert_eq!(parse_body(&headers, &body).err().map(|f| f.status), Some(StatusCode::UNSUPPORTED_MEDIA_TYPE));
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let bad = Bytes::from_static(b"{not json");

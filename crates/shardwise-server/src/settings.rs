@@ -33,6 +33,13 @@ pub struct StorageSettings {
     pub data_plane_max_message_bytes: usize,
     /// How long connecting to a peer may take.
     pub peer_connect_timeout_ms: u64,
+    /// How often a connection to a peer is pinged (HTTP/2 PING) while it carries calls, and
+    /// how long a ping may go unanswered before the connection, and every call on it, fails.
+    /// A stopped or hung node (SIGSTOP, a frozen VM) still accepts TCP connections and never
+    /// answers; this is what ends a query's wait for it, so that it fails over to another
+    /// replica or fails naming the shard (`skip_unavailable_shards` then answers without it).
+    pub peer_keepalive_interval_ms: u64,
+    pub peer_keepalive_timeout_ms: u64,
     /// Shard store limits.
     pub shard_buffer_max_rows: usize,
     pub shard_buffer_max_bytes: usize,
@@ -55,6 +62,8 @@ impl Default for StorageSettings {
             outbox_full_wait_ms: 10_000,
             data_plane_max_message_bytes: 256 * 1024 * 1024,
             peer_connect_timeout_ms: 2_000,
+            peer_keepalive_interval_ms: 5_000,
+            peer_keepalive_timeout_ms: 10_000,
             shard_buffer_max_rows: ShardStoreOptions::default().buffer_max_rows,
             shard_buffer_max_bytes: ShardStoreOptions::default().buffer_max_bytes,
         }

@@ -128,7 +128,10 @@ fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
         .with_datetime_format(Some("%Y-%m-%d %H:%M:%S%.f"));
     let formatter = ArrayFormatter::try_new(column.as_ref(), &options)
         .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
-    Ok((0..len).map(|i| column.is_valid(i).then(|| formatter.value(i).to_string())).collect())
+    // Logical nulls: a column of untyped NULLs (`SELECT NULL`) has no validity buffer.
+    let nulls = column.logical_nulls();
+    let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
+    Ok((0..len).map(|i| (!is_null(i)).then(|| formatter.value(i).to_string())).collect())
 }
 
 #[cfg(test)]

@@ -146,7 +146,10 @@ impl Column {
 fn display_strings(array: &ArrayRef) -> Result<StringArray, datafusion::arrow::error::ArrowError> {
     let options = FormatOptions::default();
     let formatter = ArrayFormatter::try_new(array.as_ref(), &options)?;
-    Ok((0..array.len()).map(|i| if array.is_null(i) { None } else { Some(formatter.value(i).to_string()) }).collect())
+    // Logical nulls: a column of untyped NULLs (`SELECT NULL`) has no validity buffer.
+    let nulls = array.logical_nulls();
+    let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
+    Ok((0..array.len()).map(|i| (!is_null(i)).then(|| formatter.value(i).to_string())).collect())
 }
 
 /// The rows of one batch, encoded for `fields`.
@@ -223,5 +226,18 @@ mod tests {
         );
         assert_eq!(text_of(&rows[1]), vec![None, some("0"), some("-0.05"), None, some("1970-01-01"), None]);
         assert_eq!(fields[0].format(), pgwire::api::results::FieldFormat::Text);
+    }
+
+    #[test]
+    fn untyped_nulls_are_sent_as_null() {
+        // `SELECT NULL AS n`: a NullArray, which has no validity buffer to say so.
+        let batch = RecordBatch::try_from_iter(vec![
+            ("n", Arc::new(datafusion::arrow::array::NullArray::new(2)) as ArrayRef),
+            ("one", Arc::new(Int64Array::from(vec![1, 1]))),
+        ])
+        .unwrap();
+        let fields = Arc::new(fields(&batch.schema(), &text_format()));
+        let rows = rows(&batch, &fields).unwrap();
+        assert_eq!(text_of(&rows[0]), vec![None, Some("1".to_string())]);
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
@@ -166,8 +167,24 @@ impl TablesNode {
                 (*rank, result)
             }
         });
-        let results: BTreeMap<u32, Result<u64, QueryError>> =
-            futures::future::join_all(sends).await.into_iter().collect();
+        // Answers as they come; once every shard has its quorum, replicas still writing are not
+        // waited for (a stopped node would hold the insert until `ship_timeout_ms`): they get
+        // their piece sets through the outbox below, like a replica that failed. A write that
+        // still lands there is applied once (the piece sets carry the insert's key).
+        let mut pending: FuturesUnordered<_> = sends.collect();
+        let mut results: BTreeMap<u32, Result<u64, QueryError>> = BTreeMap::new();
+        while let Some((rank, result)) = pending.next().await {
+            results.insert(rank, result);
+            if !pending.is_empty() && quorum_met(entry, &placed, &results, quorum, self.world_size) {
+                break;
+            }
+        }
+        drop(pending);
+        for rank in placed.by_rank.keys() {
+            results.entry(*rank).or_insert_with(|| {
+                Err(QueryError::Unavailable(format!("rank {rank}: still writing when the quorum was met")))
+            });
+        }
         let mut short = Vec::new();
         for shard in placed.shard_rows.keys() {
             let ranks = entry.def.replica_ranks(*shard, self.world_size);
@@ -242,6 +259,20 @@ impl TablesNode {
         }
         Ok(())
     }
+}
+
+/// True when every shard of `placed` has `quorum` replicas that answered durable.
+fn quorum_met(
+    entry: &CatalogEntry,
+    placed: &PlacedChunk,
+    results: &BTreeMap<u32, Result<u64, QueryError>>,
+    quorum: u32,
+    world_size: u32,
+) -> bool {
+    placed.shard_rows.keys().all(|shard| {
+        let ranks = entry.def.replica_ranks(*shard, world_size);
+        ranks.iter().filter(|r| matches!(results.get(r), Some(Ok(_)))).count() as u32 >= quorum
+    })
 }
 
 pub(crate) fn unix_ms() -> u64 {

@@ -83,6 +83,8 @@ pub struct Peers {
     channels: Mutex<HashMap<(u32, Lane), (String, Channel)>>,
     ship_timeout: Duration,
     connect_timeout: Duration,
+    keepalive_interval: Duration,
+    keepalive_timeout: Duration,
     max_message_bytes: usize,
 }
 
@@ -92,7 +94,14 @@ fn unavailable(rank: u32, what: &str, e: impl std::fmt::Display) -> QueryError {
 
 fn status_error(rank: u32, what: &str, s: tonic::Status) -> QueryError {
     use tonic::Code;
-    let message = format!("rank {rank}: {what}: {}", s.message());
+    // The transport's own words ("http2 error") say little; its causes say what happened
+    // ("keep-alive timed out": the node stopped answering).
+    let mut message = format!("rank {rank}: {what}: {}", s.message());
+    let mut cause = std::error::Error::source(&s);
+    while let Some(e) = cause {
+        message.push_str(&format!(": {e}"));
+        cause = e.source();
+    }
     match s.code() {
         Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => {
             QueryError::Rejected(message)
@@ -110,6 +119,8 @@ impl Peers {
             channels: Mutex::new(HashMap::new()),
             ship_timeout: Duration::from_millis(settings.ship_timeout_ms),
             connect_timeout: Duration::from_millis(settings.peer_connect_timeout_ms),
+            keepalive_interval: Duration::from_millis(settings.peer_keepalive_interval_ms),
+            keepalive_timeout: Duration::from_millis(settings.peer_keepalive_timeout_ms),
             max_message_bytes: settings.data_plane_max_message_bytes,
         }
     }
@@ -127,6 +138,9 @@ impl Peers {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| unavailable(rank, "bad data plane address", e))?
             .connect_timeout(self.connect_timeout)
+            .http2_keep_alive_interval(self.keepalive_interval)
+            .keep_alive_timeout(self.keepalive_timeout)
+            .keep_alive_while_idle(false)
             .tcp_nodelay(true);
         let endpoint = crate::http2::client(endpoint);
         let channel = endpoint.connect_lazy();
@@ -180,21 +194,43 @@ impl Peers {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
-        let r = async {
-            let mut client = self.client(rank, lane).await?;
-            let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
-            let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
-            match stream.next().await {
-                Some(Ok(r)) => Ok(r.body.to_vec()),
-                Some(Err(s)) => Err(status_error(rank, kind, s)),
-                None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
-            }
+        let cached = lock(&self.channels).get(&(rank, lane)).map(|(addr, _)| addr.clone());
+        let r = self.action_once(lane, rank, kind, body.clone(), timeout).await;
+        let Err(e) = &r else { return r };
+        self.forget(rank, e);
+        if !self.moved(rank, e, cached).await {
+            return r;
         }
-        .await;
+        let r = self.action_once(lane, rank, kind, body, timeout).await;
         if let Err(e) = &r {
             self.forget(rank, e);
         }
         r
+    }
+
+    /// True when a call to `rank` failed as if the node were gone and the membership now gives
+    /// it another address than the channel used (`cached`): it restarted on new ports, and the
+    /// call is worth making once more there.
+    async fn moved(&self, rank: u32, e: &QueryError, cached: Option<String>) -> bool {
+        matches!(e, QueryError::Unavailable(_)) && cached.is_some() && self.member_addr(rank).await != cached
+    }
+
+    async fn action_once(
+        &self,
+        lane: Lane,
+        rank: u32,
+        kind: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, QueryError> {
+        let mut client = self.client(rank, lane).await?;
+        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
+        let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.body.to_vec()),
+            Some(Err(s)) => Err(status_error(rank, kind, s)),
+            None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
+        }
     }
 
     /// Ships piece sets to `rank`; returns the rows it applied. A delayed shipment (with an
@@ -214,7 +250,7 @@ impl Peers {
         let r = self.fragment_once(rank, ticket.clone(), Arc::clone(&report)).await;
         let Err(e) = &r else { return r };
         self.forget(rank, e);
-        if !matches!(e, QueryError::Unavailable(_)) || cached.is_none() || self.member_addr(rank).await == cached {
+        if !self.moved(rank, e, cached).await {
             return r;
         }
         let r = self.fragment_once(rank, ticket, report).await;

@@ -35,6 +35,10 @@ pub struct LocalShardStats {
     pub verified_placement: bool,
 }
 
+/// How much longer than `flush_timeout_ms` the initiator of a flush waits for another node's
+/// answer: that node stops waiting at the same timeout, measured from when the request reached it.
+pub const FLUSH_REPLY_GRACE_MS: u64 = 1_000;
+
 /// A flush request between nodes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FlushRequest {
@@ -111,14 +115,31 @@ impl TablesNode {
             let body = body.clone();
             async move {
                 if rank == self.rank {
-                    self.flush_local(table, timeout).await
-                } else {
-                    self.peers.action(rank, "flush", body, timeout + Duration::from_secs(5)).await.map(|_| ())
+                    return self.flush_local(table, timeout).await;
+                }
+                // The node answers at its own deadline; a node that cannot answer by then (stopped,
+                // hung, unreachable) is named as such rather than making the flush wait longer.
+                let wait = timeout + Duration::from_millis(FLUSH_REPLY_GRACE_MS);
+                let call = self.peers.action(rank, "flush", body, wait + Duration::from_millis(FLUSH_REPLY_GRACE_MS));
+                match tokio::time::timeout(wait, call).await {
+                    Ok(r) => r.map(|_| ()),
+                    Err(_) => Err(QueryError::Unavailable(format!(
+                        "rank {rank} did not answer within flush_timeout_ms = {} ms (+ {FLUSH_REPLY_GRACE_MS} ms): \
+                         its queues for {table} are unknown (the node may be stopped or overloaded)",
+                        timeout.as_millis()
+                    ))),
                 }
             }
         });
-        let errors: Vec<String> =
-            futures::future::join_all(calls).await.into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
+        let errors: Vec<String> = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(()) => None,
+                Err(QueryError::Unavailable(m)) => Some(m),
+                Err(e) => Some(e.to_string()),
+            })
+            .collect();
         if errors.is_empty() { Ok(()) } else { Err(QueryError::Unavailable(errors.join("; "))) }
     }
 

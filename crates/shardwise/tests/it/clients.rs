@@ -309,9 +309,17 @@ fn every_http_route_with_curl() {
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     assert_eq!(batches[0].schema().field(0).name(), "n");
 
+    // What `curl --data-binary` sends by default (a form content type) is taken as SQL, as
+    // ClickHouse takes it.
+    let (code, body) = curl(&["--data-binary", "SELECT 40 + 2 AS n FORMAT CSV", &query]);
+    assert_eq!((code, body.as_str()), (200, "42\n"));
+
     // Refusals, each a 4xx with a JSON body.
     let cases: Vec<(Vec<&str>, u16, &str)> = vec![
-        (vec!["-H", "Content-Type: application/x-www-form-urlencoded", "--data-binary", "sql=SELECT 1"], 415, "form"),
+        (vec!["-F", "sql=SELECT 1"], 415, "multipart"),
+        // Failing when it runs, before its first row: the status says so (not 200 and no body).
+        (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELECT 1 / 0"], 400, "Divide by zero"),
+        (vec!["-H", "Origin: http://evil.example", "--data-binary", "SELECT 1"], 403, "other sites"),
         (
             vec!["-H", "Content-Type: text/plain", "-H", "Accept: image/png", "--data-binary", "SELECT 1"],
             406,

@@ -662,6 +662,47 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
 }
 
+/// A stopped node (SIGSTOP: it still accepts connections and never answers) must not hang the
+/// statements that need it: reads fail over or fail naming the shard, writes with a lowered
+/// quorum go on without it, a flush names it; and nothing is lost once it runs again.
+#[test]
+fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
+    let c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE one (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 1)");
+    c.sql(0, "CREATE TABLE two (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 2)");
+    c.sql(0, "CREATE TABLE later (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 2, sync_mode = 'delay_mode_distributed')");
+    c.sql(0, "INSERT INTO one SELECT value, 1 FROM generate_series(1, 3000)");
+    c.procs[2].signal("STOP");
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, "SELECT count(*) FROM one");
+    assert!(err.contains("table one shard 2") && err.contains("keep-alive"), "{err}");
+    let n: u64 = c.sql(0, "SELECT count(*) FROM one SETTINGS skip_unavailable_shards = 1")[0][0].parse().unwrap_or(0);
+    assert!(n > 0 && n < 3000, "{n}");
+    let reads = started.elapsed();
+    let started = std::time::Instant::now();
+    c.sql(0, "INSERT INTO two SELECT value, 1 FROM generate_series(1, 1000) SETTINGS insert_quorum = 1");
+    let write = started.elapsed();
+    c.sql(0, "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)");
+    let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 500");
+    assert!(err.contains("rank 2 did not answer") && !err.contains("unavailable: unavailable"), "{err}");
+    c.procs[2].signal("CONT");
+    // Two reads at most one keep-alive timeout each (15 s), a write that did not wait for rank 2.
+    assert!(reads < Duration::from_secs(45) && write < Duration::from_secs(10), "{reads:?} {write:?}");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED two");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED later");
+    for table in ["two", "later"] {
+        assert_eq!(c.sql(1, &format!("SELECT count(*), sum(k) FROM {table}")), vec![vec!["1000", "500500"]]);
+        // Every replica of every shard holds the same rows (the handed-off ones included).
+        let shards = c.sql(
+            1,
+            &format!(
+                "SELECT shard, min(rows), max(rows), count(*) FROM system.shards WHERE table = '{table}' GROUP BY shard"
+            ),
+        );
+        assert!(shards.iter().all(|r| r[1] == r[2] && r[3] == "2"), "{table}: {shards:?}");
+    }
+}
+
 #[test]
 fn max_memory_usage_spills_where_it_can_and_fails_clearly_where_it_cannot() {
     let c = Cluster::start(2);
