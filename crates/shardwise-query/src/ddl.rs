@@ -174,11 +174,17 @@ fn one_name(names: &[ObjectName], what: &str) -> Result<String, QueryError> {
     }
 }
 
+/// The table a one-part name means, as queries resolve it: unquoted names are lowercased (DataFusion
+/// normalizes identifiers so), quoted ones kept as written; `CREATE TABLE Sales` makes `sales`,
+/// which `SELECT ... FROM Sales` then finds.
 fn table_name(name: &ObjectName, what: &str) -> Result<String, QueryError> {
     match name.0.as_slice() {
         [part] => part
             .as_ident()
-            .map(|ident| ident.value.clone())
+            .map(|ident| match ident.quote_style {
+                None => ident.value.to_ascii_lowercase(),
+                Some(_) => ident.value.clone(),
+            })
             .ok_or_else(|| QueryError::Rejected(format!("{what}: {name} is not a table name"))),
         _ => Err(QueryError::Rejected(format!(
             "{what}: {name}: tables live in the default schema; give the table name without a schema"
@@ -274,5 +280,18 @@ mod tests {
         assert!(kill_command("SELECT 1").expect("parse").is_none());
         let err = kill_command("KILL QUERY 12").expect_err("bad form");
         assert!(err.to_string().contains("KILL QUERY WHERE query_id"), "{err}");
+    }
+
+    #[test]
+    fn table_names_are_normalized_as_queries_resolve_them() {
+        use datafusion::sql::sqlparser::dialect::GenericDialect;
+        use datafusion::sql::sqlparser::parser::Parser;
+        let name = |sql: &str| match Parser::parse_sql(&GenericDialect {}, sql).ok().and_then(|mut s| s.pop()) {
+            Some(Statement::Drop { names, .. }) => one_name(&names, "DROP TABLE").ok(),
+            _ => None,
+        };
+        assert_eq!(name("DROP TABLE Sales").as_deref(), Some("sales"));
+        assert_eq!(name("DROP TABLE \"Sales\"").as_deref(), Some("Sales"));
+        assert!(name("DROP TABLE a.b").is_none());
     }
 }

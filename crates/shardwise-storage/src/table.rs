@@ -193,7 +193,7 @@ impl TableDef {
                 return Err(StorageError::DuplicateTableOption { key: raw_key.clone(), accepted: TABLE_OPTIONS });
             }
             match key.as_str() {
-                "shard_key" => shard_key = Some(parse_shard_key(&name, value)?),
+                "shard_key" => shard_key = Some(key_columns_as_named(&schema, parse_shard_key(&name, value)?)),
                 "shards" => {
                     shards = parse_u32("shards", value, &format!("an integer from 1 to {MAX_SHARDS} (MAX_SHARDS)"))?
                 }
@@ -418,6 +418,22 @@ fn parse_shard_key(table: &str, value: &str) -> Result<Vec<String>, StorageError
         });
     }
     Ok(columns)
+}
+
+/// Shard-key names as the table's columns are named. The SQL parser lowercases unquoted column
+/// names (`CREATE TABLE t (Id INT)` makes a column `id`), so `shard_key = 'Id'` names `id`, unless
+/// a column is named `Id` exactly (it was quoted).
+fn key_columns_as_named(schema: &Schema, columns: Vec<String>) -> Vec<String> {
+    columns
+        .into_iter()
+        .map(|column| {
+            let lower = column.to_ascii_lowercase();
+            match schema.index_of(&column).is_err() && schema.index_of(&lower).is_ok() {
+                true => lower,
+                false => column,
+            }
+        })
+        .collect()
 }
 
 fn parse_u64(name: &'static str, value: &str, max: u64) -> Result<u64, StorageError> {

@@ -185,7 +185,7 @@ impl Peers {
         self.action_on(Lane::Requests, rank, kind, body, timeout).await
     }
 
-    /// [`Peers::action`] on `lane`; a failure that may mean the rank moved forgets its channels.
+    /// [`Peers::action`] on `lane`.
     async fn action_on(
         &self,
         lane: Lane,
@@ -194,25 +194,31 @@ impl Peers {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
+        self.once_more_if_moved(rank, lane, || self.action_once(lane, rank, kind, body.clone(), timeout)).await
+    }
+
+    /// Makes `call` to `rank`; when it fails as if the node were gone, forgets the node's
+    /// channels, and when the membership now gives the node another address than the channel
+    /// used (it restarted on new ports), makes the call once more there.
+    async fn once_more_if_moved<T, F, Fut>(&self, rank: u32, lane: Lane, call: F) -> Result<T, QueryError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, QueryError>>,
+    {
         let cached = lock(&self.channels).get(&(rank, lane)).map(|(addr, _)| addr.clone());
-        let r = self.action_once(lane, rank, kind, body.clone(), timeout).await;
+        let r = call().await;
         let Err(e) = &r else { return r };
         self.forget(rank, e);
-        if !self.moved(rank, e, cached).await {
+        let moved =
+            matches!(e, QueryError::Unavailable(_)) && cached.is_some() && self.member_addr(rank).await != cached;
+        if !moved {
             return r;
         }
-        let r = self.action_once(lane, rank, kind, body, timeout).await;
+        let r = call().await;
         if let Err(e) = &r {
             self.forget(rank, e);
         }
         r
-    }
-
-    /// True when a call to `rank` failed as if the node were gone and the membership now gives
-    /// it another address than the channel used (`cached`): it restarted on new ports, and the
-    /// call is worth making once more there.
-    async fn moved(&self, rank: u32, e: &QueryError, cached: Option<String>) -> bool {
-        matches!(e, QueryError::Unavailable(_)) && cached.is_some() && self.member_addr(rank).await != cached
     }
 
     async fn action_once(
@@ -246,18 +252,8 @@ impl Peers {
     /// A node that restarted has new ports: when the cached channel fails and the membership
     /// now gives another address, the call is made once more there.
     pub async fn fragment(&self, rank: u32, ticket: Vec<u8>, report: FragmentReport) -> Result<RemoteRows, QueryError> {
-        let cached = lock(&self.channels).get(&(rank, Lane::Requests)).map(|(addr, _)| addr.clone());
-        let r = self.fragment_once(rank, ticket.clone(), Arc::clone(&report)).await;
-        let Err(e) = &r else { return r };
-        self.forget(rank, e);
-        if !self.moved(rank, e, cached).await {
-            return r;
-        }
-        let r = self.fragment_once(rank, ticket, report).await;
-        if let Err(e) = &r {
-            self.forget(rank, e);
-        }
-        r
+        self.once_more_if_moved(rank, Lane::Requests, || self.fragment_once(rank, ticket.clone(), Arc::clone(&report)))
+            .await
     }
 
     /// One `DoGet` of a fragment (or shuffle bucket): its rows; a report message after them

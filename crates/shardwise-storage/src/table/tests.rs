@@ -146,9 +146,9 @@ fn shard_key_errors() {
         assert!(err.to_string().contains("empty column name"), "{value:?}: {err}");
     }
 
-    // Column names are case-sensitive.
-    let err = build(&[("shard_key", "ID")], 3).unwrap_err();
-    assert!(err.to_string().contains("\"ID\" is not a column"), "{err}");
+    // Names no column in any case.
+    let err = build(&[("shard_key", "IDX")], 3).unwrap_err();
+    assert!(err.to_string().contains("\"IDX\" is not a column"), "{err}");
 }
 
 /// Every supported column type, with several decimal scales, time units and zones.
@@ -303,4 +303,16 @@ fn json_rejects_bad_catalog_entries() {
     let mut zero_shards = json;
     zero_shards["shards"] = 0.into();
     assert!(serde_json::from_value::<TableDef>(zero_shards).is_err());
+}
+
+#[test]
+fn shard_key_names_unquoted_columns_in_any_case() {
+    // `CREATE TABLE t (Id ...) WITH (shard_key = 'Id')`: the parser made the column `id`.
+    assert_eq!(build(&[("shard_key", "ID,User")], 3).unwrap().shard_key, vec!["id", "user"]);
+    // A column named with capitals (quoted in the DDL) is matched exactly, and only so.
+    let schema = Arc::new(Schema::new(vec![Field::new("Id", DataType::Int64, true)]));
+    let def = TableDef::from_options("t", Arc::clone(&schema), &opts(&[("shard_key", "Id")]), 3).unwrap();
+    assert_eq!(def.shard_key, vec!["Id"]);
+    let err = TableDef::from_options("t", schema, &opts(&[("shard_key", "id")]), 3).unwrap_err();
+    assert!(err.to_string().contains("\"id\" is not a column"), "{err}");
 }

@@ -353,6 +353,16 @@ fn show_create_table_gives_the_statement_that_makes_the_same_table() {
     assert_eq!(c.sql(0, settings), options);
     assert_eq!(shown(0), statement);
     assert!(c.sql_err(0, "SHOW CREATE TABLE nope").contains("unknown table nope"));
+    // Unquoted names are lowercased, as queries resolve them: the table is `sales`, and the
+    // shard key given in another case names the lowercased column.
+    c.sql(0, "CREATE TABLE Sales (Id BIGINT, Amount DOUBLE) WITH (shard_key = 'Id')");
+    c.sql(1, "INSERT INTO SALES VALUES (1, 2.5)");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED Sales");
+    assert_eq!(c.sql(1, "SELECT count(*) FROM sales"), vec![vec!["1"]]);
+    assert_eq!(c.sql(0, "SELECT name, shard_key FROM system.tables WHERE name = 'sales'"), vec![vec!["sales", "id"]]);
+    c.sql(0, "TRUNCATE TABLE SaLeS");
+    c.sql(0, "DROP TABLE SALES");
+    assert!(c.sql(0, "SHOW TABLES").concat().iter().all(|t| t != "sales"));
 }
 
 #[test]
