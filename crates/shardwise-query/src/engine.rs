@@ -247,11 +247,12 @@ impl QueryEngine {
         let ticket = FragmentTicket::decode(ticket)?;
         let limit = ticket.header.max_memory_usage;
         let report = ticket.header.report;
-        let context = with_memory_limit(self.ctx.task_ctx(), limit)?;
+        let (context, stop) = crate::stop::with_stop_flag(with_memory_limit(self.ctx.task_ctx(), limit)?);
         let plan = decode_fragment_ticket(Arc::clone(access), &context, ticket)?;
         let run = Arc::clone(&plan);
         let stream = self.runtime.drive(plan.schema(), move || execute_merged(run, context))?;
-        Ok((explain_memory_errors(stream, limit, self.rank), report.then_some(plan)))
+        let stream = crate::stop::stop_on_drop(explain_memory_errors(stream, limit, self.rank), stop);
+        Ok((stream, report.then_some(plan)))
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's
@@ -377,6 +378,7 @@ impl QueryEngine {
                 let current = settings::current(state.config_options());
                 let memory_limit = current.max_memory_usage;
                 let (plan, context) = (Arc::clone(&physical), with_memory_limit(state.task_ctx(), memory_limit)?);
+                let (context, stop) = crate::stop::with_stop_flag(context);
                 if plan_is_analyze {
                     let _ = physical.apply(|node| {
                         if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
@@ -399,7 +401,8 @@ impl QueryEngine {
                     true => with_fragment_reports(stream, Arc::clone(&physical)),
                     false => stream,
                 };
-                Ok(self.log.track(&sql, physical, stream, current.max_execution_time_ms))
+                let stream = self.log.track(&sql, physical, stream, current.max_execution_time_ms);
+                Ok(crate::stop::stop_on_drop(stream, stop))
             }
             Action::Command(command) => {
                 self.run_command(command, state, sql, session).await?;

@@ -26,6 +26,7 @@ pub mod skip_unused_shards;
 pub mod small_groups;
 pub mod sql_split;
 pub mod sql_text;
+pub mod stop;
 pub mod system_settings;
 pub mod system_storage;
 pub mod system_tables;

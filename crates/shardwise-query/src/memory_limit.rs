@@ -48,7 +48,16 @@ pub fn with_memory_limit(context: Arc<TaskContext>, max_memory_usage: u64) -> Re
     let mut config = context.session_config().clone();
     let execution = &mut config.options_mut().execution;
     execution.sort_spill_reservation_bytes = execution.sort_spill_reservation_bytes.min(bytes / SORT_MERGE_SHARE);
-    Ok(Arc::new(TaskContext::new(
+    Ok(with_config_and_runtime(&context, config, runtime))
+}
+
+/// `context` with another configuration and runtime environment, the rest (ids, functions) kept.
+pub(crate) fn with_config_and_runtime(
+    context: &TaskContext,
+    config: datafusion::execution::config::SessionConfig,
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+) -> Arc<TaskContext> {
+    Arc::new(TaskContext::new(
         context.task_id(),
         context.session_id(),
         config,
@@ -57,7 +66,7 @@ pub fn with_memory_limit(context: Arc<TaskContext>, max_memory_usage: u64) -> Re
         context.aggregate_functions().clone(),
         context.window_functions().clone(),
         runtime,
-    )))
+    ))
 }
 
 /// The rows of `stream`, with an out-of-memory error turned into one that names

@@ -69,7 +69,15 @@ impl QueryRuntime {
                     return;
                 }
             };
-            while let Some(item) = stream.next().await {
+            // Ends as soon as the receiver is gone, not at the next batch: a query whose first
+            // batch is its last (a count) would otherwise run to its end for nobody.
+            loop {
+                let item = tokio::select! {
+                    biased;
+                    _ = tx.closed() => break,
+                    item = stream.next() => item,
+                };
+                let Some(item) = item else { break };
                 if tx.send(item).await.is_err() {
                     break;
                 }

@@ -266,8 +266,9 @@ impl ExecutionPlan for FragmentExec {
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
         };
         let schema = self.schema();
+        let stop_of = Arc::clone(&run.context);
         let stream = futures::stream::once(run.open()).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        Ok(crate::stop::stop_checked(Box::pin(RecordBatchStreamAdapter::new(schema, stream)), &stop_of))
     }
 }
 

@@ -231,7 +231,8 @@ impl ExecutionPlan for ShardScanExec {
             Ok::<_, DataFusionError>(futures::stream::iter(out.into_iter().map(Ok)))
         };
         let stream = YieldEvery { inner: futures::stream::once(read).try_flatten().boxed(), since_yield: 0 };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream)))
+        let stream = Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream));
+        Ok(crate::stop::stop_checked(stream, &context))
     }
 }
 

@@ -617,6 +617,23 @@ fn slow_queries_are_stopped_by_time_limit_and_kill_and_recorded() {
     assert_eq!(row.first().map(|r| r[0].as_str()), Some("killed"), "{row:?}");
     let err = c.sql_err(1, "KILL QUERY WHERE query_id = 'no-such-query'");
     assert!(err.contains("no query with query_id"), "{err}");
+    // And its work stops with it: the join's operators end at their next input batch (they ran
+    // on for a minute and more, computing for nobody). One batch of this join takes seconds in a
+    // debug build; within 30 s the node is idle for a whole second.
+    let cpu_ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after_name = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        // utime and stime: fields 14 and 15 of the line; after the name, the state is field 3.
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        field(14) + field(15)
+    };
+    let node = c.procs[1].pid();
+    eventually(Duration::from_secs(30), "the killed query's node to go idle", || {
+        let before = cpu_ticks(node);
+        std::thread::sleep(Duration::from_secs(1));
+        (cpu_ticks(node) - before < 20).then_some(())
+    });
 
     // A finished query is recorded with its strategy, fragments and the rows they sent.
     // DataFusion stops an operator between batches, and one batch of this join is seconds of
