@@ -146,6 +146,9 @@ pub struct Master {
     metadata: watch::Sender<MetadataSnapshot>,
     /// Proposals for the metadata task, applied in arrival order.
     proposals: mpsc::Sender<Proposal>,
+    /// Held while the membership is snapshotted and written, so that concurrent writers (two
+    /// ranks rejoining at once) write one after the other and the newest snapshot lands last.
+    persisting: Mutex<()>,
 }
 
 impl std::fmt::Debug for Master {
@@ -211,6 +214,7 @@ impl Master {
             background: Mutex::new(Vec::new()),
             metadata: watch::channel(snapshot).0,
             proposals,
+            persisting: Mutex::new(()),
         });
         if formed {
             master.persist()?;
@@ -340,6 +344,9 @@ impl Master {
     }
 
     fn persist(&self) -> Result<()> {
+        // Nothing panics while this is held that would leave the file half written (the write is
+        // atomic), so a poisoned lock is still good.
+        let _persisting = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
         let p =
             PersistedMembership { run_id: self.settings.run_id.clone(), world_size: self.settings.world_size, members };
