@@ -94,13 +94,19 @@ impl Failure {
         Failure { error, sent: false }
     }
 
-    /// The error as printed: the cause, then the insert id and how to finish the load.
+    /// The error as printed: the cause, then what became of the table. When rows may have been
+    /// sent, also the insert id and how to finish the load; when nothing was sent there is
+    /// nothing to finish, and any re-run (with or without the id) is a first load.
     fn into_error(self, insert_id: &str) -> anyhow::Error {
-        let state = if self.sent { "the server may have stored some or all of the rows" } else { "nothing was sent" };
-        anyhow!(
-            "{:#}\n{state} (insert id {insert_id}); re-running with --insert-id {insert_id} completes the load exactly once",
-            self.error
-        )
+        if self.sent {
+            anyhow!(
+                "{:#}\nthe server may have stored some or all of the rows (insert id {insert_id}); \
+                 re-running with --insert-id {insert_id} completes the load exactly once",
+                self.error
+            )
+        } else {
+            anyhow!("{:#}\nnothing was sent; the table is unchanged", self.error)
+        }
     }
 }
 
@@ -160,12 +166,13 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
     Ok((rows, file_bytes, read))
 }
 
-/// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)`, rates over the whole run.
+/// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)` (`1 row` for one), rates over the whole run.
 fn summary(rows: u64, table: &str, elapsed: Duration, file_bytes: u64) -> String {
     let seconds = elapsed.as_secs_f64();
     let mib_per_second = if seconds > 0.0 { file_bytes as f64 / BYTES_PER_MIB / seconds } else { 0.0 };
+    let noun = if rows == 1 { "row" } else { "rows" };
     format!(
-        "loaded {rows} rows into {table} in {seconds:.2} s ({} rows/s, {mib_per_second:.1} MiB/s)",
+        "loaded {rows} {noun} into {table} in {seconds:.2} s ({} rows/s, {mib_per_second:.1} MiB/s)",
         per_second(rows, elapsed)
     )
 }
@@ -420,6 +427,8 @@ mod tests {
     fn summary_line() {
         let line = summary(1000, "t", Duration::from_secs(2), 4 * 1024 * 1024);
         assert_eq!(line, "loaded 1000 rows into t in 2.00 s (500 rows/s, 2.0 MiB/s)");
+        assert!(summary(1, "t", Duration::from_secs(1), 10).starts_with("loaded 1 row into t in "));
+        assert!(summary(0, "t", Duration::from_secs(1), 10).starts_with("loaded 0 rows into t in "));
     }
 
     #[test]
@@ -444,13 +453,15 @@ mod tests {
     }
 
     #[test]
-    fn failure_messages_name_the_insert_id() {
+    fn failure_messages_name_the_insert_id_only_when_rows_may_have_been_sent() {
         let sent = Failure { error: anyhow!("boom"), sent: true }.into_error("abc");
         let text = format!("{sent:#}");
         assert!(text.contains("boom"), "{text}");
         assert!(text.contains("re-running with --insert-id abc completes the load exactly once"), "{text}");
+        assert!(text.contains("may have stored some or all of the rows (insert id abc)"), "{text}");
         let unsent = format!("{:#}", Failure::before_sending(anyhow!("bad file")).into_error("abc"));
-        assert!(unsent.contains("nothing was sent (insert id abc)"), "{unsent}");
+        assert_eq!(unsent, "bad file\nnothing was sent; the table is unchanged");
+        assert!(!unsent.contains("--insert-id") && !unsent.contains("abc"), "{unsent}");
     }
 }
 
