@@ -19,8 +19,9 @@ use crate::error::QueryError;
 extensions_options! {
     /// shardwise's settings (see docs/sql.md).
     pub struct ShardwiseSettings {
-        /// Idempotency key of an INSERT: a retry with the same id is applied exactly once.
-        pub insert_id: String, default = String::new()
+        /// Idempotency key of an INSERT (1 to 256 bytes): a retry with the same id is applied
+        /// exactly once. Unset, each insert gets a new one.
+        pub insert_id: Option<String>, default = None
         /// `immediate` tables: replicas of each shard that must have an insert durable before it
         /// is acknowledged; 0 means all replicas.
         pub insert_quorum: u64, default = 0

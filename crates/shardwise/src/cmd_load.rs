@@ -60,7 +60,7 @@ pub struct LoadArgs {
     /// Idempotency key of this load [default: a new random UUID]. The server applies a load at
     /// most once per insert id, so re-running a failed load with the id it printed completes it
     /// exactly once.
-    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_parser = parse_insert_id)]
     pub insert_id: Option<String>,
     /// User name.
     #[arg(long, env = "SHARDWISE_USER", default_value = "default")]
@@ -81,6 +81,12 @@ pub struct LoadArgs {
     /// Give up connecting after this many milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
+}
+
+/// `--insert-id`: refused here as the server would refuse it (1 to 256 bytes), before the file
+/// is read.
+fn parse_insert_id(value: &str) -> Result<String, String> {
+    shardwise_server::tables::check_insert_id(value).map(|()| value.to_string())
 }
 
 /// A failed load, and whether any rows may have reached the server.
@@ -429,6 +435,22 @@ mod tests {
         assert_eq!(line, "loaded 1000 rows into t in 2.00 s (500 rows/s, 2.0 MiB/s)");
         assert!(summary(1, "t", Duration::from_secs(1), 10).starts_with("loaded 1 row into t in "));
         assert!(summary(0, "t", Duration::from_secs(1), 10).starts_with("loaded 0 rows into t in "));
+    }
+
+    #[test]
+    fn insert_id_must_be_1_to_256_bytes() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let parse = |id: &str| Cli::try_parse_from(["load", "t", "f.csv", "--insert-id", id]).map(|c| c.load.insert_id);
+        assert_eq!(parse("L1").unwrap().as_deref(), Some("L1"));
+        let empty = parse("").unwrap_err().to_string();
+        assert!(empty.contains("insert_id is empty; give 1 to 256 bytes"), "{empty}");
+        let long = parse(&"x".repeat(257)).unwrap_err().to_string();
+        assert!(long.contains("insert_id must be 1 to 256 bytes, got 257 bytes"), "{long}");
     }
 
     #[test]
