@@ -72,6 +72,7 @@ impl DataDir {
         writeln!(lock, "{}", std::process::id()).map_err(io("write LOCK"))?;
 
         let node_id = read_or_create_identity(path)?;
+        remove_stale_temp_files(path)?;
         let cluster = read_json::<ClusterRecord>(path, CLUSTER_FILE)?;
         Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster })
     }
@@ -208,6 +209,27 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Removes the temp files [`write_atomic`] left in `dir` when a process died part-way through a
+/// write (`.<name>.<pid>.<n>.tmp` of another process, or the single `.<name>.tmp` of older
+/// builds); this process's own, perhaps being written now, are kept. The names removed.
+pub fn remove_stale_temp_files(dir: &Path) -> Result<Vec<String>> {
+    let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: dir.to_path_buf(), op, source };
+    let pid = std::process::id().to_string();
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io("list"))? {
+        let name = entry.map_err(io("list"))?.file_name().to_string_lossy().into_owned();
+        let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { continue };
+        let mut parts = inner.rsplitn(3, '.');
+        let (_n, writer, target) = (parts.next(), parts.next(), parts.next());
+        if target.is_some() && writer == Some(pid.as_str()) {
+            continue;
+        }
+        fs::remove_file(dir.join(&name)).map_err(io("remove stale temp file"))?;
+        removed.push(name);
+    }
+    Ok(removed)
+}
+
 /// Creates `dir` (and missing parents) and fsyncs each new directory's parent, so the new entries
 /// survive power loss. An existing directory costs nothing.
 pub fn create_dir_durably(dir: &Path) -> Result<()> {
@@ -324,6 +346,21 @@ mod tests {
         let names: Vec<String> =
             fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         assert_eq!(names, ["membership.json"], "temp files left behind");
+    }
+
+    #[test]
+    fn temp_files_of_dead_writers_are_removed_on_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(DataDir::open(tmp.path()).unwrap());
+        let own = format!(".cluster.json.{}.7.tmp", std::process::id());
+        let stale = [".cluster.json.tmp", ".cluster.json.4000000000.3.tmp"];
+        for name in stale.iter().chain([&own.as_str()]) {
+            fs::write(tmp.path().join(name), "partial").unwrap();
+        }
+        drop(DataDir::open(tmp.path()).unwrap());
+        assert!(stale.iter().all(|name| !tmp.path().join(name).exists()));
+        assert!(tmp.path().join(&own).exists(), "this process's own temp file may be being written");
+        assert!(tmp.path().join(IDENTITY_FILE).exists());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::datadir::{create_dir_durably, read_json, write_atomic};
+use crate::datadir::{create_dir_durably, read_json, remove_stale_temp_files, write_atomic};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::metadata::{self, MetadataMachine, MetadataSnapshot, ProposeOutcome};
@@ -187,6 +187,12 @@ impl Master {
         }
         let own = settings.own.clone();
         slots.insert(0, Slot { info: own, last_seen: None, conn: None });
+        if settings.state_dir.is_dir() {
+            let removed = remove_stale_temp_files(&settings.state_dir)?;
+            if !removed.is_empty() {
+                debug!(dir = %settings.state_dir.display(), ?removed, "removed temp files of interrupted writes");
+            }
+        }
         let snapshot = metadata::load(&settings.state_dir)?;
         if snapshot.version > 0 {
             info!(version = snapshot.version, "resuming the replicated metadata recorded in the data dir");
