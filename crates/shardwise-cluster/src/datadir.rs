@@ -18,6 +18,7 @@
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -71,6 +72,7 @@ impl DataDir {
         writeln!(lock, "{}", std::process::id()).map_err(io("write LOCK"))?;
 
         let node_id = read_or_create_identity(path)?;
+        remove_stale_temp_files(path)?;
         let cluster = read_json::<ClusterRecord>(path, CLUSTER_FILE)?;
         Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster })
     }
@@ -183,16 +185,49 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result
 
 /// Replaces `dir/name` with `bytes` atomically and durably: write a temp file, fsync it, rename
 /// it over the target, fsync the directory. A crash leaves either the old or the new content.
+///
+/// Each call writes its own temp file (`.<name>.<pid>.<n>.tmp`), so concurrent writers of one
+/// file cannot rename or truncate each other's temp file; the last rename wins. Callers that
+/// need the newest content to win serialize their writes themselves.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
     let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: dir.join(name), op, source };
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
+    let n = NEXT_TEMP.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let written = (|| {
         let mut f = File::create(&tmp).map_err(io("create temp file"))?;
         f.write_all(bytes).map_err(io("write"))?;
         f.sync_all().map_err(io("fsync"))?;
+        drop(f);
+        fs::rename(&tmp, dir.join(name)).map_err(io("rename"))
+    })();
+    if written.is_err() {
+        // Best effort: the error being returned matters more than a stray temp file.
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, dir.join(name)).map_err(io("rename"))?;
+    written?;
     sync_dir(dir)
+}
+
+/// Removes the temp files [`write_atomic`] left in `dir` when a process died part-way through a
+/// write (`.<name>.<pid>.<n>.tmp` of another process, or the single `.<name>.tmp` of older
+/// builds); this process's own, perhaps being written now, are kept. The names removed.
+pub fn remove_stale_temp_files(dir: &Path) -> Result<Vec<String>> {
+    let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: dir.to_path_buf(), op, source };
+    let pid = std::process::id().to_string();
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io("list"))? {
+        let name = entry.map_err(io("list"))?.file_name().to_string_lossy().into_owned();
+        let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { continue };
+        let mut parts = inner.rsplitn(3, '.');
+        let (_n, writer, target) = (parts.next(), parts.next(), parts.next());
+        if target.is_some() && writer == Some(pid.as_str()) {
+            continue;
+        }
+        fs::remove_file(dir.join(&name)).map_err(io("remove stale temp file"))?;
+        removed.push(name);
+    }
+    Ok(removed)
 }
 
 /// Creates `dir` (and missing parents) and fsyncs each new directory's parent, so the new entries
@@ -281,6 +316,51 @@ mod tests {
         dir.check_rank(2, 4).unwrap();
         assert!(dir.check_rank(1, 4).unwrap_err().to_string().contains("belongs to rank 2"));
         assert!(dir.check_rank(2, 3).unwrap_err().to_string().contains("world size 4"));
+    }
+
+    #[test]
+    fn concurrent_atomic_writes_of_one_file_all_succeed() {
+        // Two ranks rejoining a restarted master at once both rewrite membership.json; with one
+        // shared temp name, one writer's rename found the other's temp file already gone.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let writers = 8;
+        let rounds = 50;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..writers)
+                .map(|w| {
+                    s.spawn(move || {
+                        for r in 0..rounds {
+                            let body = serde_json::to_vec(&serde_json::json!({"writer": w, "round": r})).unwrap();
+                            write_atomic(dir, "membership.json", &body).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+        });
+        let last: serde_json::Value = read_json(dir, "membership.json").unwrap().unwrap();
+        assert!(last["writer"].as_u64().unwrap() < writers, "{last}");
+        let names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, ["membership.json"], "temp files left behind");
+    }
+
+    #[test]
+    fn temp_files_of_dead_writers_are_removed_on_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(DataDir::open(tmp.path()).unwrap());
+        let own = format!(".cluster.json.{}.7.tmp", std::process::id());
+        let stale = [".cluster.json.tmp", ".cluster.json.4000000000.3.tmp"];
+        for name in stale.iter().chain([&own.as_str()]) {
+            fs::write(tmp.path().join(name), "partial").unwrap();
+        }
+        drop(DataDir::open(tmp.path()).unwrap());
+        assert!(stale.iter().all(|name| !tmp.path().join(name).exists()));
+        assert!(tmp.path().join(&own).exists(), "this process's own temp file may be being written");
+        assert!(tmp.path().join(IDENTITY_FILE).exists());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::datadir::{create_dir_durably, read_json, write_atomic};
+use crate::datadir::{create_dir_durably, read_json, remove_stale_temp_files, write_atomic};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::metadata::{self, MetadataMachine, MetadataSnapshot, ProposeOutcome};
@@ -146,6 +146,9 @@ pub struct Master {
     metadata: watch::Sender<MetadataSnapshot>,
     /// Proposals for the metadata task, applied in arrival order.
     proposals: mpsc::Sender<Proposal>,
+    /// Held while the membership is snapshotted and written, so that concurrent writers (two
+    /// ranks rejoining at once) write one after the other and the newest snapshot lands last.
+    persisting: Mutex<()>,
 }
 
 impl std::fmt::Debug for Master {
@@ -184,6 +187,12 @@ impl Master {
         }
         let own = settings.own.clone();
         slots.insert(0, Slot { info: own, last_seen: None, conn: None });
+        if settings.state_dir.is_dir() {
+            let removed = remove_stale_temp_files(&settings.state_dir)?;
+            if !removed.is_empty() {
+                debug!(dir = %settings.state_dir.display(), ?removed, "removed temp files of interrupted writes");
+            }
+        }
         let snapshot = metadata::load(&settings.state_dir)?;
         if snapshot.version > 0 {
             info!(version = snapshot.version, "resuming the replicated metadata recorded in the data dir");
@@ -211,6 +220,7 @@ impl Master {
             background: Mutex::new(Vec::new()),
             metadata: watch::channel(snapshot).0,
             proposals,
+            persisting: Mutex::new(()),
         });
         if formed {
             master.persist()?;
@@ -340,6 +350,9 @@ impl Master {
     }
 
     fn persist(&self) -> Result<()> {
+        // Nothing panics while this is held that would leave the file half written (the write is
+        // atomic), so a poisoned lock is still good.
+        let _persisting = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
         let p =
             PersistedMembership { run_id: self.settings.run_id.clone(), world_size: self.settings.world_size, members };

@@ -32,7 +32,9 @@ impl InsertOptions {
     /// `distributed_foreground_insert`).
     pub fn from_settings(settings: &crate::settings::ShardwiseSettings) -> datafusion::error::Result<InsertOptions> {
         Ok(InsertOptions {
-            insert_id: Some(settings.insert_id.clone()).filter(|id| !id.is_empty()),
+            // As given, even empty: the node refuses an id that is not 1 to 256 bytes, where
+            // an empty one read as "no id" would make a retry insert the rows again.
+            insert_id: settings.insert_id.clone(),
             insert_quorum: match settings.insert_quorum {
                 0 => None,
                 q => Some(u32::try_from(q).map_err(|_| {
@@ -156,4 +158,31 @@ pub trait TableAccess: Send + Sync + Debug {
 
     /// `system.sync_queues`.
     fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::ShardwiseSettings;
+
+    #[test]
+    fn an_empty_insert_id_is_passed_on_to_be_refused_not_dropped() {
+        let mut settings = ShardwiseSettings::default();
+        assert_eq!(InsertOptions::from_settings(&settings).unwrap().insert_id, None);
+        settings.insert_id = Some(String::new());
+        assert_eq!(InsertOptions::from_settings(&settings).unwrap().insert_id.as_deref(), Some(""));
+        settings.insert_id = Some("a-1".into());
+        assert_eq!(InsertOptions::from_settings(&settings).unwrap().insert_id.as_deref(), Some("a-1"));
+    }
+
+    #[test]
+    fn settings_insert_id_empty_string_is_kept_as_set() {
+        use datafusion::common::config::{ConfigOptions, Extensions};
+        let mut extensions = Extensions::new();
+        extensions.insert(ShardwiseSettings::default());
+        let mut options = ConfigOptions::new().with_extensions(extensions);
+        crate::settings::apply(&mut options, &[("insert_id".into(), String::new())]).unwrap();
+        let opts = InsertOptions::from_settings(&crate::settings::current(&options)).unwrap();
+        assert_eq!(opts.insert_id.as_deref(), Some(""));
+    }
 }

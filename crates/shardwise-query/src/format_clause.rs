@@ -1,5 +1,5 @@
 //! ClickHouse's trailing `FORMAT name` clause (`SELECT ... FORMAT CSV`): the output format of a
-//! statement, for the clients that write rows as text.
+//! statement, for the clients that write the rows out (as text, or as Arrow IPC stream bytes).
 //!
 //! The HTTP API and `shardwise sql` take it off the statement before it is planned and write the
 //! answer in that format, as ClickHouse's HTTP interface and clickhouse-client do. Over

@@ -9,6 +9,7 @@
 
 use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::extensions_options;
+use datafusion::error::DataFusionError;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
@@ -18,8 +19,9 @@ use crate::error::QueryError;
 extensions_options! {
     /// shardwise's settings (see docs/sql.md).
     pub struct ShardwiseSettings {
-        /// Idempotency key of an INSERT: a retry with the same id is applied exactly once.
-        pub insert_id: String, default = String::new()
+        /// Idempotency key of an INSERT (1 to 256 bytes): a retry with the same id is applied
+        /// exactly once. Unset, each insert gets a new one.
+        pub insert_id: Option<String>, default = None
         /// `immediate` tables: replicas of each shard that must have an insert durable before it
         /// is acknowledged; 0 means all replicas.
         pub insert_quorum: u64, default = 0
@@ -234,18 +236,99 @@ pub fn option_key(name: &str) -> String {
     if SETTING_NAMES.contains(&name) { format!("{}.{name}", ShardwiseSettings::PREFIX) } else { lower }
 }
 
-/// Applies `name = value` pairs to `options`, naming the setting on error.
+/// Applies `name = value` pairs to `options`, naming the setting on error: for a known setting
+/// what values it accepts, for an unknown name the names of shardwise's settings.
 pub fn apply(options: &mut ConfigOptions, pairs: &[(String, String)]) -> Result<(), QueryError> {
     for (name, value) in pairs {
-        options.set(&option_key(name), value).map_err(|e| {
-            QueryError::BadSetting(format!(
-                "{name} = {value}: {}; shardwise settings: {}",
-                e.strip_backtrace(),
-                SETTING_NAMES.join(", ")
-            ))
-        })?;
+        let key = option_key(name);
+        if let Err(e) = options.set(&key, value) {
+            let shown = name_as_written(name);
+            let reason = if is_known(options, &key) {
+                bad_value(&e)
+            } else {
+                format!("no such setting; shardwise settings: {}", SETTING_NAMES.join(", "))
+            };
+            return Err(QueryError::BadSetting(format!("{shown} = {value}: {reason}")));
+        }
     }
     Ok(())
+}
+
+/// The name as the user wrote it: without the `shardwise.` prefix `SET` adds to a shardwise
+/// setting ([`qualify_set`]).
+fn name_as_written(name: &str) -> &str {
+    match name.split_once('.') {
+        Some((prefix, rest))
+            if prefix.eq_ignore_ascii_case(ShardwiseSettings::PREFIX)
+                && SETTING_NAMES.contains(&canonical(&rest.to_ascii_lowercase())) =>
+        {
+            rest
+        }
+        _ => name,
+    }
+}
+
+/// Whether option `key` names a setting (shardwise's or DataFusion's).
+fn is_known(options: &ConfigOptions, key: &str) -> bool {
+    let shardwise = key.strip_prefix(ShardwiseSettings::PREFIX).and_then(|rest| rest.strip_prefix('.'));
+    match shardwise {
+        Some(name) => SETTING_NAMES.contains(&name),
+        None => options.entries().iter().any(|entry| entry.key == key),
+    }
+}
+
+/// Why a known setting refused a value, and what it accepts: the word settings' own message
+/// (`"x" is not one of ...`), the range of a numeric one, or else DataFusion's message.
+fn bad_value(e: &DataFusionError) -> String {
+    if let Some(message) = configuration_message(e) {
+        return message.to_string();
+    }
+    match parsed_type(e).and_then(accepted_numbers) {
+        Some(accepted) => format!("expected {accepted}"),
+        None => e.strip_backtrace(),
+    }
+}
+
+/// The message of the configuration error inside `e`, if it is one (a word setting's or a
+/// flag's `FromStr` error).
+fn configuration_message(e: &DataFusionError) -> Option<&str> {
+    match e {
+        DataFusionError::Configuration(message) => Some(message),
+        DataFusionError::Context(_, inner) => configuration_message(inner),
+        _ => None,
+    }
+}
+
+/// The type DataFusion failed to parse the value as (its `Error parsing 'v' as T` context).
+fn parsed_type(e: &DataFusionError) -> Option<&str> {
+    match e {
+        DataFusionError::Context(message, inner) => message
+            .strip_prefix("Error parsing '")
+            .and_then(|rest| rest.rsplit_once("' as "))
+            .map(|(_, type_name)| type_name)
+            .or_else(|| parsed_type(inner)),
+        _ => None,
+    }
+}
+
+/// The values a numeric type accepts, in words.
+fn accepted_numbers(type_name: &str) -> Option<String> {
+    let whole = |min: i128, max: u128| format!("a whole number from {min} to {max}");
+    Some(match type_name {
+        "u8" => whole(0, u8::MAX.into()),
+        "u16" => whole(0, u16::MAX.into()),
+        "u32" => whole(0, u32::MAX.into()),
+        "u64" => whole(0, u64::MAX.into()),
+        "usize" => whole(0, usize::MAX as u128),
+        "i8" => whole(i8::MIN.into(), i8::MAX as u128),
+        "i16" => whole(i16::MIN.into(), i16::MAX as u128),
+        "i32" => whole(i32::MIN.into(), i32::MAX as u128),
+        "i64" => whole(i64::MIN.into(), i64::MAX as u128),
+        "isize" => whole(isize::MIN as i128, isize::MAX as u128),
+        "f32" | "f64" => "a number".to_string(),
+        "bool" => "true or false".to_string(),
+        _ => return None,
+    })
 }
 
 pub(crate) fn tokens(sql: &str) -> Result<Vec<TokenWithSpan>, QueryError> {
@@ -502,6 +585,67 @@ mod tests {
         assert!(err.to_string().contains("insert_quorum = many"), "{err}");
         let err = apply(&mut options, &[("no_such".into(), "1".into())]).unwrap_err();
         assert!(err.to_string().contains("no_such"), "{err}");
+    }
+
+    fn options() -> ConfigOptions {
+        let mut extensions = datafusion::common::config::Extensions::new();
+        extensions.insert(ShardwiseSettings::default());
+        ConfigOptions::new().with_extensions(extensions)
+    }
+
+    fn apply_error(name: &str, value: &str) -> String {
+        match apply(&mut options(), &[(name.into(), value.into())]) {
+            Ok(()) => panic!("{name} = {value} was accepted"),
+            Err(QueryError::BadSetting(message)) => message,
+            Err(other) => panic!("{name} = {value}: not a BadSetting: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_value_says_what_is_accepted_and_lists_no_names() {
+        assert_eq!(
+            apply_error("distributed_group_by_no_merge", "-1"),
+            "distributed_group_by_no_merge = -1: expected a whole number from 0 to 18446744073709551615"
+        );
+        assert_eq!(
+            apply_error("load_balancing", "bogus"),
+            "load_balancing = bogus: \"bogus\" is not one of nearest, in_order, random, round_robin"
+        );
+        assert_eq!(
+            apply_error("skip_unavailable_shards", "yes"),
+            "skip_unavailable_shards = yes: \"yes\" is not one of 0, 1, true, false"
+        );
+        let batch_size = apply_error("datafusion.execution.batch_size", "x");
+        assert_eq!(
+            batch_size,
+            format!("datafusion.execution.batch_size = x: expected a whole number from 0 to {}", usize::MAX)
+        );
+        // Every shardwise setting that can refuse a value says what it accepts, never the names.
+        for name in SETTING_NAMES.iter().filter(|name| **name != "insert_id") {
+            let message = apply_error(name, "bogus");
+            assert!(message.contains("expected a whole number") || message.contains("is not one of"), "{message}");
+            assert!(!message.contains("shardwise settings"), "{message}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_settings() {
+        let message = apply_error("no_such", "1");
+        assert!(message.starts_with("no_such = 1: no such setting; shardwise settings: insert_id, "), "{message}");
+        assert!(message.ends_with("many_groups_aggregation"), "{message}");
+        let message = apply_error("datafusion.execution.no_such", "1");
+        assert!(message.contains("no such setting"), "{message}");
+    }
+
+    #[test]
+    fn set_errors_show_the_name_as_written() {
+        // `SET load_balancing = 'bogus'` arrives as shardwise.load_balancing (see qualify_set).
+        let qualified = qualify_set("SET Load_Balancing = 'bogus'").unwrap();
+        assert_eq!(qualified, "SET shardwise.Load_Balancing = 'bogus'");
+        let message = apply_error("shardwise.Load_Balancing", "bogus");
+        assert!(message.starts_with("Load_Balancing = bogus: "), "{message}");
+        assert_eq!(name_as_written("shardwise.no_such"), "shardwise.no_such");
+        assert_eq!(name_as_written("datafusion.execution.batch_size"), "datafusion.execution.batch_size");
     }
 
     #[test]

@@ -62,14 +62,34 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "http endpoint listening");
     }
-    let app = Router::new()
+    let routes = Router::new()
         .route("/", get(status_page))
         .route("/query", post(query))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let app = with_json_fallbacks(routes)
         .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
         .with_state(Http { engine, users });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::ServerError::Http)
+}
+
+/// The paths the API serves, for the 404 answer.
+const PATHS: &str = "POST /query, GET /health, GET /metrics and GET / (the status page)";
+
+/// `routes` answering an unknown path (404) or a known path with another method (405) as every
+/// other error is answered, with a JSON body (axum's own answers have an empty one).
+fn with_json_fallbacks<S: Clone + Send + Sync + 'static>(routes: Router<S>) -> Router<S> {
+    routes.fallback(no_such_path).method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn no_such_path(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
+    let message = format!("no such path: {method} {}; this API serves {PATHS}", uri.path());
+    Failure::new(StatusCode::NOT_FOUND, "not_found", message)
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
+    let message = format!("{} does not take {method}; this API serves {PATHS}", uri.path());
+    Failure::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
 }
 
 /// An error answer: a status and `{"error": ..., "kind": ...}`.
@@ -481,6 +501,45 @@ async fn rows(engine: &QueryEngine, sql: &str) -> Result<Vec<Vec<String>>, Failu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The raw HTTP/1.1 answer of `router` to `method path`.
+    async fn answer(router: Router, method: &str, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.expect("read");
+        server.abort();
+        out
+    }
+
+    /// The status line and the body, parsed as JSON.
+    fn status_and_json(answer: &str) -> (String, serde_json::Value) {
+        let (head, body) = answer.split_once("\r\n\r\n").expect("head and body");
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+        let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+        (head.lines().next().unwrap_or("").to_string(), body)
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_and_methods_get_a_json_error() {
+        let router = with_json_fallbacks(Router::new().route("/query", post(|| async { "rows" })));
+        let (status, body) = status_and_json(&answer(router.clone(), "GET", "/nosuch").await);
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+        assert_eq!(body["kind"], "not_found");
+        let error = body["error"].as_str().unwrap_or("");
+        assert!(error.starts_with("no such path: GET /nosuch; this API serves POST /query"), "{error}");
+        let (status, body) = status_and_json(&answer(router.clone(), "GET", "/query").await);
+        assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+        assert_eq!(body["kind"], "method_not_allowed");
+        assert!(body["error"].as_str().unwrap_or("").starts_with("/query does not take GET"), "{body}");
+        assert!(answer(router, "POST", "/query").await.ends_with("rows"));
+    }
 
     #[test]
     fn the_format_comes_from_the_parameter_then_accept() {

@@ -60,7 +60,7 @@ pub struct LoadArgs {
     /// Idempotency key of this load [default: a new random UUID]. The server applies a load at
     /// most once per insert id, so re-running a failed load with the id it printed completes it
     /// exactly once.
-    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    #[arg(long, value_parser = parse_insert_id)]
     pub insert_id: Option<String>,
     /// User name.
     #[arg(long, env = "SHARDWISE_USER", default_value = "default")]
@@ -83,6 +83,12 @@ pub struct LoadArgs {
     pub connect_timeout_ms: u64,
 }
 
+/// `--insert-id`: refused here as the server would refuse it (1 to 256 bytes), before the file
+/// is read.
+fn parse_insert_id(value: &str) -> Result<String, String> {
+    shardwise_server::tables::check_insert_id(value).map(|()| value.to_string())
+}
+
 /// A failed load, and whether any rows may have reached the server.
 struct Failure {
     error: anyhow::Error,
@@ -94,13 +100,19 @@ impl Failure {
         Failure { error, sent: false }
     }
 
-    /// The error as printed: the cause, then the insert id and how to finish the load.
+    /// The error as printed: the cause, then what became of the table. When rows may have been
+    /// sent, also the insert id and how to finish the load; when nothing was sent there is
+    /// nothing to finish, and any re-run (with or without the id) is a first load.
     fn into_error(self, insert_id: &str) -> anyhow::Error {
-        let state = if self.sent { "the server may have stored some or all of the rows" } else { "nothing was sent" };
-        anyhow!(
-            "{:#}\n{state} (insert id {insert_id}); re-running with --insert-id {insert_id} completes the load exactly once",
-            self.error
-        )
+        if self.sent {
+            anyhow!(
+                "{:#}\nthe server may have stored some or all of the rows (insert id {insert_id}); \
+                 re-running with --insert-id {insert_id} completes the load exactly once",
+                self.error
+            )
+        } else {
+            anyhow!("{:#}\nnothing was sent; the table is unchanged", self.error)
+        }
     }
 }
 
@@ -160,12 +172,13 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
     Ok((rows, file_bytes, read))
 }
 
-/// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)`, rates over the whole run.
+/// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)` (`1 row` for one), rates over the whole run.
 fn summary(rows: u64, table: &str, elapsed: Duration, file_bytes: u64) -> String {
     let seconds = elapsed.as_secs_f64();
     let mib_per_second = if seconds > 0.0 { file_bytes as f64 / BYTES_PER_MIB / seconds } else { 0.0 };
+    let noun = if rows == 1 { "row" } else { "rows" };
     format!(
-        "loaded {rows} rows into {table} in {seconds:.2} s ({} rows/s, {mib_per_second:.1} MiB/s)",
+        "loaded {rows} {noun} into {table} in {seconds:.2} s ({} rows/s, {mib_per_second:.1} MiB/s)",
         per_second(rows, elapsed)
     )
 }
@@ -420,6 +433,24 @@ mod tests {
     fn summary_line() {
         let line = summary(1000, "t", Duration::from_secs(2), 4 * 1024 * 1024);
         assert_eq!(line, "loaded 1000 rows into t in 2.00 s (500 rows/s, 2.0 MiB/s)");
+        assert!(summary(1, "t", Duration::from_secs(1), 10).starts_with("loaded 1 row into t in "));
+        assert!(summary(0, "t", Duration::from_secs(1), 10).starts_with("loaded 0 rows into t in "));
+    }
+
+    #[test]
+    fn insert_id_must_be_1_to_256_bytes() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let parse = |id: &str| Cli::try_parse_from(["load", "t", "f.csv", "--insert-id", id]).map(|c| c.load.insert_id);
+        assert_eq!(parse("L1").unwrap().as_deref(), Some("L1"));
+        let empty = parse("").unwrap_err().to_string();
+        assert!(empty.contains("insert_id is empty; give 1 to 256 bytes"), "{empty}");
+        let long = parse(&"x".repeat(257)).unwrap_err().to_string();
+        assert!(long.contains("insert_id must be 1 to 256 bytes, got 257 bytes"), "{long}");
     }
 
     #[test]
@@ -444,13 +475,15 @@ mod tests {
     }
 
     #[test]
-    fn failure_messages_name_the_insert_id() {
+    fn failure_messages_name_the_insert_id_only_when_rows_may_have_been_sent() {
         let sent = Failure { error: anyhow!("boom"), sent: true }.into_error("abc");
         let text = format!("{sent:#}");
         assert!(text.contains("boom"), "{text}");
         assert!(text.contains("re-running with --insert-id abc completes the load exactly once"), "{text}");
+        assert!(text.contains("may have stored some or all of the rows (insert id abc)"), "{text}");
         let unsent = format!("{:#}", Failure::before_sending(anyhow!("bad file")).into_error("abc"));
-        assert!(unsent.contains("nothing was sent (insert id abc)"), "{unsent}");
+        assert_eq!(unsent, "bad file\nnothing was sent; the table is unchanged");
+        assert!(!unsent.contains("--insert-id") && !unsent.contains("abc"), "{unsent}");
     }
 }
 

@@ -40,6 +40,10 @@ pub enum OutputFormat {
     /// CSV without a header row (ClickHouse's `FORMAT CSV`; only from a FORMAT clause).
     #[value(skip)]
     CsvNoHeader,
+    /// An Arrow IPC stream (ClickHouse's `FORMAT ArrowStream`; only from a FORMAT clause, and
+    /// only when standard output is not a terminal).
+    #[value(skip)]
+    ArrowStream,
 }
 
 impl OutputFormat {
@@ -50,11 +54,18 @@ impl OutputFormat {
             ClauseFormat::Csv { header: false } => Ok(OutputFormat::CsvNoHeader),
             ClauseFormat::JsonEachRow => Ok(OutputFormat::Json),
             ClauseFormat::Pretty => Ok(OutputFormat::Table),
-            ClauseFormat::ArrowStream => {
-                Err("FORMAT ArrowStream: shardwise sql prints text; fetch Arrow through ADBC or the HTTP API"
-                    .to_string())
-            }
+            ClauseFormat::ArrowStream => Ok(OutputFormat::ArrowStream),
         }
+    }
+
+    /// Refuses to write binary output (an Arrow IPC stream) to a terminal.
+    fn check_destination(self, stdout_is_terminal: bool) -> Result<(), String> {
+        if self == OutputFormat::ArrowStream && stdout_is_terminal {
+            return Err("FORMAT ArrowStream writes binary Arrow IPC stream bytes, not to a terminal; \
+                        redirect standard output to a file or a pipe"
+                .to_string());
+        }
+        Ok(())
     }
 }
 
@@ -69,7 +80,8 @@ pub struct ScriptArgs {
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// Output format. A statement's trailing ClickHouse `FORMAT` clause (`CSV`, without a header,
-    /// `CSVWithNames`, `JSONEachRow`, `Pretty`) overrides it for that statement.
+    /// `CSVWithNames`, `JSONEachRow`, `Pretty`, or `ArrowStream` when standard output is not a
+    /// terminal) overrides it for that statement.
     #[arg(long, value_enum, default_value = "table")]
     pub format: OutputFormat,
     /// Run the interactive shell even when standard input is not a terminal (without `-e` or
@@ -264,6 +276,7 @@ async fn run_statement(
     // A trailing FORMAT clause is the client's to apply (the server refuses it).
     let (sql, clause) = split_format_clause(sql).map_err(|e| e.to_string())?;
     let format = clause.map(OutputFormat::of_clause).transpose()?.unwrap_or(format);
+    format.check_destination(std::io::stdout().is_terminal())?;
     let info = client.execute(sql, None).await.map_err(flight_message)?;
     let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
     let mut out = Vec::new();
@@ -330,6 +343,13 @@ fn render(
             let mut writer = arrow::json::WriterBuilder::new()
                 .with_explicit_nulls(true)
                 .build::<_, arrow::json::writer::LineDelimited>(out);
+            for batch in batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+        OutputFormat::ArrowStream => {
+            let mut writer = arrow::ipc::writer::StreamWriter::try_new(out, schema)?;
             for batch in batches {
                 writer.write(batch)?;
             }
@@ -413,6 +433,32 @@ mod tests {
         let (schema, _) = sample();
         let text = rendered(&[], schema, OutputFormat::Table);
         assert!(text.contains("| n | s |"), "{text}");
+    }
+
+    #[test]
+    fn every_format_a_format_clause_names_is_written() {
+        // The clause's error lists ArrowStream among the accepted formats; shardwise sql used to
+        // refuse it.
+        for name in ["CSV", "CSVWithNames", "JSONEachRow", "ArrowStream", "Pretty"] {
+            assert!(shardwise_query::format_clause::FORMAT_NAMES.contains(name), "{name}");
+            let (_, clause) = split_format_clause(&format!("SELECT 1 FORMAT {name}")).expect("split");
+            let clause = clause.expect("a format");
+            assert!(OutputFormat::of_clause(clause).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn renders_an_arrow_ipc_stream_but_not_to_a_terminal() {
+        let (schema, batch) = sample();
+        let mut out = Vec::new();
+        render(&schema, std::slice::from_ref(&batch), OutputFormat::ArrowStream, &mut out).expect("render");
+        let reader = arrow::ipc::reader::StreamReader::try_new(&out[..], None).expect("a stream");
+        let back: Vec<RecordBatch> = reader.collect::<Result<_, _>>().expect("batches");
+        assert_eq!(back, [batch]);
+        let refused = OutputFormat::ArrowStream.check_destination(true).unwrap_err();
+        assert!(refused.contains("not to a terminal"), "{refused}");
+        assert!(OutputFormat::ArrowStream.check_destination(false).is_ok());
+        assert!(OutputFormat::Csv.check_destination(true).is_ok());
     }
 
     #[test]

@@ -27,6 +27,20 @@ use crate::ingest::client_insert_id;
 /// The longest insert id accepted.
 pub const INSERT_ID_MAX_BYTES: usize = 256;
 
+/// Checks an insert id a client gave (`SETTINGS insert_id`, the ingest option, `shardwise load
+/// --insert-id`): 1 to [`INSERT_ID_MAX_BYTES`] bytes. An empty one would dedup nothing.
+pub fn check_insert_id(insert_id: &str) -> Result<(), String> {
+    match insert_id.len() {
+        0 => Err(format!(
+            "insert_id is empty; give 1 to {INSERT_ID_MAX_BYTES} bytes, or no insert_id for a new one per insert"
+        )),
+        n if n > INSERT_ID_MAX_BYTES => {
+            Err(format!("insert_id must be 1 to {INSERT_ID_MAX_BYTES} bytes, got {n} bytes"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// One chunk of an insert, placed: the pieces each destination rank gets.
 struct PlacedChunk {
     index: u64,
@@ -46,13 +60,10 @@ impl TablesNode {
         let (catalog_version, entry) = self.entry(table)?;
         let batches = conform(&entry, batches)?;
         let insert_id = match opts.insert_id {
-            Some(id) if client_insert_id(&id).is_empty() || client_insert_id(&id).len() > INSERT_ID_MAX_BYTES => {
-                return Err(QueryError::Rejected(format!(
-                    "insert_id must be 1 to {INSERT_ID_MAX_BYTES} bytes, got {} bytes",
-                    client_insert_id(&id).len()
-                )));
+            Some(id) => {
+                check_insert_id(client_insert_id(&id)).map_err(QueryError::Rejected)?;
+                id
             }
-            Some(id) => id,
             None => uuid::Uuid::new_v4().to_string(),
         };
         let total_rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -368,5 +379,17 @@ mod tests {
         let sizes: Vec<usize> = out.iter().map(|c| c.iter().map(|b| b.num_rows()).sum()).collect();
         assert_eq!(sizes, vec![4, 4, 4, 1]);
         assert!(chunks(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn insert_ids_are_1_to_256_bytes() {
+        assert!(check_insert_id("a").is_ok());
+        assert!(check_insert_id(&"x".repeat(INSERT_ID_MAX_BYTES)).is_ok());
+        let long = check_insert_id(&"x".repeat(INSERT_ID_MAX_BYTES + 1)).unwrap_err();
+        assert_eq!(long, "insert_id must be 1 to 256 bytes, got 257 bytes");
+        let empty = check_insert_id("").unwrap_err();
+        assert!(empty.starts_with("insert_id is empty; give 1 to 256 bytes"), "{empty}");
+        // A load's segment ids are checked by the id the client gave.
+        assert!(check_insert_id(client_insert_id("/seg-0")).is_err());
     }
 }

@@ -34,6 +34,7 @@ use shardwise_query::{
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
 
+pub use insert::{INSERT_ID_MAX_BYTES, check_insert_id};
 pub(crate) use locks::{blocking, lock, lock_from_runtime, run_locked_short};
 pub use peers::{DataPlaneAuth, Peers};
 pub use sender::SenderStatus;

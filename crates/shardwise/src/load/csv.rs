@@ -20,7 +20,7 @@ use arrow::datatypes::SchemaRef;
 mod records;
 mod text;
 
-use records::{Record, Records, split_fields};
+use records::{Record, Records, split_fields, unclosed_quote};
 use text::text_columns;
 
 use super::parallel::{self, Jobs};
@@ -49,7 +49,8 @@ pub fn read_on<R: Read>(
 ) -> anyhow::Result<Vec<RecordBatch>> {
     let mut records = Records::new(input);
     let Some(header) = records.next(progress).with_context(|| format!("cannot read {label}"))? else {
-        return Ok(Vec::new());
+        // A header with no rows loads no rows; no header at all is not a CSV file of this table.
+        bail!("{label} is empty: it has no header row naming the columns");
     };
     let columns = Columns::from_header(records.buf(), &header, schema, label)?;
     records.take_through(header.end);
@@ -108,6 +109,12 @@ fn split<R: Read>(
     }
 }
 
+/// Whether `record` has a quoted field that is never closed (only a record with a quoted field
+/// can).
+fn has_unclosed_quote(bytes: &[u8], record: &Record) -> bool {
+    record.quoted && unclosed_quote(record.text(bytes)).is_some()
+}
+
 /// How the file's columns (header order) map onto the table's.
 struct Columns {
     /// The header's names, in file order.
@@ -121,6 +128,11 @@ impl Columns {
     /// Reads the header and checks it: known, distinct names; every NOT NULL column present.
     fn from_header(bytes: &[u8], header: &Record, schema: &SchemaRef, label: &str) -> anyhow::Result<Columns> {
         let at = format!("{label} line {} (the header)", header.line);
+        if let Some(open) = unclosed_quote(header.text(bytes)) {
+            let fields = split_fields(header.text(bytes));
+            let column = fields.iter().rposition(|f| f.start <= open).unwrap_or(0);
+            bail!("{at}, column {}: a quoted field is not closed (it runs to the end of the file)", column + 1);
+        }
         let mut names = Vec::new();
         for (index, field) in split_fields(header.text(bytes)).into_iter().enumerate() {
             match String::from_utf8(field.value) {
@@ -150,9 +162,13 @@ impl Columns {
         Ok(Columns { names, header_line: header.line, source })
     }
 
-    /// Checks the records' field counts and encoding before they are decoded; the error is the
-    /// first failing record's, its field count before its encoding.
+    /// Checks the records' quotes, field counts and encoding before they are decoded; the error
+    /// is the first failing record's, an unclosed quote before its field count before its
+    /// encoding.
     fn check_records(&self, bytes: &[u8], records: &[Record], label: &str) -> anyhow::Result<()> {
+        // A quoted field never closed runs to the end of the file, so only the last record of
+        // the file, the last of its batch, can have one.
+        let unclosed = records.len().checked_sub(1).filter(|&last| has_unclosed_quote(bytes, &records[last]));
         let miscounted = records.iter().position(|r| r.fields != self.names.len());
         let checked = &records[..miscounted.map_or(records.len(), |index| index + 1)];
         // One pass over all their bytes: records end at line breaks, which UTF-8 is valid across.
@@ -162,14 +178,25 @@ impl Columns {
                 .map(|e| checked.partition_point(|r| r.end <= first.content + e.valid_up_to())),
             _ => None,
         };
-        match miscounted.into_iter().chain(invalid).min() {
+        match miscounted.into_iter().chain(invalid).chain(unclosed).min() {
             Some(index) => self.check_record(bytes, &records[index], label),
             None => Ok(()),
         }
     }
 
-    /// Checks a record's field count and encoding.
+    /// Checks a record's quotes, field count and encoding.
     fn check_record(&self, bytes: &[u8], record: &Record, label: &str) -> anyhow::Result<()> {
+        if record.quoted
+            && let Some(open) = unclosed_quote(record.text(bytes))
+        {
+            let offset = record.content + open;
+            let column = self.column_at(bytes, record, offset);
+            let line = record.line_at(bytes, offset);
+            bail!(
+                "{label} line {line}, {}: a quoted field is not closed (it runs to the end of the file)",
+                self.describe_column(column)
+            );
+        }
         let expected = self.names.len();
         if record.fields != expected {
             let detail = match self.names.get(record.fields) {

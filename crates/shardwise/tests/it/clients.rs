@@ -352,8 +352,16 @@ fn every_http_route_with_curl() {
     let (code, body) = curl(&[&format!("{base}/")]);
     assert_eq!(code, 200);
     assert!(body.contains("<title>shardwise status</title>"), "{body}");
-    let (code, _) = curl(&[&format!("{base}/nosuch")]);
-    assert_eq!(code, 404);
+    // Unknown paths and methods answer with the same JSON error body.
+    for (args, want, says) in [
+        (vec![format!("{base}/nosuch")], 404, "no such path: GET /nosuch"),
+        (vec![query.clone()], 405, "/query does not take GET"),
+    ] {
+        let (code, body) = curl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(code, want, "{args:?}: {body}");
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert!(parsed["error"].as_str().unwrap_or("").contains(says), "{args:?}: {body}");
+    }
 }
 
 #[test]

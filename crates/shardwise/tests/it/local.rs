@@ -22,6 +22,18 @@ fn local_runs_a_script_against_an_embedded_cluster() {
 }
 
 #[test]
+fn format_arrow_stream_writes_an_arrow_ipc_stream_to_a_pipe() {
+    let mut cmd = shardwise();
+    cmd.args(["local", "--nodes", "1", "-e", "SELECT 1 AS one, 'a' AS s FORMAT ArrowStream"]);
+    let out = crate::support::run_with_timeout(cmd, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reader = arrow::ipc::reader::StreamReader::try_new(&out.stdout[..], None).expect("an Arrow IPC stream");
+    let batches: Vec<_> = reader.collect::<Result<_, _>>().expect("batches");
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    assert_eq!(batches[0].schema().field(0).name(), "one");
+}
+
+#[test]
 fn the_shell_reads_statements_over_lines_keeps_its_session_and_survives_errors() {
     let mut cmd = shardwise();
     cmd.args(["local", "--nodes", "2", "--interactive"]).env("SHARDWISE_HISTORY", "/dev/null");

@@ -237,6 +237,27 @@ fn scan_record(buf: &[u8], from: usize, eof: bool) -> Scan {
     }
 }
 
+/// Where the quoted field of `record` (one record's bytes, as found) that is never closed opens,
+/// if one is not: its record then runs to the end of the file, taking every line after the quote
+/// into that field. `None` for a record whose quoted fields are all closed.
+pub fn unclosed_quote(record: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        at += unquoted_run(&record[at..]).0;
+        if record.get(at) != Some(&b'"') {
+            return None; // the end of the record: a line break or its last byte
+        }
+        if at != 0 && record[at - 1] != b',' {
+            at += 1; // a quote inside an unquoted field is a plain byte
+            continue;
+        }
+        match closing_quote(record, at + 1, true) {
+            Some(close) => at = close + 1,
+            None => return Some(at),
+        }
+    }
+}
+
 /// The length of `bytes` before the first quote or line break, and the commas in it.
 fn unquoted_run(bytes: &[u8]) -> (usize, usize) {
     let mut commas = 0;
@@ -455,6 +476,30 @@ mod tests {
             found.iter().map(|r| (r.line, r.fields)).collect::<Vec<_>>(),
             [(1, 1), (2, 2), (3, 2), (4 + READ_CHUNK_BYTES as u64, 2), (7 + READ_CHUNK_BYTES as u64, 2)]
         );
+    }
+
+    #[test]
+    fn unclosed_quotes_are_found() {
+        for (record, expected) in [
+            (&b"1,\"abc\n2,x\n"[..], Some(2)),
+            (b"\"a", Some(0)),
+            (b"1,\"ab\"\"", Some(2)),
+            (b"1,\"a\",\"b", Some(6)),
+            (b"1,\"a\"\n", None),
+            (b"1,\"a\"", None),
+            (b"1,\"a\"\"b\",2\n", None),
+            (b"1,a\"b\n", None),
+            (b"1,a\"b", None),
+            (b"\"\"", None),
+            (b"", None),
+        ] {
+            assert_eq!(unclosed_quote(record), expected, "{:?}", String::from_utf8_lossy(record));
+        }
+        // As the scanner finds them: an unclosed quote takes the rest of the file into its record.
+        let text = b"h,i\n1,\"a\n2,b\n";
+        let found = records(text, false);
+        assert_eq!(found.len(), 2);
+        assert_eq!(unclosed_quote(found[1].text(text)), Some(2));
     }
 
     #[test]

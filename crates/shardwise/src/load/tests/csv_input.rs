@@ -52,11 +52,50 @@ fn splits_into_batches_of_batch_rows() {
 }
 
 #[test]
-fn empty_file_and_header_only_load_no_rows() {
-    for text in ["", "id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "\n\n", "id", "\u{feff}"] {
+fn header_only_loads_no_rows() {
+    for text in ["id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "id", "\n\nid\n\n"] {
         let batches = read_csv(text.as_bytes(), &small(), 2).expect(text);
         assert_eq!(rows(&batches).iter().sum::<usize>(), 0, "{text:?}");
     }
+}
+
+#[test]
+fn a_file_without_a_header_row_is_an_error() {
+    // A 0-byte file used to load 0 rows as if it had been a header-only one.
+    for text in ["", "\n\n", "\r\n", "\u{feff}"] {
+        assert_eq!(csv_error(text, &small()), "data.csv is empty: it has no header row naming the columns", "{text:?}");
+    }
+}
+
+#[test]
+fn an_unclosed_quote_is_named_as_such() {
+    // The quote opened on line 3 takes the rest of the file into one field.
+    let text = "id,qty,name\n1,2,a\n2,\"3,b\n3,4,c\n";
+    assert_eq!(
+        csv_error(text, &small()),
+        "data.csv line 3, column 2 \"qty\": a quoted field is not closed (it runs to the end of the file)"
+    );
+    // Even when the field count happens to match, rather than loading the rest of the file as
+    // one value.
+    let text = "id,qty,name\n1,2,\"a\n2,3,b\n";
+    assert_eq!(
+        csv_error(text, &small()),
+        "data.csv line 2, column 3 \"name\": a quoted field is not closed (it runs to the end of the file)"
+    );
+    // An escaped quote does not close a field; an earlier bad row is still reported first.
+    let text = "id,qty,name\n1,2\n2,3,\"b\"\"\n";
+    assert!(csv_error(text, &small()).starts_with("data.csv line 2: 2 fields"));
+    let text = "id,qty,name\n2,3,\"b\"\"\n";
+    assert!(csv_error(text, &small()).ends_with("a quoted field is not closed (it runs to the end of the file)"));
+    // In the header.
+    let text = "id,\"qty\n1,2\n";
+    assert_eq!(
+        csv_error(text, &small()),
+        "data.csv line 1 (the header), column 2: a quoted field is not closed (it runs to the end of the file)"
+    );
+    // A closed quoted field with line breaks is fine.
+    let batches = read_csv(b"id,name\n1,\"a\nb\"\n2,\"\"\"\"\n", &small(), 2).expect("read");
+    assert_eq!(rows(&batches), [2]);
 }
 
 #[test]
