@@ -766,8 +766,19 @@ fn max_memory_usage_holds_on_the_node_that_runs_a_remote_fragment() {
     limited.sort();
     assert!(limited == unlimited, "the answer under the limit differs");
     // Too little even to spill: the error names the setting, the limit and the node that ran out.
-    let err = c.sql_err(1, &format!("{grouped} SETTINGS max_memory_usage = 2000"));
-    assert!(err.contains("max_memory_usage = 2000 bytes") && err.contains("rank 0"), "{err}");
+    // DataFusion 55's RepartitionExec can deadlock when two of its inputs spill at once under a
+    // memory limit (apache/datafusion#24883, fixed in a later release; about one run in ten here
+    // under load): the time limit ends such a run, and the statement is tried again.
+    let limited = format!("{grouped} SETTINGS max_memory_usage = 2000, max_execution_time_ms = 15000");
+    let mut stopped = Vec::new();
+    let err = loop {
+        let err = c.sql_err(1, &limited);
+        if !err.contains("max_execution_time_ms") || stopped.len() == 2 {
+            break err;
+        }
+        stopped.push(err);
+    };
+    assert!(err.contains("max_memory_usage = 2000 bytes") && err.contains("rank 0"), "{err} (before: {stopped:?})");
 }
 
 #[test]
