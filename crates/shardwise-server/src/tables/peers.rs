@@ -194,7 +194,17 @@ impl Peers {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, QueryError> {
-        self.once_more_if_moved(rank, lane, || self.action_once(lane, rank, kind, body.clone(), timeout)).await
+        let call = || async {
+            let mut client = self.client(rank, lane).await?;
+            let req = self.request(Action { r#type: kind.to_string(), body: body.clone().into() }, Some(timeout))?;
+            let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
+            match stream.next().await {
+                Some(Ok(r)) => Ok(r.body.to_vec()),
+                Some(Err(s)) => Err(status_error(rank, kind, s)),
+                None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
+            }
+        };
+        self.once_more_if_moved(rank, lane, call).await
     }
 
     /// Makes `call` to `rank`; when it fails as if the node were gone, forgets the node's
@@ -219,24 +229,6 @@ impl Peers {
             self.forget(rank, e);
         }
         r
-    }
-
-    async fn action_once(
-        &self,
-        lane: Lane,
-        rank: u32,
-        kind: &str,
-        body: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, QueryError> {
-        let mut client = self.client(rank, lane).await?;
-        let req = self.request(Action { r#type: kind.to_string(), body: body.into() }, Some(timeout))?;
-        let mut stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
-        match stream.next().await {
-            Some(Ok(r)) => Ok(r.body.to_vec()),
-            Some(Err(s)) => Err(status_error(rank, kind, s)),
-            None => Err(QueryError::Unavailable(format!("rank {rank}: {kind}: no reply"))),
-        }
     }
 
     /// Ships piece sets to `rank`; returns the rows it applied. A delayed shipment (with an
