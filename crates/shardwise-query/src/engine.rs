@@ -295,6 +295,13 @@ impl QueryEngine {
         access.insert(table, batches, opts).await
     }
 
+    /// [`QueryEngine::plan`] for a statement about to be run (not a probe of its result schema):
+    /// a failure is recorded in `system.queries`.
+    pub async fn plan_to_run(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
+        let started = std::time::Instant::now();
+        self.plan(sql, session).await.inspect_err(|e| self.log.record_failed(sql, &e.to_string(), started))
+    }
+
     /// Parses and plans one statement of `session` without executing anything: the node's
     /// settings, then the session's, then the statement's `SETTINGS`.
     pub async fn plan(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
@@ -345,7 +352,12 @@ impl QueryEngine {
             }
             Classified::DataFusion(statement) => statement,
         };
-        let plan = state.statement_to_plan(statement).await?;
+        let plan = state.statement_to_plan(statement).await.map_err(|e| {
+            match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
+                Some(message) => QueryError::Rejected(message),
+                None => QueryError::from(e),
+            }
+        })?;
         let is_insert = matches!(&plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
         if !(is_insert && self.access.is_some()) {
             Self::sql_options()
@@ -374,7 +386,15 @@ impl QueryEngine {
             }
             Action::Plan(plan) => {
                 let plan_is_analyze = matches!(plan, LogicalPlan::Analyze(_));
-                let physical = state.create_physical_plan(&plan).await?;
+                let started = std::time::Instant::now();
+                let physical = state.create_physical_plan(&plan).await.map_err(|e| {
+                    let e = match crate::insert_values::first_bad_value(&plan) {
+                        Some(bad) => QueryError::Rejected(bad.to_string()),
+                        None => QueryError::from(e),
+                    };
+                    self.log.record_failed(&sql, &e.to_string(), started);
+                    e
+                })?;
                 let current = settings::current(state.config_options());
                 let memory_limit = current.max_memory_usage;
                 let (plan, context) = (Arc::clone(&physical), with_memory_limit(state.task_ctx(), memory_limit)?);

@@ -85,7 +85,19 @@ impl From<DataFusionError> for QueryError {
         if let Some(q) = carried(&e) {
             return q.copied();
         }
-        if is_user_caused(&e) { QueryError::Invalid(e) } else { QueryError::Internal(e) }
+        if is_user_caused(&e) { QueryError::Invalid(without_rule_context(e)) } else { QueryError::Internal(e) }
+    }
+}
+
+/// `e` without the `Optimizer rule '...' failed` layers DataFusion's optimizer wraps around an
+/// error from a rule: for the user's own mistakes (a constant that does not cast) the rule's name
+/// is noise, and for shardwise's rules it names internals.
+fn without_rule_context(e: DataFusionError) -> DataFusionError {
+    match e {
+        DataFusionError::Context(message, inner) if message.starts_with("Optimizer rule '") => {
+            without_rule_context(*inner)
+        }
+        other => other,
     }
 }
 
@@ -137,6 +149,14 @@ mod tests {
     fn context_is_looked_through() {
         let e = DataFusionError::Plan("bad".into()).context("while planning");
         assert!(QueryError::from(e).is_user_error());
+    }
+
+    #[test]
+    fn an_optimizer_rule_name_is_not_shown_for_user_errors() {
+        let e = DataFusionError::Execution("Cannot cast".into()).context("Optimizer rule 'simplify_expressions' failed");
+        assert_eq!(QueryError::from(e).to_string(), "Execution error: Cannot cast");
+        let ours = DataFusionError::Internal("bug".into()).context("Optimizer rule 'shardwise_distribute' failed");
+        assert!(QueryError::from(ours).to_string().contains("shardwise_distribute"));
     }
 
     #[test]

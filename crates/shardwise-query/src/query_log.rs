@@ -206,6 +206,27 @@ impl QueryLog {
         Box::pin(RecordBatchStreamAdapter::new(schema, counted.chain(tail)))
     }
 
+    /// Records a statement that failed before it could run (a parse or planning error, a value
+    /// that does not fit its column): one `failed` row, as ClickHouse's query log keeps
+    /// exceptions raised before a query starts.
+    pub fn record_failed(&self, sql: &str, error: &str, started: Instant) {
+        let duration = started.elapsed();
+        self.finish(QueryRecord {
+            query_id: uuid::Uuid::new_v4().to_string(),
+            sql: sql.to_string(),
+            started_unix_ms: unix_ms().saturating_sub(duration.as_millis() as u64),
+            duration_ms: Some(duration.as_millis() as u64),
+            state: QueryState::Failed,
+            strategies: Vec::new(),
+            fragments: 0,
+            rows_moved: 0,
+            bytes_moved: 0,
+            result_rows: 0,
+            error: Some(error.to_string()),
+            warnings: Vec::new(),
+        });
+    }
+
     /// Stops the running query `query_id`; false if no such query is running.
     pub fn kill(&self, query_id: &str) -> bool {
         match lock(&self.running).get(query_id) {

@@ -135,7 +135,7 @@ impl FlightSqlEndpoint {
 
     /// Plans `sql` in `session` and runs it.
     async fn run(&self, sql: &str, session: &Arc<Session>) -> Result<SendableRecordBatchStream, Status> {
-        let planned = self.engine.plan(sql, session).await.map_err(to_status)?;
+        let planned = self.engine.plan_to_run(sql, session).await.map_err(to_status)?;
         self.engine.execute(planned).await.map_err(to_status)
     }
 
@@ -146,7 +146,7 @@ impl FlightSqlEndpoint {
         ticket: Ticket,
         request: Request<FlightDescriptor>,
     ) -> Result<FlightInfo, Status> {
-        let planned = self.engine.plan(sql, &self.session(&request)).await.map_err(to_status)?;
+        let planned = self.engine.plan_to_run(sql, &self.session(&request)).await.map_err(to_status)?;
         let descriptor = request.into_inner();
         let ticket = if planned.runs_for_effect() {
             // Run it now: a client may never fetch the result of DDL or an INSERT (executed.rs).

@@ -308,7 +308,7 @@ async fn query(
         None => (choose_format(params.get("format"), headers.get(header::ACCEPT))?, true),
     };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
-    let planned = http.engine.plan(&sql, &session).await?;
+    let planned = http.engine.plan_to_run(&sql, &session).await?;
     let mut stream = http.engine.execute(planned).await?;
     // The status goes out with the first bytes: wait for the first batch (or the end), so that
     // a query failing before it has produced a row (a division by zero, an unreachable shard,

@@ -270,7 +270,7 @@ impl Handler {
     async fn copy(&self, sql: &str) -> PgWireResult<Response> {
         match copy::parse(sql)?.ok_or_else(|| syntax_error("expected COPY ... TO STDOUT or FROM STDIN".into()))? {
             copy::Copy::Out { query, format } => {
-                let planned = self.engine.plan(&query, &self.session).await.map_err(pg_error)?;
+                let planned = self.engine.plan_to_run(&query, &self.session).await.map_err(pg_error)?;
                 let columns = planned.schema().fields().len();
                 let results = self.engine.execute(planned).await.map_err(pg_error)?;
                 Ok(Response::CopyOut(CopyResponse::new(0, columns, format.data(results))))
@@ -320,7 +320,7 @@ impl Handler {
             };
             return Ok(Statement { sql: sql.to_string(), schema, parameters: true });
         }
-        let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
+        let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
         Ok(Statement { sql: sql.to_string(), schema: Some(planned.schema()), parameters: false })
     }
 
@@ -339,7 +339,7 @@ impl Handler {
         // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect.
         let rewritten = shardwise_query::pg_catalog::rewrite(sql);
         let sql = rewritten.as_deref().unwrap_or(sql);
-        let planned = self.engine.plan(sql, &self.session).await.map_err(pg_error)?;
+        let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
         let schema = planned.schema();
         let results = self.engine.execute(planned).await.map_err(pg_error)?;
         let rows_of = |batch: Result<RecordBatch, datafusion::error::DataFusionError>| match batch {

@@ -191,9 +191,9 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', colour = 'red')", "unknown table option"),
         ("CREATE TABLE u (id BIGINT NOT NULL) WITH (shard_key = 'id')", "NOT NULL"),
         ("CREATE TABLE u (id BIGINT)", "shard_key"),
-        ("INSERT INTO t VALUES (2, 300, 'b')", "300"),
-        ("INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')", "x"),
-        ("INSERT INTO t VALUES (2, 1)", "expected 3"),
+        ("INSERT INTO t VALUES (2, 300, 'b')", "row 1, column small: Cast error: Can't cast value 300"),
+        ("INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')", "row 2, column small: Cast error: Cannot cast string 'x'"),
+        ("INSERT INTO t VALUES (2, 1, 'b'), (2, 1)", "VALUES row 2 has 2 values where 3 are expected"),
         ("INSERT INTO nope VALUES (1)", "not found"),
         ("INSERT INTO t (id, nope) VALUES (1, 2)", "nope"),
         ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS insert_quorum = 5", "insert_quorum"),
@@ -208,7 +208,15 @@ fn bad_input_is_refused_and_changes_nothing() {
     for (sql, needle) in cases {
         let err = c.sql_err(1, sql);
         assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
+        assert!(!err.contains("Optimizer rule"), "{sql}: {err:?} names an optimizer rule");
     }
+    // Statements that failed before running are in system.queries with their error.
+    let logged = c.sql(
+        1,
+        "SELECT state, error LIKE '%No field named nope%' FROM system.queries \
+         WHERE query = 'INSERT INTO t (id, nope) VALUES (1, 2)'",
+    );
+    assert_eq!(logged, vec![vec!["failed".to_string(), "true".to_string()]]);
     assert_eq!(
         c.sql(1, "SELECT id, small, name FROM t"),
         vec![vec!["1".to_string(), "1".to_string(), "a".to_string()]]
