@@ -16,7 +16,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -226,7 +226,7 @@ impl ExecutionPlan for ShardScanExec {
                 let _timer = baseline.elapsed_compute().timer();
                 slice_rows(&data.batches, part, batch_rows, projection.as_deref())?
             };
-            baseline.record_output(out.iter().map(RecordBatch::num_rows).sum());
+            out.iter().for_each(|b| _ = b.record_output(&baseline));
             baseline.done();
             Ok::<_, DataFusionError>(futures::stream::iter(out.into_iter().map(Ok)))
         };

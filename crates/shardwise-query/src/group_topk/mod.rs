@@ -34,7 +34,7 @@ use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -251,11 +251,12 @@ impl ExecutionPlan for GroupTopKExec {
                 judged_at = read_rows;
                 if state.live_rows() as f64 > PARTIAL_MAX_KEPT_SHARE * read_rows as f64 {
                     let kept = state.finish()?;
-                    baseline.record_output(kept.num_rows());
-                    let head = futures::stream::iter(chunks(kept, batch_rows).into_iter().map(Ok));
+                    let head = chunks(kept, batch_rows);
+                    head.iter().for_each(|b| _ = b.record_output(&baseline));
+                    let head = futures::stream::iter(head.into_iter().map(Ok));
                     let rest = input.map(move |b| {
                         if let Ok(b) = &b {
-                            baseline.record_output(b.num_rows());
+                            _ = b.record_output(&baseline);
                             passed_through.add(b.num_rows());
                         }
                         b
@@ -268,10 +269,11 @@ impl ExecutionPlan for GroupTopKExec {
                 let _timer = baseline.elapsed_compute().timer();
                 state.finish()?
             };
-            baseline.record_output(kept.num_rows());
+            let kept = chunks(kept, batch_rows);
+            kept.iter().for_each(|b| _ = b.record_output(&baseline));
             baseline.done();
             drop(reservation);
-            Ok(futures::stream::iter(chunks(kept, batch_rows).into_iter().map(Ok)).boxed())
+            Ok(futures::stream::iter(kept.into_iter().map(Ok)).boxed())
         };
         let stream = futures::stream::once(kept).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, stream)))

@@ -20,7 +20,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use futures::StreamExt;
@@ -131,8 +131,7 @@ impl ExecutionPlan for RowNumberExec {
             let mut out: Vec<ArrayRef> = batch.columns().to_vec();
             out.push(Arc::new(numbers));
             let batch = RecordBatch::try_new(Arc::clone(&schema), out)?;
-            baseline.record_output(batch.num_rows());
-            Ok(batch)
+            Ok(batch.record_output(&baseline))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, stream)))
     }

@@ -42,7 +42,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -294,7 +294,7 @@ impl Answer {
             }
             let pending_bytes: usize = pending.iter().map(RecordBatch::get_array_memory_size).sum();
             reservation.resize(keys.size() + buckets.size() + pending_bytes);
-            baseline.record_output(ready.iter().map(RecordBatch::num_rows).sum());
+            ready.iter().for_each(|b| _ = b.record_output(&baseline));
             if last {
                 baseline.done();
             }

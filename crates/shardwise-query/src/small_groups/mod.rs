@@ -42,7 +42,7 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::execution_plan::{
     Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
 };
-use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -211,7 +211,7 @@ impl ExecutionPlan for SmallGroupsExec {
                     };
                     timer.done();
                     drop(reservation);
-                    baseline.record_output(head.iter().map(RecordBatch::num_rows).sum());
+                    head.iter().for_each(|b| _ = b.record_output(&baseline));
                     let tail = hand_over(&fallback_plan, Vec::new(), pending, input, &handed_over, context)?;
                     return Ok::<_, DataFusionError>(
                         futures::stream::iter(head.into_iter().map(Ok)).chain(tail).boxed(),
@@ -223,7 +223,7 @@ impl ExecutionPlan for SmallGroupsExec {
                 let _timer = baseline.elapsed_compute().timer();
                 states(&schema, batch_rows, &keys, &accums, &rows, keys.len())?
             };
-            baseline.record_output(out.iter().map(RecordBatch::num_rows).sum());
+            out.iter().for_each(|b| _ = b.record_output(&baseline));
             baseline.done();
             drop(reservation);
             Ok(futures::stream::iter(out.into_iter().map(Ok)).boxed())

@@ -510,6 +510,9 @@ fn no_merge_modes_follow_their_definitions() {
     for run in &runs {
         let scanned = run.lines().find(|l| l.contains("ShardScanExec")).unwrap_or_else(|| panic!("{run}"));
         assert!(scanned.contains("output_rows="), "{run}");
+        // Batches and bytes are counted too (each shard holds rows here).
+        assert!(scanned.contains("output_batches=") && !scanned.contains("output_batches=0"), "{run}");
+        assert!(!scanned.contains("output_bytes=0.0 B"), "{run}");
         assert!(run.contains("AggregateExec") && run.contains("elapsed_compute="), "{run}");
     }
     // Top-N per group: a partial step on each shard below the exchange, the final one above;
