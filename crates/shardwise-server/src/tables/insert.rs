@@ -17,6 +17,7 @@ use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use shardwise_cluster::NodeState;
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
@@ -80,6 +81,10 @@ impl TablesNode {
             (_, Some(q)) => q,
             (_, None) => entry.def.replicas,
         };
+        let writes_replicas = matches!((entry.def.sync_mode, opts.foreground), (SyncMode::Immediate, _) | (_, true));
+        if writes_replicas {
+            self.check_quorum_reachable(&entry, quorum).await?;
+        }
         // Up to `insert_pipeline_depth` chunks in flight: one is placed and encoded while the
         // one before is being written. Chunks complete in order; the first failure stops the rest.
         let chunk_list = chunks(&batches, self.settings.insert_chunk_rows);
@@ -156,6 +161,36 @@ impl TablesNode {
             }
         }
         Ok(PlacedChunk { index, by_rank, shard_rows })
+    }
+
+    /// Fails an insert that writes replicas before anything is written when some shard has fewer
+    /// replicas than `quorum` on nodes the membership does not say are down (no heartbeat for
+    /// `down_after_ms`): it could only fail, after waiting for a connection to time out, or write
+    /// some shards and not others. ClickHouse refuses such an insert the same way (`Number of
+    /// alive replicas ... is less than requested quorum`).
+    async fn check_quorum_reachable(&self, entry: &CatalogEntry, quorum: u32) -> Result<(), QueryError> {
+        let members = self.cluster.members().await;
+        let down: Vec<u32> =
+            members.iter().filter(|m| m.state == NodeState::Down && m.rank != self.rank).map(|m| m.rank).collect();
+        if down.is_empty() {
+            return Ok(());
+        }
+        for shard in 0..entry.def.shards {
+            let ranks = entry.def.replica_ranks(shard, self.world_size);
+            let alive = ranks.iter().filter(|r| !down.contains(r)).count() as u32;
+            if alive < quorum {
+                let missing: Vec<String> =
+                    ranks.iter().filter(|r| down.contains(r)).map(|r| format!("rank {r}")).collect();
+                return Err(QueryError::Unavailable(format!(
+                    "shard {shard} of {} has {alive} of {} replicas alive, fewer than insert_quorum = {quorum} \
+                     ({} down: no heartbeat, see system.nodes); nothing was written",
+                    entry.def.name,
+                    ranks.len(),
+                    missing.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     async fn write_immediate(&self, entry: &CatalogEntry, placed: PlacedChunk, quorum: u32) -> Result<(), QueryError> {

@@ -702,12 +702,20 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     let started = std::time::Instant::now();
     c.sql(0, "INSERT INTO two SELECT value, 1 FROM generate_series(1, 1000) SETTINGS insert_quorum = 1");
     let write = started.elapsed();
+    // With the default quorum (every replica) and rank 2 down by now (no heartbeat for
+    // down_after_ms, 6 s, during the reads above), an insert fails at once and writes nothing.
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, "INSERT INTO two SELECT value, 1 FROM generate_series(5001, 5100)");
+    assert!(err.contains("fewer than insert_quorum = 2") && err.contains("rank 2 down"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    let refused = started.elapsed();
     c.sql(0, "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)");
     let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 500");
     assert!(err.contains("rank 2 did not answer") && !err.contains("unavailable: unavailable"), "{err}");
     c.procs[2].signal("CONT");
     // Two reads at most one keep-alive timeout each (15 s), a write that did not wait for rank 2.
     assert!(reads < Duration::from_secs(45) && write < Duration::from_secs(10), "{reads:?} {write:?}");
+    assert!(refused < Duration::from_secs(5), "{refused:?}");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED two");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED later");
     for table in ["two", "later"] {
