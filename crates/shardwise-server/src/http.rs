@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -283,14 +284,31 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String,
     }
 }
 
+/// axum's refusal of a body (over the size limit, unreadable) as the API's JSON error.
+fn body_failure(rejection: BytesRejection) -> Failure {
+    match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Failure::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the request body is over {HTTP_MAX_BODY_BYTES} bytes (HTTP_MAX_BODY_BYTES); load bulk data with \
+                 `shardwise load` or Flight SQL bulk ingest"
+            ),
+        ),
+        status => Failure::new(status, "bad_request", rejection.body_text()),
+    }
+}
+
 async fn query(
     State(http): State<Http>,
-    Query(params): Query<HashMap<String, String>>,
+    params: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Failure> {
     same_origin(&headers)?;
     authorize(&http.users, &headers)?;
+    let Query(params) = params.map_err(|r| Failure::new(r.status(), "bad_request", r.body_text()))?;
+    let body = body.map_err(body_failure)?;
     let (sql, settings) = parse_body(&headers, &body)?;
     // A FORMAT clause wins over `?format=` and `Accept`, as in ClickHouse.
     let (sql, clause) = split_format_clause(&sql)?;

@@ -315,7 +315,11 @@ fn every_http_route_with_curl() {
     assert_eq!((code, body.as_str()), (200, "42\n"));
 
     // Refusals, each a 4xx with a JSON body.
+    let big = dir.path().join("big.sql");
+    std::fs::write(&big, format!("SELECT 1 -- {}", "x".repeat(17 << 20))).unwrap();
+    let big = format!("@{}", big.display());
     let cases: Vec<(Vec<&str>, u16, &str)> = vec![
+        (vec!["-H", "Content-Type: text/plain", "--data-binary", &big], 413, "HTTP_MAX_BODY_BYTES"),
         (vec!["-F", "sql=SELECT 1"], 415, "multipart"),
         // Failing when it runs, before its first row: the status says so (not 200 and no body).
         (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELECT 1 / 0"], 400, "Divide by zero"),
