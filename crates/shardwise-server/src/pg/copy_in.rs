@@ -6,8 +6,8 @@
 //! held (up to [`COPY_IN_MAX_BYTES`]), every line is split and every value converted to its
 //! column's type, and only then are the rows inserted. A bad line is an error that names its line
 //! and column, and the table is unchanged. Columns the statement does not name are NULL. In CSV an
-//! empty field is NULL, quoted or not (PostgreSQL keeps a quoted `""` as an empty string);
-//! a line `\.` ends the data, as in PostgreSQL.
+//! unquoted empty field (or the NULL option's string) is NULL and a quoted `""` an empty string,
+//! as in PostgreSQL ([`super::copy_csv`]); a line `\.` ends the data, as in PostgreSQL.
 
 use std::sync::Arc;
 
@@ -103,24 +103,21 @@ impl PendingCopyIn {
             .map_err(|e| bad(format!("COPY {}: {e}", self.table)))
     }
 
-    /// CSV records with their line numbers; an empty field is NULL.
+    /// CSV records with their line numbers; an unquoted field equal to the NULL string (empty
+    /// unless the NULL option says) is NULL, a quoted one is text.
     fn csv_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
-        let delimiter = u8::try_from(self.format.delimiter)
-            .map_err(|_| bad(format!("COPY {}: a CSV delimiter must be one byte", self.table)))?;
-        let mut reader = csv::ReaderBuilder::new()
-            .has_headers(self.format.header)
-            .delimiter(delimiter)
-            .flexible(true)
-            .from_reader(text.as_bytes());
-        let mut rows = Vec::new();
-        for record in reader.records() {
-            let record = record.map_err(|e| bad(format!("COPY {}: {e}", self.table)))?;
-            let line = record.position().map(|p| p.line()).unwrap_or(0);
-            if record.len() == 1 && record.get(0) == Some("\\.") {
+        let records = super::copy_csv::records(text, self.format.delimiter)
+            .map_err(|e| bad(format!("COPY {} {e}", self.table)))?;
+        let null = &self.format.null;
+        let mut rows = Vec::with_capacity(records.len());
+        for (line, fields) in records.into_iter().skip(usize::from(self.format.header)) {
+            if let [only] = fields.as_slice()
+                && !only.quoted
+                && only.text == "\\."
+            {
                 break;
             }
-            let null = &self.format.null;
-            rows.push((line, record.iter().map(|f| (!f.is_empty() && f != null).then(|| f.to_string())).collect()));
+            rows.push((line, fields.into_iter().map(|f| (f.quoted || f.text != *null).then_some(f.text)).collect()));
         }
         Ok(rows)
     }
@@ -202,12 +199,21 @@ mod tests {
 
     #[test]
     fn csv_and_text_rows_become_the_tables_columns() {
-        let batch = pending("COPY t FROM STDIN CSV HEADER", vec![0, 1, 2], "id,s,b\n1,\"a,b\",t\n2,,f\n\\.\n9,x,t\n")
-            .batch()
-            .unwrap();
-        assert_eq!(batch.num_rows(), 2);
-        assert_eq!(batch.column(0).as_primitive::<Int64Type>(), &Int64Array::from(vec![1, 2]));
+        let batch = pending(
+            "COPY t FROM STDIN CSV HEADER",
+            vec![0, 1, 2],
+            "id,s,b\n1,\"a,b\",t\n2,,f\n3,\"\",\n\\.\n9,x,t\n",
+        )
+        .batch()
+        .unwrap();
+        assert_eq!(batch.num_rows(), 3);
+        // A quoted empty string is text, an unquoted empty field NULL (as in PostgreSQL).
+        assert_eq!((batch.column(1).as_string::<i32>().value(2), batch.column(1).is_null(2)), ("", false));
+        assert!(batch.column(2).is_null(2));
+        assert_eq!(batch.column(0).as_primitive::<Int64Type>(), &Int64Array::from(vec![1, 2, 3]));
         assert_eq!((batch.column(1).as_string::<i32>().value(0), batch.column(1).is_null(1)), ("a,b", true));
+        let batch = pending("COPY t (s) FROM STDIN CSV NULL 'NA'", vec![1], "NA\n\"NA\"\n").batch().unwrap();
+        assert_eq!((batch.column(1).is_null(0), batch.column(1).as_string::<i32>().value(1)), (true, "NA"));
         let batch = pending("COPY t (s, id) FROM STDIN", vec![1, 0], "a\\tb\\\\\t7\n\\N\t8\n").batch().unwrap();
         assert_eq!(batch.column(1).as_string::<i32>().value(0), "a\tb\\");
         assert!(batch.column(1).is_null(1) && batch.column(2).is_null(0), "unnamed columns are NULL");
@@ -218,6 +224,8 @@ mod tests {
     fn a_bad_line_is_named() {
         let err = pending("COPY t FROM STDIN CSV", vec![0, 1, 2], "1,a,t\n2,b,maybe\n").batch().unwrap_err();
         assert!(err.to_string().contains("line 2, column b: \"maybe\""), "{err}");
+        let err = pending("COPY t FROM STDIN CSV", vec![0, 1, 2], "1,\"a,t\n2,b,t\n").batch().unwrap_err();
+        assert!(err.to_string().contains("COPY t line 1: a quoted field is not closed"), "{err}");
         let err = pending("COPY t FROM STDIN", vec![0, 1, 2], "1\ta\n").batch().unwrap_err();
         assert!(err.to_string().contains("line 1: 2 fields"), "{err}");
         let mut big = pending("COPY t FROM STDIN", vec![0], "");

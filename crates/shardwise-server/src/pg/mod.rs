@@ -15,6 +15,7 @@
 //! ([`params`]).
 
 mod copy;
+mod copy_csv;
 mod copy_in;
 mod copy_out;
 mod encode;
