@@ -352,12 +352,13 @@ impl QueryEngine {
             }
             Classified::DataFusion(statement) => statement,
         };
-        let plan = state.statement_to_plan(statement).await.map_err(|e| {
-            match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
-                Some(message) => QueryError::Rejected(message),
-                None => QueryError::from(e),
-            }
-        })?;
+        let plan =
+            state.statement_to_plan(statement).await.map_err(|e| {
+                match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
+                    Some(message) => QueryError::Rejected(message),
+                    None => QueryError::from(e),
+                }
+            })?;
         let is_insert = matches!(&plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
         if !(is_insert && self.access.is_some()) {
             Self::sql_options()

@@ -153,7 +153,8 @@ mod tests {
 
     #[test]
     fn an_optimizer_rule_name_is_not_shown_for_user_errors() {
-        let e = DataFusionError::Execution("Cannot cast".into()).context("Optimizer rule 'simplify_expressions' failed");
+        let e =
+            DataFusionError::Execution("Cannot cast".into()).context("Optimizer rule 'simplify_expressions' failed");
         assert_eq!(QueryError::from(e).to_string(), "Execution error: Cannot cast");
         let ours = DataFusionError::Internal("bug".into()).context("Optimizer rule 'shardwise_distribute' failed");
         assert!(QueryError::from(ours).to_string().contains("shardwise_distribute"));

@@ -151,7 +151,8 @@ mod tests {
 
     #[test]
     fn row_lengths_are_counted_from_one() {
-        let m = "Error during planning: Inconsistent data length across values list: got 3 values in row 1 but expected 4";
+        let m =
+            "Error during planning: Inconsistent data length across values list: got 3 values in row 1 but expected 4";
         assert_eq!(rephrase_row_length(m).as_deref(), Some("VALUES row 2 has 3 values where 4 are expected"));
         assert_eq!(rephrase_row_length("something else"), None);
     }

@@ -199,13 +199,10 @@ mod tests {
 
     #[test]
     fn csv_and_text_rows_become_the_tables_columns() {
-        let batch = pending(
-            "COPY t FROM STDIN CSV HEADER",
-            vec![0, 1, 2],
-            "id,s,b\n1,\"a,b\",t\n2,,f\n3,\"\",\n\\.\n9,x,t\n",
-        )
-        .batch()
-        .unwrap();
+        let batch =
+            pending("COPY t FROM STDIN CSV HEADER", vec![0, 1, 2], "id,s,b\n1,\"a,b\",t\n2,,f\n3,\"\",\n\\.\n9,x,t\n")
+                .batch()
+                .unwrap();
         assert_eq!(batch.num_rows(), 3);
         // A quoted empty string is text, an unquoted empty field NULL (as in PostgreSQL).
         assert_eq!((batch.column(1).as_string::<i32>().value(2), batch.column(1).is_null(2)), ("", false));

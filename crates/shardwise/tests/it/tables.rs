@@ -189,7 +189,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', replicas = 3)", "replicas"),
         ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', sync_mode = 'eventually')", "sync_mode"),
         ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', colour = 'red')", "unknown table option"),
-        ("CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', delay_max_ms = -5)", "delay_max_ms=-5: an integer from 1 to"),
+        (
+            "CREATE TABLE u (id BIGINT) WITH (shard_key = 'id', delay_max_ms = -5)",
+            "delay_max_ms=-5: an integer from 1 to",
+        ),
         ("CREATE TABLE u (id BIGINT NOT NULL) WITH (shard_key = 'id')", "NOT NULL"),
         ("CREATE TABLE u (id BIGINT)", "shard_key"),
         ("INSERT INTO t VALUES (2, 300, 'b')", "row 1, column small: Cast error: Can't cast value 300"),
