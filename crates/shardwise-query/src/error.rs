@@ -89,12 +89,15 @@ impl From<DataFusionError> for QueryError {
     }
 }
 
-/// `e` without the `Optimizer rule '...' failed` layers DataFusion's optimizer wraps around an
-/// error from a rule: for the user's own mistakes (a constant that does not cast) the rule's name
-/// is noise, and for shardwise's rules it names internals.
+/// `e` without the layers DataFusion's optimizers wrap around an error from a rule (`Optimizer
+/// rule '...' failed` from the logical one, the bare rule name from the physical one): for the
+/// user's own mistakes (a constant that does not cast) the rule's name is noise, and for
+/// shardwise's rules (`shardwise_distribute`) it names internals.
 fn without_rule_context(e: DataFusionError) -> DataFusionError {
     match e {
-        DataFusionError::Context(message, inner) if message.starts_with("Optimizer rule '") => {
+        DataFusionError::Context(message, inner)
+            if message.starts_with("Optimizer rule '") || !message.contains(char::is_whitespace) =>
+        {
             without_rule_context(*inner)
         }
         other => other,
@@ -156,6 +159,8 @@ mod tests {
         let e =
             DataFusionError::Execution("Cannot cast".into()).context("Optimizer rule 'simplify_expressions' failed");
         assert_eq!(QueryError::from(e).to_string(), "Execution error: Cannot cast");
+        let e = DataFusionError::Plan("mode 2 needs columns".into()).context("shardwise_distribute");
+        assert_eq!(QueryError::from(e).to_string(), "Error during planning: mode 2 needs columns");
         let ours = DataFusionError::Internal("bug".into()).context("Optimizer rule 'shardwise_distribute' failed");
         assert!(QueryError::from(ours).to_string().contains("shardwise_distribute"));
     }

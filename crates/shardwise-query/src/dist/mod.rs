@@ -53,6 +53,7 @@ pub mod estimate;
 pub mod fragment;
 mod local_shuffle;
 pub mod planner;
+pub mod query_order;
 mod remote_start;
 pub mod scan;
 pub mod shuffle;

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::arrow::compute::SortOptions;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::scalar_subquery::ScalarSubqueryExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -50,6 +51,7 @@ use shardwise_cluster::ClusterView;
 use super::codec::{LeafAssignment, ShardwiseCodec};
 use super::estimate::{GroupEstimates, Sampled};
 use super::fragment::{FragmentExec, Placement, Strategy, StrategyKind};
+use super::query_order::{OrderKey, QueryOrder};
 use super::scan::ShardScanExec;
 use super::shuffle::{ShuffleReaderExec, ShuffleSource};
 use crate::access::TableAccess;
@@ -95,7 +97,7 @@ impl PhysicalOptimizerRule for DistributeRule {
         let planner = Planner { rule: self, settings: settings::current(config) };
         match planner.settings.distributed_group_by_no_merge {
             0 => planner.merge_plan(plan),
-            mode => planner.no_merge_plan(plan, mode, &scans),
+            mode => planner.no_merge_plan(plan, mode, &scans, config),
         }
     }
 
@@ -427,6 +429,7 @@ impl Planner<'_> {
         plan: Arc<dyn ExecutionPlan>,
         mode: u64,
         scans: &[String],
+        config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if scans.len() != 1 {
             return Err(DataFusionError::Plan(format!(
@@ -449,36 +452,94 @@ impl Planner<'_> {
             let fragment = self.fragment(plan, &scan, targets, strategy)?;
             return Ok(Arc::new(CoalescePartitionsExec::new(fragment)));
         }
-        let (skip, fetch, inner) = match plan.downcast_ref::<GlobalLimitExec>() {
-            Some(limit) => (limit.skip(), limit.fetch(), Arc::clone(limit.input())),
-            None => (0, plan.fetch(), Arc::clone(&plan)),
-        };
+        let order = QueryOrder::installed(config).cloned().unwrap_or_default();
+        if let Some(term) = &order.unresolved {
+            return Err(DataFusionError::Plan(format!(
+                "distributed_group_by_no_merge = 2 orders the shards' rows on the initiator by the ORDER BY, \
+                 whose terms must be columns: {term} is an expression; name it in the SELECT list and order by \
+                 that name"
+            )));
+        }
+        let (skip, fetch) = (order.skip, order.fetch);
         let shard_fetch = fetch.map(|f| f.saturating_add(skip));
-        // Shards must not skip the OFFSET: each keeps its first offset + limit rows.
-        let shard_plan: Arc<dyn ExecutionPlan> = match (plan.is::<GlobalLimitExec>(), shard_fetch) {
-            (true, Some(_)) => Arc::new(GlobalLimitExec::new(Arc::clone(&inner), 0, shard_fetch)),
-            (true, None) => inner,
-            (false, _) => plan,
+        // The cut: the highest node under the plan's top projections whose rows have every ORDER
+        // BY column (a term the SELECT list does not show is below the last projection).
+        let mut above = Vec::new();
+        let mut cut = plan;
+        let ordering = loop {
+            if let Some(ordering) = merge_ordering(&order.keys, &cut) {
+                break ordering;
+            }
+            let Some(projection) = cut.downcast_ref::<ProjectionExec>() else {
+                return Err(DataFusionError::Plan(format!(
+                    "distributed_group_by_no_merge = 2: the ORDER BY columns ({}) are not among the rows the \
+                     shards return; use distributed_group_by_no_merge = 0",
+                    order.keys.iter().map(|k| k.column.as_str()).collect::<Vec<_>>().join(", ")
+                )));
+            };
+            let input = Arc::clone(projection.input());
+            above.push(cut);
+            cut = input;
         };
-        let ordering = shard_plan.output_ordering().cloned();
+        // Each shard runs the query with LIMIT offset + limit and no OFFSET.
+        let shard_plan = widen_top_limit(cut, shard_fetch)?;
         let reason = match &ordering {
             Some(_) => "distributed_group_by_no_merge = 2: each shard runs the complete query, the initiator merges \
                         the shard results by ORDER BY and applies LIMIT"
                 .to_string(),
-            None => "distributed_group_by_no_merge = 2: each shard runs the complete query; the result has no \
-                     ORDER BY on its columns, so the initiator concatenates and applies LIMIT"
+            None => "distributed_group_by_no_merge = 2: each shard runs the complete query; it has no ORDER BY, so \
+                     the initiator concatenates and applies LIMIT"
                 .to_string(),
         };
         let strategy = Strategy { kind: StrategyKind::NoMergeOrdered, reason };
         let fragment = self.fragment(shard_plan, &scan, targets, strategy)?;
+        // Each shard's rows arrive in ORDER BY order (one partition per shard): a merge orders them all.
         let merged: Arc<dyn ExecutionPlan> = match ordering {
             Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering, fragment).with_fetch(shard_fetch)),
             None => Arc::new(CoalescePartitionsExec::new(fragment)),
         };
-        Ok(match (skip, fetch) {
+        let mut out: Arc<dyn ExecutionPlan> = match (skip, fetch) {
             (0, None) => merged,
             _ => Arc::new(GlobalLimitExec::new(merged, skip, fetch)),
-        })
+        };
+        for projection in above.into_iter().rev() {
+            out = replace_children_if_necessary(projection, vec![out])?;
+        }
+        Ok(out)
+    }
+}
+
+/// The ordering of `keys` over `node`'s columns: `Some(None)` when there are no keys, `None` when
+/// some key is not exactly one of its columns.
+fn merge_ordering(keys: &[OrderKey], node: &Arc<dyn ExecutionPlan>) -> Option<Option<LexOrdering>> {
+    let schema = node.schema();
+    let mut terms = Vec::with_capacity(keys.len());
+    for key in keys {
+        let mut matching = schema.fields().iter().enumerate().filter(|(_, f)| f.name() == &key.column);
+        let (index, _) = matching.next()?;
+        if matching.next().is_some() {
+            return None;
+        }
+        let options = SortOptions { descending: key.descending, nulls_first: key.nulls_first };
+        terms.push(PhysicalSortExpr::new(Arc::new(Column::new(&key.column, index)), options));
+    }
+    Some(LexOrdering::new(terms))
+}
+
+/// `plan` with the first LIMIT under its top projections (`GlobalLimitExec`) fetching `fetch`
+/// rows from the start, for a shard: the initiator applies the OFFSET once over all shards.
+fn widen_top_limit(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(limit) = plan.downcast_ref::<GlobalLimitExec>() {
+        return Ok(Arc::new(GlobalLimitExec::new(Arc::clone(limit.input()), 0, fetch)));
+    }
+    #[allow(deprecated)]
+    let passes = plan.is::<ProjectionExec>() || plan.is::<CoalesceBatchesExec>() || plan.is::<CooperativeExec>();
+    match (passes, plan.children().as_slice()) {
+        (true, [child]) => {
+            let child = widen_top_limit(Arc::clone(child), fetch)?;
+            replace_children_if_necessary(plan, vec![child])
+        }
+        _ => Ok(plan),
     }
 }
 

@@ -423,6 +423,30 @@ fn no_merge_modes_follow_their_definitions() {
     let got = shardwise_rows(&c.addrs[2], &format!("{sql} SETTINGS distributed_group_by_no_merge = 2"))
         .unwrap_or_else(|e| panic!("{e}"));
     same_rows(&got, &want, true).unwrap_or_else(|e| panic!("mode 2: {e}"));
+    // Mode 2 orders by the ORDER BY as written, also where DataFusion dropped the sort because a
+    // window's order satisfies it on one node (each shard numbers its own rows from 1), and by a
+    // term the SELECT list does not show.
+    let num = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let windowed = "SELECT g, count(*) AS c, row_number() OVER (ORDER BY count(*) DESC, g) AS rn FROM s GROUP BY g";
+    let mut all = per_shard(windowed);
+    all.sort_by(|a, b| {
+        num(a, "rn").total_cmp(&num(b, "rn")).then(num(b, "c").total_cmp(&num(a, "c"))).then_with(|| {
+            a["g"].to_string().cmp(&b["g"].to_string())
+        })
+    });
+    let want: Vec<Value> = all.into_iter().take(3).collect();
+    let sql = format!("{windowed} ORDER BY rn, c DESC, g LIMIT 3 SETTINGS distributed_group_by_no_merge = 2");
+    let got = shardwise_rows(&c.addrs[0], &sql).unwrap_or_else(|e| panic!("{e}"));
+    same_rows(&got, &want, true).unwrap_or_else(|e| panic!("mode 2, window: {e}"));
+    let mut all = per_shard("SELECT g, count(*) AS c FROM s GROUP BY g");
+    all.sort_by(|a, b| num(b, "c").total_cmp(&num(a, "c")).then_with(|| a["g"].to_string().cmp(&b["g"].to_string())));
+    let want: Vec<Value> = all.into_iter().skip(1).take(3).map(|r| serde_json::json!({"g": r["g"]})).collect();
+    let sql = "SELECT g FROM s GROUP BY g ORDER BY count(*) DESC, g LIMIT 3 OFFSET 1 \
+               SETTINGS distributed_group_by_no_merge = 2";
+    let got = shardwise_rows(&c.addrs[1], sql).unwrap_or_else(|e| panic!("{e}"));
+    same_rows(&got, &want, true).unwrap_or_else(|e| panic!("mode 2, hidden ORDER BY column: {e}"));
+    let err = c.sql_err(0, "SELECT g, count(*) AS c FROM s GROUP BY g ORDER BY c + 1 SETTINGS distributed_group_by_no_merge = 2");
+    assert!(err.contains("c + Int64(1) is an expression"), "{err}");
     // Values other than 0, 1 and 2 act as 1.
     let got = shardwise_rows(&c.addrs[0], "SELECT count(*) FROM s SETTINGS distributed_group_by_no_merge = 5")
         .unwrap_or_else(|e| panic!("{e}"));
