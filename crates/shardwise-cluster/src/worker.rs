@@ -37,6 +37,8 @@ const BACKOFF_MAX_MS: u64 = 1_000;
 const BACKOFF_FACTOR: f32 = 1.5;
 /// How long past its own join deadline a connected node waits for the master's verdict.
 const JOIN_VERDICT_GRACE_MS: u64 = 2_000;
+/// How often a worker that cannot reach its master says so while it retries.
+const JOIN_RETRY_WARN_INTERVAL_MS: u64 = 10_000;
 /// Messages queued for the master before the link counts as stuck.
 const LINK_QUEUE_LEN: usize = 256;
 /// Longest wait for the master to acknowledge a graceful leave.
@@ -210,6 +212,8 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
     let deadline = Instant::now() + t.join_timeout();
     let mut delays = backoff();
     let mut last_error = String::from("no attempt made");
+    // The first warning after one interval: a master started at the same moment is normal.
+    let mut last_warned = Instant::now();
     let mut missing: Option<Vec<u32>> = None;
     let mut announced = false;
     loop {
@@ -270,7 +274,17 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
         })
         .await;
         match attempt {
-            Err(_) => continue, // deadline reached; the top of the loop reports it
+            // The deadline came during an attempt; the top of the loop reports it.
+            Err(_) => {
+                if missing.is_none() {
+                    last_error = format!(
+                        "an attempt was still waiting for an answer from {} when the time was up (something \
+                         there accepts connections but does not answer as a shardwise master)",
+                        s.master
+                    );
+                }
+                continue;
+            }
             Ok(Ok(Some((session, view)))) => {
                 let joined = Joined { run_id: session.run_id.clone(), epoch: session.epoch, view };
                 return Ok((session, joined));
@@ -279,6 +293,16 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
             Ok(Err(e)) if is_terminal(&e) => return Err(e),
             Ok(Err(e)) => {
                 debug!("join attempt failed: {e}");
+                // A worker started before its master (or given a wrong address) says so while it
+                // retries, instead of waiting the whole join timeout in silence.
+                if last_warned.elapsed() >= Duration::from_millis(JOIN_RETRY_WARN_INTERVAL_MS) {
+                    warn!(
+                        "cannot reach the master at {} yet ({e}); retrying for {} s more (join_timeout_ms)",
+                        s.master,
+                        deadline.saturating_duration_since(Instant::now()).as_secs()
+                    );
+                    last_warned = Instant::now();
+                }
                 last_error = e.to_string();
                 let delay = delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS));
                 tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;

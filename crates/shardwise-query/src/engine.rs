@@ -194,10 +194,14 @@ impl QueryEngine {
         system
             .register_table(QUERIES_TABLE.to_string(), Arc::new(ComputedTable::queries(Arc::clone(&log))))
             .map_err(QueryError::Internal)?;
+        catalog.register_schema(SYSTEM_SCHEMA, Arc::clone(&system) as Arc<dyn SchemaProvider>)
+            .map_err(QueryError::Internal)?;
+        crate::pg_catalog::install(&ctx, &options.default_catalog)?;
+        // After the install, which rebuilds the session state (turning off
+        // `create_default_catalog_and_schema`, the catalog being there): the defaults are the
+        // values every statement starts from, so SHOW CHANGED SETTINGS lists what a session changed.
         let settings_table = Arc::new(settings_table(ctx.state().config_options()));
         system.register_table(SETTINGS_TABLE.to_string(), settings_table).map_err(QueryError::Internal)?;
-        catalog.register_schema(SYSTEM_SCHEMA, system).map_err(QueryError::Internal)?;
-        crate::pg_catalog::install(&ctx, &options.default_catalog)?;
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let runtime = QueryRuntime::new(threads)?;
         let rank = cluster_rank;

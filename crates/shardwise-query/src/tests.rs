@@ -216,6 +216,9 @@ async fn set_changes_its_own_session_only() {
 async fn system_settings_shows_the_querys_values_and_the_word_settings_is_a_name() {
     let engine = engine();
     let session = Arc::new(Session::new());
+    // A fresh session has changed nothing.
+    let changed = run_in(&engine, "SHOW CHANGED SETTINGS", &session).await.expect("show changed");
+    assert_eq!(changed.iter().map(|b| b.num_rows()).sum::<usize>(), 0, "{}", pretty(&changed));
     let row = "SELECT name, value, changed FROM system.settings WHERE name = 'max_memory_usage'";
     assert!(
         pretty(&run_in(&engine, row, &session).await.expect("node value"))

@@ -50,7 +50,7 @@ pub struct NodeArgs {
     #[arg(long, env = "SHARDWISE_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
     /// Allow a multi-node cluster without a cluster secret.
-    #[arg(long, env = "SHARDWISE_INSECURE")]
+    #[arg(long, env = "SHARDWISE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure: bool,
     /// Interface the node's services listen on [default: 127.0.0.1].
     #[arg(long, env = "SHARDWISE_LISTEN_HOST")]
@@ -221,6 +221,10 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let explicit = explicit(&args, &file, &config_name);
     let detected = source::detect(&explicit, &|k| std::env::var(k).ok())?;
     if args.dry_run {
+        // The warnings (sources ignored, fallbacks taken) are what a dry run is for checking.
+        for w in &detected.warnings {
+            eprintln!("warning: {w}");
+        }
         println!("{}", serde_json::to_string(&detected)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -54,9 +54,16 @@ fn dry_run_reports_each_source() {
     let mut both = slurm.to_vec();
     both.extend_from_slice(&torchrun);
     assert_eq!(dry_run(&both, &[])["source"], "torchrun");
+    // ... and the dry run names the variables it ignored.
+    let mut c = shardwise();
+    c.args(["node", "--dry-run"]).envs(both.iter().copied());
+    let stderr = String::from_utf8_lossy(&run_with_timeout(c, T).stderr).into_owned();
+    assert!(stderr.contains("warning: ignoring Slurm variables (SLURM_PROCID"), "{stderr}");
 
     let v = dry_run(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("MASTER_ADDR", "h")], &[]);
     assert_eq!((v["source"].as_str(), v["rank"].as_u64()), (Some("openmpi"), Some(2)));
+    // Boolean variables take 1/0 and yes/no as well as true/false.
+    assert_eq!(dry_run(&[("SHARDWISE_INSECURE", "1")], &[])["source"], "none");
     let v = dry_run(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")], &[]);
     assert_eq!(v["source"], "pmi");
 
