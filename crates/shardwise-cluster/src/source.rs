@@ -207,12 +207,10 @@ pub enum SourceError {
     )]
     MissingSlurmNodelist { world_size: u32 },
 
-    #[error("{name} could not be expanded: {source}")]
-    Hostlist {
-        name: &'static str,
-        #[source]
-        source: HostlistError,
-    },
+    // The cause is in the message, not a `source` as well: the binary prints the chain, and it
+    // would print the cause twice.
+    #[error("{name} could not be expanded: {cause}")]
+    Hostlist { name: &'static str, cause: HostlistError },
 
     #[error(
         "{nodelist_name}=`{nodelist}` expands to {expanded} hosts but {num_nodes_name} is {num_nodes}: expected the same number of nodes"
@@ -611,7 +609,7 @@ fn slurm_first_host(env: Env<'_>) -> Result<Option<String>, SourceError> {
     let Some((nodelist_name, nodelist)) = first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env) else {
         return Ok(None);
     };
-    let hosts = hostlist::expand(&nodelist).map_err(|source| SourceError::Hostlist { name: nodelist_name, source })?;
+    let hosts = hostlist::expand(&nodelist).map_err(|cause| SourceError::Hostlist { name: nodelist_name, cause })?;
     if let Some((num_nodes_name, raw)) = first_set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], env) {
         let num_nodes = env_u32(num_nodes_name, &raw)?.value;
         if usize::try_from(num_nodes).ok() != Some(hosts.len()) {

@@ -194,7 +194,8 @@ impl QueryEngine {
         system
             .register_table(QUERIES_TABLE.to_string(), Arc::new(ComputedTable::queries(Arc::clone(&log))))
             .map_err(QueryError::Internal)?;
-        catalog.register_schema(SYSTEM_SCHEMA, Arc::clone(&system) as Arc<dyn SchemaProvider>)
+        catalog
+            .register_schema(SYSTEM_SCHEMA, Arc::clone(&system) as Arc<dyn SchemaProvider>)
             .map_err(QueryError::Internal)?;
         crate::pg_catalog::install(&ctx, &options.default_catalog)?;
         // After the install, which rebuilds the session state (turning off

@@ -373,11 +373,17 @@ pub fn split_settings_clause(sql: &str) -> Result<(String, Vec<(String, String)>
             Token::LParen => depth += 1,
             Token::RParen => depth -= 1,
             Token::Word(w)
-                if depth == 0
-                    && w.keyword == Keyword::SETTINGS
-                    && w.quote_style.is_none()
-                    && starts_settings_clause(&toks, i) =>
+                if w.keyword == Keyword::SETTINGS && w.quote_style.is_none() && starts_settings_clause(&toks, i) =>
             {
+                // ClickHouse applies a subquery's SETTINGS to that subquery; shardwise's apply to
+                // the statement, so one inside parentheses would be silently ignored.
+                if depth != 0 {
+                    return Err(QueryError::BadSetting(
+                        "SETTINGS inside a subquery: settings apply to the whole statement here; give them once, \
+                         at the end of the statement"
+                            .into(),
+                    ));
+                }
                 at = Some(i);
                 break;
             }
@@ -531,6 +537,11 @@ mod tests {
             let err = split_settings_clause(sql).unwrap_err();
             assert!(err.to_string().contains("SETTINGS clause"), "{sql}: {err}");
         }
+        let err =
+            split_settings_clause("SELECT count(*) FROM (SELECT g FROM t GROUP BY g SETTINGS a = 1) z").unwrap_err();
+        assert!(err.to_string().contains("SETTINGS inside a subquery"), "{err}");
+        // A column named settings in a subquery is not a clause.
+        assert!(split_settings_clause("SELECT * FROM (SELECT settings FROM t) z SETTINGS a = 1").is_ok());
     }
 
     #[test]

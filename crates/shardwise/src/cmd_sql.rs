@@ -326,8 +326,16 @@ fn render(
     }
     match format {
         OutputFormat::Table => {
-            let table = arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), batches)?;
-            writeln!(out, "{table}")?;
+            // NULL shown as NULL (as DuckDB and ClickHouse show it), not as an empty string.
+            use arrow::util::display::FormatOptions;
+            use arrow::util::pretty::{pretty_format_batches_with_options, pretty_format_batches_with_schema};
+            match batches.iter().any(|b| b.num_rows() > 0) {
+                true => {
+                    let options = FormatOptions::default().with_display_error(true).with_null("NULL");
+                    writeln!(out, "{}", pretty_format_batches_with_options(batches, &options)?)?;
+                }
+                false => writeln!(out, "{}", pretty_format_batches_with_schema(schema.clone(), batches)?)?,
+            }
         }
         OutputFormat::Csv | OutputFormat::CsvNoHeader => {
             let header = format == OutputFormat::Csv;

@@ -98,15 +98,42 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// `e` and its causes joined by `: `, leaving out a cause whose text the message already holds
+/// (many errors name their cause in their own message and also return it as their source).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading x: {source}")]
+        struct Named {
+            source: std::io::Error,
+        }
+        let named = anyhow::Error::new(Named { source: std::io::Error::other("disk gone") });
+        assert_eq!(super::error_text(&named), "reading x: disk gone");
+        let added = anyhow::Error::new(std::io::Error::other("disk gone")).context("reading y");
+        assert_eq!(super::error_text(&added), "reading y: disk gone");
+    }
 
     use super::{Cli, Command};
 

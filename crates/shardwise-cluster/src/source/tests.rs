@@ -270,12 +270,14 @@ fn slurm_bad_nodelist() {
     assert!(
         matches!(
             &e,
-            SourceError::Hostlist { name: "SLURM_JOB_NODELIST", source: HostlistError::UnbalancedBrackets { .. } }
+            SourceError::Hostlist { name: "SLURM_JOB_NODELIST", cause: HostlistError::UnbalancedBrackets { .. } }
         ),
         "{e}"
     );
     assert!(e.to_string().contains("SLURM_JOB_NODELIST could not be expanded"), "{e}");
-    assert!(std::error::Error::source(&e).is_some());
+    // The cause once, in the message (the binary prints an error's chain).
+    assert!(e.to_string().contains("`[` is never closed"), "{e}");
+    assert!(std::error::Error::source(&e).is_none());
 }
 
 #[test]

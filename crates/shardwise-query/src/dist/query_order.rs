@@ -98,9 +98,11 @@ impl QueryOrder {
                                 .filter(|name| input.fields().iter().any(|f| f.name() == name)),
                         };
                         match column {
-                            Some(column) => {
-                                order.keys.push(OrderKey { column, descending: !term.asc, nulls_first: term.nulls_first })
-                            }
+                            Some(column) => order.keys.push(OrderKey {
+                                column,
+                                descending: !term.asc,
+                                nulls_first: term.nulls_first,
+                            }),
                             None => {
                                 order.unresolved.get_or_insert_with(|| term.expr.to_string());
                             }
@@ -136,10 +138,8 @@ mod tests {
 
     async fn order_of(sql: &str) -> QueryOrder {
         let ctx = SessionContext::new();
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("g", DataType::Utf8, true),
-            Field::new("v", DataType::Int64, true),
-        ]));
+        let schema =
+            Arc::new(Schema::new(vec![Field::new("g", DataType::Utf8, true), Field::new("v", DataType::Int64, true)]));
         let table = MemTable::try_new(schema, vec![vec![]]).expect("an empty table");
         ctx.register_table("t", Arc::new(table)).expect("registered");
         QueryOrder::of(&ctx.state().create_logical_plan(sql).await.expect("planned"))

@@ -430,9 +430,10 @@ fn no_merge_modes_follow_their_definitions() {
     let windowed = "SELECT g, count(*) AS c, row_number() OVER (ORDER BY count(*) DESC, g) AS rn FROM s GROUP BY g";
     let mut all = per_shard(windowed);
     all.sort_by(|a, b| {
-        num(a, "rn").total_cmp(&num(b, "rn")).then(num(b, "c").total_cmp(&num(a, "c"))).then_with(|| {
-            a["g"].to_string().cmp(&b["g"].to_string())
-        })
+        num(a, "rn")
+            .total_cmp(&num(b, "rn"))
+            .then(num(b, "c").total_cmp(&num(a, "c")))
+            .then_with(|| a["g"].to_string().cmp(&b["g"].to_string()))
     });
     let want: Vec<Value> = all.into_iter().take(3).collect();
     let sql = format!("{windowed} ORDER BY rn, c DESC, g LIMIT 3 SETTINGS distributed_group_by_no_merge = 2");
@@ -445,7 +446,10 @@ fn no_merge_modes_follow_their_definitions() {
                SETTINGS distributed_group_by_no_merge = 2";
     let got = shardwise_rows(&c.addrs[1], sql).unwrap_or_else(|e| panic!("{e}"));
     same_rows(&got, &want, true).unwrap_or_else(|e| panic!("mode 2, hidden ORDER BY column: {e}"));
-    let err = c.sql_err(0, "SELECT g, count(*) AS c FROM s GROUP BY g ORDER BY c + 1 SETTINGS distributed_group_by_no_merge = 2");
+    let err = c.sql_err(
+        0,
+        "SELECT g, count(*) AS c FROM s GROUP BY g ORDER BY c + 1 SETTINGS distributed_group_by_no_merge = 2",
+    );
     assert!(err.contains("c + Int64(1) is an expression"), "{err}");
     // Values other than 0, 1 and 2 act as 1.
     let got = shardwise_rows(&c.addrs[0], "SELECT count(*) FROM s SETTINGS distributed_group_by_no_merge = 5")

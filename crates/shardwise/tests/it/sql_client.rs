@@ -23,7 +23,7 @@ fn formats_scripts_and_errors() {
     let out = sql(&addr, &["-e", q]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(table.contains("| n | s |") && table.contains("| 2 |   |"), "{table}");
+    assert!(table.contains("| n | s    |") && table.contains("| 2 | NULL |"), "{table}");
 
     let out = sql(&addr, &["--format", "csv", "-e", q]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "n,s\n1,a\n2,\n");
