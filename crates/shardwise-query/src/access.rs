@@ -93,9 +93,26 @@ pub struct ShardData {
 /// Rows a fragment sends back from another node.
 pub type RemoteRows = futures::stream::BoxStream<'static, Result<RecordBatch, QueryError>>;
 
-/// Where the node that ran a fragment leaves its plan with metrics (the text `EXPLAIN ANALYZE`
-/// shows), once its rows have all been sent.
-pub type FragmentReport = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+/// What the node that ran a fragment tells the initiator once its rows have all been sent: its
+/// plan with metrics (the text `EXPLAIN ANALYZE` shows) when asked for, and the rows and bytes
+/// its shuffle readers received from the shards (a shuffle's exchange stage, for
+/// `system.queries`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FragmentOutcome {
+    pub plan: Option<String>,
+    pub exchanged_rows: u64,
+    pub exchanged_bytes: u64,
+}
+
+impl FragmentOutcome {
+    /// Nothing to tell.
+    pub fn is_empty(&self) -> bool {
+        self.plan.is_none() && self.exchanged_rows == 0 && self.exchanged_bytes == 0
+    }
+}
+
+/// Where a fragment's [`FragmentOutcome`] lands on the initiator.
+pub type FragmentReport = std::sync::Arc<std::sync::Mutex<FragmentOutcome>>;
 
 /// The storage side of a node, as the SQL layer sees it.
 pub trait TableAccess: Send + Sync + Debug {

@@ -242,12 +242,12 @@ impl QueryEngine {
 
     /// Runs a fragment another node sent (an encoded [`crate::dist::FragmentTicket`]) over this
     /// node's shards.
-    /// When the ticket asks for a report, also returns the plan being run, whose metrics (see
-    /// [`crate::dist::fragment::render_with_metrics`]) are final once the stream has ended.
+    /// Also returns the plan being run, whose metrics are final once the stream has ended (see
+    /// [`crate::dist::fragment::outcome`]), and whether the ticket asks for it to be reported.
     pub fn run_fragment(
         &self,
         ticket: &[u8],
-    ) -> Result<(SendableRecordBatchStream, Option<Arc<dyn ExecutionPlan>>), QueryError> {
+    ) -> Result<(SendableRecordBatchStream, Arc<dyn ExecutionPlan>, bool), QueryError> {
         let access = self.access("a distributed query fragment")?;
         let ticket = FragmentTicket::decode(ticket)?;
         let limit = ticket.header.max_memory_usage;
@@ -257,7 +257,7 @@ impl QueryEngine {
         let run = Arc::clone(&plan);
         let stream = self.runtime.drive(plan.schema(), move || execute_merged(run, context))?;
         let stream = crate::stop::stop_on_drop(explain_memory_errors(stream, limit, self.rank), stop);
-        Ok((stream, report.then_some(plan)))
+        Ok((stream, plan, report))
     }
 
     /// Serves a shuffle bucket request (a [`crate::dist::shuffle`] ticket): runs this node's

@@ -35,7 +35,9 @@ pub mod table_listing;
 pub mod to_utf8view;
 pub mod view_keys;
 
-pub use access::{FragmentReport, InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess};
+pub use access::{
+    FragmentOutcome, FragmentReport, InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess,
+};
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;
 pub use session::Session;

@@ -3,8 +3,9 @@
 //!
 //! Every statement that executes a plan is registered with an id while it runs and recorded when
 //! it ends (finished, failed, killed, timed out, or abandoned by its client): the strategies the
-//! distributed planner chose, how many fragments ran, the rows and bytes they sent back, the rows
-//! of the answer, the time and the error. The newest [`QUERY_LOG_MAX_ENTRIES`] are kept.
+//! distributed planner chose, how many fragments ran, the rows and bytes they sent back (in all
+//! and per stage, with a shuffle's exchange between the nodes, which the nodes running its
+//! buckets report after their rows), the rows of the answer, the time and the error. The newest [`QUERY_LOG_MAX_ENTRIES`] are kept.
 //!
 //! Stopping a query ends its stream with an error; dropping the stream drops every fragment
 //! stream under it, which cancels the remote calls, so the nodes running fragments stop too.
@@ -65,6 +66,9 @@ pub struct QueryRecord {
     pub state: QueryState,
     /// The strategy of each distributed fragment, e.g. `initiator_merge`.
     pub strategies: Vec<String>,
+    /// What each stage moved: per distributed fragment, the rows and bytes sent to this node,
+    /// and for a shuffle also its exchange between the nodes.
+    pub stages: Vec<String>,
     pub fragments: u64,
     /// Rows and Arrow bytes the fragments sent back to this node.
     pub rows_moved: u64,
@@ -138,6 +142,7 @@ impl QueryLog {
             duration_ms: None,
             state: QueryState::Running,
             strategies: Vec::new(),
+            stages: Vec::new(),
             fragments: 0,
             rows_moved: 0,
             bytes_moved: 0,
@@ -218,6 +223,7 @@ impl QueryLog {
             duration_ms: Some(duration.as_millis() as u64),
             state: QueryState::Failed,
             strategies: Vec::new(),
+            stages: Vec::new(),
             fragments: 0,
             rows_moved: 0,
             bytes_moved: 0,
@@ -313,9 +319,18 @@ impl Drop for EndGuard {
                 record.fragments += fragment.targets().len() as u64;
                 record.warnings.extend(fragment.skipped());
                 if let Some(metrics) = fragment.metrics() {
-                    record.rows_moved += metrics.output_rows().unwrap_or(0) as u64;
-                    record.bytes_moved +=
-                        metrics.sum_by_name("bytes_received").map(|v| v.as_usize()).unwrap_or(0) as u64;
+                    let count = |name: &str| metrics.sum_by_name(name).map(|v| v.as_usize()).unwrap_or(0) as u64;
+                    let (rows, bytes) = (metrics.output_rows().unwrap_or(0) as u64, count("bytes_received"));
+                    record.rows_moved += rows;
+                    record.bytes_moved += bytes;
+                    let kind = fragment.strategy().kind;
+                    if matches!(kind, crate::dist::fragment::StrategyKind::Shuffle) {
+                        let (rows, bytes) = (count("exchanged_rows"), count("exchanged_bytes"));
+                        record.stages.push(format!("shuffle exchange: {rows} rows, {bytes} bytes between the nodes"));
+                    }
+                    let n = fragment.targets().len();
+                    let kind = kind.as_str();
+                    record.stages.push(format!("{kind}: {n} fragments, {rows} rows, {bytes} bytes to this node"));
                 }
             }
             Ok(TreeNodeRecursion::Continue)
@@ -334,6 +349,7 @@ pub fn queries_schema() -> SchemaRef {
         Field::new("duration_ms", DataType::UInt64, true),
         Field::new("state", DataType::Utf8, false),
         Field::new("strategy", DataType::Utf8, true),
+        Field::new("stages", DataType::Utf8, true),
         Field::new("fragments", DataType::UInt64, false),
         Field::new("rows_moved", DataType::UInt64, false),
         Field::new("bytes_moved", DataType::UInt64, false),
@@ -359,6 +375,7 @@ pub fn queries_batch(records: &[QueryRecord]) -> Result<RecordBatch> {
         num(&|r| r.duration_ms),
         text(&|r| Some(r.state.as_str().to_string())),
         text(&|r| (!r.strategies.is_empty()).then(|| r.strategies.join(", "))),
+        text(&|r| (!r.stages.is_empty()).then(|| r.stages.join("; "))),
         num(&|r| Some(r.fragments)),
         num(&|r| Some(r.rows_moved)),
         num(&|r| Some(r.bytes_moved)),

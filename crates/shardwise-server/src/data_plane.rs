@@ -101,22 +101,27 @@ impl DataPlane {
     /// Runs a query fragment; errors keep their class (the user's or the node's). After the last
     /// row comes the plan with metrics ([`crate::fragment_report`]) if the ticket asks for it.
     fn run_fragment(&self, ticket: &[u8]) -> Result<Response<BoxStream<FlightData>>, Status> {
-        let (stream, plan) = self.engine.run_fragment(ticket).map_err(to_status)?;
-        Ok(reported_response(stream, plan))
+        let (stream, plan, report) = self.engine.run_fragment(ticket).map_err(to_status)?;
+        Ok(reported_response(stream, Some((plan, report))))
     }
 }
 
-/// `stream`'s rows, then, when there is a `plan` to report, that plan with its metrics as
-/// rendered once the rows have all gone ([`crate::fragment_report`]).
+/// `stream`'s rows, then, once they have all gone, what the initiator is to learn of the `plan`
+/// that made them ([`crate::fragment_report`]): its metrics when `report` (the bool), and what
+/// its shuffle readers received.
 fn reported_response(
     stream: SendableRecordBatchStream,
-    plan: Option<Arc<dyn ExecutionPlan>>,
+    ran: Option<(Arc<dyn ExecutionPlan>, bool)>,
 ) -> Response<BoxStream<FlightData>> {
-    let Some(plan) = plan else { return stream_response(stream) };
+    let Some((plan, report)) = ran else { return stream_response(stream) };
     let schema = stream.schema();
     let rows = stream_response(stream).into_inner();
     let report = futures::stream::once(async move {
-        crate::fragment_report::trailer(schema, shardwise_query::dist::fragment::render_with_metrics(&plan))
+        let outcome = shardwise_query::dist::fragment::outcome(&plan, report);
+        match outcome.is_empty() {
+            true => futures::stream::empty().boxed(),
+            false => crate::fragment_report::trailer(schema, &outcome),
+        }
     })
     .flatten();
     Response::new(Box::pin(rows.chain(report)))
@@ -177,7 +182,7 @@ impl FlightService for DataPlane {
         }
         if is_shuffle_ticket(&request.get_ref().ticket) {
             let (stream, plan) = self.engine.shuffle_bucket(&request.get_ref().ticket).await.map_err(to_status)?;
-            return Ok(reported_response(stream, plan));
+            return Ok(reported_response(stream, plan.map(|plan| (plan, true))));
         }
         Err(Status::invalid_argument(
             "DoGet: not a shardwise ticket (expected a query fragment or a shuffle bucket request)",

@@ -1,22 +1,27 @@
 //! How a node that ran a query fragment tells the initiator what it ran: after the fragment's
 //! last row, one more Flight message (a schema message, no rows) whose `app_metadata` is
-//! [`REPORT_MARK`] and the plan with its operators' metrics as text. `EXPLAIN ANALYZE` on the
-//! initiator shows it ([`shardwise_query::FragmentReport`]); a client that does not look for it
-//! sees a stream that ends with no more rows.
+//! [`REPORT_MARK`] and a [`FragmentOutcome`] as JSON: the plan with its operators' metrics as
+//! text (`EXPLAIN ANALYZE` on the initiator shows it), and the rows and bytes the fragment's
+//! shuffle readers received (`system.queries`). A client that does not look for it sees a stream
+//! that ends with no more rows.
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::FlightData;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use shardwise_query::FragmentOutcome;
 use tonic::Status;
 
 /// Start of the `app_metadata` of a report message.
 pub const REPORT_MARK: &[u8] = b"SWFR";
 
 /// The report message (with the schema it must carry to be a valid Flight message).
-pub fn trailer(schema: SchemaRef, text: String) -> BoxStream<'static, Result<FlightData, Status>> {
+pub fn trailer(schema: SchemaRef, outcome: &FragmentOutcome) -> BoxStream<'static, Result<FlightData, Status>> {
     let mut metadata = REPORT_MARK.to_vec();
-    metadata.extend_from_slice(text.as_bytes());
+    if let Err(e) = serde_json::to_writer(&mut metadata, outcome) {
+        return futures::stream::once(async move { Err(Status::internal(format!("cannot encode a report: {e}"))) })
+            .boxed();
+    }
     crate::flight_split::encoder()
         .with_metadata(metadata.into())
         .with_schema(schema)
@@ -25,10 +30,11 @@ pub fn trailer(schema: SchemaRef, text: String) -> BoxStream<'static, Result<Fli
         .boxed()
 }
 
-/// The report `data` carries, if it is a report message.
-pub fn report_of(data: &FlightData) -> Option<String> {
-    let text = data.app_metadata.strip_prefix(REPORT_MARK)?;
-    Some(String::from_utf8_lossy(text).into_owned())
+/// The report `data` carries, if it is a report message; `Err` when it is one that does not
+/// decode (a peer of another version).
+pub fn report_of(data: &FlightData) -> Option<Result<FragmentOutcome, String>> {
+    let json = data.app_metadata.strip_prefix(REPORT_MARK)?;
+    Some(serde_json::from_slice(json).map_err(|e| format!("a fragment report that does not decode: {e}")))
 }
 
 #[cfg(test)]
@@ -40,10 +46,16 @@ mod tests {
     #[tokio::test]
     async fn a_report_round_trips_and_other_messages_are_not_reports() {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        let messages: Vec<FlightData> =
-            trailer(schema, "AggregateExec: metrics=[output_rows=3]".into()).try_collect().await.expect("encode");
+        let outcome = FragmentOutcome {
+            plan: Some("AggregateExec: metrics=[output_rows=3]".into()),
+            exchanged_rows: 7,
+            exchanged_bytes: 56,
+        };
+        let messages: Vec<FlightData> = trailer(schema, &outcome).try_collect().await.expect("encode");
         assert_eq!(messages.len(), 1);
-        assert_eq!(report_of(&messages[0]).as_deref(), Some("AggregateExec: metrics=[output_rows=3]"));
+        assert_eq!(report_of(&messages[0]), Some(Ok(outcome)));
         assert_eq!(report_of(&FlightData::default()), None);
+        let garbled = FlightData { app_metadata: [REPORT_MARK, b"{no"].concat().into(), ..Default::default() };
+        assert!(matches!(report_of(&garbled), Some(Err(_))));
     }
 }

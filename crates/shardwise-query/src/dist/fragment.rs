@@ -264,6 +264,8 @@ impl ExecutionPlan for FragmentExec {
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
+            exchanged_rows: MetricBuilder::new(&self.metrics).counter("exchanged_rows", partition),
+            exchanged_bytes: MetricBuilder::new(&self.metrics).counter("exchanged_bytes", partition),
         };
         let schema = self.schema();
         let stop_of = Arc::clone(&run.context);
@@ -292,6 +294,9 @@ struct Run {
     rows: Count,
     bytes: Count,
     elapsed: Time,
+    /// What the run's shuffle readers received from the shards (a shuffle's exchange stage).
+    exchanged_rows: Count,
+    exchanged_bytes: Count,
 }
 
 impl Run {
@@ -381,10 +386,13 @@ impl Run {
         let codec = ShardwiseCodec::for_worker(Arc::clone(&self.access), self.target.clone(), threads);
         let plan = codec.decode_plan(&self.encoded, &self.context)?;
         let stream = execute_merged(Arc::clone(&plan), Arc::clone(&self.context))?.boxed();
-        let Some(reports) = self.reports.clone() else { return Ok(stream) };
-        let label = self.label(self.access.local_rank());
+        let (reports, label) = (self.reports.clone(), self.label(self.access.local_rank()));
+        let (exchanged_rows, exchanged_bytes) = (self.exchanged_rows.clone(), self.exchanged_bytes.clone());
         Ok(after_last(stream, move || {
-            if let Ok(mut reports) = reports.lock() {
+            let (rows, bytes) = super::shuffle::exchanged(&plan);
+            exchanged_rows.add(rows as usize);
+            exchanged_bytes.add(bytes as usize);
+            if let Some(Ok(mut reports)) = reports.as_ref().map(|r| r.lock()) {
                 reports.push((label, render_with_metrics(&plan)));
             }
         }))
@@ -411,11 +419,13 @@ impl Run {
         // Batches come back with the fragment's columns; give them its exact schema (field
         // metadata does not survive every transport).
         let rows = rows.map(move |r| r.map_err(external).and_then(|b| super::with_schema(&schema, &b))).boxed();
-        let Some(reports) = self.reports.clone() else { return Ok(rows) };
-        let label = self.label(rank);
+        let (reports, label) = (self.reports.clone(), self.label(rank));
+        let (exchanged_rows, exchanged_bytes) = (self.exchanged_rows.clone(), self.exchanged_bytes.clone());
         Ok(after_last(rows, move || {
-            let text = report.lock().ok().and_then(|mut r| r.take());
-            if let (Some(text), Ok(mut reports)) = (text, reports.lock()) {
+            let outcome = report.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+            exchanged_rows.add(outcome.exchanged_rows as usize);
+            exchanged_bytes.add(outcome.exchanged_bytes as usize);
+            if let (Some(text), Some(Ok(mut reports))) = (outcome.plan, reports.as_ref().map(|r| r.lock())) {
                 reports.push((label, text));
             }
         }))
@@ -451,6 +461,13 @@ fn after_last(stream: BatchStream, done: impl FnOnce() + Send + 'static) -> Batc
         None
     });
     stream.map(Some).chain(tail).filter_map(futures::future::ready).boxed()
+}
+
+/// What a node that ran `plan` as a fragment tells the initiator after its rows: the plan with
+/// metrics when `report`, and what its shuffle readers received.
+pub fn outcome(plan: &Arc<dyn ExecutionPlan>, report: bool) -> crate::access::FragmentOutcome {
+    let (exchanged_rows, exchanged_bytes) = super::shuffle::exchanged(plan);
+    crate::access::FragmentOutcome { plan: report.then(|| render_with_metrics(plan)), exchanged_rows, exchanged_bytes }
 }
 
 /// A plan with each operator's metrics, indented, as `EXPLAIN ANALYZE` prints one.

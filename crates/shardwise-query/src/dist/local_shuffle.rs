@@ -54,7 +54,7 @@ impl LocalShuffle {
         let Some(plan) = plan else { return Ok(rows.boxed()) };
         let reported = futures::stream::once(async move {
             if let Ok(mut report) = report.lock() {
-                *report = Some(render_with_metrics(&plan));
+                report.plan = Some(render_with_metrics(&plan));
             }
             None
         })

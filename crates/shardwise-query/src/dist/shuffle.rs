@@ -33,6 +33,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::joins::SeededRandomState;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -398,6 +399,8 @@ pub struct ShuffleReaderExec {
     schema: SchemaRef,
     access: Arc<dyn TableAccess>,
     cache: Arc<PlanProperties>,
+    /// Rows and bytes received from the shards' stage 1 (the exchange).
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl ShuffleReaderExec {
@@ -430,7 +433,16 @@ impl ShuffleReaderExec {
             schema,
             access,
             cache,
+            metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// Rows and bytes this reader received from the shards so far.
+    pub fn received(&self) -> (u64, u64) {
+        let metrics = self.metrics.clone_inner();
+        let rows = metrics.output_rows().unwrap_or(0) as u64;
+        let bytes = metrics.sum_by_name("bytes_received").map(|v| v.as_usize()).unwrap_or(0) as u64;
+        (rows, bytes)
     }
 
     /// The same reader, asking (or not) for the stage-1 reports of the shards it reads. Only
@@ -445,7 +457,7 @@ impl ShuffleReaderExec {
         let mut out: Vec<(u32, String)> = reports
             .iter()
             .filter_map(|(shard, rank, slot)| {
-                let text = slot.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+                let text = slot.lock().unwrap_or_else(|p| p.into_inner()).plan.clone()?;
                 let body: String = text.lines().map(|l| format!("  {l}\n")).collect();
                 Some((*shard, format!("Shuffle stage 1 of shard {shard} on rank {rank}:\n{body}")))
             })
@@ -456,7 +468,12 @@ impl ShuffleReaderExec {
 
     /// The same reader, merging `bucket`.
     pub fn for_bucket(&self, bucket: u32) -> Self {
-        ShuffleReaderExec { bucket: Some(bucket), stage1_reports: Arc::default(), ..self.clone() }
+        ShuffleReaderExec {
+            bucket: Some(bucket),
+            stage1_reports: Arc::default(),
+            metrics: ExecutionPlanMetricsSet::new(),
+            ..self.clone()
+        }
     }
 }
 
@@ -475,6 +492,10 @@ impl DisplayAs for ShuffleReaderExec {
 impl ExecutionPlan for ShuffleReaderExec {
     plan_node_methods!("ShuffleReaderExec", leaf);
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let max_memory_usage = settings::current(context.session_config().options()).max_memory_usage;
         let bucket = self.bucket.filter(|_| partition == 0).ok_or_else(|| {
@@ -491,7 +512,13 @@ impl ExecutionPlan for ShuffleReaderExec {
             })
             .buffer_unordered(self.sources.len().max(1))
             .try_flatten_unordered(None);
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, opened)))
+        let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let bytes = MetricBuilder::new(&self.metrics).counter("bytes_received", partition);
+        let counted = opened.inspect_ok(move |batch| {
+            rows.add(batch.num_rows());
+            bytes.add(shardwise_storage::row_bytes(batch));
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted)))
     }
 }
 
@@ -544,6 +571,21 @@ impl ShuffleReaderExec {
             errors.join("; ")
         )))))
     }
+}
+
+/// Rows and bytes the shuffle readers of `plan` received from the shards: what a shuffle's
+/// exchange stage moved into this fragment.
+pub fn exchanged(plan: &Arc<dyn ExecutionPlan>) -> (u64, u64) {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let (mut rows, mut bytes) = (0, 0);
+    let _ = plan.apply(|node| {
+        if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
+            let (r, b) = reader.received();
+            (rows, bytes) = (rows + r, bytes + b);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    (rows, bytes)
 }
 
 #[cfg(test)]

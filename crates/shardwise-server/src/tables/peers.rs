@@ -264,8 +264,10 @@ impl Peers {
             .filter_map(move |message| {
                 let row = match message {
                     Ok(decoded) => {
-                        if let Some(text) = crate::fragment_report::report_of(&decoded.inner) {
-                            *lock(&report) = Some(text);
+                        match crate::fragment_report::report_of(&decoded.inner) {
+                            Some(Ok(outcome)) => *lock(&report) = outcome,
+                            Some(Err(e)) => return futures::future::ready(Some(Err(unavailable(rank, "fragment", e)))),
+                            None => {}
                         }
                         match decoded.payload {
                             DecodedPayload::RecordBatch(batch) => Some(Ok(batch)),

@@ -681,6 +681,20 @@ fn slow_queries_are_stopped_by_time_limit_and_kill_and_recorded() {
     let r = &rows[0];
     assert_eq!((r[0].as_str(), r[1].as_str(), r[4].as_str()), ("finished", "initiator_merge", "10"), "{r:?}");
     assert!(r[2].parse::<u64>().unwrap_or(0) >= 2 && r[3].parse::<u64>().unwrap_or(0) >= 10, "{r:?}");
+    // A shuffle's stages: its exchange between the nodes (each shard's partial groups, per
+    // partition; one bucket merged here and one on rank 1, whose count comes back after its
+    // rows), then the buckets' finished groups to the initiator.
+    patient("SELECT v, count(*) FROM w GROUP BY v SETTINGS distributed_aggregation = 'shuffle'");
+    let stages = patient(
+        "SELECT stages LIKE 'shuffle exchange: % rows, % bytes between the nodes; \
+                shuffle: 2 fragments, 10 rows, % bytes to this node', \
+                NOT stages LIKE 'shuffle exchange: 0 rows%' \
+         FROM system.queries WHERE strategy = 'shuffle'",
+    );
+    let shown = patient("SELECT stages FROM system.queries WHERE strategy = 'shuffle'");
+    assert_eq!(stages, vec![vec!["true".to_string(), "true".to_string()]], "{shown:?}");
+    let plain = patient("SELECT stages FROM system.queries WHERE query = 'SELECT v, count(*) FROM w GROUP BY v'");
+    assert!(plain[0].concat().contains("initiator_merge: 2 fragments"), "{plain:?}");
 }
 
 #[test]
