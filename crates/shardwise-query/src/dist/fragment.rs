@@ -112,6 +112,15 @@ type Reports = Arc<std::sync::Mutex<Vec<(String, String)>>>;
 static ROUND_ROBIN: AtomicUsize = AtomicUsize::new(0);
 
 impl FragmentExec {
+    /// A counter of what a shuffle's exchange moved into this stage's runs: registered (shown by
+    /// EXPLAIN ANALYZE) for a shuffle stage, a bare counter for the others.
+    fn exchange_counter(&self, name: &'static str, partition: usize) -> Count {
+        match self.strategy.kind {
+            StrategyKind::Shuffle => MetricBuilder::new(&self.metrics).counter(name, partition),
+            _ => Count::new(),
+        }
+    }
+
     /// Encodes `fragment` (whose leaf reads `placement.table`) to run once per target.
     pub fn try_new(
         fragment: Arc<dyn ExecutionPlan>,
@@ -264,8 +273,9 @@ impl ExecutionPlan for FragmentExec {
             rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes: MetricBuilder::new(&self.metrics).counter("bytes_received", partition),
             elapsed: MetricBuilder::new(&self.metrics).subset_time("time_to_first_batch", partition),
-            exchanged_rows: MetricBuilder::new(&self.metrics).counter("exchanged_rows", partition),
-            exchanged_bytes: MetricBuilder::new(&self.metrics).counter("exchanged_bytes", partition),
+            // Shown (and summed into system.queries) for a shuffle only: nothing else exchanges.
+            exchanged_rows: self.exchange_counter("exchanged_rows", partition),
+            exchanged_bytes: self.exchange_counter("exchanged_bytes", partition),
         };
         let schema = self.schema();
         let stop_of = Arc::clone(&run.context);
