@@ -6,12 +6,8 @@
 # wall time. Usage: bench/stopped_node.sh [SHARDWISE_BINARY] (default: shardwise on PATH).
 set -u
 BIN=${1:-shardwise}
-D=$(mktemp -d /tmp/stopped-node.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$D"' EXIT
-"$BIN" launch --nproc 3 --data-dir "$D/data" --insecure > "$D/log" 2>&1 &
-LAUNCHER=$!
-for _ in $(seq 1 60); do grep -q "listening rank=2" "$D/log" 2>/dev/null && break; sleep 0.5; done
-F0=$(grep -o "rank=0 flight=[0-9.:]*" "$D/log" | head -1 | cut -d= -f3)
+. "$(dirname "$0")/launch_cluster.sh"
+launch_cluster "$BIN" 3 stopped-node
 q() {
   local start end
   start=$(date +%s.%N)

@@ -6,12 +6,8 @@
 # Usage: bench/stopped_query_cpu.sh [SHARDWISE_BINARY] (default: shardwise on PATH).
 set -u
 BIN=${1:-shardwise}
-D=$(mktemp -d /tmp/stopped-query.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$D"' EXIT
-"$BIN" launch --nproc 2 --data-dir "$D/data" --insecure > "$D/log" 2>&1 &
-LAUNCHER=$!
-for _ in $(seq 1 60); do grep -q "listening rank=1" "$D/log" 2>/dev/null && break; sleep 0.5; done
-F0=$(grep -o "rank=0 flight=[0-9.:]*" "$D/log" | head -1 | cut -d= -f3)
+. "$(dirname "$0")/launch_cluster.sh"
+launch_cluster "$BIN" 2 stopped-query
 q() { timeout 120 "$BIN" sql --connect "$F0" -e "$1" 2>&1 | tail -1; }
 q "CREATE TABLE q (id BIGINT, x DOUBLE) WITH (shard_key = 'id')" > /dev/null
 q "INSERT INTO q SELECT value, random() FROM generate_series(1, 200000)" > /dev/null

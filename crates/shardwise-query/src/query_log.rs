@@ -79,6 +79,27 @@ pub struct QueryRecord {
     pub warnings: Vec<String>,
 }
 
+impl QueryRecord {
+    /// A record of `sql` under a new id, with nothing moved yet.
+    fn new(sql: &str, started_unix_ms: u64, state: QueryState) -> QueryRecord {
+        QueryRecord {
+            query_id: uuid::Uuid::new_v4().to_string(),
+            sql: sql.to_string(),
+            started_unix_ms,
+            duration_ms: None,
+            state,
+            strategies: Vec::new(),
+            stages: Vec::new(),
+            fragments: 0,
+            rows_moved: 0,
+            bytes_moved: 0,
+            result_rows: 0,
+            error: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
 struct Running {
     record: QueryRecord,
     kill: Arc<Notify>,
@@ -133,23 +154,9 @@ impl QueryLog {
         stream: SendableRecordBatchStream,
         max_execution_time_ms: u64,
     ) -> SendableRecordBatchStream {
-        let query_id = uuid::Uuid::new_v4().to_string();
+        let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
+        let query_id = record.query_id.clone();
         let kill = Arc::new(Notify::new());
-        let record = QueryRecord {
-            query_id: query_id.clone(),
-            sql: sql.to_string(),
-            started_unix_ms: unix_ms(),
-            duration_ms: None,
-            state: QueryState::Running,
-            strategies: Vec::new(),
-            stages: Vec::new(),
-            fragments: 0,
-            rows_moved: 0,
-            bytes_moved: 0,
-            result_rows: 0,
-            error: None,
-            warnings: Vec::new(),
-        };
         lock(&self.running).insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
         let guard = Arc::new(EndGuard {
             log: Arc::clone(self),
@@ -215,21 +222,11 @@ impl QueryLog {
     /// that does not fit its column): one `failed` row, as ClickHouse's query log keeps
     /// exceptions raised before a query starts.
     pub fn record_failed(&self, sql: &str, error: &str, started: Instant) {
-        let duration = started.elapsed();
+        let duration_ms = started.elapsed().as_millis() as u64;
         self.finish(QueryRecord {
-            query_id: uuid::Uuid::new_v4().to_string(),
-            sql: sql.to_string(),
-            started_unix_ms: unix_ms().saturating_sub(duration.as_millis() as u64),
-            duration_ms: Some(duration.as_millis() as u64),
-            state: QueryState::Failed,
-            strategies: Vec::new(),
-            stages: Vec::new(),
-            fragments: 0,
-            rows_moved: 0,
-            bytes_moved: 0,
-            result_rows: 0,
+            duration_ms: Some(duration_ms),
             error: Some(error.to_string()),
-            warnings: Vec::new(),
+            ..QueryRecord::new(sql, unix_ms().saturating_sub(duration_ms), QueryState::Failed)
         });
     }
 
