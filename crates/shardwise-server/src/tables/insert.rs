@@ -17,7 +17,7 @@ use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use shardwise_cluster::NodeState;
+use shardwise_cluster::{ClusterView, MemberInfo, NodeState};
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
@@ -169,7 +169,7 @@ impl TablesNode {
     /// some shards and not others. ClickHouse refuses such an insert the same way (`Number of
     /// alive replicas ... is less than requested quorum`).
     async fn check_quorum_reachable(&self, entry: &CatalogEntry, quorum: u32) -> Result<(), QueryError> {
-        let members = self.cluster.members().await;
+        let Some(members) = self.recent_members.get(self.cluster.as_ref()).await else { return Ok(()) };
         let down: Vec<u32> =
             members.iter().filter(|m| m.state == NodeState::Down && m.rank != self.rank).map(|m| m.rank).collect();
         if down.is_empty() {
@@ -304,6 +304,34 @@ impl TablesNode {
             self.senders.queued(dest, rows, bytes, delay.delay_max_rows, delay.delay_max_bytes);
         }
         Ok(())
+    }
+}
+
+/// How long an insert reuses the membership it last asked for (on a worker, asking is a round
+/// trip to the master).
+const MEMBERSHIP_REUSE_MS: u64 = 1_000;
+/// How long an insert waits for the membership before going on without checking it (a master
+/// that does not answer would otherwise hold it for the operation timeout).
+const MEMBERSHIP_WAIT_MS: u64 = 200;
+
+/// The membership as inserts check it: asked for at most once per [`MEMBERSHIP_REUSE_MS`].
+#[derive(Debug, Default)]
+pub(crate) struct RecentMembers(std::sync::Mutex<Option<(Instant, Arc<Vec<MemberInfo>>)>>);
+
+impl RecentMembers {
+    /// The membership, asked for again if the last answer is older than [`MEMBERSHIP_REUSE_MS`];
+    /// `None` when it does not come within [`MEMBERSHIP_WAIT_MS`].
+    async fn get(&self, cluster: &dyn ClusterView) -> Option<Arc<Vec<MemberInfo>>> {
+        let lock = || self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, members)) = lock().as_ref()
+            && at.elapsed() < Duration::from_millis(MEMBERSHIP_REUSE_MS)
+        {
+            return Some(Arc::clone(members));
+        }
+        let fresh = tokio::time::timeout(Duration::from_millis(MEMBERSHIP_WAIT_MS), cluster.members()).await.ok()?;
+        let fresh = Arc::new(fresh);
+        *lock() = Some((Instant::now(), Arc::clone(&fresh)));
+        Some(fresh)
     }
 }
 

@@ -72,6 +72,8 @@ pub struct TablesNode {
     pub(crate) background: background::BackgroundPool,
     /// The catalog parsed from the newest metadata snapshot, with its version.
     catalog: Mutex<(u64, Arc<Catalog>)>,
+    /// The membership `immediate` inserts check their quorum against.
+    pub(crate) recent_members: insert::RecentMembers,
 }
 
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
@@ -115,6 +117,7 @@ impl TablesNode {
             outbox: Arc::new(Mutex::new(outbox)),
             origin_id,
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
+            recent_members: insert::RecentMembers::default(),
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));
