@@ -2,7 +2,8 @@
 # What a stopped node (SIGSTOP: it accepts connections and never answers) costs the statements
 # that need it, on a 3-node `shardwise launch` cluster: a read of a shard only it holds (plain,
 # then with skip_unavailable_shards = 1), an immediate insert with insert_quorum = 1, a flush of a
-# delayed table; then, with the node running again, the counts. Prints each statement's answer and
+# delayed table, an immediate insert with the default quorum once the node is listed as down;
+# then, with the node running again, the counts. Prints each statement's answer and
 # wall time. Usage: bench/stopped_node.sh [SHARDWISE_BINARY] (default: shardwise on PATH).
 set -u
 BIN=${1:-shardwise}
@@ -25,6 +26,9 @@ echo "rank 2 (pid $RANK2) stopped"
 q "SELECT count(*) FROM one"
 q "SELECT count(*) FROM one SETTINGS skip_unavailable_shards = 1"
 q "INSERT INTO two SELECT value, 1 FROM generate_series(1, 1000) SETTINGS insert_quorum = 1"
+# By now (the reads took a keep-alive timeout each) the membership says rank 2 is down: with the
+# default quorum (both replicas) the insert is refused at once, writing nothing.
+q "INSERT INTO two SELECT value, 1 FROM generate_series(5001, 5100)"
 q "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)"
 q "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 1000"
 kill -CONT "$RANK2"
