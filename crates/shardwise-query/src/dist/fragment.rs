@@ -334,7 +334,7 @@ impl Run {
             let mut stream = match attempt {
                 Ok(stream) => stream,
                 Err(e) => {
-                    errors.push(format!("rank {rank}: {}", replica_failure(e)?));
+                    errors.push(replica_error(rank, replica_failure(e)?));
                     continue;
                 }
             };
@@ -342,7 +342,7 @@ impl Run {
             timer.done();
             match first {
                 Some(Err(e)) => {
-                    errors.push(format!("rank {rank}: {}", replica_failure(e)?));
+                    errors.push(replica_error(rank, replica_failure(e)?));
                     continue;
                 }
                 first => return Ok(self.instrument(first, stream)),
@@ -464,6 +464,19 @@ fn replica_failure(e: DataFusionError) -> Result<QueryError> {
     }
 }
 
+/// One replica's failure as the query's error lists it: `rank 2: fragment: ...`, without the
+/// class (the query's error has its own) or the rank twice.
+fn replica_error(rank: u32, e: QueryError) -> String {
+    let text = match e {
+        QueryError::Unavailable(m) => m,
+        other => other.to_string(),
+    };
+    match text.starts_with(&format!("rank {rank}:")) {
+        true => text,
+        false => format!("rank {rank}: {text}"),
+    }
+}
+
 /// `stream`, calling `done` once it has ended (not if it is dropped before).
 fn after_last(stream: BatchStream, done: impl FnOnce() + Send + 'static) -> BatchStream {
     let tail = futures::stream::once(async move {
@@ -524,4 +537,19 @@ pub fn decode_fragment_ticket(
     let codec = ShardwiseCodec::for_worker(access, ticket.header.leaf.clone(), threads).reporting(ticket.header.report);
     tracing::debug!(query_id = %ticket.header.query_id, leaf = ?ticket.header.leaf, "running a fragment");
     codec.decode_plan(&ticket.plan, context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_failure_names_its_rank_once() {
+        let e = QueryError::Unavailable("rank 2: fragment: keep-alive timed out".into());
+        assert_eq!(replica_error(2, e), "rank 2: fragment: keep-alive timed out");
+        let e = QueryError::Unavailable("the node is still starting".into());
+        assert_eq!(replica_error(1, e), "rank 1: the node is still starting");
+        let e = QueryError::Storage("disk gone".into());
+        assert_eq!(replica_error(0, e), "rank 0: storage error: disk gone");
+    }
 }

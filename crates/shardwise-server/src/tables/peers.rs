@@ -99,7 +99,11 @@ fn status_error(rank: u32, what: &str, s: tonic::Status) -> QueryError {
     let mut message = format!("rank {rank}: {what}: {}", s.message());
     let mut cause = std::error::Error::source(&s);
     while let Some(e) = cause {
-        message.push_str(&format!(": {e}"));
+        // Layers repeat one another ("http2 error: transport error: http2 error"): each once.
+        let text = e.to_string();
+        if !message.contains(&text) {
+            message.push_str(&format!(": {text}"));
+        }
         cause = e.source();
     }
     match s.code() {
