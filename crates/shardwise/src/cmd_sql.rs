@@ -5,7 +5,8 @@
 //! statements come from `-e`, from `-f FILE`, or from standard input. Scripts are split into
 //! statements client-side with the SQL tokenizer DataFusion uses (so `;` inside strings and
 //! comments is not a separator) and run in order; the first failure stops the script and names
-//! the statement and the line it starts on.
+//! the statement and the line it starts on. A script from a file or a pipe may also hold the
+//! shell's backslash commands (`crate::script`).
 
 use std::error::Error as StdError;
 use std::io::{IsTerminal, Write};
@@ -23,6 +24,9 @@ use base64::Engine as _;
 use futures::TryStreamExt;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::sql_split::split_statements;
+
+use crate::script::Step;
+use crate::shell::Command;
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest gRPC message the client accepts (matches the server's limit).
@@ -146,24 +150,38 @@ async fn run_script(
         }
         (None, None) => (read_stdin().await?, Some("stdin".to_string())),
     };
-    let pieces = split_statements(&source);
-    if pieces.is_empty() {
-        return Ok(());
-    }
-    let single = pieces.len() == 1 && label.is_none();
-    for (index, piece) in pieces.iter().enumerate() {
-        let outcome = match piece {
-            Ok(statement) => run_statement(&mut client, &statement.text, format).await,
-            Err(e) => Err(e.message.clone()),
+    // `-e` is SQL only; a file or a pipe may hold the shell's backslash commands too.
+    let steps: Vec<(u64, Result<Step, String>)> = match execute {
+        Some(sql) => split_statements(sql)
+            .into_iter()
+            .map(|piece| match piece {
+                Ok(statement) => (statement.line, Ok(Step::Sql(statement.text))),
+                Err(e) => (e.line, Err(e.message)),
+            })
+            .collect(),
+        None => crate::script::steps(&source),
+    };
+    let single = steps.len() == 1 && label.is_none();
+    for (index, (line, step)) in steps.into_iter().enumerate() {
+        let outcome = match step {
+            Ok(Step::Sql(sql)) => run_statement(&mut client, &sql, format).await.map(drop),
+            Ok(Step::Command(text)) => match crate::shell::command(&text) {
+                Command::Quit => return Ok(()),
+                Command::Help => {
+                    println!("{}", crate::shell::HELP);
+                    Ok(())
+                }
+                // Scripts print no times.
+                Command::Timing => Ok(()),
+                Command::Sql(sql) => run_statement(&mut client, &sql, format).await.map(drop),
+                Command::Unknown(word) => Err(format!("unknown command {word}; \\? lists them")),
+            },
+            Err(message) => Err(message),
         };
         let Err(message) = outcome else { continue };
         if single {
             bail!("{message}");
         }
-        let line = match piece {
-            Ok(statement) => statement.line,
-            Err(e) => e.line,
-        };
         let place = match &label {
             Some(label) => format!("{label} line {line}"),
             None => format!("line {line}"),

@@ -23,6 +23,7 @@ mod malloc_tuning;
 mod ports;
 mod proc_cluster;
 mod proc_stats;
+mod script;
 mod shell;
 
 use std::process::ExitCode;

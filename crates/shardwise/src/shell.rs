@@ -19,7 +19,7 @@ const HISTORY_MAX_LINES: usize = 10_000;
 const PROMPT: &str = "shardwise> ";
 const CONTINUATION: &str = "        -> ";
 
-const HELP: &str = "\
+pub(crate) const HELP: &str = "\
   statements end with ;  (they may span lines; Ctrl-C drops the one being typed)
   \\nodes       the cluster's nodes (system.nodes)
   \\tables      the tables and how they are sharded (system.tables)
@@ -31,7 +31,7 @@ const HELP: &str = "\
 
 /// What a backslash command asks for.
 #[derive(Debug, PartialEq, Eq)]
-enum Command {
+pub(crate) enum Command {
     Quit,
     Help,
     Timing,
@@ -39,7 +39,7 @@ enum Command {
     Unknown(String),
 }
 
-fn command(line: &str) -> Command {
+pub(crate) fn command(line: &str) -> Command {
     let word = line.split_whitespace().next().unwrap_or_default();
     match word {
         "\\q" | "\\quit" => Command::Quit,

@@ -40,6 +40,21 @@ fn formats_scripts_and_errors() {
     assert_eq!(stdout, "one\n1\n", "the first statement ran, the third did not");
     assert!(stderr.contains("statement 2 (") && stderr.contains("line 3") && stderr.contains("nope"), "{stderr}");
 
+    // A script file may hold the shell's backslash commands on lines of their own, as psql's do.
+    let script = dir.path().join("commands.sql");
+    std::fs::write(&script, "\\nodes\nSELECT 'after' AS s;\n\\q\nSELECT 'not run' AS s;\n").unwrap();
+    let out = sql(&addr, &["--format", "csv", "-f", script.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(",master,") && stdout.ends_with("s\nafter\n"), "{stdout}");
+    std::fs::write(&script, "SELECT 1;\n\\nope\n").unwrap();
+    let out = sql(&addr, &["-f", script.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("statement 2 (") && stderr.contains("unknown command \\nope"),
+        "{stderr}"
+    );
+
     let out = sql(&addr, &["-e", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));
