@@ -40,7 +40,8 @@ pub(crate) enum Command {
 }
 
 pub(crate) fn command(line: &str) -> Command {
-    let word = line.split_whitespace().next().unwrap_or_default();
+    // psql users end these with `;` out of habit (`\dt;`).
+    let word = line.split_whitespace().next().unwrap_or_default().trim_end_matches(';');
     match word {
         "\\q" | "\\quit" => Command::Quit,
         "\\?" | "\\h" | "\\help" => Command::Help,
@@ -154,6 +155,7 @@ mod tests {
     fn backslash_commands_are_recognised() {
         assert_eq!(command("\\q"), Command::Quit);
         assert_eq!(command("\\timing"), Command::Timing);
+        assert!(matches!(command("\\nodes;"), Command::Sql(s) if s.contains("system.nodes")));
         assert!(matches!(command("\\nodes"), Command::Sql(s) if s.contains("system.nodes")));
         assert!(matches!(command("\\settings"), Command::Sql(s) if s.contains("FROM system.settings")));
         assert_eq!(command("\\nope x"), Command::Unknown("\\nope".into()));

@@ -481,8 +481,12 @@ impl Planner<'_> {
             above.push(cut);
             cut = input;
         };
-        // Each shard runs the query with LIMIT offset + limit and no OFFSET.
-        let shard_plan = widen_top_limit(cut, shard_fetch)?;
+        // Each shard runs the query with LIMIT offset + limit and no OFFSET (a query without a
+        // LIMIT of its own keeps any a subquery has).
+        let shard_plan = match (skip, fetch) {
+            (0, None) => cut,
+            _ => widen_top_limit(cut, shard_fetch)?,
+        };
         let reason = match &ordering {
             Some(_) => "distributed_group_by_no_merge = 2: each shard runs the complete query, the initiator merges \
                         the shard results by ORDER BY and applies LIMIT"

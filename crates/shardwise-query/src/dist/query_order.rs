@@ -63,7 +63,9 @@ impl ConfigExtension for QueryOrder {
 }
 
 impl QueryOrder {
-    /// The ORDER BY and LIMIT of `plan` (through EXPLAIN, projections and aliases above them).
+    /// The ORDER BY and LIMIT of `plan` (through EXPLAIN and projections above them). Those of
+    /// a subquery (below a `SubqueryAlias`) are the subquery's, which each shard applies to its
+    /// own rows: they are not the query's.
     pub fn of(plan: &LogicalPlan) -> QueryOrder {
         let mut order = QueryOrder::default();
         let mut limit_seen = false;
@@ -73,7 +75,6 @@ impl QueryOrder {
                 LogicalPlan::Explain(e) => node = e.plan.as_ref(),
                 LogicalPlan::Analyze(a) => node = a.input.as_ref(),
                 LogicalPlan::Projection(p) => node = p.input.as_ref(),
-                LogicalPlan::SubqueryAlias(s) => node = s.input.as_ref(),
                 LogicalPlan::Limit(limit) if !limit_seen => {
                     limit_seen = true;
                     if let Ok(SkipType::Literal(skip)) = limit.get_skip_type() {
@@ -168,5 +169,10 @@ mod tests {
         let order = order_of("SELECT g, v FROM t ORDER BY v + 1").await;
         assert!(order.keys.is_empty() && order.unresolved.is_some(), "{order:?}");
         assert_eq!(order_of("SELECT g FROM t LIMIT 5").await, QueryOrder { fetch: Some(5), ..Default::default() });
+        // A subquery's ORDER BY and LIMIT are not the query's.
+        let sub = "SELECT * FROM (SELECT g, count(*) c FROM t GROUP BY g ORDER BY c DESC LIMIT 3) z";
+        assert_eq!(order_of(sub).await, QueryOrder::default());
+        let order = order_of(&format!("{sub} ORDER BY g LIMIT 5")).await;
+        assert_eq!((order.keys, order.fetch), (vec![key("g", false, false)], Some(5)));
     }
 }

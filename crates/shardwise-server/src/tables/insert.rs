@@ -175,22 +175,25 @@ impl TablesNode {
         if down.is_empty() {
             return Ok(());
         }
+        let mut short = Vec::new();
         for shard in 0..entry.def.shards {
             let ranks = entry.def.replica_ranks(shard, self.world_size);
             let alive = ranks.iter().filter(|r| !down.contains(r)).count() as u32;
             if alive < quorum {
                 let missing: Vec<String> =
                     ranks.iter().filter(|r| down.contains(r)).map(|r| format!("rank {r}")).collect();
-                return Err(QueryError::Unavailable(format!(
-                    "shard {shard} of {} has {alive} of {} replicas alive, fewer than insert_quorum = {quorum} \
-                     ({} down: no heartbeat, see system.nodes); nothing was written",
-                    entry.def.name,
-                    ranks.len(),
-                    missing.join(", ")
-                )));
+                short.push(format!("shard {shard}: {alive} of {} alive ({} down)", ranks.len(), missing.join(", ")));
             }
         }
-        Ok(())
+        if short.is_empty() {
+            return Ok(());
+        }
+        Err(QueryError::Unavailable(format!(
+            "table {} has shards with fewer live replicas than insert_quorum = {quorum}: {} (no heartbeat: see \
+             system.nodes); nothing was written",
+            entry.def.name,
+            short.join("; ")
+        )))
     }
 
     async fn write_immediate(&self, entry: &CatalogEntry, placed: PlacedChunk, quorum: u32) -> Result<(), QueryError> {
