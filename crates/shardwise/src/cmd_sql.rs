@@ -80,7 +80,8 @@ pub struct ScriptArgs {
     /// (`-c`) and clickhouse-client's (`--query`).
     #[arg(short = 'e', long = "execute", visible_short_alias = 'c', visible_alias = "query", conflicts_with = "file")]
     pub execute: Option<String>,
-    /// Run the statements in this file, in order, stopping at the first error.
+    /// Run the statements in this file, in order, stopping at the first error (the shell's
+    /// backslash commands, `\nodes` and the rest, may stand on lines of their own between them).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// Output format. A statement's trailing ClickHouse `FORMAT` clause (`CSV`, without a header,
