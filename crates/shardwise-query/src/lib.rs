@@ -16,6 +16,7 @@ pub mod insert_values;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod pg_catalog;
+pub mod pg_functions;
 pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;

@@ -24,7 +24,11 @@ use crate::error::QueryError;
 
 /// Adds the `pg_catalog` schema to `catalog` of `ctx`, and the catalog functions to `ctx`.
 pub fn install(ctx: &SessionContext, catalog: &str) -> Result<(), QueryError> {
-    datafusion_pg_catalog::setup_pg_catalog(ctx, catalog, EmptyContextProvider).map_err(|e| QueryError::Internal(*e))
+    datafusion_pg_catalog::setup_pg_catalog(ctx, catalog, EmptyContextProvider)
+        .map_err(|e| QueryError::Internal(*e))?;
+    // What psql's `\dt+`, `\dn+` and `\df` call besides, and the crate lacks or makes up.
+    crate::pg_functions::register(ctx);
+    Ok(())
 }
 
 /// Words whose presence sends a statement through [`rewrite`]: catalog tables and functions

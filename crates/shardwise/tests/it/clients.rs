@@ -89,12 +89,13 @@ fn psql_and_psycopg_end_to_end() {
     let (stdout, stderr) = text(&run_with_timeout(c, T));
     assert_eq!(stdout, "CREATE TABLE\nINSERT 0 3\n", "{stderr}");
 
-    // psql's catalog commands read pg_catalog: `\dt` lists the table, `\d sales` its columns.
+    // psql's catalog commands read pg_catalog: `\dt` lists the table, `\d sales` its columns,
+    // `\dt+` also its size and description (unknown here: NULL, not a made-up 0).
     let mut c = psql(&pg0, "default", "shardwise");
-    c.args(["-c", "\\dt", "-c", "\\d sales"]);
+    c.args(["-c", "\\dt", "-c", "\\d sales", "-c", "\\dt+"]);
     let (stdout, stderr) = text(&run_with_timeout(c, T));
-    let described =
-        "public|sales|table|postgres\nid|bigint|||\nregion|text|||\namount|double precision|||\nday|date|||\n";
+    let described = "public|sales|table|postgres\nid|bigint|||\nregion|text|||\namount|double precision|||\nday|date|||\n\
+                     public|sales|table|postgres|permanent|||\n";
     assert_eq!(stdout, described, "{stderr}");
 
     let mut c = psql(&pg0, "default", "shardwise");
