@@ -33,7 +33,7 @@ struct Constant {
 }
 
 impl Constant {
-    fn new(name: &'static str, return_type: DataType, value: Option<bool>) -> ScalarUDF {
+    fn udf(name: &'static str, return_type: DataType, value: Option<bool>) -> ScalarUDF {
         let signature = Signature::one_of(vec![TypeSignature::Any(1), TypeSignature::Any(2)], Volatility::Stable);
         ScalarUDF::new_from_impl(Constant { name, signature, return_type, value })
     }
@@ -113,12 +113,12 @@ pub fn size_pretty(bytes: i64) -> String {
 /// Registers the functions in `ctx` (after the crate's, which they replace where both exist).
 pub fn register(ctx: &SessionContext) {
     for name in ["obj_description", "col_description", "shobj_description"] {
-        ctx.register_udf(Constant::new(name, DataType::Utf8, None));
+        ctx.register_udf(Constant::udf(name, DataType::Utf8, None));
     }
     for name in ["pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size"] {
-        ctx.register_udf(Constant::new(name, DataType::Int64, None));
+        ctx.register_udf(Constant::udf(name, DataType::Int64, None));
     }
-    ctx.register_udf(Constant::new("pg_function_is_visible", DataType::Boolean, Some(true)));
+    ctx.register_udf(Constant::udf("pg_function_is_visible", DataType::Boolean, Some(true)));
     let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Immutable);
     ctx.register_udf(ScalarUDF::new_from_impl(SizePretty { signature }));
 }
