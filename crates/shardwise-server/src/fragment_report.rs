@@ -30,11 +30,14 @@ pub fn trailer(schema: SchemaRef, outcome: &FragmentOutcome) -> BoxStream<'stati
         .boxed()
 }
 
-/// The report `data` carries, if it is a report message; `Err` when it is one that does not
-/// decode (a peer of another version).
-pub fn report_of(data: &FlightData) -> Option<Result<FragmentOutcome, String>> {
-    let json = data.app_metadata.strip_prefix(REPORT_MARK)?;
-    Some(serde_json::from_slice(json).map_err(|e| format!("a fragment report that does not decode: {e}")))
+/// The report `data` carries, if it is a report message. One that is not JSON is the plan text
+/// alone, as nodes sent it before the report carried more (a cluster being upgraded).
+pub fn report_of(data: &FlightData) -> Option<FragmentOutcome> {
+    let body = data.app_metadata.strip_prefix(REPORT_MARK)?;
+    Some(serde_json::from_slice(body).unwrap_or_else(|_| FragmentOutcome {
+        plan: Some(String::from_utf8_lossy(body).into_owned()),
+        ..FragmentOutcome::default()
+    }))
 }
 
 #[cfg(test)]
@@ -53,9 +56,10 @@ mod tests {
         };
         let messages: Vec<FlightData> = trailer(schema, &outcome).try_collect().await.expect("encode");
         assert_eq!(messages.len(), 1);
-        assert_eq!(report_of(&messages[0]), Some(Ok(outcome)));
+        assert_eq!(report_of(&messages[0]), Some(outcome));
         assert_eq!(report_of(&FlightData::default()), None);
-        let garbled = FlightData { app_metadata: [REPORT_MARK, b"{no"].concat().into(), ..Default::default() };
-        assert!(matches!(report_of(&garbled), Some(Err(_))));
+        // The plan text alone, as a node of an earlier version sends it.
+        let text = FlightData { app_metadata: [REPORT_MARK, b"AggregateExec"].concat().into(), ..Default::default() };
+        assert_eq!(report_of(&text).and_then(|o| o.plan).as_deref(), Some("AggregateExec"));
     }
 }

@@ -268,10 +268,8 @@ impl Peers {
             .filter_map(move |message| {
                 let row = match message {
                     Ok(decoded) => {
-                        match crate::fragment_report::report_of(&decoded.inner) {
-                            Some(Ok(outcome)) => *lock(&report) = outcome,
-                            Some(Err(e)) => return futures::future::ready(Some(Err(unavailable(rank, "fragment", e)))),
-                            None => {}
+                        if let Some(outcome) = crate::fragment_report::report_of(&decoded.inner) {
+                            *lock(&report) = outcome;
                         }
                         match decoded.payload {
                             DecodedPayload::RecordBatch(batch) => Some(Ok(batch)),
