@@ -365,7 +365,9 @@ impl QueryEngine {
                 }
             })?;
         // `distributed_group_by_no_merge = 2` orders and limits by the query as written.
-        crate::dist::query_order::QueryOrder::of(&plan).install(state.config_mut().options_mut());
+        if settings::current(state.config_options()).distributed_group_by_no_merge == 2 {
+            crate::dist::query_order::QueryOrder::of(&plan).install(state.config_mut().options_mut());
+        }
         let is_insert = matches!(&plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
         if !(is_insert && self.access.is_some()) {
             Self::sql_options()

@@ -1,13 +1,16 @@
 //! Splits `COPY ... FROM STDIN CSV` data into records of fields that remember whether they were
-//! quoted, which PostgreSQL's NULL rule needs and the `csv` crate does not say: an unquoted field
-//! equal to the NULL string (empty by default) is NULL, a quoted one never is (`""` is an empty
-//! string, `"NA"` the text `NA` under `NULL 'NA'`).
+//! quoted, which PostgreSQL's NULL rule needs: an unquoted field equal to the NULL string (empty
+//! by default) is NULL, a quoted one never is (`""` is an empty string, `"NA"` the text `NA`
+//! under `NULL 'NA'`).
 //!
-//! The grammar is PostgreSQL's CSV format with its default QUOTE and ESCAPE (`"`, doubled inside a
-//! quoted field): fields split by the delimiter, records by `\n` or `\r\n` outside quotes, a quoted
-//! field may hold delimiters and newlines. Text after a closing quote up to the next delimiter is
-//! kept, as PostgreSQL keeps it. A quote left open at the end of the data is an error naming the
-//! line it opened on.
+//! The fields are `csv_core`'s (the tokenizer under the `csv` crate and Arrow's CSV reader, which
+//! `shardwise load` uses too), with PostgreSQL's default QUOTE and ESCAPE (`"`, doubled inside a
+//! quoted field); `csv_core` does not say whether a field was quoted, so the field's first byte
+//! in the input does. Blank lines are skipped. A quote left open swallows the rest of the data:
+//! the last field then holds an odd number of quote characters, and the error names the line the
+//! record starts on.
+
+use csv_core::{ReadFieldResult, ReaderBuilder};
 
 /// One field of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,63 +23,76 @@ pub struct Field {
 /// One record: the line it starts on (1-based) and its fields.
 pub type Record = (u64, Vec<Field>);
 
-/// The records of `data`; an error (a quote never closed) names its line.
+/// The records of `data`; an error (a quote never closed, a delimiter that is not one byte) names
+/// what is wrong.
 pub fn records(data: &str, delimiter: char) -> Result<Vec<Record>, String> {
-    let mut out = Vec::new();
-    let (mut line, mut start_line) = (1u64, 1u64);
-    let mut fields: Vec<Field> = Vec::new();
-    let mut field = Field { text: String::new(), quoted: false };
-    // Inside quotes; at the start of a field (a quote there opens one).
-    let (mut in_quotes, mut at_start) = (false, true);
-    let mut chars = data.chars().peekable();
-    while let Some(c) = chars.next() {
-        if in_quotes {
-            match c {
-                '"' if chars.peek() == Some(&'"') => {
-                    chars.next();
-                    field.text.push('"');
+    // One byte of UTF-8: an ASCII character (`'é'` would pass as a `u8` and match half of it).
+    let delimiter = match delimiter.is_ascii() {
+        true => delimiter as u8,
+        false => return Err(format!("delimiter {delimiter:?}: CSV takes a one-byte delimiter")),
+    };
+    let input = data.as_bytes();
+    let mut tokenizer = ReaderBuilder::new().delimiter(delimiter).build();
+    let (mut out, mut records, mut fields) = (Vec::new(), Vec::new(), Vec::new());
+    let mut value = vec![0u8; input.len().max(1)];
+    let (mut pos, mut field_start, mut line_of) = (0usize, 0usize, LineCounter::default());
+    let mut record_line = 1;
+    loop {
+        // The whole input at once; once it is used up, an empty input marks its end.
+        let (result, consumed, written) = tokenizer.read_field(&input[pos..], &mut value);
+        out.extend_from_slice(&value[..written]);
+        pos += consumed;
+        match result {
+            ReadFieldResult::InputEmpty => {}
+            // A field longer than the buffer continues into a larger one.
+            ReadFieldResult::OutputFull => value.resize(value.len() * 2, 0),
+            ReadFieldResult::Field { record_end } => {
+                // The field starts after any blank lines csv_core skipped before its record.
+                let start = if fields.is_empty() { skip_blank_lines(input, field_start) } else { field_start };
+                if fields.is_empty() {
+                    record_line = line_of.line(input, start);
                 }
-                '"' => in_quotes = false,
-                other => {
-                    if other == '\n' {
-                        line += 1;
-                    }
-                    field.text.push(other);
+                let quoted = input.get(start) == Some(&b'"');
+                if pos == input.len() && quoted && input[start..pos].iter().filter(|&&b| b == b'"').count() % 2 == 1 {
+                    return Err(format!("line {record_line}: a quoted field is not closed before the end of the data"));
+                }
+                let text = String::from_utf8(std::mem::take(&mut out)).map_err(|e| format!("not UTF-8: {e}"))?;
+                fields.push(Field { text, quoted });
+                field_start = pos;
+                if record_end {
+                    records.push((record_line, std::mem::take(&mut fields)));
                 }
             }
-            continue;
-        }
-        match c {
-            '"' if at_start => {
-                (field.quoted, in_quotes, at_start) = (true, true, false);
-            }
-            c if c == delimiter => {
-                fields.push(std::mem::replace(&mut field, Field { text: String::new(), quoted: false }));
-                at_start = true;
-            }
-            '\r' if chars.peek() == Some(&'\n') => {}
-            '\n' => {
-                fields.push(std::mem::replace(&mut field, Field { text: String::new(), quoted: false }));
-                out.push((start_line, std::mem::take(&mut fields)));
-                line += 1;
-                start_line = line;
-                at_start = true;
-            }
-            other => {
-                field.text.push(other);
-                at_start = false;
-            }
+            ReadFieldResult::End => return Ok(records),
         }
     }
-    if in_quotes {
-        return Err(format!("line {start_line}: a quoted field is not closed before the end of the data"));
+}
+
+/// `at` moved past any line breaks (the blank lines before a record).
+fn skip_blank_lines(input: &[u8], mut at: usize) -> usize {
+    while matches!(input.get(at), Some(b'\n' | b'\r')) {
+        at += 1;
     }
-    // A last record without its newline (nothing at all after the last newline is no record).
-    if !fields.is_empty() || !field.text.is_empty() || field.quoted {
-        fields.push(field);
-        out.push((start_line, fields));
+    at
+}
+
+/// Line numbers of byte offsets, for offsets that only grow.
+#[derive(Default)]
+struct LineCounter {
+    offset: usize,
+    newlines: u64,
+}
+
+impl LineCounter {
+    /// The 1-based line of `input[at]`.
+    fn line(&mut self, input: &[u8], at: usize) -> u64 {
+        let at = at.min(input.len());
+        if at > self.offset {
+            self.newlines += input[self.offset..at].iter().filter(|&&b| b == b'\n').count() as u64;
+            self.offset = at;
+        }
+        self.newlines + 1
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -112,7 +128,8 @@ mod tests {
     fn empty_lines_and_the_end_of_data() {
         assert_eq!(texts(""), Vec::<(u64, Vec<(String, bool)>)>::new());
         assert_eq!(texts("a\n"), vec![(1, vec![f("a", false)])]);
-        assert_eq!(texts("a\n\nb"), vec![(1, vec![f("a", false)]), (2, vec![f("", false)]), (3, vec![f("b", false)])]);
+        // Blank lines are skipped (as the csv crate and Arrow skip them); lines keep their numbers.
+        assert_eq!(texts("a\n\nb"), vec![(1, vec![f("a", false)]), (3, vec![f("b", false)])]);
         assert_eq!(texts("\"\""), vec![(1, vec![f("", true)])]);
     }
 
@@ -120,6 +137,11 @@ mod tests {
     fn an_open_quote_names_its_line() {
         let err = records("1,a\n2,\"b\n3,c\n", ',').unwrap_err();
         assert_eq!(err, "line 2: a quoted field is not closed before the end of the data");
+        // Text after a closing quote is kept (as PostgreSQL keeps it); a quote after that opens
+        // another, which PostgreSQL also reports unterminated.
+        assert_eq!(texts("\"ab\"c,d"), vec![(1, vec![f("abc", true), f("d", false)])]);
+        assert!(records("x,\"ab\"c\"\n", ',').is_err());
+        assert!(records("1,2", 'é').unwrap_err().contains("one-byte delimiter"));
     }
 
     #[test]
