@@ -54,7 +54,8 @@ pub struct LoadArgs {
     /// Node's Flight SQL address, host:port.
     #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
     pub connect: String,
-    /// File format [default: from the extension: .csv, .parquet, .ndjson or .jsonl].
+    /// File format [default: from the extension: .csv, .parquet, or .ndjson, .jsonl and .json, all
+    /// read as newline-delimited JSON].
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Idempotency key of this load [default: a new random UUID]. The server applies a load at

@@ -48,13 +48,15 @@ pub enum Format {
 }
 
 impl Format {
-    /// The format a file's extension names (`.csv`, `.parquet`, `.ndjson`, `.jsonl`).
+    /// The format a file's extension names (`.csv`, `.parquet`, `.ndjson`, `.jsonl`, `.json`). A
+    /// `.json` file is read as newline-delimited JSON, as DuckDB and ClickHouse's `JSONEachRow`
+    /// users name them; one holding a single JSON array is refused with a way to convert it.
     pub fn from_path(path: &Path) -> anyhow::Result<Format> {
         let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match extension.as_str() {
             "csv" => Ok(Format::Csv),
             "parquet" | "pq" => Ok(Format::Parquet),
-            "ndjson" | "jsonl" => Ok(Format::Ndjson),
+            "ndjson" | "jsonl" | "json" => Ok(Format::Ndjson),
             "gz" | "zst" | "bz2" | "xz" | "zip" => {
                 bail!("{} is compressed, which load does not read: decompress it first", path.display())
             }

@@ -144,6 +144,12 @@ impl Reader<'_> {
                 };
                 bail!("{at}: not valid UTF-8 (at byte {} of the line)", e.valid_up_to() + 1);
             }
+            if line.trim_ascii_start().starts_with(b"[") {
+                bail!(
+                    "{label} line {number}: a JSON array, where load reads newline-delimited JSON (one object \
+                     per line); a file holding one array of objects converts with `jq -c '.[]' FILE > FILE.ndjson`"
+                );
+            }
             feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
             pending.push(number, line);
         }

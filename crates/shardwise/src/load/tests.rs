@@ -93,6 +93,7 @@ mod format {
         assert_eq!(Format::from_path(Path::new("a.parquet")).expect("parquet"), Format::Parquet);
         assert_eq!(Format::from_path(Path::new("a.ndjson")).expect("ndjson"), Format::Ndjson);
         assert_eq!(Format::from_path(Path::new("a.jsonl")).expect("jsonl"), Format::Ndjson);
+        assert_eq!(Format::from_path(Path::new("a.json")).expect("json"), Format::Ndjson);
         let gz = Format::from_path(Path::new("a.csv.gz")).expect_err("gz").to_string();
         assert_eq!(gz, "a.csv.gz is compressed, which load does not read: decompress it first");
         let unknown = Format::from_path(Path::new("a.txt")).expect_err("txt").to_string();

@@ -70,8 +70,19 @@ fn syntax_errors_name_the_line() {
 
 #[test]
 fn a_line_that_is_not_an_object() {
-    let err = ndjson_error("{\"id\":1}\n\n[1,2]\n", &small());
-    assert_eq!(err, "data.ndjson line 3: expected a JSON object, found [1,2]");
+    let err = ndjson_error("{\"id\":1}\n\n\"x\"\n", &small());
+    assert_eq!(err, "data.ndjson line 3: expected a JSON object, found \"x\"");
+}
+
+#[test]
+fn a_json_array_is_refused_with_the_way_to_convert_it() {
+    let array = "a JSON array, where load reads newline-delimited JSON (one object per line); a file \
+                 holding one array of objects converts with `jq -c '.[]' FILE > FILE.ndjson`";
+    // Written out over several lines, and on one.
+    let err = ndjson_error("[\n  {\"id\": 1},\n  {\"id\": 2}\n]\n", &small());
+    assert_eq!(err, format!("data.ndjson line 1: {array}"));
+    let err = ndjson_error("  [{\"id\": 1}, {\"id\": 2}]\n", &small());
+    assert_eq!(err, format!("data.ndjson line 1: {array}"));
 }
 
 #[test]
