@@ -108,15 +108,7 @@ fn main() -> ExitCode {
 /// `e` and its causes joined by `: `, leaving out a cause whose text the message already holds
 /// (many errors name their cause in their own message and also return it as their source).
 fn error_text(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
+    shardwise_server::error::with_causes(e.to_string(), e.chain().skip(1).map(|c| c.to_string()))
 }
 
 #[cfg(test)]

@@ -96,16 +96,8 @@ fn status_error(rank: u32, what: &str, s: tonic::Status) -> QueryError {
     use tonic::Code;
     // The transport's own words ("http2 error") say little; its causes say what happened
     // ("keep-alive timed out": the node stopped answering).
-    let mut message = format!("rank {rank}: {what}: {}", s.message());
-    let mut cause = std::error::Error::source(&s);
-    while let Some(e) = cause {
-        // Layers repeat one another ("http2 error: transport error: http2 error"): each once.
-        let text = e.to_string();
-        if !message.contains(&text) {
-            message.push_str(&format!(": {text}"));
-        }
-        cause = e.source();
-    }
+    let causes = std::iter::successors(std::error::Error::source(&s), |e| e.source()).map(|e| e.to_string());
+    let message = crate::error::with_causes(format!("rank {rank}: {what}: {}", s.message()), causes);
     match s.code() {
         Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::AlreadyExists => {
             QueryError::Rejected(message)
