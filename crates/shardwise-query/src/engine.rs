@@ -150,6 +150,8 @@ impl QueryEngine {
             .with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+        // `1.25` is an exact DECIMAL, as in PostgreSQL and DuckDB (see `crate::numeric_literals`).
+        config.options_mut().sql_parser.parse_float_as_decimal = true;
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
         let mut state = SessionStateBuilder::new()
             .with_config(config)
@@ -344,6 +346,9 @@ impl QueryEngine {
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state.sql_to_statement(&body, &dialect)?;
         repeated_items::name_repeated_items(&mut statement);
+        if state.config().options().sql_parser.parse_float_as_decimal {
+            crate::numeric_literals::exponents_as_double(&mut statement);
+        }
         let world_size = self.access.as_ref().map(|a| a.world_size()).unwrap_or(1);
         let statement = match ddl::classify(statement, &state, world_size).await? {
             Classified::Command(command) => {

@@ -15,6 +15,7 @@ pub mod group_topk;
 pub mod insert_values;
 pub mod many_groups;
 pub mod memory_limit;
+pub mod numeric_literals;
 pub mod pg_catalog;
 pub mod pg_functions;
 pub mod query_log;

@@ -123,11 +123,17 @@ const CORPUS: &[&str] = &[
     "SELECT k, sum(v) OVER (PARTITION BY k, g) FROM {t} WHERE id % 7 = 0",
 ];
 
-/// Single-node DataFusion with the same tables and rows.
-async fn oracle() -> SessionContext {
+/// DataFusion reading SQL as a shardwise node does: strings as Utf8, `0.9` as an exact decimal.
+fn oracle_config() -> SessionConfig {
     let mut config = SessionConfig::new().with_target_partitions(2);
     config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-    let ctx = SessionContext::new_with_config(config);
+    config.options_mut().sql_parser.parse_float_as_decimal = true;
+    config
+}
+
+/// Single-node DataFusion with the same tables and rows.
+async fn oracle() -> SessionContext {
+    let ctx = SessionContext::new_with_config(oracle_config());
     for table in ["t", "s"] {
         run_oracle(&ctx, &format!("CREATE TABLE {table} ({COLUMNS})")).await;
         run_oracle(&ctx, &insert_rows(table)).await;
@@ -377,7 +383,7 @@ fn shard_tables(rt: &tokio::runtime::Runtime, ctx: &SessionContext, shards: u32)
     let schema = batches[0].schema();
     (0..shards)
         .map(|shard| {
-            let ctx = SessionContext::new();
+            let ctx = SessionContext::new_with_config(oracle_config());
             let rows = per_shard.remove(&shard).unwrap_or_default();
             let table = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![rows])
                 .unwrap_or_else(|e| panic!("memtable: {e}"));
@@ -859,6 +865,27 @@ fn set_lasts_for_its_connection_only() {
     assert!(other.contains("strategy=initiator_merge"), "{other}");
     let err = c.sql_err(0, "SET distributed_aggregation = 'sideways'");
     assert!(err.contains("initiator") && err.contains("shuffle"), "{err}");
+}
+
+#[test]
+fn decimal_literals_are_exact_and_exponents_are_doubles() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE money (k INT, v DECIMAL(38, 4), w DECIMAL(12, 3)) WITH (shard_key = 'k', replicas = 2)");
+    c.sql(0, "INSERT INTO money VALUES (1, 12345678901234.5678, 395616.196), (3, 99999999999999999.9999, 0.0005)");
+    // Read as DOUBLEs these were stored as ...5680 and 100000000000000000.0000, and the filters
+    // compared the column with the DOUBLE nearest 395616.196 and matched nothing.
+    let rows = c.sql(1, "SELECT k, v, w FROM money ORDER BY k");
+    assert_eq!(
+        rows,
+        vec![vec!["1", "12345678901234.5678", "395616.196"], vec!["3", "99999999999999999.9999", "0.001"]]
+    );
+    assert_eq!(c.sql(1, "SELECT count(*) FROM money WHERE w = 395616.196"), vec![vec!["1"]]);
+    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE w IN (395616.196, 1.5)"), vec![vec!["1"]]);
+    // An exponent makes a DOUBLE, as in DuckDB; DataFusion's own reading is one SET away.
+    let typed = c.sql(0, "SELECT arrow_typeof(1.5e3), 1.5e3 + 1, arrow_typeof(0.1) = 'Decimal128(1, 1)'");
+    assert_eq!(typed, vec![vec!["Float64", "1501.0", "true"]]);
+    let floats = c.sql(0, "SET datafusion.sql_parser.parse_float_as_decimal = false; SELECT arrow_typeof(0.1)");
+    assert_eq!(floats.concat().concat(), "Float64");
 }
 
 #[test]
