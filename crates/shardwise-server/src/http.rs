@@ -13,7 +13,10 @@
 //!
 //! Users are those of Flight SQL (`auth`): HTTP Basic, or none for `default`. Every error is a
 //! status with a JSON body `{"error": "...", "kind": "..."}`. Each request is a session of its
-//! own: settings come from the JSON body (or a `SETTINGS` clause), not from an earlier request.
+//! own: settings come from the URL (`?distributed_group_by_no_merge=1`, as ClickHouse takes
+//! them; every parameter but `format` is a setting), then the JSON body's `"settings"`, then a
+//! `SETTINGS` clause, each over the one before; not from an earlier request. An unknown setting,
+//! a bad value or a JSON key other than `sql` and `settings` is a 400, never ignored.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -224,6 +227,20 @@ fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result
     ))
 }
 
+/// The keys a JSON request body may have.
+const JSON_BODY_KEYS: [&str; 2] = ["sql", "settings"];
+
+/// The URL parameter that chooses the answer's format; every other one is a setting.
+const FORMAT_PARAM: &str = "format";
+
+/// The settings a request's URL gives, in a fixed order (by name).
+fn url_settings(params: &HashMap<String, String>) -> Vec<(String, String)> {
+    let mut settings: Vec<(String, String)> =
+        params.iter().filter(|(name, _)| name.as_str() != FORMAT_PARAM).map(|(n, v)| (n.clone(), v.clone())).collect();
+    settings.sort();
+    settings
+}
+
 /// The SQL and settings of a request body, by its content type.
 fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String, String)>), Failure> {
     let content_type = headers
@@ -242,6 +259,16 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String,
         "application/json" => {
             let value: serde_json::Value = serde_json::from_slice(body)
                 .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not JSON: {e}")))?;
+            if let Some(key) = value.as_object().and_then(|o| o.keys().find(|k| !JSON_BODY_KEYS.contains(&k.as_str())))
+            {
+                return Err(Failure::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid",
+                    format!(
+                        "the JSON body has {key:?}, which this API does not take; it takes \"sql\" and \"settings\""
+                    ),
+                ));
+            }
             let sql = value.get("sql").and_then(|s| s.as_str()).ok_or_else(|| {
                 Failure::new(StatusCode::BAD_REQUEST, "invalid", "the JSON body needs \"sql\": a string")
             })?;
@@ -309,7 +336,14 @@ async fn query(
     authorize(&http.users, &headers)?;
     let Query(params) = params.map_err(|r| Failure::new(r.status(), "bad_request", r.body_text()))?;
     let body = body.map_err(body_failure)?;
-    let (sql, settings) = parse_body(&headers, &body)?;
+    let (sql, body_settings) = parse_body(&headers, &body)?;
+    let mut settings = url_settings(&params);
+    http.engine.session_with(&settings).map_err(|e| {
+        let mut failure = Failure::from(e);
+        failure.message = format!("URL parameters (every one but {FORMAT_PARAM} is a setting): {}", failure.message);
+        failure
+    })?;
+    settings.extend(body_settings);
     // A FORMAT clause wins over `?format=` and `Accept`, as in ClickHouse.
     let (sql, clause) = split_format_clause(&sql)?;
     let (format, csv_header) = match clause {
@@ -323,7 +357,7 @@ async fn query(
                 "FORMAT Pretty: the HTTP API writes CSV, CSVWithNames, JSONEachRow or ArrowStream",
             ));
         }
-        None => (choose_format(params.get("format"), headers.get(header::ACCEPT))?, true),
+        None => (choose_format(params.get(FORMAT_PARAM), headers.get(header::ACCEPT))?, true),
     };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan_to_run(&sql, &session).await?;

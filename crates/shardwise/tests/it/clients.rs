@@ -297,6 +297,18 @@ fn every_http_route_with_curl() {
     let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", json, &query]);
     assert_eq!((code, body.as_str()), (200, "{\"one\":1}\n"));
 
+    // Settings in the URL, as ClickHouse takes them; the body's and a SETTINGS clause's win.
+    let changed = "SELECT name, value FROM system.settings WHERE changed ORDER BY name FORMAT CSV";
+    let url = format!("{query}?max_memory_usage=123456789&max_execution_time_ms=5000");
+    let (code, body) = curl(&[&sql_body[..], &[changed, &url]].concat());
+    assert_eq!((code, body.as_str()), (200, "max_execution_time_ms,5000\nmax_memory_usage,123456789\n"));
+    let json = format!(r#"{{"sql": "{changed}", "settings": {{"max_memory_usage": 777777777}}}}"#);
+    let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", &json, &url]);
+    assert_eq!((code, body.as_str()), (200, "max_execution_time_ms,5000\nmax_memory_usage,777777777\n"));
+    let clause = changed.replace(" FORMAT CSV", " SETTINGS max_memory_usage = 99999999 FORMAT CSV");
+    let (code, body) = curl(&[&sql_body[..], &[&clause, &url]].concat());
+    assert_eq!((code, body.as_str()), (200, "max_execution_time_ms,5000\nmax_memory_usage,99999999\n"));
+
     // Arrow IPC, decoded here.
     let arrow_file = dir.path().join("answer.arrows");
     let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
@@ -332,6 +344,12 @@ fn every_http_route_with_curl() {
         ),
         (vec!["-H", "Content-Type: application/json", "--data-binary", "{\"sql\": 1}"], 400, "\"sql\""),
         (vec!["-H", "Content-Type: application/json", "--data-binary", "{oops"], 400, "not JSON"),
+        // A misspelt key or URL parameter is refused, not ignored.
+        (
+            vec!["-H", "Content-Type: application/json", "--data-binary", r#"{"sql": "SELECT 1", "setting": {}}"#],
+            400,
+            "\"setting\", which this API does not take",
+        ),
         (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELEC 1"], 400, "error"),
         (vec!["-H", "Content-Type: text/plain", "--data-binary", "SELECT * FROM nosuch"], 400, "nosuch"),
         (
@@ -346,6 +364,15 @@ fn every_http_route_with_curl() {
         assert_eq!(code, want, "{args:?}: {body}");
         let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
         assert!(parsed["error"].as_str().unwrap_or("").contains(says), "{args:?}: {body}");
+    }
+    for (params, says) in
+        [("distributed_group_by_no_merge=abc", "distributed_group_by_no_merge"), ("nosuch_setting=1", "nosuch_setting")]
+    {
+        let (code, body) = curl(&[&sql_body[..], &["SELECT 1", &format!("{query}?{params}")]].concat());
+        assert_eq!(code, 400, "{params}: {body}");
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
+        let error = parsed["error"].as_str().unwrap_or("");
+        assert!(error.starts_with("URL parameters") && error.contains(says), "{params}: {body}");
     }
 
     let (code, body) = curl(&[&format!("{base}/health")]);
