@@ -1,59 +1,142 @@
-//! CSV has no nested values: list, struct and map columns are written as their text (`[1, 2]`,
-//! `{a: 1, b: x}`), as DuckDB and ClickHouse write them, instead of arrow's CSV writer failing on
-//! them part-way through an answer. Used by the HTTP API and `shardwise sql --format csv`.
+//! Answers as CSV, for the HTTP API and `shardwise sql --format csv`, written so that they read
+//! back as they were: NULL is an empty field and an empty string is `""` (PostgreSQL's and
+//! DuckDB's convention, which `shardwise load` and `COPY ... FROM` read back the same way);
+//! Arrow's CSV writer wrote both as an empty field. List, struct and map values, which CSV has no
+//! form for, are written as JSON (`[1,null,3]`, `["a,b",null,""]`, `{"a":1}`), which keeps a NULL
+//! element apart from an empty one, and strings quoted; Arrow's writer fails on them part-way
+//! through an answer. Other values are written as Arrow's CSV writer writes them.
 
-use std::sync::Arc;
-
-use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::json::writer::{EncoderOptions, make_encoder};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 
-/// `batch` with every nested column replaced by a `Utf8` column of its values' text (nulls stay
-/// null); the batch itself when it has none.
-pub fn nested_as_text(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
-        return Ok(batch.clone());
-    }
-    let options = FormatOptions::default();
-    let mut fields = Vec::with_capacity(batch.num_columns());
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        if !field.data_type().is_nested() {
-            fields.push(Arc::clone(field));
-            columns.push(Arc::clone(column));
-            continue;
+/// Writes the header row: the column names.
+pub fn write_header(schema: &Schema, out: &mut Vec<u8>) {
+    for (i, field) in schema.fields().iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
-        let text: StringArray =
-            (0..column.len()).map(|row| column.is_valid(row).then(|| formatter.value(row).to_string())).collect();
-        fields.push(Arc::new(Field::new(field.name(), DataType::Utf8, true)));
-        columns.push(Arc::new(text));
+        write_field(field.name().as_bytes(), out);
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+    out.extend_from_slice(b"\n");
+}
+
+/// Writes the rows of `batch`, one line each.
+pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowError> {
+    let options = FormatOptions::default().with_display_error(true);
+    let json_options = EncoderOptions::default().with_explicit_nulls(true);
+    let schema = batch.schema();
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, array) in schema.fields().iter().zip(batch.columns()) {
+        columns.push(match is_nested(field.data_type()) {
+            true => Column::Json(make_encoder(field, array.as_ref(), &json_options)?, array.as_ref()),
+            false => Column::Text(ArrayFormatter::try_new(array.as_ref(), &options)?, array.as_ref()),
+        });
+    }
+    let mut value = Vec::new();
+    for row in 0..batch.num_rows() {
+        for (i, column) in columns.iter_mut().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            value.clear();
+            match column {
+                Column::Text(_, array) | Column::Json(_, array) if array.is_null(row) => continue,
+                Column::Text(formatter, _) => {
+                    use std::io::Write as _;
+                    write!(value, "{}", formatter.value(row)).map_err(|e| ArrowError::CsvError(e.to_string()))?;
+                }
+                Column::Json(encoder, _) => encoder.encode(row, &mut value),
+            }
+            match value.is_empty() {
+                true => out.extend_from_slice(b"\"\""),
+                false => write_field(&value, out),
+            }
+        }
+        out.push(b'\n');
+    }
+    Ok(())
+}
+
+/// A column's writer: Arrow's display text, or JSON for nested values.
+enum Column<'a> {
+    Text(ArrayFormatter<'a>, &'a dyn Array),
+    Json(datafusion::arrow::json::writer::NullableEncoder<'a>, &'a dyn Array),
+}
+
+fn is_nested(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(_, value) => is_nested(value),
+        other => other.is_nested(),
+    }
+}
+
+/// A field, quoted when it holds a comma, a quote or a line break (quotes doubled inside).
+fn write_field(value: &[u8], out: &mut Vec<u8>) {
+    if !value.iter().any(|b| matches!(b, b',' | b'"' | b'\r' | b'\n')) {
+        out.extend_from_slice(value);
+        return;
+    }
+    out.push(b'"');
+    for &b in value {
+        if b == b'"' {
+            out.push(b'"');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
 }
 
 #[cfg(test)]
 mod tests {
-    use datafusion::arrow::array::{Int64Array, ListArray};
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{ArrayRef, Int64Array, ListArray, StringArray, TimestampMicrosecondArray};
     use datafusion::arrow::datatypes::Int64Type;
 
     use super::*;
 
-    #[test]
-    fn lists_become_their_text_and_other_columns_stay() {
-        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1), None]), None]);
-        let batch = RecordBatch::try_from_iter([
-            ("n", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
-            ("l", Arc::new(list) as ArrayRef),
-        ])
-        .unwrap();
-        let text = nested_as_text(&batch).unwrap();
-        assert_eq!(text.column(0).data_type(), &DataType::Int64);
-        let l = text.column(1).as_any().downcast_ref::<StringArray>().unwrap();
-        assert_eq!((l.value(0), l.is_null(1)), ("[1, ]", true));
+    fn csv(batch: &RecordBatch) -> String {
         let mut out = Vec::new();
-        datafusion::arrow::csv::WriterBuilder::new().build(&mut out).write(&text).unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "n,l\n1,\"[1, ]\"\n2,\n");
+        write_header(&batch.schema(), &mut out);
+        write_rows(batch, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn an_empty_string_is_quoted_and_null_is_an_empty_field() {
+        let s = StringArray::from(vec![Some(""), None, Some("a,b"), Some("say \"hi\"\nthere")]);
+        let n = Int64Array::from(vec![Some(1), None, Some(-3), Some(4)]);
+        let batch =
+            RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("n, m", Arc::new(n) as ArrayRef)]).unwrap();
+        assert_eq!(csv(&batch), "s,\"n, m\"\n\"\",1\n,\n\"a,b\",-3\n\"say \"\"hi\"\"\nthere\",4\n");
+    }
+
+    #[test]
+    fn nested_values_are_json() {
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
+            Some(vec![Some(1), None, Some(3)]),
+            None,
+            Some(vec![]),
+        ]);
+        let strings = datafusion::arrow::array::ListArray::new(
+            Arc::new(datafusion::arrow::datatypes::Field::new_list_field(DataType::Utf8, true)),
+            datafusion::arrow::buffer::OffsetBuffer::from_lengths([3, 0, 0]),
+            Arc::new(StringArray::from(vec![Some("a,b"), None, Some("")])),
+            None,
+        );
+        let batch =
+            RecordBatch::try_from_iter([("l", Arc::new(list) as ArrayRef), ("s", Arc::new(strings) as ArrayRef)])
+                .unwrap();
+        assert_eq!(csv(&batch), "l,s\n\"[1,null,3]\",\"[\"\"a,b\"\",null,\"\"\"\"]\"\n,[]\n[],[]\n");
+    }
+
+    #[test]
+    fn timestamps_are_written_as_arrow_writes_them() {
+        let ts = TimestampMicrosecondArray::from(vec![1_614_834_367_123_456]);
+        let batch = RecordBatch::try_from_iter([("t", Arc::new(ts) as ArrayRef)]).unwrap();
+        assert_eq!(csv(&batch), "t\n2021-03-04T05:06:07.123456\n");
     }
 }

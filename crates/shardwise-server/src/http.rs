@@ -428,10 +428,11 @@ impl Encoder {
                 writer.finish()?;
             }
             Format::Csv => {
-                let mut writer =
-                    datafusion::arrow::csv::WriterBuilder::new().with_header(!self.header_written).build(&mut out);
-                writer.write(&crate::csv_text::nested_as_text(batch)?)?;
-                self.header_written = true;
+                if !self.header_written {
+                    crate::csv_text::write_header(&self.schema, &mut out);
+                    self.header_written = true;
+                }
+                crate::csv_text::write_rows(batch, &mut out)?;
             }
             Format::Arrow => {
                 let writer = self.arrow_writer()?;
@@ -457,8 +458,9 @@ impl Encoder {
             Format::JsonLines => None,
             Format::Csv if self.header_written => None,
             Format::Csv => {
-                let names: Vec<&str> = self.schema.fields().iter().map(|f| f.name().as_str()).collect();
-                Some(Bytes::from(format!("{}\n", names.join(","))))
+                let mut out = Vec::new();
+                crate::csv_text::write_header(&self.schema, &mut out);
+                Some(Bytes::from(out))
             }
             Format::Arrow => {
                 let writer = self.arrow_writer().ok()?;

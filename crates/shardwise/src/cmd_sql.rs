@@ -357,13 +357,11 @@ fn render(
             }
         }
         OutputFormat::Csv | OutputFormat::CsvNoHeader => {
-            let header = format == OutputFormat::Csv;
-            let mut writer = arrow::csv::WriterBuilder::new().with_header(header).with_null(String::new()).build(out);
-            if batches.is_empty() {
-                writer.write(&shardwise_server::csv_text::nested_as_text(&RecordBatch::new_empty(schema.clone()))?)?;
+            if format == OutputFormat::Csv {
+                shardwise_server::csv_text::write_header(schema, out);
             }
             for batch in batches {
-                writer.write(&shardwise_server::csv_text::nested_as_text(batch)?)?;
+                shardwise_server::csv_text::write_rows(batch, out)?;
             }
         }
         OutputFormat::Json => {

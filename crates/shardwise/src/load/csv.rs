@@ -15,7 +15,7 @@ use std::io::Read;
 
 use anyhow::{Context, anyhow, bail};
 use arrow::array::{RecordBatch, new_null_array};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 
 mod records;
 mod text;
@@ -229,7 +229,15 @@ impl Columns {
             return Ok(RecordBatch::new_empty(schema.clone()));
         };
         let lines = format!("{label} lines {}-{}", first.line, last.line);
-        let text = text_columns(bytes, pending, self.names.len(), &lines)?;
+        let mut text_targets = vec![false; self.names.len()];
+        for (field, source) in schema.fields().iter().zip(&self.source) {
+            if let (Some(position), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =
+                (source, field.data_type())
+            {
+                text_targets[*position] = true;
+            }
+        }
+        let text = text_columns(bytes, pending, self.names.len(), &text_targets, &lines)?;
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (field, source) in schema.fields().iter().zip(&self.source) {
             let column = match source {

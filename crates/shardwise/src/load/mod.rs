@@ -38,7 +38,8 @@ const MAX_LISTED_COLUMNS: usize = 20;
 /// The file formats `shardwise load` reads.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
-    /// Comma-separated values with a header row naming the columns; empty fields are NULL.
+    /// Comma-separated values with a header row naming the columns; an empty field is NULL, and
+    /// a quoted empty one (`""`) in a text column an empty string.
     Csv,
     /// Apache Parquet; columns matched by name and cast to the table's types.
     Parquet,

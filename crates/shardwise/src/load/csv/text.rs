@@ -1,5 +1,7 @@
 //! A chunk's records as text columns, one per column of the file, each value a string or NULL
-//! (an empty field): what Arrow's CSV decoder makes of them.
+//! (an empty field): what Arrow's CSV decoder makes of them, except that a quoted empty field
+//! (`""`) bound for a text column is an empty string, as PostgreSQL and DuckDB read it and as
+//! shardwise's CSV answers write one ([`keep_quoted_empties`]).
 //!
 //! Records with a quoted field go through Arrow's decoder (`csv_core` unquotes them). The others,
 //! most of most files, hold their values verbatim between commas, so they are split here, which
@@ -8,20 +10,27 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use arrow::array::{ArrayRef, NullBufferBuilder, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, NullBufferBuilder, RecordBatch, StringArray};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::csv::reader::ReaderBuilder;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::error::ArrowError;
 
-use super::records::Record;
+use super::records::{Record, split_fields};
 
 /// A UTF-8 byte order mark: a fresh Arrow decoder skips one at the start of its input.
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The text columns of `records` (consecutive, each with `columns` fields, valid UTF-8), whose
-/// offsets refer to `bytes`; `lines` names them in errors.
-pub fn text_columns(bytes: &[u8], records: &[Record], columns: usize, lines: &str) -> anyhow::Result<Vec<ArrayRef>> {
+/// offsets refer to `bytes`; `lines` names them in errors. `text[i]` says whether column `i` is
+/// read into a text column of the table.
+pub fn text_columns(
+    bytes: &[u8],
+    records: &[Record],
+    columns: usize,
+    text_targets: &[bool],
+    lines: &str,
+) -> anyhow::Result<Vec<ArrayRef>> {
     let span = match (records.first(), records.last()) {
         (Some(first), Some(last)) => &bytes[first.start..last.end],
         _ => &[],
@@ -39,7 +48,41 @@ pub fn text_columns(bytes: &[u8], records: &[Record], columns: usize, lines: &st
             records.len()
         );
     }
-    Ok(text.columns().to_vec())
+    let mut columns = text.columns().to_vec();
+    keep_quoted_empties(bytes, records, text_targets, &mut columns);
+    Ok(columns)
+}
+
+/// Makes each quoted empty field (`""`) of a text column an empty string where Arrow's decoder,
+/// which cannot tell it from an unquoted one, made it NULL. Only records with a quoted field are
+/// looked at again.
+fn keep_quoted_empties(bytes: &[u8], records: &[Record], text_targets: &[bool], columns: &mut [ArrayRef]) {
+    let mut empty_rows: Vec<Vec<usize>> = vec![Vec::new(); columns.len()];
+    for (row, record) in records.iter().enumerate() {
+        let null_text = |i: usize| text_targets.get(i) == Some(&true) && columns.get(i).is_some_and(|c| c.is_null(row));
+        if !record.quoted || !(0..columns.len()).any(null_text) {
+            continue;
+        }
+        let raw = record.text(bytes);
+        for (i, field) in split_fields(raw).iter().enumerate() {
+            if null_text(i) && field.value.is_empty() && raw.get(field.start) == Some(&b'"') {
+                empty_rows[i].push(row);
+            }
+        }
+    }
+    for (column, rows) in columns.iter_mut().zip(empty_rows) {
+        let Some(strings) = column.as_any().downcast_ref::<StringArray>().filter(|_| !rows.is_empty()) else {
+            continue;
+        };
+        let mut rows = rows.into_iter().peekable();
+        let fixed: StringArray = (0..strings.len())
+            .map(|row| match rows.next_if_eq(&row) {
+                Some(_) => Some(""),
+                None => strings.is_valid(row).then(|| strings.value(row)),
+            })
+            .collect();
+        *column = Arc::new(fixed);
+    }
 }
 
 /// Arrow's CSV decoder over exactly `rows` complete records, every field as nullable text (an

@@ -27,6 +27,17 @@ i8,i16,i32,i64,u8,u16,u32,u64,f32,f64,dec,ok,s,day,ts_us,ts_ns,ts_us_utc,ts_ns_u
 }
 
 #[test]
+fn a_quoted_empty_field_is_an_empty_string_in_a_text_column() {
+    // As PostgreSQL and DuckDB read it, and as shardwise's CSV answers write an empty string; an
+    // unquoted empty field is NULL, and so is "" in a column of another type.
+    let text = "id,qty,name\n1,\"\",\"\"\n2,,\n3,\"7\",\"x\"\n";
+    let batches = read_csv(text.as_bytes(), &small(), 10).expect("read");
+    let names = batches[0].column(2).as_any().downcast_ref::<arrow::array::StringArray>().expect("text");
+    assert_eq!(names.iter().collect::<Vec<_>>(), vec![Some(""), None, Some("x")]);
+    assert_eq!(batches[0].column(1).null_count(), 2);
+}
+
+#[test]
 fn matches_the_header_by_name_in_any_order() {
     let text = "name,id\nann,1\n,2\n";
     let batches = read_csv(text.as_bytes(), &small(), 10).expect("read");
