@@ -1,14 +1,16 @@
 //! Arrow results as PostgreSQL rows: each Arrow type gets the PostgreSQL type a client expects
 //! (`bigint`, `double precision`, `numeric`, `text`, `date`, `timestamp`, ...), and values are
-//! written in the text or binary format the client asked for, by pgwire's encoders. Types
-//! PostgreSQL has no match for (lists, structs, intervals, times) are sent as `text` in Arrow's
-//! display form, so `array_agg` reads as `[1, 2, 3]`.
+//! written in the text or binary format the client asked for, by pgwire's encoders. A list of
+//! one of those is a PostgreSQL array of it (`array_agg` of integers reads `{1,NULL,3}` in psql
+//! and a `list` in psycopg). Types PostgreSQL has no match for (structs, maps, lists of lists or
+//! of binary, intervals, times) are sent as `text` in Arrow's display form.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
-    Int32Array, Int64Array, LargeBinaryArray, StringArray, TimestampMicrosecondArray,
+    Int32Array, Int64Array, LargeBinaryArray, ListArray, StringArray, TimestampMicrosecondArray,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
@@ -40,8 +42,34 @@ fn pg_type(data_type: &DataType) -> (Type, DataType) {
         D::Timestamp(_, None) => (Type::TIMESTAMP, D::Timestamp(TimeUnit::Microsecond, None)),
         D::Timestamp(_, Some(_)) => (Type::TIMESTAMPTZ, D::Timestamp(TimeUnit::Microsecond, Some(Arc::from("+00:00")))),
         D::Dictionary(_, value) => pg_type(value),
+        D::List(element) | D::LargeList(element) | D::FixedSizeList(element, _) => match array_type(element) {
+            Some((array, target)) => (array, D::List(Arc::new(Field::new_list_field(target, true)))),
+            None => (Type::TEXT, D::Utf8),
+        },
         _ => (Type::TEXT, D::Utf8),
     }
+}
+
+/// The PostgreSQL array type of a list of `element`, and the Arrow type its elements are cast to;
+/// `None` when the element has no array type here (it is nested, binary, or sent as text).
+fn array_type(element: &Field) -> Option<(Type, DataType)> {
+    let (scalar, target) = pg_type(element.data_type());
+    let array = match scalar {
+        Type::BOOL => Type::BOOL_ARRAY,
+        Type::INT2 => Type::INT2_ARRAY,
+        Type::INT4 => Type::INT4_ARRAY,
+        Type::INT8 => Type::INT8_ARRAY,
+        Type::FLOAT4 => Type::FLOAT4_ARRAY,
+        Type::FLOAT8 => Type::FLOAT8_ARRAY,
+        Type::NUMERIC => Type::NUMERIC_ARRAY,
+        Type::DATE => Type::DATE_ARRAY,
+        Type::TIMESTAMP => Type::TIMESTAMP_ARRAY,
+        Type::TIMESTAMPTZ => Type::TIMESTAMPTZ_ARRAY,
+        // Text only when the elements are strings, not the display text of something nested.
+        Type::TEXT if target == DataType::Utf8 && !element.data_type().is_nested() => Type::TEXT_ARRAY,
+        _ => return None,
+    };
+    Some((array, target))
 }
 
 /// The row description of a result: one field per column, in the format the client asked for.
@@ -75,6 +103,8 @@ enum Column {
     Date(Date32Array),
     Timestamp(TimestampMicrosecondArray),
     TimestampTz(TimestampMicrosecondArray),
+    /// A list whose elements are the column inside (over the list's values).
+    List(ListArray, Box<Column>),
 }
 
 fn conversion_error(field: &Field, e: impl std::fmt::Display) -> PgWireError {
@@ -104,6 +134,11 @@ impl Column {
             DataType::Date32 => Column::Date(cast.as_primitive().clone()),
             DataType::Timestamp(_, None) => Column::Timestamp(cast.as_primitive().clone()),
             DataType::Timestamp(_, Some(_)) => Column::TimestampTz(cast.as_primitive().clone()),
+            DataType::List(element) => {
+                let list = cast.as_list::<i32>().clone();
+                let values = Column::new(&element, list.values())?;
+                Column::List(list, Box::new(values))
+            }
             other => return Err(conversion_error(field, format!("no encoder for {other}"))),
         })
     }
@@ -120,16 +155,7 @@ impl Column {
             Column::F32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::F64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::Numeric(a, scale) => {
-                let value = match opt(a, row, || Decimal::try_from_i128_with_scale(a.value(row), *scale)) {
-                    None => None,
-                    Some(Ok(d)) => Some(d),
-                    Some(Err(e)) => {
-                        return Err(PgWireError::ApiError(
-                            format!("decimal {} does not fit PostgreSQL's numeric encoder: {e}", a.value(row)).into(),
-                        ));
-                    }
-                };
-                encoder.encode_field(&value)
+                encoder.encode_field(&opt(a, row, || numeric(a.value(row), *scale)).transpose()?)
             }
             Column::Text(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::Bytes(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
@@ -138,8 +164,58 @@ impl Column {
             Column::TimestampTz(a) => {
                 encoder.encode_field(&a.value_as_datetime(row).filter(|_| !a.is_null(row)).map(|t| t.and_utc()))
             }
+            Column::List(list, values) if list.is_null(row) => values.encode_elements(None, encoder),
+            Column::List(list, values) => {
+                let offsets = list.value_offsets();
+                let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+                values.encode_elements(Some(start..end), encoder)
+            }
         }
     }
+
+    /// The elements `rows` of this column as one PostgreSQL array (NULL when `rows` is `None`).
+    fn encode_elements(&self, rows: Option<Range<usize>>, encoder: &mut DataRowEncoder) -> PgWireResult<()> {
+        /// `f` of each element in `rows` that is not NULL.
+        fn each<A: Array, T>(
+            a: &A,
+            rows: &Option<Range<usize>>,
+            f: impl Fn(usize) -> Option<T>,
+        ) -> Option<Vec<Option<T>>> {
+            rows.clone().map(|r| r.map(|i| if a.is_null(i) { None } else { f(i) }).collect())
+        }
+        match self {
+            Column::Bool(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::I16(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::I32(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::I64(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::F32(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::F64(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::Numeric(a, scale) => {
+                let decimals = each(a, &rows, |i| Some(numeric(a.value(i), *scale)));
+                let decimals = decimals
+                    .map(|v| v.into_iter().map(Option::transpose).collect::<PgWireResult<Vec<_>>>())
+                    .transpose()?;
+                encoder.encode_field(&decimals)
+            }
+            Column::Text(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::Date(a) => encoder.encode_field(&each(a, &rows, |i| a.value_as_date(i))),
+            Column::Timestamp(a) => encoder.encode_field(&each(a, &rows, |i| a.value_as_datetime(i))),
+            Column::TimestampTz(a) => {
+                encoder.encode_field(&each(a, &rows, |i| a.value_as_datetime(i).map(|t| t.and_utc())))
+            }
+            // `array_type` gives neither an array type.
+            Column::Bytes(_) | Column::List(..) => {
+                Err(PgWireError::ApiError("a list of binary values or of lists has no array encoder".into()))
+            }
+        }
+    }
+}
+
+/// A decimal as PostgreSQL's numeric encoder takes it.
+fn numeric(value: i128, scale: u32) -> PgWireResult<Decimal> {
+    Decimal::try_from_i128_with_scale(value, scale).map_err(|e| {
+        PgWireError::ApiError(format!("decimal {value} does not fit PostgreSQL's numeric encoder: {e}").into())
+    })
 }
 
 /// Arrow's display form of each value (lists, structs, intervals, ...), nulls kept.
@@ -210,22 +286,52 @@ mod tests {
         .unwrap();
         let fields = Arc::new(fields(&batch.schema(), &text_format()));
         let types: Vec<_> = fields.iter().map(|f| f.datatype().clone()).collect();
-        assert_eq!(types, vec![Type::INT8, Type::NUMERIC, Type::NUMERIC, Type::TEXT, Type::DATE, Type::TEXT]);
+        assert_eq!(types, vec![Type::INT8, Type::NUMERIC, Type::NUMERIC, Type::TEXT, Type::DATE, Type::INT8_ARRAY]);
         let rows = rows(&batch, &fields).unwrap();
         let some = |s: &str| Some(s.to_string());
         assert_eq!(
             text_of(&rows[0]),
-            vec![
-                some("7"),
-                some("18446744073709551615"),
-                some("123.45"),
-                some("x"),
-                some("2022-01-08"),
-                some("[1, 2]")
-            ]
+            vec![some("7"), some("18446744073709551615"), some("123.45"), some("x"), some("2022-01-08"), some("{1,2}")]
         );
         assert_eq!(text_of(&rows[1]), vec![None, some("0"), some("-0.05"), None, some("1970-01-01"), None]);
         assert_eq!(fields[0].format(), pgwire::api::results::FieldFormat::Text);
+    }
+
+    #[test]
+    fn lists_are_postgresql_arrays_in_text_and_binary() {
+        use datafusion::arrow::buffer::OffsetBuffer;
+        let strings = ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Utf8, true)),
+            OffsetBuffer::from_lengths([4, 0]),
+            Arc::new(StringArray::from(vec![Some("a,b"), None, Some(""), Some("say \"hi\"")])),
+            None,
+        );
+        let ints = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1), None]), None]);
+        let nested = ListArray::new(
+            Arc::new(Field::new_list_field(ints.data_type().clone(), true)),
+            OffsetBuffer::from_lengths([1, 1]),
+            Arc::new(ints.clone()),
+            None,
+        );
+        let batch = RecordBatch::try_from_iter(vec![
+            ("s", Arc::new(strings) as ArrayRef),
+            ("i", Arc::new(ints) as ArrayRef),
+            ("n", Arc::new(nested) as ArrayRef),
+        ])
+        .unwrap();
+        let text = Arc::new(fields(&batch.schema(), &text_format()));
+        let types: Vec<_> = text.iter().map(|f| f.datatype().clone()).collect();
+        assert_eq!(types, vec![Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::TEXT]);
+        let rows_text = rows(&batch, &text).unwrap();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            text_of(&rows_text[0]),
+            vec![some(r#"{"a,b",NULL,"","say \"hi\""}"#), some("{1,NULL}"), some("[[1, ]]")]
+        );
+        assert_eq!(text_of(&rows_text[1]), vec![some("{}"), None, some("[]")]);
+        // Binary (what psycopg asks for when it prepares): the array encoders take the rows too.
+        let binary = Arc::new(fields(&batch.schema(), &Format::UnifiedBinary));
+        assert_eq!(rows(&batch, &binary).unwrap().len(), 2);
     }
 
     #[test]

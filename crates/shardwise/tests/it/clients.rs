@@ -102,6 +102,12 @@ fn psql_and_psycopg_end_to_end() {
     c.args(["-c", "SELECT region, count(*), sum(amount) FROM sales GROUP BY region ORDER BY region"]);
     let out = run_with_timeout(c, T);
     assert_eq!(text(&out).0, "eu|2|10.5\nus|1|20.0\n", "{}", text(&out).1);
+    // Lists are PostgreSQL arrays, NULL elements and quoting included.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "SELECT array_agg(amount ORDER BY id), array_agg(region ORDER BY id) FROM sales"])
+        .args(["-c", "SELECT make_array('a,b', NULL, '')"]);
+    let out = run_with_timeout(c, T);
+    assert_eq!(text(&out).0, "{10.5,20.0,NULL}|{eu,us,eu}\n{\"a,b\",NULL,\"\"}\n", "{}", text(&out).1);
 
     // A multi-statement query stops at its first error, with the SQLSTATE.
     let mut c = psql(&pg0, "default", "shardwise");
@@ -174,6 +180,11 @@ b.execute("SELECT id, amount, day, CAST(12.5 AS DECIMAL(10, 2)) AS d, id > 2 AS 
 rows = b.fetchall()
 assert rows[0] == (1, 10.5, datetime.date(2024, 1, 1), decimal.Decimal("12.50"), False), rows[0]
 assert len(rows) == 4
+for c in (cur, b):
+    c.execute("SELECT array_agg(id ORDER BY id), array_agg(day ORDER BY id), make_array('x', NULL) FROM sales")
+    lists = c.fetchone()
+    want = ([1, 2, 3, 4], [datetime.date(2024, 1, 1), datetime.date(2024, 1, 2), None, datetime.date(2024, 2, 29)], ["x", None])
+    assert lists == want, lists
 try:
     cur.execute("SELECT nope FROM sales")
     raise SystemExit("no error")
