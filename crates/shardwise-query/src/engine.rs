@@ -401,6 +401,7 @@ impl QueryEngine {
             }
             Action::Plan(plan) => {
                 let plan_is_analyze = matches!(plan, LogicalPlan::Analyze(_));
+                let insert_casts = crate::insert_select::InsertCasts::of(&plan);
                 let started = std::time::Instant::now();
                 let physical = state.create_physical_plan(&plan).await.map_err(|e| {
                     let e = match crate::insert_values::first_bad_value(&plan) {
@@ -432,6 +433,10 @@ impl QueryEngine {
                     false => datafusion::physical_plan::execute_stream(plan, context)?,
                 };
                 let stream = explain_memory_errors(stream, memory_limit, self.rank);
+                let stream = match insert_casts {
+                    Some(casts) => casts.explain_errors(stream),
+                    None => stream,
+                };
                 let stream = match plan_is_analyze {
                     true => with_fragment_reports(stream, Arc::clone(&physical)),
                     false => stream,

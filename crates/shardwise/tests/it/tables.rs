@@ -198,6 +198,9 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("INSERT INTO t VALUES (2, 300, 'b')", "row 1, column small: Cast error: Can't cast value 300"),
         ("INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')", "row 2, column small: Cast error: Cannot cast string 'x'"),
         ("INSERT INTO t VALUES (2, 1, 'b'), (2, 1)", "VALUES row 2 has 2 values where 3 are expected"),
+        // From a query whose values run in fragments, on both nodes: the column is named.
+        ("INSERT INTO t SELECT value, value * 100, 'x' FROM generate_series(1, 5)", "INSERT INTO t: column small: "),
+        ("INSERT INTO t SELECT id + 10, small * 200, name FROM t", "INSERT INTO t: column small: "),
         ("INSERT INTO nope VALUES (1)", "not found"),
         ("INSERT INTO t (id, nope) VALUES (1, 2)", "nope"),
         ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS insert_quorum = 5", "insert_quorum"),
