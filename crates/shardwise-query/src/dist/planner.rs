@@ -18,7 +18,7 @@
 //! `distributed_group_by_no_merge = 1` (and values other than 0 and 2): the whole query runs on
 //! each shard and the initiator concatenates. `= 2`: as 1, then the initiator merges by the
 //! query's ORDER BY and applies LIMIT/OFFSET (shards get LIMIT offset+limit). Both need a query
-//! over exactly one distributed table.
+//! that reads one distributed table, once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -432,11 +432,16 @@ impl Planner<'_> {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if scans.len() != 1 {
+            let reads = match scans {
+                [] => "reads no distributed table".to_string(),
+                [first, rest @ ..] if rest.iter().all(|t| t == first) => {
+                    format!("reads {first} {} times (a join, subquery or CTE over it)", scans.len())
+                }
+                _ => format!("reads {} distributed tables ({})", scans.len(), scans.join(", ")),
+            };
             return Err(DataFusionError::Plan(format!(
-                "distributed_group_by_no_merge = {mode} runs the whole query on each shard, which needs a query over \
-                 exactly one distributed table; this one reads {} ({}); use distributed_group_by_no_merge = 0",
-                scans.len(),
-                scans.join(", ")
+                "distributed_group_by_no_merge = {mode} runs the whole query on each shard, which needs a query that \
+                 reads one distributed table once; this one {reads}; use distributed_group_by_no_merge = 0"
             )));
         }
         let scan = find_scan(&plan)?;

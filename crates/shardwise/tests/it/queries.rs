@@ -471,7 +471,10 @@ fn no_merge_modes_follow_their_definitions() {
     assert_eq!(got.len(), 4);
     // A mode other than 0 over two distributed tables says why it cannot run.
     let err = c.sql_err(0, "SELECT count(*) FROM s JOIN dim ON s.k = dim.k SETTINGS distributed_group_by_no_merge = 1");
-    assert!(err.contains("exactly one distributed table"), "{err}");
+    assert!(err.contains("reads 2 distributed tables (s, dim)"), "{err}");
+    let err =
+        c.sql_err(0, "SELECT count(*) FROM s WHERE k IN (SELECT k FROM s) SETTINGS distributed_group_by_no_merge = 2");
+    assert!(err.contains("reads s 2 times (a join, subquery or CTE over it)"), "{err}");
     // Automatic no-merge: chosen when GROUP BY has the shard key, and EXPLAIN says so.
     let plan = c.sql(0, "EXPLAIN SELECT sk, count(*) FROM s GROUP BY sk").concat().join(" ");
     assert!(plan.contains("strategy=no_merge") && plan.contains("GROUP BY includes the shard key (sk)"), "{plan}");
