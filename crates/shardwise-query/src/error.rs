@@ -85,7 +85,27 @@ impl From<DataFusionError> for QueryError {
         if let Some(q) = carried(&e) {
             return q.copied();
         }
-        if is_user_caused(&e) { QueryError::Invalid(without_rule_context(e)) } else { QueryError::Internal(e) }
+        if is_user_caused(&e) {
+            QueryError::Invalid(placed_at_end(without_rule_context(e)))
+        } else {
+            QueryError::Internal(e)
+        }
+    }
+}
+
+/// A parser error at the end of the statement says so: sqlparser gives a line and column for
+/// every token but the end (`Expected: an expression, found: EOF`).
+fn placed_at_end(e: DataFusionError) -> DataFusionError {
+    use datafusion::sql::sqlparser::parser::ParserError;
+    match e {
+        DataFusionError::SQL(parser, backtrace) => match *parser {
+            ParserError::ParserError(message) if message.ends_with("found: EOF") => DataFusionError::SQL(
+                Box::new(ParserError::ParserError(format!("{message} (the statement ended too early)"))),
+                backtrace,
+            ),
+            other => DataFusionError::SQL(Box::new(other), backtrace),
+        },
+        other => other,
     }
 }
 
@@ -139,6 +159,17 @@ mod tests {
         let e = QueryError::from(DataFusionError::Plan("no such column".into()));
         assert!(e.is_user_error());
         assert_eq!(e.to_string(), "Error during planning: no such column");
+    }
+
+    #[test]
+    fn a_statement_that_ends_too_early_says_so() {
+        use datafusion::sql::sqlparser::parser::ParserError;
+        let eof = ParserError::ParserError("Expected: an expression, found: EOF".into());
+        let e = QueryError::from(DataFusionError::SQL(Box::new(eof), None));
+        assert!(e.to_string().contains("found: EOF (the statement ended too early)"), "{e}");
+        let placed = ParserError::ParserError("Expected: an expression, found: ) at Line: 1, Column: 9".into());
+        let e = QueryError::from(DataFusionError::SQL(Box::new(placed), None));
+        assert!(!e.to_string().contains("ended too early"), "{e}");
     }
 
     #[test]
