@@ -150,12 +150,12 @@ impl QueryEngine {
             .with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-        // `1.25` is an exact DECIMAL, as in PostgreSQL and DuckDB (see `crate::numeric_literals`).
-        config.options_mut().sql_parser.parse_float_as_decimal = true;
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
+            .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).
@@ -346,6 +346,10 @@ impl QueryEngine {
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state.sql_to_statement(&body, &dialect)?;
         repeated_items::name_repeated_items(&mut statement);
+        // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
+        if crate::numeric_literals::is_insert_values(&statement) {
+            state.config_mut().options_mut().sql_parser.parse_float_as_decimal = true;
+        }
         if state.config().options().sql_parser.parse_float_as_decimal {
             crate::numeric_literals::exponents_as_double(&mut statement);
         }

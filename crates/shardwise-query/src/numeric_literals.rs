@@ -1,22 +1,105 @@
-//! Numeric literals read as PostgreSQL and DuckDB read them: `12345678901234.5678` is an exact
-//! DECIMAL, `1.5e3` a DOUBLE.
+//! Numeric literals compared with, or stored into, DECIMAL values as they were written.
 //!
-//! DataFusion reads every literal with a fraction as a DOUBLE unless
-//! `datafusion.sql_parser.parse_float_as_decimal` is set. For a DECIMAL column that is a wrong
-//! answer without an error: `INSERT ... VALUES (12345678901234.5678)` stored `...5680`, and
-//! `WHERE price = 395616.196` compared the column with the DOUBLE nearest that value, cast to a
-//! DECIMAL(30, 15) (`395616.195999999983616`), and matched no row. shardwise turns the setting on
-//! (in [`crate::QueryEngine`]). With it, DataFusion reads an exponent as a decimal scale too:
-//! `1.5e3` became DECIMAL(2, -2), which no client protocol can carry, and `1e400` failed. So a
-//! literal written with an exponent is read as a DOUBLE here, before planning, as DuckDB reads it.
-//! Setting `parse_float_as_decimal` back to false reads every literal as DataFusion does.
+//! DataFusion reads `395616.196` as a DOUBLE, and meets a DECIMAL by casting both sides to a
+//! DECIMAL: the literal became the DOUBLE nearest it, `395616.195999999983616`, so `WHERE price =
+//! 395616.196` matched no row, and `INSERT ... VALUES (12345678901234.5678)` stored `...5680`.
+//! Reading every literal as a DECIMAL (`datafusion.sql_parser.parse_float_as_decimal`) is worse
+//! for the common case: DataFusion then casts a DOUBLE column compared with `0.5` to
+//! DECIMAL(30, 15), which loses values under 1e-15 and fails on values over 1e15, and `1.0 / 3`
+//! keeps five digits. So shardwise keeps DataFusion's DOUBLE literals and corrects the two places
+//! they go wrong:
+//! - [`ExactDecimalLiterals`], an analyzer rule after type coercion: a DOUBLE literal cast to a
+//!   DECIMAL (what coercion makes of a literal compared with, or combined with, a DECIMAL) becomes
+//!   the decimal of its shortest text, which is the text written for any literal of up to 15
+//!   significant digits: `CAST(395616.196 AS DECIMAL(30, 15))` is `395616.196000000000000`.
+//! - `INSERT ... VALUES` is planned with `parse_float_as_decimal`, so a value of any length goes
+//!   into a DECIMAL column exactly; each value is cast to its column's type on its own, so a
+//!   DOUBLE column still gets a DOUBLE ([`is_insert_values`]).
+//!
+//! With `parse_float_as_decimal` on (by `SET`, or for `INSERT ... VALUES`), a literal written
+//! with an exponent (`1.5e3`) is read as a DOUBLE, as DuckDB reads it, before planning
+//! ([`exponents_as_double`]); DataFusion would make it a DECIMAL of negative scale, which no
+//! client protocol carries, and fail on `1e400`.
 
 use std::ops::ControlFlow;
 
+use datafusion::arrow::datatypes::DataType as ArrowType;
+use datafusion::common::ScalarValue;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::Result;
+use datafusion::logical_expr::expr::Cast;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{Expr as LogicalExpr, LogicalPlan};
+use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CastKind, DataType, ExactNumberInfo, Expr, Value, ValueWithSpan, VisitMut, VisitorMut,
+    CastKind, DataType, ExactNumberInfo, Expr, SetExpr, Statement, Value, ValueWithSpan, VisitMut, VisitorMut,
 };
+
+/// Whether `statement` is an `INSERT` of a `VALUES` list (planned with decimal literals).
+pub fn is_insert_values(statement: &DfStatement) -> bool {
+    let DfStatement::Statement(statement) = statement else { return false };
+    let Statement::Insert(insert) = statement.as_ref() else { return false };
+    insert.source.as_ref().is_some_and(|query| matches!(query.body.as_ref(), SetExpr::Values(_)))
+}
+
+/// The analyzer rule: a DOUBLE literal cast to a DECIMAL is the decimal of its shortest text.
+#[derive(Debug, Default)]
+pub struct ExactDecimalLiterals;
+
+impl AnalyzerRule for ExactDecimalLiterals {
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|node| {
+            // A projection's columns keep the names the cast gave them.
+            let names = NamePreserver::new(&node);
+            node.map_expressions(|e| {
+                let name = names.save(&e);
+                Ok(e.transform_up(exact_cast)?.update_data(|e| name.restore(e)))
+            })
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "shardwise_exact_decimal_literals"
+    }
+}
+
+fn exact_cast(e: LogicalExpr) -> Result<Transformed<LogicalExpr>> {
+    if let LogicalExpr::Cast(Cast { expr, field }) = &e
+        && let LogicalExpr::Literal(ScalarValue::Float64(Some(value)), _) = expr.as_ref()
+        && let ArrowType::Decimal128(precision, scale) = field.data_type()
+        && let Some(exact) = decimal_of_text(&value.to_string(), *precision, *scale)
+    {
+        return Ok(Transformed::yes(LogicalExpr::Literal(
+            ScalarValue::Decimal128(Some(exact), *precision, *scale),
+            None,
+        )));
+    }
+    Ok(Transformed::no(e))
+}
+
+/// `text` (digits, an optional sign and point, no exponent: what `f64`'s `Display` writes) as
+/// a DECIMAL(`precision`, `scale`), rounded half away from zero to the scale; `None` when it
+/// does not fit, which leaves the cast to fail or round as DataFusion's does.
+fn decimal_of_text(text: &str, precision: u8, scale: i8) -> Option<i128> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let scale = usize::try_from(scale).ok()?;
+    if !whole.bytes().chain(fraction.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let kept: String = fraction.chars().chain(std::iter::repeat('0')).take(scale).collect();
+    let round_up = fraction.as_bytes().get(scale).is_some_and(|&d| d >= b'5');
+    let mut unscaled: i128 = format!("{whole}{kept}").parse().ok()?;
+    unscaled = unscaled.checked_add(i128::from(round_up))?;
+    let limit = 10i128.checked_pow(u32::from(precision))?;
+    (unscaled < limit).then_some(if negative { -unscaled } else { unscaled })
+}
 
 /// Rewrites every numeric literal with an exponent in `statement` to a DOUBLE.
 pub fn exponents_as_double(statement: &mut DfStatement) {
@@ -53,10 +136,54 @@ impl VisitorMut for ExponentsAsDouble {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::{SessionConfig, SessionContext};
 
     use super::*;
+
+    #[test]
+    fn shortest_text_becomes_the_decimal() {
+        assert_eq!(decimal_of_text("395616.196", 30, 15), Some(395_616_196_000_000_000_000));
+        assert_eq!(decimal_of_text("-0.0005", 12, 3), Some(-1));
+        assert_eq!(decimal_of_text("0.0004", 12, 3), Some(0));
+        assert_eq!(decimal_of_text("12", 5, 2), Some(1200));
+        assert_eq!(decimal_of_text("1000", 5, 2), None);
+        assert_eq!(decimal_of_text("NaN", 5, 2), None);
+        assert_eq!(decimal_of_text("inf", 5, 2), None);
+    }
+
+    /// DataFusion as a node plans: DOUBLE literals, the rule after type coercion.
+    async fn node_like(sql: &str) -> String {
+        let state = SessionStateBuilder::new()
+            .with_config(SessionConfig::new())
+            .with_default_features()
+            .with_analyzer_rule(Arc::new(ExactDecimalLiterals))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        ctx.sql("CREATE TABLE m (w DECIMAL(12, 3), d DOUBLE) AS VALUES (395616.196, 1e-20), (1.5, 1e20)")
+            .await
+            .expect("table")
+            .collect()
+            .await
+            .expect("rows");
+        let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("rows");
+        pretty_format_batches(&batches).expect("format").to_string()
+    }
+
+    #[tokio::test]
+    async fn a_decimal_compared_with_a_literal_matches_it_as_written() {
+        let text = node_like("SELECT count(*) AS n FROM m WHERE w = 395616.196 OR w IN (1.5, 2.5)").await;
+        assert!(text.contains("| 2 |"), "{text}");
+        // DOUBLE columns keep DOUBLE comparisons: nothing is cast to a decimal.
+        let text = node_like("SELECT count(*) AS n FROM m WHERE d > 0.0 AND d > 0.5e-30").await;
+        assert!(text.contains("| 2 |"), "{text}");
+        // An unaliased cast keeps its column name.
+        let text = node_like("SELECT CAST(2.675 AS DECIMAL(10, 2))").await;
+        assert!(text.contains("| 2.68 "), "{text}");
+    }
 
     async fn run(sql: &str) -> String {
         let mut config = SessionConfig::new();

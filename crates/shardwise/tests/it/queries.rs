@@ -123,11 +123,10 @@ const CORPUS: &[&str] = &[
     "SELECT k, sum(v) OVER (PARTITION BY k, g) FROM {t} WHERE id % 7 = 0",
 ];
 
-/// DataFusion reading SQL as a shardwise node does: strings as Utf8, `0.9` as an exact decimal.
+/// DataFusion reading SQL as a shardwise node does: strings as Utf8.
 fn oracle_config() -> SessionConfig {
     let mut config = SessionConfig::new().with_target_partitions(2);
     config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-    config.options_mut().sql_parser.parse_float_as_decimal = true;
     config
 }
 
@@ -871,24 +870,45 @@ fn set_lasts_for_its_connection_only() {
 }
 
 #[test]
-fn decimal_literals_are_exact_and_exponents_are_doubles() {
+fn literals_meet_decimal_and_double_columns_as_written() {
     let c = Cluster::start(2);
-    c.sql(0, "CREATE TABLE money (k INT, v DECIMAL(38, 4), w DECIMAL(12, 3)) WITH (shard_key = 'k', replicas = 2)");
-    c.sql(0, "INSERT INTO money VALUES (1, 12345678901234.5678, 395616.196), (3, 99999999999999999.9999, 0.0005)");
-    // Read as DOUBLEs these were stored as ...5680 and 100000000000000000.0000, and the filters
-    // compared the column with the DOUBLE nearest 395616.196 and matched nothing.
+    c.sql(
+        0,
+        "CREATE TABLE money (k INT, v DECIMAL(38, 4), w DECIMAL(12, 3), d DOUBLE) WITH (shard_key = 'k', replicas = 2)",
+    );
+    c.sql(
+        0,
+        "INSERT INTO money VALUES (1, 12345678901234.5678, 395616.196, 1e-20), \
+         (3, 99999999999999999.9999, 0.0005, 0.30000000000000004), (4, 1, 2.675, 1e20)",
+    );
+    // Read as DOUBLEs, the values were stored as ...5680 and 100000000000000000.0000, and the
+    // filters compared the column with the DOUBLE nearest 395616.196 and matched nothing.
     let rows = c.sql(1, "SELECT k, v, w FROM money ORDER BY k");
     assert_eq!(
         rows,
-        vec![vec!["1", "12345678901234.5678", "395616.196"], vec!["3", "99999999999999999.9999", "0.001"]]
+        vec![
+            vec!["1", "12345678901234.5678", "395616.196"],
+            vec!["3", "99999999999999999.9999", "0.001"],
+            vec!["4", "1.0000", "2.675"]
+        ]
     );
     assert_eq!(c.sql(1, "SELECT count(*) FROM money WHERE w = 395616.196"), vec![vec!["1"]]);
-    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE w IN (395616.196, 1.5)"), vec![vec!["1"]]);
-    // An exponent makes a DOUBLE, as in DuckDB; DataFusion's own reading is one SET away.
-    let typed = c.sql(0, "SELECT arrow_typeof(1.5e3), 1.5e3 + 1, arrow_typeof(0.1) = 'Decimal128(1, 1)'");
-    assert_eq!(typed, vec![vec!["Float64", "1501.0", "true"]]);
-    let floats = c.sql(0, "SET datafusion.sql_parser.parse_float_as_decimal = false; SELECT arrow_typeof(0.1)");
-    assert_eq!(floats.concat().concat(), "Float64");
+    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE w IN (395616.196, 2.675)"), vec![vec!["2"]]);
+    // The DOUBLE nearest 2.675 is just under it: as written, it rounds up.
+    assert_eq!(c.sql(0, "SELECT CAST(2.675 AS DECIMAL(10, 2))"), vec![vec!["2.68"]]);
+    // A DOUBLE column stays a DOUBLE comparison (under 1e-15 and over 1e15 included), and a
+    // literal stays a DOUBLE in arithmetic, as in DataFusion.
+    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE d > 0.0"), vec![vec!["3"]]);
+    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE d = 0.3"), vec![vec!["0"]]);
+    let typed = c.sql(0, "SELECT arrow_typeof(0.1), 1.0 / 4, arrow_typeof(1.5e3)");
+    assert_eq!(typed, vec![vec!["Float64", "0.25", "Float64"]]);
+    // Every literal a DECIMAL, for a session that asks (an exponent stays a DOUBLE).
+    let decimals = c.sql(
+        0,
+        "SET datafusion.sql_parser.parse_float_as_decimal = true; \
+         SELECT arrow_typeof(0.1) = 'Decimal128(1, 1)', arrow_typeof(2e0)",
+    );
+    assert_eq!(decimals, vec![vec!["true", "Float64"]]);
 }
 
 #[test]
