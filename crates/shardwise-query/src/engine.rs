@@ -67,10 +67,21 @@ pub struct Planned {
 }
 
 impl Planned {
-    /// The Arrow schema of the statement's result (empty for statements such as `SET` or DDL).
+    /// The Arrow schema of the statement's result (empty for statements such as `SET` or DDL),
+    /// as its rows will have it: of the plan after DataFusion's analyzer, whose type coercion
+    /// can change a column's type (`CASE WHEN c THEN 1 ELSE 0.5 END` is Int64 before it and
+    /// Decimal after; a client told Int64 then received decimals). A plan the analyzer refuses
+    /// keeps its own schema (running it reports the error).
     pub fn schema(&self) -> SchemaRef {
         match &self.action {
-            Action::Plan(plan) => Arc::clone(plan.schema().inner()),
+            Action::Plan(plan) => {
+                let analyzed =
+                    self.state.analyzer().execute_and_check(plan.clone(), self.state.config_options(), |_, _| {});
+                match analyzed {
+                    Ok(analyzed) => Arc::clone(analyzed.schema().inner()),
+                    Err(_) => Arc::clone(plan.schema().inner()),
+                }
+            }
             Action::Command(_) => Arc::new(Schema::empty()),
         }
     }
