@@ -21,7 +21,8 @@ use pgwire::api::portal::Format;
 use pgwire::api::results::{DataRowEncoder, FieldInfo};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
-use rust_decimal::Decimal;
+
+use super::numeric::Numeric;
 
 /// The PostgreSQL type an Arrow column is sent as, and the Arrow type it is cast to first.
 fn pg_type(data_type: &DataType) -> (Type, DataType) {
@@ -155,7 +156,7 @@ impl Column {
             Column::F32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::F64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::Numeric(a, scale) => {
-                encoder.encode_field(&opt(a, row, || numeric(a.value(row), *scale)).transpose()?)
+                encoder.encode_field(&opt(a, row, || Numeric { value: a.value(row), scale: *scale }))
             }
             Column::Text(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::Bytes(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
@@ -191,11 +192,7 @@ impl Column {
             Column::F32(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
             Column::F64(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
             Column::Numeric(a, scale) => {
-                let decimals = each(a, &rows, |i| Some(numeric(a.value(i), *scale)));
-                let decimals = decimals
-                    .map(|v| v.into_iter().map(Option::transpose).collect::<PgWireResult<Vec<_>>>())
-                    .transpose()?;
-                encoder.encode_field(&decimals)
+                encoder.encode_field(&each(a, &rows, |i| Some(Numeric { value: a.value(i), scale: *scale })))
             }
             Column::Text(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
             Column::Date(a) => encoder.encode_field(&each(a, &rows, |i| a.value_as_date(i))),
@@ -209,13 +206,6 @@ impl Column {
             }
         }
     }
-}
-
-/// A decimal as PostgreSQL's numeric encoder takes it.
-fn numeric(value: i128, scale: u32) -> PgWireResult<Decimal> {
-    Decimal::try_from_i128_with_scale(value, scale).map_err(|e| {
-        PgWireError::ApiError(format!("decimal {value} does not fit PostgreSQL's numeric encoder: {e}").into())
-    })
 }
 
 /// Arrow's display form of each value (lists, structs, intervals, ...), nulls kept.

@@ -20,6 +20,7 @@ mod copy_in;
 mod copy_out;
 mod encode;
 mod errors;
+mod numeric;
 mod params;
 mod startup;
 

@@ -107,9 +107,12 @@ fn psql_and_psycopg_end_to_end() {
     c.args(["-c", "SELECT array_agg(amount ORDER BY id), array_agg(region ORDER BY id) FROM sales"])
         .args(["-c", "SELECT make_array('a,b', NULL, '')"])
         // Described with the type the rows have after type coercion (Int64 before it).
-        .args(["-c", "SELECT CASE WHEN id > 1 THEN 1 ELSE CAST(0.5 AS DECIMAL(3, 1)) END FROM sales ORDER BY id"]);
+        .args(["-c", "SELECT CASE WHEN id > 1 THEN 1 ELSE CAST(0.5 AS DECIMAL(3, 1)) END FROM sales ORDER BY id"])
+        // A decimal of 38 digits (pgwire's own numeric holds 28).
+        .args(["-c", "SELECT CAST('-1234567890123456789012345678.0123456789' AS DECIMAL(38, 10))"]);
     let out = run_with_timeout(c, T);
-    let want = "{10.5,20.0,NULL}|{eu,us,eu}\n{\"a,b\",NULL,\"\"}\n0.5\n1.0\n1.0\n";
+    let want = "{10.5,20.0,NULL}|{eu,us,eu}\n{\"a,b\",NULL,\"\"}\n0.5\n1.0\n1.0\n\
+                -1234567890123456789012345678.0123456789\n";
     assert_eq!(text(&out).0, want, "{}", text(&out).1);
 
     // A multi-statement query stops at its first error, with the SQLSTATE.
@@ -183,6 +186,8 @@ b.execute("SELECT id, amount, day, CAST(12.5 AS DECIMAL(10, 2)) AS d, id > 2 AS 
 rows = b.fetchall()
 assert rows[0] == (1, 10.5, datetime.date(2024, 1, 1), decimal.Decimal("12.50"), False), rows[0]
 assert len(rows) == 4
+b.execute("SELECT CAST('-1234567890123456789012345678.0123456789' AS DECIMAL(38, 10)), CAST(10000 AS DECIMAL(10, 2))")
+assert b.fetchone() == (decimal.Decimal("-1234567890123456789012345678.0123456789"), decimal.Decimal("10000.00"))
 b.execute("SELECT CASE WHEN id > 1 THEN 1 ELSE CAST(0.5 AS DECIMAL(3, 1)) END FROM sales ORDER BY id")
 assert [r[0] for r in b.fetchall()] == [decimal.Decimal("0.5")] + [decimal.Decimal("1.0")] * 3
 for c in (cur, b):
