@@ -34,7 +34,7 @@ use datafusion::logical_expr::{Expr as LogicalExpr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CastKind, DataType, ExactNumberInfo, Expr, SetExpr, Statement, Value, ValueWithSpan, VisitMut, VisitorMut,
+    CastKind, DataType, ExactNumberInfo, Expr, SetExpr, Statement, Value, ValueWithSpan, VisitorMut,
 };
 
 /// Whether `statement` is an `INSERT` of a `VALUES` list (planned with decimal literals).
@@ -103,13 +103,7 @@ fn decimal_of_text(text: &str, precision: u8, scale: i8) -> Option<i128> {
 
 /// Rewrites every numeric literal with an exponent in `statement` to a DOUBLE.
 pub fn exponents_as_double(statement: &mut DfStatement) {
-    match statement {
-        DfStatement::Statement(statement) => {
-            let _ = statement.visit(&mut ExponentsAsDouble);
-        }
-        DfStatement::Explain(explain) => exponents_as_double(&mut explain.statement),
-        _ => {}
-    }
+    crate::repeated_items::visit_statement_mut(statement, &mut ExponentsAsDouble);
 }
 
 struct ExponentsAsDouble;

@@ -17,11 +17,17 @@ use datafusion::sql::sqlparser::ast::{Ident, Query, SelectItem, SetExpr, VisitMu
 
 /// Gives repeated unaliased SELECT items distinct names, in every SELECT of `statement`.
 pub fn name_repeated_items(statement: &mut DfStatement) {
+    visit_statement_mut(statement, &mut Renamer);
+}
+
+/// Runs `visitor` over the SQL statement in `statement`, or the one an `EXPLAIN` wraps (the
+/// passes over the parsed statement before planning: this one, `crate::numeric_literals`).
+pub(crate) fn visit_statement_mut<V: VisitorMut>(statement: &mut DfStatement, visitor: &mut V) {
     match statement {
         DfStatement::Statement(statement) => {
-            let _ = statement.visit(&mut Renamer);
+            let _ = statement.visit(visitor);
         }
-        DfStatement::Explain(explain) => name_repeated_items(&mut explain.statement),
+        DfStatement::Explain(explain) => visit_statement_mut(&mut explain.statement, visitor),
         _ => {}
     }
 }
