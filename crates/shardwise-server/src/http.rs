@@ -198,7 +198,7 @@ impl Format {
 /// `?format=` first, else the first media type of `Accept` this API writes.
 fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result<Format, Failure> {
     if let Some(name) = param {
-        return match name.as_str() {
+        return match name.to_ascii_lowercase().as_str() {
             "json" => Ok(Format::JsonLines),
             "csv" => Ok(Format::Csv),
             "arrow" => Ok(Format::Arrow),
@@ -235,8 +235,11 @@ const FORMAT_PARAM: &str = "format";
 
 /// The settings a request's URL gives, in a fixed order (by name).
 fn url_settings(params: &HashMap<String, String>) -> Vec<(String, String)> {
-    let mut settings: Vec<(String, String)> =
-        params.iter().filter(|(name, _)| name.as_str() != FORMAT_PARAM).map(|(n, v)| (n.clone(), v.clone())).collect();
+    let mut settings: Vec<(String, String)> = params
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case(FORMAT_PARAM))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
     settings.sort();
     settings
 }
@@ -357,7 +360,10 @@ async fn query(
                 "FORMAT Pretty: the HTTP API writes CSV, CSVWithNames, JSONEachRow or ArrowStream",
             ));
         }
-        None => (choose_format(params.get(FORMAT_PARAM), headers.get(header::ACCEPT))?, true),
+        None => {
+            let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
+            (choose_format(param, headers.get(header::ACCEPT))?, true)
+        }
     };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan_to_run(&sql, &session).await?;

@@ -298,6 +298,9 @@ fn every_http_route_with_curl() {
     assert_eq!((code, body.as_str()), (200, "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n"));
     let (code, body) = curl(&[&sql_body[..], &[q, &format!("{query}?format=csv")]].concat());
     assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
+    // As setting names are, the parameter and its value are read in any case.
+    let (code, body) = curl(&[&sql_body[..], &[q, &format!("{query}?FORMAT=CSV")]].concat());
+    assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
     let (code, body) = curl(&["-H", "Accept: text/csv", "-H", "Content-Type: text/plain", "--data-binary", q, &query]);
     assert_eq!((code, body.as_str()), (200, "n,s\n1,a\n2,\n"));
     // A FORMAT clause wins over ?format= (ClickHouse's CSV has no header row).
