@@ -163,8 +163,7 @@ mod tests {
             .collect()
             .await
             .expect("rows");
-        let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("rows");
-        pretty_format_batches(&batches).expect("format").to_string()
+        run_in(&ctx, sql).await
     }
 
     #[tokio::test]
@@ -179,17 +178,24 @@ mod tests {
         assert!(text.contains("| 2.68 "), "{text}");
     }
 
-    async fn run(sql: &str) -> String {
-        let mut config = SessionConfig::new();
-        config.options_mut().sql_parser.parse_float_as_decimal = true;
-        let ctx = SessionContext::new_with_config(config);
+    /// `sql` run in `ctx` as a node runs it: exponents made DOUBLEs where literals are decimals.
+    async fn run_in(ctx: &SessionContext, sql: &str) -> String {
         let state = ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state.sql_to_statement(sql, &dialect).expect("parse");
-        exponents_as_double(&mut statement);
+        if state.config().options().sql_parser.parse_float_as_decimal {
+            exponents_as_double(&mut statement);
+        }
         let plan = state.statement_to_plan(statement).await.expect("plan");
         let batches = ctx.execute_logical_plan(plan).await.expect("run").collect().await.expect("rows");
         pretty_format_batches(&batches).expect("format").to_string()
+    }
+
+    /// `sql` with every literal a DECIMAL (`parse_float_as_decimal`).
+    async fn run(sql: &str) -> String {
+        let mut config = SessionConfig::new();
+        config.options_mut().sql_parser.parse_float_as_decimal = true;
+        run_in(&SessionContext::new_with_config(config), sql).await
     }
 
     #[tokio::test]

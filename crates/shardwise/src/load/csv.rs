@@ -122,6 +122,8 @@ struct Columns {
     header_line: u64,
     /// For each table column, its position in the file, if the file has it.
     source: Vec<Option<usize>>,
+    /// For each file column, whether it fills a text column (where `""` is an empty string).
+    text_targets: Vec<bool>,
 }
 
 impl Columns {
@@ -159,7 +161,15 @@ impl Columns {
                 bail!("{at}: no column {}, which the table requires (NOT NULL)", quote_short(field.name()));
             }
         }
-        Ok(Columns { names, header_line: header.line, source })
+        let mut text_targets = vec![false; names.len()];
+        for (field, found) in schema.fields().iter().zip(&source) {
+            if let (Some(position), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =
+                (found, field.data_type())
+            {
+                text_targets[*position] = true;
+            }
+        }
+        Ok(Columns { names, header_line: header.line, source, text_targets })
     }
 
     /// Checks the records' quotes, field counts and encoding before they are decoded; the error
@@ -229,15 +239,7 @@ impl Columns {
             return Ok(RecordBatch::new_empty(schema.clone()));
         };
         let lines = format!("{label} lines {}-{}", first.line, last.line);
-        let mut text_targets = vec![false; self.names.len()];
-        for (field, source) in schema.fields().iter().zip(&self.source) {
-            if let (Some(position), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) =
-                (source, field.data_type())
-            {
-                text_targets[*position] = true;
-            }
-        }
-        let text = text_columns(bytes, pending, self.names.len(), &text_targets, &lines)?;
+        let text = text_columns(bytes, pending, self.names.len(), &self.text_targets, &lines)?;
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (field, source) in schema.fields().iter().zip(&self.source) {
             let column = match source {
