@@ -6,8 +6,9 @@
 //! The fields are `csv_core`'s (the tokenizer under the `csv` crate and Arrow's CSV reader, which
 //! `shardwise load` uses too), with PostgreSQL's default QUOTE and ESCAPE (`"`, doubled inside a
 //! quoted field); `csv_core` does not say whether a field was quoted, so the field's first byte
-//! in the input does. Blank lines are skipped. A quote left open swallows the rest of the data:
-//! the last field then holds an odd number of quote characters, and the error names the line the
+//! in the input does. A blank line is a record of one empty unquoted field, as PostgreSQL reads
+//! it (a NULL in a table of one column, "missing data" in a wider one). A quote left open swallows
+//! the rest of the data: the last field then holds an odd number of quote characters, and the error names the line the
 //! record starts on.
 
 use csv_core::{ReadFieldResult, ReaderBuilder};
@@ -50,6 +51,7 @@ pub fn records(data: &str, delimiter: char) -> Result<Vec<Record>, String> {
                 // The field starts after any blank lines csv_core skipped before its record.
                 let start = if fields.is_empty() { skip_blank_lines(input, field_start) } else { field_start };
                 if fields.is_empty() {
+                    push_blank_lines(input, field_start, start, &mut line_of, &mut records);
                     record_line = line_of.line(input, start);
                 }
                 let quoted = input.get(start) == Some(&b'"');
@@ -63,7 +65,10 @@ pub fn records(data: &str, delimiter: char) -> Result<Vec<Record>, String> {
                     records.push((record_line, std::mem::take(&mut fields)));
                 }
             }
-            ReadFieldResult::End => return Ok(records),
+            ReadFieldResult::End => {
+                push_blank_lines(input, field_start, input.len(), &mut line_of, &mut records);
+                return Ok(records);
+            }
         }
     }
 }
@@ -74,6 +79,20 @@ fn skip_blank_lines(input: &[u8], mut at: usize) -> usize {
         at += 1;
     }
     at
+}
+
+/// A record of one empty unquoted field for each blank line in `input[from..to]` (only line
+/// breaks). A `\n` right after the `\r` that ended the record before ends the same line.
+fn push_blank_lines(input: &[u8], from: usize, to: usize, line_of: &mut LineCounter, records: &mut Vec<Record>) {
+    let mut at = from;
+    if at > 0 && input.get(at - 1) == Some(&b'\r') && input.get(at) == Some(&b'\n') {
+        at += 1;
+    }
+    while at < to {
+        let line = line_of.line(input, at);
+        records.push((line, vec![Field { text: String::new(), quoted: false }]));
+        at += if input[at] == b'\r' && input.get(at + 1) == Some(&b'\n') { 2 } else { 1 };
+    }
 }
 
 /// Line numbers of byte offsets, for offsets that only grow.
@@ -128,8 +147,12 @@ mod tests {
     fn empty_lines_and_the_end_of_data() {
         assert_eq!(texts(""), Vec::<(u64, Vec<(String, bool)>)>::new());
         assert_eq!(texts("a\n"), vec![(1, vec![f("a", false)])]);
-        // Blank lines are skipped (as the csv crate and Arrow skip them); lines keep their numbers.
-        assert_eq!(texts("a\n\nb"), vec![(1, vec![f("a", false)]), (3, vec![f("b", false)])]);
+        // A blank line is a record of one empty unquoted field, as in PostgreSQL.
+        assert_eq!(texts("a\n\nb"), vec![(1, vec![f("a", false)]), (2, vec![f("", false)]), (3, vec![f("b", false)])]);
+        let blank = |line| (line, vec![f("", false)]);
+        assert_eq!(texts("a\r\n\r\n\r\n"), vec![(1, vec![f("a", false)]), blank(2), blank(3)]);
+        assert_eq!(texts("\n\"x\"\n\n"), vec![blank(1), (2, vec![f("x", true)]), blank(3)]);
+        assert_eq!(texts("a\n"), vec![(1, vec![f("a", false)])]);
         assert_eq!(texts("\"\""), vec![(1, vec![f("", true)])]);
     }
 

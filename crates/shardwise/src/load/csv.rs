@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 mod records;
 mod text;
 
-use records::{Record, Records, split_fields, unclosed_quote};
+use records::{QuoteError, Record, Records, quote_error, split_fields};
 use text::text_columns;
 
 use super::parallel::{self, Jobs};
@@ -54,6 +54,9 @@ pub fn read_on<R: Read>(
     };
     let columns = Columns::from_header(records.buf(), &header, schema, label)?;
     records.take_through(header.end);
+    if columns.names.len() == 1 {
+        records.keep_blank_lines();
+    }
     parallel::in_order(
         workers,
         |jobs| split(&mut records, &columns, batch_rows, label, progress, jobs),
@@ -109,10 +112,27 @@ fn split<R: Read>(
     }
 }
 
-/// Whether `record` has a quoted field that is never closed (only a record with a quoted field
-/// can).
-fn has_unclosed_quote(bytes: &[u8], record: &Record) -> bool {
-    record.quoted && unclosed_quote(record.text(bytes)).is_some()
+/// What is wrong with the quotes of `record`, if anything (only a record with a quoted field can
+/// have an error).
+fn record_quote_error(bytes: &[u8], record: &Record) -> Option<QuoteError> {
+    record.quoted.then(|| quote_error(record.text(bytes))).flatten()
+}
+
+/// Says what `error` is, for a message that has already named the place.
+fn describe_quote_error(error: QuoteError) -> &'static str {
+    match error {
+        QuoteError::Unclosed(_) => "a quoted field is not closed (it runs to the end of the file)",
+        QuoteError::TextAfterClosingQuote(_) => {
+            "text after the closing quote of a quoted field (a quote inside a quoted field is written twice: \"\")"
+        }
+    }
+}
+
+/// The offset in the record's bytes that a quote error points at.
+fn quote_error_offset(error: QuoteError) -> usize {
+    match error {
+        QuoteError::Unclosed(at) | QuoteError::TextAfterClosingQuote(at) => at,
+    }
 }
 
 /// How the file's columns (header order) map onto the table's.
@@ -130,10 +150,10 @@ impl Columns {
     /// Reads the header and checks it: known, distinct names; every NOT NULL column present.
     fn from_header(bytes: &[u8], header: &Record, schema: &SchemaRef, label: &str) -> anyhow::Result<Columns> {
         let at = format!("{label} line {} (the header)", header.line);
-        if let Some(open) = unclosed_quote(header.text(bytes)) {
+        if let Some(error) = quote_error(header.text(bytes)) {
             let fields = split_fields(header.text(bytes));
-            let column = fields.iter().rposition(|f| f.start <= open).unwrap_or(0);
-            bail!("{at}, column {}: a quoted field is not closed (it runs to the end of the file)", column + 1);
+            let column = fields.iter().rposition(|f| f.start <= quote_error_offset(error)).unwrap_or(0);
+            bail!("{at}, column {}: {}", column + 1, describe_quote_error(error));
         }
         let mut names = Vec::new();
         for (index, field) in split_fields(header.text(bytes)).into_iter().enumerate() {
@@ -173,12 +193,10 @@ impl Columns {
     }
 
     /// Checks the records' quotes, field counts and encoding before they are decoded; the error
-    /// is the first failing record's, an unclosed quote before its field count before its
+    /// is the first failing record's, a quoting error before its field count before its
     /// encoding.
     fn check_records(&self, bytes: &[u8], records: &[Record], label: &str) -> anyhow::Result<()> {
-        // A quoted field never closed runs to the end of the file, so only the last record of
-        // the file, the last of its batch, can have one.
-        let unclosed = records.len().checked_sub(1).filter(|&last| has_unclosed_quote(bytes, &records[last]));
+        let misquoted = records.iter().position(|r| record_quote_error(bytes, r).is_some());
         let miscounted = records.iter().position(|r| r.fields != self.names.len());
         let checked = &records[..miscounted.map_or(records.len(), |index| index + 1)];
         // One pass over all their bytes: records end at line breaks, which UTF-8 is valid across.
@@ -188,7 +206,7 @@ impl Columns {
                 .map(|e| checked.partition_point(|r| r.end <= first.content + e.valid_up_to())),
             _ => None,
         };
-        match miscounted.into_iter().chain(invalid).chain(unclosed).min() {
+        match miscounted.into_iter().chain(invalid).chain(misquoted).min() {
             Some(index) => self.check_record(bytes, &records[index], label),
             None => Ok(()),
         }
@@ -196,16 +214,11 @@ impl Columns {
 
     /// Checks a record's quotes, field count and encoding.
     fn check_record(&self, bytes: &[u8], record: &Record, label: &str) -> anyhow::Result<()> {
-        if record.quoted
-            && let Some(open) = unclosed_quote(record.text(bytes))
-        {
-            let offset = record.content + open;
+        if let Some(error) = record_quote_error(bytes, record) {
+            let offset = record.content + quote_error_offset(error);
             let column = self.column_at(bytes, record, offset);
             let line = record.line_at(bytes, offset);
-            bail!(
-                "{label} line {line}, {}: a quoted field is not closed (it runs to the end of the file)",
-                self.describe_column(column)
-            );
+            bail!("{label} line {line}, {}: {}", self.describe_column(column), describe_quote_error(error));
         }
         let expected = self.names.len();
         if record.fields != expected {

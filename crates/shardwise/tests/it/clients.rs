@@ -156,6 +156,17 @@ fn psql_and_psycopg_end_to_end() {
     let mut c = psql(&pg0, "default", "shardwise");
     c.args(["-c", "SELECT id, region, amount FROM imports ORDER BY id"]);
     assert_eq!(text(&run_with_timeout(c, T)).0, "7|asia, east|1.5\n8||\n");
+    // In a CSV file of one column a blank line is a NULL (a quoted empty field an empty string),
+    // as PostgreSQL reads it and as COPY TO writes it: the round trip keeps both.
+    std::fs::write(&csv, "v\nx\n\n\"\"\n").unwrap();
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "CREATE TABLE one (v VARCHAR) WITH (shard_key = 'v')"])
+        .args(["-c", &format!("\\copy one FROM '{}' CSV HEADER", csv.display())])
+        .args(["-c", &format!("\\copy (SELECT v FROM one ORDER BY v NULLS FIRST) TO '{}' CSV HEADER", txt.display())])
+        .args(["-c", "SELECT count(*), count(v), count(*) FILTER (WHERE v = '') FROM one"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert_eq!(stdout, "CREATE TABLE\nCOPY 3\nCOPY 3\n3|2|1\n", "{stderr}");
+    assert_eq!(std::fs::read_to_string(&txt).unwrap(), "v\n\n\"\"\nx\n");
 
     // Wrong database and unknown user: FATAL errors at connect.
     let out = run_with_timeout(psql(&pg0, "default", "postgres"), T);

@@ -69,6 +69,11 @@ pub struct Records<R> {
     scratch: Vec<u8>,
     fields: usize,
     lines: LineCounter,
+    /// Whether a blank line after the header is a record (one empty field), as in a file of one
+    /// column, where it is how a NULL is written; otherwise blank lines are skipped.
+    blank_lines_are_records: bool,
+    /// Whether the last record found ended in `\r`: a `\n` right after it ends the same line.
+    after_cr: bool,
 }
 
 impl<R: Read> Records<R> {
@@ -84,7 +89,15 @@ impl<R: Read> Records<R> {
             scratch: vec![0; SCRATCH_BYTES],
             fields: 0,
             lines: LineCounter::starting_at(1),
+            blank_lines_are_records: false,
+            after_cr: false,
         }
+    }
+
+    /// From now on a blank line is a record with one empty field (for a file of one column:
+    /// PostgreSQL's `COPY` reads a NULL there, and shardwise's CSV answers write one so).
+    pub fn keep_blank_lines(&mut self) {
+        self.blank_lines_are_records = true;
     }
 
     /// The next record, or `None` at the end of the file.
@@ -94,7 +107,12 @@ impl<R: Read> Records<R> {
             return self.next_tokenized(progress);
         }
         loop {
-            match scan_record(&self.buf, self.scanned, self.eof) {
+            let from = self.scanned;
+            let scan = match self.blank_lines_are_records {
+                true => scan_line(&self.buf, from, self.eof, self.after_cr),
+                false => scan_record(&self.buf, from, self.eof),
+            };
+            match scan {
                 Scan::Record { content, end, fields, quoted } => {
                     return Ok(Some(self.finish_record(self.scanned, content, end, fields, quoted)));
                 }
@@ -148,6 +166,7 @@ impl<R: Read> Records<R> {
             self.lines.advance(&self.buf[end - 1..end]);
         }
         self.scanned = end;
+        self.after_cr = self.buf[end - 1] == b'\r';
         Record { start, content, end, line, fields, quoted }
     }
 
@@ -237,10 +256,32 @@ fn scan_record(buf: &[u8], from: usize, eof: bool) -> Scan {
     }
 }
 
-/// Where the quoted field of `record` (one record's bytes, as found) that is never closed opens,
-/// if one is not: its record then runs to the end of the file, taking every line after the quote
-/// into that field. `None` for a record whose quoted fields are all closed.
-pub fn unclosed_quote(record: &[u8]) -> Option<usize> {
+/// [`scan_record`] where a blank line is a record of one empty field: a `\r\n` is one line
+/// break, also when the `\r` ended the record before (`after_cr`).
+fn scan_line(buf: &[u8], from: usize, eof: bool, after_cr: bool) -> Scan {
+    let content = from + usize::from(after_cr && buf.get(from) == Some(&b'\n'));
+    match buf.get(content) {
+        None if eof => Scan::End,
+        None => Scan::Incomplete,
+        Some(&b) if is_line_break(b) => Scan::Record { content, end: content + 1, fields: 1, quoted: false },
+        Some(_) => scan_record(buf, content, eof),
+    }
+}
+
+/// What is wrong with a record's quotes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuoteError {
+    /// The quoted field opening at this offset is never closed: its record runs to the end of
+    /// the file, taking every line after the quote into that field.
+    Unclosed(usize),
+    /// Text follows the quote that closes a quoted field (at this offset, the byte after it), as
+    /// in `"ab"c`: `csv_core` would read `abc`, DuckDB refuses it, and so does load.
+    TextAfterClosingQuote(usize),
+}
+
+/// The first quoting error of `record` (one record's bytes, as found), if any: a quoted field
+/// must be closed and then followed by a comma, a line break or the end of the record.
+pub fn quote_error(record: &[u8]) -> Option<QuoteError> {
     let mut at = 0;
     loop {
         at += unquoted_run(&record[at..]).0;
@@ -252,8 +293,11 @@ pub fn unclosed_quote(record: &[u8]) -> Option<usize> {
             continue;
         }
         match closing_quote(record, at + 1, true) {
-            Some(close) => at = close + 1,
-            None => return Some(at),
+            Some(close) => match record.get(close + 1) {
+                None | Some(b',' | b'\r' | b'\n') => at = close + 1,
+                Some(_) => return Some(QuoteError::TextAfterClosingQuote(close + 1)),
+            },
+            None => return Some(QuoteError::Unclosed(at)),
         }
     }
 }
@@ -479,27 +523,64 @@ mod tests {
     }
 
     #[test]
-    fn unclosed_quotes_are_found() {
+    fn quote_errors_are_found() {
+        use QuoteError::{TextAfterClosingQuote as After, Unclosed};
         for (record, expected) in [
-            (&b"1,\"abc\n2,x\n"[..], Some(2)),
-            (b"\"a", Some(0)),
-            (b"1,\"ab\"\"", Some(2)),
-            (b"1,\"a\",\"b", Some(6)),
+            (&b"1,\"abc\n2,x\n"[..], Some(Unclosed(2))),
+            (b"\"a", Some(Unclosed(0))),
+            (b"1,\"ab\"\"", Some(Unclosed(2))),
+            (b"1,\"a\",\"b", Some(Unclosed(6))),
+            (b"\"ab\"c,1\n", Some(After(4))),
+            (b"1,\"a\"\"b\"x", Some(After(8))),
+            (b"1,\"a\" ,2", Some(After(5))),
+            (b"\"a\"\"\"b", Some(After(5))),
+            (b"\"a\"\"\"\"b", Some(Unclosed(0))),
             (b"1,\"a\"\n", None),
+            (b"1,\"a\"\r\n", None),
             (b"1,\"a\"", None),
+            (b"\"a\",\"b\"", None),
             (b"1,\"a\"\"b\",2\n", None),
             (b"1,a\"b\n", None),
-            (b"1,a\"b", None),
+            (b"1,a\"b\"c", None),
             (b"\"\"", None),
             (b"", None),
         ] {
-            assert_eq!(unclosed_quote(record), expected, "{:?}", String::from_utf8_lossy(record));
+            assert_eq!(quote_error(record), expected, "{:?}", String::from_utf8_lossy(record));
         }
         // As the scanner finds them: an unclosed quote takes the rest of the file into its record.
         let text = b"h,i\n1,\"a\n2,b\n";
         let found = records(text, false);
         assert_eq!(found.len(), 2);
-        assert_eq!(unclosed_quote(found[1].text(text)), Some(2));
+        assert_eq!(quote_error(found[1].text(text)), Some(Unclosed(2)));
+    }
+
+    /// The records after a one-column header `h`, blank lines kept: (line, text) of each.
+    fn lines_kept(text: &[u8]) -> Vec<(u64, String)> {
+        let (mut records, progress) = (Records::new(text), Progress::hidden());
+        let header = records.next(&progress).expect("read").expect("header");
+        records.take_through(header.end);
+        records.keep_blank_lines();
+        let mut found = Vec::new();
+        while let Some(record) = records.next(&progress).expect("read") {
+            found.push((record.line, String::from_utf8_lossy(record.text(records.buf())).into_owned()));
+        }
+        found
+    }
+
+    #[test]
+    fn blank_lines_are_records_when_kept() {
+        let t = |line: u64, text: &str| (line, text.to_string());
+        assert_eq!(lines_kept(b"h\n1\n\n2\n"), [t(2, "1\n"), t(3, "\n"), t(4, "2\n")]);
+        // `\r\n` is one line break, also right after the header and across read chunks.
+        assert_eq!(lines_kept(b"h\r\n\r\n1\r\n\r\n"), [t(2, "\r"), t(3, "1\r"), t(4, "\r")]);
+        // A lone `\r` ends a line, as `\n` does; `\n\r` is two.
+        assert_eq!(lines_kept(b"h\n\r\n\r2"), [t(2, "\r"), t(3, "\r"), t(4, "2")]);
+        assert_eq!(lines_kept(b"h\n\"a\n\n\"\n\n"), [t(2, "\"a\n\n\"\n"), t(5, "\n")]);
+        assert_eq!(lines_kept(b"h\n"), []);
+        assert_eq!(lines_kept(b"h"), []);
+        let long = format!("h\r\n{}\r\n\r\n", "x".repeat(READ_CHUNK_BYTES - 4));
+        let found = lines_kept(long.as_bytes());
+        assert_eq!((found.len(), found[1].clone()), (2, t(3, "\r")));
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub fn text_columns(
         (Some(first), Some(last)) => &bytes[first.start..last.end],
         _ => &[],
     };
+    // A file of one column has blank lines among its records, which Arrow's decoder would skip.
+    if columns == 1 {
+        return Ok(vec![one_column(bytes, records, text_targets.first() == Some(&true), lines)?]);
+    }
     // Arrow's decoder would skip a byte order mark at the start of its input.
     if !records.iter().any(|r| r.quoted) && !span.starts_with(UTF8_BOM) {
         return split_unquoted(bytes, records, columns, lines);
@@ -104,16 +108,41 @@ fn decode_text(bytes: &[u8], columns: usize, rows: usize) -> Result<RecordBatch,
     Ok(decoder.flush()?.unwrap_or_else(|| RecordBatch::new_empty(schema)))
 }
 
+/// The one text column of a file of one column, record by record: an unquoted record's value is
+/// its bytes (NULL when blank), a quoted one's is unquoted by the tokenizer (`""` is an empty
+/// string when the column is `text`, else NULL, as in [`keep_quoted_empties`]).
+fn one_column(bytes: &[u8], records: &[Record], text: bool, lines: &str) -> anyhow::Result<ArrayRef> {
+    let room = records.last().map_or(0, |last| last.end) - records.first().map_or(0, |first| first.content);
+    let mut column = TextColumn::with_capacity(records.len(), room);
+    for record in records {
+        let raw = without_line_break(record.text(bytes));
+        if !record.quoted {
+            column.push(raw);
+            continue;
+        }
+        let value = split_fields(raw).into_iter().next().map(|field| field.value).unwrap_or_default();
+        match value.is_empty() && text && raw.starts_with(b"\"") {
+            true => column.push_empty_string(),
+            false => column.push(&value),
+        }
+    }
+    column.finish(records.len(), 0, lines)
+}
+
+/// A record's bytes without the line break that ends it, if one does.
+fn without_line_break(text: &[u8]) -> &[u8] {
+    match text.last() {
+        Some(b'\r' | b'\n') => &text[..text.len() - 1],
+        _ => text,
+    }
+}
+
 /// The text columns of records without a quoted field: each field is the bytes between commas.
 fn split_unquoted(bytes: &[u8], records: &[Record], columns: usize, lines: &str) -> anyhow::Result<Vec<ArrayRef>> {
     let room = bytes.len() / columns.max(1);
     let mut built: Vec<TextColumn> = (0..columns).map(|_| TextColumn::with_capacity(records.len(), room)).collect();
     for record in records {
-        let text = record.text(bytes);
-        let text = match text.last() {
-            Some(b'\r' | b'\n') => &text[..text.len() - 1],
-            _ => text,
-        };
+        let text = without_line_break(record.text(bytes));
         for (column, field) in built.iter_mut().zip(text.split(|&b| b == b',')) {
             column.push(field);
         }
@@ -141,6 +170,12 @@ impl TextColumn {
         // Exact unless the values pass `i32::MAX` bytes, which `finish` rejects.
         self.offsets.push(self.values.len() as i32);
         self.nulls.append(!field.is_empty());
+    }
+
+    /// Appends an empty string (not NULL).
+    fn push_empty_string(&mut self) {
+        self.offsets.push(self.values.len() as i32);
+        self.nulls.append_non_null();
     }
 
     fn finish(mut self, rows: usize, index: usize, lines: &str) -> anyhow::Result<ArrayRef> {

@@ -64,7 +64,7 @@ fn splits_into_batches_of_batch_rows() {
 
 #[test]
 fn header_only_loads_no_rows() {
-    for text in ["id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "id", "\n\nid\n\n"] {
+    for text in ["id,qty\n", "id,qty", "\u{feff}id,qty\r\n", "id", "\n\nid\n", "id\r\n"] {
         let batches = read_csv(text.as_bytes(), &small(), 2).expect(text);
         assert_eq!(rows(&batches).iter().sum::<usize>(), 0, "{text:?}");
     }
@@ -107,6 +107,56 @@ fn an_unclosed_quote_is_named_as_such() {
     // A closed quoted field with line breaks is fine.
     let batches = read_csv(b"id,name\n1,\"a\nb\"\n2,\"\"\"\"\n", &small(), 2).expect("read");
     assert_eq!(rows(&batches), [2]);
+}
+
+#[test]
+fn a_blank_line_in_a_file_of_one_column_is_a_null() {
+    // How PostgreSQL's COPY reads it and shardwise's CSV answers write it; in a file of more
+    // columns a blank line is skipped, as before.
+    let one = schema(&[("name", DataType::Utf8, true), ("n", DataType::Int64, true)]);
+    let text = "name\nx\n\n\"\"\r\n\r\n\"a\n\nb\"\n\ny\n\n";
+    for batch_rows in [1, 2, 10] {
+        let batches = read_csv(text.as_bytes(), &one, batch_rows).expect("read");
+        let names: Vec<Option<String>> = batches
+            .iter()
+            .flat_map(|b| {
+                let strings = b.column(0).as_any().downcast_ref::<arrow::array::StringArray>().expect("text");
+                strings.iter().map(|v| v.map(str::to_string)).collect::<Vec<_>>()
+            })
+            .collect();
+        let expected = [Some("x"), None, Some(""), None, Some("a\n\nb"), None, Some("y"), None];
+        assert_eq!(names, expected.map(|v| v.map(str::to_string)), "batches of {batch_rows}");
+    }
+    let batches = read_csv(b"n\n1\n\n\"\"\n3", &one, 10).expect("read");
+    assert_eq!((rows(&batches), batches[0].column(1).null_count()), (vec![4], 2));
+    // A blank line where the one column is NOT NULL says so, with its line.
+    assert_eq!(
+        csv_error("id\n1\n\n2\n", &small()),
+        "data.csv line 3, column 1 \"id\": empty, but the column is NOT NULL"
+    );
+    // With two columns blank lines are still skipped.
+    assert_eq!(rows(&read_csv(b"id,qty\n1,2\n\n\n3,4\n\n", &small(), 10).expect("read")), [2]);
+}
+
+#[test]
+fn text_after_a_closing_quote_is_an_error() {
+    // csv_core reads `"ab"c` as `abc`; DuckDB refuses it, as load does, naming the place.
+    assert_eq!(
+        csv_error("id,qty,name\n1,2,x\n2,3,\"ab\"c\n", &small()),
+        "data.csv line 3, column 3 \"name\": text after the closing quote of a quoted field (a quote inside a quoted field is written twice: \"\")"
+    );
+    assert!(
+        csv_error("id,qty,name\n1,\"2\" ,x\n", &small()).starts_with("data.csv line 2, column 2 \"qty\": text after")
+    );
+    assert!(csv_error("id,\"qty\"x\n", &small()).starts_with("data.csv line 1 (the header), column 2: text after"));
+    assert!(
+        csv_error("name\n\"a\nb\"c\n", &schema(&[("name", DataType::Utf8, true)]))
+            .starts_with("data.csv line 3, column 1")
+    );
+    // A quote inside an unquoted field is a plain character, and `""` inside a quoted one a quote.
+    let batches = read_csv(b"id,name\n1,5\" screen\n2,\"say \"\"hi\"\"\"\n", &small(), 10).expect("read");
+    let names = batches[0].column(2).as_any().downcast_ref::<arrow::array::StringArray>().expect("text");
+    assert_eq!(names.iter().collect::<Vec<_>>(), [Some("5\" screen"), Some("say \"hi\"")]);
 }
 
 #[test]
