@@ -2,11 +2,11 @@
 //! stream to the client as PostgreSQL's text format (tab-separated, `\N` for NULL, backslash
 //! escapes) or as CSV (NULL an empty field, an empty string `""`), with a header row on request.
 //! Values are written as PostgreSQL writes them (`t`/`f`, `2024-01-31 10:00:00`, lists as
-//! `[1, 2]`).
+//! arrays: `{1,2}`, `{"a,b",NULL,""}`, `{{1,2},{3}}`), so that PostgreSQL reads them back.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, ListArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::error::DataFusionError;
@@ -115,9 +115,14 @@ impl CopyFormat {
 }
 
 /// A column's values as PostgreSQL writes them in text: booleans `t`/`f`, timestamps with a
-/// space, the rest as Arrow displays them; NULLs stay NULL.
+/// space, lists as arrays, the rest as Arrow displays them; NULLs stay NULL.
 fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
     let len = column.len();
+    if let DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) = column.data_type() {
+        let list = datafusion::arrow::compute::cast(column, &DataType::new_list(list_element(column), true))
+            .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
+        return pg_array_text(list.as_list::<i32>());
+    }
     if let DataType::Boolean = column.data_type() {
         let b = column.as_boolean();
         return Ok((0..len).map(|i| b.is_valid(i).then(|| if b.value(i) { "t" } else { "f" })).collect());
@@ -132,6 +137,64 @@ fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
     let nulls = column.logical_nulls();
     let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
     Ok((0..len).map(|i| (!is_null(i)).then(|| formatter.value(i).to_string())).collect())
+}
+
+/// The element type of a list column.
+fn list_element(column: &ArrayRef) -> DataType {
+    match column.data_type() {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => f.data_type().clone(),
+        other => other.clone(),
+    }
+}
+
+/// Each list as PostgreSQL's array literal: `{` elements `}`, an element NULL as `NULL`, quoted
+/// (with `"` and `\` escaped by a backslash) when it is empty, reads as NULL, or holds a brace, a
+/// quote, a comma, a backslash or white space; an element that is itself a list is written as
+/// an array, unquoted.
+fn pg_array_text(list: &ListArray) -> PgWireResult<StringArray> {
+    let elements = pg_text(list.values())?;
+    let nested = matches!(list.value_type(), DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..));
+    let offsets = list.value_offsets();
+    let mut out = Vec::with_capacity(list.len());
+    for row in 0..list.len() {
+        if list.is_null(row) {
+            out.push(None);
+            continue;
+        }
+        let mut text = String::from("{");
+        for (n, i) in (offsets[row] as usize..offsets[row + 1] as usize).enumerate() {
+            if n > 0 {
+                text.push(',');
+            }
+            match elements.is_valid(i).then(|| elements.value(i)) {
+                None => text.push_str("NULL"),
+                Some(v) if nested => text.push_str(v),
+                Some(v) => push_array_element(&mut text, v),
+            }
+        }
+        text.push('}');
+        out.push(Some(text));
+    }
+    Ok(StringArray::from(out))
+}
+
+/// One element of an array literal, quoted when PostgreSQL would quote it.
+fn push_array_element(out: &mut String, v: &str) {
+    let quote = v.is_empty()
+        || v.eq_ignore_ascii_case("NULL")
+        || v.chars().any(|c| matches!(c, '{' | '}' | ',' | '"' | '\\') || c.is_whitespace());
+    if !quote {
+        out.push_str(v);
+        return;
+    }
+    out.push('"');
+    for c in v.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 #[cfg(test)]
@@ -160,5 +223,40 @@ mod tests {
         assert_eq!(text, vec!["1\ta\\tb,\"c\"\tt\n", "\\N\t\t\\N\n"]);
         let csv = copy("COPY t TO STDOUT CSV").lines(&batch).unwrap();
         assert_eq!(csv, vec!["1,\"a\tb,\"\"c\"\"\",t\n", ",\"\",\n"]);
+    }
+
+    #[test]
+    fn lists_are_written_as_postgresql_arrays() {
+        use datafusion::arrow::datatypes::{Field, Int64Type};
+        let ints =
+            ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1), None]), None, Some(vec![])]);
+        let strings =
+            StringArray::from(vec![Some("a,b"), None, Some(""), Some("null"), Some("x\"y\\z"), Some("plain")]);
+        let field = Arc::new(Field::new_list_field(DataType::Utf8, true));
+        let offsets = datafusion::arrow::buffer::OffsetBuffer::new(vec![0, 6, 6, 6].into());
+        let texts = ListArray::new(field, offsets, Arc::new(strings), None);
+        let nested_field = Arc::new(Field::new_list_field(ints.data_type().clone(), true));
+        let nested_offsets = datafusion::arrow::buffer::OffsetBuffer::new(vec![0, 2, 2, 3].into());
+        let nested = ListArray::new(nested_field, nested_offsets, Arc::new(ints.clone()), None);
+        let batch = RecordBatch::try_from_iter([
+            ("i", Arc::new(ints) as ArrayRef),
+            ("s", Arc::new(texts) as ArrayRef),
+            ("n", Arc::new(nested) as ArrayRef),
+        ])
+        .unwrap();
+        let text = copy("COPY t TO STDOUT").lines(&batch).unwrap();
+        assert_eq!(
+            text,
+            vec![
+                "{1,NULL}\t{\"a,b\",NULL,\"\",\"null\",\"x\\\\\"y\\\\\\\\z\",plain}\t{{1,NULL},NULL}\n",
+                "\\N\t{}\t{}\n",
+                "{}\t{}\t{{}}\n"
+            ]
+        );
+        let csv = copy("COPY t TO STDOUT CSV").lines(&batch).unwrap();
+        assert_eq!(
+            csv[0],
+            "\"{1,NULL}\",\"{\"\"a,b\"\",NULL,\"\"\"\",\"\"null\"\",\"\"x\\\"\"y\\\\z\"\",plain}\",\"{{1,NULL},NULL}\"\n"
+        );
     }
 }
