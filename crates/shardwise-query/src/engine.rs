@@ -358,8 +358,11 @@ impl QueryEngine {
         let mut statement = state.sql_to_statement(&body, &dialect)?;
         repeated_items::name_repeated_items(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
-        if crate::numeric_literals::is_insert_values(&statement) {
+        if crate::numeric_literals::is_insert_values(&statement)
+            && !state.config().options().sql_parser.parse_float_as_decimal
+        {
             state.config_mut().options_mut().sql_parser.parse_float_as_decimal = true;
+            crate::numeric_literals::values_operands_as_double(&mut statement);
         }
         if state.config().options().sql_parser.parse_float_as_decimal {
             crate::numeric_literals::exponents_as_double(&mut statement);

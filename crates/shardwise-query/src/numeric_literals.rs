@@ -14,7 +14,10 @@
 //!   significant digits: `CAST(395616.196 AS DECIMAL(30, 15))` is `395616.196000000000000`.
 //! - `INSERT ... VALUES` is planned with `parse_float_as_decimal`, so a value of any length goes
 //!   into a DECIMAL column exactly; each value is cast to its column's type on its own, so a
-//!   DOUBLE column still gets a DOUBLE ([`is_insert_values`]).
+//!   DOUBLE column still gets a DOUBLE ([`is_insert_values`]). Only a value that is a literal
+//!   (signed, in parentheses or cast) is read so: a literal inside arithmetic or a function call
+//!   stays a DOUBLE ([`values_operands_as_double`]), so `VALUES (1.0 / 3)` computes what `SELECT
+//!   1.0 / 3` does, not a decimal division that keeps five digits.
 //!
 //! With `parse_float_as_decimal` on (by `SET`, or for `INSERT ... VALUES`), a literal written
 //! with an exponent (`1.5e3`) is read as a DOUBLE, as DuckDB reads it, before planning
@@ -34,7 +37,8 @@ use datafusion::logical_expr::{Expr as LogicalExpr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CastKind, DataType, ExactNumberInfo, Expr, SetExpr, Statement, Value, ValueWithSpan, VisitorMut,
+    CastKind, DataType, ExactNumberInfo, Expr, SetExpr, Statement, UnaryOperator, Value, ValueWithSpan, VisitMut,
+    VisitorMut,
 };
 
 /// Whether `statement` is an `INSERT` of a `VALUES` list (planned with decimal literals).
@@ -42,6 +46,65 @@ pub fn is_insert_values(statement: &DfStatement) -> bool {
     let DfStatement::Statement(statement) = statement else { return false };
     let Statement::Insert(insert) = statement.as_ref() else { return false };
     insert.source.as_ref().is_some_and(|query| matches!(query.body.as_ref(), SetExpr::Values(_)))
+}
+
+/// In an `INSERT ... VALUES` planned with decimal literals, makes each literal with a point that
+/// is an operand (of arithmetic, a function, a comparison) a DOUBLE, as it is in a query; a value
+/// that is itself a literal (`-1.5`, `(2.5)`, `CAST(0.1 AS DECIMAL(3, 2))`) stays a DECIMAL.
+pub fn values_operands_as_double(statement: &mut DfStatement) {
+    let DfStatement::Statement(statement) = statement else { return };
+    let Statement::Insert(insert) = statement.as_mut() else { return };
+    let Some(query) = insert.source.as_mut() else { return };
+    let SetExpr::Values(values) = query.body.as_mut() else { return };
+    for value in values.rows.iter_mut().flat_map(|row| row.content.iter_mut()) {
+        operands_as_double(value);
+    }
+}
+
+/// Looks through the wrappers that keep a value a literal; anything else has operands.
+fn operands_as_double(value: &mut Expr) {
+    match value {
+        Expr::Value(_) => {}
+        Expr::Nested(inner) | Expr::Cast { expr: inner, .. } => operands_as_double(inner),
+        Expr::UnaryOp { op: UnaryOperator::Minus | UnaryOperator::Plus, expr: inner } => operands_as_double(inner),
+        other => {
+            let _ = other.visit(&mut PointLiteralsAsDouble);
+        }
+    }
+}
+
+/// Rewrites each literal with a decimal point to a DOUBLE.
+struct PointLiteralsAsDouble;
+
+impl VisitorMut for PointLiteralsAsDouble {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        if let Expr::Value(ValueWithSpan { value: Value::Number(text, _), .. }) = expr
+            && text.contains('.')
+        {
+            *expr = as_double(expr.clone());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// `CAST('text' AS DOUBLE)` of a numeric literal (its text read as a DOUBLE, as DataFusion reads
+/// a literal when decimal literals are off).
+fn as_double(literal: Expr) -> Expr {
+    let text = match literal {
+        Expr::Value(ValueWithSpan { value: Value::Number(text, _), span }) => {
+            Expr::Value(ValueWithSpan { value: Value::SingleQuotedString(text), span })
+        }
+        other => other,
+    };
+    Expr::Cast {
+        kind: CastKind::Cast,
+        expr: Box::new(text),
+        data_type: DataType::Double(ExactNumberInfo::None),
+        array: false,
+        format: None,
+    }
 }
 
 /// The analyzer rule: a DOUBLE literal cast to a DECIMAL is the decimal of its shortest text.
@@ -112,17 +175,10 @@ impl VisitorMut for ExponentsAsDouble {
     type Break = ();
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
-        if let Expr::Value(ValueWithSpan { value: Value::Number(text, _), span }) = expr
+        if let Expr::Value(ValueWithSpan { value: Value::Number(text, _), .. }) = expr
             && text.contains(['e', 'E'])
         {
-            let text = Expr::Value(ValueWithSpan { value: Value::SingleQuotedString(text.clone()), span: *span });
-            *expr = Expr::Cast {
-                kind: CastKind::Cast,
-                expr: Box::new(text),
-                data_type: DataType::Double(ExactNumberInfo::None),
-                array: false,
-                format: None,
-            };
+            *expr = as_double(expr.clone());
         }
         ControlFlow::Continue(())
     }

@@ -909,6 +909,18 @@ fn literals_meet_decimal_and_double_columns_as_written() {
          SELECT arrow_typeof(0.1) = 'Decimal128(1, 1)', arrow_typeof(2e0)",
     );
     assert_eq!(decimals, vec![vec!["true", "Float64"]]);
+    // In INSERT ... VALUES a value that is a literal is exact; a literal inside arithmetic is a
+    // DOUBLE, as in a query (a decimal division kept five digits of 1.0 / 3).
+    c.sql(
+        0,
+        "INSERT INTO money VALUES (5, -(0.5), CAST(1.0 / 8 AS DECIMAL(12, 3)), 1.0 / 3), \
+         (6, 1.5 * 2, 10.0 / 4, round(2.5 + 0.1, 1))",
+    );
+    let rows = c.sql(1, "SELECT k, v, w, d, d = 1.0 / 3 FROM money WHERE k >= 5 ORDER BY k");
+    assert_eq!(
+        rows,
+        vec![vec!["5", "-0.5000", "0.125", "0.3333333333333333", "true"], vec!["6", "3.0000", "2.500", "2.6", "false"]]
+    );
 }
 
 #[test]
