@@ -311,8 +311,11 @@ struct Run {
 
 impl Run {
     async fn open(self) -> Result<BatchStream> {
-        let ranks = self.ordered_replicas().await;
-        let mut errors = Vec::new();
+        let (ranks, down) = self.ordered_replicas().await;
+        // A node that has missed its heartbeats is not waited for: a hung one (SIGSTOP, a frozen
+        // VM) would hold the query until the connection's keepalive gave up on it.
+        let mut errors: Vec<String> =
+            down.iter().map(|rank| format!("rank {rank}: down (it has missed its heartbeats)")).collect();
         for rank in ranks {
             let timer = self.elapsed.timer();
             let attempt = match rank == self.access.local_rank() {
@@ -369,11 +372,12 @@ impl Run {
         )))))
     }
 
-    /// Replica ranks in the order `load_balancing` gives, nodes known to be down last.
-    async fn ordered_replicas(&self) -> Vec<u32> {
+    /// Replica ranks to try, in the order `load_balancing` gives, and those the membership
+    /// knows to be down (not tried).
+    async fn ordered_replicas(&self) -> (Vec<u32>, Vec<u32>) {
         let mut ranks = self.replicas.clone();
         if ranks.is_empty() {
-            return ranks;
+            return (ranks, Vec::new());
         }
         let n = ranks.len();
         match self.placement.load_balancing {
@@ -387,8 +391,7 @@ impl Run {
         }
         let members = self.cluster.members().await;
         let down = |rank: &u32| members.iter().any(|m| m.rank == *rank && m.state == NodeState::Down);
-        ranks.sort_by_key(down);
-        ranks
+        ranks.into_iter().partition(|rank| !down(rank))
     }
 
     fn run_local(&self) -> Result<BatchStream> {

@@ -83,7 +83,7 @@ impl TablesNode {
         };
         let writes_replicas = matches!((entry.def.sync_mode, opts.foreground), (SyncMode::Immediate, _) | (_, true));
         if writes_replicas {
-            self.check_quorum_reachable(&entry, quorum).await?;
+            self.check_quorum_reachable(&entry, quorum, &batches).await?;
         }
         // Up to `insert_pipeline_depth` chunks in flight: one is placed and encoded while the
         // one before is being written. Chunks complete in order; the first failure stops the rest.
@@ -163,12 +163,18 @@ impl TablesNode {
         Ok(PlacedChunk { index, by_rank, shard_rows })
     }
 
-    /// Fails an insert that writes replicas before anything is written when some shard has fewer
-    /// replicas than `quorum` on nodes the membership does not say are down (no heartbeat for
-    /// `down_after_ms`): it could only fail, after waiting for a connection to time out, or write
-    /// some shards and not others. ClickHouse refuses such an insert the same way (`Number of
-    /// alive replicas ... is less than requested quorum`).
-    async fn check_quorum_reachable(&self, entry: &CatalogEntry, quorum: u32) -> Result<(), QueryError> {
+    /// Fails an insert that writes replicas before anything is written when some shard its rows
+    /// go to has fewer replicas than `quorum` on nodes the membership does not say are down (no
+    /// heartbeat for `down_after_ms`): it could only fail, after waiting for a connection to time
+    /// out, or write some shards and not others. ClickHouse refuses such an insert the same way
+    /// (`Number of alive replicas ... is less than requested quorum`). Shards the rows do not go to
+    /// may be down.
+    async fn check_quorum_reachable(
+        &self,
+        entry: &CatalogEntry,
+        quorum: u32,
+        batches: &[RecordBatch],
+    ) -> Result<(), QueryError> {
         let Some(members) = self.recent_members.get(self.cluster.as_ref()).await else { return Ok(()) };
         let down: Vec<u32> =
             members.iter().filter(|m| m.state == NodeState::Down && m.rank != self.rank).map(|m| m.rank).collect();
@@ -182,14 +188,32 @@ impl TablesNode {
             if alive < quorum {
                 let missing: Vec<String> =
                     ranks.iter().filter(|r| down.contains(r)).map(|r| format!("rank {r}")).collect();
-                short.push(format!("shard {shard}: {alive} of {} alive ({} down)", ranks.len(), missing.join(", ")));
+                short.push((
+                    shard,
+                    format!("shard {shard}: {alive} of {} alive ({} down)", ranks.len(), missing.join(", ")),
+                ));
             }
         }
         if short.is_empty() {
             return Ok(());
         }
+        // Only now (some shard is short) is it worth placing the rows to see where they go.
+        let key = entry.def.shard_key_indices().map_err(|e| QueryError::Rejected(e.to_string()))?;
+        let mut touched = vec![false; entry.def.shards as usize];
+        for batch in batches {
+            for shard in entry.def.placement.shard_of_rows(batch, &key, entry.def.shards).map_err(storage_error)? {
+                if let Some(t) = touched.get_mut(shard as usize) {
+                    *t = true;
+                }
+            }
+        }
+        short.retain(|(shard, _)| touched.get(*shard as usize) == Some(&true));
+        if short.is_empty() {
+            return Ok(());
+        }
+        let short: Vec<String> = short.into_iter().map(|(_, text)| text).collect();
         Err(QueryError::Unavailable(format!(
-            "table {} has shards with fewer live replicas than insert_quorum = {quorum}: {} (no heartbeat: see \
+            "table {} has shards the rows go to with fewer live replicas than insert_quorum = {quorum}: {} (no heartbeat: see \
              system.nodes); nothing was written",
             entry.def.name,
             short.join("; ")

@@ -35,6 +35,10 @@ pub struct LocalShardStats {
     pub verified_placement: bool,
 }
 
+/// How long `system.shards` and `system.sync_queues` wait for another node's figures; the nodes
+/// are asked at once, and those the membership knows to be down are not asked.
+pub const PEER_STATS_TIMEOUT_MS: u64 = 5_000;
+
 /// How much longer than `flush_timeout_ms` the initiator of a flush waits for another node's
 /// answer: that node stops waiting at the same timeout, measured from when the request reached it.
 pub const FLUSH_REPLY_GRACE_MS: u64 = 1_000;
@@ -172,14 +176,12 @@ impl TablesNode {
         let (_, catalog) = self.catalog_now();
         let members = self.cluster.members().await;
         let mut by_rank: BTreeMap<u32, BTreeMap<(u64, u64, u32), LocalShardStats>> = BTreeMap::new();
-        for rank in 0..self.world_size {
-            let stats = if rank == self.rank {
-                self.local_shard_stats().await
-            } else {
-                self.peers
-                    .action(rank, "shards", Vec::new(), Duration::from_secs(5))
-                    .await
-                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| QueryError::Storage(e.to_string())))
+        for (rank, stats) in self.from_every_node(&members, "shards").await {
+            let stats = match stats {
+                None => self.local_shard_stats().await,
+                Some(reply) => {
+                    reply.and_then(|b| serde_json::from_slice(&b).map_err(|e| QueryError::Storage(e.to_string())))
+                }
             };
             match stats {
                 Ok(list) => {
@@ -238,20 +240,39 @@ impl TablesNode {
     }
 
     pub(crate) async fn queue_rows(&self) -> Result<Vec<SyncQueueRow>, QueryError> {
+        let members = self.cluster.members().await;
         let mut rows = Vec::new();
-        for rank in 0..self.world_size {
-            if rank == self.rank {
-                rows.extend(self.local_queue_rows());
-                continue;
-            }
-            match self.peers.action(rank, "sync_queues", Vec::new(), Duration::from_secs(5)).await {
-                Ok(body) => match serde_json::from_slice::<Vec<SyncQueueRow>>(&body) {
+        for (rank, reply) in self.from_every_node(&members, "sync_queues").await {
+            match reply {
+                None => rows.extend(self.local_queue_rows()),
+                Some(Ok(body)) => match serde_json::from_slice::<Vec<SyncQueueRow>>(&body) {
                     Ok(list) => rows.extend(list),
                     Err(e) => tracing::warn!(rank, "system.sync_queues: bad reply: {e}"),
                 },
-                Err(e) => tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}"),
+                Some(Err(e)) => tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}"),
             }
         }
         Ok(rows)
+    }
+
+    /// Each rank's answer to data plane `action`, asked of every other node at once, in rank
+    /// order: `None` for this node (the caller reads its own figures), nothing for a node the
+    /// membership knows to be down (a hung one would hold the read for the whole timeout).
+    async fn from_every_node(
+        &self,
+        members: &[shardwise_cluster::MemberInfo],
+        action: &str,
+    ) -> Vec<(u32, Option<Result<Vec<u8>, QueryError>>)> {
+        let down = |rank: u32| members.iter().any(|m| m.rank == rank && m.state == shardwise_cluster::NodeState::Down);
+        let asked = (0..self.world_size).filter(|&rank| rank == self.rank || !down(rank)).map(|rank| async move {
+            match rank == self.rank {
+                true => (rank, None),
+                false => {
+                    let timeout = Duration::from_millis(PEER_STATS_TIMEOUT_MS);
+                    (rank, Some(self.peers.action(rank, action, Vec::new(), timeout).await))
+                }
+            }
+        });
+        futures::future::join_all(asked).await
     }
 }

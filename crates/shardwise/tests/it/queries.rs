@@ -750,6 +750,12 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     c.sql(0, "CREATE TABLE two (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 2)");
     c.sql(0, "CREATE TABLE later (k BIGINT, v BIGINT) WITH (shard_key = 'k', replicas = 2, sync_mode = 'delay_mode_distributed')");
     c.sql(0, "INSERT INTO one SELECT value, 1 FROM generate_series(1, 3000)");
+    // A key of shard 0 of `two`, whose replicas (ranks 0 and 1) stay up.
+    let on_shard_0 = |k: &u64| {
+        let plan = c.sql(0, &format!("EXPLAIN SELECT v FROM two WHERE k = {k}")).concat().concat();
+        plan.contains("shards=[0@")
+    };
+    let k0 = (1..200u64).find(on_shard_0).expect("a key on shard 0");
     c.procs[2].signal("STOP");
     let started = std::time::Instant::now();
     let err = c.sql_err(0, "SELECT count(*) FROM one");
@@ -768,17 +774,30 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     assert!(err.contains("fewer live replicas than insert_quorum = 2") && err.contains(short), "{err}");
     assert!(err.contains("nothing was written"), "{err}");
     let refused = started.elapsed();
+    // Rows that go only to shards whose replicas are all up are written.
+    c.sql(0, &format!("INSERT INTO two VALUES ({k0}, 1)"));
+    // Now that the membership has rank 2 down, reads do not wait for it: they fail at once
+    // naming it, or answer without its shard; and system.shards does not wait for it either.
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, "SELECT count(*) FROM one");
+    assert!(err.contains("table one shard 2") && err.contains("rank 2: down (it has missed its heartbeats)"), "{err}");
+    let n: u64 = c.sql(0, "SELECT count(*) FROM one SETTINGS skip_unavailable_shards = 1")[0][0].parse().unwrap_or(0);
+    assert!(n > 0 && n < 3000, "{n}");
+    let states = c.sql(1, "SELECT DISTINCT node_state FROM system.shards WHERE rank = 2");
+    assert_eq!(states, vec![vec!["down"]]);
+    let known_down = started.elapsed();
     c.sql(0, "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)");
     let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 500");
     assert!(err.contains("rank 2 did not answer") && !err.contains("unavailable: unavailable"), "{err}");
     c.procs[2].signal("CONT");
     // Two reads at most one keep-alive timeout each (15 s), a write that did not wait for rank 2.
     assert!(reads < Duration::from_secs(45) && write < Duration::from_secs(10), "{reads:?} {write:?}");
-    assert!(refused < Duration::from_secs(5), "{refused:?}");
+    assert!(refused < Duration::from_secs(5) && known_down < Duration::from_secs(5), "{refused:?} {known_down:?}");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED two");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED later");
-    for table in ["two", "later"] {
-        assert_eq!(c.sql(1, &format!("SELECT count(*), sum(k) FROM {table}")), vec![vec!["1000", "500500"]]);
+    for (table, count, sum) in [("two", 1001, 500500 + k0), ("later", 1000, 500500)] {
+        let expected = vec![vec![count.to_string(), sum.to_string()]];
+        assert_eq!(c.sql(1, &format!("SELECT count(*), sum(k) FROM {table}")), expected, "{table}");
         // Every replica of every shard holds the same rows (the handed-off ones included).
         let shards = c.sql(
             1,
