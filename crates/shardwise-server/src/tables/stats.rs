@@ -176,7 +176,7 @@ impl TablesNode {
         let (_, catalog) = self.catalog_now();
         let members = self.cluster.members().await;
         let mut by_rank: BTreeMap<u32, BTreeMap<(u64, u64, u32), LocalShardStats>> = BTreeMap::new();
-        for (rank, stats) in self.from_every_node(&members, "shards").await {
+        for (rank, stats) in self.ask_every_node(&members, "shards").await {
             let stats = match stats {
                 None => self.local_shard_stats().await,
                 Some(reply) => {
@@ -242,7 +242,7 @@ impl TablesNode {
     pub(crate) async fn queue_rows(&self) -> Result<Vec<SyncQueueRow>, QueryError> {
         let members = self.cluster.members().await;
         let mut rows = Vec::new();
-        for (rank, reply) in self.from_every_node(&members, "sync_queues").await {
+        for (rank, reply) in self.ask_every_node(&members, "sync_queues").await {
             match reply {
                 None => rows.extend(self.local_queue_rows()),
                 Some(Ok(body)) => match serde_json::from_slice::<Vec<SyncQueueRow>>(&body) {
@@ -258,7 +258,7 @@ impl TablesNode {
     /// Each rank's answer to data plane `action`, asked of every other node at once, in rank
     /// order: `None` for this node (the caller reads its own figures), nothing for a node the
     /// membership knows to be down (a hung one would hold the read for the whole timeout).
-    async fn from_every_node(
+    async fn ask_every_node(
         &self,
         members: &[shardwise_cluster::MemberInfo],
         action: &str,
