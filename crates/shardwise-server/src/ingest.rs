@@ -25,7 +25,7 @@ use std::time::Instant;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::sql::CommandStatementIngest;
 use arrow_flight::sql::server::PeekableFlightDataStream;
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::stream::FuturesUnordered;
 use futures::{StreamExt, TryStreamExt};
@@ -33,6 +33,7 @@ use shardwise_query::{InsertOptions, QueryEngine, QueryError, TableAccess};
 use tonic::Status;
 
 use crate::flight_sql::to_status;
+use crate::ingest_schema::conform;
 
 /// Options a client may give an ingest.
 pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum, commit";
@@ -80,15 +81,17 @@ pub async fn ingest(
     stream: PeekableFlightDataStream,
 ) -> Result<i64, Status> {
     let access = engine.tables().ok_or_else(|| Status::unimplemented("this node stores no tables"))?;
-    let request = parse_command(command)?;
     let catalog = access.catalog();
+    crate::ingest_schema::check_definition_options(&command, catalog.tables.contains_key(&command.table))?;
+    let request = parse_command(command)?;
     let entry = catalog
         .tables
         .get(&request.table)
         .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&request.table).to_string())))?;
     let started = Instant::now();
     let decoder = FlightDataDecoder::new(stream.map_err(Into::into));
-    let call = Ingest { access: access.as_ref(), request: &request, schema: &entry.def.schema, started };
+    let schema = entry.def.schema.clone();
+    let call = Ingest { access: access.as_ref(), request: &request, schema: &schema, started };
     let outcome = if request.commit_marker { call.streamed(decoder).await? } else { call.whole(decoder).await? };
     tracing::debug!(
         table = %request.table,
@@ -150,7 +153,7 @@ struct Outcome {
 struct Ingest<'a> {
     access: &'a dyn TableAccess,
     request: &'a IngestRequest,
-    schema: &'a Schema,
+    schema: &'a SchemaRef,
     started: Instant,
 }
 
@@ -163,8 +166,7 @@ impl Ingest<'_> {
         while let Some(message) = decoder.next().await {
             let message = message.map_err(|e| stream_failed(table, e, "nothing was written"))?;
             if let DecodedPayload::RecordBatch(batch) = message.payload {
-                check_schema(table, &batch, schema, "nothing was written")?;
-                batches.push(batch);
+                batches.push(conform(table, batch, schema, "nothing was written")?);
             }
         }
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -210,9 +212,10 @@ impl Ingest<'_> {
             };
             last_metadata = message.inner.app_metadata.clone();
             if let DecodedPayload::RecordBatch(batch) = message.payload {
-                if let Err(e) = check_schema(table, &batch, schema, &unfinished) {
-                    return Err(segments.drained(e).await);
-                }
+                let batch = match conform(table, batch, schema, &unfinished) {
+                    Ok(batch) => batch,
+                    Err(e) => return Err(segments.drained(e).await),
+                };
                 received += batch.num_rows() as u64;
                 segments.push(batch);
             }
@@ -329,28 +332,6 @@ impl<'a> Segments<'a> {
 
 fn stream_failed(table: &str, e: arrow_flight::error::FlightError, outcome: &str) -> Status {
     Status::invalid_argument(format!("ingest into {table}: the data stream failed: {e}; {outcome}"))
-}
-
-fn check_schema(table: &str, batch: &RecordBatch, schema: &Schema, outcome: &str) -> Result<(), Status> {
-    let given = batch.schema();
-    let same = given.fields().len() == schema.fields().len()
-        && given
-            .fields()
-            .iter()
-            .zip(schema.fields())
-            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-    if same {
-        return Ok(());
-    }
-    Err(Status::invalid_argument(format!(
-        "ingest into {table}: the batches' columns ({}) are not the table's ({}); {outcome}",
-        describe(&given),
-        describe(schema)
-    )))
-}
-
-fn describe(schema: &Schema) -> String {
-    schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod fragment_report;
 pub mod http;
 pub mod http2;
 pub mod ingest;
+pub mod ingest_schema;
 pub mod pg;
 pub mod services;
 pub mod settings;

@@ -68,3 +68,66 @@ fn load_checks_everything_and_is_exactly_once() {
     c.sql(1, "SYSTEM FLUSH DISTRIBUTED t");
     assert_eq!(one(c.sql(1, "SELECT count(*), sum(id) FROM t")), vec!["5".to_string(), "47".to_string()]);
 }
+
+/// A Flight SQL bulk ingest from a client that is not `shardwise load` (ADBC's `adbc_ingest`):
+/// columns matched by name and cast to the table's types; ADBC's modes honoured (append adds,
+/// create on an existing table and replace are refused, writing nothing).
+#[test]
+fn flight_sql_ingest_matches_columns_and_honours_modes() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use arrow_flight::sql::{CommandStatementIngest, TableDefinitionOptions, TableExistsOption, TableNotExistOption};
+
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE ing (id BIGINT, name VARCHAR, small SMALLINT) WITH (shard_key = 'id')");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let ingest = |batch: RecordBatch, if_not_exist: TableNotExistOption, if_exists: TableExistsOption| {
+        rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.addrs[0]))
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            let mut client = FlightSqlServiceClient::new(channel);
+            let command = CommandStatementIngest {
+                table_definition_options: Some(TableDefinitionOptions {
+                    if_not_exist: if_not_exist.into(),
+                    if_exists: if_exists.into(),
+                }),
+                table: "ing".into(),
+                options: HashMap::new(),
+                ..Default::default()
+            };
+            client.execute_ingest(command, futures::stream::iter([Ok(batch)])).await.map_err(|e| e.to_string())
+        })
+    };
+    // int32 columns in another order, one column missing (NULL), names in another case.
+    let batch = RecordBatch::try_from_iter([
+        ("SMALL", Arc::new(Int32Array::from(vec![7, 8])) as ArrayRef),
+        ("id", Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef),
+    ])
+    .expect("batch");
+    let append = (TableNotExistOption::Fail, TableExistsOption::Append);
+    assert_eq!(ingest(batch.clone(), append.0, append.1), Ok(2));
+    let create_append = (TableNotExistOption::Create, TableExistsOption::Append);
+    assert_eq!(ingest(batch.clone(), create_append.0, create_append.1), Ok(2));
+    let err = ingest(batch.clone(), TableNotExistOption::Create, TableExistsOption::Fail).expect_err("create");
+    assert!(err.contains("the table exists"), "{err}");
+    let err = ingest(batch.clone(), TableNotExistOption::Create, TableExistsOption::Replace).expect_err("replace");
+    assert!(err.contains("TRUNCATE TABLE ing"), "{err}");
+    // A value that does not fit its column names it, and nothing is written.
+    let big = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(vec![3, 4])) as ArrayRef),
+        ("small", Arc::new(Int64Array::from(vec![1, 70_000])) as ArrayRef),
+        ("name", Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef),
+    ])
+    .expect("batch");
+    let err = ingest(big, append.0, append.1).expect_err("overflow");
+    // (The client's error text escapes the quotes around the name.)
+    assert!(err.contains("small") && err.contains("Int16") && err.contains("nothing was written"), "{err}");
+    let rows = c.sql(1, "SELECT count(*), sum(id), sum(small), count(name) FROM ing");
+    assert_eq!(rows, vec![vec!["4", "6", "30", "0"]]);
+}

@@ -1,0 +1,217 @@
+//! What a bulk ingest's table and batches must be, and how batches from clients that do not send
+//! the table's exact types are made into the table's (ADBC's `adbc_ingest` of a pandas or pyarrow
+//! table sends `int32` for a `BIGINT` column, its own column order, and so on).
+//!
+//! - The ingest's table definition options: shardwise appends to an existing table. ADBC's
+//!   `mode = "append"` and `"create_append"` do that; `"create"` on an existing table fails
+//!   (the table exists), as ADBC defines it; `"replace"` and temporary tables are refused, since
+//!   an ingest cannot drop and create a sharded table (its shard key is not in the stream), and
+//!   a transaction id is refused: there are no transactions.
+//! - Columns are matched to the table's by name (exactly, else ignoring case), in any order; a
+//!   column the table lacks is an error, a nullable table column the batch lacks is NULL, and a
+//!   column of another type is cast to the table's with Arrow's checked cast (a value that does
+//!   not fit fails the ingest, naming the column).
+
+use std::sync::Arc;
+
+use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
+use datafusion::arrow::array::{ArrayRef, new_null_array};
+use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::util::display::FormatOptions;
+use tonic::Status;
+
+/// Refuses what shardwise's ingest cannot do before the stream is read; `exists` says whether
+/// the table is in the catalog.
+pub fn check_definition_options(command: &CommandStatementIngest, exists: bool) -> Result<(), Status> {
+    let table = &command.table;
+    if command.temporary {
+        return Err(Status::invalid_argument(format!(
+            "ingest into {table}: temporary tables are not supported; ingest into a table made with CREATE TABLE"
+        )));
+    }
+    if command.transaction_id.is_some() {
+        return Err(Status::invalid_argument(format!(
+            "ingest into {table}: transactions are not supported (each insert applies on its own); send no \
+             transaction id"
+        )));
+    }
+    let Some(options) = &command.table_definition_options else { return Ok(()) };
+    let if_exists = TableExistsOption::try_from(options.if_exists).unwrap_or(TableExistsOption::Unspecified);
+    let if_not_exist = TableNotExistOption::try_from(options.if_not_exist).unwrap_or(TableNotExistOption::Unspecified);
+    match (exists, if_exists, if_not_exist) {
+        (true, TableExistsOption::Fail, _) => Err(Status::already_exists(format!(
+            "ingest into {table}: the table exists and the client asked to create it (ADBC mode \"create\"); use \
+             mode \"append\" to add rows to it"
+        ))),
+        (true, TableExistsOption::Replace, _) => Err(Status::invalid_argument(format!(
+            "ingest into {table}: replacing a table is not supported (ADBC mode \"replace\"): TRUNCATE TABLE \
+             {table}, then ingest with mode \"append\""
+        ))),
+        (false, _, TableNotExistOption::Create) => Err(Status::not_found(format!(
+            "ingest into {table}: no such table, and ingest cannot create one (a sharded table needs its shard \
+             key): CREATE TABLE {table} (...) WITH (shard_key = '...') first, then ingest with mode \"append\""
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `batch` with the table's columns and types (see the module doc); `outcome` ends an error with
+/// what became of the rows.
+pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &str) -> Result<RecordBatch, Status> {
+    let given = batch.schema();
+    if given.fields().len() == schema.fields().len()
+        && given
+            .fields()
+            .iter()
+            .zip(schema.fields())
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
+    {
+        return Ok(batch);
+    }
+    let refuse = |what: String| Status::invalid_argument(format!("ingest into {table}: {what}; {outcome}"));
+    let mut source: Vec<Option<usize>> = vec![None; schema.fields().len()];
+    for (position, field) in given.fields().iter().enumerate() {
+        let found = schema.index_of(field.name()).ok().or_else(|| {
+            let mut same =
+                schema.fields().iter().enumerate().filter(|(_, f)| f.name().eq_ignore_ascii_case(field.name()));
+            match (same.next(), same.next()) {
+                (Some((index, _)), None) => Some(index),
+                _ => None,
+            }
+        });
+        let Some(index) = found else {
+            return Err(refuse(format!(
+                "the batches have a column {:?} the table does not have (its columns: {})",
+                field.name(),
+                describe(schema)
+            )));
+        };
+        if source[index].replace(position).is_some() {
+            return Err(refuse(format!("the batches have column {:?} twice", schema.field(index).name())));
+        }
+    }
+    let options = CastOptions { safe: false, format_options: FormatOptions::default() };
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for (field, position) in schema.fields().iter().zip(&source) {
+        let column = match position {
+            None if field.is_nullable() => new_null_array(field.data_type(), batch.num_rows()),
+            None => {
+                return Err(refuse(format!("the batches lack column {:?}, which is NOT NULL", field.name())));
+            }
+            Some(position) => {
+                let column = batch.column(*position);
+                if column.data_type() == field.data_type() {
+                    Arc::clone(column)
+                } else if can_cast_types(column.data_type(), field.data_type()) {
+                    cast_with_options(column, field.data_type(), &options).map_err(|e| {
+                        refuse(format!(
+                            "column {:?}: a {} value does not convert to the column's type {} ({e})",
+                            field.name(),
+                            column.data_type(),
+                            field.data_type()
+                        ))
+                    })?
+                } else {
+                    return Err(refuse(format!(
+                        "column {:?} is {} in the batches, which does not convert to the column's type {}",
+                        field.name(),
+                        column.data_type(),
+                        field.data_type()
+                    )));
+                }
+            }
+        };
+        columns.push(column);
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(Arc::clone(schema), columns, &options)
+        .map_err(|e| refuse(format!("the batches do not fit the table's columns ({}): {e}", describe(schema))))
+}
+
+fn describe(schema: &Schema) -> String {
+    schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_flight::sql::TableDefinitionOptions;
+    use datafusion::arrow::array::{Int32Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field};
+
+    use super::*;
+
+    fn table() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("small", DataType::Int16, true),
+        ]))
+    }
+
+    fn command(if_not_exist: TableNotExistOption, if_exists: TableExistsOption) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table_definition_options: Some(TableDefinitionOptions {
+                if_not_exist: if_not_exist.into(),
+                if_exists: if_exists.into(),
+            }),
+            table: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn adbc_modes_append_or_are_refused() {
+        use TableExistsOption as E;
+        use TableNotExistOption as N;
+        // append, create_append
+        assert!(check_definition_options(&command(N::Fail, E::Append), true).is_ok());
+        assert!(check_definition_options(&command(N::Create, E::Append), true).is_ok());
+        // create on an existing table, replace
+        let err = check_definition_options(&command(N::Create, E::Fail), true).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::AlreadyExists);
+        let err = check_definition_options(&command(N::Create, E::Replace), true).unwrap_err();
+        assert!(err.message().contains("TRUNCATE TABLE t"), "{}", err.message());
+        // create of a missing table
+        let err = check_definition_options(&command(N::Create, E::Fail), false).unwrap_err();
+        assert!(err.message().contains("shard_key"), "{}", err.message());
+        // no options at all (shardwise load sends append)
+        assert!(check_definition_options(&CommandStatementIngest::default(), true).is_ok());
+        let temporary = CommandStatementIngest { temporary: true, ..Default::default() };
+        assert!(check_definition_options(&temporary, true).unwrap_err().message().contains("temporary"));
+    }
+
+    #[test]
+    fn columns_are_matched_by_name_and_cast() {
+        let batch = RecordBatch::try_from_iter([
+            ("SMALL", Arc::new(Int32Array::from(vec![Some(7), None])) as ArrayRef),
+            ("id", Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef),
+        ])
+        .unwrap();
+        let out = conform("t", batch, &table(), "nothing was written").unwrap();
+        assert_eq!(out.schema(), table());
+        assert_eq!(out.column(0).as_ref(), &Int64Array::from(vec![1, 2]) as &dyn datafusion::arrow::array::Array);
+        assert_eq!(out.column(1).null_count(), 2);
+        // A value that does not fit, a column the table lacks, a NOT NULL column missing.
+        let big = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("small", Arc::new(Int64Array::from(vec![70_000])) as ArrayRef),
+        ])
+        .unwrap();
+        let err = conform("t", big, &table(), "nothing was written").unwrap_err();
+        assert!(err.message().starts_with("ingest into t: column \"small\": a Int64 value"), "{}", err.message());
+        assert!(err.message().ends_with("; nothing was written"), "{}", err.message());
+        let extra = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("x", Arc::new(StringArray::from(vec!["a"])) as ArrayRef),
+        ])
+        .unwrap();
+        assert!(
+            conform("t", extra, &table(), "-").unwrap_err().message().contains("column \"x\" the table does not have")
+        );
+        let missing =
+            RecordBatch::try_from_iter([("name", Arc::new(StringArray::from(vec!["a"])) as ArrayRef)]).unwrap();
+        assert!(conform("t", missing, &table(), "-").unwrap_err().message().contains("lack column \"id\""));
+    }
+}
