@@ -25,6 +25,10 @@ pub struct InsertOptions {
     /// `distributed_foreground_insert`: write the replicas before acknowledging even when the
     /// table is `delay_mode_distributed`.
     pub foreground: bool,
+    /// The table's `(id, generation)` the insert must go to: a table dropped and re-created, or
+    /// truncated, since (a load whose segments are separate inserts) fails it rather than
+    /// sending the rest of the load to the new table.
+    pub incarnation: Option<(u64, u64)>,
 }
 
 impl InsertOptions {
@@ -44,6 +48,7 @@ impl InsertOptions {
                 })?),
             },
             foreground: settings.distributed_foreground_insert.0,
+            incarnation: None,
         })
     }
 }

@@ -91,6 +91,9 @@ pub async fn ingest(
     let started = Instant::now();
     let decoder = FlightDataDecoder::new(stream.map_err(Into::into));
     let schema = entry.def.schema.clone();
+    // Every segment of a streamed load goes to this incarnation of the table or fails.
+    let mut request = request;
+    request.opts.incarnation = Some((entry.id, entry.generation));
     let call = Ingest { access: access.as_ref(), request: &request, schema: &schema, started };
     let outcome = if request.commit_marker { call.streamed(decoder).await? } else { call.whole(decoder).await? };
     tracing::debug!(
@@ -309,6 +312,7 @@ impl<'a> Segments<'a> {
             insert_id: Some(segment_insert_id(self.insert_id, self.next)),
             insert_quorum: self.opts.insert_quorum,
             foreground: self.opts.foreground,
+            incarnation: self.opts.incarnation,
         };
         self.next += 1;
         self.in_flight.push(self.access.insert(self.table, batches, opts));

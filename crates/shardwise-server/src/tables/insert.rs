@@ -59,6 +59,14 @@ impl TablesNode {
         opts: InsertOptions,
     ) -> Result<u64, QueryError> {
         let (catalog_version, entry) = self.entry(table)?;
+        if let Some((id, generation)) = opts.incarnation
+            && (entry.id, entry.generation) != (id, generation)
+        {
+            return Err(QueryError::Rejected(format!(
+                "table {table} was dropped and created again, or truncated, while this insert ran: its earlier \
+                 rows went to the table as it was before; nothing more was written"
+            )));
+        }
         let batches = conform(&entry, batches)?;
         let insert_id = match opts.insert_id {
             Some(id) => {

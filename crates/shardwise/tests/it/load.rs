@@ -131,3 +131,80 @@ fn flight_sql_ingest_matches_columns_and_honours_modes() {
     let rows = c.sql(1, "SELECT count(*), sum(id), sum(small), count(name) FROM ing");
     assert_eq!(rows, vec![vec!["4", "6", "30", "0"]]);
 }
+
+/// A streamed load stores its segments as they arrive; a DROP and CREATE of its table in the
+/// middle must fail the load, not send its first segments to the old table and the rest to the
+/// new one while reporting success.
+#[test]
+fn a_load_spanning_a_drop_and_create_fails_instead_of_splitting() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use arrow_flight::sql::{CommandStatementIngest, ProstMessageExt};
+    use arrow_flight::{FlightData, FlightDescriptor};
+    use futures::TryStreamExt;
+    use prost::Message;
+
+    let c = Cluster::start(2);
+    let create = "CREATE TABLE span (id BIGINT) WITH (shard_key = 'id')";
+    c.sql(0, create);
+    let segment = shardwise_server::ingest::INGEST_SEGMENT_ROWS as i64;
+    let batch = |from: i64, to: i64| {
+        RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from_iter_values(from..to)) as ArrayRef)])
+            .expect("batch")
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let command = CommandStatementIngest {
+        table: "span".into(),
+        options: HashMap::from([("insert_id".into(), "span-1".into()), ("commit".into(), "marker".into())]),
+        ..Default::default()
+    };
+    let descriptor = FlightDescriptor::new_cmd(command.as_any().encode_to_vec());
+    // One message per batch: the schema, a whole first segment, then the rest with the marker.
+    let mut messages: Vec<FlightData> = rt
+        .block_on(
+            FlightDataEncoderBuilder::new()
+                .with_flight_descriptor(Some(descriptor))
+                .with_max_flight_data_size(usize::MAX)
+                .build(futures::stream::iter([Ok(batch(0, segment)), Ok(batch(segment, segment + 10))]))
+                .try_collect(),
+        )
+        .expect("encoded");
+    assert_eq!(messages.len(), 3);
+    let last = messages.pop().expect("last");
+    let last = FlightData { app_metadata: format!("shardwise-commit rows={}", segment + 10).into(), ..last };
+    let (tx, rx) = tokio::sync::mpsc::channel::<FlightData>(4);
+    let addr = c.addrs[0].clone();
+    let put = rt.spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = FlightSqlServiceClient::new(channel);
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let mut reply = client.do_put(stream).await.map_err(|e| e.to_string())?;
+        let first = reply.message().await.map_err(|e| e.to_string())?.ok_or("no reply")?;
+        Ok::<i64, String>(
+            arrow_flight::sql::DoPutUpdateResult::decode(&*first.app_metadata).map_err(|e| e.to_string())?.record_count,
+        )
+    });
+    for message in messages {
+        tx.blocking_send(message).expect("send");
+    }
+    // The first segment is stored (the table is `immediate`); then the table is replaced.
+    eventually(Duration::from_secs(30), "the first segment to be stored", || {
+        (one(c.sql(1, "SELECT count(*) FROM span")) == [segment.to_string()]).then_some(())
+    });
+    c.sql(0, "DROP TABLE span");
+    c.sql(0, create);
+    tx.blocking_send(last).expect("send");
+    drop(tx);
+    let outcome = rt.block_on(put).expect("join");
+    let err = outcome.expect_err("the load must fail");
+    assert!(err.contains("dropped and created again") && err.contains("span-1"), "{err}");
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM span")), ["0"]);
+}
