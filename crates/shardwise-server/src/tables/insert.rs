@@ -322,7 +322,8 @@ impl TablesNode {
             match r {
                 Ok(_) => break,
                 Err(StorageError::OutboxFull { .. }) if Instant::now() < deadline => {
-                    self.senders.wake_all();
+                    // Ship now, whatever the delay settings say: only shipping makes room.
+                    self.senders.hurry_all();
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e @ StorageError::OutboxFull { .. }) => {

@@ -5,7 +5,9 @@
 //! Batching follows the tables' `delay_max_ms`, `delay_max_rows` and `delay_max_bytes`: a sender
 //! ships when the oldest pending item is `delay_max_ms` old, or when `delay_max_rows` rows or
 //! `delay_max_bytes` bytes are pending (the smallest setting among the tables with pending
-//! items), or at once when a flush asks. A failed send keeps the items, counts a retry, keeps
+//! items), or at once when a flush asks, or when the outbox holds half of `outbox_max_bytes`
+//! ([`OUTBOX_PRESSURE_PERCENT`]: delay settings larger than the outbox must not make inserts wait
+//! for room that only shipping makes), or when an insert found it full. A failed send keeps the items, counts a retry, keeps
 //! the error for `system.sync_queues`, and backs off (doubling, capped at
 //! `sender_backoff_max_ms`, with jitter).
 
@@ -19,6 +21,10 @@ use tokio::sync::Notify;
 use super::insert::unix_ms;
 use super::{TablesNode, blocking, lock, lock_from_runtime, outbox_key_table};
 use crate::codec::{ShipItem, ShipRequest};
+
+/// How full the outbox may get (percent of `outbox_max_bytes`) before every sender ships what it
+/// has whatever the tables' delay settings say.
+pub const OUTBOX_PRESSURE_PERCENT: u64 = 50;
 
 /// What `system.sync_queues` shows of a sender.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,12 +69,6 @@ impl Senders {
         }
     }
 
-    pub(crate) fn wake_all(&self) {
-        for s in &self.slots {
-            s.wake.notify_one();
-        }
-    }
-
     /// Makes every sender ship what it has now, ignoring the delay settings (for a flush).
     pub(crate) fn hurry_all(&self) {
         for s in &self.slots {
@@ -94,7 +94,13 @@ pub(crate) fn spawn_all(node: &Arc<TablesNode>) -> Result<(), shardwise_query::Q
 /// Whether `dest`'s queue should be shipped now, and if not, how long until it should.
 fn due(node: &TablesNode, dest: u32) -> Option<Duration> {
     let (_, catalog) = node.catalog_now();
-    let stats = lock_from_runtime(&node.outbox).dest_table_stats(dest);
+    let (stats, outbox_bytes) = {
+        let outbox = lock_from_runtime(&node.outbox);
+        (outbox.dest_table_stats(dest), outbox.pending_bytes())
+    };
+    if !stats.is_empty() && outbox_bytes >= node.settings.outbox_max_bytes / 100 * OUTBOX_PRESSURE_PERCENT {
+        return None;
+    }
     let now = unix_ms();
     let mut total_rows = 0;
     let mut total_bytes = 0;

@@ -484,6 +484,23 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
                         sync_mode = 'delay_mode_distributed')",
     )
     .unwrap();
+    // With every node up, delay settings far larger than the outbox do not make inserts wait:
+    // past half of outbox_max_bytes the senders ship whatever the settings say.
+    sql_csv(
+        &addrs[0],
+        "CREATE TABLE slow (id BIGINT, pad VARCHAR) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 3600000, delay_max_rows = 100000000, \
+         delay_max_bytes = 1000000000)",
+    )
+    .unwrap();
+    for i in 0..30 {
+        let sql = format!(
+            "INSERT INTO slow SELECT value, repeat('x', 100) FROM generate_series({}, {})",
+            i * 200,
+            i * 200 + 199
+        );
+        sql_csv(&addrs[0], &sql).unwrap_or_else(|e| panic!("insert {i} into slow: {e}"));
+    }
     procs[1].kill9();
     let mut accepted = 0;
     let err = loop {
@@ -504,6 +521,8 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
         "{err}"
     );
     // Nothing of the refused insert was kept: only the accepted ones are queued.
-    let queued = sql_csv(&addrs[0], "SELECT sum(pending_rows) FROM system.sync_queues WHERE destination = 1").unwrap();
+    let queued =
+        sql_csv(&addrs[0], "SELECT sum(pending_rows) FROM system.sync_queues WHERE destination = 1 AND table = 'f'")
+            .unwrap();
     assert_eq!(queued, vec![vec![(accepted * 200).to_string()]]);
 }
