@@ -31,10 +31,12 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
     let mut columns = Vec::with_capacity(batch.num_columns());
     for (field, array) in schema.fields().iter().zip(batch.columns()) {
         columns.push(match is_nested(field.data_type()) {
-            true => Column::Json(make_encoder(field, array.as_ref(), &json_options)?, array.as_ref()),
-            false => Column::Text(ArrayFormatter::try_new(array.as_ref(), &options)?, array.as_ref()),
+            true => Column::Json(make_encoder(field, array.as_ref(), &json_options)?),
+            false => Column::Text(ArrayFormatter::try_new(array.as_ref(), &options)?),
         });
     }
+    // Logical nulls: a column of untyped NULLs (`SELECT NULL`) has no validity buffer.
+    let nulls: Vec<_> = batch.columns().iter().map(|a| a.logical_nulls()).collect();
     let mut value = Vec::new();
     for row in 0..batch.num_rows() {
         for (i, column) in columns.iter_mut().enumerate() {
@@ -42,13 +44,15 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
                 out.push(b',');
             }
             value.clear();
+            if nulls[i].as_ref().is_some_and(|n| n.is_null(row)) {
+                continue;
+            }
             match column {
-                Column::Text(_, array) | Column::Json(_, array) if array.is_null(row) => continue,
-                Column::Text(formatter, _) => {
+                Column::Text(formatter) => {
                     use std::io::Write as _;
                     write!(value, "{}", formatter.value(row)).map_err(|e| ArrowError::CsvError(e.to_string()))?;
                 }
-                Column::Json(encoder, _) => encoder.encode(row, &mut value),
+                Column::Json(encoder) => encoder.encode(row, &mut value),
             }
             match value.is_empty() {
                 true => out.extend_from_slice(b"\"\""),
@@ -62,8 +66,8 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
 
 /// A column's writer: Arrow's display text, or JSON for nested values.
 enum Column<'a> {
-    Text(ArrayFormatter<'a>, &'a dyn Array),
-    Json(datafusion::arrow::json::writer::NullableEncoder<'a>, &'a dyn Array),
+    Text(ArrayFormatter<'a>),
+    Json(datafusion::arrow::json::writer::NullableEncoder<'a>),
 }
 
 fn is_nested(data_type: &DataType) -> bool {
@@ -112,6 +116,16 @@ mod tests {
         let batch =
             RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("n, m", Arc::new(n) as ArrayRef)]).unwrap();
         assert_eq!(csv(&batch), "s,\"n, m\"\n\"\",1\n,\n\"a,b\",-3\n\"say \"\"hi\"\"\nthere\",4\n");
+    }
+
+    #[test]
+    fn an_untyped_null_is_an_empty_field() {
+        // `SELECT NULL AS c, '' AS b`: a NullArray has no validity buffer to say so.
+        let null = datafusion::arrow::array::NullArray::new(2);
+        let b = StringArray::from(vec![Some(""), Some("x")]);
+        let batch =
+            RecordBatch::try_from_iter([("c", Arc::new(null) as ArrayRef), ("b", Arc::new(b) as ArrayRef)]).unwrap();
+        assert_eq!(csv(&batch), "c,b\n,\"\"\n,x\n");
     }
 
     #[test]
