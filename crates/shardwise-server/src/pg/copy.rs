@@ -5,7 +5,7 @@
 //! `COPY` to or from a file on the server is refused: nothing reads or writes server files.
 
 use datafusion::sql::sqlparser::ast::{
-    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement as SqlStatement,
+    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, ObjectName, Statement as SqlStatement,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -105,7 +105,7 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
     }
     match source {
         CopySource::Table { table_name, columns } if !to => Ok(Some(Copy::In {
-            table: table_name.to_string(),
+            table: table_of(&table_name)?,
             // Unquoted names fold to lower case, as everywhere in DataFusion.
             columns: columns
                 .iter()
@@ -114,6 +114,25 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
             format: copy,
         })),
         _ => Ok(Some(Copy::Out { query, format: copy })),
+    }
+}
+
+/// The table a `COPY ... FROM` names, as the catalog spells it: an unquoted name folded to lower
+/// case, a quoted one as written, with an optional schema `public` (where every table is).
+fn table_of(name: &ObjectName) -> Result<String, PgWireError> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|part| match part.as_ident() {
+            Some(ident) if ident.quote_style.is_some() => Ok(ident.value.clone()),
+            Some(ident) => Ok(ident.value.to_lowercase()),
+            None => Err(refused(format!("COPY {name}: not a table name"))),
+        })
+        .collect::<Result<_, _>>()?;
+    match parts.as_slice() {
+        [table] => Ok(table.clone()),
+        [schema, table] if schema == "public" => Ok(table.clone()),
+        _ => Err(refused(format!("COPY {name}: tables live in schema public; name the table alone"))),
     }
 }
 
@@ -145,7 +164,21 @@ mod tests {
             (table.as_str(), columns, format.csv, format.header),
             ("t", vec!["a".into(), "B".into()], true, true)
         );
-        for bad in ["COPY t FROM '/tmp/x'", "COPY t TO '/tmp/x'", "COPY t TO STDOUT (FORMAT binary, FREEZE)"] {
+        // Table names as everywhere else: unquoted ones fold to lower case; schema public.
+        for (sql, name) in [
+            ("COPY \"MixedCase\" FROM STDIN", "MixedCase"),
+            ("COPY TX FROM STDIN", "tx"),
+            ("COPY public.Tx FROM STDIN CSV", "tx"),
+        ] {
+            let Some(Copy::In { table, .. }) = parse(sql).unwrap() else { panic!("{sql}") };
+            assert_eq!(table, name, "{sql}");
+        }
+        for bad in [
+            "COPY t FROM '/tmp/x'",
+            "COPY t TO '/tmp/x'",
+            "COPY t TO STDOUT (FORMAT binary, FREEZE)",
+            "COPY other.t FROM STDIN",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

@@ -37,15 +37,23 @@ fn sqlstate(e: &QueryError) -> &'static str {
             DataFusionError::Plan(..) | DataFusionError::SchemaError(..) => "42000",
             DataFusionError::ArrowError(a, _) => match a.as_ref() {
                 ArrowError::DivideByZero => "22012",
+                ArrowError::CastError(_) if out_of_range(&message) => "22003",
                 ArrowError::CastError(_) | ArrowError::ParseError(_) => "22P02",
+                ArrowError::ArithmeticOverflow(_) => "22003",
                 _ => "22000",
             },
+            DataFusionError::NotImplemented(..) => "0A000",
+            _ if out_of_range(&message) => "22003",
+            _ if bad_text(&message) => "22P02",
             _ => "22000",
         },
         QueryError::Unsupported(_) => "0A000",
         QueryError::Rejected(_) if has("KILL QUERY") || has("max_execution_time_ms") => "57014",
         QueryError::Rejected(_) if has("already exists") => "42P07",
         QueryError::Rejected(_) if has("unknown table") || has("does not exist") => "42P01",
+        // A value that does not fit its column, or text that is not a value of its type.
+        QueryError::Rejected(_) if out_of_range(&message) => "22003",
+        QueryError::Rejected(_) if bad_text(&message) => "22P02",
         QueryError::Rejected(_) => "22023",
         QueryError::BadSetting(_) if has("unknown setting") => "42704",
         QueryError::BadSetting(_) => "22023",
@@ -54,6 +62,20 @@ fn sqlstate(e: &QueryError) -> &'static str {
         QueryError::Internal(_) => "XX000",
         QueryError::Storage(_) => "58030",
     }
+}
+
+/// Arrow's and DataFusion's words for a number that does not fit its type (`22003
+/// numeric_value_out_of_range`).
+fn out_of_range(message: &str) -> bool {
+    ["Can't cast value", "Overflow", "overflow", "out of range", "too large to store"]
+        .iter()
+        .any(|w| message.contains(w))
+}
+
+/// Their words for text that is not a value of the type asked for (`22P02
+/// invalid_text_representation`).
+fn bad_text(message: &str) -> bool {
+    ["Cast error", "Cannot cast string", "Parser error", "is not a valid"].iter().any(|w| message.contains(w))
 }
 
 #[cfg(test)]
@@ -81,5 +103,12 @@ mod tests {
         assert_eq!(code(QueryError::Invalid(parse)), "42601");
         let zero = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
         assert_eq!(code(QueryError::Invalid(zero)), "22012");
+        let todo = DataFusionError::NotImplemented("Unsupported SQL statement: DECLARE".into());
+        assert_eq!(code(QueryError::Invalid(todo)), "0A000");
+        let text = "INSERT INTO t: row 1, column n: Cast error: Cannot cast string 'x' to value of Int64 type";
+        assert_eq!(code(QueryError::Rejected(text.into())), "22P02");
+        let big = "ingest into t: column small: Cast error: Can't cast value 70000 to type Int16";
+        assert_eq!(code(QueryError::Rejected(big.into())), "22003");
+        assert_eq!(code(QueryError::Rejected("insert_quorum = 3: table t has 2 replicas".into())), "22023");
     }
 }
