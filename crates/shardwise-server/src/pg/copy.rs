@@ -105,7 +105,7 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
     }
     match source {
         CopySource::Table { table_name, columns } if !to => Ok(Some(Copy::In {
-            table: table_of(&table_name)?,
+            table: table_of(table_name)?,
             // Unquoted names fold to lower case, as everywhere in DataFusion.
             columns: columns
                 .iter()
