@@ -238,6 +238,15 @@ async fn create_table(mut create: CreateTable, state: &SessionState, world_size:
             Field::new(f.name(), data_type, f.is_nullable() || query.is_some())
         })
         .collect();
+    // A negative scale (DECIMAL(5, -1): multiples of ten) is an Arrow type no client protocol
+    // carries and no text reader parses; PostgreSQL and DuckDB refuse it too.
+    if let Some(f) = fields.iter().find(|f| matches!(f.data_type(), DataType::Decimal128(_, s) if *s < 0)) {
+        return Err(QueryError::Rejected(format!(
+            "table {name}: column {:?} is {}: a DECIMAL's scale must be 0 or more",
+            f.name(),
+            f.data_type()
+        )));
+    }
     let schema = Arc::new(Schema::new(fields));
     let def = TableDef::from_options(name.clone(), schema, &options, world_size)
         .map_err(|e| QueryError::Rejected(e.to_string()))?;
