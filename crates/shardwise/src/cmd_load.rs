@@ -79,7 +79,8 @@ pub struct LoadArgs {
     /// connection), with backoff, under the same insert id.
     #[arg(long, default_value_t = 3)]
     pub retries: u32,
-    /// Give up connecting after this many milliseconds.
+    /// Give up connecting (and logging in) after this many milliseconds; a node that stops
+    /// answering later is found by HTTP/2 pings within 15 s.
     #[arg(long, default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
 }

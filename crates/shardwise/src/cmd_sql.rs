@@ -31,6 +31,10 @@ use tonic::transport::{Channel, Endpoint};
 
 /// Largest gRPC message the client accepts (matches the server's limit).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// How often the client pings a connection, and how long a ping may go unanswered before the
+/// connection and its call fail (a stopped node never answers, though it accepted the connection).
+const CLIENT_KEEPALIVE_INTERVAL_MS: u64 = 5_000;
+const CLIENT_KEEPALIVE_TIMEOUT_MS: u64 = 10_000;
 
 /// How results are printed.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +113,8 @@ pub struct SqlArgs {
     pub connect: String,
     #[command(flatten)]
     pub script: ScriptArgs,
-    /// Give up connecting after this many milliseconds.
+    /// Give up connecting (and logging in) after this many milliseconds; a node that stops
+    /// answering later is found by HTTP/2 pings within 15 s.
     #[arg(long, default_value_t = 10_000)]
     pub connect_timeout_ms: u64,
     /// User name.
@@ -246,7 +251,12 @@ pub(crate) async fn connect(
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let endpoint = Endpoint::from_shared(uri)
         .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
-        .connect_timeout(timeout);
+        .connect_timeout(timeout)
+        // A node that is stopped or hung still accepts TCP connections and never answers: the
+        // pings find it, so a call waiting on it fails instead of hanging.
+        .http2_keep_alive_interval(Duration::from_millis(CLIENT_KEEPALIVE_INTERVAL_MS))
+        .keep_alive_timeout(Duration::from_millis(CLIENT_KEEPALIVE_TIMEOUT_MS))
+        .keep_alive_while_idle(true);
     let endpoint = shardwise_server::http2::client(endpoint);
     let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
@@ -255,10 +265,17 @@ pub(crate) async fn connect(
     };
     let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut client = FlightSqlServiceClient::new_from_inner(inner);
-    handshake(&mut client, user, password)
-        .await
-        .map_err(|message| anyhow!("could not log in to {addr} as {user:?}: {message}"))?;
-    Ok(client)
+    // The log-in is the first call: a server that accepted the connection and never answers
+    // (stopped, hung) fails it within the connect timeout too.
+    match tokio::time::timeout(timeout, handshake(&mut client, user, password)).await {
+        Ok(Ok(())) => Ok(client),
+        Ok(Err(message)) => bail!("could not log in to {addr} as {user:?}: {message}"),
+        Err(_) => bail!(
+            "could not connect to {addr}: it accepted the connection but did not answer within {} ms (a stopped or \
+             hung node?)",
+            timeout.as_millis()
+        ),
+    }
 }
 
 /// Basic-auth handshake; keeps the bearer token the server returns. Done here rather than with

@@ -786,6 +786,14 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     let states = c.sql(1, "SELECT DISTINCT node_state FROM system.shards WHERE rank = 2");
     assert_eq!(states, vec![vec!["down"]]);
     let known_down = started.elapsed();
+    // A client of the stopped node itself gives up within its connect timeout.
+    let started = std::time::Instant::now();
+    let mut client = shardwise();
+    client.args(["sql", "--connect", &c.addrs[2], "--connect-timeout-ms", "1000", "-e", "SELECT 1"]);
+    let out = run_with_timeout(client, Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("did not answer within 1000 ms"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     c.sql(0, "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)");
     let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 500");
     assert!(err.contains("rank 2 did not answer") && !err.contains("unavailable: unavailable"), "{err}");
