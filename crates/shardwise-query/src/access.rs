@@ -35,6 +35,11 @@ impl InsertOptions {
     /// The options a statement's settings give an insert (`insert_id`, `insert_quorum`,
     /// `distributed_foreground_insert`).
     pub fn from_settings(settings: &crate::settings::ShardwiseSettings) -> datafusion::error::Result<InsertOptions> {
+        if let Some(id) = settings.insert_id.as_deref().filter(|id| id.contains('/')) {
+            return Err(datafusion::error::DataFusionError::Configuration(format!(
+                "insert_id {id:?} contains '/', which shardwise uses to name the chunks and segments of an insert"
+            )));
+        }
         Ok(InsertOptions {
             // As given, even empty: the node refuses an id that is not 1 to 256 bytes, where
             // an empty one read as "no id" would make a retry insert the rows again.

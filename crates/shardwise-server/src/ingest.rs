@@ -120,7 +120,11 @@ fn parse_command(command: CommandStatementIngest) -> Result<IngestRequest, Statu
     };
     for (key, value) in &command.options {
         match key.as_str() {
-            "insert_id" => request.opts.insert_id = Some(value.clone()),
+            "insert_id" => {
+                crate::tables::check_insert_id(value)
+                    .map_err(|e| Status::invalid_argument(format!("ingest option {e}")))?;
+                request.opts.insert_id = Some(value.clone())
+            }
             "expected_rows" => {
                 request.expected_rows = Some(value.parse().map_err(|_| {
                     Status::invalid_argument(format!("ingest option expected_rows = {value:?} is not a row count"))

@@ -38,6 +38,11 @@ pub fn check_insert_id(insert_id: &str) -> Result<(), String> {
         n if n > INSERT_ID_MAX_BYTES => {
             Err(format!("insert_id must be 1 to {INSERT_ID_MAX_BYTES} bytes, got {n} bytes"))
         }
+        // `id/chunk` and `id/seg-k/chunk` are the keys of an insert's pieces: an id with a slash
+        // could name another insert's piece.
+        _ if insert_id.contains('/') => Err(format!(
+            "insert_id {insert_id:?} contains '/', which shardwise uses to name the chunks and segments of an insert"
+        )),
         _ => Ok(()),
     }
 }
@@ -490,5 +495,7 @@ mod tests {
         assert!(empty.starts_with("insert_id is empty; give 1 to 256 bytes"), "{empty}");
         // A load's segment ids are checked by the id the client gave.
         assert!(check_insert_id(client_insert_id("/seg-0")).is_err());
+        assert!(check_insert_id(client_insert_id("load-1/seg-0")).is_ok());
+        assert!(check_insert_id("zz/seg-0").unwrap_err().contains("contains '/'"));
     }
 }
