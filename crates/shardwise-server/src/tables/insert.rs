@@ -283,21 +283,43 @@ impl TablesNode {
             results.iter().filter_map(|(r, res)| res.as_ref().err().map(|e| (*r, e))).collect();
         if !short.is_empty() {
             let causes: Vec<String> = failed.iter().map(|(r, e)| format!("rank {r}: {e}")).collect();
-            return Err(QueryError::Unavailable(format!("{} ({})", short.join("; "), causes.join("; "))));
+            let mut message = format!("{} ({})", short.join("; "), causes.join("; "));
+            // Some replicas stored their piece: the ones that missed theirs get it through the
+            // outbox, as with a quorum met, so that the replicas do not stay different (a read
+            // would depend on the replica it chose). A retry with the insert id is applied once.
+            if results.values().any(|r| r.is_ok()) {
+                match self.hand_off(entry, &placed, &payloads, &failed).await {
+                    Ok(()) => message.push_str("; the replicas that missed it get it in the background"),
+                    Err(e) => tracing::warn!(table = %entry.def.name, "could not queue the missed pieces: {e}"),
+                }
+            }
+            return Err(QueryError::Unavailable(message));
         }
         if failed.is_empty() {
             return Ok(());
         }
         // Quorum met, some replicas missed their piece: hinted handoff through the outbox.
+        self.hand_off(entry, &placed, &payloads, &failed).await
+    }
+
+    /// Queues the piece sets of the `failed` replicas in the outbox (hinted handoff): their
+    /// senders deliver them when the replicas answer again.
+    async fn hand_off(
+        &self,
+        entry: &CatalogEntry,
+        placed: &PlacedChunk,
+        payloads: &BTreeMap<u32, Arc<Vec<u8>>>,
+        failed: &[(u32, &QueryError)],
+    ) -> Result<(), QueryError> {
         let key: Arc<str> = outbox_key(entry).into();
         let mut items = Vec::new();
-        for (rank, e) in &failed {
+        for (rank, e) in failed {
             tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
             let Some(set) = placed.by_rank.get(rank) else { continue };
             let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
             let payload = match payloads.get(rank) {
                 Some(p) => p.as_ref().clone(),
-                None => set.encode(schema).map_err(storage_error)?,
+                None => set.encode(&entry.def.schema).map_err(storage_error)?,
             };
             items.push(OutboxItem { table: Arc::clone(&key), dest: *rank, rows, payload });
         }
