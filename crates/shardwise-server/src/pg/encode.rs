@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
-    Int32Array, Int64Array, LargeBinaryArray, ListArray, StringArray, TimestampMicrosecondArray,
+    Int32Array, Int64Array, LargeBinaryArray, ListArray, StringArray, Time64MicrosecondArray,
+    TimestampMicrosecondArray,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
@@ -42,6 +43,7 @@ fn pg_type(data_type: &DataType) -> (Type, DataType) {
         D::Date32 | D::Date64 => (Type::DATE, D::Date32),
         D::Timestamp(_, None) => (Type::TIMESTAMP, D::Timestamp(TimeUnit::Microsecond, None)),
         D::Timestamp(_, Some(_)) => (Type::TIMESTAMPTZ, D::Timestamp(TimeUnit::Microsecond, Some(Arc::from("+00:00")))),
+        D::Time32(_) | D::Time64(_) => (Type::TIME, D::Time64(TimeUnit::Microsecond)),
         D::Dictionary(_, value) => pg_type(value),
         D::List(element) | D::LargeList(element) | D::FixedSizeList(element, _) => match array_type(element) {
             Some((array, target)) => (array, D::List(Arc::new(Field::new_list_field(target, true)))),
@@ -104,6 +106,7 @@ enum Column {
     Date(Date32Array),
     Timestamp(TimestampMicrosecondArray),
     TimestampTz(TimestampMicrosecondArray),
+    Time(Time64MicrosecondArray),
     /// A list whose elements are the column inside (over the list's values).
     List(ListArray, Box<Column>),
 }
@@ -135,6 +138,7 @@ impl Column {
             DataType::Date32 => Column::Date(cast.as_primitive().clone()),
             DataType::Timestamp(_, None) => Column::Timestamp(cast.as_primitive().clone()),
             DataType::Timestamp(_, Some(_)) => Column::TimestampTz(cast.as_primitive().clone()),
+            DataType::Time64(_) => Column::Time(cast.as_primitive().clone()),
             DataType::List(element) => {
                 let list = cast.as_list::<i32>().clone();
                 let values = Column::new(&element, list.values())?;
@@ -165,6 +169,7 @@ impl Column {
             Column::TimestampTz(a) => {
                 encoder.encode_field(&a.value_as_datetime(row).filter(|_| !a.is_null(row)).map(|t| t.and_utc()))
             }
+            Column::Time(a) => encoder.encode_field(&a.value_as_time(row).filter(|_| !a.is_null(row))),
             Column::List(list, values) if list.is_null(row) => values.encode_elements(None, encoder),
             Column::List(list, values) => {
                 let offsets = list.value_offsets();
@@ -200,8 +205,8 @@ impl Column {
             Column::TimestampTz(a) => {
                 encoder.encode_field(&each(a, &rows, |i| a.value_as_datetime(i).map(|t| t.and_utc())))
             }
-            // `array_type` gives neither an array type.
-            Column::Bytes(_) | Column::List(..) => {
+            // `array_type` gives none of them an array type.
+            Column::Bytes(_) | Column::Time(_) | Column::List(..) => {
                 Err(PgWireError::ApiError("a list of binary values or of lists has no array encoder".into()))
             }
         }

@@ -8,7 +8,7 @@
 //! placeholder tokens the tokenizer found are replaced; the rest of the statement is kept byte
 //! for byte.
 
-use chrono::{DateTime, FixedOffset, NaiveDate, NaiveDateTime};
+use chrono::{DateTime, FixedOffset, NaiveDate, NaiveDateTime, NaiveTime};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 use pgwire::api::Type;
@@ -34,6 +34,7 @@ fn sql_type(ty: &Type) -> Option<&'static str> {
         Type::DATE => "DATE",
         Type::TIMESTAMP => "TIMESTAMP",
         Type::TIMESTAMPTZ => "TIMESTAMP",
+        Type::TIME => "TIME",
         _ => return None,
     })
 }
@@ -51,12 +52,102 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
         Type::DATE => portal.parameter::<NaiveDate>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMP => portal.parameter::<NaiveDateTime>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMPTZ => portal.parameter::<DateTime<FixedOffset>>(index, ty)?.map(|v| v.naive_utc().to_string()),
+        Type::TIME => portal.parameter::<NaiveTime>(index, ty)?.map(|v| v.to_string()),
+        // Bytes as a hex literal (`X'6869'`), which holds any byte, a zero included.
+        Type::BYTEA => {
+            return Ok(match portal.parameter::<Vec<u8>>(index, ty)? {
+                Some(bytes) => format!("X'{}'", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+                None => "NULL".to_string(),
+            });
+        }
+        Type::UUID if portal.parameter_format.is_binary(index) => match &portal.parameters[index] {
+            Some(bytes) => Some(uuid_text(bytes).ok_or_else(|| bad_parameter(index, ty, "not 16 bytes"))?),
+            None => None,
+        },
+        _ if array_element(ty).is_some() => return array_literal(portal, index, ty),
+        // Another type in binary: its bytes are not text, and reading them as such would splice
+        // garbage (or a zero byte) into the statement.
+        _ if portal.parameter_format.is_binary(index) => {
+            return Err(bad_parameter(
+                index,
+                ty,
+                "is sent in binary, which shardwise does not read for this type; send it as text",
+            ));
+        }
         _ => portal.parameter::<String>(index, &Type::TEXT)?,
     };
+    if text.as_deref().is_some_and(|t| t.contains('\0')) {
+        return Err(bad_parameter(index, ty, "holds a zero byte, which PostgreSQL text cannot hold"));
+    }
     Ok(match (text, sql_type(ty)) {
         (None, _) => "NULL".to_string(),
         (Some(v), Some(cast)) => format!("CAST({} AS {cast})", string_literal(&v)),
         (Some(v), None) => string_literal(&v),
+    })
+}
+
+/// `22P02`: parameter `$index+1` of type `ty` cannot be read.
+fn bad_parameter(index: usize, ty: &Type, problem: &str) -> pgwire::error::PgWireError {
+    error("22P02", format!("parameter ${} (type {}) {problem}", index + 1, ty.name()))
+}
+
+/// A UUID's 16 bytes in its text form.
+fn uuid_text(bytes: &[u8]) -> Option<String> {
+    let bytes: [u8; 16] = bytes.try_into().ok()?;
+    Some(uuid::Uuid::from_bytes(bytes).hyphenated().to_string())
+}
+
+/// The element type of a PostgreSQL array type shardwise reads as a parameter.
+fn array_element(ty: &Type) -> Option<Type> {
+    Some(match *ty {
+        Type::BOOL_ARRAY => Type::BOOL,
+        Type::INT2_ARRAY => Type::INT2,
+        Type::INT4_ARRAY => Type::INT4,
+        Type::INT8_ARRAY => Type::INT8,
+        Type::FLOAT4_ARRAY => Type::FLOAT4,
+        Type::FLOAT8_ARRAY => Type::FLOAT8,
+        Type::NUMERIC_ARRAY => Type::NUMERIC,
+        Type::TEXT_ARRAY => Type::TEXT,
+        Type::VARCHAR_ARRAY => Type::VARCHAR,
+        Type::DATE_ARRAY => Type::DATE,
+        Type::TIMESTAMP_ARRAY => Type::TIMESTAMP,
+        _ => return None,
+    })
+}
+
+/// An array parameter (psycopg sends a Python list as one, as in `WHERE id = ANY(%s)`) as
+/// `make_array(...)` of its elements' literals.
+fn array_literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<String> {
+    fn each<T: ToString>(values: Option<Vec<Option<T>>>) -> Option<Vec<Option<String>>> {
+        values.map(|v| v.into_iter().map(|e| e.map(|e| e.to_string())).collect())
+    }
+    let elements = match *ty {
+        Type::BOOL_ARRAY => each(portal.parameter::<Vec<Option<bool>>>(index, ty)?),
+        Type::INT2_ARRAY => each(portal.parameter::<Vec<Option<i16>>>(index, ty)?),
+        Type::INT4_ARRAY => each(portal.parameter::<Vec<Option<i32>>>(index, ty)?),
+        Type::INT8_ARRAY => each(portal.parameter::<Vec<Option<i64>>>(index, ty)?),
+        Type::FLOAT4_ARRAY => each(portal.parameter::<Vec<Option<f32>>>(index, ty)?),
+        Type::FLOAT8_ARRAY => each(portal.parameter::<Vec<Option<f64>>>(index, ty)?),
+        Type::NUMERIC_ARRAY => each(portal.parameter::<Vec<Option<Decimal>>>(index, ty)?),
+        Type::DATE_ARRAY => each(portal.parameter::<Vec<Option<NaiveDate>>>(index, ty)?),
+        Type::TIMESTAMP_ARRAY => each(portal.parameter::<Vec<Option<NaiveDateTime>>>(index, ty)?),
+        _ => portal.parameter::<Vec<Option<String>>>(index, ty)?,
+    };
+    let Some(elements) = elements else { return Ok("NULL".to_string()) };
+    let element = array_element(ty).unwrap_or(Type::TEXT);
+    let cast = sql_type(&element).unwrap_or("VARCHAR");
+    let literals: Vec<String> = elements
+        .into_iter()
+        .map(|e| match e {
+            Some(v) if v.contains('\0') => Err(bad_parameter(index, ty, "holds a zero byte")),
+            Some(v) => Ok(format!("CAST({} AS {cast})", string_literal(&v))),
+            None => Ok(format!("CAST(NULL AS {cast})")),
+        })
+        .collect::<PgWireResult<_>>()?;
+    // An empty list still has its element type.
+    Ok(match literals.is_empty() {
+        true => format!("CAST(make_array() AS {cast}[])"),
+        false => format!("make_array({})", literals.join(", ")),
     })
 }
 
@@ -87,10 +178,46 @@ pub fn count(sql: &str) -> PgWireResult<usize> {
 /// The portal's statement with its parameters spliced in.
 pub fn bind(portal: &Portal<Statement>) -> PgWireResult<String> {
     let declared = &portal.statement.parameter_types;
+    let sql = &portal.statement.statement.sql;
+    let in_any = any_operands(sql)?;
     let literals = (0..portal.parameter_len())
-        .map(|i| literal(portal, i, declared.get(i).cloned().flatten().as_ref().unwrap_or(&Type::UNKNOWN)))
+        .map(|i| {
+            let ty = declared.get(i).cloned().flatten().unwrap_or(Type::UNKNOWN);
+            // An untyped `{a,b}` as the operand of ANY / ALL is a text array (psycopg sends a
+            // list of strings so, as PostgreSQL infers it there).
+            let text_array = matches!(ty, Type::UNKNOWN | Type::TEXT | Type::VARCHAR)
+                && in_any.contains(&(i + 1))
+                && !portal.parameter_format.is_binary(i)
+                && portal.parameters.get(i).cloned().flatten().is_some_and(|v| v.starts_with(b"{"));
+            match text_array {
+                true => array_literal(portal, i, &Type::TEXT_ARRAY),
+                false => literal(portal, i, &ty),
+            }
+        })
         .collect::<PgWireResult<Vec<_>>>()?;
-    splice(&portal.statement.statement.sql, &literals)
+    splice(sql, &literals)
+}
+
+/// The parameters (`$n`) written as the whole operand of `ANY (...)` or `ALL (...)`.
+fn any_operands(sql: &str) -> PgWireResult<Vec<usize>> {
+    let dialect = GenericDialect {};
+    let tokens: Vec<Token> = Tokenizer::new(&dialect, sql)
+        .tokenize()
+        .map_err(|e| syntax_error(format!("cannot read the statement: {e}")))?
+        .into_iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .collect();
+    Ok(tokens
+        .windows(4)
+        .filter_map(|w| match w {
+            [Token::Word(word), Token::LParen, Token::Placeholder(name), Token::RParen]
+                if word.value.eq_ignore_ascii_case("any") || word.value.eq_ignore_ascii_case("all") =>
+            {
+                name.strip_prefix('$').and_then(|n| n.parse().ok())
+            }
+            _ => None,
+        })
+        .collect())
 }
 
 /// `sql` with each `$n` replaced by `literals[n - 1]`.
@@ -142,6 +269,12 @@ mod tests {
             .collect();
         assert_eq!(strings, vec!["x'; DROP TABLE t; --".to_string()]);
         assert!(!tokens.iter().any(|t| matches!(t, Token::SemiColon)));
+    }
+
+    #[test]
+    fn any_operands_are_found() {
+        assert_eq!(any_operands("SELECT 1 WHERE a = ANY($1) AND b = all ( $3 ) OR c = $2").unwrap(), vec![1, 3]);
+        assert!(any_operands("SELECT ANY_VALUE($1)").unwrap().is_empty());
     }
 
     #[test]

@@ -206,6 +206,20 @@ for c in (cur, b):
     lists = c.fetchone()
     want = ([1, 2, 3, 4], [datetime.date(2024, 1, 1), datetime.date(2024, 1, 2), None, datetime.date(2024, 2, 29)], ["x", None])
     assert lists == want, lists
+# Parameters psycopg sends in binary (bytes, uuid, time) and lists (as arrays: `= ANY(%s)`).
+import uuid
+cur.execute("SELECT count(*) FROM sales WHERE id = ANY(%s)", ([1, 3, 99],))
+assert cur.fetchone()[0] == 2
+cur.execute("SELECT count(*) FROM sales WHERE region = ANY(%s)", (["eu", "nowhere"],))
+assert cur.fetchone()[0] == 2
+cur.execute("SELECT length(%s), %s, CAST(%s AS VARCHAR)", (b"h\x00i", datetime.time(12, 30, 1), uuid.UUID(int=1)))
+assert cur.fetchone() == (3, datetime.time(12, 30, 1), "00000000-0000-0000-0000-000000000001")
+try:
+    cur.execute("SELECT %s", (datetime.timedelta(days=1),))
+    raise SystemExit("an interval in binary was read as text")
+except psycopg.Error as e:
+    assert e.sqlstate == "22P02" and "binary" in str(e), (e.sqlstate, str(e))
+conn.rollback()
 try:
     cur.execute("SELECT nope FROM sales")
     raise SystemExit("no error")
