@@ -380,13 +380,22 @@ impl QueryEngine {
             }
             Classified::DataFusion(statement) => statement,
         };
-        let plan =
-            state.statement_to_plan(statement).await.map_err(|e| {
-                match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
-                    Some(message) => QueryError::Rejected(message),
-                    None => QueryError::from(e),
-                }
-            })?;
+        let retry = statement.clone();
+        let plan = match state.statement_to_plan(statement).await {
+            // Items whose DataFusion names collide though their texts differ (`x, CAST(x AS
+            // DOUBLE)` are both `x` to it): planned again with each unaliased expression named
+            // by its text, as DuckDB names them.
+            Err(e) if repeated_items::is_name_collision(&e) => {
+                let mut named = retry;
+                repeated_items::name_expressions_by_text(&mut named);
+                state.statement_to_plan(named).await
+            }
+            planned => planned,
+        }
+        .map_err(|e| match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
+            Some(message) => QueryError::Rejected(message),
+            None => QueryError::from(e),
+        })?;
         // `distributed_group_by_no_merge = 2` orders and limits by the query as written.
         if settings::current(state.config_options()).distributed_group_by_no_merge == 2 {
             crate::dist::query_order::QueryOrder::of(&plan).install(state.config_mut().options_mut());

@@ -7,17 +7,62 @@
 //! more than once in its SELECT list is given a name of its own: the text for the first, then
 //! the text with `_2`, `_3`... (skipping names the list already uses), as pandas and Polars
 //! name repeated columns. Items that differ in text but not in DataFusion's name for them
-//! (`a` and `t.a`) are left for DataFusion to refuse, with its message.
+//! (`x` and `CAST(x AS DOUBLE)`) are planned again, once DataFusion has refused them, with each
+//! unaliased expression named by its text ([`name_expressions_by_text`]); two plain columns
+//! (`a` and `t.a`) are still left for DataFusion to refuse, with its message.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{Ident, Query, SelectItem, SetExpr, VisitMut, VisitorMut};
+use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, VisitMut, VisitorMut};
 
 /// Gives repeated unaliased SELECT items distinct names, in every SELECT of `statement`.
 pub fn name_repeated_items(statement: &mut DfStatement) {
     visit_statement_mut(statement, &mut Renamer);
+}
+
+/// Whether planning failed because two SELECT items got the same name from DataFusion.
+pub fn is_name_collision(e: &datafusion::error::DataFusionError) -> bool {
+    e.to_string().contains("Projections require unique expression names")
+}
+
+/// Names every unaliased SELECT item that is not a plain column by its text (`CAST(x AS
+/// DOUBLE)`), in every SELECT of `statement` (repeated texts were named already): for a statement
+/// DataFusion refused because items that differ in text share its name for them.
+pub fn name_expressions_by_text(statement: &mut DfStatement) {
+    visit_statement_mut(statement, &mut ByText);
+}
+
+struct ByText;
+
+impl VisitorMut for ByText {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        name_by_text_in(&mut query.body);
+        ControlFlow::Continue(())
+    }
+}
+
+fn name_by_text_in(body: &mut SetExpr) {
+    match body {
+        SetExpr::Select(select) => {
+            for item in select.projection.iter_mut() {
+                if let SelectItem::UnnamedExpr(expr) = item
+                    && !matches!(expr, Expr::Identifier(_) | Expr::CompoundIdentifier(_))
+                {
+                    let alias = Ident::with_quote('"', expr.to_string());
+                    *item = SelectItem::ExprWithAlias { expr: expr.clone(), alias };
+                }
+            }
+        }
+        SetExpr::SetOperation { left, right, .. } => {
+            name_by_text_in(left);
+            name_by_text_in(right);
+        }
+        _ => {}
+    }
 }
 
 /// Runs `visitor` over the SQL statement in `statement`, or the one an `EXPLAIN` wraps (the

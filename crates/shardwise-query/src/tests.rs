@@ -251,6 +251,12 @@ async fn repeated_select_items_are_answered() {
     assert!(shown.contains("| 1 | 1_2 | NULL | NULL_2 |"), "{shown}");
     let shown = pretty(&run(&engine, "SELECT x, x FROM (SELECT 5 AS x) t").await.expect("repeated column"));
     assert!(shown.contains("| 5 | 5   |"), "{shown}");
+    // Different items DataFusion would name alike (`x` and `CAST(x AS DOUBLE)` are both `x` to
+    // it): named by their text.
+    let shown = pretty(
+        &run(&engine, "SELECT x, CAST(x AS DOUBLE), x / 2 FROM (SELECT 5 AS x) t").await.expect("colliding names"),
+    );
+    assert!(shown.contains("| x | CAST(x AS DOUBLE) | x / 2 |") && shown.contains("| 5 | 5.0"), "{shown}");
 }
 
 #[tokio::test]
