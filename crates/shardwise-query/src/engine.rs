@@ -400,8 +400,27 @@ impl QueryEngine {
         if settings::current(state.config_options()).distributed_group_by_no_merge == 2 {
             crate::dist::query_order::QueryOrder::of(&plan).install(state.config_mut().options_mut());
         }
-        let is_insert = matches!(&plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
-        if !(is_insert && self.access.is_some()) {
+        let is_insert =
+            |plan: &LogicalPlan| matches!(plan, LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)));
+        match &plan {
+            // EXPLAIN of an INSERT shows its plan; EXPLAIN ANALYZE would run it, which it does
+            // not say it does, so it is refused by name.
+            LogicalPlan::Explain(explain) if is_insert(&explain.plan) && self.access.is_some() => {
+                return Ok(Planned {
+                    action: Action::Plan(plan),
+                    state: Box::new(state),
+                    sql: sql.to_string(),
+                    session,
+                });
+            }
+            LogicalPlan::Analyze(analyze) if is_insert(&analyze.input) => {
+                return Err(QueryError::Unsupported(
+                    "EXPLAIN ANALYZE of an INSERT (it would write the rows); EXPLAIN INSERT shows its plan".into(),
+                ));
+            }
+            _ => {}
+        }
+        if !(is_insert(&plan) && self.access.is_some()) {
             Self::sql_options()
                 .verify_plan(&plan)
                 .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;

@@ -212,6 +212,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("ALTER TABLE t ADD COLUMN z INT", "CREATE TABLE ... AS SELECT"),
         ("UPDATE t SET small = 2", "INSERTs only"),
         ("DELETE FROM t WHERE id = 1", "INSERTs only"),
+        ("EXPLAIN ANALYZE INSERT INTO t VALUES (5, 1, 'e')", "EXPLAIN ANALYZE of an INSERT"),
     ];
     for (sql, needle) in cases {
         let err = c.sql_err(1, sql);
@@ -225,6 +226,9 @@ fn bad_input_is_refused_and_changes_nothing() {
          WHERE query = 'INSERT INTO t (id, nope) VALUES (1, 2)'",
     );
     assert_eq!(logged, vec![vec!["failed".to_string(), "true".to_string()]]);
+    // EXPLAIN of an INSERT shows its plan and writes nothing.
+    let plan = c.sql(1, "EXPLAIN INSERT INTO t VALUES (5, 1, 'e')").concat().join(" ");
+    assert!(plan.contains("Dml") || plan.contains("Insert"), "{plan}");
     assert_eq!(
         c.sql(1, "SELECT id, small, name FROM t"),
         vec![vec!["1".to_string(), "1".to_string(), "a".to_string()]]
