@@ -167,6 +167,7 @@ impl QueryEngine {
             .with_default_features()
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
+            .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).

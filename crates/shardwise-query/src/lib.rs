@@ -14,6 +14,7 @@ pub mod format_clause;
 pub mod group_topk;
 pub mod insert_select;
 pub mod insert_values;
+pub mod integer_timestamps;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod numeric_literals;

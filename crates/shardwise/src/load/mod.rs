@@ -98,11 +98,50 @@ pub struct BadValue {
 }
 
 /// Converts `source` to `target` with Arrow's cast kernel, or names the first value that does not
-/// fit: one Arrow would turn into NULL, or a finite number that becomes infinite as a float.
+/// fit: one Arrow would turn into NULL, or a finite number that becomes infinite as a float; a
+/// number with a fraction for an integer column is refused, and a number for a timestamp is
+/// seconds since 1970.
 pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadValue> {
     if source.data_type() == target {
         return Ok(source.clone());
     }
+    // A number for a timestamp is seconds since 1970, as `CAST(1700000000 AS TIMESTAMP)` reads
+    // it (Arrow's cast would read it in the column's unit, nanoseconds for TIMESTAMP).
+    if source.data_type().is_integer()
+        && let DataType::Timestamp(_, zone) = target
+    {
+        let seconds = DataType::Timestamp(arrow::datatypes::TimeUnit::Second, zone.clone());
+        let as_seconds = cast_checked(source, &seconds)?;
+        return cast_checked(&as_seconds, target).map_err(|bad| BadValue {
+            message: match bad.row {
+                Some(row) => format!("{} (seconds since 1970) is out of range for {target}", shown_value(source, row)),
+                None => bad.message,
+            },
+            ..bad
+        });
+    }
+    // The same for a number written as text (a CSV field, a JSON number read as its text).
+    if let DataType::Timestamp(..) = target
+        && let Some(converted) = integer_texts_as_timestamps(source, target)
+    {
+        return converted;
+    }
+    // A fraction for an integer column is refused, as in text ("1.5" is not an integer), not
+    // truncated as Arrow's cast would.
+    if source.data_type().is_floating()
+        && target.is_integer()
+        && let Some(row) = first_fraction(source)
+    {
+        return Err(BadValue {
+            row: Some(row),
+            message: format!("{} is not an integer (column type {target})", shown_value(source, row)),
+        });
+    }
+    cast_checked(source, target)
+}
+
+/// Arrow's cast of `source` to `target`, or the first value that does not fit.
+fn cast_checked(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadValue> {
     let safe = CastOptions { safe: true, ..Default::default() };
     let converted = cast_with_options(source, target, &safe).map_err(|e| BadValue {
         row: None,
@@ -120,6 +159,34 @@ pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, 
         return Err(BadValue { row: Some(row), message: describe(source, row, target, true) });
     }
     Ok(converted)
+}
+
+/// `source` (text) converted to the timestamp column `target` with each value that is a whole
+/// number read as seconds since 1970; `None` when no value is one.
+fn integer_texts_as_timestamps(source: &ArrayRef, target: &DataType) -> Option<Result<ArrayRef, BadValue>> {
+    let seconds: arrow::array::Int64Array =
+        (0..source.len()).map(|row| string_value(source, row).and_then(|t| t.trim().parse::<i64>().ok())).collect();
+    if seconds.null_count() == seconds.len() {
+        return None;
+    }
+    let numbers: arrow::array::BooleanArray = (0..seconds.len()).map(|row| Some(seconds.is_valid(row))).collect();
+    let seconds: ArrayRef = std::sync::Arc::new(seconds);
+    Some((|| {
+        let from_numbers = convert_column(&seconds, target)?;
+        // The other values as text; the numbers' rows left out (NULL), which text would not read.
+        let others = arrow::compute::nullif(source, &numbers)
+            .map_err(|e| BadValue { row: None, message: format!("cannot set the numbers aside: {e}") })?;
+        let from_text = cast_checked(&others, target)?;
+        arrow::compute::kernels::zip::zip(&numbers, &from_numbers, &from_text)
+            .map_err(|e| BadValue { row: None, message: format!("cannot combine the converted values: {e}") })
+    })())
+}
+
+/// First row of a float column with a fractional part (or not finite).
+fn first_fraction(source: &ArrayRef) -> Option<usize> {
+    let as_f64 = cast_with_options(source, &DataType::Float64, &CastOptions::default()).ok()?;
+    let values = as_f64.as_primitive::<Float64Type>();
+    (0..values.len()).find(|&row| values.is_valid(row) && values.value(row).fract() != 0.0)
 }
 
 /// First row that is infinite after the conversion to a float type but was not infinite before.

@@ -185,12 +185,18 @@ fn wire_schema(schema: &SchemaRef, label: &str) -> anyhow::Result<SchemaRef> {
     Ok(Arc::new(Schema::new(fields)))
 }
 
+/// Numbers, and timestamps (a number there is seconds since 1970, as for CSV and `CAST`; Arrow's
+/// JSON decoder would read it in the column's unit), are decoded as their text and converted.
 fn travels_as_text(data_type: &DataType) -> bool {
     data_type.is_integer()
         || data_type.is_floating()
         || matches!(
             data_type,
-            DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+            DataType::Decimal32(..)
+                | DataType::Decimal64(..)
+                | DataType::Decimal128(..)
+                | DataType::Decimal256(..)
+                | DataType::Timestamp(..)
         )
 }
 

@@ -957,6 +957,12 @@ fn literals_meet_decimal_and_double_columns_as_written() {
         rows,
         vec![vec!["5", "-0.5000", "0.125", "0.3333333333333333", "true"], vec!["6", "3.0000", "2.500", "2.6", "false"]]
     );
+    // A whole number for a timestamp column is seconds since 1970 in an INSERT too, as CAST has it.
+    c.sql(0, "CREATE TABLE tsl (id BIGINT, ts TIMESTAMP) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO tsl VALUES (1, 1700000000)");
+    c.sql(0, "INSERT INTO tsl SELECT 2, 1700000000");
+    let rows = c.sql(1, "SELECT id, ts, ts = CAST(1700000000 AS TIMESTAMP) FROM tsl ORDER BY id");
+    assert_eq!(rows, vec![vec!["1", "2023-11-14T22:13:20", "true"], vec!["2", "2023-11-14T22:13:20", "true"]]);
 }
 
 #[test]

@@ -129,6 +129,37 @@ fn other_lossy_casts_are_errors() {
 }
 
 #[test]
+fn fractions_into_integers_are_errors_and_numbers_into_timestamps_are_seconds() {
+    // Arrow's cast would store 18 for 18.7, and read 1700000000 as nanoseconds.
+    let floats =
+        RecordBatch::try_from_iter([("id", Arc::new(Float64Array::from(vec![3.0, 18.7])) as ArrayRef)]).expect("batch");
+    let err = error(round_trip(&floats, &small(), 10, 10));
+    assert_eq!(err, "data.parquet row 2, column \"id\" (file column 1): 18.7 is not an integer (column type Int64)");
+    let whole =
+        RecordBatch::try_from_iter([("id", Arc::new(Float64Array::from(vec![3.0, -4.0])) as ArrayRef)]).expect("batch");
+    let batches = round_trip(&whole, &small(), 10, 10).expect("whole floats");
+    use arrow::array::AsArray;
+    assert_eq!(batches[0].column(0).as_primitive::<arrow::datatypes::Int64Type>().values(), &[3, -4]);
+
+    let ts = schema(&[("ts", DataType::Timestamp(arrow::datatypes::TimeUnit::Nanosecond, None), true)]);
+    let epoch = RecordBatch::try_from_iter([(
+        "ts",
+        Arc::new(arrow::array::Int64Array::from(vec![1_700_000_000, 10_000_000_000_000])) as ArrayRef,
+    )])
+    .expect("batch");
+    let err = error(round_trip(&epoch, &ts, 10, 10));
+    assert!(
+        err.starts_with(
+            "data.parquet row 2, column \"ts\" (file column 1): 10000000000000 (seconds since 1970) is out of range"
+        ),
+        "{err}"
+    );
+    let batches = round_trip(&epoch.slice(0, 1), &ts, 10, 10).expect("seconds");
+    let shown = arrow::util::pretty::pretty_format_batches(&batches).expect("shown").to_string();
+    assert!(shown.contains("2023-11-14T22:13:20"), "{shown}");
+}
+
+#[test]
 fn unknown_and_missing_columns() {
     let file = RecordBatch::try_from_iter([
         ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
