@@ -39,7 +39,8 @@ const CLIENT_KEEPALIVE_TIMEOUT_MS: u64 = 10_000;
 /// How results are printed.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputFormat {
-    /// Aligned text table with a header.
+    /// Aligned text table with a header (text longer than 10 000 characters is cut, marked
+    /// with `…`; csv and json print whole values).
     Table,
     /// CSV with a header row; NULL is an empty field.
     Csv,
@@ -350,6 +351,55 @@ async fn fetch(
     Ok((schema, batches))
 }
 
+/// Longest text value the table format shows whole: laying out a table takes time that grows
+/// faster than the length of its longest value (a 20 MB value did not print in a minute).
+const TABLE_MAX_TEXT_CHARS: usize = 10_000;
+
+/// `batch` with each text value longer than [`TABLE_MAX_TEXT_CHARS`] cut there and ended by `…`.
+fn cut_long_text(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
+    use arrow::array::{Array, ArrayRef, AsArray, StringArray};
+    use arrow::datatypes::DataType;
+    let too_long = |v: &str| v.len() > TABLE_MAX_TEXT_CHARS && v.chars().nth(TABLE_MAX_TEXT_CHARS).is_some();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    let mut changed = false;
+    for column in batch.columns() {
+        let text = match column.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => arrow::compute::cast(column, &DataType::Utf8)?,
+            _ => {
+                columns.push(column.clone());
+                continue;
+            }
+        };
+        let strings = text.as_string::<i32>();
+        if !strings.iter().flatten().any(too_long) {
+            columns.push(column.clone());
+            continue;
+        }
+        changed = true;
+        let cut: StringArray = strings
+            .iter()
+            .map(|v| {
+                v.map(|v| match too_long(v) {
+                    true => format!("{}…", v.chars().take(TABLE_MAX_TEXT_CHARS).collect::<String>()),
+                    false => v.to_string(),
+                })
+            })
+            .collect();
+        columns.push(std::sync::Arc::new(cut) as ArrayRef);
+    }
+    if !changed {
+        return Ok(batch.clone());
+    }
+    let fields: Vec<arrow::datatypes::Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(&columns)
+        .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+        .collect();
+    RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), columns)
+}
+
 /// Writes a result in the chosen format. Results without columns (`SET ...`) print nothing.
 fn render(
     schema: &SchemaRef,
@@ -368,7 +418,8 @@ fn render(
             match batches.iter().any(|b| b.num_rows() > 0) {
                 true => {
                     let options = FormatOptions::default().with_display_error(true).with_null("NULL");
-                    writeln!(out, "{}", pretty_format_batches_with_options(batches, &options)?)?;
+                    let shown = batches.iter().map(cut_long_text).collect::<Result<Vec<_>, _>>()?;
+                    writeln!(out, "{}", pretty_format_batches_with_options(&shown, &options)?)?;
                 }
                 false => writeln!(out, "{}", pretty_format_batches_with_schema(schema.clone(), batches)?)?,
             }
@@ -455,6 +506,24 @@ mod tests {
         ])
         .expect("batch");
         (batch.schema(), batch)
+    }
+
+    #[test]
+    fn a_table_cuts_very_long_text_and_csv_does_not() {
+        use arrow::array::StringArray;
+        let long = "é".repeat(5_000_000);
+        let batch = RecordBatch::try_from_iter([(
+            "s",
+            std::sync::Arc::new(StringArray::from(vec![Some(long.as_str()), Some("short")])) as _,
+        )])
+        .expect("batch");
+        let started = std::time::Instant::now();
+        let table = rendered(std::slice::from_ref(&batch), batch.schema(), OutputFormat::Table);
+        assert!(table.contains(&format!("{}…", "é".repeat(TABLE_MAX_TEXT_CHARS))) && table.contains("short"));
+        assert!(!table.contains(&"é".repeat(TABLE_MAX_TEXT_CHARS + 1)));
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
+        let csv = rendered(&[batch.clone()], batch.schema(), OutputFormat::Csv);
+        assert!(csv.contains(&long));
     }
 
     #[test]
