@@ -522,7 +522,7 @@ mod tests {
         assert!(table.contains(&format!("{}…", "é".repeat(TABLE_MAX_TEXT_CHARS))) && table.contains("short"));
         assert!(!table.contains(&"é".repeat(TABLE_MAX_TEXT_CHARS + 1)));
         assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
-        let csv = rendered(&[batch.clone()], batch.schema(), OutputFormat::Csv);
+        let csv = rendered(std::slice::from_ref(&batch), batch.schema(), OutputFormat::Csv);
         assert!(csv.contains(&long));
     }
 
