@@ -20,7 +20,7 @@ use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
     CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
     CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
-    CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+    CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
@@ -399,13 +399,50 @@ impl FlightSqlService for FlightSqlEndpoint {
         self.run_update(&command.query, &self.session(&request)).await
     }
 
+    /// Runs an update once per row of parameters sent (`executemany`), or once without.
     async fn do_put_prepared_statement_update(
         &self,
         command: CommandPreparedStatementUpdate,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
-        self.run_update(sql_text(&command.prepared_statement_handle)?, &self.session(&request)).await
+        let session = self.session(&request);
+        let sql = sql_text(&command.prepared_statement_handle)?.to_string();
+        let rows = crate::flight_params::bound_rows(request.into_inner()).await?;
+        if rows.is_empty() {
+            return self.run_update(&sql, &session).await;
+        }
+        let mut affected: i64 = 0;
+        for batch in &rows {
+            for row in 0..batch.num_rows() {
+                let bound = crate::flight_params::bind_row(&sql, batch, row)?;
+                affected = affected.saturating_add(self.run_update(&bound, &session).await?);
+            }
+        }
+        Ok(affected)
+    }
+
+    /// Binds a query's parameters: one row of values, spliced into the SQL, which comes back as
+    /// the statement's new handle (see `flight_params`).
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        self.authorize(request.metadata())?;
+        let sql = sql_text(&query.prepared_statement_handle)?.to_string();
+        let rows = crate::flight_params::bound_rows(request.into_inner()).await?;
+        let bound = match rows.as_slice() {
+            [] => return Ok(DoPutPreparedStatementResult { prepared_statement_handle: None }),
+            [batch] if batch.num_rows() == 1 => crate::flight_params::bind_row(&sql, batch, 0)?,
+            _ => {
+                let n: usize = rows.iter().map(|b| b.num_rows()).sum();
+                return Err(Status::invalid_argument(format!(
+                    "a query takes one row of parameters, {n} were sent (several rows are for updates)"
+                )));
+            }
+        };
+        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(bound.into_bytes().into()) })
     }
 
     /// Bulk load (`shardwise load`, ADBC ingest): every batch is received and checked before
@@ -426,14 +463,28 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         self.authorize(request.metadata())?;
-        let planned = self.engine.plan(&query.query, &self.session(&request)).await.map_err(to_status)?;
-        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&planned.schema(), &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| Status::internal(format!("cannot encode the result schema: {e}")))?;
+        // With placeholders, the result is described as planned with NULLs for them; a statement
+        // that cannot be planned so (a NULL where a type matters) is described once bound.
+        let dataset_schema = match crate::flight_params::with_nulls(&query.query)? {
+            None => {
+                let planned = self.engine.plan(&query.query, &self.session(&request)).await.map_err(to_status)?;
+                Some(planned.schema())
+            }
+            Some(nulls) => self.engine.plan(&nulls, &self.session(&request)).await.ok().map(|p| p.schema()),
+        };
+        let dataset_schema = match dataset_schema {
+            Some(schema) => {
+                let IpcMessage(bytes) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default()).try_into().map_err(
+                    |e: arrow::error::ArrowError| Status::internal(format!("cannot encode the result schema: {e}")),
+                )?;
+                bytes
+            }
+            None => Default::default(),
+        };
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into(),
             dataset_schema,
-            // No parameters yet: `$1` placeholders are not bound.
+            // Values are bound by the client's DoPut, whatever their types.
             parameter_schema: Default::default(),
         })
     }

@@ -160,6 +160,21 @@ async fn anonymous_update_prepared_and_sql_info() {
     assert!(pretty_format_batches(&batches).expect("fmt").to_string().contains("| 2 |"));
     prepared.close().await.expect("close");
 
+    // With parameters (`?` as ADBC and JDBC write them, or `$n`): the values the client binds
+    // are spliced in, and the statement's new handle runs them.
+    let mut prepared = client.prepare("SELECT ? + 1 AS x, $2 AS s".to_string(), None).await.expect("prepare");
+    let values = RecordBatch::try_from_iter([
+        ("a", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![41])) as _),
+        ("b", std::sync::Arc::new(datafusion::arrow::array::StringArray::from(vec!["it's"])) as _),
+    ])
+    .expect("values");
+    prepared.set_parameters(values).expect("bind");
+    let info = prepared.execute().await.expect("execute bound");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+    let shown = pretty_format_batches(&batches).expect("fmt").to_string();
+    assert!(shown.contains("| 42 | it's |"), "{shown}");
+
     // Server description.
     let info = client.get_sql_info(vec![SqlInfo::FlightSqlServerName]).await.expect("sql info");
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");

@@ -15,7 +15,7 @@ use pgwire::api::Type;
 use pgwire::api::portal::Portal;
 use pgwire::error::PgWireResult;
 use rust_decimal::Decimal;
-use shardwise_query::sql_split::LineStarts;
+use shardwise_query::placeholders::{self, PlaceholderError};
 use shardwise_query::sql_text::string_literal;
 
 use super::Statement;
@@ -161,18 +161,16 @@ pub fn null_of(ty: Option<&Type>) -> String {
 
 /// How many parameters `sql` uses: its highest `$n`.
 pub fn count(sql: &str) -> PgWireResult<usize> {
-    let dialect = GenericDialect {};
-    let tokens = Tokenizer::new(&dialect, sql)
-        .tokenize()
-        .map_err(|e| syntax_error(format!("cannot read the statement: {e}")))?;
-    Ok(tokens
-        .iter()
-        .filter_map(|t| match t {
-            Token::Placeholder(name) => name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0))
+    placeholders::count(sql).map_err(placeholder_error)
+}
+
+/// A splicing failure as PostgreSQL reports it.
+fn placeholder_error(e: PlaceholderError) -> pgwire::error::PgWireError {
+    match e {
+        PlaceholderError::Syntax(_) => syntax_error(e.to_string()),
+        PlaceholderError::Unsupported(_) => error("42P02", e.to_string()),
+        PlaceholderError::Missing { .. } => error("08P01", e.to_string()),
+    }
 }
 
 /// The portal's statement with its parameters spliced in.
@@ -222,29 +220,7 @@ fn any_operands(sql: &str) -> PgWireResult<Vec<usize>> {
 
 /// `sql` with each `$n` replaced by `literals[n - 1]`.
 pub fn splice(sql: &str, literals: &[String]) -> PgWireResult<String> {
-    let dialect = GenericDialect {};
-    let tokens = Tokenizer::new(&dialect, sql)
-        .tokenize_with_location()
-        .map_err(|e| syntax_error(format!("cannot read the statement: {e}")))?;
-    let lines = LineStarts::new(sql);
-    let mut out = String::with_capacity(sql.len());
-    let mut copied = 0;
-    for token in &tokens {
-        let Token::Placeholder(name) = &token.token else { continue };
-        let number: usize = name
-            .strip_prefix('$')
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| error("42P02", format!("parameter {name}: only $1, $2, ... are supported")))?;
-        let value = number.checked_sub(1).and_then(|i| literals.get(i)).ok_or_else(|| {
-            error("08P01", format!("the statement uses ${number} but {} parameters were bound", literals.len()))
-        })?;
-        let (start, end) = (lines.offset(token.span.start), lines.offset(token.span.end));
-        out.push_str(&sql[copied..start]);
-        out.push_str(value);
-        copied = end;
-    }
-    out.push_str(&sql[copied..]);
-    Ok(out)
+    placeholders::splice(sql, literals).map_err(placeholder_error)
 }
 
 #[cfg(test)]

@@ -1,0 +1,86 @@
+//! Bound parameters spliced into a statement's text, for the protocols whose drivers send a
+//! statement with placeholders and its values apart: PostgreSQL's extended protocol (`$1`) and
+//! Flight SQL prepared statements (`$1` or `?`, as ADBC and JDBC write them).
+//!
+//! Each value arrives here already written as one SQL literal (the caller's job, from the value's
+//! type); only the placeholder tokens the tokenizer finds are replaced, so a literal can never
+//! become SQL of its own and the rest of the statement is kept byte for byte.
+
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+
+use crate::sql_split::LineStarts;
+
+/// Why parameters could not be spliced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceholderError {
+    #[error("cannot read the statement: {0}")]
+    Syntax(String),
+    #[error("parameter {0}: only $1, $2, ... and ? are supported")]
+    Unsupported(String),
+    #[error("the statement uses parameter {used} but {bound} parameters were bound")]
+    Missing { used: usize, bound: usize },
+}
+
+/// Which parameter each placeholder of `sql` takes, 1-based, in the order they appear: `$n` is
+/// `n`, and each `?` the next after the `?`s before it.
+fn numbered(sql: &str) -> Result<Vec<(usize, std::ops::Range<usize>)>, PlaceholderError> {
+    let dialect = GenericDialect {};
+    let tokens =
+        Tokenizer::new(&dialect, sql).tokenize_with_location().map_err(|e| PlaceholderError::Syntax(e.to_string()))?;
+    let lines = LineStarts::new(sql);
+    let mut question_marks = 0;
+    let mut found = Vec::new();
+    for token in &tokens {
+        let Token::Placeholder(name) = &token.token else { continue };
+        let number = match name.as_str() {
+            "?" => {
+                question_marks += 1;
+                question_marks
+            }
+            _ => name
+                .strip_prefix('$')
+                .and_then(|n| n.parse().ok())
+                .filter(|&n: &usize| n > 0)
+                .ok_or_else(|| PlaceholderError::Unsupported(name.clone()))?,
+        };
+        found.push((number, lines.offset(token.span.start)..lines.offset(token.span.end)));
+    }
+    Ok(found)
+}
+
+/// How many parameters `sql` takes: its highest `$n`, or its number of `?`.
+pub fn count(sql: &str) -> Result<usize, PlaceholderError> {
+    Ok(numbered(sql)?.into_iter().map(|(n, _)| n).max().unwrap_or(0))
+}
+
+/// `sql` with each placeholder replaced by its parameter's literal (`literals[n - 1]`).
+pub fn splice(sql: &str, literals: &[String]) -> Result<String, PlaceholderError> {
+    let mut out = String::with_capacity(sql.len());
+    let mut copied = 0;
+    for (number, span) in numbered(sql)? {
+        let value =
+            literals.get(number - 1).ok_or(PlaceholderError::Missing { used: number, bound: literals.len() })?;
+        out.push_str(&sql[copied..span.start]);
+        out.push_str(value);
+        copied = span.end;
+    }
+    out.push_str(&sql[copied..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollar_and_question_mark_placeholders() {
+        let literals = ["1".to_string(), "'a''b'".to_string()];
+        assert_eq!(splice("SELECT $2, $1, '$1'", &literals).unwrap(), "SELECT 'a''b', 1, '$1'");
+        assert_eq!(splice("SELECT ? + ?, '?'", &literals).unwrap(), "SELECT 1 + 'a''b', '?'");
+        assert_eq!(count("SELECT ?, ?, ?").unwrap(), 3);
+        assert_eq!(count("SELECT $3").unwrap(), 3);
+        assert_eq!(splice("SELECT $3", &literals), Err(PlaceholderError::Missing { used: 3, bound: 2 }));
+        assert!(matches!(splice("SELECT $0", &literals), Err(PlaceholderError::Unsupported(_))));
+    }
+}

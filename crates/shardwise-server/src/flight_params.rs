@@ -1,0 +1,97 @@
+//! Parameters of Flight SQL prepared statements, as ADBC and JDBC bind them: the client sends
+//! the values as Arrow rows (`DoPut` on the prepared statement), one row per execution.
+//!
+//! The service is stateless: a prepared statement's handle is its SQL. A query's one row of
+//! values is spliced into that SQL as literals ([`shardwise_query::placeholders`]), and the
+//! spliced text goes back as the statement's new handle, which Flight SQL lets a server return
+//! for exactly this; the client's `GetFlightInfo` then runs it. An update (`executemany`) runs
+//! once per row sent, in order, and reports the rows affected in all.
+
+use arrow::array::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::sql::server::PeekableFlightDataStream;
+use datafusion::common::ScalarValue;
+use datafusion::logical_expr::Expr;
+use datafusion::sql::unparser::Unparser;
+use futures::{StreamExt, TryStreamExt};
+use shardwise_query::placeholders::{self, PlaceholderError};
+use tonic::Status;
+
+/// The rows of values a `DoPut` on a prepared statement carries.
+pub async fn bound_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
+    let mut decoder = FlightDataDecoder::new(stream.map_err(Into::into));
+    let mut batches = Vec::new();
+    while let Some(message) = decoder.next().await {
+        let message = message.map_err(|e| Status::invalid_argument(format!("the bound parameters: {e}")))?;
+        if let DecodedPayload::RecordBatch(batch) = message.payload
+            && batch.num_rows() > 0
+        {
+            batches.push(batch);
+        }
+    }
+    Ok(batches)
+}
+
+/// `sql` with the values of `row` of `batch` spliced in for its placeholders.
+pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, Status> {
+    let unparser = Unparser::default();
+    let literals = batch
+        .columns()
+        .iter()
+        .enumerate()
+        .map(|(index, column)| {
+            let value = ScalarValue::try_from_array(column, row).map_err(|e| parameter_error(index, column, e))?;
+            unparser
+                .expr_to_sql(&Expr::Literal(value, None))
+                .map(|literal| literal.to_string())
+                .map_err(|e| parameter_error(index, column, e))
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    placeholders::splice(sql, &literals).map_err(placeholder_status)
+}
+
+/// `sql` with a NULL for each placeholder: planned to describe a prepared statement's result
+/// before its values are known.
+pub fn with_nulls(sql: &str) -> Result<Option<String>, Status> {
+    match placeholders::count(sql).map_err(placeholder_status)? {
+        0 => Ok(None),
+        n => placeholders::splice(sql, &vec!["NULL".to_string(); n]).map(Some).map_err(placeholder_status),
+    }
+}
+
+fn parameter_error(index: usize, column: &arrow::array::ArrayRef, e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("parameter {} of type {} cannot be bound: {e}", index + 1, column.data_type()))
+}
+
+fn placeholder_status(e: PlaceholderError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Date32Array, Float64Array, Int64Array, StringArray};
+
+    use super::*;
+
+    #[test]
+    fn a_row_of_values_becomes_literals() {
+        let batch = RecordBatch::try_from_iter([
+            ("a", Arc::new(Int64Array::from(vec![Some(5), None])) as ArrayRef),
+            ("b", Arc::new(StringArray::from(vec!["it's; DROP TABLE t", "x"])) as ArrayRef),
+            ("c", Arc::new(Float64Array::from(vec![1.5, 2.0])) as ArrayRef),
+            ("d", Arc::new(Date32Array::from(vec![19_753, 0])) as ArrayRef),
+        ])
+        .unwrap();
+        let sql = bind_row("SELECT * FROM t WHERE a = ? AND b = ? AND c = $3 AND d = $4", &batch, 0).unwrap();
+        assert!(
+            sql.starts_with("SELECT * FROM t WHERE a = 5 AND b = 'it''s; DROP TABLE t' AND c = 1.5 AND d = "),
+            "{sql}"
+        );
+        assert!(sql.contains("2024-01-31"), "{sql}");
+        assert!(bind_row("SELECT ?", &batch, 1).unwrap().contains("NULL"));
+        assert_eq!(with_nulls("SELECT ? + $2").unwrap().as_deref(), Some("SELECT NULL + NULL"));
+        assert_eq!(with_nulls("SELECT 1").unwrap(), None);
+    }
+}
