@@ -14,6 +14,7 @@
 //! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
 //! ([`params`]).
 
+mod cancel;
 mod copy;
 mod copy_csv;
 mod copy_in;
@@ -123,7 +124,9 @@ struct Connection {
 impl Connection {
     fn new(engine: Arc<QueryEngine>, startup: Arc<startup::Startup>) -> Connection {
         let session = Arc::new(Session::new());
-        Connection { handler: Arc::new(Handler { engine, session, copy_in: Default::default() }), startup }
+        let cancels = startup.cancels();
+        let handler = Handler { engine, session, copy_in: Default::default(), cancels, cancel: Default::default() };
+        Connection { handler: Arc::new(handler), startup }
     }
 }
 
@@ -143,6 +146,10 @@ impl PgWireServerHandlers for Connection {
     fn copy_handler(&self) -> Arc<impl CopyHandler> {
         Arc::clone(&self.handler)
     }
+
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        Arc::new(cancel::CancelRequests(self.startup.cancels()))
+    }
 }
 
 /// Runs statements in the connection's session.
@@ -151,6 +158,17 @@ struct Handler {
     session: Arc<Session>,
     /// The `COPY ... FROM STDIN` whose data is arriving, if any.
     copy_in: std::sync::Mutex<Option<copy_in::PendingCopyIn>>,
+    /// The node's cancel counters, and this connection's, registered at its first statement.
+    cancels: Arc<cancel::Cancels>,
+    cancel: std::sync::OnceLock<cancel::Registration>,
+}
+
+impl Handler {
+    /// What a cancel request for this connection moves, for the statement about to run.
+    fn cancel_signal<C: ClientInfo>(&self, client: &C) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let (pid, secret_key) = client.pid_and_secret_key();
+        Some(self.cancel.get_or_init(|| self.cancels.register(pid, &secret_key)).signal())
+    }
 }
 
 /// A statement of the extended protocol: its SQL and, once planned, its result columns.
@@ -328,7 +346,13 @@ impl Handler {
 
     /// Runs one statement. Rows stream when `stream` is set; otherwise the statement runs to
     /// completion here (statements that follow it in the same simple query see its effect).
-    async fn run(&self, sql: &str, format: &Format, stream: bool) -> PgWireResult<Response> {
+    async fn run(
+        &self,
+        sql: &str,
+        format: &Format,
+        stream: bool,
+        cancel: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> PgWireResult<Response> {
         match kind_of(sql) {
             Kind::Begin => return Ok(Response::TransactionStart(Tag::new("BEGIN"))),
             Kind::Commit => return Ok(Response::TransactionEnd(Tag::new("COMMIT"))),
@@ -348,8 +372,9 @@ impl Handler {
             Ok(batch) => Ok(batch),
             Err(e) => Err(pg_error(QueryError::from(e))),
         };
+        let results = cancel::cancellable(results.map(rows_of), cancel);
         if schema.fields().is_empty() || is_count(&schema) {
-            let batches: Vec<RecordBatch> = results.map(rows_of).try_collect().await?;
+            let batches: Vec<RecordBatch> = results.try_collect().await?;
             let tag = command_tag(sql);
             return Ok(Response::Execution(if tag == "INSERT" {
                 Tag::new("INSERT").with_oid(0).with_rows(affected_rows(&batches))
@@ -359,7 +384,7 @@ impl Handler {
         }
         let fields: Arc<Vec<FieldInfo>> = Arc::new(encode::fields(&schema, format));
         let row_fields = Arc::clone(&fields);
-        let rows = results.map(rows_of).and_then(move |batch| {
+        let rows = results.and_then(move |batch| {
             future::ready(encode::rows(&batch, &row_fields).map(|rows| stream::iter(rows.into_iter().map(Ok))))
         });
         let rows = rows.try_flatten();
@@ -429,7 +454,8 @@ impl SimpleQueryHandler for Handler {
                     if kind_of(&statement.text) == Kind::Deallocate {
                         deallocate(client.portal_store(), &statement.text);
                     }
-                    self.run(&statement.text, &encode::text_format(), i == last).await
+                    let signal = self.cancel_signal(client);
+                    self.run(&statement.text, &encode::text_format(), i == last, signal).await
                 }
                 Err(e) => Err(syntax_error(format!("line {}: {}", e.line, e.message))),
             };
@@ -484,10 +510,13 @@ impl ExtendedQueryHandler for Handler {
     type QueryParser = Handler;
 
     fn query_parser(&self) -> Arc<Handler> {
+        // The parser only plans: it never runs a statement, so it needs no cancel counter.
         Arc::new(Handler {
             engine: Arc::clone(&self.engine),
             session: Arc::clone(&self.session),
             copy_in: Default::default(),
+            cancels: Arc::clone(&self.cancels),
+            cancel: Default::default(),
         })
     }
 
@@ -503,9 +532,11 @@ impl ExtendedQueryHandler for Handler {
         }
         if portal.statement.statement.parameters || portal.parameter_len() > 0 {
             let sql = params::bind(portal)?;
-            return self.run(&sql, &portal.result_column_format, true).await;
+            let signal = self.cancel_signal(client);
+            return self.run(&sql, &portal.result_column_format, true, signal).await;
         }
-        self.run(&portal.statement.statement.sql, &portal.result_column_format, true).await
+        let signal = self.cancel_signal(client);
+        self.run(&portal.statement.statement.sql, &portal.result_column_format, true, signal).await
     }
 
     /// The columns of a bound statement: with parameters, planned with their values.

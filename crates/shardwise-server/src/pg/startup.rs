@@ -10,9 +10,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::Sink;
 use pgwire::api::ClientInfo;
+use pgwire::api::ConnectionManager;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::sasl::scram::{ScramAuth, ScramSecret};
+
+use super::cancel::Cancels;
 use pgwire::api::auth::{AuthSource, DefaultServerParameterProvider, LoginInfo, Password, StartupHandler};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
@@ -25,13 +28,25 @@ pub struct Startup {
     users: Arc<Users>,
     scram: SASLAuthStartupHandler<DefaultServerParameterProvider>,
     trust: Trust,
+    /// Every connection that has started, by the process id and secret key it was given, for
+    /// cancel requests (`super::cancel`).
+    cancels: Arc<Cancels>,
 }
 
 impl Startup {
     pub fn new(users: Arc<Users>) -> Startup {
+        let connections = Arc::new(ConnectionManager::new());
         let scram = ScramAuth::new(Arc::new(Verifiers(Arc::clone(&users))));
-        let scram = SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default())).with_scram(scram);
-        Startup { users, scram, trust: Trust }
+        let scram = SASLAuthStartupHandler::new(Arc::new(DefaultServerParameterProvider::default()))
+            .with_scram(scram)
+            .with_connection_manager(Arc::clone(&connections));
+        let cancels = Arc::new(Cancels::new(Arc::clone(&connections)));
+        Startup { users, scram, trust: Trust(connections), cancels }
+    }
+
+    /// The registry of started connections, for cancel requests.
+    pub fn cancels(&self) -> Arc<Cancels> {
+        Arc::clone(&self.cancels)
     }
 }
 
@@ -80,9 +95,13 @@ impl StartupHandler for Startup {
 }
 
 /// Startup without a password exchange (no users configured).
-struct Trust;
+struct Trust(Arc<ConnectionManager>);
 
-impl NoopStartupHandler for Trust {}
+impl NoopStartupHandler for Trust {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(Arc::clone(&self.0))
+    }
+}
 
 /// The configured users' SCRAM verifiers.
 #[derive(Debug)]

@@ -230,6 +230,20 @@ with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwi
     auto.execute("SET distributed_group_by_no_merge = 1")
     n = auto.execute("SELECT count(*) FROM sales").fetchall()
     assert len(n) == 2, n  # one partial count per shard: the session setting holds
+# A cancel request (psql's Ctrl-C; psycopg's conn.cancel()) stops the running statement with
+# 57014 and leaves the connection usable.
+import threading, time
+slow = psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True)
+threading.Timer(0.5, slow.cancel).start()
+started = time.time()
+try:
+    slow.execute("SELECT count(*) FROM generate_series(1, 100000000000)")
+    raise SystemExit("the statement was not cancelled")
+except psycopg.errors.QueryCanceled:
+    pass
+assert time.time() - started < 15, time.time() - started
+assert slow.execute("SELECT 7").fetchone() == (7,)
+slow.close()
 try:
     psycopg.connect(host="{host}", port={port}, user="default", dbname="other")
     raise SystemExit("connected to another database")
