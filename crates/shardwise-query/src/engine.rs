@@ -381,17 +381,17 @@ impl QueryEngine {
             }
             Classified::DataFusion(statement) => statement,
         };
-        let retry = statement.clone();
-        let plan = match state.statement_to_plan(statement).await {
+        // Kept for a second planning only for a query (an INSERT's VALUES can be large).
+        let retry = repeated_items::is_query(&statement).then(|| statement.clone());
+        let plan = match (state.statement_to_plan(statement).await, retry) {
             // Items whose DataFusion names collide though their texts differ (`x, CAST(x AS
             // DOUBLE)` are both `x` to it): planned again with each unaliased expression named
             // by its text, as DuckDB names them.
-            Err(e) if repeated_items::is_name_collision(&e) => {
-                let mut named = retry;
+            (Err(e), Some(mut named)) if repeated_items::is_name_collision(&e) => {
                 repeated_items::name_expressions_by_text(&mut named);
                 state.statement_to_plan(named).await
             }
-            planned => planned,
+            (planned, _) => planned,
         }
         .map_err(|e| match crate::insert_values::rephrase_row_length(&e.strip_backtrace()) {
             Some(message) => QueryError::Rejected(message),

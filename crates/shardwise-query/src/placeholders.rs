@@ -22,9 +22,18 @@ pub enum PlaceholderError {
     Missing { used: usize, bound: usize },
 }
 
+/// Which placeholders a protocol has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// `$1`, `$2`, ... only (PostgreSQL).
+    Dollar,
+    /// `$n` or `?` (Flight SQL clients: ADBC and JDBC write `?`).
+    DollarOrQuestionMark,
+}
+
 /// Which parameter each placeholder of `sql` takes, 1-based, in the order they appear: `$n` is
 /// `n`, and each `?` the next after the `?`s before it.
-fn numbered(sql: &str) -> Result<Vec<(usize, std::ops::Range<usize>)>, PlaceholderError> {
+fn numbered(sql: &str, style: Style) -> Result<Vec<(usize, std::ops::Range<usize>)>, PlaceholderError> {
     let dialect = GenericDialect {};
     let tokens =
         Tokenizer::new(&dialect, sql).tokenize_with_location().map_err(|e| PlaceholderError::Syntax(e.to_string()))?;
@@ -34,7 +43,7 @@ fn numbered(sql: &str) -> Result<Vec<(usize, std::ops::Range<usize>)>, Placehold
     for token in &tokens {
         let Token::Placeholder(name) = &token.token else { continue };
         let number = match name.as_str() {
-            "?" => {
+            "?" if style == Style::DollarOrQuestionMark => {
                 question_marks += 1;
                 question_marks
             }
@@ -50,19 +59,27 @@ fn numbered(sql: &str) -> Result<Vec<(usize, std::ops::Range<usize>)>, Placehold
 }
 
 /// How many parameters `sql` takes: its highest `$n`, or its number of `?`.
-pub fn count(sql: &str) -> Result<usize, PlaceholderError> {
-    Ok(numbered(sql)?.into_iter().map(|(n, _)| n).max().unwrap_or(0))
+pub fn count(sql: &str, style: Style) -> Result<usize, PlaceholderError> {
+    Ok(numbered(sql, style)?.into_iter().map(|(n, _)| n).max().unwrap_or(0))
 }
 
-/// `sql` with each placeholder replaced by its parameter's literal (`literals[n - 1]`).
-pub fn splice(sql: &str, literals: &[String]) -> Result<String, PlaceholderError> {
+/// `sql` with each placeholder replaced by its parameter's literal (`literals[n - 1]`). A literal
+/// that starts with `-` is put in parentheses, so that `-$1` with `-5` is not `--5`, a comment.
+pub fn splice(sql: &str, literals: &[String], style: Style) -> Result<String, PlaceholderError> {
     let mut out = String::with_capacity(sql.len());
     let mut copied = 0;
-    for (number, span) in numbered(sql)? {
+    for (number, span) in numbered(sql, style)? {
         let value =
             literals.get(number - 1).ok_or(PlaceholderError::Missing { used: number, bound: literals.len() })?;
         out.push_str(&sql[copied..span.start]);
-        out.push_str(value);
+        match value.starts_with('-') {
+            true => {
+                out.push('(');
+                out.push_str(value);
+                out.push(')');
+            }
+            false => out.push_str(value),
+        }
         copied = span.end;
     }
     out.push_str(&sql[copied..]);
@@ -75,12 +92,16 @@ mod tests {
 
     #[test]
     fn dollar_and_question_mark_placeholders() {
+        use Style::{Dollar, DollarOrQuestionMark as Both};
         let literals = ["1".to_string(), "'a''b'".to_string()];
-        assert_eq!(splice("SELECT $2, $1, '$1'", &literals).unwrap(), "SELECT 'a''b', 1, '$1'");
-        assert_eq!(splice("SELECT ? + ?, '?'", &literals).unwrap(), "SELECT 1 + 'a''b', '?'");
-        assert_eq!(count("SELECT ?, ?, ?").unwrap(), 3);
-        assert_eq!(count("SELECT $3").unwrap(), 3);
-        assert_eq!(splice("SELECT $3", &literals), Err(PlaceholderError::Missing { used: 3, bound: 2 }));
-        assert!(matches!(splice("SELECT $0", &literals), Err(PlaceholderError::Unsupported(_))));
+        assert_eq!(splice("SELECT $2, $1, '$1'", &literals, Dollar).unwrap(), "SELECT 'a''b', 1, '$1'");
+        assert_eq!(splice("SELECT ? + ?, '?'", &literals, Both).unwrap(), "SELECT 1 + 'a''b', '?'");
+        assert_eq!(count("SELECT ?, ?, ?", Both).unwrap(), 3);
+        assert!(count("SELECT ?", Dollar).is_err(), "PostgreSQL has no ? placeholder");
+        assert_eq!(count("SELECT $3", Dollar).unwrap(), 3);
+        assert_eq!(splice("SELECT $3", &literals, Dollar), Err(PlaceholderError::Missing { used: 3, bound: 2 }));
+        assert!(matches!(splice("SELECT $0", &literals, Dollar), Err(PlaceholderError::Unsupported(_))));
+        // A negative value after a minus is not a comment.
+        assert_eq!(splice("SELECT 1 -$1", &["-5".to_string()], Dollar).unwrap(), "SELECT 1 -(-5)");
     }
 }

@@ -22,6 +22,17 @@ pub fn name_repeated_items(statement: &mut DfStatement) {
     visit_statement_mut(statement, &mut Renamer);
 }
 
+/// Whether `statement` is a query (or the EXPLAIN of one).
+pub fn is_query(statement: &DfStatement) -> bool {
+    match statement {
+        DfStatement::Statement(statement) => {
+            matches!(statement.as_ref(), datafusion::sql::sqlparser::ast::Statement::Query(_))
+        }
+        DfStatement::Explain(explain) => is_query(&explain.statement),
+        _ => false,
+    }
+}
+
 /// Whether planning failed because two SELECT items got the same name from DataFusion.
 pub fn is_name_collision(e: &datafusion::error::DataFusionError) -> bool {
     e.to_string().contains("Projections require unique expression names")

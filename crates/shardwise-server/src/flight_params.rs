@@ -3,9 +3,11 @@
 //!
 //! The service is stateless: a prepared statement's handle is its SQL. A query's one row of
 //! values is spliced into that SQL as literals ([`shardwise_query::placeholders`]), and the
-//! spliced text goes back as the statement's new handle, which Flight SQL lets a server return
-//! for exactly this; the client's `GetFlightInfo` then runs it. An update (`executemany`) runs
-//! once per row sent, in order, and reports the rows affected in all.
+//! statement's new handle, which Flight SQL lets a server return for exactly this, carries both
+//! the SQL as prepared and the spliced text ([`Handle`]): the client's `GetFlightInfo` runs the
+//! spliced text, and values bound again later are spliced into the SQL as prepared. An update
+//! (`executemany`) runs once per row sent, in order, and reports the rows affected in all; a
+//! row that fails stops it, the rows before it applied (there are no transactions).
 
 use arrow::array::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -14,8 +16,42 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Expr;
 use datafusion::sql::unparser::Unparser;
 use futures::{StreamExt, TryStreamExt};
-use shardwise_query::placeholders::{self, PlaceholderError};
+use shardwise_query::placeholders::{self, PlaceholderError, Style};
 use tonic::Status;
+
+/// Start of a handle that carries bound values (a plain handle is SQL, which cannot start so).
+const BOUND_HANDLE_PREFIX: &[u8] = b"\0shardwise-bound-v1\0";
+
+/// A prepared statement's handle: the SQL as prepared, and the SQL with its values once bound.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Handle {
+    pub sql: String,
+    pub bound: Option<String>,
+}
+
+impl Handle {
+    pub fn parse(bytes: &[u8]) -> Result<Handle, Status> {
+        match bytes.strip_prefix(BOUND_HANDLE_PREFIX) {
+            Some(json) => serde_json::from_slice(json)
+                .map_err(|e| Status::invalid_argument(format!("not a prepared statement handle of this server: {e}"))),
+            None => std::str::from_utf8(bytes)
+                .map(|sql| Handle { sql: sql.to_string(), bound: None })
+                .map_err(|_| Status::invalid_argument("statement is not UTF-8")),
+        }
+    }
+
+    /// The handle of this statement bound as `bound`.
+    pub fn with_bound(&self, bound: String) -> Result<Vec<u8>, Status> {
+        let handle = Handle { sql: self.sql.clone(), bound: Some(bound) };
+        let json = serde_json::to_vec(&handle).map_err(|e| Status::internal(format!("cannot encode a handle: {e}")))?;
+        Ok([BOUND_HANDLE_PREFIX, &json].concat())
+    }
+
+    /// What runs: the bound SQL, else the SQL as prepared.
+    pub fn runnable(&self) -> &str {
+        self.bound.as_deref().unwrap_or(&self.sql)
+    }
+}
 
 /// The rows of values a `DoPut` on a prepared statement carries.
 pub async fn bound_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
@@ -32,8 +68,16 @@ pub async fn bound_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBa
     Ok(batches)
 }
 
-/// `sql` with the values of `row` of `batch` spliced in for its placeholders.
+/// `sql` with the values of `row` of `batch` spliced in for its placeholders, one value per
+/// placeholder.
 pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, Status> {
+    let wanted = placeholders::count(sql, Style::DollarOrQuestionMark).map_err(placeholder_status)?;
+    if batch.num_columns() != wanted {
+        return Err(Status::invalid_argument(format!(
+            "{} values were bound, the statement takes {wanted}",
+            batch.num_columns()
+        )));
+    }
     let unparser = Unparser::default();
     let literals = batch
         .columns()
@@ -47,15 +91,17 @@ pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, St
                 .map_err(|e| parameter_error(index, column, e))
         })
         .collect::<Result<Vec<_>, Status>>()?;
-    placeholders::splice(sql, &literals).map_err(placeholder_status)
+    placeholders::splice(sql, &literals, Style::DollarOrQuestionMark).map_err(placeholder_status)
 }
 
 /// `sql` with a NULL for each placeholder: planned to describe a prepared statement's result
 /// before its values are known.
 pub fn with_nulls(sql: &str) -> Result<Option<String>, Status> {
-    match placeholders::count(sql).map_err(placeholder_status)? {
+    match placeholders::count(sql, Style::DollarOrQuestionMark).map_err(placeholder_status)? {
         0 => Ok(None),
-        n => placeholders::splice(sql, &vec!["NULL".to_string(); n]).map(Some).map_err(placeholder_status),
+        n => placeholders::splice(sql, &vec!["NULL".to_string(); n], Style::DollarOrQuestionMark)
+            .map(Some)
+            .map_err(placeholder_status),
     }
 }
 
@@ -90,7 +136,12 @@ mod tests {
             "{sql}"
         );
         assert!(sql.contains("2024-01-31"), "{sql}");
-        assert!(bind_row("SELECT ?", &batch, 1).unwrap().contains("NULL"));
+        assert!(bind_row("SELECT ?, ?, ?, ?", &batch, 1).unwrap().contains("NULL"));
+        assert!(bind_row("SELECT ?", &batch, 0).unwrap_err().message().contains("4 values were bound"));
+        // A bound handle keeps the SQL as prepared, for values bound again.
+        let handle = Handle::parse(b"SELECT ?").unwrap();
+        let bound = Handle::parse(&handle.with_bound("SELECT 5".into()).unwrap()).unwrap();
+        assert_eq!((bound.sql.as_str(), bound.runnable()), ("SELECT ?", "SELECT 5"));
         assert_eq!(with_nulls("SELECT ? + $2").unwrap().as_deref(), Some("SELECT NULL + NULL"));
         assert_eq!(with_nulls("SELECT 1").unwrap(), None);
     }

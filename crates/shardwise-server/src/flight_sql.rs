@@ -246,7 +246,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.authorize(request.metadata())?;
-        let sql = sql_text(&query.prepared_statement_handle)?.to_string();
+        let sql = crate::flight_params::Handle::parse(&query.prepared_statement_handle)?.runnable().to_string();
         let ticket = Ticket::new(query.as_any().encode_to_vec());
         let info = self.flight_info(&sql, ticket, request).await?;
         Ok(Response::new(info))
@@ -290,7 +290,8 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
-        self.do_get_sql(sql_text(&query.prepared_statement_handle)?, &self.session(&request)).await
+        let handle = crate::flight_params::Handle::parse(&query.prepared_statement_handle)?;
+        self.do_get_sql(handle.runnable(), &self.session(&request)).await
     }
 
     async fn do_get_sql_info(
@@ -407,10 +408,11 @@ impl FlightSqlService for FlightSqlEndpoint {
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
         let session = self.session(&request);
-        let sql = sql_text(&command.prepared_statement_handle)?.to_string();
+        let handle = crate::flight_params::Handle::parse(&command.prepared_statement_handle)?;
+        let sql = handle.sql.clone();
         let rows = crate::flight_params::bound_rows(request.into_inner()).await?;
         if rows.is_empty() {
-            return self.run_update(&sql, &session).await;
+            return self.run_update(handle.runnable(), &session).await;
         }
         let mut affected: i64 = 0;
         for batch in &rows {
@@ -430,11 +432,11 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         self.authorize(request.metadata())?;
-        let sql = sql_text(&query.prepared_statement_handle)?.to_string();
+        let handle = crate::flight_params::Handle::parse(&query.prepared_statement_handle)?;
         let rows = crate::flight_params::bound_rows(request.into_inner()).await?;
         let bound = match rows.as_slice() {
             [] => return Ok(DoPutPreparedStatementResult { prepared_statement_handle: None }),
-            [batch] if batch.num_rows() == 1 => crate::flight_params::bind_row(&sql, batch, 0)?,
+            [batch] if batch.num_rows() == 1 => crate::flight_params::bind_row(&handle.sql, batch, 0)?,
             _ => {
                 let n: usize = rows.iter().map(|b| b.num_rows()).sum();
                 return Err(Status::invalid_argument(format!(
@@ -442,7 +444,7 @@ impl FlightSqlService for FlightSqlEndpoint {
                 )));
             }
         };
-        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(bound.into_bytes().into()) })
+        Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(handle.with_bound(bound)?.into()) })
     }
 
     /// Bulk load (`shardwise load`, ADBC ingest): every batch is received and checked before

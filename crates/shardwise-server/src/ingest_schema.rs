@@ -10,14 +10,15 @@
 //! - Columns are matched to the table's by name (exactly, else ignoring case), in any order; a
 //!   column the table lacks is an error, a nullable table column the batch lacks is NULL, and a
 //!   column of another type is cast to the table's with Arrow's checked cast (a value that does
-//!   not fit fails the ingest, naming the column).
+//!   not fit fails the ingest, naming the column), except that, as `shardwise load` reads them, a
+//!   whole number for a timestamp is seconds since 1970 and a fraction for an integer is refused.
 
 use std::sync::Arc;
 
 use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
-use datafusion::arrow::array::{ArrayRef, new_null_array};
+use datafusion::arrow::array::{ArrayRef, AsArray, new_null_array};
 use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::util::display::FormatOptions;
 use tonic::Status;
@@ -105,14 +106,32 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
                 if column.data_type() == field.data_type() {
                     Arc::clone(column)
                 } else if can_cast_types(column.data_type(), field.data_type()) {
-                    cast_with_options(column, field.data_type(), &options).map_err(|e| {
+                    let failed = |e: datafusion::arrow::error::ArrowError| {
                         refuse(format!(
                             "column {:?}: a {} value does not convert to the column's type {} ({e})",
                             field.name(),
                             column.data_type(),
                             field.data_type()
                         ))
-                    })?
+                    };
+                    match (column.data_type(), field.data_type()) {
+                        // A whole number for a timestamp is seconds since 1970, as `CAST` and
+                        // `shardwise load` read it (Arrow's cast reads the column's unit).
+                        (from, DataType::Timestamp(_, zone)) if from.is_integer() => {
+                            let seconds = DataType::Timestamp(TimeUnit::Second, zone.clone());
+                            let seconds = cast_with_options(column, &seconds, &options).map_err(failed)?;
+                            cast_with_options(&seconds, field.data_type(), &options).map_err(failed)?
+                        }
+                        // A fraction for an integer column is refused, not truncated.
+                        (from, to) if from.is_floating() && to.is_integer() && has_fraction(column) => {
+                            return Err(refuse(format!(
+                                "column {:?}: a {from} value with a fraction does not convert to the column's \
+                                 type {to}",
+                                field.name()
+                            )));
+                        }
+                        _ => cast_with_options(column, field.data_type(), &options).map_err(failed)?,
+                    }
                 } else {
                     return Err(refuse(format!(
                         "column {:?} is {} in the batches, which does not convert to the column's type {}",
@@ -130,6 +149,13 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
         .map_err(|e| refuse(format!("the batches do not fit the table's columns ({}): {e}", describe(schema))))
 }
 
+/// Whether a float column has a value with a fractional part (or one not finite).
+fn has_fraction(column: &ArrayRef) -> bool {
+    let Ok(values) = cast_with_options(column, &DataType::Float64, &CastOptions::default()) else { return true };
+    let values = values.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+    values.iter().flatten().any(|v| v.fract() != 0.0)
+}
+
 fn describe(schema: &Schema) -> String {
     schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
 }
@@ -138,7 +164,7 @@ fn describe(schema: &Schema) -> String {
 mod tests {
     use arrow_flight::sql::TableDefinitionOptions;
     use datafusion::arrow::array::{Int32Array, Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::arrow::datatypes::Field;
 
     use super::*;
 
@@ -210,6 +236,20 @@ mod tests {
         assert!(
             conform("t", extra, &table(), "-").unwrap_err().message().contains("column \"x\" the table does not have")
         );
+        // As `shardwise load` reads them: a fraction for an integer is refused, a whole number for
+        // a timestamp is seconds.
+        let fraction = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("small", Arc::new(datafusion::arrow::array::Float64Array::from(vec![18.7])) as ArrayRef),
+        ])
+        .unwrap();
+        assert!(conform("t", fraction, &table(), "-").unwrap_err().message().contains("with a fraction"));
+        let ts = Arc::new(Schema::new(vec![Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true)]));
+        let epoch =
+            RecordBatch::try_from_iter([("ts", Arc::new(Int64Array::from(vec![1_700_000_000])) as ArrayRef)]).unwrap();
+        let out = conform("t", epoch, &ts, "-").unwrap();
+        let nanos = out.column(0).as_primitive::<datafusion::arrow::datatypes::TimestampNanosecondType>().value(0);
+        assert_eq!(nanos, 1_700_000_000_000_000_000);
         let missing =
             RecordBatch::try_from_iter([("name", Arc::new(StringArray::from(vec!["a"])) as ArrayRef)]).unwrap();
         assert!(conform("t", missing, &table(), "-").unwrap_err().message().contains("lack column \"id\""));

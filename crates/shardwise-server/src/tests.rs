@@ -174,6 +174,18 @@ async fn anonymous_update_prepared_and_sql_info() {
     let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
     let shown = pretty_format_batches(&batches).expect("fmt").to_string();
     assert!(shown.contains("| 42 | it's |"), "{shown}");
+    // Bound again (the client now holds the bound handle): the new values, not the old ones.
+    let values = RecordBatch::try_from_iter([
+        ("a", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![-6])) as _),
+        ("b", std::sync::Arc::new(datafusion::arrow::array::StringArray::from(vec!["x"])) as _),
+    ])
+    .expect("values");
+    prepared.set_parameters(values).expect("bind again");
+    let info = prepared.execute().await.expect("execute bound again");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+    let shown = pretty_format_batches(&batches).expect("fmt").to_string();
+    assert!(shown.contains("| -5 | x |"), "{shown}");
 
     // Server description.
     let info = client.get_sql_info(vec![SqlInfo::FlightSqlServerName]).await.expect("sql info");

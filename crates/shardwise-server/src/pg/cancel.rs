@@ -127,8 +127,11 @@ mod tests {
         assert_eq!(stream.next().await.map(|r| r.ok()), Some(Some(1)));
         let handler = CancelRequests(Arc::clone(&cancels));
         // A wrong secret key cancels nothing.
+        let watching = mine.signal();
         handler.on_cancel_request(CancelRequest::new(7, SecretKey::I32(0))).await;
+        assert!(!watching.has_changed().unwrap_or(true), "a wrong key moved the counter");
         handler.on_cancel_request(CancelRequest::new(7, SecretKey::I32(42))).await;
+        assert!(watching.has_changed().unwrap_or(false));
         match stream.next().await {
             Some(Err(pgwire::error::PgWireError::UserError(info))) => assert_eq!(info.code, "57014"),
             other => panic!("{other:?}"),

@@ -15,7 +15,7 @@ use pgwire::api::Type;
 use pgwire::api::portal::Portal;
 use pgwire::error::PgWireResult;
 use rust_decimal::Decimal;
-use shardwise_query::placeholders::{self, PlaceholderError};
+use shardwise_query::placeholders::{self, PlaceholderError, Style};
 use shardwise_query::sql_text::string_literal;
 
 use super::Statement;
@@ -52,7 +52,12 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
         Type::DATE => portal.parameter::<NaiveDate>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMP => portal.parameter::<NaiveDateTime>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMPTZ => portal.parameter::<DateTime<FixedOffset>>(index, ty)?.map(|v| v.naive_utc().to_string()),
-        Type::TIME => portal.parameter::<NaiveTime>(index, ty)?.map(|v| v.to_string()),
+        // Binary only: pgwire's text reader of `time` wants six fraction digits (`12:30:01.5`
+        // fails), while the text itself casts as it is.
+        Type::TIME if portal.parameter_format.is_binary(index) => {
+            portal.parameter::<NaiveTime>(index, ty)?.map(|v| v.to_string())
+        }
+        Type::TIME => portal.parameter::<String>(index, &Type::TEXT)?,
         // Bytes as a hex literal (`X'6869'`), which holds any byte, a zero included.
         Type::BYTEA => {
             return Ok(match portal.parameter::<Vec<u8>>(index, ty)? {
@@ -161,7 +166,7 @@ pub fn null_of(ty: Option<&Type>) -> String {
 
 /// How many parameters `sql` uses: its highest `$n`.
 pub fn count(sql: &str) -> PgWireResult<usize> {
-    placeholders::count(sql).map_err(placeholder_error)
+    placeholders::count(sql, Style::Dollar).map_err(placeholder_error)
 }
 
 /// A splicing failure as PostgreSQL reports it.
@@ -220,7 +225,7 @@ fn any_operands(sql: &str) -> PgWireResult<Vec<usize>> {
 
 /// `sql` with each `$n` replaced by `literals[n - 1]`.
 pub fn splice(sql: &str, literals: &[String]) -> PgWireResult<String> {
-    placeholders::splice(sql, literals).map_err(placeholder_error)
+    placeholders::splice(sql, literals, Style::Dollar).map_err(placeholder_error)
 }
 
 #[cfg(test)]

@@ -68,8 +68,8 @@ impl TablesNode {
             && (entry.id, entry.generation) != (id, generation)
         {
             return Err(QueryError::Rejected(format!(
-                "table {table} was dropped and created again, or truncated, while this insert ran: its earlier \
-                 rows went to the table as it was before; nothing more was written"
+                "table {table} was dropped and created again, or truncated, while this insert ran: rows it \
+                 stored before that (if any) went to the table as it was; nothing more was written"
             )));
         }
         let batches = conform(&entry, batches)?;
