@@ -101,6 +101,12 @@ mod tests {
         assert_eq!(count("SELECT $3", Dollar).unwrap(), 3);
         assert_eq!(splice("SELECT $3", &literals, Dollar), Err(PlaceholderError::Missing { used: 3, bound: 2 }));
         assert!(matches!(splice("SELECT $0", &literals, Dollar), Err(PlaceholderError::Unsupported(_))));
+        // Offsets on a line with other characters than ASCII, and many placeholders on one line.
+        assert_eq!(splice("SELECT 'é', $1", &literals, Dollar).unwrap(), "SELECT 'é', 1");
+        let many = format!("VALUES ({})", vec!["?"; 20_000].join(", "));
+        let started = std::time::Instant::now();
+        assert_eq!(count(&many, Both).unwrap(), 20_000);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
         // A negative value after a minus is not a comment.
         assert_eq!(splice("SELECT 1 -$1", &["-5".to_string()], Dollar).unwrap(), "SELECT 1 -(-5)");
     }

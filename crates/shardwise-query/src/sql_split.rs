@@ -78,17 +78,19 @@ fn statement(src: &str, start: usize, end: usize, line: u64) -> SqlStatement {
 
 /// Maps the tokenizer's (line, column) locations, both 1-based and counted in characters, to
 /// byte offsets.
-/// Byte offsets of a text's lines, to turn the tokenizer's line and column into an offset.
 pub struct LineStarts<'a> {
     src: &'a str,
     starts: Vec<usize>,
+    /// ASCII text, where a column is a byte count: no walk over the line's characters (a long
+    /// line with many placeholders was quadratic).
+    ascii: bool,
 }
 
 impl<'a> LineStarts<'a> {
     pub fn new(src: &'a str) -> Self {
         let mut starts = vec![0];
         starts.extend(src.match_indices('\n').map(|(i, _)| i + 1));
-        LineStarts { src, starts }
+        LineStarts { src, starts, ascii: src.is_ascii() }
     }
 
     /// The byte offset of `location` (1-based line and character column).
@@ -98,6 +100,9 @@ impl<'a> LineStarts<'a> {
             return self.src.len();
         };
         let column = usize::try_from(location.column.saturating_sub(1)).unwrap_or(usize::MAX);
+        if self.ascii {
+            return line_start.saturating_add(column).min(self.src.len());
+        }
         self.src[line_start..].char_indices().nth(column).map_or(self.src.len(), |(i, _)| line_start + i)
     }
 }
