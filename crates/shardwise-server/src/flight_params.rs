@@ -5,9 +5,11 @@
 //! values is spliced into that SQL as literals ([`shardwise_query::placeholders`]), and the
 //! statement's new handle, which Flight SQL lets a server return for exactly this, carries both
 //! the SQL as prepared and the spliced text ([`Handle`]): the client's `GetFlightInfo` runs the
-//! spliced text, and values bound again later are spliced into the SQL as prepared. An update
-//! (`executemany`) runs once per row sent, in order, and reports the rows affected in all; a
-//! row that fails stops it, the rows before it applied (there are no transactions).
+//! spliced text, and values bound again later are spliced into the SQL as prepared. The rows an
+//! `executemany` sends for `INSERT ... VALUES (?, ...)` become one insert of many rows
+//! ([`values_row`]); another update runs once per row sent, in order, and reports the rows
+//! affected in all, a row that fails stopping it with the rows before it applied (there are no
+//! transactions).
 
 use arrow::array::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -94,6 +96,48 @@ pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, St
     placeholders::splice(sql, &literals, Style::DollarOrQuestionMark).map_err(placeholder_status)
 }
 
+/// For `INSERT ... VALUES (...)` with one row whose values hold every placeholder and nothing
+/// after it: the text up to the row and the row's text, so that the rows of an `executemany`
+/// become one insert of many rows (written at once, all or nothing) instead of one insert each.
+pub fn values_row(sql: &str) -> Option<(&str, &str)> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let tokens = Tokenizer::new(&GenericDialect {}, sql).tokenize_with_location().ok()?;
+    let lines = shardwise_query::sql_split::LineStarts::new(sql);
+    let significant: Vec<_> = tokens.iter().filter(|t| !matches!(t.token, Token::Whitespace(_))).collect();
+    let is_keyword = |t: &Token, k: Keyword| matches!(t, Token::Word(w) if w.keyword == k);
+    if !significant.first().is_some_and(|t| is_keyword(&t.token, Keyword::INSERT)) {
+        return None;
+    }
+    let values = significant.iter().rposition(|t| is_keyword(&t.token, Keyword::VALUES))?;
+    let open = significant.get(values + 1).filter(|t| t.token == Token::LParen)?;
+    let mut depth = 0usize;
+    let mut close = None;
+    for (index, t) in significant.iter().enumerate().skip(values + 1) {
+        match t.token {
+            Token::LParen => depth += 1,
+            Token::RParen => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(index);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let close = close?;
+    if !significant[close + 1..].iter().all(|t| t.token == Token::SemiColon) {
+        return None;
+    }
+    let start = lines.offset(open.span.start);
+    let end = lines.offset(significant[close].span.end);
+    let (before, row) = (&sql[..start], &sql[start..end]);
+    let in_before = placeholders::count(before, Style::DollarOrQuestionMark).ok()?;
+    (in_before == 0).then_some((before, row))
+}
+
 /// `sql` with a NULL for each placeholder: planned to describe a prepared statement's result
 /// before its values are known.
 pub fn with_nulls(sql: &str) -> Result<Option<String>, Status> {
@@ -144,5 +188,14 @@ mod tests {
         assert_eq!((bound.sql.as_str(), bound.runnable()), ("SELECT ?", "SELECT 5"));
         assert_eq!(with_nulls("SELECT ? + $2").unwrap().as_deref(), Some("SELECT NULL + NULL"));
         assert_eq!(with_nulls("SELECT 1").unwrap(), None);
+        // An executemany of one-row VALUES becomes one insert of many rows.
+        assert_eq!(values_row("INSERT INTO t VALUES (?, ?);"), Some(("INSERT INTO t VALUES ", "(?, ?)")));
+        assert_eq!(
+            values_row("insert into t (a, b) values ($1, f($2))"),
+            Some(("insert into t (a, b) values ", "($1, f($2))"))
+        );
+        assert_eq!(values_row("INSERT INTO t SELECT ?"), None);
+        assert_eq!(values_row("INSERT INTO t VALUES (?) ON CONFLICT DO NOTHING"), None);
+        assert_eq!(values_row("SELECT * FROM (VALUES (?))"), None);
     }
 }

@@ -414,6 +414,18 @@ impl FlightSqlService for FlightSqlEndpoint {
         if rows.is_empty() {
             return self.run_update(handle.runnable(), &session).await;
         }
+        if let Some((before, row_text)) = crate::flight_params::values_row(&sql) {
+            let mut bound = String::from(before);
+            for (n, (batch, row)) in
+                rows.iter().flat_map(|batch| (0..batch.num_rows()).map(move |row| (batch, row))).enumerate()
+            {
+                if n > 0 {
+                    bound.push_str(", ");
+                }
+                bound.push_str(&crate::flight_params::bind_row(row_text, batch, row)?);
+            }
+            return self.run_update(&bound, &session).await;
+        }
         let mut affected: i64 = 0;
         for batch in &rows {
             for row in 0..batch.num_rows() {
