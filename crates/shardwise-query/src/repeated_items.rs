@@ -19,7 +19,7 @@ use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, V
 
 /// Gives repeated unaliased SELECT items distinct names, in every SELECT of `statement`.
 pub fn name_repeated_items(statement: &mut DfStatement) {
-    visit_statement_mut(statement, &mut Renamer);
+    visit_statement_mut(statement, &mut EachSelectList(rename_items));
 }
 
 /// Whether `statement` is a query (or the EXPLAIN of one).
@@ -42,37 +42,17 @@ pub fn is_name_collision(e: &datafusion::error::DataFusionError) -> bool {
 /// DOUBLE)`), in every SELECT of `statement` (repeated texts were named already): for a statement
 /// DataFusion refused because items that differ in text share its name for them.
 pub fn name_expressions_by_text(statement: &mut DfStatement) {
-    visit_statement_mut(statement, &mut ByText);
+    visit_statement_mut(statement, &mut EachSelectList(name_by_text));
 }
 
-struct ByText;
-
-impl VisitorMut for ByText {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
-        name_by_text_in(&mut query.body);
-        ControlFlow::Continue(())
-    }
-}
-
-fn name_by_text_in(body: &mut SetExpr) {
-    match body {
-        SetExpr::Select(select) => {
-            for item in select.projection.iter_mut() {
-                if let SelectItem::UnnamedExpr(expr) = item
-                    && !matches!(expr, Expr::Identifier(_) | Expr::CompoundIdentifier(_))
-                {
-                    let alias = Ident::with_quote('"', expr.to_string());
-                    *item = SelectItem::ExprWithAlias { expr: expr.clone(), alias };
-                }
-            }
+fn name_by_text(items: &mut [SelectItem]) {
+    for item in items {
+        if let SelectItem::UnnamedExpr(expr) = item
+            && !matches!(expr, Expr::Identifier(_) | Expr::CompoundIdentifier(_))
+        {
+            let alias = Ident::with_quote('"', expr.to_string());
+            *item = SelectItem::ExprWithAlias { expr: expr.clone(), alias };
         }
-        SetExpr::SetOperation { left, right, .. } => {
-            name_by_text_in(left);
-            name_by_text_in(right);
-        }
-        _ => {}
     }
 }
 
@@ -88,24 +68,26 @@ pub(crate) fn visit_statement_mut<V: VisitorMut>(statement: &mut DfStatement, vi
     }
 }
 
-struct Renamer;
+/// Applies its function to every SELECT list of a statement (each query, nested ones included,
+/// and both sides of a set operation).
+struct EachSelectList(fn(&mut [SelectItem]));
 
-impl VisitorMut for Renamer {
+impl VisitorMut for EachSelectList {
     type Break = ();
 
     fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
-        rename_in(&mut query.body);
+        each_select_list(&mut query.body, self.0);
         ControlFlow::Continue(())
     }
 }
 
 /// The SELECT lists of `body` (nested queries are visited on their own).
-fn rename_in(body: &mut SetExpr) {
+fn each_select_list(body: &mut SetExpr, f: fn(&mut [SelectItem])) {
     match body {
-        SetExpr::Select(select) => rename_items(&mut select.projection),
+        SetExpr::Select(select) => f(&mut select.projection),
         SetExpr::SetOperation { left, right, .. } => {
-            rename_in(left);
-            rename_in(right);
+            each_select_list(left, f);
+            each_select_list(right, f);
         }
         _ => {}
     }

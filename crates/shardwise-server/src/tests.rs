@@ -163,29 +163,21 @@ async fn anonymous_update_prepared_and_sql_info() {
     // With parameters (`?` as ADBC and JDBC write them, or `$n`): the values the client binds
     // are spliced in, and the statement's new handle runs them.
     let mut prepared = client.prepare("SELECT ? + 1 AS x, $2 AS s".to_string(), None).await.expect("prepare");
-    let values = RecordBatch::try_from_iter([
-        ("a", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![41])) as _),
-        ("b", std::sync::Arc::new(datafusion::arrow::array::StringArray::from(vec!["it's"])) as _),
-    ])
-    .expect("values");
-    prepared.set_parameters(values).expect("bind");
-    let info = prepared.execute().await.expect("execute bound");
-    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
-    let shown = pretty_format_batches(&batches).expect("fmt").to_string();
-    assert!(shown.contains("| 42 | it's |"), "{shown}");
-    // Bound again (the client now holds the bound handle): the new values, not the old ones.
-    let values = RecordBatch::try_from_iter([
-        ("a", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![-6])) as _),
-        ("b", std::sync::Arc::new(datafusion::arrow::array::StringArray::from(vec!["x"])) as _),
-    ])
-    .expect("values");
-    prepared.set_parameters(values).expect("bind again");
-    let info = prepared.execute().await.expect("execute bound again");
-    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
-    let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
-    let shown = pretty_format_batches(&batches).expect("fmt").to_string();
-    assert!(shown.contains("| -5 | x |"), "{shown}");
+    // Bound twice: the second time (the client then holds the bound handle) with new values,
+    // which must be the ones that run.
+    for (number, text, expected) in [(41, "it's", "| 42 | it's |"), (-6, "x", "| -5 | x |")] {
+        let values = RecordBatch::try_from_iter([
+            ("a", std::sync::Arc::new(datafusion::arrow::array::Int64Array::from(vec![number])) as _),
+            ("b", std::sync::Arc::new(datafusion::arrow::array::StringArray::from(vec![text])) as _),
+        ])
+        .expect("values");
+        prepared.set_parameters(values).expect("bind");
+        let info = prepared.execute().await.expect("execute bound");
+        let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+        let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+        let shown = pretty_format_batches(&batches).expect("fmt").to_string();
+        assert!(shown.contains(expected), "{shown}");
+    }
 
     // Server description.
     let info = client.get_sql_info(vec![SqlInfo::FlightSqlServerName]).await.expect("sql info");

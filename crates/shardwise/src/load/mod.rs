@@ -164,11 +164,10 @@ fn cast_checked(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadVal
 /// `source` (text) converted to the timestamp column `target` with each value that is a whole
 /// number read as seconds since 1970; `None` when no value is one.
 fn integer_texts_as_timestamps(source: &ArrayRef, target: &DataType) -> Option<Result<ArrayRef, BadValue>> {
-    let seconds: arrow::array::Int64Array =
-        (0..source.len()).map(|row| string_value(source, row).and_then(|t| t.trim().parse::<i64>().ok())).collect();
-    if seconds.null_count() == seconds.len() {
-        return None;
-    }
+    let number = |row: usize| string_value(source, row).and_then(|t| t.trim().parse::<i64>().ok());
+    // Usually no value is a number (timestamps written as text): nothing is built then.
+    (0..source.len()).find(|&row| number(row).is_some())?;
+    let seconds: arrow::array::Int64Array = (0..source.len()).map(number).collect();
     let numbers: arrow::array::BooleanArray = (0..seconds.len()).map(|row| Some(seconds.is_valid(row))).collect();
     let seconds: ArrayRef = std::sync::Arc::new(seconds);
     Some((|| {
