@@ -484,7 +484,7 @@ mod tests {
         let master = master.await.unwrap().unwrap();
         // The same node (same node_id) comes back while the old incarnation is still connected,
         // as after a pause or a partition: it gets a higher epoch and the old one is fenced.
-        let (new, rejoined) = WorkerLink::join(settings).await.unwrap();
+        let (new, rejoined) = WorkerLink::join(settings.clone()).await.unwrap();
         assert!(rejoined.epoch > joined.epoch);
         let mut fatal = old.fatal();
         let reason = tokio::time::timeout(std::time::Duration::from_secs(5), fatal.wait_for(|f| f.is_some()))
@@ -497,6 +497,25 @@ mod tests {
         assert!(new.fatal().borrow().is_none());
         let members = master.view().members().await;
         assert_eq!(members[1].epoch, rejoined.epoch);
+        // The old incarnation reconnecting (say its heartbeat timer fired before it read the
+        // `Fenced`) says which epoch it held, and is fenced out instead of taking the rank back.
+        let err = crate::worker::connect_once(&settings, Some(joined.epoch)).await.err().expect("stale rejoin refused");
+        assert!(matches!(err, ClusterError::Fenced { .. }), "{err}");
+        assert!(err.to_string().contains("newer incarnation"), "{err}");
+        assert!(new.fatal().borrow().is_none());
+        assert_eq!(master.view().members().await[1].epoch, rejoined.epoch);
+        // A node follows the master's heartbeat settings, whatever its own flags say.
+        let own = Timeouts {
+            heartbeat_interval_ms: 7_000,
+            suspect_after_ms: 8_000,
+            down_after_ms: 20_000,
+            ..Timeouts::default()
+        };
+        let session = crate::worker::connect_once(&WorkerSettings { timeouts: own, ..settings }, Some(rejoined.epoch))
+            .await
+            .expect("the current incarnation may reconnect");
+        assert_eq!((session.heartbeat_interval_ms, session.down_after_ms), (500, 6_000));
+        drop(session);
         new.leave().await;
         master.shutdown().await;
     }

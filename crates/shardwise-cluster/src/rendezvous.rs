@@ -513,7 +513,17 @@ impl Master {
             })
             .await?;
         let hello = timeout(op_timeout, "waiting for the node's hello", reader.read::<NodeMsg>()).await??;
-        let NodeMsg::Hello { protocol, rank, world_size, node_id, run_id, addrs, nonce: node_nonce, proof } = hello
+        let NodeMsg::Hello {
+            protocol,
+            rank,
+            world_size,
+            node_id,
+            run_id,
+            addrs,
+            nonce: node_nonce,
+            proof,
+            epoch: held,
+        } = hello
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
         };
@@ -525,6 +535,7 @@ impl Master {
             node_id: &node_id,
             run_id: run_id.as_deref(),
             proof: proof.as_deref(),
+            held_epoch: held,
         };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
@@ -535,8 +546,12 @@ impl Master {
         let (tx, rx) = mpsc::channel(CONN_QUEUE_LEN);
         let admitted = {
             let mut s = self.lock();
-            match admit(&mut s, &self.settings, &check) {
-                Err(reason) => Err(reason),
+            let verdict = match stale_incarnation(&s, &check) {
+                Some(reason) => Err(MasterMsg::Fenced { reason }),
+                None => admit(&mut s, &self.settings, &check).map_err(|reason| MasterMsg::Refused { reason }),
+            };
+            match verdict {
+                Err(refusal) => Err(refusal),
                 Ok(epoch) => {
                     let conn_id = s.next_conn_id;
                     s.next_conn_id += 1;
@@ -572,9 +587,11 @@ impl Master {
             }
         };
         let (conn_id, epoch, formed, view) = match admitted {
-            Err(reason) => {
-                warn!(%peer, rank, "refused a node: {reason}");
-                writer.write(&MasterMsg::Refused { reason }).await?;
+            Err(refusal) => {
+                if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason } = &refusal {
+                    warn!(%peer, rank, "refused a node: {reason}");
+                }
+                writer.write(&refusal).await?;
                 writer.shutdown().await;
                 return Ok(());
             }
@@ -591,6 +608,7 @@ impl Master {
                 epoch,
                 proof: welcome_proof,
                 heartbeat_interval_ms: self.settings.timeouts.heartbeat_interval_ms,
+                down_after_ms: Some(self.settings.timeouts.down_after_ms),
                 formed,
                 view,
             })
@@ -807,6 +825,21 @@ struct HelloCheck<'a> {
     node_id: &'a str,
     run_id: Option<&'a str>,
     proof: Option<&'a str>,
+    /// The epoch the node held before it lost the master (a rejoin), if any.
+    held_epoch: Option<u64>,
+}
+
+/// Why a rejoining process may not have its rank back: it held an older epoch, so a newer
+/// incarnation (started with the same data dir while this one was stopped or cut off) has taken
+/// the rank since. It is fenced out, even when it reconnects before reading the `Fenced` the
+/// master sent it.
+fn stale_incarnation(s: &State, h: &HelloCheck<'_>) -> Option<String> {
+    let slot = s.slots.get(&h.rank).filter(|slot| slot.info.node_id == h.node_id)?;
+    let held = h.held_epoch.filter(|held| *held < slot.info.epoch)?;
+    Some(format!(
+        "this process held rank {} at epoch {held}, and a newer incarnation of it has joined since (epoch {})",
+        h.rank, slot.info.epoch
+    ))
 }
 
 /// Decides whether a node may take its rank; returns its new epoch or the reason for refusal.
@@ -831,7 +864,7 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     }
     match s.slots.get(&h.rank) {
         None => Ok(1),
-        Some(slot) if slot.info.node_id == h.node_id => Ok(slot.info.epoch + 1),
+        Some(slot) if slot.info.node_id == h.node_id => Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)) + 1),
         Some(slot) if slot.conn.is_some() => Err(format!(
             "rank {} is already held by live node {} ({})",
             h.rank,

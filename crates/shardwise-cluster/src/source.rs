@@ -13,11 +13,16 @@
 //! 1. explicit values ([`Explicit`]: command-line flags merged over the config file);
 //! 2. torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `TORCHELASTIC_RUN_ID`;
 //! 3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS` (or `SLURM_NPROCS`), `SLURM_LOCALID`,
-//!    `SLURM_NTASKS_PER_NODE`, `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`),
-//!    `SLURM_JOB_NUM_NODES` (or `SLURM_NNODES`), `SLURM_JOB_ID`;
+//!    `SLURM_NTASKS_PER_NODE`, `SLURM_STEP_NODELIST` (with `SLURM_STEP_NUM_NODES`), else
+//!    `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`, with `SLURM_JOB_NUM_NODES` or `SLURM_NNODES`),
+//!    `SLURM_JOB_ID`;
 //! 4. Open MPI: `OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`;
 //! 5. PMI (MPICH/Hydra, Intel MPI): `PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`, `MPI_LOCALNRANKS`;
 //! 6. nothing: a single process (rank 0 of 1) at `127.0.0.1:29500`.
+//!
+//! One exception: when Slurm wins and a complete Open MPI or PMI source disagrees with it on rank
+//! or world size, the MPI source is used (with a warning), with Slurm's master rules: `mpirun`
+//! inside an `sbatch` script passes the batch step's `SLURM_PROCID=0` to every process.
 //!
 //! A source is *present* when any of its rank / world-size variables is set. Rank and world
 //! size must be given together (as Horovod and DINOv2 require): if the first present source has
@@ -31,7 +36,7 @@
 //! `master_addr` / `master_port`, then the `MASTER_ADDR` / `MASTER_PORT` variables (set by
 //! torchrun, and honoured under Slurm and MPI too), then a source-specific fallback:
 //!
-//! * Slurm: the first host of the expanded `SLURM_JOB_NODELIST`, and port
+//! * Slurm: the first host of the expanded `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`), and port
 //!   `15000 + (last four digits of SLURM_JOB_ID)`, which is PyTorch Lightning's rule
 //!   (`SLURMEnvironment.resolve_root_node_address` / `main_port`). The port is a function of
 //!   job-wide inputs, so every rank computes the same value without talking to the others. It can
@@ -307,20 +312,43 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
     let mut warnings = Vec::new();
 
     let mut winner = resolve_explicit(explicit)?;
+    // Set when an MPI launcher's variables replace Slurm's: the master is still found as
+    // under Slurm (the job's nodes, the job id's port).
+    let mut inside_slurm = false;
     for spec in ENV_SOURCES {
         let present = present_vars(spec, env);
         if present.is_empty() {
             continue;
         }
-        match &winner {
-            Some(w) => warnings.push(format!(
-                "ignoring {} variables ({}): {} take precedence",
+        let Some(w) = &winner else {
+            winner = Some(resolve_env(spec, env)?);
+            continue;
+        };
+        if let Some(mpi) = mpirun_inside_slurm(w, spec, env) {
+            warnings.push(format!(
+                "Slurm's {} = {} and {} = {} disagree with {}'s {} = {} and {} = {}: this process was started \
+                 by mpirun inside a Slurm job step, whose variables it inherited, so {} variables are used",
+                w.rank.name,
+                w.rank.value,
+                w.world.name,
+                w.world.value,
                 spec.source.label(),
-                present.join(", "),
-                w.source.precedence_phrase()
-            )),
-            None => winner = Some(resolve_env(spec, env)?),
+                mpi.rank.name,
+                mpi.rank.value,
+                mpi.world.name,
+                mpi.world.value,
+                spec.source.label()
+            ));
+            inside_slurm = true;
+            winner = Some(mpi);
+            continue;
         }
+        warnings.push(format!(
+            "ignoring {} variables ({}): {} take precedence",
+            spec.source.label(),
+            present.join(", "),
+            w.source.precedence_phrase()
+        ));
     }
 
     let mut w = match winner {
@@ -345,7 +373,7 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
 
     validate(&w)?;
 
-    let (master_addr, master_port) = resolve_master(explicit, env, &w, &mut warnings)?;
+    let (master_addr, master_port) = resolve_master(explicit, env, &w, inside_slurm, &mut warnings)?;
 
     Ok(Detected {
         source: w.source,
@@ -358,6 +386,19 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
         run_id: w.run_id,
         warnings,
     })
+}
+
+/// `spec`'s rank and world size when they should replace the Slurm ones `w` holds: `mpirun`
+/// (or `mpiexec`) run inside an `sbatch` script passes the batch step's `SLURM_PROCID=0` and
+/// `SLURM_NTASKS` to every process it starts, so when a complete MPI source disagrees with
+/// Slurm, the MPI launcher is the one that started this process (as torchrun is preferred over
+/// Slurm for the same reason). When they agree (`srun` with PMI), Slurm stays.
+fn mpirun_inside_slurm(w: &Winner, spec: &EnvSpec, env: Env<'_>) -> Option<Winner> {
+    if w.source != LaunchSource::Slurm || !matches!(spec.source, LaunchSource::OpenMpi | LaunchSource::Pmi) {
+        return None;
+    }
+    let mpi = resolve_env(spec, env).ok()?;
+    ((mpi.rank.value, mpi.world.value) != (w.rank.value, w.world.value)).then_some(mpi)
 }
 
 /// The explicit source, if rank or world size was given; an error if only one of them was.
@@ -548,6 +589,7 @@ fn resolve_master(
     explicit: &Explicit,
     env: Env<'_>,
     w: &Winner,
+    inside_slurm: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(String, u16), SourceError> {
     let mut addr = match &explicit.master_addr {
@@ -567,7 +609,7 @@ fn resolve_master(
     let multi = w.world.value > 1;
 
     match w.source {
-        LaunchSource::Slurm => {
+        _ if w.source == LaunchSource::Slurm || inside_slurm => {
             let first_host = slurm_first_host(env)?;
             if addr.is_none() {
                 match first_host {
@@ -604,13 +646,20 @@ fn resolve_master(
 }
 
 /// Expands the Slurm node list (if set), checks it against the node count (if set), and
-/// returns its first host.
+/// returns its first host. The step's list comes first: an `srun` step may run on some of the
+/// job's nodes only (`srun -r 2`, `-w`, `-x`, concurrent steps), and its task 0 runs on the
+/// step's first node, not the job's.
 fn slurm_first_host(env: Env<'_>) -> Result<Option<String>, SourceError> {
-    let Some((nodelist_name, nodelist)) = first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env) else {
+    let step = first_set(&["SLURM_STEP_NODELIST"], env);
+    let (counts, found): (&[&'static str], _) = match step {
+        Some(found) => (&["SLURM_STEP_NUM_NODES"], Some(found)),
+        None => (&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], first_set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], env)),
+    };
+    let Some((nodelist_name, nodelist)) = found else {
         return Ok(None);
     };
     let hosts = hostlist::expand(&nodelist).map_err(|cause| SourceError::Hostlist { name: nodelist_name, cause })?;
-    if let Some((num_nodes_name, raw)) = first_set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], env) {
+    if let Some((num_nodes_name, raw)) = first_set(counts, env) {
         let num_nodes = env_u32(num_nodes_name, &raw)?.value;
         if usize::try_from(num_nodes).ok() != Some(hosts.len()) {
             return Err(SourceError::NodeCountMismatch {

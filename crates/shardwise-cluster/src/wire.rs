@@ -52,6 +52,10 @@ pub enum MasterMsg {
         epoch: u64,
         proof: Option<String>,
         heartbeat_interval_ms: u64,
+        /// The master's `down_after_ms`: how long the node waits for the master's answers
+        /// before it reconnects (absent from masters before it was sent: the node's own).
+        #[serde(default)]
+        down_after_ms: Option<u64>,
         formed: bool,
         view: Vec<MemberInfo>,
     },
@@ -111,6 +115,11 @@ pub enum NodeMsg {
         addrs: BTreeMap<String, String>,
         nonce: String,
         proof: Option<String>,
+        /// The epoch this process held when it lost the master, on a rejoin; `None` on its
+        /// first join. The master refuses a rejoin whose epoch is older than the rank's: a newer
+        /// incarnation has taken the rank, and this one is fenced out.
+        #[serde(default)]
+        epoch: Option<u64>,
     },
     BarrierEnter,
     Heartbeat {
@@ -163,10 +172,12 @@ pub async fn exchange_preamble(
     write.write_all(&ours).await.map_err(io)?;
     let mut theirs = [0u8; 8];
     match tokio::time::timeout(timeout, read.read_exact(&mut theirs)).await {
+        // A stalled master (stopped, swapping, starved of CPU) and a server that never speaks
+        // first look alike here: a timeout, which a rejoin retries, not a protocol mismatch.
         Err(_) => {
-            return Err(ClusterError::WrongProtocol {
-                peer: peer.to_string(),
-                detail: format!("no preamble within {} ms", timeout.as_millis()),
+            return Err(ClusterError::Timeout {
+                op: format!("waiting for the preamble of {peer} (a stalled master, or no shardwise master there)"),
+                timeout_ms: timeout.as_millis() as u64,
             });
         }
         Ok(Err(e)) => return Err(io(e)),

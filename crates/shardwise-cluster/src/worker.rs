@@ -41,6 +41,8 @@ const JOIN_VERDICT_GRACE_MS: u64 = 2_000;
 const JOIN_RETRY_WARN_INTERVAL_MS: u64 = 10_000;
 /// Messages queued for the master before the link counts as stuck.
 const LINK_QUEUE_LEN: usize = 256;
+/// How often a node that cannot rejoin its master says why (it keeps trying meanwhile).
+const REJOIN_WARN_INTERVAL_MS: u64 = 10_000;
 /// Longest wait for the master to acknowledge a graceful leave.
 const LEAVE_WAIT_MS: u64 = 2_000;
 
@@ -59,11 +61,15 @@ pub struct WorkerSettings {
 }
 
 /// An authenticated control connection, right after the master's welcome.
-struct Session {
+pub(crate) struct Session {
     reader: FrameReader,
     writer: FrameWriter,
     run_id: String,
     epoch: u64,
+    /// The master's heartbeat settings, which hold cluster-wide: how often to beat, and how long
+    /// the master may stay silent before this node reconnects.
+    pub(crate) heartbeat_interval_ms: u64,
+    pub(crate) down_after_ms: u64,
     formed: bool,
     view: Vec<MemberInfo>,
     /// The master's metadata when it welcomed this node (or newer, while waiting to form).
@@ -103,7 +109,9 @@ fn is_terminal(e: &ClusterError) -> bool {
     )
 }
 
-async fn connect_once(s: &WorkerSettings) -> Result<Session> {
+/// One attempt to join or rejoin; `held_epoch` is the epoch this process held before it lost
+/// the master (`None` on its first join).
+pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) -> Result<Session> {
     let peer = s.master.to_string();
     let t = &s.timeouts;
     let stream = tokio::time::timeout(t.connect_timeout(), TcpStream::connect(s.master))
@@ -144,14 +152,16 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
             addrs: s.addrs.clone(),
             nonce: hex::encode(node_nonce),
             proof,
+            epoch: held_epoch,
         })
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.
     reader.set_trusted();
-    let (run_id, epoch, formed, view) =
+    let (run_id, epoch, heartbeat_interval_ms, down_after_ms, formed, view) =
         match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
             MasterMsg::Refused { reason } => return Err(ClusterError::Refused { reason }),
-            MasterMsg::Welcome { run_id, epoch, proof, formed, view, .. } => {
+            MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason }),
+            MasterMsg::Welcome { run_id, epoch, proof, formed, view, heartbeat_interval_ms, down_after_ms } => {
                 if let Some(secret) = &s.secret {
                     let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
                         secret.verify(
@@ -170,7 +180,10 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
                     reader.set_key(key);
                     writer.set_key(key);
                 }
-                (run_id, epoch, formed, view)
+                // Heartbeats are checked against the master's settings, so they are the ones used
+                // (a master from before `down_after_ms` was sent leaves this node's own).
+                let down_after_ms = down_after_ms.unwrap_or(t.down_after_ms).max(heartbeat_interval_ms);
+                (run_id, epoch, heartbeat_interval_ms.max(1), down_after_ms, formed, view)
             }
             other => {
                 return Err(ClusterError::WrongProtocol {
@@ -182,7 +195,7 @@ async fn connect_once(s: &WorkerSettings) -> Result<Session> {
     // The metadata comes right after the welcome, in the first authenticated frame.
     match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's metadata snapshot").await? {
         MasterMsg::Metadata { snapshot: metadata } => {
-            Ok(Session { reader, writer, run_id, epoch, formed, view, metadata })
+            Ok(Session { reader, writer, run_id, epoch, heartbeat_interval_ms, down_after_ms, formed, view, metadata })
         }
         other => Err(ClusterError::WrongProtocol {
             peer,
@@ -237,7 +250,7 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
         // missing ranks for everyone); the grace covers clock skew between the two deadlines.
         let grace = t.op_timeout().min(Duration::from_millis(JOIN_VERDICT_GRACE_MS));
         let attempt = tokio::time::timeout(remaining + grace, async {
-            let mut session = connect_once(s).await?;
+            let mut session = connect_once(s, None).await?;
             on_welcome(&session.run_id)?;
             if !announced {
                 info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);
@@ -515,7 +528,11 @@ impl WorkerLink {
     }
 
     async fn run(self: Arc<Self>, first: Session) {
+        // The epoch of the last session: a rejoin says it, so that a process a newer incarnation
+        // has replaced is fenced out instead of taking its rank back.
+        let mut held_epoch = first.epoch;
         let mut session = Some(first);
+        let mut last_warned: Option<Instant> = None;
         let mut delays = backoff();
         loop {
             if self.leaving.load(Ordering::SeqCst) {
@@ -523,6 +540,7 @@ impl WorkerLink {
             }
             if let Some(s) = session.take() {
                 delays = backoff();
+                held_epoch = s.epoch;
                 let reason = self.serve(s).await;
                 match reason {
                     Err(e) if matches!(e, ClusterError::Fenced { .. }) => {
@@ -536,15 +554,24 @@ impl WorkerLink {
                 self.master_lost();
             }
             tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS))).await;
-            match connect_once(&self.settings).await {
+            match connect_once(&self.settings, Some(held_epoch)).await {
                 Ok(s) => {
                     info!(epoch = s.epoch, "rejoined the master at {}", self.settings.master);
                     session = Some(s);
                 }
-                Err(e) if is_terminal(&e) => {
-                    warn!("the master refused this node on rejoin: {e}");
+                // Only a newer incarnation ends this one. Anything else (a master restarted
+                // with other settings, stalled, or replaced by something else on its port) may be
+                // mended while this node keeps serving what it holds: it keeps trying, and says so.
+                Err(e @ ClusterError::Fenced { .. }) => {
+                    warn!("{e}");
                     self.fatal.send_replace(Some(e.to_string()));
                     return;
+                }
+                Err(e) if is_terminal(&e) => {
+                    if last_warned.is_none_or(|at| at.elapsed() >= Duration::from_millis(REJOIN_WARN_INTERVAL_MS)) {
+                        warn!("cannot rejoin the master at {}: {e}; retrying", self.settings.master);
+                        last_warned = Some(Instant::now());
+                    }
                 }
                 Err(e) => debug!("reconnect failed: {e}"),
             }
@@ -602,7 +629,8 @@ impl WorkerLink {
 
     /// Runs one control session until it fails; `Ok` only when the link was asked to stop.
     async fn serve(&self, session: Session) -> Result<()> {
-        let Session { mut reader, mut writer, view, metadata: welcomed, .. } = session;
+        let Session { mut reader, mut writer, view, metadata: welcomed, heartbeat_interval_ms, down_after_ms, .. } =
+            session;
         self.receive_metadata(welcomed, true);
         let (tx, mut rx) = mpsc::channel::<NodeMsg>(LINK_QUEUE_LEN);
         {
@@ -621,7 +649,7 @@ impl WorkerLink {
             }
             writer.shutdown().await;
         });
-        let interval = self.settings.timeouts.heartbeat_interval();
+        let interval = Duration::from_millis(heartbeat_interval_ms);
         let heartbeat = tokio::spawn(async move {
             let mut seq = 0u64;
             let mut tick = tokio::time::interval(interval);
@@ -633,7 +661,7 @@ impl WorkerLink {
                 }
             }
         });
-        let silence = Duration::from_millis(self.settings.timeouts.down_after_ms);
+        let silence = Duration::from_millis(down_after_ms);
         let result = loop {
             let msg = match tokio::time::timeout(silence, reader.read::<MasterMsg>()).await {
                 Err(_) => {

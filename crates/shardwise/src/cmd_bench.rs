@@ -160,6 +160,8 @@ async fn idle_rss_kib(exe: &Path, timeout: Duration) -> anyhow::Result<u64> {
     for rank in 0..2u32 {
         let mut child = Command::new(exe)
             .args(["node", "--insecure", "--rank", &rank.to_string(), "--world-size", "2"])
+            .env_remove("SHARDWISE_CLUSTER_SECRET")
+            .env_remove("SHARDWISE_SECRET_FILE")
             .args(["--master-port", &port.to_string(), "--data-dir"])
             .arg(dir.path().join(format!("rank-{rank}")))
             .stdin(Stdio::null())

@@ -55,8 +55,9 @@ pub struct LaunchArgs {
 enum Stop {
     /// Every node exited 0.
     AllDone,
-    /// A signal asked us to stop.
-    Signal(&'static str),
+    /// A signal asked us to stop: its name, and the exit code that says so (128 + its number,
+    /// as a shell and torchrun report a run a signal ended), so `launch && next` does not go on.
+    Signal(&'static str, u8),
     /// A node failed with this code and was not restarted.
     Failed { rank: u32, code: i32 },
 }
@@ -64,6 +65,17 @@ enum Stop {
 pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     if args.nproc == 0 || args.nproc > MAX_NPROC {
         bail!("--nproc {} is out of range: expected 1..={MAX_NPROC}", args.nproc);
+    }
+    if args.insecure && args.secret_file.is_some() {
+        bail!(
+            "both --insecure and --secret-file are given: --insecure runs without a cluster secret; give one or the other"
+        );
+    }
+    if args.insecure && std::env::var_os(shardwise_cluster::secret::SECRET_ENV).is_some() {
+        bail!(
+            "--insecure is given but {} is set: --insecure runs without a cluster secret; unset it or drop --insecure",
+            shardwise_cluster::secret::SECRET_ENV
+        );
     }
     let master_port = match args.master_port {
         Some(0) => bail!("--master-port 0 is not a port: expected 1-65535, or leave it out for a free port"),
@@ -123,12 +135,12 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         tokio::select! {
             _ = sigint.recv(), if stop.is_none() => {
                 eprintln!("[launch] interrupted: stopping all nodes");
-                stop = Some(Stop::Signal("interrupted"));
+                stop = Some(Stop::Signal("interrupted", 128 + Signal::SIGINT as u8));
                 kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
             }
             _ = sigterm.recv(), if stop.is_none() => {
                 eprintln!("[launch] SIGTERM: stopping all nodes");
-                stop = Some(Stop::Signal("SIGTERM"));
+                stop = Some(Stop::Signal("SIGTERM", 128 + Signal::SIGTERM as u8));
                 kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
             }
             _ = kill_sleep => {
@@ -168,9 +180,9 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
             eprintln!("[launch] failed: rank {rank} exited with code {code}");
             ExitCode::from(u8::try_from(code).ok().filter(|c| *c != 0).unwrap_or(1))
         }
-        Some(Stop::Signal(what)) => {
+        Some(Stop::Signal(what, code)) => {
             eprintln!("[launch] stopped ({what})");
-            ExitCode::SUCCESS
+            ExitCode::from(code)
         }
         Some(Stop::AllDone) | None => ExitCode::SUCCESS,
     })

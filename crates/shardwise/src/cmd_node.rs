@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use serde::Deserialize;
 use shardwise_cluster::source::{self, Explicit, Given, LaunchSource};
 use shardwise_cluster::{ClusterSecret, InitOptions, Timeouts, secret::SECRET_ENV};
@@ -251,13 +251,24 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         pick(args.secret_file.clone(), file.secret_file.clone()).as_deref(),
         std::env::var(SECRET_ENV).ok(),
     )?;
+    let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
+    let advertise_host =
+        pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
+    check_advertise_host(&advertise_host, &listen_host)?;
+    let insecure = args.insecure || file.insecure.unwrap_or(false);
+    if insecure && secret.is_some() {
+        bail!(
+            "both --insecure and a cluster secret are given (from --secret-file, SHARDWISE_SECRET_FILE or \
+             {SECRET_ENV}): --insecure runs without one; give one or the other"
+        );
+    }
     let data_dir = pick(args.data_dir.clone(), file.data_dir.clone())
         .unwrap_or_else(|| PathBuf::from(format!("shardwise-data/rank-{}", detected.rank)));
     let opts = InitOptions {
         detected: detected.clone(),
         data_dir: data_dir.clone(),
         secret: secret.clone(),
-        insecure: args.insecure || file.insecure.unwrap_or(false),
+        insecure,
         run_id: pick(args.run_id.clone(), file.run_id.clone()),
         timeouts: timeouts(&args, &file),
         embedded: false,
@@ -267,9 +278,6 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let users = Arc::new(users);
     let prepared = shardwise_cluster::prepare(opts)?;
 
-    let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
-    let advertise_host =
-        pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
     let data_port = pick(args.data_port, file.data_port).unwrap_or(0);
     let http_port = pick(args.http_port, file.http_port).unwrap_or(0);
@@ -318,6 +326,23 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Refuses an advertised host other nodes and clients could not connect to: empty, or a wildcard
+/// (`0.0.0.0`, `::`), which on another machine means that machine itself.
+fn check_advertise_host(advertise_host: &str, listen_host: &str) -> anyhow::Result<()> {
+    let host = advertise_host.trim().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        bail!("--advertise-host is empty: give the name or address other nodes and clients reach this node at");
+    }
+    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        bail!(
+            "this node would tell other nodes and clients to connect to {advertise_host} (--listen-host \
+             {listen_host}), a wildcard that means their own machine: set --advertise-host to this machine's name \
+             or address"
+        );
+    }
+    Ok(())
 }
 
 /// SIGTERM and SIGINT handlers, installed before the node says it is ready, so a signal sent as

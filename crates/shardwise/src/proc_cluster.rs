@@ -136,6 +136,8 @@ impl ProcCluster {
             .arg("--data-dir")
             .arg(self.data_dir(rank))
             .arg("--insecure")
+            .env_remove("SHARDWISE_CLUSTER_SECRET")
+            .env_remove("SHARDWISE_SECRET_FILE")
             .args(&self.extra_args)
             .env_remove("RANK")
             .env_remove("WORLD_SIZE")

@@ -197,6 +197,38 @@ fn slurm_fallback_variable_names() {
 }
 
 #[test]
+fn slurm_step_nodelist_names_the_master() {
+    // `srun -r 2 -N 2` in a 4-node job: the step runs on n3 and n4, and its task 0 on n3.
+    let env = with(
+        SLURM_ENV,
+        &[("SLURM_STEP_NODELIST", "gnode[25,37]"), ("SLURM_STEP_NUM_NODES", "2"), ("SLURM_PROCID", "0")],
+    );
+    assert_eq!(ok(&none(), &env).master_addr, "gnode25");
+    let e = err(&none(), &with(&env, &[("SLURM_STEP_NUM_NODES", "3")]));
+    assert!(e.to_string().contains("SLURM_STEP_NODELIST"), "{e}");
+}
+
+#[test]
+fn mpirun_inside_an_sbatch_script_uses_the_mpi_rank() {
+    // The batch step's SLURM_PROCID=0 reaches every process mpirun starts.
+    let ompi =
+        [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3")];
+    let d = ok(&none(), &with(SLURM_ENV, &ompi));
+    assert_eq!((d.source, d.rank, d.world_size), (LaunchSource::OpenMpi, 2, 3));
+    // The master as under Slurm: the job's first node and the job id's port.
+    assert_eq!((d.master_addr.as_str(), d.master_port), ("gnode10", 15000 + 4567));
+    assert!(
+        d.warnings.iter().any(|w| w.contains("SLURM_PROCID = 0") && w.contains("OMPI_COMM_WORLD_RANK = 2")),
+        "{:?}",
+        d.warnings
+    );
+    // srun with PMI sets both alike: Slurm stays, the PMI variables are named as ignored.
+    let d = ok(&none(), &with(SLURM_ENV, &[("PMI_RANK", "5"), ("PMI_SIZE", "8")]));
+    assert_eq!((d.source, d.rank), (LaunchSource::Slurm, 5));
+    assert!(d.warnings.iter().any(|w| w.contains("ignoring PMI variables")), "{:?}", d.warnings);
+}
+
+#[test]
 fn slurm_compressed_tasks_per_node_gives_no_local_world() {
     let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]));
     assert_eq!(d.local_world_size, None);
@@ -397,7 +429,9 @@ fn lower_partial_source_is_only_a_warning() {
 
 #[test]
 fn slurm_over_mpi() {
-    let env = with(SLURM_ENV, &[("PMI_RANK", "0"), ("PMI_SIZE", "8")]);
+    // srun with PMI: both say the same, and Slurm's stay (they disagree under mpirun in an
+    // sbatch script: `mpirun_inside_an_sbatch_script_uses_the_mpi_rank`).
+    let env = with(SLURM_ENV, &[("PMI_RANK", "5"), ("PMI_SIZE", "8")]);
     let d = ok(&none(), &env);
     assert_eq!(d.source, LaunchSource::Slurm);
     assert_eq!(

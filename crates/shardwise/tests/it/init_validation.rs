@@ -114,6 +114,17 @@ fn misconfigurations_fail_with_a_message() {
     assert!(e.contains("no cluster secret"), "{e}");
     let e = fails(&[("SHARDWISE_CLUSTER_SECRET", "short")], &["--rank", "1", "--world-size", "2", "--data-dir", data]);
     assert!(e.contains("at least 16"), "{e}");
+    // A secret left exported beside --insecure: which one was meant is unknown.
+    let e = fails(
+        &[("SHARDWISE_CLUSTER_SECRET", SECRET)],
+        &["--rank", "1", "--world-size", "2", "--insecure", "--data-dir", data],
+    );
+    assert!(e.contains("both --insecure and a cluster secret"), "{e}");
+    // Other machines cannot connect to a wildcard address.
+    let e = fails(&[], &["--rank", "0", "--world-size", "1", "--listen-host", "0.0.0.0", "--data-dir", data]);
+    assert!(e.contains("wildcard") && e.contains("--advertise-host"), "{e}");
+    let e = fails(&[], &["--rank", "0", "--world-size", "1", "--advertise-host", " ", "--data-dir", data]);
+    assert!(e.contains("--advertise-host is empty"), "{e}");
 }
 
 #[test]
