@@ -458,10 +458,14 @@ impl Run {
 }
 
 /// A replica's failure, to try the next replica with; `Err` when the statement or its data
-/// caused it (a division by zero, a failed cast, a refused plan), which every replica would
-/// repeat: the query fails with it at once, and `skip_unavailable_shards` does not hide it.
+/// caused it (a division by zero, a failed cast, a refused plan, more memory than
+/// `max_memory_usage` allows), which every replica would repeat: the query fails with it at
+/// once, and `skip_unavailable_shards` does not hide it. (A remote fragment's memory error
+/// arrives already named as the setting's; the initiator's own fragment's arrives as DataFusion
+/// raised it, and the query's stream names the setting.)
 fn replica_failure(e: DataFusionError) -> Result<QueryError> {
-    match QueryError::is_user_error_of(&e) {
+    let memory = matches!(e.find_root(), DataFusionError::ResourcesExhausted(_));
+    match memory || QueryError::is_user_error_of(&e) {
         true => Err(e),
         false => Ok(QueryError::from(e)),
     }

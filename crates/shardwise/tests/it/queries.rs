@@ -730,6 +730,12 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
             "{sql}: {err}"
         );
     }
+    // So is a fragment that needs more memory than max_memory_usage allows, the initiator's own
+    // included: it fails the query naming the setting, and is never a shard answered without.
+    let sql = "SELECT k FROM one ORDER BY v LIMIT 10 OFFSET 500 \
+               SETTINGS max_memory_usage = 1000, skip_unavailable_shards = 1";
+    let err = c.sql_err(0, sql);
+    assert!(err.contains("max_memory_usage = 1000") && !err.contains("unavailable"), "{err}");
     c.procs[1].kill9();
     let err = c.sql_err(0, "SELECT count(*) FROM one");
     assert!(err.contains("table one shard 1") && err.contains("skip_unavailable_shards"), "{err}");
