@@ -315,16 +315,11 @@ async fn run_statement(
     let format = clause.map(OutputFormat::of_clause).transpose()?.unwrap_or(format);
     format.check_destination(std::io::stdout().is_terminal())?;
     let info = client.execute(sql, None).await.map_err(flight_message)?;
-    let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
-    let mut out = Vec::new();
-    render(&schema, &batches, format, &mut out).map_err(|e| e.to_string())?;
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(&out).and_then(|()| stdout.flush()).map_err(|e| format!("cannot write the result: {e}"))?;
-    Ok(batches.iter().map(RecordBatch::num_rows).sum())
+    crate::sql_print::print_result(client, info, format).await
 }
 
 /// Redeems every endpoint's ticket, in order.
-async fn fetch(
+pub(crate) async fn fetch(
     client: &mut FlightSqlServiceClient<Channel>,
     info: FlightInfo,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), FlightError> {
@@ -401,7 +396,7 @@ fn cut_long_text(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::Arrow
 }
 
 /// Writes a result in the chosen format. Results without columns (`SET ...`) print nothing.
-fn render(
+pub(crate) fn render(
     schema: &SchemaRef,
     batches: &[RecordBatch],
     format: OutputFormat,

@@ -25,6 +25,7 @@ mod proc_cluster;
 mod proc_stats;
 mod script;
 mod shell;
+mod sql_print;
 
 use std::process::ExitCode;
 

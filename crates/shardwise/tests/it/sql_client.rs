@@ -55,6 +55,32 @@ fn formats_scripts_and_errors() {
         "{stderr}"
     );
 
+    // CSV is written as it arrives: a reader that stops after three lines of an endless result
+    // ends the query (the failed write cancels it) instead of waiting for all of it.
+    let mut c = shardwise();
+    c.args(["sql", "--connect", &addr, "--format", "csv", "-e", "SELECT value FROM generate_series(1, 100000000000)"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("spawn sql");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("stdout")));
+    let first: Vec<String> = lines.by_ref().take(3).map(|l| l.expect("line")).collect();
+    assert_eq!(first, ["value", "1", "2"]);
+    drop(lines);
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait().expect("wait") {
+            Some(status) => break status,
+            None if started.elapsed() > T => {
+                let _ = child.kill();
+                panic!("shardwise sql went on after its reader stopped");
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
+    assert!(!status.success() && stderr.contains("cannot write the result"), "{stderr}");
+
     let out = sql(&addr, &["-e", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"), "{}", String::from_utf8_lossy(&out.stderr));

@@ -1,0 +1,135 @@
+//! Printing a statement's result as it arrives. CSV, JSON lines and Arrow IPC are written batch by
+//! batch, so `shardwise sql --format csv -e 'SELECT ...' > file` holds one batch at a time, not
+//! the whole answer, and a reader that stops (`| head`) ends the query: the failed write drops
+//! the stream, which cancels it on the server. A table needs every row for its column widths,
+//! so it is printed at the end.
+
+use std::io::Write;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::StreamWriter;
+use arrow_flight::FlightInfo;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use tonic::transport::Channel;
+
+use crate::cmd_sql::{OutputFormat, fetch, flight_message, render};
+
+/// Prints the rows `info` points at in `format`; returns how many there were.
+pub(crate) async fn print_result(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: FlightInfo,
+    format: OutputFormat,
+) -> Result<usize, String> {
+    if format == OutputFormat::Table {
+        let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
+        let mut out = Vec::new();
+        render(&schema, &batches, format, &mut out).map_err(|e| e.to_string())?;
+        write_out(&out)?;
+        return Ok(batches.iter().map(RecordBatch::num_rows).sum());
+    }
+    let announced = match info.schema.is_empty() {
+        true => None,
+        false => Some(std::sync::Arc::new(info.clone().try_decode_schema().map_err(|e| e.to_string())?)),
+    };
+    let mut printer = Printer { format, started: None, arrow: None, rows: 0 };
+    for endpoint in info.endpoint {
+        let Some(ticket) = endpoint.ticket else {
+            continue;
+        };
+        let mut stream = client.do_get(ticket).await.map_err(flight_message)?;
+        while let Some(batch) = stream.try_next().await.map_err(flight_message)? {
+            printer.batch(&batch)?;
+        }
+        if let Some(schema) = stream.schema() {
+            printer.start(schema)?;
+        }
+    }
+    if let Some(schema) = &announced {
+        printer.start(schema)?;
+    }
+    printer.finish()
+}
+
+/// The state of one result being printed.
+struct Printer {
+    format: OutputFormat,
+    /// The result's columns, once known (its header is printed then).
+    started: Option<SchemaRef>,
+    /// The Arrow IPC stream's writer, over a buffer emptied to standard output after each write.
+    arrow: Option<StreamWriter<Vec<u8>>>,
+    rows: usize,
+}
+
+impl Printer {
+    /// Prints what comes before the rows (a CSV header, an Arrow stream's schema), once.
+    fn start(&mut self, schema: &SchemaRef) -> Result<(), String> {
+        if self.started.is_some() {
+            return Ok(());
+        }
+        self.started = Some(schema.clone());
+        if schema.fields().is_empty() {
+            return Ok(());
+        }
+        match self.format {
+            OutputFormat::Csv => {
+                let mut out = Vec::new();
+                shardwise_server::csv_text::write_header(schema, &mut out);
+                write_out(&out)
+            }
+            OutputFormat::ArrowStream => {
+                let writer = StreamWriter::try_new(Vec::new(), schema).map_err(|e| e.to_string())?;
+                self.arrow = Some(writer);
+                self.flush_arrow()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn batch(&mut self, batch: &RecordBatch) -> Result<(), String> {
+        self.start(&batch.schema())?;
+        self.rows += batch.num_rows();
+        let Some(schema) = self.started.clone().filter(|s| !s.fields().is_empty()) else {
+            return Ok(());
+        };
+        match self.format {
+            OutputFormat::ArrowStream => {
+                if let Some(writer) = self.arrow.as_mut() {
+                    writer.write(batch).map_err(|e| e.to_string())?;
+                }
+                self.flush_arrow()
+            }
+            format => {
+                let rows_only = if format == OutputFormat::Csv { OutputFormat::CsvNoHeader } else { format };
+                let mut out = Vec::new();
+                render(&schema, std::slice::from_ref(batch), rows_only, &mut out).map_err(|e| e.to_string())?;
+                write_out(&out)
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<usize, String> {
+        if let Some(mut writer) = self.arrow.take() {
+            writer.finish().map_err(|e| e.to_string())?;
+            write_out(writer.get_ref())?;
+        }
+        Ok(self.rows)
+    }
+
+    /// Writes what the Arrow writer has buffered, and empties its buffer.
+    fn flush_arrow(&mut self) -> Result<(), String> {
+        match self.arrow.as_mut() {
+            Some(writer) => {
+                let bytes = std::mem::take(writer.get_mut());
+                write_out(&bytes)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+fn write_out(bytes: &[u8]) -> Result<(), String> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(bytes).and_then(|()| stdout.flush()).map_err(|e| format!("cannot write the result: {e}"))
+}
