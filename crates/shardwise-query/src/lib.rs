@@ -20,6 +20,7 @@ pub mod memory_limit;
 pub mod numeric_literals;
 pub mod pg_catalog;
 pub mod pg_functions;
+pub mod pg_json;
 pub mod placeholders;
 pub mod query_log;
 pub mod query_runtime;

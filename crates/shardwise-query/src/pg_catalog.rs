@@ -28,6 +28,7 @@ pub fn install(ctx: &SessionContext, catalog: &str) -> Result<(), QueryError> {
         .map_err(|e| QueryError::Internal(*e))?;
     // What psql's `\dt+`, `\dn+` and `\df` call besides, and the crate lacks or makes up.
     crate::pg_functions::register(ctx);
+    crate::pg_json::register(ctx);
     Ok(())
 }
 

@@ -4,18 +4,27 @@
 //! Each answers what is true of shardwise, or NULL where shardwise does not know:
 //! - `obj_description`, `col_description`, `shobj_description`: NULL, since shardwise has no
 //!   `COMMENT ON`.
-//! - `pg_function_is_visible`: true, since every function `pg_proc` lists is in `pg_catalog`,
-//!   which is always on the search path.
+//! - `pg_function_is_visible`, `pg_collation_is_visible`: true, since every function `pg_proc`
+//!   lists and every collation is in `pg_catalog`, which is always on the search path.
+//! - `pg_get_serial_sequence`: NULL, since no column has a sequence behind it.
 //! - `pg_table_size`, `pg_relation_size`, `pg_total_relation_size`, `pg_indexes_size`: NULL,
 //!   since a table's bytes are spread over its shards' nodes and `system.shards` has them. The
 //!   crate's versions return 0, which would read as "empty".
 //! - `pg_size_pretty`: PostgreSQL's own formatting of a byte count.
+//! - `to_regtype(name)`: the type's OID (PostgreSQL's, as `pg_type` lists them) for the built-in
+//!   types shardwise's columns map to and their usual names (`integer`, `character varying`),
+//!   NULL for any other name (psycopg 3 asks for `hstore` this way when SQLAlchemy connects).
+//! - `version()`: `PostgreSQL 16.6 on x86_64-linux (shardwise 0.1.0, Apache DataFusion 55.2.0)`,
+//!   the form other engines that speak PostgreSQL's protocol use (Redshift, Materialize), since
+//!   client libraries read the PostgreSQL version from it (SQLAlchemy refuses to connect without
+//!   one). 16.6 is the `server_version` the PostgreSQL endpoint reports at log-in.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, StringArray, new_null_array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::common::ScalarValue;
 use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
@@ -110,6 +119,117 @@ pub fn size_pretty(bytes: i64) -> String {
     format!("{} PB", half_rounded(size))
 }
 
+/// PostgreSQL's OIDs of the built-in types, by each of their names (what `to_regtype` knows).
+const TYPE_OIDS: &[(&str, i32)] = &[
+    ("bool", 16),
+    ("boolean", 16),
+    ("bytea", 17),
+    ("int8", 20),
+    ("bigint", 20),
+    ("int2", 21),
+    ("smallint", 21),
+    ("int4", 23),
+    ("integer", 23),
+    ("int", 23),
+    ("text", 25),
+    ("oid", 26),
+    ("json", 114),
+    ("float4", 700),
+    ("real", 700),
+    ("float8", 701),
+    ("double precision", 701),
+    ("varchar", 1043),
+    ("character varying", 1043),
+    ("bpchar", 1042),
+    ("char", 18),
+    ("character", 1042),
+    ("date", 1082),
+    ("time", 1083),
+    ("time without time zone", 1083),
+    ("timestamp", 1114),
+    ("timestamp without time zone", 1114),
+    ("timestamptz", 1184),
+    ("timestamp with time zone", 1184),
+    ("interval", 1186),
+    ("numeric", 1700),
+    ("decimal", 1700),
+    ("uuid", 2950),
+    ("jsonb", 3802),
+];
+
+/// The OID of the type `name` names (`int4`, `pg_catalog.int4`, `INTEGER`, `"int4"`), if built in.
+pub fn type_oid(name: &str) -> Option<i32> {
+    let name = name.trim().to_ascii_lowercase();
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(&name).trim_matches('"');
+    TYPE_OIDS.iter().find(|(known, _)| *known == name).map(|(_, oid)| *oid)
+}
+
+/// `to_regtype(text)`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToRegtype {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for ToRegtype {
+    fn name(&self) -> &str {
+        "to_regtype"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Int32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let names = cast(&arrays[0], &DataType::Utf8)?;
+        let oids: datafusion::arrow::array::Int32Array =
+            names.as_string::<i32>().iter().map(|name| name.and_then(type_oid)).collect();
+        Ok(ColumnarValue::Array(Arc::new(oids)))
+    }
+}
+
+/// The PostgreSQL version shardwise's PostgreSQL endpoint speaks for (its `server_version`).
+pub const POSTGRES_VERSION: &str = "16.6";
+
+/// What `version()` answers: see the module doc.
+pub fn version_text() -> String {
+    format!(
+        "PostgreSQL {POSTGRES_VERSION} on {}-{} (shardwise {}, Apache DataFusion {})",
+        std::env::consts::ARCH,
+        std::env::consts::OS,
+        env!("CARGO_PKG_VERSION"),
+        datafusion::DATAFUSION_VERSION
+    )
+}
+
+/// `version()`, replacing DataFusion's.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Version {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for Version {
+    fn name(&self) -> &str {
+        "version"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(version_text()))))
+    }
+}
+
 /// Registers the functions in `ctx` (after the crate's, which they replace where both exist).
 pub fn register(ctx: &SessionContext) {
     for name in ["obj_description", "col_description", "shobj_description"] {
@@ -119,8 +239,15 @@ pub fn register(ctx: &SessionContext) {
         ctx.register_udf(Constant::udf(name, DataType::Int64, None));
     }
     ctx.register_udf(Constant::udf("pg_function_is_visible", DataType::Boolean, Some(true)));
+    ctx.register_udf(Constant::udf("pg_collation_is_visible", DataType::Boolean, Some(true)));
+    // No column has a sequence behind it (SQLAlchemy asks for each when it reflects a table).
+    ctx.register_udf(Constant::udf("pg_get_serial_sequence", DataType::Utf8, None));
     let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Immutable);
     ctx.register_udf(ScalarUDF::new_from_impl(SizePretty { signature }));
+    let signature = Signature::nullary(Volatility::Stable);
+    ctx.register_udf(ScalarUDF::new_from_impl(Version { signature }));
+    let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Stable);
+    ctx.register_udf(ScalarUDF::new_from_impl(ToRegtype { signature }));
 }
 
 #[cfg(test)]
@@ -152,5 +279,27 @@ mod tests {
         let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).expect("format").to_string();
         assert!(text.contains("|   |   | true | 121 kB |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn to_regtype_knows_the_built_in_types_only() {
+        let ctx = SessionContext::new();
+        register(&ctx);
+        let sql = "SELECT to_regtype('int4') AS a, to_regtype('pg_catalog.INTEGER') AS b, \
+                   to_regtype('character varying') AS c, to_regtype('hstore') AS d";
+        let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).expect("format").to_string();
+        assert!(text.contains("| 23 | 23 | 1043 |   |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn version_names_postgres_first_then_shardwise() {
+        let ctx = SessionContext::new();
+        register(&ctx);
+        let batches = ctx.sql("SELECT version() AS v").await.expect("plan").collect().await.expect("run");
+        let text = batches[0].column(0).as_string::<i32>().value(0).to_string();
+        // What SQLAlchemy's PostgreSQL dialect looks for: `PostgreSQL <major>.<minor>`.
+        assert!(text.starts_with("PostgreSQL 16.6 on "), "{text}");
+        assert!(text.contains(concat!("(shardwise ", env!("CARGO_PKG_VERSION"))), "{text}");
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! What PostgreSQL clients send that shardwise has no use for is accepted and does nothing:
 //! `BEGIN`/`COMMIT`/`ROLLBACK` (shardwise has no transactions: every statement applies on its
-//! own, and `ROLLBACK` undoes nothing) and `SET` of PostgreSQL client parameters such as
+//! own, and `ROLLBACK` undoes nothing), savepoints and `SET` of PostgreSQL client parameters such as
 //! `extra_float_digits` or `application_name`. Bind parameters (`$1`) become literals
 //! ([`params`]).
 
@@ -21,8 +21,10 @@ mod copy_in;
 mod copy_out;
 mod encode;
 mod errors;
+mod execute;
 mod numeric;
 mod params;
+mod show;
 mod startup;
 
 use std::fmt::Debug;
@@ -189,6 +191,9 @@ enum Kind {
     Rollback,
     /// `SET` of a PostgreSQL client parameter.
     IgnoredSet,
+    /// `SAVEPOINT`, `RELEASE [SAVEPOINT]`, `ROLLBACK TO [SAVEPOINT]` (psycopg 3 nests its
+    /// transactions with them): accepted and no-ops, as `BEGIN` and `ROLLBACK` are.
+    Savepoint,
     /// `DEALLOCATE [PREPARE] name | ALL` (psycopg sends it on rollback).
     Deallocate,
     /// `COPY ... TO STDOUT` or `FROM STDIN` ([`copy`]; psql's `\copy`).
@@ -244,12 +249,19 @@ fn kind_of(sql: &str) -> Kind {
     match first {
         "BEGIN" | "START" => Kind::Begin,
         "COMMIT" | "END" => Kind::Commit,
+        "ROLLBACK" if second == "to" => Kind::Savepoint,
         "ROLLBACK" | "ABORT" => Kind::Rollback,
+        "SAVEPOINT" | "RELEASE" => Kind::Savepoint,
         "DEALLOCATE" => Kind::Deallocate,
         "COPY" => Kind::Copy,
         "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
         _ => Kind::Sql,
     }
+}
+
+/// `SAVEPOINT`, `RELEASE` or `ROLLBACK`: PostgreSQL's tag for a savepoint statement.
+fn savepoint_tag(sql: &str) -> String {
+    leading_words(sql).into_iter().next().unwrap_or_default()
 }
 
 /// The command tag PostgreSQL sends for a statement without rows: `CREATE TABLE`, `SET`, ...
@@ -328,7 +340,7 @@ impl Handler {
         if kind_of(sql) != Kind::Sql {
             return Ok(Statement { sql: sql.to_string(), schema: None, parameters: false });
         }
-        let rewritten = shardwise_query::pg_catalog::rewrite(sql);
+        let rewritten = show::rewrite(sql).or_else(|| shardwise_query::pg_catalog::rewrite(sql));
         let sql = rewritten.as_deref().unwrap_or(sql);
         if has_parameters(sql) {
             let nulls: Vec<String> = (0..params::count(sql)?)
@@ -358,12 +370,14 @@ impl Handler {
             Kind::Commit => return Ok(Response::TransactionEnd(Tag::new("COMMIT"))),
             Kind::Rollback => return Ok(Response::TransactionEnd(Tag::new("ROLLBACK"))),
             Kind::IgnoredSet => return Ok(Response::Execution(Tag::new("SET"))),
+            Kind::Savepoint => return Ok(Response::Execution(Tag::new(&savepoint_tag(sql)))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
             Kind::Copy => return self.copy(sql).await,
             Kind::Sql => {}
         }
-        // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect.
-        let rewritten = shardwise_query::pg_catalog::rewrite(sql);
+        // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect; drivers
+        // ask for PostgreSQL's parameters.
+        let rewritten = show::rewrite(sql).or_else(|| shardwise_query::pg_catalog::rewrite(sql));
         let sql = rewritten.as_deref().unwrap_or(sql);
         let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
         let schema = planned.schema();
@@ -520,6 +534,17 @@ impl ExtendedQueryHandler for Handler {
         })
     }
 
+    /// Streamed when the portal runs to completion ([`execute`]).
+    async fn on_execute<C>(&self, client: &mut C, message: pgwire::messages::extendedquery::Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        execute::execute(self, client, message).await
+    }
+
     async fn do_query<C>(&self, client: &mut C, portal: &Portal<Statement>, _max_rows: usize) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -573,6 +598,10 @@ mod tests {
         assert_eq!(kind_of("START TRANSACTION"), Kind::Begin);
         assert_eq!(kind_of("commit"), Kind::Commit);
         assert_eq!(kind_of("ROLLBACK"), Kind::Rollback);
+        assert_eq!(kind_of("SAVEPOINT \"_pg3_1\""), Kind::Savepoint);
+        assert_eq!(kind_of("release savepoint \"_pg3_1\""), Kind::Savepoint);
+        assert_eq!(kind_of("ROLLBACK TO SAVEPOINT s"), Kind::Savepoint);
+        assert_eq!(savepoint_tag("release s"), "RELEASE");
         assert_eq!(kind_of("SET extra_float_digits = 3"), Kind::IgnoredSet);
         assert_eq!(kind_of("SET application_name = 'psql'"), Kind::IgnoredSet);
         assert_eq!(kind_of("SET max_execution_time_ms = 10"), Kind::Sql);

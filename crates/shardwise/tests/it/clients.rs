@@ -244,6 +244,31 @@ except psycopg.errors.QueryCanceled:
 assert time.time() - started < 15, time.time() - started
 assert slow.execute("SELECT 7").fetchone() == (7,)
 slow.close()
+# The extended protocol streams: the first rows of an endless result arrive at once (they were
+# collected whole before the first was sent), and closing the connection stops the statement.
+endless = psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True)
+started = time.time()
+head = []
+for row in endless.cursor().stream("SELECT value FROM generate_series(1, 100000000000)"):
+    head.append(row[0])
+    if len(head) == 3:
+        break
+assert head == [1, 2, 3] and time.time() - started < 15, (head, time.time() - started)
+endless.close()
+# What drivers and SQLAlchemy ask when they connect: PostgreSQL's version and parameters, and
+# nested transactions (savepoints), which are accepted as BEGIN is.
+with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise") as tx:
+    assert tx.execute("SELECT version()").fetchone()[0].startswith("PostgreSQL 16.6 on ")
+    assert tx.execute("SHOW transaction isolation level").fetchone() == ("read committed",)
+    with tx.transaction():
+        with tx.transaction():
+            assert tx.execute("SELECT count(*) FROM sales").fetchone() == (4,)
+import sqlalchemy
+engine = sqlalchemy.create_engine("postgresql+psycopg://default@{host}:{port}/shardwise")
+with engine.connect() as sa:
+    assert sa.execute(sqlalchemy.text("SELECT count(*) FROM sales WHERE id > :n"), {{"n": 1}}).scalar() == 3
+    inspector = sqlalchemy.inspect(sa)
+    assert "sales" in inspector.get_table_names(), inspector.get_table_names()
 try:
     psycopg.connect(host="{host}", port={port}, user="default", dbname="other")
     raise SystemExit("connected to another database")
