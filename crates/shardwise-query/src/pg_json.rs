@@ -2,9 +2,9 @@
 //! text. SQLAlchemy's PostgreSQL dialect builds its column descriptions with it when it reflects
 //! a table, and users of PostgreSQL reach for it to shape rows as JSON.
 //!
-//! Keys are the arguments' text; a value is a JSON number, boolean, string or null by its type,
-//! and the text of any other type (dates, decimals as PostgreSQL writes them in JSON are numbers:
-//! decimals here too).
+//! Keys are the arguments' text, kept in the order given (duplicates too, as PostgreSQL's `json`
+//! keeps them); a value is a JSON number (integers, floats, decimals), boolean, string or null by
+//! its type, and the text of any other type (dates, timestamps).
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 use datafusion::prelude::SessionContext;
-use serde_json::{Map, Number, Value};
+use serde_json::{Number, Value};
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct JsonBuildObject {
@@ -47,16 +47,17 @@ impl ScalarUDFImpl for JsonBuildObject {
         let rows = args.number_rows;
         let mut out = StringBuilder::with_capacity(rows, rows * 32);
         for row in 0..rows {
-            let mut object = Map::new();
+            let mut members = Vec::with_capacity(arrays.len() / 2);
             for pair in arrays.chunks(2) {
                 let key = ScalarValue::try_from_array(&pair[0], row)?;
                 if key.is_null() {
                     return Err(DataFusionError::Execution("json_build_object: a key is NULL".into()));
                 }
                 let value = pair.get(1).map(|v| ScalarValue::try_from_array(v, row)).transpose()?;
-                object.insert(text_of(&key), value.map_or(Value::Null, |v| json_of(&v)));
+                let value = value.map_or(Value::Null, |v| json_of(&v));
+                members.push(format!("{}:{value}", Value::String(text_of(&key))));
             }
-            out.append_value(Value::Object(object).to_string());
+            out.append_value(format!("{{{}}}", members.join(",")));
         }
         Ok(ColumnarValue::Array(Arc::new(out.finish())))
     }
@@ -107,10 +108,10 @@ mod tests {
     async fn builds_an_object_of_typed_values() {
         let ctx = SessionContext::new();
         register(&ctx);
-        let sql = "SELECT json_build_object('a', 1, 'b', 'x\"y', 'c', NULL, 'd', true, 'e', 1.5) AS j";
+        let sql = "SELECT json_build_object('b', 1, 'a', 'x\"y', 'c', NULL, 'd', true, 'e', 1.5) AS j";
         let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
         let text = datafusion::arrow::array::AsArray::as_string::<i32>(batches[0].column(0)).value(0).to_string();
-        assert_eq!(text, r#"{"a":1,"b":"x\"y","c":null,"d":true,"e":1.5}"#);
+        assert_eq!(text, r#"{"b":1,"a":"x\"y","c":null,"d":true,"e":1.5}"#);
         let err = ctx.sql("SELECT json_build_object('a')").await.expect_err("odd arguments");
         assert!(err.to_string().contains("even number of arguments"), "{err}");
     }
