@@ -141,15 +141,25 @@ fn internal(message: String) -> QueryError {
 impl QueryEngine {
     /// An engine without tables: `system.nodes` and plain SQL only.
     pub fn new(cluster: Arc<dyn ClusterView>) -> Result<Self, QueryError> {
-        Self::build(cluster, None)
+        Self::build(cluster, None, 0)
     }
 
-    /// An engine whose default schema is the cluster's sharded tables, stored through `access`.
-    pub fn with_tables(cluster: Arc<dyn ClusterView>, access: Arc<dyn TableAccess>) -> Result<Self, QueryError> {
-        Self::build(cluster, Some(access))
+    /// An engine whose default schema is the cluster's sharded tables, stored through `access`,
+    /// whose queries together may hold `max_server_memory_bytes` (0: no limit;
+    /// `crate::server_memory`).
+    pub fn with_tables(
+        cluster: Arc<dyn ClusterView>,
+        access: Arc<dyn TableAccess>,
+        max_server_memory_bytes: u64,
+    ) -> Result<Self, QueryError> {
+        Self::build(cluster, Some(access), max_server_memory_bytes)
     }
 
-    fn build(cluster: Arc<dyn ClusterView>, access: Option<Arc<dyn TableAccess>>) -> Result<Self, QueryError> {
+    fn build(
+        cluster: Arc<dyn ClusterView>,
+        access: Option<Arc<dyn TableAccess>>,
+        max_server_memory_bytes: u64,
+    ) -> Result<Self, QueryError> {
         let cluster_rank = cluster.rank();
         // Shuffle buckets this node fetches from itself are handed over in process.
         let exchanges = Arc::new(ExchangeRegistry::default());
@@ -162,8 +172,15 @@ impl QueryEngine {
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
+        let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new();
+        if max_server_memory_bytes > 0 {
+            let pool = crate::server_memory::ServerMemory::new(max_server_memory_bytes, cluster_rank);
+            runtime = runtime.with_memory_pool(Arc::new(pool));
+        }
+        let runtime = runtime.build_arc().map_err(QueryError::Internal)?;
         let mut state = SessionStateBuilder::new()
             .with_config(config)
+            .with_runtime_env(runtime)
             .with_default_features()
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))

@@ -9,8 +9,9 @@
 //! A sort's up-front reservation for merging spilled runs is capped at a tenth of the limit.
 //!
 //! The pool is DataFusion's `FairSpillPool` (spilling operators share what the others leave),
-//! wrapped in `TrackConsumersPool` so the error lists the largest consumers. 0 (the default)
-//! means no limit: the node's unbounded pool.
+//! wrapped in `TrackConsumersPool` so the error lists the largest consumers, and held inside the
+//! node's pool (`max_server_memory_usage`, `crate::server_memory`): a reservation must fit both.
+//! 0 (the default) means no limit of the query's own: the node's pool alone.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::TryStreamExt;
 
 use crate::error::QueryError;
+use crate::server_memory::{SERVER_MEMORY_ERROR, Within};
 
 /// Under a limit, a sort's merge reservation is at most this fraction (1/n) of it.
 const SORT_MERGE_SHARE: usize = 10;
@@ -38,7 +40,8 @@ pub fn with_memory_limit(context: Arc<TaskContext>, max_memory_usage: u64) -> Re
     }
     let bytes = usize::try_from(max_memory_usage).unwrap_or(usize::MAX);
     let top = NonZeroUsize::new(CONSUMERS_LISTED).unwrap_or(NonZeroUsize::MIN);
-    let pool = Arc::new(TrackConsumersPool::new(FairSpillPool::new(bytes), top));
+    let query = Arc::new(TrackConsumersPool::new(FairSpillPool::new(bytes), top));
+    let pool = Arc::new(Within { query, node: Arc::clone(context.memory_pool()) });
     let runtime =
         RuntimeEnvBuilder::from_runtime_env(&context.runtime_env()).with_memory_pool(pool).build_arc().map_err(
             |e| QueryError::Internal(DataFusionError::Internal(format!("cannot limit the query's memory: {e}"))),
@@ -69,24 +72,31 @@ pub(crate) fn with_config_and_runtime(
     ))
 }
 
-/// The rows of `stream`, with an out-of-memory error turned into one that names
-/// `max_memory_usage`, its value and the node (`rank`).
+/// The rows of `stream`, with an out-of-memory error turned into one that names the limit it
+/// met: `max_memory_usage` (its value and the node, `rank`), or the node's
+/// `max_server_memory_usage` (whose error says so already).
 pub fn explain_memory_errors(
     stream: SendableRecordBatchStream,
     max_memory_usage: u64,
     rank: u32,
 ) -> SendableRecordBatchStream {
-    if max_memory_usage == 0 {
-        return stream;
-    }
     let schema = stream.schema();
     let mapped = stream.map_err(move |e| match e.find_root() {
-        DataFusionError::ResourcesExhausted(detail) => {
+        DataFusionError::ResourcesExhausted(detail) if detail.contains(SERVER_MEMORY_ERROR) => {
+            DataFusionError::External(Box::new(QueryError::Rejected(server_detail(detail))))
+        }
+        DataFusionError::ResourcesExhausted(detail) if max_memory_usage > 0 => {
             DataFusionError::External(Box::new(QueryError::Rejected(memory_message(max_memory_usage, rank, detail))))
         }
         _ => e,
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, mapped))
+}
+
+/// The node pool's own words, from where they start in `detail` (a wrapping pool may put its
+/// list of consumers after them).
+fn server_detail(detail: &str) -> String {
+    detail.find(SERVER_MEMORY_ERROR).map_or(detail, |at| &detail[at..]).to_string()
 }
 
 fn memory_message(max_memory_usage: u64, rank: u32, detail: &str) -> String {

@@ -118,8 +118,9 @@ impl Services {
         let auth = DataPlaneAuth::new(opts.secret.as_ref(), &node.run_id);
         let metadata = Arc::new(NodeMetadata(node.metadata_handle()));
         let max_message_bytes = opts.settings.data_plane_max_message_bytes;
+        let max_server_memory_bytes = opts.settings.max_server_memory_bytes;
         let tables = TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings).await?;
-        let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone())?);
+        let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone(), max_server_memory_bytes)?);
         let (stop, rx) = watch::channel(false);
         let plane = DataPlane::new(Arc::clone(&tables), Arc::clone(&engine), auth);
         let data = tokio::spawn(plane.serve(listeners.data, max_message_bytes, stopped(rx.clone())));

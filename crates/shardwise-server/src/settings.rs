@@ -43,6 +43,9 @@ pub struct StorageSettings {
     /// Shard store limits.
     pub shard_buffer_max_rows: usize,
     pub shard_buffer_max_bytes: usize,
+    /// How much memory all queries on the node may hold together (`max_server_memory_usage`;
+    /// 0: no limit). `shardwise node` defaults it to 80% of the machine's memory.
+    pub max_server_memory_bytes: u64,
 }
 
 impl Default for StorageSettings {
@@ -66,6 +69,7 @@ impl Default for StorageSettings {
             peer_keepalive_timeout_ms: 10_000,
             shard_buffer_max_rows: ShardStoreOptions::default().buffer_max_rows,
             shard_buffer_max_bytes: ShardStoreOptions::default().buffer_max_bytes,
+            max_server_memory_bytes: 0,
         }
     }
 }

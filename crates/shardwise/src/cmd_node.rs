@@ -104,6 +104,11 @@ pub struct NodeArgs {
     /// How long an insert waits for room in a full outbox before failing [default: 10000].
     #[arg(long, env = "SHARDWISE_OUTBOX_FULL_WAIT_MS")]
     pub outbox_full_wait_ms: Option<u64>,
+    /// Most memory all queries on this node may hold together (ClickHouse's
+    /// max_server_memory_usage); past it, operators spill or the query fails naming it; 0 = no
+    /// limit [default: 80% of the machine's memory, or of its cgroup's limit].
+    #[arg(long, env = "SHARDWISE_MAX_SERVER_MEMORY_BYTES")]
+    pub max_server_memory_bytes: Option<u64>,
     /// Log filter, e.g. `debug` or `shardwise_cluster=debug` [default: info on rank 0, warn elsewhere].
     #[arg(long, env = "SHARDWISE_LOG")]
     pub log: Option<String>,
@@ -145,6 +150,7 @@ struct ConfigFile {
     progress_interval_ms: Option<u64>,
     outbox_max_bytes: Option<u64>,
     outbox_full_wait_ms: Option<u64>,
+    max_server_memory_bytes: Option<u64>,
     log: Option<String>,
     /// Users and their SCRAM-SHA-256 verifiers (`shardwise passwd USER` prints one); while
     /// absent or empty, only `default` with an empty password.
@@ -208,8 +214,30 @@ fn storage_settings(args: &NodeArgs, file: &ConfigFile) -> StorageSettings {
     StorageSettings {
         outbox_max_bytes: pick(args.outbox_max_bytes, file.outbox_max_bytes).unwrap_or(d.outbox_max_bytes),
         outbox_full_wait_ms: pick(args.outbox_full_wait_ms, file.outbox_full_wait_ms).unwrap_or(d.outbox_full_wait_ms),
+        max_server_memory_bytes: pick(args.max_server_memory_bytes, file.max_server_memory_bytes)
+            .unwrap_or_else(default_server_memory_bytes),
         ..d
     }
+}
+
+/// Share of the machine's memory (or its cgroup's limit) queries may hold by default.
+const SERVER_MEMORY_PERCENT: u64 = 80;
+
+/// [`SERVER_MEMORY_PERCENT`] of the smaller of the machine's memory (`/proc/meminfo`) and the
+/// cgroup's limit (`memory.max`, cgroup v2); 0 (no limit) when neither can be read.
+fn default_server_memory_bytes() -> u64 {
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok().and_then(|t| t.trim().parse::<u64>().ok());
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => m.min(c),
+        (m, c) => m.or(c).unwrap_or(0),
+    }
+    .saturating_mul(SERVER_MEMORY_PERCENT)
+        / 100
 }
 
 pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {

@@ -746,6 +746,27 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
 }
 
+#[test]
+fn queries_on_a_node_together_stay_within_max_server_memory_usage() {
+    let dir = tempdir();
+    let mut cmd = node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0));
+    cmd.env("SHARDWISE_MAX_SERVER_MEMORY_BYTES", "300000");
+    let mut node = Proc::spawn(cmd);
+    let addr = flight_addr(&node.wait_for_line("listening rank=0", Duration::from_secs(30)));
+    let sql = |q: &str| sql_csv(&addr, q);
+    sql("CREATE TABLE m (k BIGINT, v VARCHAR) WITH (shard_key = 'k')").expect("create");
+    sql("INSERT INTO m SELECT value, 'padding padding padding ' || value FROM generate_series(1, 100000)")
+        .expect("insert");
+    // A top 50 010 of 100 000 rows needs megabytes, which a top-N cannot spill: the query fails
+    // naming the node's limit, and the node goes on answering.
+    let err = sql("SELECT k, v FROM m ORDER BY v DESC LIMIT 10 OFFSET 50000").expect_err("over the node's memory");
+    assert!(err.contains("max_server_memory_usage = 300000") && err.contains("rank 0"), "{err}");
+    let err = sql("SELECT k FROM m ORDER BY v LIMIT 10 OFFSET 50000 SETTINGS max_memory_usage = 10000000000")
+        .expect_err("a query's own limit does not lift the node's");
+    assert!(err.contains("max_server_memory_usage = 300000"), "{err}");
+    assert_eq!(sql("SELECT count(*) FROM m").expect("count"), vec![vec!["100000".to_string()]]);
+}
+
 /// A stopped node (SIGSTOP: it still accepts connections and never answers) must not hang the
 /// statements that need it: reads fail over or fail naming the shard, writes with a lowered
 /// quorum go on without it, a flush names it; and nothing is lost once it runs again.
