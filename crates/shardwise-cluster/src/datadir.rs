@@ -55,6 +55,14 @@ impl DataDir {
     /// Creates (if needed), locks and reads the data dir at `path`.
     pub fn open(path: &Path) -> Result<DataDir> {
         let io = |op: &'static str| move |source| ClusterError::DataDirIo { path: path.to_path_buf(), op, source };
+        // A file where the data dir (or a folder above it) should be: say so, not "File exists".
+        if let Some(file) = path.ancestors().find(|p| p.is_file()) {
+            return Err(ClusterError::DataDirIo {
+                path: path.to_path_buf(),
+                op: "create",
+                source: std::io::Error::other(format!("{} is a file, not a directory", file.display())),
+            });
+        }
         create_dir_durably(path)?;
         let lock_path = path.join(LOCK_FILE);
         let mut lock =
@@ -278,6 +286,12 @@ mod tests {
         assert!(deep.is_dir());
         create_dir_durably(&deep).unwrap(); // existing: nothing to do
         DataDir::open(&tmp.path().join("c/rank-0")).unwrap();
+        // A file in the way is named as one.
+        std::fs::write(tmp.path().join("f"), "x").unwrap();
+        for path in ["f", "f/rank-0"] {
+            let err = DataDir::open(&tmp.path().join(path)).unwrap_err().to_string();
+            assert!(err.contains("f is a file, not a directory"), "{err}");
+        }
     }
 
     #[test]

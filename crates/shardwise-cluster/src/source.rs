@@ -202,6 +202,9 @@ pub enum SourceError {
     #[error("master address from {origin} is empty: expected a host name or IP address")]
     EmptyMasterAddr { origin: String },
 
+    #[error("master address from {origin} is `{value}`: {why}")]
+    BadMasterAddr { origin: String, value: String, why: &'static str },
+
     #[error(
         "SLURM_JOB_ID is `{value}`: expected a numeric job id to derive the master port (15000 + its last four digits); set MASTER_PORT or pass --master-port instead"
     )]
@@ -578,6 +581,25 @@ fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
     let trimmed = addr.trim();
     if trimmed.is_empty() {
         return Err(SourceError::EmptyMasterAddr { origin: origin.into() });
+    }
+    let bad = |why| Err(SourceError::BadMasterAddr { origin: origin.into(), value: trimmed.into(), why });
+    // `[::1]`, as in a URL, is the address inside the brackets.
+    let unbracketed = trimmed.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(trimmed);
+    if unbracketed.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(unbracketed.to_owned());
+    }
+    if trimmed.contains("://") {
+        return bad("it has a scheme; give only a host name or IP address");
+    }
+    let with_port = trimmed.parse::<std::net::SocketAddr>().is_ok()
+        || trimmed.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.contains(':') && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+        });
+    if with_port {
+        return bad("it has a port; give the port in MASTER_PORT (or --master-port) and only the host here");
+    }
+    if trimmed.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') {
+        return bad("expected a host name or IP address");
     }
     Ok(trimmed.to_owned())
 }

@@ -109,6 +109,33 @@ fn is_terminal(e: &ClusterError) -> bool {
     )
 }
 
+/// Longest refusal reason shown from a peer.
+const REASON_MAX_CHARS: usize = 500;
+
+/// `text` from a peer as it may be printed: control characters (newlines, terminal escapes)
+/// escaped, and at most [`REASON_MAX_CHARS`] characters.
+fn printable(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars().take(REASON_MAX_CHARS) {
+        match c.is_control() {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    if text.chars().nth(REASON_MAX_CHARS).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A reason the master gave before proving it knows the secret (when this node has one).
+fn unproven(s: &WorkerSettings, peer: &str, reason: &str) -> String {
+    match s.secret.is_some() {
+        true => format!("{} (said by {peer} before it proved it knows the cluster secret)", printable(reason)),
+        false => printable(reason),
+    }
+}
+
 /// One attempt to join or rejoin; `held_epoch` is the epoch this process held before it lost
 /// the master (`None` on its first join).
 pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) -> Result<Session> {
@@ -133,7 +160,11 @@ pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) ->
     let master_nonce = decode_nonce(&master_nonce, &peer)?;
     if secured && s.secret.is_none() {
         return Err(ClusterError::Refused {
-            reason: "the master requires a cluster secret and this node has none".into(),
+            reason: format!(
+                "the master at {peer} requires a cluster secret, and this node has none (it was started with \
+                 --insecure, or without --secret-file or {})",
+                crate::secret::SECRET_ENV
+            ),
         });
     }
     let node_nonce = nonce();
@@ -159,8 +190,10 @@ pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) ->
     reader.set_trusted();
     let (run_id, epoch, heartbeat_interval_ms, down_after_ms, formed, view) =
         match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's welcome").await? {
-            MasterMsg::Refused { reason } => return Err(ClusterError::Refused { reason }),
-            MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason }),
+            // Before its welcome the master has not proved it knows the secret: anything on the
+            // master's port could have sent this, so the text is shown escaped, and marked.
+            MasterMsg::Refused { reason } => return Err(ClusterError::Refused { reason: unproven(s, &peer, &reason) }),
+            MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason: unproven(s, &peer, &reason) }),
             MasterMsg::Welcome { run_id, epoch, proof, formed, view, heartbeat_interval_ms, down_after_ms } => {
                 if let Some(secret) = &s.secret {
                     let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
@@ -698,5 +731,19 @@ impl WorkerLink {
         heartbeat.abort();
         writer_task.abort();
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn a_peers_text_is_printed_escaped_and_bounded() {
+        assert_eq!(printable("bad\nline \u{1b}[31mred"), "bad\\nline \\u{1b}[31mred");
+        assert_eq!(printable("héllo"), "héllo");
+        let long = printable(&"x".repeat(10_000));
+        assert_eq!(long.chars().count(), super::REASON_MAX_CHARS + 1);
+        assert!(long.ends_with('…'));
     }
 }

@@ -731,6 +731,23 @@ fn empty_master_addr() {
 }
 
 #[test]
+fn master_addr_with_a_port_scheme_or_brackets() {
+    let torch = |addr: &'static str| with(TORCH, &[("MASTER_ADDR", addr)]);
+    for (addr, why) in [
+        ("127.0.0.1:4000", "MASTER_PORT"),
+        ("head:29500", "MASTER_PORT"),
+        ("tcp://head", "scheme"),
+        ("a b", "host name"),
+    ] {
+        let e = err(&none(), &torch(addr)).to_string();
+        assert!(e.contains("MASTER_ADDR") && e.contains(addr) && e.contains(why), "{e}");
+    }
+    assert_eq!(ok(&none(), &torch("[::1]")).master_addr, "::1");
+    assert_eq!(ok(&none(), &torch("::1")).master_addr, "::1");
+    assert_eq!(ok(&none(), &torch("node-7.cluster")).master_addr, "node-7.cluster");
+}
+
+#[test]
 fn master_addr_is_not_resolved() {
     let d = ok(&none(), &with(TORCH, &[("MASTER_ADDR", "no-such-host.invalid")]));
     assert_eq!(d.master_addr, "no-such-host.invalid");

@@ -267,7 +267,13 @@ impl TablesNode {
             let Some(n) = node.upgrade() else { return };
             for (key, store) in n.open_stores() {
                 let r = n.background.blocking(move || lock(&store).maintain().map_err(storage_error)).await;
+                // A store whose table was dropped (or truncated) meanwhile loses its directory
+                // under its maintenance: expected, not an error.
                 if let Err(e) = r {
+                    if !lock(&n.stores).contains_key(&key) {
+                        tracing::debug!(table_id = key.0, shard = key.2, "maintenance of a dropped store: {e}");
+                        continue;
+                    }
                     tracing::error!(table_id = key.0, shard = key.2, "shard maintenance failed: {e}");
                 }
             }
