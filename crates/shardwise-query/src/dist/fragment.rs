@@ -348,7 +348,7 @@ impl Run {
                     errors.push(replica_error(rank, replica_failure(e)?));
                     continue;
                 }
-                first => return Ok(self.instrument(first, stream)),
+                first => return Ok(self.instrument(rank, first, stream)),
             }
         }
         let table = &self.placement.table.name;
@@ -444,14 +444,24 @@ impl Run {
         }))
     }
 
-    fn instrument(self, first: Option<Result<RecordBatch>>, rest: BatchStream) -> BatchStream {
+    /// The rows `rank` sends, counted; a failure after its first rows (the node died or hung
+    /// mid-stream) names the table, the shard and the node, and why it was not retried.
+    fn instrument(self, rank: u32, first: Option<Result<RecordBatch>>, rest: BatchStream) -> BatchStream {
         let (rows, bytes) = (self.rows, self.bytes);
-        let count = move |batch: Result<RecordBatch>| {
-            if let Ok(b) = &batch {
+        let what = format!("table {} {} {} on rank {rank}", self.placement.table.name, self.placement.unit, self.shard);
+        let count = move |batch: Result<RecordBatch>| match batch {
+            Ok(b) => {
                 rows.add(b.num_rows());
-                bytes.add(shardwise_storage::row_bytes(b));
+                bytes.add(shardwise_storage::row_bytes(&b));
+                Ok(b)
             }
-            batch
+            Err(e) => match replica_failure(e) {
+                Ok(failure) => Err(external(QueryError::Unavailable(format!(
+                    "{what} failed after sending rows, so it was not retried on another replica: {}",
+                    replica_error(rank, failure)
+                )))),
+                Err(statement_error) => Err(statement_error),
+            },
         };
         futures::stream::iter(first).chain(rest).map(count).boxed()
     }
