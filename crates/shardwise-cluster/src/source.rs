@@ -196,6 +196,11 @@ pub enum SourceError {
     )]
     LocalRankOutOfRange { local_rank: u32, local_rank_name: String, local_world_size: u32, local_world_name: String },
 
+    #[error(
+        "{local_name} = {local} does not fit in a world of {world_size} ranks (from {world_name}): a host cannot run more ranks than the whole job has"
+    )]
+    LocalOverWorld { local_name: String, local: u32, world_size: u32, world_name: String },
+
     #[error("master port `{value}` from {origin} is out of range: expected a port in 1..=65535")]
     InvalidPort { value: String, origin: String },
 
@@ -541,6 +546,20 @@ fn validate(w: &Winner) -> Result<(), SourceError> {
         return Err(SourceError::RankOutOfRange {
             rank: w.rank.value,
             rank_name: w.rank.name.clone(),
+            world_size: w.world.value,
+            world_name: w.world.name.clone(),
+        });
+    }
+    // Without a local world size, the world size bounds the local rank; either bounds the other.
+    let local_over_world = match (&w.local_world, &w.local_rank) {
+        (Some(lw), _) if lw.value > w.world.value => Some(lw),
+        (_, Some(lr)) if lr.value >= w.world.value => Some(lr),
+        _ => None,
+    };
+    if let Some(local) = local_over_world {
+        return Err(SourceError::LocalOverWorld {
+            local_name: local.name.clone(),
+            local: local.value,
             world_size: w.world.value,
             world_name: w.world.name.clone(),
         });

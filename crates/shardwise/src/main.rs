@@ -75,6 +75,7 @@ enum Command {
 
 fn main() -> ExitCode {
     malloc_tuning::configure();
+    forget_empty_settings();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -103,6 +104,20 @@ fn main() -> ExitCode {
             eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Treats an empty `SHARDWISE_*` variable as unset: `export SHARDWISE_SECRET_FILE=` is a common
+/// way to unset one, and clap would report it as a flag given without a value.
+fn forget_empty_settings() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(name, value)| value.is_empty() && name.to_string_lossy().starts_with("SHARDWISE_"))
+        .map(|(name, _)| name)
+        .collect();
+    for name in empty {
+        // SAFETY: called first thing in `main`, before any other thread exists (the runtime is
+        // built after it), so nothing reads the environment concurrently.
+        unsafe { std::env::remove_var(name) };
     }
 }
 

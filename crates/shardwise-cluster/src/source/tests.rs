@@ -686,6 +686,14 @@ fn zero_world_sizes() {
 }
 
 #[test]
+fn local_values_beyond_the_world() {
+    let e = err(&none(), &with(TORCH, &[("LOCAL_WORLD_SIZE", "9"), ("LOCAL_RANK", "1")]));
+    assert!(e.to_string().contains("LOCAL_WORLD_SIZE = 9 does not fit in a world of 8 ranks"), "{e}");
+    let e = err(&none(), &without(&with(TORCH, &[("LOCAL_RANK", "8")]), &["LOCAL_WORLD_SIZE"]));
+    assert!(e.to_string().contains("LOCAL_RANK = 8 does not fit in a world of 8 ranks (from WORLD_SIZE)"), "{e}");
+}
+
+#[test]
 fn local_rank_not_below_local_world() {
     let e = err(&none(), &with(TORCH, &[("LOCAL_RANK", "2")]));
     assert!(matches!(e, SourceError::LocalRankOutOfRange { local_rank: 2, local_world_size: 2, .. }));

@@ -64,6 +64,8 @@ fn dry_run_reports_each_source() {
     assert_eq!((v["source"].as_str(), v["rank"].as_u64()), (Some("openmpi"), Some(2)));
     // Boolean variables take 1/0 and yes/no as well as true/false.
     assert_eq!(dry_run(&[("SHARDWISE_INSECURE", "1")], &[])["source"], "none");
+    // An empty variable is an unset one (`export SHARDWISE_CONFIG=`), not a flag without a value.
+    assert_eq!(dry_run(&[("SHARDWISE_CONFIG", ""), ("SHARDWISE_SECRET_FILE", "")], &[])["source"], "none");
     let v = dry_run(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")], &[]);
     assert_eq!(v["source"], "pmi");
 
