@@ -317,7 +317,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let http_addr = addrs.get("http").cloned().unwrap_or_default();
     let pg_addr = addrs.get("pg").cloned().unwrap_or_default();
 
-    let node = prepared.join(addrs).await?;
+    // Watched from before the rendezvous: Ctrl-C or SIGTERM while the node waits (up to
+    // join_timeout_ms) for the other ranks stops it with a word, not the signal's silent default.
+    let mut signals = StopSignals::install()?;
+    let node = tokio::select! {
+        joined = prepared.join(addrs) => joined?,
+        s = signals.recv() => bail!("{s} while waiting to join the cluster: stopped before it formed"),
+    };
     if args.exit_after_init {
         let line = serde_json::json!({
             "rank": node.rank,
@@ -331,7 +337,6 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut signals = StopSignals::install()?;
     let service_opts = ServiceOptions { data_dir, secret, settings: storage_settings(&args, &file), users };
     let mut services = Services::start(&node, listeners, service_opts).await?;
     println!("listening rank={} flight={flight_addr} http={http_addr} pg={pg_addr}", node.rank);
@@ -373,8 +378,8 @@ fn check_advertise_host(advertise_host: &str, listen_host: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// SIGTERM and SIGINT handlers, installed before the node says it is ready, so a signal sent as
-/// soon as the `listening` line appears already means a graceful stop.
+/// SIGTERM and SIGINT handlers, installed before the rendezvous, so a signal sent while the node
+/// waits for the others, or as soon as the `listening` line appears, means a graceful stop.
 struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,

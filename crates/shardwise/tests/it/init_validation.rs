@@ -151,3 +151,18 @@ fn a_data_dir_is_bound_to_its_rank() {
     assert_ne!(code, Some(0));
     assert!(out.contains("belongs to rank 0"), "{out}");
 }
+
+#[test]
+fn a_signal_while_waiting_to_join_stops_the_node_with_a_word() {
+    let dir = tempdir();
+    let data = dir.path().join("r0");
+    let mut c = shardwise();
+    c.args(["node", "--rank", "0", "--world-size", "2", "--insecure", "--progress-interval-ms", "100"])
+        .args(["--master-port", &free_port().to_string(), "--data-dir", data.to_str().unwrap()]);
+    let mut p = Proc::spawn(c);
+    p.wait_for_line("waiting for 1 of 2 ranks", T);
+    p.signal("TERM");
+    let (code, out) = p.wait_exit(T);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("SIGTERM while waiting to join the cluster"), "{out}");
+}
