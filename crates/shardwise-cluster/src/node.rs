@@ -147,6 +147,15 @@ impl Prepared {
                         ),
                     });
                 }
+                if p.secured == Some(true) && self.opts.secret.is_none() {
+                    return Err(ClusterError::DataDir {
+                        path: state_dir,
+                        reason: "this cluster was formed with a cluster secret, and the master was started without \
+                                 one: start it with the same secret (--secret-file or SHARDWISE_CLUSTER_SECRET), or \
+                                 its nodes cannot rejoin"
+                            .into(),
+                    });
+                }
                 info!(run_id, "resuming the cluster recorded in the data dir");
             }
             let listener = match self.master {
@@ -462,6 +471,24 @@ mod tests {
         assert_eq!(members[1].epoch, w.epoch);
         w.shutdown().await;
         nodes.pop().unwrap().shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_secured_cluster_is_not_resumed_without_its_secret() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let secret = Some("0123456789abcdef-secret");
+        let nodes = futures_join(
+            (0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), secret), addrs(r))).collect(),
+        )
+        .await;
+        for n in nodes {
+            n.unwrap().shutdown().await;
+        }
+        let mut o = opts(0, 2, free_port(), tmp.path(), None);
+        o.insecure = true;
+        let err = init_distributed_mode(o, addrs(0)).await.unwrap_err();
+        assert!(err.to_string().contains("formed with a cluster secret"), "{err}");
     }
 
     #[tokio::test]

@@ -51,6 +51,11 @@ pub struct PersistedMembership {
     pub run_id: String,
     pub world_size: u32,
     pub members: Vec<MemberInfo>,
+    /// Whether the cluster runs with a secret: a master restarted without one (a forgotten
+    /// `--secret-file`) is refused rather than resume a secured cluster insecurely. Absent in
+    /// files from before it was recorded.
+    #[serde(default)]
+    pub secured: Option<bool>,
 }
 
 impl PersistedMembership {
@@ -354,8 +359,12 @@ impl Master {
         // atomic), so a poisoned lock is still good.
         let _persisting = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
-        let p =
-            PersistedMembership { run_id: self.settings.run_id.clone(), world_size: self.settings.world_size, members };
+        let p = PersistedMembership {
+            run_id: self.settings.run_id.clone(),
+            world_size: self.settings.world_size,
+            members,
+            secured: Some(self.settings.secret.is_some()),
+        };
         let bytes = serde_json::to_vec_pretty(&p).map_err(|e| ClusterError::DataDir {
             path: self.settings.state_dir.clone(),
             reason: format!("cannot encode membership: {e}"),

@@ -157,8 +157,12 @@ fn a_signal_while_waiting_to_join_stops_the_node_with_a_word() {
     let dir = tempdir();
     let data = dir.path().join("r0");
     let mut c = shardwise();
-    c.args(["node", "--rank", "0", "--world-size", "2", "--insecure", "--progress-interval-ms", "100"])
-        .args(["--master-port", &free_port().to_string(), "--data-dir", data.to_str().unwrap()]);
+    c.args(["node", "--rank", "0", "--world-size", "2", "--insecure", "--progress-interval-ms", "100"]).args([
+        "--master-port",
+        &free_port().to_string(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
     let mut p = Proc::spawn(c);
     p.wait_for_line("waiting for 1 of 2 ranks", T);
     p.signal("TERM");
