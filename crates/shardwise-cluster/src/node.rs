@@ -526,7 +526,10 @@ mod tests {
         assert_eq!(members[1].epoch, rejoined.epoch);
         // The old incarnation reconnecting (say its heartbeat timer fired before it read the
         // `Fenced`) says which epoch it held, and is fenced out instead of taking the rank back.
-        let err = crate::worker::connect_once(&settings, Some(joined.epoch)).await.err().expect("stale rejoin refused");
+        let err = crate::worker::connect_once(&settings, "another process", Some(joined.epoch))
+            .await
+            .err()
+            .expect("stale rejoin refused");
         assert!(matches!(err, ClusterError::Fenced { .. }), "{err}");
         assert!(err.to_string().contains("newer incarnation"), "{err}");
         assert!(new.fatal().borrow().is_none());
@@ -538,11 +541,21 @@ mod tests {
             down_after_ms: 20_000,
             ..Timeouts::default()
         };
-        let session = crate::worker::connect_once(&WorkerSettings { timeouts: own, ..settings }, Some(rejoined.epoch))
-            .await
-            .expect("the current incarnation may reconnect");
+        let session = crate::worker::connect_once(
+            &WorkerSettings { timeouts: own, ..settings.clone() },
+            "x",
+            Some(rejoined.epoch),
+        )
+        .await
+        .expect("the current incarnation may reconnect");
         assert_eq!((session.heartbeat_interval_ms, session.down_after_ms), (500, 6_000));
+        let admitted = session.epoch;
         drop(session);
+        // The same process again with the epoch before that one (its attempt was admitted, then
+        // cut off before it learned the new epoch): a retry, not a stale incarnation.
+        let again = crate::worker::connect_once(&settings, "x", Some(rejoined.epoch)).await.expect("a retry");
+        assert!(again.epoch > admitted);
+        drop(again);
         new.leave().await;
         master.shutdown().await;
     }

@@ -111,6 +111,8 @@ struct Slot {
     info: MemberInfo,
     last_seen: Option<Instant>,
     conn: Option<Conn>,
+    /// The token of the process that holds the rank (`NodeMsg::Hello::incarnation`).
+    incarnation: Option<String>,
 }
 
 struct State {
@@ -187,11 +189,11 @@ impl Master {
                 }
                 m.state = NodeState::Down;
                 m.last_heartbeat_unix_ms = None;
-                slots.insert(m.rank, Slot { info: m, last_seen: None, conn: None });
+                slots.insert(m.rank, Slot { info: m, last_seen: None, conn: None, incarnation: None });
             }
         }
         let own = settings.own.clone();
-        slots.insert(0, Slot { info: own, last_seen: None, conn: None });
+        slots.insert(0, Slot { info: own, last_seen: None, conn: None, incarnation: None });
         if settings.state_dir.is_dir() {
             let removed = remove_stale_temp_files(&settings.state_dir)?;
             if !removed.is_empty() {
@@ -532,6 +534,7 @@ impl Master {
             nonce: node_nonce,
             proof,
             epoch: held,
+            incarnation,
         } = hello
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
@@ -545,6 +548,7 @@ impl Master {
             run_id: run_id.as_deref(),
             proof: proof.as_deref(),
             held_epoch: held,
+            incarnation: incarnation.as_deref(),
         };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
@@ -556,7 +560,12 @@ impl Master {
         let admitted = {
             let mut s = self.lock();
             let verdict = match stale_incarnation(&s, &check) {
-                Some(reason) => Err(MasterMsg::Fenced { reason }),
+                Some(reason) => {
+                    let proof = self.settings.secret.as_ref().map(|secret| {
+                        hex::encode(secret.tag("fenced", &[&master_nonce, &node_nonce, reason.as_bytes()]))
+                    });
+                    Err(MasterMsg::Fenced { reason, proof })
+                }
                 None => admit(&mut s, &self.settings, &check).map_err(|reason| MasterMsg::Refused { reason }),
             };
             match verdict {
@@ -577,11 +586,19 @@ impl Master {
                         epoch,
                         last_heartbeat_unix_ms: None,
                     };
-                    let old =
-                        s.slots.insert(rank, Slot { info, last_seen: Some(now), conn: Some(Conn { id: conn_id, tx }) });
+                    let old = s.slots.insert(
+                        rank,
+                        Slot {
+                            info,
+                            last_seen: Some(now),
+                            conn: Some(Conn { id: conn_id, tx }),
+                            incarnation: incarnation.clone(),
+                        },
+                    );
                     if let Some(Slot { conn: Some(old), .. }) = old
                         && let Some(out) = Outgoing::new(&MasterMsg::Fenced {
                             reason: format!("rank {rank} rejoined with epoch {epoch}"),
+                            proof: None,
                         })
                     {
                         let _ = old.tx.try_send(out);
@@ -597,7 +614,7 @@ impl Master {
         };
         let (conn_id, epoch, formed, view) = match admitted {
             Err(refusal) => {
-                if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason } = &refusal {
+                if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason, .. } = &refusal {
                     warn!(%peer, rank, "refused a node: {reason}");
                 }
                 writer.write(&refusal).await?;
@@ -836,6 +853,8 @@ struct HelloCheck<'a> {
     proof: Option<&'a str>,
     /// The epoch the node held before it lost the master (a rejoin), if any.
     held_epoch: Option<u64>,
+    /// The process's token (`NodeMsg::Hello::incarnation`).
+    incarnation: Option<&'a str>,
 }
 
 /// Why a rejoining process may not have its rank back: it held an older epoch, so a newer
@@ -845,6 +864,11 @@ struct HelloCheck<'a> {
 fn stale_incarnation(s: &State, h: &HelloCheck<'_>) -> Option<String> {
     let slot = s.slots.get(&h.rank).filter(|slot| slot.info.node_id == h.node_id)?;
     let held = h.held_epoch.filter(|held| *held < slot.info.epoch)?;
+    // The same process retrying: its last attempt was admitted, then cut off before it learned
+    // its new epoch.
+    if h.incarnation.is_some() && slot.incarnation.as_deref() == h.incarnation {
+        return None;
+    }
     Some(format!(
         "this process held rank {} at epoch {held}, and a newer incarnation of it has joined since (epoch {})",
         h.rank, slot.info.epoch
@@ -873,7 +897,9 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     }
     match s.slots.get(&h.rank) {
         None => Ok(1),
-        Some(slot) if slot.info.node_id == h.node_id => Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)) + 1),
+        Some(slot) if slot.info.node_id == h.node_id => {
+            Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)).saturating_add(1))
+        }
         Some(slot) if slot.conn.is_some() => Err(format!(
             "rank {} is already held by live node {} ({})",
             h.rank,

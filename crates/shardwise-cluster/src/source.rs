@@ -550,13 +550,9 @@ fn validate(w: &Winner) -> Result<(), SourceError> {
             world_name: w.world.name.clone(),
         });
     }
-    // Without a local world size, the world size bounds the local rank; either bounds the other.
-    let local_over_world = match (&w.local_world, &w.local_rank) {
-        (Some(lw), _) if lw.value > w.world.value => Some(lw),
-        (_, Some(lr)) if lr.value >= w.world.value => Some(lr),
-        _ => None,
-    };
-    if let Some(local) = local_over_world {
+    // The world size bounds the local rank. (Not the local world size: Slurm's
+    // SLURM_NTASKS_PER_NODE is the job's, and a step may run fewer tasks than that.)
+    if let Some(local) = w.local_rank.as_ref().filter(|lr| lr.value >= w.world.value) {
         return Err(SourceError::LocalOverWorld {
             local_name: local.name.clone(),
             local: local.value,

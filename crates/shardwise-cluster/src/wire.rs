@@ -82,9 +82,13 @@ pub enum MasterMsg {
         req: u64,
         view: Vec<MemberInfo>,
     },
-    /// A newer incarnation of this rank has joined; this one must stop.
+    /// A newer incarnation of this rank has joined; this one must stop. Sent before a welcome
+    /// (to a stale process that reconnects), it carries `HMAC(secret, "fenced", nonces, reason)`
+    /// when the cluster has a secret: a fence nobody proved is retried, not obeyed.
     Fenced {
         reason: String,
+        #[serde(default)]
+        proof: Option<String>,
     },
     /// The cluster could not form (for example a join timeout); the node should exit.
     Abort {
@@ -120,6 +124,11 @@ pub enum NodeMsg {
         /// incarnation has taken the rank, and this one is fenced out.
         #[serde(default)]
         epoch: Option<u64>,
+        /// A token this process drew when it started: a rejoin with an older epoch but the same
+        /// token is the same process retrying (its last attempt was cut off after the master
+        /// admitted it), not a stale one.
+        #[serde(default)]
+        incarnation: Option<String>,
     },
     BarrierEnter,
     Heartbeat {

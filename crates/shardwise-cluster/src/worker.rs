@@ -65,7 +65,9 @@ pub(crate) struct Session {
     reader: FrameReader,
     writer: FrameWriter,
     run_id: String,
-    epoch: u64,
+    pub(crate) epoch: u64,
+    /// This process's token, said again on every rejoin (`NodeMsg::Hello::incarnation`).
+    incarnation: String,
     /// The master's heartbeat settings, which hold cluster-wide: how often to beat, and how long
     /// the master may stay silent before this node reconnects.
     pub(crate) heartbeat_interval_ms: u64,
@@ -136,9 +138,9 @@ fn unproven(s: &WorkerSettings, peer: &str, reason: &str) -> String {
     }
 }
 
-/// One attempt to join or rejoin; `held_epoch` is the epoch this process held before it lost
-/// the master (`None` on its first join).
-pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) -> Result<Session> {
+/// One attempt to join or rejoin; `incarnation` is this process's token, `held_epoch` the epoch
+/// it held before it lost the master (`None` on its first join).
+pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epoch: Option<u64>) -> Result<Session> {
     let peer = s.master.to_string();
     let t = &s.timeouts;
     let stream = tokio::time::timeout(t.connect_timeout(), TcpStream::connect(s.master))
@@ -184,6 +186,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) ->
             nonce: hex::encode(node_nonce),
             proof,
             epoch: held_epoch,
+            incarnation: Some(incarnation.to_string()),
         })
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.
@@ -193,7 +196,20 @@ pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) ->
             // Before its welcome the master has not proved it knows the secret: anything on the
             // master's port could have sent this, so the text is shown escaped, and marked.
             MasterMsg::Refused { reason } => return Err(ClusterError::Refused { reason: unproven(s, &peer, &reason) }),
-            MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason: unproven(s, &peer, &reason) }),
+            // With a secret, a fence counts only when the master proves it knows it; else it is a
+            // refusal, retried (anything on the master's port could send one).
+            MasterMsg::Fenced { reason, proof } => {
+                let proven = match &s.secret {
+                    None => true,
+                    Some(secret) => proof
+                        .and_then(|p| hex::decode(p).ok())
+                        .is_some_and(|p| secret.verify("fenced", &[&master_nonce, &node_nonce, reason.as_bytes()], &p)),
+                };
+                return Err(match proven {
+                    true => ClusterError::Fenced { reason: printable(&reason) },
+                    false => ClusterError::Refused { reason: unproven(s, &peer, &reason) },
+                });
+            }
             MasterMsg::Welcome { run_id, epoch, proof, formed, view, heartbeat_interval_ms, down_after_ms } => {
                 if let Some(secret) = &s.secret {
                     let ok = proof.and_then(|p| hex::decode(p).ok()).is_some_and(|p| {
@@ -227,9 +243,18 @@ pub(crate) async fn connect_once(s: &WorkerSettings, held_epoch: Option<u64>) ->
         };
     // The metadata comes right after the welcome, in the first authenticated frame.
     match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's metadata snapshot").await? {
-        MasterMsg::Metadata { snapshot: metadata } => {
-            Ok(Session { reader, writer, run_id, epoch, heartbeat_interval_ms, down_after_ms, formed, view, metadata })
-        }
+        MasterMsg::Metadata { snapshot: metadata } => Ok(Session {
+            reader,
+            writer,
+            run_id,
+            epoch,
+            incarnation: incarnation.to_string(),
+            heartbeat_interval_ms,
+            down_after_ms,
+            formed,
+            view,
+            metadata,
+        }),
         other => Err(ClusterError::WrongProtocol {
             peer,
             detail: format!("expected the metadata snapshot after the welcome, got {}", message_kind(&other)),
@@ -256,6 +281,8 @@ async fn read_timeout(reader: &mut FrameReader, d: Duration, what: &str) -> Resu
 async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Session, Joined)> {
     let t = &s.timeouts;
     let deadline = Instant::now() + t.join_timeout();
+    // Drawn once per process (per link): every attempt and rejoin says it.
+    let incarnation = uuid::Uuid::new_v4().to_string();
     let mut delays = backoff();
     let mut last_error = String::from("no attempt made");
     // The first warning after one interval: a master started at the same moment is normal.
@@ -283,7 +310,7 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
         // missing ranks for everyone); the grace covers clock skew between the two deadlines.
         let grace = t.op_timeout().min(Duration::from_millis(JOIN_VERDICT_GRACE_MS));
         let attempt = tokio::time::timeout(remaining + grace, async {
-            let mut session = connect_once(s, None).await?;
+            let mut session = connect_once(s, &incarnation, None).await?;
             on_welcome(&session.run_id)?;
             if !announced {
                 info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);
@@ -310,7 +337,7 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
                     MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
                         return Err(ClusterError::Refused { reason });
                     }
-                    MasterMsg::Fenced { reason } => return Err(ClusterError::Fenced { reason }),
+                    MasterMsg::Fenced { reason, .. } => return Err(ClusterError::Fenced { reason }),
                     MasterMsg::Metadata { snapshot } if snapshot.version > session.metadata.version => {
                         session.metadata = snapshot;
                     }
@@ -564,6 +591,7 @@ impl WorkerLink {
         // The epoch of the last session: a rejoin says it, so that a process a newer incarnation
         // has replaced is fenced out instead of taking its rank back.
         let mut held_epoch = first.epoch;
+        let incarnation = first.incarnation.clone();
         let mut session = Some(first);
         let mut last_warned: Option<Instant> = None;
         let mut delays = backoff();
@@ -587,7 +615,7 @@ impl WorkerLink {
                 self.master_lost();
             }
             tokio::time::sleep(delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS))).await;
-            match connect_once(&self.settings, Some(held_epoch)).await {
+            match connect_once(&self.settings, &incarnation, Some(held_epoch)).await {
                 Ok(s) => {
                     info!(epoch = s.epoch, "rejoined the master at {}", self.settings.master);
                     session = Some(s);
@@ -721,7 +749,7 @@ impl WorkerLink {
                         let _ = waiter.send(self.proposal_result(outcome));
                     }
                 }
-                MasterMsg::Fenced { reason } => break Err(ClusterError::Fenced { reason }),
+                MasterMsg::Fenced { reason, .. } => break Err(ClusterError::Fenced { reason }),
                 MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
                     break Err(ClusterError::Refused { reason });
                 }

@@ -63,10 +63,21 @@ impl ScalarUDFImpl for JsonBuildObject {
     }
 }
 
+/// A value as text: strings as they are, the rest as a cast to text writes them (dates and
+/// timestamps in ISO 8601, not their underlying integers).
 fn text_of(v: &ScalarValue) -> String {
     match v {
         ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => s.clone(),
-        other => other.to_string(),
+        other => other
+            .to_array()
+            .and_then(|a| Ok(datafusion::arrow::compute::cast(&a, &datafusion::arrow::datatypes::DataType::Utf8)?))
+            .ok()
+            .and_then(|a| ScalarValue::try_from_array(&a, 0).ok())
+            .and_then(|t| match t {
+                ScalarValue::Utf8(Some(s)) => Some(s),
+                _ => None,
+            })
+            .unwrap_or_else(|| other.to_string()),
     }
 }
 
@@ -108,10 +119,11 @@ mod tests {
     async fn builds_an_object_of_typed_values() {
         let ctx = SessionContext::new();
         register(&ctx);
-        let sql = "SELECT json_build_object('b', 1, 'a', 'x\"y', 'c', NULL, 'd', true, 'e', 1.5) AS j";
+        let sql = "SELECT json_build_object('b', 1, 'a', 'x\"y', 'c', NULL, 'd', true, 'e', 1.5, \
+                   't', CAST('2024-02-29 12:30:00' AS TIMESTAMP)) AS j";
         let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
         let text = datafusion::arrow::array::AsArray::as_string::<i32>(batches[0].column(0)).value(0).to_string();
-        assert_eq!(text, r#"{"b":1,"a":"x\"y","c":null,"d":true,"e":1.5}"#);
+        assert_eq!(text, r#"{"b":1,"a":"x\"y","c":null,"d":true,"e":1.5,"t":"2024-02-29T12:30:00"}"#);
         let err = ctx.sql("SELECT json_build_object('a')").await.expect_err("odd arguments");
         assert!(err.to_string().contains("even number of arguments"), "{err}");
     }

@@ -2,7 +2,8 @@
 //! together, as ClickHouse's setting of that name. Without it, one query with ten million groups
 //! and a `count(DISTINCT)` took a node past 11 GB, and the others stopped answering their peers.
 //!
-//! Every query's operators reserve from the node's pool ([`ServerMemory`]); a query with a
+//! Every query's operators reserve from the node's pool ([`ServerMemory`], fair to operators
+//! that spill, as DataFusion's `FairSpillPool` is); a query with a
 //! `max_memory_usage` of its own reserves from its own pool *and* the node's ([`Within`]), so
 //! neither limit can be passed. An operator that can spill does so when the node's pool is full;
 //! the rest fail the query with an error that names the setting, its value and the node. The
@@ -11,30 +12,28 @@
 //! and their accumulators' heap are estimates), so the process can pass the limit by some.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
+use datafusion::execution::memory_pool::{FairSpillPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
 
 /// Words that start the node pool's error, by which `crate::memory_limit` tells it apart from a
 /// query's own limit.
 pub const SERVER_MEMORY_ERROR: &str = "the queries running on rank";
 
-/// The node's pool: first come, first served, up to `limit_bytes` over all queries.
+/// The node's pool: DataFusion's `FairSpillPool` over all queries (operators that cannot spill
+/// take what they need first; those that can share the rest equally, so one large sort cannot
+/// starve the other queries' hash tables), with an error that names the setting and the node.
 #[derive(Debug)]
 pub struct ServerMemory {
     limit_bytes: usize,
-    used: AtomicUsize,
+    inner: FairSpillPool,
     rank: u32,
 }
 
 impl ServerMemory {
     pub fn new(limit_bytes: u64, rank: u32) -> ServerMemory {
-        ServerMemory {
-            limit_bytes: usize::try_from(limit_bytes).unwrap_or(usize::MAX),
-            used: AtomicUsize::new(0),
-            rank,
-        }
+        let limit_bytes = usize::try_from(limit_bytes).unwrap_or(usize::MAX);
+        ServerMemory { limit_bytes, inner: FairSpillPool::new(limit_bytes), rank }
     }
 }
 
@@ -49,35 +48,39 @@ impl MemoryPool for ServerMemory {
         "max_server_memory_usage"
     }
 
-    fn grow(&self, _reservation: &MemoryReservation, additional: usize) {
-        self.used.fetch_add(additional, Ordering::Relaxed);
+    fn register(&self, consumer: &MemoryConsumer) {
+        self.inner.register(consumer);
     }
 
-    fn shrink(&self, _reservation: &MemoryReservation, shrink: usize) {
-        let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| Some(used.saturating_sub(shrink)));
+    fn unregister(&self, consumer: &MemoryConsumer) {
+        self.inner.unregister(consumer);
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.inner.grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.inner.shrink(reservation, shrink);
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
         let limit = self.limit_bytes;
-        self.used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(additional).filter(|total| *total <= limit)
-            })
-            .map(|_| ())
-            .map_err(|used| {
-                DataFusionError::ResourcesExhausted(format!(
-                    "{SERVER_MEMORY_ERROR} {} hold {used} bytes, and {} asks for {additional} more: more than \
-                     max_server_memory_usage = {limit} bytes (shardwise node --max-server-memory-bytes) allows, even \
-                     with the operators that can spill to disk doing so; run fewer or smaller queries at once, or \
-                     raise it",
-                    self.rank,
-                    reservation.consumer().name(),
-                ))
-            })
+        self.inner.try_grow(reservation, additional).map_err(|_| {
+            DataFusionError::ResourcesExhausted(format!(
+                "{SERVER_MEMORY_ERROR} {} hold {} bytes, and {} asks for {additional} more: more than \
+                 max_server_memory_usage = {limit} bytes (shardwise node --max-server-memory-bytes) allows, even \
+                 with the operators that can spill to disk doing so; run fewer or smaller queries at once, or \
+                 raise it",
+                self.rank,
+                self.inner.reserved(),
+                reservation.consumer().name(),
+            ))
+        })
     }
 
     fn reserved(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
+        self.inner.reserved()
     }
 
     fn memory_limit(&self) -> MemoryLimit {
@@ -143,7 +146,7 @@ impl MemoryPool for Within {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::execution::memory_pool::{FairSpillPool, UnboundedMemoryPool};
+    use datafusion::execution::memory_pool::UnboundedMemoryPool;
 
     use super::*;
 

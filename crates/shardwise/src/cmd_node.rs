@@ -282,7 +282,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
     let advertise_host =
         pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
-    check_advertise_host(&advertise_host, &listen_host)?;
+    check_advertise_host(&advertise_host, &listen_host, detected.world_size)?;
     let insecure = args.insecure || file.insecure.unwrap_or(false);
     if insecure && secret.is_some() {
         bail!(
@@ -363,12 +363,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
 
 /// Refuses an advertised host other nodes and clients could not connect to: empty, or a wildcard
 /// (`0.0.0.0`, `::`), which on another machine means that machine itself.
-fn check_advertise_host(advertise_host: &str, listen_host: &str) -> anyhow::Result<()> {
+fn check_advertise_host(advertise_host: &str, listen_host: &str, world_size: u32) -> anyhow::Result<()> {
     let host = advertise_host.trim().trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
         bail!("--advertise-host is empty: give the name or address other nodes and clients reach this node at");
     }
-    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+    // One node has no peers to mislead (a container listening on every interface).
+    if world_size > 1 && host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
         bail!(
             "this node would tell other nodes and clients to connect to {advertise_host} (--listen-host \
              {listen_host}), a wildcard that means their own machine: set --advertise-host to this machine's name \

@@ -687,8 +687,10 @@ fn zero_world_sizes() {
 
 #[test]
 fn local_values_beyond_the_world() {
-    let e = err(&none(), &with(TORCH, &[("LOCAL_WORLD_SIZE", "9"), ("LOCAL_RANK", "1")]));
-    assert!(e.to_string().contains("LOCAL_WORLD_SIZE = 9 does not fit in a world of 8 ranks"), "{e}");
+    // A job's tasks per node may exceed a step's tasks (`srun -n 2` in `--ntasks-per-node=8`).
+    let d =
+        ok(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS", "2"), ("SLURM_PROCID", "1"), ("SLURM_NTASKS_PER_NODE", "8")]));
+    assert_eq!((d.world_size, d.local_world_size), (2, Some(8)));
     let e = err(&none(), &without(&with(TORCH, &[("LOCAL_RANK", "8")]), &["LOCAL_WORLD_SIZE"]));
     assert!(e.to_string().contains("LOCAL_RANK = 8 does not fit in a world of 8 ranks (from WORLD_SIZE)"), "{e}");
 }

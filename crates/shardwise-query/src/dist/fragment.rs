@@ -316,6 +316,9 @@ impl Run {
         // VM) would hold the query until the connection's keepalive gave up on it.
         let mut errors: Vec<String> =
             down.iter().map(|rank| format!("rank {rank}: down (it has missed its heartbeats)")).collect();
+        // A replica that refused for want of node memory (other queries hold it) may leave room
+        // on the next one; if none has any, the query fails, never answered without the shard.
+        let mut out_of_memory = false;
         for rank in ranks {
             let timer = self.elapsed.timer();
             let attempt = match rank == self.access.local_rank() {
@@ -337,6 +340,7 @@ impl Run {
             let mut stream = match attempt {
                 Ok(stream) => stream,
                 Err(e) => {
+                    out_of_memory |= is_server_memory(&e);
                     errors.push(replica_error(rank, replica_failure(e)?));
                     continue;
                 }
@@ -345,6 +349,7 @@ impl Run {
             timer.done();
             match first {
                 Some(Err(e)) => {
+                    out_of_memory |= is_server_memory(&e);
                     errors.push(replica_error(rank, replica_failure(e)?));
                     continue;
                 }
@@ -353,6 +358,14 @@ impl Run {
         }
         let table = &self.placement.table.name;
         let shard = self.shard;
+        let unit = self.placement.unit;
+        // Busy, not gone: never a shard to answer without.
+        if out_of_memory {
+            return Err(external(QueryError::Rejected(format!(
+                "table {table} {unit} {shard}: no replica had the memory to run its fragment ({})",
+                errors.join("; ")
+            ))));
+        }
         if self.placement.skip_unavailable_shards {
             let why = format!("answered without table {table} shard {shard} ({})", errors.join("; "));
             tracing::warn!(table, shard, "skip_unavailable_shards: {why}");
@@ -361,7 +374,6 @@ impl Run {
             }
             return Ok(futures::stream::empty().boxed());
         }
-        let unit = self.placement.unit;
         let hint = match unit {
             "shard" => "; SET skip_unavailable_shards = 1 answers from the other shards",
             _ => "",
@@ -455,6 +467,7 @@ impl Run {
                 bytes.add(shardwise_storage::row_bytes(&b));
                 Ok(b)
             }
+            Err(e) if is_server_memory(&e) => Err(e),
             Err(e) => match replica_failure(e) {
                 Ok(failure) => Err(external(QueryError::Unavailable(format!(
                     "{what} failed after sending rows, so it was not retried on another replica: {}",
@@ -467,18 +480,27 @@ impl Run {
     }
 }
 
-/// A replica's failure, to try the next replica with; `Err` when the statement or its data
-/// caused it (a division by zero, a failed cast, a refused plan, more memory than
-/// `max_memory_usage` allows), which every replica would repeat: the query fails with it at
+/// A replica's failure, to try the next replica with (a node's `max_server_memory_usage`
+/// included); `Err` when the statement or its data caused it (a division by zero, a failed
+/// cast, a refused plan, more memory than the query's own `max_memory_usage` allows), which every replica would repeat: the query fails with it at
 /// once, and `skip_unavailable_shards` does not hide it. (A remote fragment's memory error
 /// arrives already named as the setting's; the initiator's own fragment's arrives as DataFusion
 /// raised it, and the query's stream names the setting.)
 fn replica_failure(e: DataFusionError) -> Result<QueryError> {
+    if is_server_memory(&e) {
+        return Ok(QueryError::Rejected(QueryError::from(e).to_string()));
+    }
     let memory = matches!(e.find_root(), DataFusionError::ResourcesExhausted(_));
     match memory || QueryError::is_user_error_of(&e) {
         true => Err(e),
         false => Ok(QueryError::from(e)),
     }
+}
+
+/// True when `e` is a node's `max_server_memory_usage` refusal: what other queries hold there,
+/// so another replica may have room (`crate::server_memory`).
+fn is_server_memory(e: &DataFusionError) -> bool {
+    e.to_string().contains(crate::server_memory::SERVER_MEMORY_ERROR)
 }
 
 /// One replica's failure as the query's error lists it: `rank 2: fragment: ...`, without the

@@ -21,14 +21,24 @@ use pgwire::messages::extendedquery::Execute;
 
 use super::{Handler, Kind, Statement, kind_of};
 
+/// Most rows one `Execute` with a row limit is answered with at a time: pgwire sets aside room
+/// for the whole limit up front (`i32::MAX` rows would be tens of gigabytes). A client whose
+/// limit is larger gets `PortalSuspended` after this many and asks again, as drivers do.
+const EXECUTE_MAX_ROWS: i32 = 65_536;
+
 /// Runs `message`: streamed when the portal runs to completion, else as pgwire does.
-pub(super) async fn execute<C>(handler: &Handler, client: &mut C, message: Execute) -> PgWireResult<()>
+pub(super) async fn execute<C>(handler: &Handler, client: &mut C, mut message: Execute) -> PgWireResult<()>
 where
     C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
     C::PortalStore: PortalStore<Statement = Statement>,
     C::Error: Debug,
     PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
 {
+    // A negative limit means none, as 0 does (pgwire would read it as a huge one).
+    message.max_rows = match message.max_rows {
+        ..0 => 0,
+        rows => rows.min(EXECUTE_MAX_ROWS),
+    };
     let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
     let portal = match client.portal_store().get_portal(name) {
         Some(Entry::Value(portal)) => portal,

@@ -123,7 +123,8 @@ fn misconfigurations_fail_with_a_message() {
     );
     assert!(e.contains("both --insecure and a cluster secret"), "{e}");
     // Other machines cannot connect to a wildcard address.
-    let e = fails(&[], &["--rank", "0", "--world-size", "1", "--listen-host", "0.0.0.0", "--data-dir", data]);
+    let e =
+        fails(&[], &["--rank", "0", "--world-size", "2", "--insecure", "--listen-host", "0.0.0.0", "--data-dir", data]);
     assert!(e.contains("wildcard") && e.contains("--advertise-host"), "{e}");
     let e = fails(&[], &["--rank", "0", "--world-size", "1", "--advertise-host", " ", "--data-dir", data]);
     assert!(e.contains("--advertise-host is empty"), "{e}");
