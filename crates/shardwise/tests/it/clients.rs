@@ -255,6 +255,13 @@ for row in endless.cursor().stream("SELECT value FROM generate_series(1, 1000000
         break
 assert head == [1, 2, 3] and time.time() - started < 15, (head, time.time() - started)
 endless.close()
+with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True) as watch:
+    for _ in range(150):
+        states = [r[0] for r in watch.execute("SELECT state FROM system.queries WHERE query LIKE 'SELECT value FROM generate_series%'").fetchall()]
+        if states == ["cancelled"]:
+            break
+        time.sleep(0.1)
+    assert states == ["cancelled"], states
 # What drivers and SQLAlchemy ask when they connect: PostgreSQL's version and parameters, and
 # nested transactions (savepoints), which are accepted as BEGIN is.
 with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise") as tx:

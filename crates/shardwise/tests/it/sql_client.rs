@@ -80,6 +80,12 @@ fn formats_scripts_and_errors() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("stderr");
     assert!(!status.success() && stderr.contains("cannot write the result"), "{stderr}");
+    // ... and the statement stopped on the node, not only in the client.
+    let state = "SELECT state FROM system.queries WHERE query LIKE '%100000000000)' ORDER BY query_id";
+    eventually(T, "the abandoned statement cancelled on the node", || {
+        let rows = sql_csv(&addr, state).ok()?;
+        (rows == vec![vec!["cancelled".to_string()]]).then_some(())
+    });
 
     let out = sql(&addr, &["-e", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]);
     assert!(!out.status.success());
