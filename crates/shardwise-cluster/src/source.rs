@@ -22,7 +22,8 @@
 //!
 //! One exception: when Slurm wins and a complete Open MPI or PMI source disagrees with it on rank
 //! or world size, the MPI source is used (with a warning), with Slurm's master rules: `mpirun`
-//! inside an `sbatch` script passes the batch step's `SLURM_PROCID=0` to every process.
+//! inside an `sbatch` script passes the batch step's `SLURM_PROCID=0` to every process. Likewise
+//! Slurm variables without a rank (an `salloc` shell's) beside a complete MPI source.
 //!
 //! A source is *present* when any of its rank / world-size variables is set. Rank and world
 //! size must be given together (as Horovod and DINOv2 require): if the first present source has
@@ -329,7 +330,22 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
             continue;
         }
         let Some(w) = &winner else {
-            winner = Some(resolve_env(spec, env)?);
+            match resolve_env(spec, env) {
+                Ok(found) => winner = Some(found),
+                // An `salloc` shell sets SLURM_NTASKS but no SLURM_PROCID, and `mpirun` run from
+                // it passes that on: with a complete MPI source below, Slurm's half is the shell's.
+                Err(e @ SourceError::IncompleteSource { .. })
+                    if spec.source == LaunchSource::Slurm && mpi_source_complete(env) =>
+                {
+                    warnings.push(format!(
+                        "ignoring Slurm variables ({}): {e}; an MPI launcher's variables are complete, so this \
+                         process was started by mpirun inside a Slurm allocation",
+                        present.join(", ")
+                    ));
+                    inside_slurm = true;
+                }
+                Err(e) => return Err(e),
+            }
             continue;
         };
         if let Some(mpi) = mpirun_inside_slurm(w, spec, env) {
@@ -407,6 +423,11 @@ fn mpirun_inside_slurm(w: &Winner, spec: &EnvSpec, env: Env<'_>) -> Option<Winne
     }
     let mpi = resolve_env(spec, env).ok()?;
     ((mpi.rank.value, mpi.world.value) != (w.rank.value, w.world.value)).then_some(mpi)
+}
+
+/// True when Open MPI's or PMI's rank and world size are both set and valid.
+fn mpi_source_complete(env: Env<'_>) -> bool {
+    [&OPEN_MPI, &PMI].iter().any(|spec| resolve_env(spec, env).is_ok())
 }
 
 /// The explicit source, if rank or world size was given; an error if only one of them was.

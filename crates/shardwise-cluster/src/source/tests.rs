@@ -229,6 +229,19 @@ fn mpirun_inside_an_sbatch_script_uses_the_mpi_rank() {
 }
 
 #[test]
+fn mpirun_inside_an_salloc_shell_uses_the_mpi_rank() {
+    // salloc's shell has SLURM_NTASKS but no SLURM_PROCID; mpirun's processes inherit both.
+    let env =
+        with(&without(SLURM_ENV, &["SLURM_PROCID"]), &[("OMPI_COMM_WORLD_RANK", "3"), ("OMPI_COMM_WORLD_SIZE", "8")]);
+    let d = ok(&none(), &env);
+    assert_eq!((d.source, d.rank, d.world_size), (LaunchSource::OpenMpi, 3, 8));
+    assert_eq!(d.master_addr, "gnode10");
+    assert!(d.warnings.iter().any(|w| w.contains("ignoring Slurm variables")), "{:?}", d.warnings);
+    // Without an MPI source, the incomplete Slurm one is still an error.
+    assert!(matches!(err(&none(), &without(SLURM_ENV, &["SLURM_PROCID"])), SourceError::IncompleteSource { .. }));
+}
+
+#[test]
 fn slurm_compressed_tasks_per_node_gives_no_local_world() {
     let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]));
     assert_eq!(d.local_world_size, None);
