@@ -403,6 +403,12 @@ mod tests {
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 
+    /// Ranks 0..n of one cluster, started together in this process.
+    async fn form(n: u32, port: u16, dir: &std::path::Path, secret: Option<&str>) -> Vec<Node> {
+        let starts = (0..n).map(|r| init_distributed_mode(opts(r, n, port, dir, secret), addrs(r))).collect();
+        futures_join(starts).await.into_iter().map(|node| node.unwrap()).collect()
+    }
+
     fn addrs(rank: u32) -> BTreeMap<String, String> {
         BTreeMap::from([("flight".to_string(), format!("127.0.0.1:{}", 40000 + rank))])
     }
@@ -412,11 +418,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
         let secret = Some("0123456789abcdef-secret");
-        let nodes = futures_join(
-            (0..3).map(|r| init_distributed_mode(opts(r, 3, port, tmp.path(), secret), addrs(r))).collect(),
-        )
-        .await;
-        let nodes: Vec<Node> = nodes.into_iter().map(|n| n.unwrap()).collect();
+        let nodes = form(3, port, tmp.path(), secret).await;
         let run_ids: std::collections::BTreeSet<_> = nodes.iter().map(|n| n.run_id.clone()).collect();
         assert_eq!(run_ids.len(), 1);
         for n in &nodes {
@@ -451,12 +453,7 @@ mod tests {
     async fn a_worker_restarted_on_its_data_dir_keeps_its_id_with_a_higher_epoch() {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
-        let mut nodes =
-            futures_join((0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect())
-                .await
-                .into_iter()
-                .map(|n| n.unwrap())
-                .collect::<Vec<_>>();
+        let mut nodes = form(2, port, tmp.path(), None).await;
         let w = nodes.pop().unwrap();
         let (id, epoch) = (w.node_id, w.epoch);
         w.shutdown().await;
@@ -478,12 +475,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
         let secret = Some("0123456789abcdef-secret");
-        let nodes = futures_join(
-            (0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), secret), addrs(r))).collect(),
-        )
-        .await;
-        for n in nodes {
-            n.unwrap().shutdown().await;
+        for n in form(2, port, tmp.path(), secret).await {
+            n.shutdown().await;
         }
         let mut o = opts(0, 2, free_port(), tmp.path(), None);
         o.insecure = true;
@@ -704,12 +697,7 @@ mod tests {
     async fn a_master_without_a_machine_rejects_every_proposal() {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
-        let nodes: Vec<Node> =
-            futures_join((0..2).map(|r| init_distributed_mode(opts(r, 2, port, tmp.path(), None), addrs(r))).collect())
-                .await
-                .into_iter()
-                .map(|n| n.unwrap())
-                .collect();
+        let nodes = form(2, port, tmp.path(), None).await;
         for n in &nodes {
             let err = n.propose(create("a")).await.unwrap_err().to_string();
             assert!(err.contains("has no metadata machine"), "{err}");

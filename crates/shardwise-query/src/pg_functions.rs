@@ -26,6 +26,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
+use datafusion::logical_expr::create_udf;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
 };
@@ -164,34 +165,6 @@ pub fn type_oid(name: &str) -> Option<i32> {
     TYPE_OIDS.iter().find(|(known, _)| *known == name).map(|(_, oid)| *oid)
 }
 
-/// `to_regtype(text)`.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct ToRegtype {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for ToRegtype {
-    fn name(&self) -> &str {
-        "to_regtype"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Int32)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let names = cast(&arrays[0], &DataType::Utf8)?;
-        let oids: datafusion::arrow::array::Int32Array =
-            names.as_string::<i32>().iter().map(|name| name.and_then(type_oid)).collect();
-        Ok(ColumnarValue::Array(Arc::new(oids)))
-    }
-}
-
 /// The PostgreSQL version shardwise's PostgreSQL endpoint speaks for (its `server_version`).
 pub const POSTGRES_VERSION: &str = "16.6";
 
@@ -206,28 +179,12 @@ pub fn version_text() -> String {
     )
 }
 
-/// `version()`, replacing DataFusion's.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Version {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for Version {
-    fn name(&self) -> &str {
-        "version"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(version_text()))))
-    }
+/// `to_regtype(name)` on each row of `args[0]` (text).
+fn to_regtype(args: &[ColumnarValue]) -> Result<ColumnarValue> {
+    let names = ColumnarValue::values_to_arrays(args)?;
+    let oids: datafusion::arrow::array::Int32Array =
+        names[0].as_string::<i32>().iter().map(|name| name.and_then(type_oid)).collect();
+    Ok(ColumnarValue::Array(Arc::new(oids)))
 }
 
 /// Registers the functions in `ctx` (after the crate's, which they replace where both exist).
@@ -244,10 +201,16 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(Constant::udf("pg_get_serial_sequence", DataType::Utf8, None));
     let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Immutable);
     ctx.register_udf(ScalarUDF::new_from_impl(SizePretty { signature }));
-    let signature = Signature::nullary(Volatility::Stable);
-    ctx.register_udf(ScalarUDF::new_from_impl(Version { signature }));
-    let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Stable);
-    ctx.register_udf(ScalarUDF::new_from_impl(ToRegtype { signature }));
+    // `version()` replaces DataFusion's.
+    let version = |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(version_text()))));
+    ctx.register_udf(create_udf("version", vec![], DataType::Utf8, Volatility::Stable, Arc::new(version)));
+    ctx.register_udf(create_udf(
+        "to_regtype",
+        vec![DataType::Utf8],
+        DataType::Int32,
+        Volatility::Stable,
+        Arc::new(to_regtype),
+    ));
 }
 
 #[cfg(test)]

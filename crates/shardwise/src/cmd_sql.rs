@@ -227,7 +227,7 @@ impl SqlClient {
     /// Runs one statement and returns its rows; `Err` carries the server's message.
     pub async fn query(&mut self, sql: &str) -> Result<Vec<RecordBatch>, String> {
         let info = self.inner.execute(sql.to_string(), None).await.map_err(flight_message)?;
-        let (_, batches) = fetch(&mut self.inner, info).await.map_err(flight_message)?;
+        let (_, batches) = fetch(&mut self.inner, info).await?;
         Ok(batches)
     }
 
@@ -318,31 +318,45 @@ async fn run_statement(
     crate::sql_print::print_result(client, info, format).await
 }
 
-/// Redeems every endpoint's ticket, in order.
-pub(crate) async fn fetch(
+/// Redeems every endpoint's ticket, in order, and hands each batch to `on_batch` as it arrives;
+/// returns the result's schema (from the stream, else the `FlightInfo`, else the first batch).
+pub(crate) async fn fetch_each(
     client: &mut FlightSqlServiceClient<Channel>,
     info: FlightInfo,
-) -> Result<(SchemaRef, Vec<RecordBatch>), FlightError> {
+    mut on_batch: impl FnMut(RecordBatch) -> Result<(), String>,
+) -> Result<SchemaRef, String> {
     let mut schema: Option<SchemaRef> = None;
     if !info.schema.is_empty() {
-        schema = Some(std::sync::Arc::new(info.clone().try_decode_schema()?));
+        schema = Some(std::sync::Arc::new(info.clone().try_decode_schema().map_err(|e| e.to_string())?));
     }
-    let mut batches = Vec::new();
+    let mut first_batch: Option<SchemaRef> = None;
     for endpoint in info.endpoint {
         let Some(ticket) = endpoint.ticket else {
             continue;
         };
-        let mut stream = client.do_get(ticket).await?;
-        while let Some(batch) = stream.try_next().await? {
-            batches.push(batch);
+        let mut stream = client.do_get(ticket).await.map_err(flight_message)?;
+        while let Some(batch) = stream.try_next().await.map_err(flight_message)? {
+            first_batch.get_or_insert_with(|| batch.schema());
+            on_batch(batch)?;
         }
         if let Some(s) = stream.schema() {
             schema = Some(s.clone());
         }
     }
-    let schema = schema
-        .or_else(|| batches.first().map(RecordBatch::schema))
-        .unwrap_or_else(|| std::sync::Arc::new(Schema::empty()));
+    Ok(schema.or(first_batch).unwrap_or_else(|| std::sync::Arc::new(Schema::empty())))
+}
+
+/// Every batch of the result `info` points at, and its schema.
+pub(crate) async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: FlightInfo,
+) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+    let mut batches = Vec::new();
+    let schema = fetch_each(client, info, |batch| {
+        batches.push(batch);
+        Ok(())
+    })
+    .await?;
     Ok((schema, batches))
 }
 

@@ -11,10 +11,9 @@ use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::StreamWriter;
 use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
 use tonic::transport::Channel;
 
-use crate::cmd_sql::{OutputFormat, fetch, flight_message, render};
+use crate::cmd_sql::{OutputFormat, fetch, fetch_each, render};
 
 /// Prints the rows `info` points at in `format`; returns how many there were.
 pub(crate) async fn print_result(
@@ -23,32 +22,16 @@ pub(crate) async fn print_result(
     format: OutputFormat,
 ) -> Result<usize, String> {
     if format == OutputFormat::Table {
-        let (schema, batches) = fetch(client, info).await.map_err(flight_message)?;
+        let (schema, batches) = fetch(client, info).await?;
         let mut out = Vec::new();
         render(&schema, &batches, format, &mut out).map_err(|e| e.to_string())?;
         write_out(&out)?;
         return Ok(batches.iter().map(RecordBatch::num_rows).sum());
     }
-    let announced = match info.schema.is_empty() {
-        true => None,
-        false => Some(std::sync::Arc::new(info.clone().try_decode_schema().map_err(|e| e.to_string())?)),
-    };
     let mut printer = Printer { format, started: None, arrow: None, rows: 0 };
-    for endpoint in info.endpoint {
-        let Some(ticket) = endpoint.ticket else {
-            continue;
-        };
-        let mut stream = client.do_get(ticket).await.map_err(flight_message)?;
-        while let Some(batch) = stream.try_next().await.map_err(flight_message)? {
-            printer.batch(&batch)?;
-        }
-        if let Some(schema) = stream.schema() {
-            printer.start(schema)?;
-        }
-    }
-    if let Some(schema) = &announced {
-        printer.start(schema)?;
-    }
+    let schema = fetch_each(client, info, |batch| printer.batch(&batch)).await?;
+    // A result without rows still prints its header.
+    printer.start(&schema)?;
     printer.finish()
 }
 
