@@ -1,6 +1,7 @@
 //! `max_server_memory_usage`: how much memory all the queries running on a node may hold
 //! together, as ClickHouse's setting of that name. Without it, one query with ten million groups
-//! and a `count(DISTINCT)` took a node past 11 GB, and the others stopped answering their peers.
+//! and a `count(DISTINCT)` took a node past 11 GB of resident memory (`/proc/PID/status`, three
+//! nodes on one machine, 2026-12-03), and the others stopped answering their peers.
 //!
 //! Every query's operators reserve from the node's pool ([`ServerMemory`], fair to operators
 //! that spill, as DataFusion's `FairSpillPool` is); a query with a
