@@ -145,7 +145,7 @@ impl QueryEngine {
     }
 
     /// An engine whose default schema is the cluster's sharded tables, stored through `access`,
-    /// whose queries together may hold `max_server_memory_bytes` (0: no limit;
+    /// on a node that may hold `max_server_memory_bytes` while it runs them (0: no limit;
     /// `crate::server_memory`).
     pub fn with_tables(
         cluster: Arc<dyn ClusterView>,
@@ -174,8 +174,8 @@ impl QueryEngine {
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
         let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new();
         if max_server_memory_bytes > 0 {
-            let pool = crate::server_memory::ServerMemory::new(max_server_memory_bytes, cluster_rank);
-            runtime = runtime.with_memory_pool(Arc::new(pool));
+            let pool = crate::server_memory::ServerMemory::start(max_server_memory_bytes, cluster_rank);
+            runtime = runtime.with_memory_pool(pool);
         }
         let runtime = runtime.build_arc().map_err(QueryError::Internal)?;
         let mut state = SessionStateBuilder::new()

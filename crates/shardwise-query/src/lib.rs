@@ -25,6 +25,7 @@ pub mod placeholders;
 pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;
+pub mod resident_memory;
 pub mod server_memory;
 pub mod session;
 pub mod settings;

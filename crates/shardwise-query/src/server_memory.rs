@@ -1,7 +1,7 @@
-//! `max_server_memory_usage`: how much memory all the queries running on a node may hold
-//! together, as ClickHouse's setting of that name. Without it, one query with ten million groups
-//! and a `count(DISTINCT)` took a node past 11 GB of resident memory (`/proc/PID/status`, three
-//! nodes on one machine, 2026-12-03), and the others stopped answering their peers.
+//! `max_server_memory_usage`: how much memory a node may hold while it runs queries, as
+//! ClickHouse's setting of that name. Without it, one query with ten million groups and a
+//! `count(DISTINCT)` took a node past 11 GB of resident memory (`/proc/PID/status`, three nodes on
+//! one machine, 2026-12-03), and the others stopped answering their peers.
 //!
 //! Every query's operators reserve from the node's pool ([`ServerMemory`], fair to operators
 //! that spill, as DataFusion's `FairSpillPool` is); a query with a
@@ -9,38 +9,193 @@
 //! neither limit can be passed. An operator that can spill does so when the node's pool is full;
 //! the rest fail the query with an error that names the setting, its value and the node. The
 //! default, set by `shardwise node`, is 80% of the machine's memory (or of its cgroup's limit);
-//! 0 means no limit. DataFusion's operators count most, not all, of what they hold (hash tables
-//! and their accumulators' heap are estimates), so the process can pass the limit by some.
+//! 0 means no limit.
+//!
+//! DataFusion's operators count most, not all, of what they hold (hash tables and their
+//! accumulators' heap are estimates), and the node holds memory no query reserves (storage
+//! buffers, network messages, the allocator's overhead). So the node's own pool, the one
+//! [`ServerMemory::start`] makes, samples the process's resident memory every
+//! [`SERVER_MEMORY_SAMPLE_MS`] (`crate::resident_memory`) and counts what lies beyond the queries'
+//! reservations as held too: a reservation must fit beside both. Before it refuses one for that
+//! reason it samples again and, if that is not enough, gives the allocator's free memory back to
+//! the kernel (`malloc_trim`) and samples once more, so memory a finished query freed but the
+//! allocator kept does not hold the next queries back. A release walks every heap, so it runs at
+//! most once per [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] unless the memory outside the queries grew
+//! since the last one.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
+
+use crate::resident_memory::{anon_resident_bytes, release_free_heap};
 
 /// Words that start the node pool's error, by which `crate::memory_limit` tells it apart from a
 /// query's own limit.
 pub const SERVER_MEMORY_ERROR: &str = "the queries running on rank";
 
+/// How often the node's pool reads the process's resident memory.
+pub const SERVER_MEMORY_SAMPLE_MS: u64 = 100;
+
+/// At most one release of the allocator's free memory (`malloc_trim`, which walks every heap
+/// under its lock) per this many milliseconds, and only when the pool is about to refuse memory.
+pub const SERVER_MEMORY_RELEASE_INTERVAL_MS: u64 = 1_000;
+
+/// A release sooner than [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] after the last one when the memory
+/// outside the queries has grown since by the limit divided by this (memory a query that ended
+/// left with the allocator).
+pub const SERVER_MEMORY_RELEASE_GROWTH_DIVISOR: usize = 16;
+
+/// Where a pool reads the process's resident memory in bytes (`None`: unknown).
+type ResidentSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
 /// The node's pool: DataFusion's `FairSpillPool` over all queries (operators that cannot spill
 /// take what they need first; those that can share the rest equally, so one large sort cannot
-/// starve the other queries' hash tables), with an error that names the setting and the node.
-#[derive(Debug)]
+/// starve the other queries' hash tables), plus the node's memory outside the queries'
+/// reservations when it samples it, with an error that names the setting and the node.
 pub struct ServerMemory {
     limit_bytes: usize,
     inner: FairSpillPool,
     rank: u32,
+    /// The process's resident memory less the queries' reservations, at the last sample.
+    outside_bytes: AtomicUsize,
+    /// `None`: count reservations only.
+    resident: Option<ResidentSource>,
+    /// When the allocator's free memory was last given back, and what lay outside the queries
+    /// right after.
+    last_release: Mutex<Option<(Instant, usize)>>,
+}
+
+impl std::fmt::Debug for ServerMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerMemory")
+            .field("limit_bytes", &self.limit_bytes)
+            .field("reserved", &self.inner.reserved())
+            .field("outside_bytes", &self.outside())
+            .field("rank", &self.rank)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServerMemory {
+    /// A pool of `limit_bytes` that counts the queries' reservations only.
     pub fn new(limit_bytes: u64, rank: u32) -> ServerMemory {
         let limit_bytes = usize::try_from(limit_bytes).unwrap_or(usize::MAX);
-        ServerMemory { limit_bytes, inner: FairSpillPool::new(limit_bytes), rank }
+        ServerMemory {
+            limit_bytes,
+            inner: FairSpillPool::new(limit_bytes),
+            rank,
+            outside_bytes: AtomicUsize::new(0),
+            resident: None,
+            last_release: Mutex::new(None),
+        }
+    }
+
+    /// A pool that also counts what `resident` reports beyond the queries' reservations, as of
+    /// the last [`ServerMemory::sample`].
+    pub fn with_resident(limit_bytes: u64, rank: u32, resident: ResidentSource) -> ServerMemory {
+        ServerMemory { resident: Some(resident), ..ServerMemory::new(limit_bytes, rank) }
+    }
+
+    /// The node's pool: it counts the process's resident memory, sampled now and then every
+    /// [`SERVER_MEMORY_SAMPLE_MS`] by a thread that ends with the pool. Warns when the node
+    /// already holds more than the limit before any query.
+    pub fn start(limit_bytes: u64, rank: u32) -> Arc<ServerMemory> {
+        let pool = Arc::new(ServerMemory::with_resident(limit_bytes, rank, Box::new(anon_resident_bytes)));
+        pool.sample();
+        if pool.outside() >= pool.limit_bytes {
+            tracing::warn!(
+                "max_server_memory_usage = {} bytes is less than this node holds before any query ({} bytes \
+                 resident): every query that needs memory will be refused",
+                pool.limit_bytes,
+                pool.outside()
+            );
+        }
+        let weak: Weak<ServerMemory> = Arc::downgrade(&pool);
+        let sampler = std::thread::Builder::new().name("shardwise-memory".into()).spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(SERVER_MEMORY_SAMPLE_MS));
+                match weak.upgrade() {
+                    Some(pool) => pool.sample(),
+                    None => return,
+                }
+            }
+        });
+        if let Err(e) = sampler {
+            tracing::warn!("max_server_memory_usage counts query reservations only: no sampling thread: {e}");
+        }
+        pool
+    }
+
+    /// Reads the resident memory and counts what lies beyond the queries' reservations.
+    pub fn sample(&self) {
+        if let Some(resident) = self.resident.as_ref().and_then(|read| read()) {
+            let resident = usize::try_from(resident).unwrap_or(usize::MAX);
+            self.outside_bytes.store(resident.saturating_sub(self.inner.reserved()), Ordering::Relaxed);
+        }
+    }
+
+    /// Memory the node holds beyond the queries' reservations, as of the last sample.
+    pub fn outside(&self) -> usize {
+        self.outside_bytes.load(Ordering::Relaxed)
+    }
+
+    fn fits(&self, additional: usize) -> bool {
+        self.inner.reserved().saturating_add(self.outside()).saturating_add(additional) <= self.limit_bytes
+    }
+
+    /// Samples again and, if the reservation still does not fit, gives the allocator's free
+    /// memory back and samples once more. The release is skipped when one ran less than
+    /// [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] ago and the memory outside the queries has not grown
+    /// by [`SERVER_MEMORY_RELEASE_GROWTH_DIVISOR`]th of the limit since (a query that ended and
+    /// left its memory with the allocator), or when another thread is running one.
+    fn sample_and_release(&self, additional: usize) {
+        self.sample();
+        if self.resident.is_none() || self.fits(additional) {
+            return;
+        }
+        let Ok(mut last) = self.last_release.try_lock() else { return };
+        let interval = Duration::from_millis(SERVER_MEMORY_RELEASE_INTERVAL_MS);
+        let grown = |outside_after: usize| {
+            self.outside() > outside_after.saturating_add(self.limit_bytes / SERVER_MEMORY_RELEASE_GROWTH_DIVISOR)
+        };
+        if let Some((at, outside_after)) = *last
+            && at.elapsed() < interval
+            && !grown(outside_after)
+        {
+            return;
+        }
+        release_free_heap();
+        self.sample();
+        *last = Some((Instant::now(), self.outside()));
+    }
+
+    fn refusal(&self, reservation: &MemoryReservation, additional: usize) -> DataFusionError {
+        DataFusionError::ResourcesExhausted(format!(
+            "{SERVER_MEMORY_ERROR} {} hold {} bytes and the rest of the node {} bytes (its resident memory \
+             beyond the queries' reservations), and {} asks for {additional} more: more than \
+             max_server_memory_usage = {} bytes (shardwise node --max-server-memory-bytes) allows, even with \
+             the operators that can spill to disk doing so; run fewer or smaller queries at once, or raise it",
+            self.rank,
+            self.inner.reserved(),
+            self.outside(),
+            reservation.consumer().name(),
+            self.limit_bytes,
+        ))
     }
 }
 
 impl std::fmt::Display for ServerMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "max_server_memory_usage({} of {} bytes)", self.reserved(), self.limit_bytes)
+        write!(
+            f,
+            "max_server_memory_usage({} of {} bytes, {} more held outside queries)",
+            self.reserved(),
+            self.limit_bytes,
+            self.outside()
+        )
     }
 }
 
@@ -66,18 +221,13 @@ impl MemoryPool for ServerMemory {
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
-        let limit = self.limit_bytes;
-        self.inner.try_grow(reservation, additional).map_err(|_| {
-            DataFusionError::ResourcesExhausted(format!(
-                "{SERVER_MEMORY_ERROR} {} hold {} bytes, and {} asks for {additional} more: more than \
-                 max_server_memory_usage = {limit} bytes (shardwise node --max-server-memory-bytes) allows, even \
-                 with the operators that can spill to disk doing so; run fewer or smaller queries at once, or \
-                 raise it",
-                self.rank,
-                self.inner.reserved(),
-                reservation.consumer().name(),
-            ))
-        })
+        if !self.fits(additional) {
+            self.sample_and_release(additional);
+            if !self.fits(additional) {
+                return Err(self.refusal(reservation, additional));
+            }
+        }
+        self.inner.try_grow(reservation, additional).map_err(|_| self.refusal(reservation, additional))
     }
 
     fn reserved(&self) -> usize {
@@ -147,6 +297,8 @@ impl MemoryPool for Within {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU64;
+
     use datafusion::execution::memory_pool::UnboundedMemoryPool;
 
     use super::*;
@@ -162,6 +314,57 @@ mod tests {
         drop(a);
         b.try_grow(600).expect("room again once a is gone");
         assert_eq!(node.reserved(), 600);
+    }
+
+    /// A pool whose resident memory is what the test stores in the returned cell.
+    fn sampled(limit_bytes: u64) -> (Arc<ServerMemory>, Arc<AtomicU64>) {
+        let resident = Arc::new(AtomicU64::new(0));
+        let source = Arc::clone(&resident);
+        let read = Box::new(move || Some(source.load(Ordering::Relaxed)));
+        (Arc::new(ServerMemory::with_resident(limit_bytes, 2, read)), resident)
+    }
+
+    #[test]
+    fn memory_the_node_holds_beyond_the_reservations_counts_against_the_limit() {
+        let (pool, resident) = sampled(1000);
+        let node: Arc<dyn MemoryPool> = Arc::clone(&pool) as Arc<dyn MemoryPool>;
+        let q = MemoryConsumer::new("q").register(&node);
+        q.try_grow(300).expect("fits");
+        resident.store(900, Ordering::Relaxed);
+        pool.sample();
+        assert_eq!(pool.outside(), 600, "900 resident, 300 of it reserved");
+        let err = q.try_grow(200).expect_err("300 + 600 + 200 is over 1000").to_string();
+        assert!(err.contains("rank 2 hold 300 bytes and the rest of the node 600 bytes"), "{err}");
+        assert_eq!(node.reserved(), 300, "nothing kept of a refused grow");
+        q.try_grow(100).expect("300 + 600 + 100 fits");
+        // The memory outside the queries is given back: room again at the next sample.
+        resident.store(400, Ordering::Relaxed);
+        pool.sample();
+        assert_eq!(pool.outside(), 0);
+        q.try_grow(500).expect("900 reserved, nothing outside");
+        assert!(pool.to_string().contains("900 of 1000 bytes, 0 more held outside queries"), "{pool}");
+    }
+
+    #[test]
+    fn a_pool_samples_again_before_it_refuses() {
+        let (pool, resident) = sampled(1000);
+        let node: Arc<dyn MemoryPool> = Arc::clone(&pool) as Arc<dyn MemoryPool>;
+        resident.store(900, Ordering::Relaxed);
+        pool.sample();
+        // Memory freed since the last sample (a query that ended) does not refuse the next one.
+        resident.store(100, Ordering::Relaxed);
+        let q = MemoryConsumer::new("q").register(&node);
+        q.try_grow(500).expect("the sample taken before refusing says 100 bytes outside");
+        assert_eq!(pool.outside(), 100);
+        // A pool that counts reservations only ignores resident memory altogether.
+        let plain: Arc<dyn MemoryPool> = Arc::new(ServerMemory::new(1000, 0));
+        MemoryConsumer::new("p").register(&plain).try_grow(1000).expect("all of it");
+    }
+
+    #[test]
+    fn the_node_pool_samples_this_process() {
+        let pool = ServerMemory::start(u64::MAX, 0);
+        assert!(cfg!(not(target_os = "linux")) || pool.outside() > 0, "{pool:?}");
     }
 
     #[test]

@@ -43,8 +43,9 @@ pub struct StorageSettings {
     /// Shard store limits.
     pub shard_buffer_max_rows: usize,
     pub shard_buffer_max_bytes: usize,
-    /// How much memory all queries on the node may hold together (`max_server_memory_usage`;
-    /// 0: no limit). `shardwise node` defaults it to 80% of the machine's memory.
+    /// How much memory the node may hold while it runs queries (`max_server_memory_usage`: the
+    /// queries' reservations and the rest of its resident memory; 0: no limit). `shardwise node`
+    /// defaults it to 80% of the machine's memory.
     pub max_server_memory_bytes: u64,
 }
 

@@ -104,9 +104,10 @@ pub struct NodeArgs {
     /// How long an insert waits for room in a full outbox before failing [default: 10000].
     #[arg(long, env = "SHARDWISE_OUTBOX_FULL_WAIT_MS")]
     pub outbox_full_wait_ms: Option<u64>,
-    /// Most memory all queries on this node may hold together (ClickHouse's
-    /// max_server_memory_usage); past it, operators spill or the query fails naming it; 0 = no
-    /// limit [default: 80% of the machine's memory, or of its cgroup's limit].
+    /// Most memory this node may hold while it runs queries (ClickHouse's
+    /// max_server_memory_usage): what queries reserve plus the rest of its resident memory,
+    /// sampled every 100 ms; past it, operators spill or the query fails naming it; 0 = no limit
+    /// [default: 80% of the machine's memory, or of its cgroup's limit].
     #[arg(long, env = "SHARDWISE_MAX_SERVER_MEMORY_BYTES")]
     pub max_server_memory_bytes: Option<u64>,
     /// Log filter, e.g. `debug` or `shardwise_cluster=debug` [default: info on rank 0, warn elsewhere].

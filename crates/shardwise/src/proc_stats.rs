@@ -25,9 +25,7 @@ pub fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
     status_field_kib(&status, field).with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
-fn status_field_kib(status: &str, field: &str) -> Option<u64> {
-    status.lines().find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
-}
+use shardwise_query::resident_memory::status_field_kib;
 
 /// Fields 14 and 15 (utime, stime) of a `/proc/PID/stat` line. The command name (field 2) is in
 /// parentheses and may hold spaces or parentheses itself, so fields are counted after its last `)`.
@@ -54,12 +52,9 @@ mod tests {
     }
 
     #[test]
-    fn status_fields_are_read_in_kib() {
-        let status = "Name:\tshardwise\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
-        assert_eq!(status_field_kib(status, "VmRSS:"), Some(1024));
-        assert_eq!(status_field_kib(status, "VmHWM:"), Some(2048));
-        assert_eq!(status_field_kib(status, "VmSwap:"), None);
+    fn this_process_has_a_resident_size() {
         assert!(status_kib(std::process::id(), "VmRSS:").is_ok_and(|kib| kib > 0));
+        assert!(status_kib(std::process::id(), "NoSuchField:").is_err());
     }
 
     #[test]

@@ -746,25 +746,56 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
 }
 
+/// `max_server_memory_usage` caps the node: the queries' reservations and the rest of its resident
+/// memory together.
 #[test]
 fn queries_on_a_node_together_stay_within_max_server_memory_usage() {
     let dir = tempdir();
     let mut cmd = node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0));
-    cmd.env("SHARDWISE_MAX_SERVER_MEMORY_BYTES", "300000");
+    let limit = 64u64 << 20;
+    cmd.env("SHARDWISE_MAX_SERVER_MEMORY_BYTES", limit.to_string());
     let mut node = Proc::spawn(cmd);
     let addr = flight_addr(&node.wait_for_line("listening rank=0", Duration::from_secs(30)));
     let sql = |q: &str| sql_csv(&addr, q);
     sql("CREATE TABLE m (k BIGINT, v VARCHAR) WITH (shard_key = 'k')").expect("create");
-    sql("INSERT INTO m SELECT value, 'padding padding padding ' || value FROM generate_series(1, 100000)")
-        .expect("insert");
-    // A top 50 010 of 100 000 rows needs megabytes, which a top-N cannot spill: the query fails
-    // naming the node's limit, and the node goes on answering.
-    let err = sql("SELECT k, v FROM m ORDER BY v DESC LIMIT 10 OFFSET 50000").expect_err("over the node's memory");
-    assert!(err.contains("max_server_memory_usage = 300000") && err.contains("rank 0"), "{err}");
-    let err = sql("SELECT k FROM m ORDER BY v LIMIT 10 OFFSET 50000 SETTINGS max_memory_usage = 10000000000")
+    sql("INSERT INTO m SELECT value, 'padding ' || value FROM generate_series(1, 100000)").expect("insert");
+    // A top 100 010 of 200 000 rows of a kilobyte holds about 100 MB, and a top-N cannot spill:
+    // the query fails naming the node's limit and what the node holds besides, and the node goes
+    // on answering.
+    let top = "SELECT value, repeat('x', 1000) || value AS v FROM generate_series(1, 200000) \
+               ORDER BY v LIMIT 10 OFFSET 100000";
+    let err = sql(top).expect_err("over the node's memory");
+    assert!(err.contains(&format!("max_server_memory_usage = {limit}")) && err.contains("rank 0"), "{err}");
+    let outside: u64 = err
+        .split("the rest of the node ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no figure for the rest of the node in {err}"));
+    assert!(outside > 1 << 20, "the node's resident memory beyond the queries counts: {outside} bytes in {err}");
+    let err = sql(&format!("{top} SETTINGS max_memory_usage = 10000000000"))
         .expect_err("a query's own limit does not lift the node's");
-    assert!(err.contains("max_server_memory_usage = 300000"), "{err}");
+    assert!(err.contains(&format!("max_server_memory_usage = {limit}")), "{err}");
+    // What the refused queries freed is given back, and the next queries have room.
     assert_eq!(sql("SELECT count(*) FROM m").expect("count"), vec![vec!["100000".to_string()]]);
+    let sorted = sql("SELECT k FROM m ORDER BY v DESC LIMIT 1").expect("a small sort");
+    assert_eq!(sorted, vec![vec!["99999".to_string()]]);
+}
+
+/// A node whose cap is below what it holds idle says so at start and refuses queries that need
+/// memory, naming what it holds.
+#[test]
+fn a_node_capped_below_its_own_memory_warns_and_refuses() {
+    let dir = tempdir();
+    let mut cmd = node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0));
+    cmd.env("SHARDWISE_MAX_SERVER_MEMORY_BYTES", "300000");
+    let mut node = Proc::spawn(cmd);
+    node.wait_for_line("is less than this node holds before any query", Duration::from_secs(30));
+    let addr = flight_addr(&node.wait_for_line("listening rank=0", Duration::from_secs(30)));
+    let err = sql_csv(&addr, "SELECT value FROM generate_series(1, 100000) ORDER BY value DESC LIMIT 5")
+        .expect_err("no room at all");
+    assert!(err.contains("max_server_memory_usage = 300000") && err.contains("the rest of the node"), "{err}");
+    assert_eq!(sql_csv(&addr, "SELECT 1").expect("a query that needs no memory"), vec![vec!["1".to_string()]]);
 }
 
 /// A stopped node (SIGSTOP: it still accepts connections and never answers) must not hang the
