@@ -546,6 +546,7 @@ impl Master {
             world_size,
             node_id: &node_id,
             run_id: run_id.as_deref(),
+            addrs: &addrs,
             proof: proof.as_deref(),
             held_epoch: held,
             incarnation: incarnation.as_deref(),
@@ -694,7 +695,18 @@ impl Master {
                 .into()),
             (Some(secret), Some(proof)) => {
                 let proof = hex::decode(proof).unwrap_or_default();
-                let parts = hello_proof_parts(master_nonce, node_nonce, h.rank, h.world_size, h.node_id);
+                let parts = HelloProof {
+                    master_nonce,
+                    node_nonce,
+                    rank: h.rank,
+                    world_size: h.world_size,
+                    node_id: h.node_id,
+                    run_id: h.run_id,
+                    addrs: h.addrs,
+                    held_epoch: h.held_epoch,
+                    incarnation: h.incarnation,
+                }
+                .parts();
                 let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
                 if secret.verify("hello", &parts, &proof) { Ok(()) } else { Err("wrong cluster secret".into()) }
             }
@@ -827,21 +839,46 @@ pub(crate) fn decode_nonce(hex_nonce: &str, peer: &str) -> Result<Vec<u8>> {
     }
 }
 
-/// The parts of a hello that its proof covers.
-pub(crate) fn hello_proof_parts(
-    master_nonce: &[u8],
-    node_nonce: &[u8],
-    rank: u32,
-    world: u32,
-    node_id: &str,
-) -> Vec<Vec<u8>> {
-    vec![
-        master_nonce.to_vec(),
-        node_nonce.to_vec(),
-        rank.to_be_bytes().to_vec(),
-        world.to_be_bytes().to_vec(),
-        node_id.as_bytes().to_vec(),
-    ]
+/// The fields of a hello that its proof covers: all of them but the proof, so that someone who can
+/// change frames in flight cannot change a rejoin's epoch or token, its run id or the addresses
+/// the cluster will use for the node.
+pub(crate) struct HelloProof<'a> {
+    pub master_nonce: &'a [u8],
+    pub node_nonce: &'a [u8],
+    pub rank: u32,
+    pub world_size: u32,
+    pub node_id: &'a str,
+    pub run_id: Option<&'a str>,
+    pub addrs: &'a BTreeMap<String, String>,
+    pub held_epoch: Option<u64>,
+    pub incarnation: Option<&'a str>,
+}
+
+impl HelloProof<'_> {
+    /// The covered fields as the MAC's parts (the MAC prefixes each with its length, and an
+    /// absent optional field is an empty part, a present one a `1` byte and its value).
+    pub(crate) fn parts(&self) -> Vec<Vec<u8>> {
+        let optional = |v: Option<&[u8]>| v.map(|v| [&[1u8][..], v].concat()).unwrap_or_default();
+        let addrs: Vec<u8> = self
+            .addrs
+            .iter()
+            .flat_map(|(k, v)| {
+                [&(k.len() as u64).to_be_bytes()[..], k.as_bytes(), &(v.len() as u64).to_be_bytes()[..], v.as_bytes()]
+                    .concat()
+            })
+            .collect();
+        vec![
+            self.master_nonce.to_vec(),
+            self.node_nonce.to_vec(),
+            self.rank.to_be_bytes().to_vec(),
+            self.world_size.to_be_bytes().to_vec(),
+            self.node_id.as_bytes().to_vec(),
+            optional(self.run_id.map(str::as_bytes)),
+            addrs,
+            optional(self.held_epoch.map(u64::to_be_bytes).as_ref().map(|e| &e[..])),
+            optional(self.incarnation.map(str::as_bytes)),
+        ]
+    }
 }
 
 struct HelloCheck<'a> {
@@ -850,6 +887,7 @@ struct HelloCheck<'a> {
     world_size: u32,
     node_id: &'a str,
     run_id: Option<&'a str>,
+    addrs: &'a BTreeMap<String, String>,
     proof: Option<&'a str>,
     /// The epoch the node held before it lost the master (a rejoin), if any.
     held_epoch: Option<u64>,
@@ -976,4 +1014,45 @@ async fn timeout<F: std::future::Future>(d: Duration, what: &str, f: F) -> Resul
     tokio::time::timeout(d, f)
         .await
         .map_err(|_| ClusterError::Timeout { op: what.to_string(), timeout_ms: d.as_millis() as u64 })
+}
+
+#[cfg(test)]
+mod hello_proof_tests {
+    use super::*;
+
+    /// Every field of a hello changes its proof: changing one in flight makes the proof fail.
+    #[test]
+    fn a_hellos_proof_covers_every_field() {
+        let addrs: BTreeMap<String, String> = [("flight".to_string(), "127.0.0.1:1".to_string())].into();
+        let other_addrs: BTreeMap<String, String> = [("flight".to_string(), "10.0.0.9:1".to_string())].into();
+        let base = HelloProof {
+            master_nonce: b"m",
+            node_nonce: b"n",
+            rank: 1,
+            world_size: 2,
+            node_id: "id",
+            run_id: Some("run"),
+            addrs: &addrs,
+            held_epoch: Some(3),
+            incarnation: Some("token"),
+        };
+        let variants = [
+            HelloProof { rank: 0, ..base },
+            HelloProof { world_size: 3, ..base },
+            HelloProof { node_id: "other", ..base },
+            HelloProof { run_id: None, ..base },
+            HelloProof { run_id: Some(""), ..base },
+            HelloProof { addrs: &other_addrs, ..base },
+            HelloProof { held_epoch: None, ..base },
+            HelloProof { held_epoch: Some(4), ..base },
+            HelloProof { incarnation: None, ..base },
+            HelloProof { incarnation: Some("forged"), ..base },
+        ];
+        let mut seen = vec![base.parts()];
+        for v in variants {
+            let parts = v.parts();
+            assert!(!seen.contains(&parts), "two hellos with the same proof parts: {parts:?}");
+            seen.push(parts);
+        }
+    }
 }

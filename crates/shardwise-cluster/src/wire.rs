@@ -24,7 +24,7 @@ use crate::metadata::{MetadataSnapshot, ProposeOutcome};
 use crate::secret::{Tag, tag_with_key, verify_with_key};
 
 /// Version of the control protocol; a node refuses a peer with another version.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 const MAGIC: &[u8; 6] = b"SHRDWS";
 /// Largest control frame accepted, in bytes (a membership list of thousands of nodes fits).
 pub const MAX_FRAME_BYTES: usize = 16 << 20;

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use crate::error::{ClusterError, Result, format_ranks};
 use crate::membership::{MemberInfo, NodeState};
 use crate::metadata::{self, MetadataSnapshot, ProposeOutcome};
-use crate::rendezvous::{decode_nonce, hello_proof_parts};
+use crate::rendezvous::{HelloProof, decode_nonce};
 use crate::secret::{ClusterSecret, nonce};
 use crate::settings::Timeouts;
 use crate::wire::{
@@ -171,7 +171,18 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
     }
     let node_nonce = nonce();
     let proof = s.secret.as_ref().map(|secret| {
-        let parts = hello_proof_parts(&master_nonce, &node_nonce, s.rank, s.world_size, &s.node_id);
+        let parts = HelloProof {
+            master_nonce: &master_nonce,
+            node_nonce: &node_nonce,
+            rank: s.rank,
+            world_size: s.world_size,
+            node_id: &s.node_id,
+            run_id: s.run_id.as_deref(),
+            addrs: &s.addrs,
+            held_epoch,
+            incarnation: Some(incarnation),
+        }
+        .parts();
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
         hex::encode(secret.tag("hello", &parts))
     });
