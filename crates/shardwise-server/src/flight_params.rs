@@ -87,6 +87,9 @@ pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, St
         .enumerate()
         .map(|(index, column)| {
             let value = ScalarValue::try_from_array(column, row).map_err(|e| parameter_error(index, column, e))?;
+            if let Some(literal) = typed_literal(&value) {
+                return Ok(literal);
+            }
             unparser
                 .expr_to_sql(&Expr::Literal(value, None))
                 .map(|literal| literal.to_string())
@@ -94,6 +97,26 @@ pub fn bind_row(sql: &str, batch: &RecordBatch, row: usize) -> Result<String, St
         })
         .collect::<Result<Vec<_>, Status>>()?;
     placeholders::splice(sql, &literals, Style::DollarOrQuestionMark).map_err(placeholder_status)
+}
+
+/// Floats and decimals written as a cast of their exact text, where a bare literal would change
+/// them: DataFusion's unparser writes NaN and infinities as `nan` and `inf` (read back as column
+/// names), a large double in full (`1e308` as a 309-digit number, read back as a DECIMAL too wide
+/// to plan), and a decimal as a number the planner reads as a DOUBLE (its low digits lost). `None`
+/// for other values, NULLs included.
+fn typed_literal(value: &ScalarValue) -> Option<String> {
+    // Rust's `Debug` of a float is the shortest text that reads back as the same value, with
+    // `NaN`, `inf` and `-inf` spelled as Arrow's cast from text accepts them.
+    let float = |text: String, sql_type: &str| Some(format!("CAST('{text}' AS {sql_type})"));
+    match value {
+        ScalarValue::Float64(Some(v)) => float(format!("{v:?}"), "DOUBLE"),
+        ScalarValue::Float32(Some(v)) => float(format!("{v:?}"), "REAL"),
+        ScalarValue::Float16(Some(v)) => float(format!("{:?}", v.to_f32()), "REAL"),
+        ScalarValue::Decimal128(Some(_), precision, scale) | ScalarValue::Decimal256(Some(_), precision, scale) => {
+            Some(format!("CAST('{value}' AS DECIMAL({precision}, {scale}))"))
+        }
+        _ => None,
+    }
 }
 
 /// For `INSERT ... VALUES (...)` with one row whose values hold every placeholder and nothing
@@ -176,7 +199,9 @@ mod tests {
         .unwrap();
         let sql = bind_row("SELECT * FROM t WHERE a = ? AND b = ? AND c = $3 AND d = $4", &batch, 0).unwrap();
         assert!(
-            sql.starts_with("SELECT * FROM t WHERE a = 5 AND b = 'it''s; DROP TABLE t' AND c = 1.5 AND d = "),
+            sql.starts_with(
+                "SELECT * FROM t WHERE a = 5 AND b = 'it''s; DROP TABLE t' AND c = CAST('1.5' AS DOUBLE) AND d = "
+            ),
             "{sql}"
         );
         assert!(sql.contains("2024-01-31"), "{sql}");
@@ -197,5 +222,38 @@ mod tests {
         assert_eq!(values_row("INSERT INTO t SELECT ?"), None);
         assert_eq!(values_row("INSERT INTO t VALUES (?) ON CONFLICT DO NOTHING"), None);
         assert_eq!(values_row("SELECT * FROM (VALUES (?))"), None);
+    }
+
+    /// Values that a bare literal would change come back exactly: NaN and infinities (which were
+    /// read as the columns `nan` and `inf`), a double near its largest, a decimal of 29 digits.
+    #[tokio::test]
+    async fn floats_and_decimals_are_bound_exactly() {
+        use arrow::array::{Decimal128Array, Float32Array};
+        use datafusion::prelude::SessionContext;
+        let doubles = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e308, -0.0, 0.1, f64::MIN_POSITIVE];
+        let decimal = Decimal128Array::from(vec![12_345_678_901_234_567_890_123_456_789i128])
+            .with_precision_and_scale(38, 9)
+            .unwrap();
+        let batch = RecordBatch::try_from_iter([
+            ("d", Arc::new(Float64Array::from(vec![f64::NAN])) as ArrayRef),
+            ("f", Arc::new(Float32Array::from(vec![f32::NAN])) as ArrayRef),
+            ("m", Arc::new(decimal) as ArrayRef),
+        ])
+        .unwrap();
+        let ctx = SessionContext::new();
+        for (row, want) in doubles.iter().enumerate() {
+            let doubles =
+                RecordBatch::try_from_iter([("d", Arc::new(Float64Array::from(vec![*want])) as ArrayRef)]).unwrap();
+            let sql = bind_row("SELECT ? AS v", &doubles, 0).unwrap();
+            let got = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+            let got = got[0].column(0).as_any().downcast_ref::<Float64Array>().unwrap().value(0);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "row {row}: {sql} gave {got}");
+        }
+        let sql = bind_row("SELECT ? AS d, ? AS f, ? AS m", &batch, 0).unwrap();
+        let got = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+        let f = got[0].column(1).as_any().downcast_ref::<Float32Array>().unwrap().value(0);
+        assert!(f.is_nan(), "{sql}");
+        let m = got[0].column(2).as_any().downcast_ref::<Decimal128Array>().unwrap();
+        assert_eq!((m.value(0), m.precision(), m.scale()), (12_345_678_901_234_567_890_123_456_789, 38, 9), "{sql}");
     }
 }
