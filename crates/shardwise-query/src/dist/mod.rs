@@ -56,6 +56,7 @@ pub mod planner;
 pub mod query_order;
 mod remote_start;
 pub mod scan;
+mod shard_reads;
 pub mod shuffle;
 #[cfg(test)]
 pub(crate) mod test_access;

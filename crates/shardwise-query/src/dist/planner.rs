@@ -44,6 +44,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::partitioned_topk::PartitionedTopKExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 use datafusion::physical_plan::{Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use shardwise_cluster::ClusterView;
@@ -128,6 +129,24 @@ struct Chain {
 enum Sub {
     Done(Arc<dyn ExecutionPlan>),
     Chain(Chain),
+}
+
+/// `node` over `children`. An interleave (a union of inputs hash-partitioned alike) whose inputs
+/// are no longer partitioned alike, now that fragments produce some of them, becomes a plain union;
+/// the node above it restores the hash partitioning if it needs it (see `Planner::rewrite`).
+fn with_children(
+    node: Arc<dyn ExecutionPlan>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if node.is::<InterleaveExec>() {
+        let first = children.first().map(|c| c.output_partitioning().clone());
+        let alike = children.iter().all(|c| Some(c.output_partitioning()) == first.as_ref())
+            && matches!(first, Some(Partitioning::Hash(..)));
+        if !alike {
+            return UnionExec::try_new(children);
+        }
+    }
+    replace_children_if_necessary(node, children)
 }
 
 /// Identity of a plan node within one optimization pass.
@@ -221,10 +240,12 @@ impl Planner<'_> {
                 }
             };
             // A fragment's rows are placed by shard or bucket, not by DataFusion's hash: where
-            // this node relies on that hash (a partitioned join, say), restore it.
+            // this node relies on that hash (a partitioned join, say), restore it. The fragment
+            // may be under other operators (a shuffle's concatenation, a union that was an
+            // interleave): whatever no longer has the partitioning the old child had.
             let new_child = match (required.get(i), children.get(i)) {
                 (Some(Distribution::KeyPartitioned(exprs) | Distribution::HashPartitioned(exprs)), Some(old))
-                    if new_child.is::<FragmentExec>() =>
+                    if new_child.output_partitioning() != old.output_partitioning() =>
                 {
                     let n = old.output_partitioning().partition_count();
                     Arc::new(RepartitionExec::try_new(new_child, Partitioning::Hash(exprs.clone(), n))?)
@@ -241,7 +262,7 @@ impl Planner<'_> {
             new_children.push(new_child);
         }
         let changed = changed || new_children.iter().zip(&children).any(|(a, b)| !Arc::ptr_eq(a, b));
-        Ok(Sub::Done(if changed { replace_children_if_necessary(node, new_children)? } else { node }))
+        Ok(Sub::Done(if changed { with_children(node, new_children)? } else { node }))
     }
 
     /// `Some(why)` when `node` repartitions rows by a hash of keys that include every shard-key
@@ -298,7 +319,16 @@ impl Planner<'_> {
             let plan = require_verified_placement(plan)?;
             (plan, scan.shards().into_iter().map(LeafAssignment::WholeShard).collect())
         } else {
-            let targets = scan.parts().iter().map(|p| LeafAssignment::Slices(vec![*p])).collect();
+            // All the slices of a shard in one target, so that they read one replica at one moment:
+            // replicas order their rows differently, and a replica's rows move between reads, so
+            // slices by position taken from two reads could skip rows and count others twice.
+            let targets = scan
+                .shards()
+                .into_iter()
+                .map(|shard| {
+                    LeafAssignment::Slices(scan.parts().iter().filter(|p| p.shard == shard).copied().collect())
+                })
+                .collect();
             (plan, targets)
         };
         self.fragment(plan, &scan, targets, strategy)

@@ -5,7 +5,9 @@
 //! ([`super::planner`]) wraps every leaf in a fragment that runs on a node holding a replica of
 //! the shard, where the leaf is rebuilt (through [`super::codec`]) with the slices that node is to
 //! read. Slices split a shard's rows evenly by position (zero-copy `RecordBatch::slice`), so a
-//! shard can be read by several threads, or a small cluster can use every core.
+//! shard can be read by several threads, or a small cluster can use every core. Positions are only
+//! meaningful within one read of one replica: the slices of a shard run in one fragment, on one
+//! replica (`super::planner`), and share one read of it (`super::shard_reads`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Par
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
+use super::shard_reads::ShardReads;
 use crate::access::TableAccess;
 use crate::error::QueryError;
 
@@ -78,6 +81,8 @@ pub struct ShardScanExec {
     skipped_shards: bool,
     schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
+    /// One read per shard and execution, whatever the number of its slices.
+    reads: Arc<ShardReads>,
     cache: Arc<PlanProperties>,
 }
 
@@ -114,6 +119,7 @@ impl ShardScanExec {
             skipped_shards: false,
             schema,
             metrics: ExecutionPlanMetricsSet::new(),
+            reads: Arc::default(),
             cache,
         })
     }
@@ -210,11 +216,18 @@ impl ExecutionPlan for ShardScanExec {
         let batch_rows = context.session_config().batch_size().max(1);
         let require_verified = self.require_verified_placement;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let readers = self.parts.iter().filter(|p| p.shard == part.shard).count();
+        let shared = self.reads.take(&context, part.shard, readers);
         let read = async move {
-            let data = access
-                .read_shard(table.table_id, table.generation, table.catalog_version, part.shard)
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let data = shared
+                .get_or_try_init(|| async {
+                    let data = access
+                        .read_shard(table.table_id, table.generation, table.catalog_version, part.shard)
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                    Ok::<_, DataFusionError>(Arc::new(data))
+                })
+                .await?;
             if require_verified && !data.verified_placement {
                 return Err(DataFusionError::External(Box::new(QueryError::Rejected(format!(
                     "table {} shard {}: this replica holds rows that did not arrive through shardwise's placement, \

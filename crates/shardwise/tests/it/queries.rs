@@ -1023,6 +1023,31 @@ fn literals_meet_decimal_and_double_columns_as_written() {
     assert_eq!(rows, vec![vec!["1", "2023-11-14T22:13:20", "true"], vec!["2", "2023-11-14T22:13:20", "true"]]);
 }
 
+/// A shuffled GROUP BY under a join, an IN subquery or a UNION ALL: the node above it relied on
+/// DataFusion's hash partitioning of the aggregate's output, which a shuffle's concatenation of
+/// buckets does not have (an internal error before).
+#[test]
+fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE sj (k BIGINT, g BIGINT) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO sj SELECT value, value % 10 FROM generate_series(1, 1000)");
+    let queries = [
+        "SELECT x.g, x.c, y.c FROM (SELECT g, count(*) AS c FROM sj GROUP BY g) x \
+         JOIN (SELECT g, count(*) AS c FROM sj GROUP BY g) y ON x.g = y.g ORDER BY x.g",
+        "SELECT x.g, x.c FROM (SELECT g, count(*) AS c FROM sj GROUP BY g) x WHERE x.g IN (SELECT k FROM sj WHERE k < 5) \
+         ORDER BY x.g",
+        "SELECT g, count(*) FROM sj GROUP BY g UNION ALL SELECT k, count(*) FROM sj WHERE k < 3 GROUP BY k ORDER BY 1, 2",
+    ];
+    for q in queries {
+        let shuffle = format!("{q} SETTINGS distributed_aggregation = 'shuffle'");
+        let plan = c.sql(0, &format!("EXPLAIN {shuffle}")).concat().concat();
+        assert!(plan.contains("strategy=shuffle"), "{plan}");
+        let shuffled = c.sql(1, &shuffle);
+        let merged = c.sql(1, &format!("{q} SETTINGS distributed_aggregation = 'initiator'"));
+        assert!(!shuffled.is_empty() && shuffled == merged, "{q}: {shuffled:?} against {merged:?}");
+    }
+}
+
 #[test]
 fn a_where_pinning_the_shard_key_reads_only_its_shards() {
     let c = Cluster::start(3);
@@ -1034,6 +1059,9 @@ fn a_where_pinning_the_shard_key_reads_only_its_shards() {
     // The one shard 42 is placed on (shard 1 of 6 by the placement spec's golden value), in as
     // many slices as the node has threads.
     assert!(plan.contains("shards=[1@[1]]") && plan.contains("of 6 (optimize_skip_unused_shards"), "{plan}");
+    // Its slices run as one fragment, on one replica and from one read of it: slices are row
+    // positions, which differ between replicas and between reads.
+    assert!(plan.contains("fragments=1 shards"), "{plan}");
     assert_eq!(c.sql(2, point), vec![vec!["2".to_string(), "1".to_string()]]);
     let plan = explain("SELECT count(*) FROM pk WHERE k IN (1, 2) SETTINGS distributed_aggregation = 'shuffle'");
     assert!(!plan.contains("fragments=6") && plan.contains("optimize_skip_unused_shards"), "{plan}");
