@@ -208,3 +208,35 @@ fn a_load_spanning_a_drop_and_create_fails_instead_of_splitting() {
     assert!(err.contains("dropped and created again") && err.contains("span-1"), "{err}");
     assert_eq!(one(c.sql(1, "SELECT count(*) FROM span")), ["0"]);
 }
+
+/// Replicas hold a shard's rows in different orders (a load's chunks reach each replica in its own
+/// order), and a shard of fewer shards than threads is read in slices by row position: every
+/// `load_balancing` must give the answer of one replica, never slices of two (wrong sums before).
+#[test]
+fn every_load_balancing_reads_a_sliced_shard_from_one_replica() {
+    let c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE lb (k BIGINT, s BIGINT) WITH (shard_key = 'k', shards = 1, replicas = 3)");
+    let dir = tempdir();
+    let csv = dir.path().join("lb.csv");
+    let mut text = String::from("k,s\n");
+    let (mut x, mut sum) = (12_345u64, 0i64);
+    for _ in 0..300_000 {
+        // xorshift: keys and values in no order, so that row positions matter.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let s = (x % 60_001) as i64 - 30_000;
+        sum += s;
+        text.push_str(&format!("{},{s}\n", x % 1_000_000));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let out = load(&c.addrs[0], "lb", &csv, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = vec![vec!["300000".to_string(), sum.to_string()]];
+    for balancing in ["nearest", "in_order", "round_robin", "random"] {
+        for rank in 0..3 {
+            let sql = format!("SELECT count(*), sum(s) FROM lb SETTINGS load_balancing = '{balancing}'");
+            assert_eq!(c.sql(rank, &sql), want, "{balancing} through rank {rank}");
+        }
+    }
+}
