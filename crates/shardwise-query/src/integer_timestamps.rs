@@ -6,12 +6,16 @@
 //! reads the number in the target's unit: nanoseconds for `TIMESTAMP`, so the row stored
 //! `1970-01-01 00:00:01.7`. [`IntegersAsSeconds`], an analyzer rule, gives every cast from an
 //! integer to a timestamp of another unit the planner's step through seconds, so the two agree
-//! (and `shardwise load` reads numbers for timestamp columns the same way).
+//! (and `shardwise load` reads numbers for timestamp columns the same way). A float or a decimal
+//! is seconds too, with its fraction (`1700000000.5` is half a second past): Arrow's cast would
+//! read it in the target's unit as well.
 
 use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::error::Result;
+use datafusion::functions::math::expr_fn::{round, trunc};
 use datafusion::logical_expr::expr::Cast;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
@@ -42,25 +46,38 @@ impl AnalyzerRule for IntegersAsSeconds {
 }
 
 /// `CAST(n AS Timestamp(unit))` of an integer `n` as `CAST(CAST(n AS Timestamp(s)) AS
-/// Timestamp(unit))`; other expressions as they are.
-fn through_seconds(e: Expr, schema: Option<&datafusion::common::DFSchema>) -> Result<Transformed<Expr>> {
+/// Timestamp(unit))`; of a float or decimal `x` as seconds with their fraction (through a double:
+/// whole seconds, and the fraction rounded to the nanosecond), then the target's unit; other
+/// expressions as they are. An expression of a node without input (`VALUES`) is typed against an empty schema.
+fn through_seconds(e: Expr, schema: Option<&DFSchema>) -> Result<Transformed<Expr>> {
     let Expr::Cast(Cast { expr, field }) = &e else { return Ok(Transformed::no(e)) };
     let DataType::Timestamp(unit, zone) = field.data_type() else { return Ok(Transformed::no(e)) };
     if *unit == TimeUnit::Second {
         return Ok(Transformed::no(e));
     }
-    let input_type = match (expr.as_ref(), schema) {
-        (Expr::Literal(value, _), _) => value.data_type(),
-        (_, Some(schema)) => match expr.get_type(schema) {
+    let empty = DFSchema::empty();
+    let input_type = match expr.as_ref() {
+        Expr::Literal(value, _) => value.data_type(),
+        other => match other.get_type(schema.unwrap_or(&empty)) {
             Ok(t) => t,
             Err(_) => return Ok(Transformed::no(e)),
         },
-        (_, None) => return Ok(Transformed::no(e)),
     };
-    if !input_type.is_integer() {
+    let cast =
+        |expr: Expr, to: DataType| Expr::Cast(Cast { expr: Box::new(expr), field: Arc::new(Field::new("", to, true)) });
+    let inner = if input_type.is_integer() {
+        cast(*expr.clone(), DataType::Timestamp(TimeUnit::Second, zone.clone()))
+    } else if input_type.is_floating() || matches!(input_type, DataType::Decimal128(..) | DataType::Decimal256(..)) {
+        // Whole seconds and the fraction apart: a double's 53 bits hold today's seconds and a
+        // fraction to about 0.2 microseconds, not the 61 bits of today's nanoseconds.
+        let seconds = cast(*expr.clone(), DataType::Float64);
+        let whole = trunc(vec![seconds.clone()]);
+        let fraction_ns = round(vec![(seconds - whole.clone()) * Expr::Literal(ScalarValue::Float64(Some(1e9)), None)]);
+        let nanos = cast(whole, DataType::Int64) * Expr::Literal(ScalarValue::Int64(Some(1_000_000_000)), None)
+            + cast(fraction_ns, DataType::Int64);
+        cast(nanos, DataType::Timestamp(TimeUnit::Nanosecond, zone.clone()))
+    } else {
         return Ok(Transformed::no(e));
-    }
-    let seconds = Arc::new(Field::new("", DataType::Timestamp(TimeUnit::Second, zone.clone()), true));
-    let inner = Expr::Cast(Cast { expr: expr.clone(), field: seconds });
+    };
     Ok(Transformed::yes(Expr::Cast(Cast { expr: Box::new(inner), field: Arc::clone(field) })))
 }

@@ -1021,6 +1021,27 @@ fn literals_meet_decimal_and_double_columns_as_written() {
     c.sql(0, "INSERT INTO tsl SELECT 2, 1700000000");
     let rows = c.sql(1, "SELECT id, ts, ts = CAST(1700000000 AS TIMESTAMP) FROM tsl ORDER BY id");
     assert_eq!(rows, vec![vec!["1", "2023-11-14T22:13:20", "true"], vec!["2", "2023-11-14T22:13:20", "true"]]);
+    // Also when the number is typed, or has a fraction (seconds with it; Arrow's cast alone read
+    // these as nanoseconds).
+    c.sql(
+        0,
+        "INSERT INTO tsl VALUES (3, CAST(1700000000 AS BIGINT)), (4, CAST(1700000000 AS INT)), (5, 1700000000.5), \
+         (6, CAST(1700000000.25 AS DOUBLE))",
+    );
+    c.sql(0, "INSERT INTO tsl SELECT 7, 1700000000.5");
+    let rows = c.sql(1, "SELECT id, ts FROM tsl WHERE id >= 3 ORDER BY id");
+    let ts: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(
+        ts,
+        [
+            "2023-11-14T22:13:20",
+            "2023-11-14T22:13:20",
+            "2023-11-14T22:13:20.500",
+            "2023-11-14T22:13:20.250",
+            "2023-11-14T22:13:20.500"
+        ],
+        "{rows:?}"
+    );
 }
 
 /// A shuffled GROUP BY under a join, an IN subquery or a UNION ALL: the node above it relied on
