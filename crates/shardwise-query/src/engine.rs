@@ -374,6 +374,7 @@ impl QueryEngine {
         }
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state.sql_to_statement(&body, &dialect)?;
+        crate::set_operations::refuse_unsupported(&statement)?;
         repeated_items::name_repeated_items(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement)

@@ -28,6 +28,7 @@ pub mod repeated_items;
 pub mod resident_memory;
 pub mod server_memory;
 pub mod session;
+pub mod set_operations;
 pub mod settings;
 pub mod sharded_table;
 pub mod show_create;
