@@ -20,8 +20,9 @@
 //! reason it samples again and, if that is not enough, gives the allocator's free memory back to
 //! the kernel (`malloc_trim`) and samples once more, so memory a finished query freed but the
 //! allocator kept does not hold the next queries back. A release walks every heap, so it runs at
-//! most once per [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] unless the memory outside the queries grew
-//! since the last one.
+//! most once per [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] unless the queries have given memory back,
+//! or the memory outside them has grown, since the last one. A request for no more memory is never
+//! refused.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -43,10 +44,19 @@ pub const SERVER_MEMORY_SAMPLE_MS: u64 = 100;
 /// under its lock) per this many milliseconds, and only when the pool is about to refuse memory.
 pub const SERVER_MEMORY_RELEASE_INTERVAL_MS: u64 = 1_000;
 
-/// A release sooner than [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] after the last one when the memory
-/// outside the queries has grown since by the limit divided by this (memory a query that ended
-/// left with the allocator).
+/// A release sooner than [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] after the last one when the queries
+/// have given back, or the memory outside them has grown, by the limit divided by this since (the
+/// memory of a query that ended, left with the allocator).
 pub const SERVER_MEMORY_RELEASE_GROWTH_DIVISOR: usize = 16;
+
+/// When the allocator's free memory was last given back, with what the queries held then and
+/// what lay outside them right after.
+#[derive(Debug, Clone, Copy)]
+struct Release {
+    at: Instant,
+    reserved: usize,
+    outside_after: usize,
+}
 
 /// Where a pool reads the process's resident memory in bytes (`None`: unknown).
 type ResidentSource = Box<dyn Fn() -> Option<u64> + Send + Sync>;
@@ -63,9 +73,8 @@ pub struct ServerMemory {
     outside_bytes: AtomicUsize,
     /// `None`: count reservations only.
     resident: Option<ResidentSource>,
-    /// When the allocator's free memory was last given back, and what lay outside the queries
-    /// right after.
-    last_release: Mutex<Option<(Instant, usize)>>,
+    /// The last release of the allocator's free memory.
+    last_release: Mutex<Option<Release>>,
 }
 
 impl std::fmt::Debug for ServerMemory {
@@ -148,28 +157,27 @@ impl ServerMemory {
 
     /// Samples again and, if the reservation still does not fit, gives the allocator's free
     /// memory back and samples once more. The release is skipped when one ran less than
-    /// [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] ago and the memory outside the queries has not grown
-    /// by [`SERVER_MEMORY_RELEASE_GROWTH_DIVISOR`]th of the limit since (a query that ended and
-    /// left its memory with the allocator), or when another thread is running one.
+    /// [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] ago and since then neither have the queries given back
+    /// nor has the memory outside them grown by [`SERVER_MEMORY_RELEASE_GROWTH_DIVISOR`]th of the
+    /// limit (either leaves freed memory with the allocator), or when another thread is running one.
     fn sample_and_release(&self, additional: usize) {
         self.sample();
         if self.resident.is_none() || self.fits(additional) {
             return;
         }
         let Ok(mut last) = self.last_release.try_lock() else { return };
-        let interval = Duration::from_millis(SERVER_MEMORY_RELEASE_INTERVAL_MS);
-        let grown = |outside_after: usize| {
-            self.outside() > outside_after.saturating_add(self.limit_bytes / SERVER_MEMORY_RELEASE_GROWTH_DIVISOR)
-        };
-        if let Some((at, outside_after)) = *last
-            && at.elapsed() < interval
-            && !grown(outside_after)
+        let step = self.limit_bytes / SERVER_MEMORY_RELEASE_GROWTH_DIVISOR;
+        let reserved = self.inner.reserved();
+        if let Some(release) = *last
+            && release.at.elapsed() < Duration::from_millis(SERVER_MEMORY_RELEASE_INTERVAL_MS)
+            && reserved.saturating_add(step) > release.reserved
+            && self.outside() <= release.outside_after.saturating_add(step)
         {
             return;
         }
         release_free_heap();
         self.sample();
-        *last = Some((Instant::now(), self.outside()));
+        *last = Some(Release { at: Instant::now(), reserved, outside_after: self.outside() });
     }
 
     fn refusal(&self, reservation: &MemoryReservation, additional: usize) -> DataFusionError {
@@ -221,7 +229,8 @@ impl MemoryPool for ServerMemory {
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
-        if !self.fits(additional) {
+        // Asking for nothing more is never refused, however full the node is.
+        if additional > 0 && !self.fits(additional) {
             self.sample_and_release(additional);
             if !self.fits(additional) {
                 return Err(self.refusal(reservation, additional));
@@ -336,6 +345,7 @@ mod tests {
         let err = q.try_grow(200).expect_err("300 + 600 + 200 is over 1000").to_string();
         assert!(err.contains("rank 2 hold 300 bytes and the rest of the node 600 bytes"), "{err}");
         assert_eq!(node.reserved(), 300, "nothing kept of a refused grow");
+        q.try_grow(0).expect("asking for nothing more is never refused");
         q.try_grow(100).expect("300 + 600 + 100 fits");
         // The memory outside the queries is given back: room again at the next sample.
         resident.store(400, Ordering::Relaxed);
