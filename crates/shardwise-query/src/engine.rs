@@ -498,6 +498,7 @@ impl QueryEngine {
                     false => datafusion::physical_plan::execute_stream(plan, context)?,
                 };
                 let stream = explain_memory_errors(stream, memory_limit, self.rank);
+                let stream = crate::decimal_check::checked(stream);
                 let stream = match insert_casts {
                     Some(casts) => casts.explain_errors(stream),
                     None => stream,

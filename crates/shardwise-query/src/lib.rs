@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod ddl;
+pub mod decimal_check;
 pub mod dist;
 pub mod engine;
 pub mod error;
