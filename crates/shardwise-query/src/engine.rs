@@ -469,9 +469,13 @@ impl QueryEngine {
                 let insert_casts = crate::insert_select::InsertCasts::of(&plan);
                 let started = std::time::Instant::now();
                 let physical = state.create_physical_plan(&plan).await.map_err(|e| {
-                    let e = match crate::insert_values::first_bad_value(&plan) {
-                        Some(bad) => QueryError::Rejected(bad.to_string()),
-                        None => QueryError::from(e),
+                    // A constant that does not fit its column fails as the optimizer folds it.
+                    let e = QueryError::from(e);
+                    let cast = insert_casts.as_ref().and_then(|casts| casts.explain(&e.to_string()));
+                    let e = match (crate::insert_values::first_bad_value(&plan), cast) {
+                        (Some(bad), _) => QueryError::Rejected(bad.to_string()),
+                        (None, Some(message)) => QueryError::Rejected(message),
+                        (None, None) => e,
                     };
                     self.log.record_failed(&sql, &e.to_string(), started);
                     e

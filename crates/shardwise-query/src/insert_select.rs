@@ -7,6 +7,8 @@
 //! written then (the whole source is read and checked before any row is stored). The message
 //! names the target type, so the casts to that type are the candidates: this module prefixes the
 //! error with the column, or the columns, cast to it: `INSERT INTO t: column tiny: Cast error: ...`.
+//! A constant that does not fit (`INSERT INTO t (id) SELECT 'x'`) fails earlier, as the optimizer
+//! folds its cast; the engine explains that error the same way ([`InsertCasts::explain`]).
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::DataFusionError;
@@ -46,7 +48,7 @@ impl InsertCasts {
     }
 
     /// `message` with the columns whose cast it is about, when its words name their type.
-    fn explain(&self, message: &str) -> Option<String> {
+    pub fn explain(&self, message: &str) -> Option<String> {
         let names: Vec<&str> = self
             .columns
             .iter()

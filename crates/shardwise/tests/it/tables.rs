@@ -202,6 +202,8 @@ fn bad_input_is_refused_and_changes_nothing() {
         // From a query whose values run in fragments, on both nodes: the column is named.
         ("INSERT INTO t SELECT value, value * 100, 'x' FROM generate_series(1, 5)", "INSERT INTO t: column small: "),
         ("INSERT INTO t SELECT id + 10, small * 200, name FROM t", "INSERT INTO t: column small: "),
+        // A constant that does not fit fails as the optimizer folds it, before anything runs.
+        ("INSERT INTO t (id, small) SELECT 'x', 1", "INSERT INTO t: column id: "),
         ("INSERT INTO nope VALUES (1)", "not found"),
         ("INSERT INTO t (id, nope) VALUES (1, 2)", "nope"),
         ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS insert_quorum = 5", "insert_quorum"),
