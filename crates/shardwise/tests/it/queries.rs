@@ -752,18 +752,20 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
 fn queries_on_a_node_together_stay_within_max_server_memory_usage() {
     let dir = tempdir();
     let mut cmd = node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0));
-    let limit = 64u64 << 20;
+    // Room for what a node holds after a few queries (some 70 MB in a debug build), not for the
+    // top-N below.
+    let limit = 128u64 << 20;
     cmd.env("SHARDWISE_MAX_SERVER_MEMORY_BYTES", limit.to_string());
     let mut node = Proc::spawn(cmd);
     let addr = flight_addr(&node.wait_for_line("listening rank=0", Duration::from_secs(30)));
     let sql = |q: &str| sql_csv(&addr, q);
     sql("CREATE TABLE m (k BIGINT, v VARCHAR) WITH (shard_key = 'k')").expect("create");
     sql("INSERT INTO m SELECT value, 'padding ' || value FROM generate_series(1, 100000)").expect("insert");
-    // A top 100 010 of 200 000 rows of a kilobyte holds about 100 MB, and a top-N cannot spill:
+    // A top 200 010 of 400 000 rows of a kilobyte holds about 200 MB, and a top-N cannot spill:
     // the query fails naming the node's limit and what the node holds besides, and the node goes
     // on answering.
-    let top = "SELECT value, repeat('x', 1000) || value AS v FROM generate_series(1, 200000) \
-               ORDER BY v LIMIT 10 OFFSET 100000";
+    let top = "SELECT value, repeat('x', 1000) || value AS v FROM generate_series(1, 400000) \
+               ORDER BY v LIMIT 10 OFFSET 200000";
     let err = sql(top).expect_err("over the node's memory");
     assert!(err.contains(&format!("max_server_memory_usage = {limit}")) && err.contains("rank 0"), "{err}");
     let outside: u64 = err
