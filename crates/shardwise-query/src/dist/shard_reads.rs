@@ -37,7 +37,8 @@ impl ShardReads {
     /// The read of `shard` for `execution`, which `readers` partitions take in all (each calls
     /// this once).
     pub fn take(&self, execution: &Arc<TaskContext>, shard: u32, readers: usize) -> SharedRead {
-        let Ok(mut pending) = self.pending.lock() else { return SharedRead::default() };
+        // A panic elsewhere under this lock leaves the map as it was: still the reads to share.
+        let mut pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let fresh =
             || Pending { execution: Arc::downgrade(execution), read: SharedRead::default(), readers_left: readers };
         let entry = pending.entry(shard).or_insert_with(fresh);

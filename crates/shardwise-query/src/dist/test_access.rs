@@ -8,16 +8,25 @@ use datafusion::arrow::record_batch::RecordBatch;
 use crate::access::TableAccess;
 use crate::error::QueryError;
 
-/// A node holding one shard of one table, in memory; nothing else. Counts the samples taken.
+/// A node holding one shard of one table, in memory; nothing else. Counts the samples taken
+/// and the reads of the shard.
 #[derive(Debug)]
 pub(crate) struct OneShard {
     batches: Vec<RecordBatch>,
     pub(crate) samples_taken: AtomicUsize,
+    pub(crate) reads_taken: AtomicUsize,
+    /// Appended once more at every read (rows inserted between two reads), if set.
+    growth: Option<RecordBatch>,
 }
 
 impl OneShard {
     pub(crate) fn new(batches: Vec<RecordBatch>) -> Self {
-        OneShard { batches, samples_taken: AtomicUsize::new(0) }
+        OneShard { batches, samples_taken: AtomicUsize::new(0), reads_taken: AtomicUsize::new(0), growth: None }
+    }
+
+    /// A shard that gains `growth` at every read.
+    pub(crate) fn growing(batches: Vec<RecordBatch>, growth: RecordBatch) -> Self {
+        OneShard { growth: Some(growth), ..OneShard::new(batches) }
     }
 }
 
@@ -56,7 +65,10 @@ impl TableAccess for OneShard {
         _: u64,
         _: u32,
     ) -> shardwise_cluster::BoxFuture<'_, Result<crate::access::ShardData, QueryError>> {
-        let data = crate::access::ShardData { batches: self.batches.clone(), verified_placement: true };
+        let earlier_reads = self.reads_taken.fetch_add(1, Ordering::Relaxed);
+        let mut batches = self.batches.clone();
+        batches.extend(self.growth.iter().cycle().take(earlier_reads).cloned());
+        let data = crate::access::ShardData { batches, verified_placement: true };
         Box::pin(async move { Ok(data) })
     }
     fn sample(&self, _: u64, _: u64, _: usize) -> Option<crate::dist::TableSample> {
