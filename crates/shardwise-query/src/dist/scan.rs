@@ -328,6 +328,18 @@ mod tests {
         RecordBatch::try_new(schema, vec![Arc::new(values)]).expect("batch")
     }
 
+    /// A table of one shard, keyed by `v`.
+    fn one_shard_table() -> ShardTableRef {
+        ShardTableRef {
+            name: "t".into(),
+            table_id: 1,
+            generation: 1,
+            catalog_version: 1,
+            shards: 1,
+            shard_key: vec!["v".into()],
+        }
+    }
+
     fn values(batches: &[RecordBatch]) -> Vec<i64> {
         batches
             .iter()
@@ -361,14 +373,7 @@ mod tests {
         let n = 3 * i64::from(SCAN_BATCHES_PER_YIELD);
         let batches: Vec<RecordBatch> = (0..n).map(|i| batch(i * 8, 8)).collect();
         let schema = batches[0].schema();
-        let table = ShardTableRef {
-            name: "t".into(),
-            table_id: 1,
-            generation: 1,
-            catalog_version: 1,
-            shards: 1,
-            shard_key: vec!["v".into()],
-        };
+        let table = one_shard_table();
         let scan =
             ShardScanExec::try_new(table, schema, None, ShardSlice::all_of(0, 1), Arc::new(OneShard::new(batches)))
                 .expect("scan");
@@ -404,14 +409,7 @@ mod tests {
     #[test]
     fn the_slices_of_a_shard_share_one_read() {
         let shard = Arc::new(OneShard::growing(vec![batch(0, 8)], batch(100, 8)));
-        let table = ShardTableRef {
-            name: "t".into(),
-            table_id: 1,
-            generation: 1,
-            catalog_version: 1,
-            shards: 1,
-            shard_key: vec!["v".into()],
-        };
+        let table = one_shard_table();
         let scan = ShardScanExec::try_new(
             table,
             batch(0, 1).schema(),
