@@ -185,6 +185,8 @@ impl QueryEngine {
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
+            // An insert stores no fraction into an integer (see `crate::insert_exact`).
+            .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).
@@ -202,6 +204,7 @@ impl QueryEngine {
         let ctx = SessionContext::new_with_state(state.build());
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
+        ctx.register_udf(crate::insert_exact::insert_fits_udf().as_ref().clone());
         if let Some(local_shuffle) = &local_shuffle {
             local_shuffle.set_context(ctx.task_ctx());
         }

@@ -64,12 +64,15 @@ pub fn first_bad_value(plan: &LogicalPlan) -> Option<BadValue> {
     let (empty, props, planning) = (DFSchema::empty(), ExecutionProps::new(), PhysicalPlanningContext::default());
     for (i, row) in values.values.iter().enumerate() {
         for (j, cell) in row.iter().enumerate() {
-            let Ok(physical) = create_physical_expr(cell, &empty, &props, &planning) else { continue };
+            // The cell as the insert checks it (see `crate::insert_exact`).
+            let cell = crate::insert_exact::strict_cast(cell.clone(), &empty).unwrap_or_else(|_| cell.clone());
+            let Ok(physical) = create_physical_expr(&cell, &empty, &props, &planning) else { continue };
             if let Err(e) = physical.evaluate(&one_row) {
                 let column = values.schema.field(j).name().clone();
                 let column = projection.and_then(|p| target_column(p, &column)).unwrap_or(column);
                 let reason = match e.find_root() {
                     DataFusionError::ArrowError(arrow, _) => arrow.to_string(),
+                    DataFusionError::Execution(message) => message.clone(),
                     root => root.strip_backtrace(),
                 };
                 return Some(BadValue { table: dml.table_name.to_string(), row: i + 1, column, reason });

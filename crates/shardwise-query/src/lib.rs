@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod format_clause;
 pub mod group_topk;
+pub mod insert_exact;
 pub mod insert_select;
 pub mod insert_values;
 pub mod integer_timestamps;

@@ -1,0 +1,281 @@
+//! An `INSERT` stores a number into a column of another numeric type only when no part of it is
+//! lost: a fraction into an integer column, or a DOUBLE beyond REAL's range into a REAL column, is
+//! an error that names the value, where DataFusion's implicit cast would store `1` for `1.5` and
+//! `inf` for `1e39`.
+//!
+//! Why: `shardwise load` and Flight SQL bulk ingest already refuse a fraction for an integer
+//! column (a CSV cell `1.5` is not an integer), and an `INSERT` is the same act by other means.
+//! ClickHouse refuses `1.5` for an `Int32` in `VALUES` too. Truncating silently changes the data a
+//! user meant to store; to store the whole part, say so: `CAST(x AS INT)`, `round(x)` or
+//! `trunc(x)` give the column its type before the insert sees it, and nothing is checked then.
+//!
+//! How: [`StrictInsertCasts`], an analyzer rule after type coercion, wraps each implicit cast of
+//! an insert's values (the projection DataFusion puts above the insert's source, and the cells of
+//! an `INSERT ... VALUES`) from a float or decimal to an integer, or from a DOUBLE to a REAL, in
+//! `shardwise_insert_fits(value, 'type')`, which returns its argument unchanged or fails. Its
+//! error reads as Arrow's cast errors do (`Cast error: Can't cast value 1.5 to type Int32 ...`), so
+//! the engine names the column and, for `VALUES`, the row ([`crate::insert_select`],
+//! [`crate::insert_values`]). Constants fail as the optimizer folds them, before anything runs;
+//! other values fail as the source is read, and an insert writes nothing until its source is
+//! read whole.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float16Type, Float32Type, Float64Type};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, Result, ScalarValue, exec_err};
+use datafusion::logical_expr::expr::{Alias, Cast};
+use datafusion::logical_expr::{
+    ColumnarValue, DmlStatement, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, Volatility, WriteOp, lit,
+};
+use datafusion::optimizer::AnalyzerRule;
+
+/// The check function's SQL name (fragments that carry it are decoded by this name).
+pub const INSERT_FITS: &str = "shardwise_insert_fits";
+
+/// The analyzer rule. See the module doc.
+#[derive(Debug, Default)]
+pub struct StrictInsertCasts;
+
+impl AnalyzerRule for StrictInsertCasts {
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        let mut dml = match plan {
+            LogicalPlan::Dml(dml @ DmlStatement { op: WriteOp::Insert(_), .. }) => dml,
+            other => return Ok(other),
+        };
+        dml.input = Arc::new(strict_source(Arc::unwrap_or_clone(dml.input))?);
+        Ok(LogicalPlan::Dml(dml))
+    }
+
+    fn name(&self) -> &str {
+        "shardwise_strict_insert_casts"
+    }
+}
+
+/// The insert's source with its casts checked: a projection's expressions (and the cells of a
+/// VALUES list under it), or a VALUES list's cells.
+fn strict_source(source: LogicalPlan) -> Result<LogicalPlan> {
+    match source {
+        LogicalPlan::Projection(_) => {
+            let source = source
+                .map_children(|child| match child {
+                    LogicalPlan::Values(_) => strict_source(child).map(Transformed::yes),
+                    other => Ok(Transformed::no(other)),
+                })?
+                .data;
+            let LogicalPlan::Projection(projection) = &source else { return Ok(source) };
+            let input_schema = Arc::clone(projection.input.schema());
+            Ok(source.map_expressions(|e| strict_cast(e, &input_schema).map(Transformed::yes))?.data)
+        }
+        LogicalPlan::Values(_) => {
+            let empty = DFSchema::empty();
+            Ok(source.map_expressions(|e| strict_cast(e, &empty).map(Transformed::yes))?.data)
+        }
+        other => Ok(other),
+    }
+}
+
+/// `expr` (a value the insert stores: a cast, perhaps under an alias) with its cast checked when
+/// the cast could lose part of the value; `schema` is the one `expr` reads.
+pub fn strict_cast(expr: Expr, schema: &DFSchema) -> Result<Expr> {
+    match expr {
+        Expr::Alias(Alias { expr, relation, name, metadata }) => {
+            Ok(Expr::Alias(Alias { expr: Box::new(strict_cast(*expr, schema)?), relation, name, metadata }))
+        }
+        Expr::Cast(Cast { expr, field }) => {
+            let from = expr.get_type(schema)?;
+            let to = field.data_type();
+            if !may_lose(&from, to) {
+                return Ok(Expr::Cast(Cast { expr, field }));
+            }
+            let checked = insert_fits_udf().call(vec![*expr, lit(to.to_string())]);
+            Ok(Expr::Cast(Cast { expr: Box::new(checked), field }))
+        }
+        other => Ok(other),
+    }
+}
+
+/// Whether Arrow's cast from `from` to `to` can store a number other than the one it was given
+/// without failing: a fraction cut off, or a DOUBLE too large for a REAL made infinite.
+fn may_lose(from: &DataType, to: &DataType) -> bool {
+    let from_float = matches!(from, DataType::Float16 | DataType::Float32 | DataType::Float64);
+    let from_fraction = from_float || decimal_scale(from).is_some_and(|scale| scale > 0);
+    (from_fraction && to.is_integer())
+        || (matches!(from, DataType::Float64) && matches!(to, DataType::Float32 | DataType::Float16))
+}
+
+fn decimal_scale(data_type: &DataType) -> Option<i8> {
+    match data_type {
+        DataType::Decimal32(_, s)
+        | DataType::Decimal64(_, s)
+        | DataType::Decimal128(_, s)
+        | DataType::Decimal256(_, s) => Some(*s),
+        _ => None,
+    }
+}
+
+/// The check function, ready to call or register.
+pub fn insert_fits_udf() -> Arc<ScalarUDF> {
+    Arc::new(ScalarUDF::new_from_impl(InsertFits { signature: Signature::any(2, Volatility::Immutable) }))
+}
+
+/// `shardwise_insert_fits(value, 'type')`: `value`, when Arrow's cast to `type` keeps all of it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct InsertFits {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for InsertFits {
+    fn name(&self) -> &str {
+        INSERT_FITS
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.first() {
+            Some(value) => Ok(value.clone()),
+            None => exec_err!("{INSERT_FITS} takes a value and a type name"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let [value, ColumnarValue::Scalar(target)] = args.args.as_slice() else {
+            return exec_err!("{INSERT_FITS} takes a value and a type name");
+        };
+        let target = match target {
+            ScalarValue::Utf8(Some(t)) | ScalarValue::Utf8View(Some(t)) | ScalarValue::LargeUtf8(Some(t)) => t,
+            other => return exec_err!("{INSERT_FITS}: the type name must be a string, got {other}"),
+        };
+        let array = value.to_array(1)?;
+        if let Some(i) = first_lost(&array, target)? {
+            let shown = ScalarValue::try_from_array(&array, i)?;
+            let why = match target.starts_with("Float") {
+                true => "it is beyond the type's range",
+                false => "it has a fraction (round() or CAST it to the column's type first)",
+            };
+            // Arrow's words for a value that does not fit, so the engine names the column.
+            return exec_err!("Cast error: Can't cast value {shown} to type {target}: {why}");
+        }
+        Ok(value.clone())
+    }
+}
+
+/// The index of the first value of `array` that a cast to the type named `target` would not keep.
+fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
+    let to_float = target.starts_with("Float");
+    let lost = |i: usize, v: f64| {
+        let lost = match to_float {
+            true => (v as f32).is_infinite(),
+            false => v.fract() != 0.0,
+        };
+        (!array.is_null(i) && v.is_finite() && lost).then_some(i)
+    };
+    let found = match array.data_type() {
+        DataType::Float64 => {
+            array.as_primitive::<Float64Type>().values().iter().enumerate().find_map(|(i, v)| lost(i, *v))
+        }
+        DataType::Float32 if !to_float => {
+            array.as_primitive::<Float32Type>().values().iter().enumerate().find_map(|(i, v)| lost(i, f64::from(*v)))
+        }
+        DataType::Float16 if !to_float => {
+            array.as_primitive::<Float16Type>().values().iter().enumerate().find_map(|(i, v)| lost(i, v.to_f64()))
+        }
+        data_type if !to_float => match decimal_scale(data_type) {
+            Some(scale) if scale > 0 => {
+                // Every decimal up to 38 digits is a Decimal128 exactly; a wider one that is not
+                // overflows an integer in the cast itself.
+                let Ok(wide) = cast(array, &DataType::Decimal128(38, scale)) else { return Ok(None) };
+                let unit = 10i128.pow(u32::from(scale.unsigned_abs()));
+                wide.as_primitive::<Decimal128Type>()
+                    .values()
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, v)| (!wide.is_null(i) && v % unit != 0).then_some(i))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    use super::*;
+
+    async fn context() -> SessionContext {
+        let state = SessionStateBuilder::new()
+            .with_config(SessionConfig::new())
+            .with_default_features()
+            .with_analyzer_rule(Arc::new(StrictInsertCasts))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        ctx.register_udf(insert_fits_udf().as_ref().clone());
+        let create = "CREATE TABLE t (i INT, b BIGINT, r REAL, d DOUBLE, m DECIMAL(10, 2))";
+        ctx.sql(create).await.expect("planned").collect().await.expect("created");
+        let create =
+            "CREATE TABLE src (x DOUBLE, y DECIMAL(10, 2), z DOUBLE) AS VALUES (2.0, 3.00, 1e30), (2.5, 3.25, 1e39)";
+        ctx.sql(create).await.expect("planned").collect().await.expect("created");
+        ctx
+    }
+
+    async fn run(ctx: &SessionContext, sql: &str) -> Result<String> {
+        let batches = ctx.sql(sql).await?.collect().await?;
+        Ok(pretty_format_batches(&batches)?.to_string())
+    }
+
+    #[tokio::test]
+    async fn whole_numbers_go_in_and_fractions_are_refused() {
+        let ctx = context().await;
+        run(&ctx, "INSERT INTO t VALUES (1.0, 2e3, 1.5, 1e39, 1.25)").await.expect("whole numbers fit");
+        let e = run(&ctx, "INSERT INTO t (i) VALUES (1.5)").await.expect_err("a fraction");
+        assert!(e.to_string().contains("Can't cast value 1.5 to type Int32: it has a fraction"), "{e}");
+        let e = run(&ctx, "INSERT INTO t (b) VALUES (CAST(7.25 AS DECIMAL(5, 2)))").await.expect_err("a fraction");
+        assert!(e.to_string().contains("Can't cast value 7.25 to type Int64"), "{e}");
+        let e = run(&ctx, "INSERT INTO t (r) VALUES (1e39)").await.expect_err("beyond REAL");
+        assert!(e.to_string().contains("to type Float32: it is beyond the type's range"), "{e}");
+        // From a table: the rows that fit go nowhere when one does not.
+        let e = run(&ctx, "INSERT INTO t (i, m) SELECT x, y FROM src").await.expect_err("2.5");
+        assert!(e.to_string().contains("Can't cast value 2.5 to type Int32"), "{e}");
+        let e = run(&ctx, "INSERT INTO t (b) SELECT y FROM src").await.expect_err("3.25");
+        assert!(e.to_string().contains("Can't cast value 3.25 to type Int64"), "{e}");
+        let e = run(&ctx, "INSERT INTO t (r) SELECT z FROM src").await.expect_err("1e39");
+        assert!(e.to_string().contains("to type Float32"), "{e}");
+        let text = run(&ctx, "SELECT count(*) AS n FROM t").await.expect("counted");
+        assert!(text.contains("| 1 |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_explicit_cast_or_round_says_what_to_store() {
+        let ctx = context().await;
+        run(&ctx, "INSERT INTO t (i, b) SELECT CAST(x AS INT), round(y) FROM src").await.expect("explicit");
+        run(&ctx, "INSERT INTO t (i, r) SELECT 3, CAST(z AS REAL) FROM src WHERE x = 2").await.expect("explicit");
+        let text = run(&ctx, "SELECT i, b FROM t ORDER BY i, b").await.expect("read");
+        assert!(text.contains("| 2 | 3 |"), "{text}");
+        // NULLs, NaN and infinities are left to the cast (which refuses NaN into an integer).
+        run(&ctx, "INSERT INTO t (i, r) VALUES (NULL, CAST('inf' AS DOUBLE))").await.expect("null and inf");
+        assert!(run(&ctx, "INSERT INTO t (i) VALUES (CAST('NaN' AS DOUBLE))").await.is_err());
+    }
+
+    #[test]
+    fn only_casts_that_can_lose_are_checked() {
+        assert!(may_lose(&DataType::Float64, &DataType::Int32));
+        assert!(may_lose(&DataType::Decimal128(5, 2), &DataType::UInt8));
+        assert!(may_lose(&DataType::Float64, &DataType::Float32));
+        assert!(!may_lose(&DataType::Decimal128(5, 0), &DataType::Int64));
+        assert!(!may_lose(&DataType::Int64, &DataType::Int32));
+        assert!(!may_lose(&DataType::Float32, &DataType::Float64));
+        assert!(!may_lose(&DataType::Utf8, &DataType::Int32));
+    }
+}
