@@ -26,6 +26,25 @@ use crate::secret::{Tag, tag_with_key, verify_with_key};
 /// Version of the control protocol; a node refuses a peer with another version.
 pub const PROTOCOL_VERSION: u16 = 2;
 const MAGIC: &[u8; 6] = b"SHRDWS";
+/// What a node's client endpoint (PostgreSQL) answers a cluster preamble with, followed by the
+/// endpoint's name in two bytes: the port a node was told to join is a client port of a node,
+/// not the master's rendezvous port, and waiting for it to turn into one is useless.
+const CLIENT_ENDPOINT_MAGIC: &[u8; 6] = b"SHRDWC";
+
+/// Whether `first_bytes`, what a client sent first to a node's client endpoint, are a cluster
+/// preamble (a node that was given that endpoint's port as the master's).
+pub fn is_cluster_preamble(first_bytes: &[u8]) -> bool {
+    first_bytes.starts_with(MAGIC)
+}
+
+/// The answer a client endpoint (`b"pg"`: PostgreSQL) gives a cluster preamble, before it closes
+/// the connection.
+pub fn client_endpoint_answer(endpoint: &[u8; 2]) -> [u8; 8] {
+    let mut answer = [0u8; 8];
+    answer[..6].copy_from_slice(CLIENT_ENDPOINT_MAGIC);
+    answer[6..].copy_from_slice(endpoint);
+    answer
+}
 /// Largest control frame accepted, in bytes (a membership list of thousands of nodes fits).
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
 /// Largest frame accepted before the peer has proved it knows the secret (a hello is small), so
@@ -191,6 +210,21 @@ pub async fn exchange_preamble(
         }
         Ok(Err(e)) => return Err(io(e)),
         Ok(Ok(_)) => {}
+    }
+    if &theirs[..6] == CLIENT_ENDPOINT_MAGIC {
+        let endpoint = match &theirs[6..] {
+            b"pg" => "PostgreSQL",
+            _ => "client",
+        };
+        return Err(ClusterError::WrongProtocol {
+            peer: peer.to_string(),
+            detail: format!(
+                "it is a shardwise node's {endpoint} endpoint, not the master's rendezvous port; give \
+                 MASTER_PORT (or --master-port) the port the master listens on for nodes (torchrun's \
+                 MASTER_PORT, {} by default)",
+                crate::source::DEFAULT_MASTER_PORT
+            ),
+        });
     }
     if &theirs[..6] != MAGIC {
         return Err(ClusterError::WrongProtocol {
@@ -376,6 +410,24 @@ mod tests {
         let err = exchange_preamble(&mut ar, &mut aw, "10.0.0.1:1", Duration::from_secs(1)).await.unwrap_err();
         assert!(err.to_string().contains("does not speak the shardwise cluster protocol"), "{err}");
         assert!(err.to_string().contains("GET / HT"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_client_endpoint_is_named_as_such() {
+        let (a, b) = pair().await;
+        let (mut ar, mut aw) = a.into_split();
+        let (mut br, mut bw) = b.into_split();
+        let mut first = [0u8; 8];
+        let answer = tokio::spawn(async move {
+            br.read_exact(&mut first).await.unwrap();
+            assert!(is_cluster_preamble(&first));
+            bw.write_all(&client_endpoint_answer(b"pg")).await.unwrap();
+        });
+        let err = exchange_preamble(&mut ar, &mut aw, "10.0.0.1:1", Duration::from_secs(1)).await.unwrap_err();
+        assert!(matches!(err, ClusterError::WrongProtocol { .. }), "{err}");
+        assert!(err.to_string().contains("PostgreSQL endpoint, not the master's rendezvous port"), "{err}");
+        answer.await.unwrap();
+        assert!(!is_cluster_preamble(b"\0\0\0\x08\x04\xd2\x16/"));
     }
 
     #[tokio::test]

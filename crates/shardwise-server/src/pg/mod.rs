@@ -110,10 +110,36 @@ pub async fn serve(
         }
         let handlers = Connection::new(Arc::clone(&engine), Arc::clone(&startup));
         tokio::spawn(async move {
-            if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+            if let Some(socket) = answer_cluster_preamble(socket).await
+                && let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await
+            {
                 tracing::debug!(%peer, "postgres connection ended: {e}");
             }
         });
+    }
+}
+
+/// Longest wait for a connection's first bytes before it is handed to pgwire regardless.
+const FIRST_BYTES_WAIT_MS: u64 = 10_000;
+
+/// `socket`, unless its first bytes are a cluster node's preamble (a node given this port as
+/// the master's): then the node is told so, and the connection closes (`None`). A PostgreSQL
+/// client's startup message begins with its length, whose first byte is 0; the bytes are only
+/// peeked at, so pgwire reads them as sent.
+async fn answer_cluster_preamble(mut socket: tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut first = [0u8; 8];
+    let wait = std::time::Duration::from_millis(FIRST_BYTES_WAIT_MS);
+    match tokio::time::timeout(wait, socket.peek(&mut first)).await {
+        Ok(Ok(n)) if shardwise_cluster::wire::is_cluster_preamble(&first[..n]) => {
+            tracing::warn!(
+                "postgres endpoint: a cluster node connected here; it was told this is not the master's port"
+            );
+            let _ = socket.write_all(&shardwise_cluster::wire::client_endpoint_answer(b"pg")).await;
+            let _ = socket.shutdown().await;
+            None
+        }
+        _ => Some(socket),
     }
 }
 
@@ -591,6 +617,33 @@ impl ExtendedQueryHandler for Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection to a fresh listener, and the listener's side of it.
+    async fn connected() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bound");
+        let client = tokio::net::TcpStream::connect(listener.local_addr().expect("an address"));
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        (client.expect("connected"), accepted.expect("accepted").0)
+    }
+
+    #[tokio::test]
+    async fn a_cluster_node_is_told_this_is_not_the_masters_port() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut node, server) = connected().await;
+        node.write_all(b"SHRDWS\0\x02").await.expect("sent");
+        assert!(answer_cluster_preamble(server).await.is_none());
+        let mut answer = Vec::new();
+        node.read_to_end(&mut answer).await.expect("answered, then closed");
+        assert_eq!(answer, shardwise_cluster::wire::client_endpoint_answer(b"pg"));
+
+        // A PostgreSQL client's bytes are left for pgwire to read.
+        let (mut client, server) = connected().await;
+        client.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).await.expect("sent");
+        let mut server = answer_cluster_preamble(server).await.expect("kept");
+        let mut first = [0u8; 8];
+        server.read_exact(&mut first).await.expect("read");
+        assert_eq!(first, [0, 0, 0, 8, 4, 210, 22, 47]);
+    }
 
     #[test]
     fn kinds_and_tags() {
