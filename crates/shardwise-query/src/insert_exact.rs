@@ -167,6 +167,17 @@ impl ScalarUDFImpl for InsertFits {
     }
 }
 
+/// The first value of `array` that Arrow's cast to `to` would not keep whole (a fraction for an
+/// integer, a DOUBLE beyond a REAL's range), for stores that cast batches themselves (bulk
+/// ingest); `None` when every value fits, or the cast cannot lose any.
+pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<ScalarValue> {
+    if !may_lose(array.data_type(), to) {
+        return None;
+    }
+    let i = first_lost(array, &to.to_string()).ok().flatten()?;
+    ScalarValue::try_from_array(array, i).ok()
+}
+
 /// The index of the first value of `array` that a cast to the type named `target` would not keep.
 fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
     let to_float = target.starts_with("Float");
@@ -266,6 +277,19 @@ mod tests {
         // NULLs, NaN and infinities are left to the cast (which refuses NaN into an integer).
         run(&ctx, "INSERT INTO t (i, r) VALUES (NULL, CAST('inf' AS DOUBLE))").await.expect("null and inf");
         assert!(run(&ctx, "INSERT INTO t (i) VALUES (CAST('NaN' AS DOUBLE))").await.is_err());
+    }
+
+    #[test]
+    fn the_first_unfit_value_is_named() {
+        use datafusion::arrow::array::{Decimal128Array, Float64Array};
+        let floats: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), None, Some(2.5), Some(3.5)]));
+        assert_eq!(first_unfit(&floats, &DataType::Int64), Some(ScalarValue::Float64(Some(2.5))));
+        assert_eq!(first_unfit(&floats, &DataType::Float32), None);
+        let decimals: ArrayRef =
+            Arc::new(Decimal128Array::from(vec![100, 250]).with_precision_and_scale(5, 2).expect("a decimal"));
+        assert_eq!(first_unfit(&decimals, &DataType::Int32), Some(ScalarValue::Decimal128(Some(250), 5, 2)));
+        let large: ArrayRef = Arc::new(Float64Array::from(vec![1e30, -1e39]));
+        assert_eq!(first_unfit(&large, &DataType::Float32), Some(ScalarValue::Float64(Some(-1e39))));
     }
 
     #[test]

@@ -11,12 +11,13 @@
 //!   column the table lacks is an error, a nullable table column the batch lacks is NULL, and a
 //!   column of another type is cast to the table's with Arrow's checked cast (a value that does
 //!   not fit fails the ingest, naming the column), except that, as `shardwise load` reads them, a
-//!   whole number for a timestamp is seconds since 1970 and a fraction for an integer is refused.
+//!   whole number for a timestamp is seconds since 1970 and a fraction for an integer (or a DOUBLE
+//!   beyond a REAL's range) is refused, as an `INSERT` refuses it ([`shardwise_query::insert_exact`]).
 
 use std::sync::Arc;
 
 use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
-use datafusion::arrow::array::{ArrayRef, AsArray, new_null_array};
+use datafusion::arrow::array::{ArrayRef, new_null_array};
 use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -114,6 +115,20 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
                             field.data_type()
                         ))
                     };
+                    // A fraction for an integer column is refused, not truncated, as an INSERT
+                    // refuses it (so is a DOUBLE beyond a REAL's range).
+                    if let Some(value) = shardwise_query::insert_exact::first_unfit(column, field.data_type()) {
+                        let why = match field.data_type().is_integer() {
+                            true => "with a fraction",
+                            false => "beyond the type's range",
+                        };
+                        return Err(refuse(format!(
+                            "column {:?}: the {} value {value} ({why}) does not convert to the column's type {}",
+                            field.name(),
+                            column.data_type(),
+                            field.data_type()
+                        )));
+                    }
                     match (column.data_type(), field.data_type()) {
                         // A whole number for a timestamp is seconds since 1970, as `CAST` and
                         // `shardwise load` read it (Arrow's cast reads the column's unit).
@@ -121,14 +136,6 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
                             let seconds = DataType::Timestamp(TimeUnit::Second, zone.clone());
                             let seconds = cast_with_options(column, &seconds, &options).map_err(failed)?;
                             cast_with_options(&seconds, field.data_type(), &options).map_err(failed)?
-                        }
-                        // A fraction for an integer column is refused, not truncated.
-                        (from, to) if from.is_floating() && to.is_integer() && has_fraction(column) => {
-                            return Err(refuse(format!(
-                                "column {:?}: a {from} value with a fraction does not convert to the column's \
-                                 type {to}",
-                                field.name()
-                            )));
                         }
                         _ => cast_with_options(column, field.data_type(), &options).map_err(failed)?,
                     }
@@ -149,13 +156,6 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
         .map_err(|e| refuse(format!("the batches do not fit the table's columns ({}): {e}", describe(schema))))
 }
 
-/// Whether a float column has a value with a fractional part (or one not finite).
-fn has_fraction(column: &ArrayRef) -> bool {
-    let Ok(values) = cast_with_options(column, &DataType::Float64, &CastOptions::default()) else { return true };
-    let values = values.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
-    values.iter().flatten().any(|v| v.fract() != 0.0)
-}
-
 fn describe(schema: &Schema) -> String {
     schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>().join(", ")
 }
@@ -163,7 +163,7 @@ fn describe(schema: &Schema) -> String {
 #[cfg(test)]
 mod tests {
     use arrow_flight::sql::TableDefinitionOptions;
-    use datafusion::arrow::array::{Int32Array, Int64Array, StringArray};
+    use datafusion::arrow::array::{AsArray, Int32Array, Int64Array, StringArray};
     use datafusion::arrow::datatypes::Field;
 
     use super::*;
@@ -243,7 +243,20 @@ mod tests {
             ("small", Arc::new(datafusion::arrow::array::Float64Array::from(vec![18.7])) as ArrayRef),
         ])
         .unwrap();
-        assert!(conform("t", fraction, &table(), "-").unwrap_err().message().contains("with a fraction"));
+        let message = conform("t", fraction, &table(), "-").unwrap_err().message().to_string();
+        assert!(message.contains("the Float64 value 18.7 (with a fraction)"), "{message}");
+        let decimal = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            (
+                "small",
+                Arc::new(
+                    datafusion::arrow::array::Decimal128Array::from(vec![1870]).with_precision_and_scale(6, 2).unwrap(),
+                ) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let message = conform("t", decimal, &table(), "-").unwrap_err().message().to_string();
+        assert!(message.contains("value 18.70 (with a fraction)"), "{message}");
         let ts = Arc::new(Schema::new(vec![Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true)]));
         let epoch =
             RecordBatch::try_from_iter([("ts", Arc::new(Int64Array::from(vec![1_700_000_000])) as ArrayRef)]).unwrap();
