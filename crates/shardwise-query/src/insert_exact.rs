@@ -155,7 +155,7 @@ impl ScalarUDFImpl for InsertFits {
         };
         let array = value.to_array(1)?;
         if let Some(i) = first_lost(&array, target)? {
-            let shown = ScalarValue::try_from_array(&array, i)?;
+            let shown = shown(&ScalarValue::try_from_array(&array, i)?);
             let why = match target.starts_with("Float") {
                 true => "it is beyond the type's range",
                 false => "it has a fraction (round() or CAST it to the column's type first)",
@@ -176,6 +176,16 @@ pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<ScalarValue> {
     }
     let i = first_lost(array, &to.to_string()).ok().flatten()?;
     ScalarValue::try_from_array(array, i).ok()
+}
+
+/// `value` as a message shows it: a float far from 1 with an exponent (`1e39`, where `Display`
+/// writes forty digits).
+fn shown(value: &ScalarValue) -> String {
+    match value {
+        ScalarValue::Float64(Some(v)) if v.abs() >= 1e16 => format!("{v:e}"),
+        ScalarValue::Float32(Some(v)) if v.abs() >= 1e16 => format!("{v:e}"),
+        other => other.to_string(),
+    }
 }
 
 /// The index of the first value of `array` that a cast to the type named `target` would not keep.
@@ -262,7 +272,7 @@ mod tests {
         let e = run(&ctx, "INSERT INTO t (b) SELECT y FROM src").await.expect_err("3.25");
         assert!(e.to_string().contains("Can't cast value 3.25 to type Int64"), "{e}");
         let e = run(&ctx, "INSERT INTO t (r) SELECT z FROM src").await.expect_err("1e39");
-        assert!(e.to_string().contains("to type Float32"), "{e}");
+        assert!(e.to_string().contains("Can't cast value 1e39 to type Float32"), "{e}");
         let text = run(&ctx, "SELECT count(*) AS n FROM t").await.expect("counted");
         assert!(text.contains("| 1 |"), "{text}");
     }
