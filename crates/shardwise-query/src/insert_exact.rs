@@ -153,12 +153,13 @@ impl ScalarUDFImpl for InsertFits {
             ScalarValue::Utf8(Some(t)) | ScalarValue::Utf8View(Some(t)) | ScalarValue::LargeUtf8(Some(t)) => t,
             other => return exec_err!("{INSERT_FITS}: the type name must be a string, got {other}"),
         };
+        let to: DataType = target.parse()?;
         let array = value.to_array(1)?;
-        if let Some(i) = first_lost(&array, target)? {
+        if let Some(i) = first_lost(&array, &to) {
             let shown = shown(&ScalarValue::try_from_array(&array, i)?);
-            let why = match target.starts_with("Float") {
-                true => "it is beyond the type's range",
-                false => "it has a fraction (round() or CAST it to the column's type first)",
+            let why = match to.is_integer() {
+                false => "it is beyond the type's range",
+                true => "it has a fraction (round() or CAST it to the column's type first)",
             };
             // Arrow's words for a value that does not fit, so the engine names the column.
             return exec_err!("Cast error: Can't cast value {shown} to type {target}: {why}");
@@ -170,12 +171,13 @@ impl ScalarUDFImpl for InsertFits {
 /// The first value of `array` that Arrow's cast to `to` would not keep whole (a fraction for an
 /// integer, a DOUBLE beyond a REAL's range), for stores that cast batches themselves (bulk
 /// ingest); `None` when every value fits, or the cast cannot lose any.
-pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<ScalarValue> {
+/// The value is shown as the INSERT's error shows it.
+pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<String> {
     if !may_lose(array.data_type(), to) {
         return None;
     }
-    let i = first_lost(array, &to.to_string()).ok().flatten()?;
-    ScalarValue::try_from_array(array, i).ok()
+    let i = first_lost(array, to)?;
+    ScalarValue::try_from_array(array, i).ok().map(|value| shown(&value))
 }
 
 /// `value` as a message shows it: a float far from 1 with an exponent (`1e39`, where `Display`
@@ -188,9 +190,9 @@ fn shown(value: &ScalarValue) -> String {
     }
 }
 
-/// The index of the first value of `array` that a cast to the type named `target` would not keep.
-fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
-    let to_float = target.starts_with("Float");
+/// The index of the first value of `array` that a cast to `to` would not keep.
+fn first_lost(array: &ArrayRef, to: &DataType) -> Option<usize> {
+    let to_float = matches!(to, DataType::Float16 | DataType::Float32);
     let lost = |i: usize, v: f64| {
         let lost = match to_float {
             true => (v as f32).is_infinite(),
@@ -198,7 +200,7 @@ fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
         };
         (!array.is_null(i) && v.is_finite() && lost).then_some(i)
     };
-    let found = match array.data_type() {
+    match array.data_type() {
         DataType::Float64 => {
             array.as_primitive::<Float64Type>().values().iter().enumerate().find_map(|(i, v)| lost(i, *v))
         }
@@ -212,7 +214,7 @@ fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
             Some(scale) if scale > 0 => {
                 // Every decimal up to 38 digits is a Decimal128 exactly; a wider one that is not
                 // overflows an integer in the cast itself.
-                let Ok(wide) = cast(array, &DataType::Decimal128(38, scale)) else { return Ok(None) };
+                let Ok(wide) = cast(array, &DataType::Decimal128(38, scale)) else { return None };
                 let unit = 10i128.pow(u32::from(scale.unsigned_abs()));
                 wide.as_primitive::<Decimal128Type>()
                     .values()
@@ -223,8 +225,7 @@ fn first_lost(array: &ArrayRef, target: &str) -> Result<Option<usize>> {
             _ => None,
         },
         _ => None,
-    };
-    Ok(found)
+    }
 }
 
 #[cfg(test)]
@@ -293,13 +294,13 @@ mod tests {
     fn the_first_unfit_value_is_named() {
         use datafusion::arrow::array::{Decimal128Array, Float64Array};
         let floats: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), None, Some(2.5), Some(3.5)]));
-        assert_eq!(first_unfit(&floats, &DataType::Int64), Some(ScalarValue::Float64(Some(2.5))));
+        assert_eq!(first_unfit(&floats, &DataType::Int64), Some("2.5".to_string()));
         assert_eq!(first_unfit(&floats, &DataType::Float32), None);
         let decimals: ArrayRef =
             Arc::new(Decimal128Array::from(vec![100, 250]).with_precision_and_scale(5, 2).expect("a decimal"));
-        assert_eq!(first_unfit(&decimals, &DataType::Int32), Some(ScalarValue::Decimal128(Some(250), 5, 2)));
+        assert_eq!(first_unfit(&decimals, &DataType::Int32), Some("2.50".to_string()));
         let large: ArrayRef = Arc::new(Float64Array::from(vec![1e30, -1e39]));
-        assert_eq!(first_unfit(&large, &DataType::Float32), Some(ScalarValue::Float64(Some(-1e39))));
+        assert_eq!(first_unfit(&large, &DataType::Float32), Some("-1e39".to_string()));
     }
 
     #[test]
