@@ -187,6 +187,8 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
             // An insert stores no fraction into an integer (see `crate::insert_exact`).
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
+            // Integer arithmetic that overflows fails (see `crate::checked_integers`).
+            .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).
@@ -205,6 +207,11 @@ impl QueryEngine {
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
         ctx.register_udf(crate::insert_exact::insert_fits_udf().as_ref().clone());
+        for udf in crate::checked_integers::checked_udfs() {
+            ctx.register_udf(udf.as_ref().clone());
+        }
+        // `sum` of integers fails past its type's range (see `crate::checked_sum`).
+        ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
         if let Some(local_shuffle) = &local_shuffle {
             local_shuffle.set_context(ctx.task_ctx());
         }

@@ -6,6 +6,8 @@
 //! classifies failures as the user's or the server's ([`QueryError`]).
 
 pub mod access;
+pub mod checked_integers;
+pub mod checked_sum;
 pub mod ddl;
 pub mod decimal_check;
 pub mod dist;

@@ -4,7 +4,7 @@
 //! | aggregate | argument | partial state | merge | final |
 //! | --- | --- | --- | --- | --- |
 //! | `count` | any | `Int64` | wrapping sum | `Int64`, never null |
-//! | `sum` | `Int64` | `Int64` | wrapping sum of the non-null | `Int64`, null without values |
+//! | `sum` | `Int64` | `Int64` | 128-bit sum of the non-null | `Int64` (an error past its range), null without values |
 //! | `sum` | `Float64` | `Float64` | sum of the non-null | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum | sums of the non-null | `sum / count`, null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type | of the non-null | the argument's type, null without values |
@@ -77,8 +77,10 @@ impl MergeKind {
 #[derive(Debug)]
 pub struct Merge {
     kind: MergeKind,
-    /// `count`, `sum` of integers, `min`, `max`: the value; `avg`: the count (as `i64` bits).
+    /// `count`, `min`, `max`: the value; `avg`: the count (as `i64` bits).
     ints: Vec<i64>,
+    /// `sum` of integers: the total in 128 bits, checked against `Int64` when it is emitted.
+    totals: Vec<i128>,
     /// `sum` of floats and `avg`'s sum.
     floats: Vec<f64>,
     /// Whether the group has a non-null state (not kept for `count`).
@@ -87,7 +89,7 @@ pub struct Merge {
 
 impl Merge {
     pub fn new(kind: MergeKind) -> Self {
-        Merge { kind, ints: Vec::new(), floats: Vec::new(), seen: Vec::new() }
+        Merge { kind, ints: Vec::new(), totals: Vec::new(), floats: Vec::new(), seen: Vec::new() }
     }
 
     /// Merges the states of a batch (`states`: this aggregate's state columns) whose rows have
@@ -100,7 +102,7 @@ impl Merge {
         if first.len() < ids.len() {
             return Err(DataFusionError::Internal("many-group aggregation: a state column is short".into()));
         }
-        let Merge { kind, ints, floats, seen } = self;
+        let Merge { kind, ints, totals, floats, seen } = self;
         match *kind {
             MergeKind::Count => {
                 ints.resize(groups, 0);
@@ -108,9 +110,9 @@ impl Merge {
                 each_value(ids, counts, |g, v| ints[g] = ints[g].wrapping_add(v));
             }
             MergeKind::SumInt => {
-                grow(ints, seen, groups, 0);
+                grow(totals, seen, groups, 0);
                 each_value(ids, primitive::<Int64Type>(first)?, |g, v| {
-                    ints[g] = ints[g].wrapping_add(v);
+                    totals[g] = totals[g].wrapping_add(i128::from(v));
                     seen[g] = true;
                 });
             }
@@ -160,7 +162,11 @@ impl Merge {
         let nulls = || NullBuffer::from(&self.seen[groups.clone()]);
         Ok(match self.kind {
             MergeKind::Count => Arc::new(Int64Array::from(self.ints[groups].to_vec())),
-            MergeKind::SumInt => Arc::new(Int64Array::new(self.ints[groups.clone()].to_vec().into(), Some(nulls()))),
+            MergeKind::SumInt => {
+                let seen = &self.seen[groups.clone()];
+                let values = crate::checked_sum::checked_int64(&self.totals[groups.clone()], seen)?;
+                Arc::new(Int64Array::new(values.into(), Some(nulls())))
+            }
             MergeKind::SumFloat => {
                 Arc::new(Float64Array::new(self.floats[groups.clone()].to_vec().into(), Some(nulls())))
             }

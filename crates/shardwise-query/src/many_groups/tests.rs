@@ -113,6 +113,24 @@ async fn every_key_type_and_aggregate_equals_datafusion() {
 const EIGHT_COPIES: &str = "SELECT k_i8, k_wide, k_u32, k_date, k_s, v_i32, v_i64, v_i64 + o * 1000000000000 AS big, \
                             o, v_f FROM t, (VALUES (0), (1), (2), (3), (4), (5), (6), (7)) AS copies(o)";
 
+#[test]
+fn merged_integer_sums_are_exact_in_range_and_an_error_past_it() {
+    use super::merge::{Merge, MergeKind};
+    use datafusion::arrow::array::{ArrayRef, Int64Array};
+    let big = i64::MAX / 2 + 1;
+    let mut merge = Merge::new(MergeKind::SumInt);
+    let states: ArrayRef = Arc::new(Int64Array::from(vec![Some(big), Some(big), Some(big), None, Some(-big)]));
+    merge.update(&[0, 0, 1, 2, 0], 3, &[states]).expect("merge");
+    // Group 0 passed the range and came back (2^62 + 2^62 - 2^62); group 2 has no value.
+    let values = merge.evaluate(0..3).expect("every total fits");
+    let want: ArrayRef = Arc::new(Int64Array::from(vec![Some(big), Some(big), None]));
+    assert_eq!(&values, &want);
+    let more: ArrayRef = Arc::new(Int64Array::from(vec![Some(big)]));
+    merge.update(&[0], 3, &[more]).expect("merge");
+    let e = merge.evaluate(0..3).expect_err("group 0 is 2^63").to_string();
+    assert!(e.contains("integer overflow in sum: a total is 9223372036854775808"), "{e}");
+}
+
 #[tokio::test]
 async fn a_key_past_its_bits_hands_over_part_way() {
     // Eight keys get 16 bits each: `big` passes 65 536 values in each partition.

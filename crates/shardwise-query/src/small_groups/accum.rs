@@ -5,7 +5,7 @@
 //! | aggregate | argument | state |
 //! | --- | --- | --- |
 //! | `count` | any (`count(*)` is a literal) | `Int64`, never null |
-//! | `sum` | `Int64` | `Int64` (wrapping, as DataFusion), null without values |
+//! | `sum` | `Int64` | `Int64` (added in 128 bits, an error past its range, as [`crate::checked_sum`]), null without values |
 //! | `sum` | `Float64` | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum; both null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type, null without values |
@@ -196,7 +196,8 @@ pub enum Accum {
         nulls: Vec<u64>,
     },
     SumInt {
-        sums: Vec<i64>,
+        /// Totals in 128 bits, checked against `Int64` when emitted.
+        sums: Vec<i128>,
         seen: Seen,
     },
     SumFloat {
@@ -289,7 +290,7 @@ impl Accum {
             Accum::Count { nulls } => count_nulls(nulls, ids, groups, arg_nulls.as_ref()),
             Accum::SumInt { sums, seen } => {
                 sums.resize(groups, 0);
-                let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(v);
+                let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(i128::from(v));
                 match array.data_type() {
                     DataType::Int32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| add(g, v.into())),
                     _ => each_value(ids, primitive::<Int64Type>(&array)?, add),
@@ -330,7 +331,9 @@ impl Accum {
         let nulls: &[u64] = match self {
             Accum::Count { nulls } | Accum::Avg { nulls, .. } => nulls,
             Accum::SumInt { sums, seen } => {
-                return Ok(vec![Arc::new(Int64Array::new(padded(sums, groups, 0), seen.validity(groups)))]);
+                let has_value: Vec<bool> = (0..groups).map(|g| seen.has_value(g)).collect();
+                let values = crate::checked_sum::checked_int64(&padded_vec(sums, groups, 0), &has_value)?;
+                return Ok(vec![Arc::new(Int64Array::new(values.into(), seen.validity(groups)))]);
             }
             Accum::SumFloat { sums, seen } => {
                 return Ok(vec![Arc::new(Float64Array::new(padded(sums, groups, 0.0), seen.validity(groups)))]);
@@ -367,7 +370,7 @@ impl Accum {
     pub fn size(&self) -> usize {
         match self {
             Accum::Count { nulls } => nulls.capacity() * 8,
-            Accum::SumInt { sums, seen } => sums.capacity() * 8 + seen.size(),
+            Accum::SumInt { sums, seen } => sums.capacity() * 16 + seen.size(),
             Accum::SumFloat { sums, seen } => sums.capacity() * 8 + seen.size(),
             Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::MinMax { values, seen, .. } => values.capacity() * 8 + seen.size(),
@@ -423,6 +426,13 @@ fn each_float(ids: &[u32], array: &ArrayRef, f: impl FnMut(usize, f64)) -> Resul
 }
 
 /// The first `groups` values, padded with `fill` for groups no update reached.
+/// `values` cut or padded with `fill` to `groups` entries.
+fn padded_vec<T: Copy>(values: &[T], groups: usize, fill: T) -> Vec<T> {
+    let mut out = values[..values.len().min(groups)].to_vec();
+    out.resize(groups, fill);
+    out
+}
+
 pub(super) fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     values: &[T],
     groups: usize,
@@ -442,6 +452,21 @@ mod tests {
     fn update(accum: &mut Accum, ids: &[u32], groups: usize, values: Vec<Option<i64>>) {
         let array: ArrayRef = Arc::new(Int64Array::from(values));
         accum.update(ids, groups, vec![ColumnarValue::Array(array)]).expect("update");
+    }
+
+    #[test]
+    fn an_integer_sum_past_bigint_fails_when_emitted_and_one_that_comes_back_is_exact() {
+        let big = i64::MAX / 2 + 1;
+        let mut sum = Accum::new(AccumKind::SumInt);
+        update(&mut sum, &[0, 1, 0, 1], 2, vec![Some(big), Some(big), Some(big), Some(big)]);
+        update(&mut sum, &[1], 2, vec![Some(-big)]);
+        let e = sum.emit(2, &[]).expect_err("group 0 is 2^63").to_string();
+        assert!(e.contains("integer overflow in sum: a total is 9223372036854775808"), "{e}");
+        // Group 1 passed the range and came back: exact.
+        let want: ArrayRef = Arc::new(Int64Array::from(vec![Some(big)]));
+        let mut one = Accum::new(AccumKind::SumInt);
+        update(&mut one, &[0, 0, 0], 1, vec![Some(big), Some(big), Some(-big)]);
+        assert_eq!(&one.emit(1, &[]).expect("fits")[0], &want);
     }
 
     /// Groups made before the argument's first null, groups made in a batch with nulls and given

@@ -1053,6 +1053,29 @@ fn literals_meet_decimal_and_double_columns_as_written() {
         ],
         "{rows:?}"
     );
+    // Integer results that do not fit their type are errors, not wrapped-around numbers: a sum of
+    // four 2^61 (any three fit: a shard's total fits unless it holds all four), and arithmetic
+    // on a shard's rows.
+    c.sql(0, "CREATE TABLE big (k INT, v BIGINT) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO big SELECT CAST(value AS INT) * 100000, 2305843009213693952 FROM generate_series(0, 3)");
+    for (rank, sql) in [
+        (0, "SELECT sum(v) FROM big"),
+        (1, "SELECT k % 1, sum(v) FROM big GROUP BY k % 1"),
+        (0, "SELECT count(*), sum(v) FROM big SETTINGS distributed_aggregation = 'shuffle'"),
+    ] {
+        let e = c.sql_err(rank, sql);
+        assert!(e.contains("integer overflow in sum: a total is 9223372036854775808"), "{sql}: {e}");
+        assert!(e.contains("sum(CAST(x AS DECIMAL(38, 0)))"), "{sql}: {e}");
+    }
+    let e = c.sql_err(1, "SELECT k * k FROM big");
+    assert!(e.contains("integer overflow in multiplication: ") && e.contains("does not fit in Int32"), "{e}");
+    let e = c.sql_err(0, "SELECT max(v + v + v + v) FROM big");
+    assert!(e.contains("integer overflow in addition"), "{e}");
+    let fits = c.sql(
+        1,
+        "SELECT sum(CAST(v AS DECIMAL(38, 0))), sum(v - 2305843009213693952), max(CAST(k AS BIGINT) * k) FROM big",
+    );
+    assert_eq!(fits, vec![vec!["9223372036854775808", "0", "90000000000"]]);
 }
 
 /// A shuffled GROUP BY under a join, an IN subquery or a UNION ALL: the node above it relied on

@@ -1,0 +1,533 @@
+//! `sum` of integers that fails when a total leaves its type's range, instead of wrapping.
+//!
+//! Why: DataFusion's `sum` of a `BIGINT` column adds with wrapping arithmetic, so totals past
+//! 9223372036854775807 came back as large negative numbers. PostgreSQL and DuckDB sum a
+//! `BIGINT` into a wider type and cannot overflow there; shardwise keeps DataFusion's result types
+//! (`sum` of an integer is `BIGINT`, of an unsigned integer `BIGINT UNSIGNED`) and refuses a total
+//! that does not fit, naming it and saying how to get it: `sum(CAST(x AS DECIMAL(38, 0)))`.
+//!
+//! How: [`CheckedSum`] is registered under DataFusion's name `sum` and is DataFusion's `Sum` in
+//! everything but its integer accumulators, which add into 128-bit totals and check each total
+//! against the result type when it is emitted, as a partial state (a shard's or a partition's
+//! total) or as the final value. A total that fits is exact whatever the order of the additions
+//! (the 128-bit sums cannot overflow), so the answer does not depend on how rows are split across
+//! shards, only whether a partial total is emitted beyond the range can. Floats and decimals keep
+//! DataFusion's accumulators. shardwise's own aggregation paths ([`crate::small_groups`],
+//! [`crate::many_groups`]) keep 128-bit totals too and check them with [`checked_int64`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray, UInt64Array};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, FieldRef, Int64Type, UInt64Type};
+use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
+use datafusion::functions_aggregate::sum::Sum;
+use datafusion::logical_expr::expr::{AggregateFunction, AggregateFunctionParams, WindowFunctionParams};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, Expr, GroupsAccumulator, Operator,
+    ReversedUDAF, SetMonotonicity, Signature, StatisticsArgs,
+};
+
+/// The `sum` aggregate with checked integer totals. See the module doc.
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct CheckedSum {
+    inner: Sum,
+}
+
+/// `sum`, to register with a session in place of DataFusion's.
+pub fn checked_sum_udaf() -> Arc<AggregateUDF> {
+    Arc::new(AggregateUDF::new_from_impl(CheckedSum::default()))
+}
+
+/// The error for a total that does not fit `data_type` (`total`: the exact total, when known).
+pub fn overflow_error(total: Option<i128>, data_type: &DataType) -> DataFusionError {
+    let (max, min) = match data_type {
+        DataType::UInt64 => (u64::MAX as i128, 0),
+        _ => (i64::MAX as i128, i64::MIN as i128),
+    };
+    let total = match total {
+        Some(t) => format!("a total is {t}"),
+        None if data_type == &DataType::UInt64 => format!("a total passed {max}"),
+        None => format!("a total passed {max} or {min}"),
+    };
+    DataFusionError::Execution(format!(
+        "integer overflow in sum: {total}, beyond the range of {data_type} ({min} to {max}); sum a \
+         wider type: sum(CAST(x AS DECIMAL(38, 0)))"
+    ))
+}
+
+/// The integer result types this module checks; others keep DataFusion's accumulators.
+fn checked_type(args: &AccumulatorArgs) -> Option<DataType> {
+    match args.return_field.data_type() {
+        t @ (DataType::Int64 | DataType::UInt64) => Some(t.clone()),
+        _ => None,
+    }
+}
+
+impl AggregateUDFImpl for CheckedSum {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.schema_name(params)
+    }
+
+    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.human_display(params)
+    }
+
+    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.window_function_schema_name(params)
+    }
+
+    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.display_name(params)
+    }
+
+    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.window_function_display_name(params)
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.inner.return_field(arg_fields)
+    }
+
+    fn is_nullable(&self) -> bool {
+        self.inner.is_nullable()
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        match checked_type(&args) {
+            Some(t) if args.is_distinct => Ok(Box::new(DistinctSum::new(t))),
+            Some(t) => Ok(Box::new(SumAccumulator::new(t))),
+            None => self.inner.accumulator(args),
+        }
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.inner.state_fields(args)
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        self.inner.groups_accumulator_supported(args)
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        match checked_type(&args) {
+            Some(t) => Ok(Box::new(SumGroups::new(t))),
+            None => self.inner.create_groups_accumulator(args),
+        }
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        match checked_type(&args) {
+            Some(t) if args.is_distinct => Ok(Box::new(DistinctSum::new(t))),
+            Some(t) => Ok(Box::new(SumAccumulator::new(t))),
+            None => self.inner.create_sliding_accumulator(args),
+        }
+    }
+
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        self.inner.order_sensitivity()
+    }
+
+    fn simplify_expr_op_literal(
+        &self,
+        agg_function: &AggregateFunction,
+        arg: &Expr,
+        op: Operator,
+        lit: &Expr,
+        arg_is_left: bool,
+    ) -> Result<Option<Expr>> {
+        self.inner.simplify_expr_op_literal(agg_function, arg, op, lit, arg_is_left)
+    }
+
+    fn reverse_expr(&self) -> ReversedUDAF {
+        self.inner.reverse_expr()
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn is_descending(&self) -> Option<bool> {
+        self.inner.is_descending()
+    }
+
+    fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
+        // Statistics hold no proof that their sum did not wrap: always read the rows.
+        let _ = statistics_args;
+        None
+    }
+
+    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
+        self.inner.default_value(data_type)
+    }
+
+    fn supports_null_handling_clause(&self) -> bool {
+        self.inner.supports_null_handling_clause()
+    }
+
+    fn supports_within_group_clause(&self) -> bool {
+        self.inner.supports_within_group_clause()
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.inner.documentation()
+    }
+
+    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
+        self.inner.set_monotonicity(data_type)
+    }
+}
+
+/// `values` as the result type's array (DataFusion's coercion has mostly cast them already).
+fn as_result_type(values: &ArrayRef, data_type: &DataType) -> Result<ArrayRef> {
+    if values.data_type() == data_type { Ok(Arc::clone(values)) } else { Ok(cast(values, data_type)?) }
+}
+
+/// Calls `f(row, value)` for each valid value of `array` (of `data_type`) as a 128-bit integer.
+fn each_wide(array: &ArrayRef, data_type: &DataType, mut f: impl FnMut(usize, i128)) -> Result<()> {
+    let array = as_result_type(array, data_type)?;
+    match data_type {
+        DataType::UInt64 => each_valid(array.as_primitive::<UInt64Type>(), |i, v| f(i, i128::from(v))),
+        _ => each_valid(array.as_primitive::<Int64Type>(), |i, v| f(i, i128::from(v))),
+    }
+    Ok(())
+}
+
+fn each_valid<T: datafusion::arrow::datatypes::ArrowPrimitiveType>(
+    array: &PrimitiveArray<T>,
+    mut f: impl FnMut(usize, T::Native),
+) {
+    let values = array.values();
+    match array.nulls() {
+        None => values.iter().enumerate().for_each(|(i, v)| f(i, *v)),
+        Some(nulls) => nulls.valid_indices().for_each(|i| f(i, values[i])),
+    }
+}
+
+/// `total` as a scalar of `data_type`, or the overflow error.
+fn scalar(total: Option<i128>, data_type: &DataType) -> Result<ScalarValue> {
+    let Some(t) = total else { return ScalarValue::try_from(data_type) };
+    match data_type {
+        DataType::UInt64 => u64::try_from(t).map(|v| ScalarValue::UInt64(Some(v))),
+        _ => i64::try_from(t).map(|v| ScalarValue::Int64(Some(v))),
+    }
+    .map_err(|_| overflow_error(Some(t), data_type))
+}
+
+/// One total (no GROUP BY, or a window).
+#[derive(Debug)]
+struct SumAccumulator {
+    total: i128,
+    /// Values in the total (a window's frame may empty again).
+    count: u64,
+    data_type: DataType,
+}
+
+impl SumAccumulator {
+    fn new(data_type: DataType) -> Self {
+        SumAccumulator { total: 0, count: 0, data_type }
+    }
+}
+
+impl Accumulator for SumAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        each_wide(values, &self.data_type, |_, v| {
+            self.total = self.total.wrapping_add(v);
+            self.count += 1;
+        })
+    }
+
+    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        each_wide(values, &self.data_type, |_, v| {
+            self.total = self.total.wrapping_sub(v);
+            self.count = self.count.saturating_sub(1);
+        })
+    }
+
+    fn supports_retract_batch(&self) -> bool {
+        true
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.update_batch(states)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![self.evaluate()?])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        scalar((self.count > 0).then_some(self.total), &self.data_type)
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
+}
+
+/// `sum(DISTINCT x)`: the distinct values with how often each is in (a window retracts them).
+/// Its state is DataFusion's: the list of distinct values.
+#[derive(Debug)]
+struct DistinctSum {
+    values: HashMap<i128, u64>,
+    data_type: DataType,
+}
+
+impl DistinctSum {
+    fn new(data_type: DataType) -> Self {
+        DistinctSum { values: HashMap::new(), data_type }
+    }
+}
+
+impl Accumulator for DistinctSum {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        each_wide(values, &self.data_type, |_, v| *self.values.entry(v).or_insert(0) += 1)
+    }
+
+    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        each_wide(values, &self.data_type, |_, v| {
+            if let Some(n) = self.values.get_mut(&v) {
+                *n -= 1;
+                if *n == 0 {
+                    self.values.remove(&v);
+                }
+            }
+        })
+    }
+
+    fn supports_retract_batch(&self) -> bool {
+        true
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let Some(lists) = states.first() else { return exec_err!("sum(DISTINCT) takes one state") };
+        let lists = lists.as_list::<i32>();
+        for i in 0..lists.len() {
+            if lists.is_valid(i) {
+                self.update_batch(&[lists.value(i)])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        let values: ArrayRef = match self.data_type {
+            DataType::UInt64 => Arc::new(self.values.keys().map(|&v| v as u64).collect::<UInt64Array>()),
+            _ => Arc::new(self.values.keys().map(|&v| v as i64).collect::<Int64Array>()),
+        };
+        Ok(vec![ScalarValue::List(ScalarValue::new_list_nullable(
+            &ScalarValue::convert_array_to_scalar_vec(&values)?.into_iter().flatten().flatten().collect::<Vec<_>>(),
+            &self.data_type,
+        ))])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let total = (!self.values.is_empty()).then(|| self.values.keys().sum::<i128>());
+        scalar(total, &self.data_type)
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self) + self.values.capacity() * (16 + 8 + 8)
+    }
+}
+
+/// Totals by group (GROUP BY).
+#[derive(Debug)]
+struct SumGroups {
+    totals: Vec<i128>,
+    seen: Vec<bool>,
+    data_type: DataType,
+}
+
+impl SumGroups {
+    fn new(data_type: DataType) -> Self {
+        SumGroups { totals: Vec::new(), seen: Vec::new(), data_type }
+    }
+}
+
+impl GroupsAccumulator for SumGroups {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        self.totals.resize(total_num_groups, 0);
+        self.seen.resize(total_num_groups, false);
+        let (totals, seen) = (&mut self.totals, &mut self.seen);
+        each_wide(values, &self.data_type, |row, v| {
+            if opt_filter.is_none_or(|f| f.is_valid(row) && f.value(row)) {
+                let g = group_indices[row];
+                totals[g] = totals[g].wrapping_add(v);
+                seen[g] = true;
+            }
+        })
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        let totals = emit_to.take_needed(&mut self.totals);
+        let seen = emit_to.take_needed(&mut self.seen);
+        let nulls = NullBuffer::from(seen.clone());
+        let array: ArrayRef = match self.data_type {
+            DataType::UInt64 => {
+                let values = checked_values(&totals, &seen, |t| u64::try_from(t).ok(), &self.data_type)?;
+                Arc::new(UInt64Array::new(values.into(), Some(nulls)))
+            }
+            _ => {
+                let values = checked_values(&totals, &seen, |t| i64::try_from(t).ok(), &self.data_type)?;
+                Arc::new(Int64Array::new(values.into(), Some(nulls)))
+            }
+        };
+        Ok(array)
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        Ok(vec![self.evaluate(emit_to)?])
+    }
+
+    fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
+        self.update_batch(values, group_indices, None, total_num_groups)
+    }
+
+    fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
+        let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
+        let values = as_result_type(values, &self.data_type)?;
+        let Some(filter) = opt_filter else { return Ok(vec![values]) };
+        let keep = NullBuffer::from(
+            (0..filter.len()).map(|i| filter.is_valid(i) && filter.value(i) && values.is_valid(i)).collect::<Vec<_>>(),
+        );
+        let data = values.to_data().into_builder().nulls(Some(keep)).build()?;
+        Ok(vec![datafusion::arrow::array::make_array(data)])
+    }
+
+    fn size(&self) -> usize {
+        self.totals.capacity() * std::mem::size_of::<i128>() + self.seen.capacity()
+    }
+}
+
+/// Each group's total as an `Int64` (0 where `seen` is false: the group is null), or the overflow
+/// error for the first that does not fit; for aggregation paths that keep their own totals.
+pub fn checked_int64(totals: &[i128], seen: &[bool]) -> Result<Vec<i64>> {
+    checked_values(totals, seen, |t| i64::try_from(t).ok(), &DataType::Int64)
+}
+
+/// Each group's total as the result type (0 for a group without values, which is null), or the
+/// overflow error for the first that does not fit.
+fn checked_values<T: Default + Copy>(
+    totals: &[i128],
+    seen: &[bool],
+    convert: impl Fn(i128) -> Option<T>,
+    data_type: &DataType,
+) -> Result<Vec<T>> {
+    totals
+        .iter()
+        .zip(seen)
+        .map(|(&t, &seen)| match seen {
+            false => Ok(T::default()),
+            true => convert(t).ok_or_else(|| overflow_error(Some(t), data_type)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::RecordBatch;
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::prelude::SessionContext;
+
+    async fn run(sql: &str, values: Vec<Option<i64>>) -> Result<Vec<RecordBatch>> {
+        let ctx = SessionContext::new();
+        ctx.register_udaf(checked_sum_udaf().as_ref().clone());
+        let n = values.len();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let groups = Int64Array::from((0..n as i64).map(|i| i % 2).collect::<Vec<_>>());
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(groups), Arc::new(Int64Array::from(values))])?;
+        ctx.register_batch("t", batch)?;
+        ctx.sql(sql).await?.collect().await
+    }
+
+    fn ints(batches: &[RecordBatch], column: usize) -> Vec<Option<i64>> {
+        batches.iter().flat_map(|b| b.column(column).as_primitive::<Int64Type>().iter().collect::<Vec<_>>()).collect()
+    }
+
+    const BIG: i64 = i64::MAX / 2 + 1;
+
+    #[tokio::test]
+    async fn a_total_beyond_bigint_is_an_error_in_every_form() {
+        let rows = vec![Some(BIG), Some(BIG + 1), Some(BIG + 2), Some(BIG + 3)];
+        for sql in [
+            "SELECT sum(v) FROM t",
+            "SELECT g, sum(v) FROM t GROUP BY g",
+            "SELECT sum(DISTINCT v) FROM t",
+            "SELECT sum(v) OVER (ORDER BY g ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) FROM t",
+            "SELECT sum(v) OVER (PARTITION BY g) FROM t",
+        ] {
+            let e = match run(sql, rows.clone()).await {
+                Ok(b) => panic!("{sql} answered {b:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                e.contains("integer overflow in sum: a total is ") && e.contains("beyond the range of Int64"),
+                "{sql}: {e}"
+            );
+            assert!(e.contains("sum(CAST(x AS DECIMAL(38, 0)))"), "{sql}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn totals_that_fit_are_exact_even_when_a_running_total_would_not() -> Result<()> {
+        // BIG + BIG passes i64::MAX before the negative values bring it back.
+        let rows = vec![Some(BIG), Some(BIG), Some(-BIG), Some(-BIG), None, Some(5)];
+        assert_eq!(ints(&run("SELECT sum(v) FROM t", rows.clone()).await?, 0), [Some(5)]);
+        let grouped = run("SELECT g, sum(v) FROM t GROUP BY g ORDER BY g", rows.clone()).await?;
+        assert_eq!(ints(&grouped, 1), [Some(0), Some(5)]);
+        let distinct = run("SELECT sum(DISTINCT v) FROM t", rows.clone()).await?;
+        assert_eq!(ints(&distinct, 0), [Some(5)]);
+        // A sliding window adds and takes away values.
+        let window =
+            run("SELECT sum(v) OVER (ORDER BY g, v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", rows).await?;
+        assert_eq!(ints(&window, 0).len(), 6);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn empty_and_null_inputs_give_null() -> Result<()> {
+        assert_eq!(ints(&run("SELECT sum(v) FROM t WHERE v > 100", vec![Some(1)]).await?, 0), [None]);
+        assert_eq!(ints(&run("SELECT sum(v) FROM t", vec![None, None]).await?, 0), [None]);
+        let filtered =
+            run("SELECT g, sum(v) FILTER (WHERE v > 1) FROM t GROUP BY g ORDER BY g", vec![Some(1), Some(2), Some(3)])
+                .await?;
+        assert_eq!(ints(&filtered, 1), [Some(3), Some(2)]);
+        Ok(())
+    }
+}
