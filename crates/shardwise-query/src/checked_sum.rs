@@ -7,13 +7,17 @@
 //! that does not fit, naming it and saying how to get it: `sum(CAST(x AS DECIMAL(38, 0)))`.
 //!
 //! How: [`CheckedSum`] is registered under DataFusion's name `sum` and is DataFusion's `Sum` in
-//! everything but its integer accumulators, which add into 128-bit totals and check each total
-//! against the result type when it is emitted, as a partial state (a shard's or a partition's
-//! total) or as the final value. A total that fits is exact whatever the order of the additions
-//! (the 128-bit sums cannot overflow), so the answer does not depend on how rows are split across
-//! shards, only whether a partial total is emitted beyond the range can. Floats and decimals keep
-//! DataFusion's accumulators. shardwise's own aggregation paths ([`crate::small_groups`],
-//! [`crate::many_groups`]) keep 128-bit totals too and check them with [`checked_int64`].
+//! everything but its integer accumulators. They keep exact totals (a single total in 128 bits;
+//! totals by group in 64 bits with each group's wraps counted aside, [`WideTotals`], as fast as
+//! DataFusion's) and check each against the result type when it is emitted, as a partial state (a
+//! shard's or a partition's total) or as the final value. A total that fits is exact whatever the
+//! order of the additions, so the answer does not depend on how rows are split across shards;
+//! only a partial total emitted beyond the range fails a query whose whole would fit. Floats and
+//! decimals keep DataFusion's accumulators. shardwise's own aggregation paths
+//! ([`crate::small_groups`], [`crate::many_groups`]) keep their totals in [`WideTotals`] too.
+
+mod totals;
+pub use totals::{Total, WideTotals};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +25,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray, UInt64Array};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, FieldRef, Int64Type, UInt64Type};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Int64Type, UInt64Type};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
 use datafusion::functions_aggregate::sum::Sum;
 use datafusion::logical_expr::expr::{AggregateFunction, AggregateFunctionParams, WindowFunctionParams};
@@ -131,7 +135,8 @@ impl AggregateUDFImpl for CheckedSum {
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
         match checked_type(&args) {
-            Some(t) => Ok(Box::new(SumGroups::new(t))),
+            Some(DataType::UInt64) => Ok(Box::new(SumGroups::<UInt64Type>::new())),
+            Some(_) => Ok(Box::new(SumGroups::<Int64Type>::new())),
             None => self.inner.create_groups_accumulator(args),
         }
     }
@@ -355,21 +360,26 @@ impl Accumulator for DistinctSum {
     }
 }
 
-/// Totals by group (GROUP BY).
+/// Totals by group (GROUP BY), of the result type `A` (`Int64` or `UInt64`).
 #[derive(Debug)]
-struct SumGroups {
-    totals: Vec<i128>,
+struct SumGroups<A: ArrowPrimitiveType> {
+    totals: WideTotals<A::Native>,
     seen: Vec<bool>,
-    data_type: DataType,
 }
 
-impl SumGroups {
-    fn new(data_type: DataType) -> Self {
-        SumGroups { totals: Vec::new(), seen: Vec::new(), data_type }
+impl<A: ArrowPrimitiveType> SumGroups<A>
+where
+    A::Native: Total,
+{
+    fn new() -> Self {
+        SumGroups { totals: WideTotals::default(), seen: Vec::new() }
     }
 }
 
-impl GroupsAccumulator for SumGroups {
+impl<A: ArrowPrimitiveType> GroupsAccumulator for SumGroups<A>
+where
+    A::Native: Total,
+{
     fn update_batch(
         &mut self,
         values: &[ArrayRef],
@@ -378,33 +388,30 @@ impl GroupsAccumulator for SumGroups {
         total_num_groups: usize,
     ) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        self.totals.resize(total_num_groups, 0);
+        let values = as_result_type(values, &A::DATA_TYPE)?;
+        self.totals.resize(total_num_groups);
         self.seen.resize(total_num_groups, false);
         let (totals, seen) = (&mut self.totals, &mut self.seen);
-        each_wide(values, &self.data_type, |row, v| {
+        each_valid(values.as_primitive::<A>(), |row, v| {
             if opt_filter.is_none_or(|f| f.is_valid(row) && f.value(row)) {
                 let g = group_indices[row];
-                totals[g] = totals[g].wrapping_add(v);
+                totals.add(g, v);
                 seen[g] = true;
             }
-        })
+        });
+        Ok(())
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let totals = emit_to.take_needed(&mut self.totals);
-        let seen = emit_to.take_needed(&mut self.seen);
-        let nulls = NullBuffer::from(seen.clone());
-        let array: ArrayRef = match self.data_type {
-            DataType::UInt64 => {
-                let values = checked_values(&totals, &seen, |t| u64::try_from(t).ok(), &self.data_type)?;
-                Arc::new(UInt64Array::new(values.into(), Some(nulls)))
-            }
-            _ => {
-                let values = checked_values(&totals, &seen, |t| i64::try_from(t).ok(), &self.data_type)?;
-                Arc::new(Int64Array::new(values.into(), Some(nulls)))
-            }
+        let n = match emit_to {
+            EmitTo::All => self.seen.len(),
+            EmitTo::First(n) => n,
         };
-        Ok(array)
+        let seen = &self.seen;
+        let values = self.totals.checked(0..n, |g| seen[g])?;
+        self.totals.drop_first(n);
+        let seen = emit_to.take_needed(&mut self.seen);
+        Ok(Arc::new(PrimitiveArray::<A>::new(values.into(), Some(NullBuffer::from(seen)))))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
@@ -417,7 +424,7 @@ impl GroupsAccumulator for SumGroups {
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        let values = as_result_type(values, &self.data_type)?;
+        let values = as_result_type(values, &A::DATA_TYPE)?;
         let Some(filter) = opt_filter else { return Ok(vec![values]) };
         let keep = NullBuffer::from(
             (0..filter.len()).map(|i| filter.is_valid(i) && filter.value(i) && values.is_valid(i)).collect::<Vec<_>>(),
@@ -427,32 +434,8 @@ impl GroupsAccumulator for SumGroups {
     }
 
     fn size(&self) -> usize {
-        self.totals.capacity() * std::mem::size_of::<i128>() + self.seen.capacity()
+        self.totals.size() + self.seen.capacity()
     }
-}
-
-/// Each group's total as an `Int64` (0 where `seen` is false: the group is null), or the overflow
-/// error for the first that does not fit; for aggregation paths that keep their own totals.
-pub fn checked_int64(totals: &[i128], seen: &[bool]) -> Result<Vec<i64>> {
-    checked_values(totals, seen, |t| i64::try_from(t).ok(), &DataType::Int64)
-}
-
-/// Each group's total as the result type (0 for a group without values, which is null), or the
-/// overflow error for the first that does not fit.
-fn checked_values<T: Default + Copy>(
-    totals: &[i128],
-    seen: &[bool],
-    convert: impl Fn(i128) -> Option<T>,
-    data_type: &DataType,
-) -> Result<Vec<T>> {
-    totals
-        .iter()
-        .zip(seen)
-        .map(|(&t, &seen)| match seen {
-            false => Ok(T::default()),
-            true => convert(t).ok_or_else(|| overflow_error(Some(t), data_type)),
-        })
-        .collect()
 }
 
 #[cfg(test)]

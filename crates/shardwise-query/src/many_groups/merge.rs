@@ -4,7 +4,7 @@
 //! | aggregate | argument | partial state | merge | final |
 //! | --- | --- | --- | --- | --- |
 //! | `count` | any | `Int64` | wrapping sum | `Int64`, never null |
-//! | `sum` | `Int64` | `Int64` | 128-bit sum of the non-null | `Int64` (an error past its range), null without values |
+//! | `sum` | `Int64` | `Int64` | exact sum of the non-null ([`WideTotals`]) | `Int64` (an error past its range), null without values |
 //! | `sum` | `Float64` | `Float64` | sum of the non-null | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum | sums of the non-null | `sum / count`, null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type | of the non-null | the argument's type, null without values |
@@ -16,6 +16,8 @@
 //! other partial state.
 
 use std::sync::Arc;
+
+use crate::checked_sum::WideTotals;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, UInt64Array};
 use datafusion::arrow::buffer::NullBuffer;
@@ -79,8 +81,8 @@ pub struct Merge {
     kind: MergeKind,
     /// `count`, `min`, `max`: the value; `avg`: the count (as `i64` bits).
     ints: Vec<i64>,
-    /// `sum` of integers: the total in 128 bits, checked against `Int64` when it is emitted.
-    totals: Vec<i128>,
+    /// `sum` of integers: exact totals, checked against `Int64` when they are emitted.
+    totals: WideTotals<i64>,
     /// `sum` of floats and `avg`'s sum.
     floats: Vec<f64>,
     /// Whether the group has a non-null state (not kept for `count`).
@@ -89,7 +91,7 @@ pub struct Merge {
 
 impl Merge {
     pub fn new(kind: MergeKind) -> Self {
-        Merge { kind, ints: Vec::new(), totals: Vec::new(), floats: Vec::new(), seen: Vec::new() }
+        Merge { kind, ints: Vec::new(), totals: WideTotals::default(), floats: Vec::new(), seen: Vec::new() }
     }
 
     /// Merges the states of a batch (`states`: this aggregate's state columns) whose rows have
@@ -110,9 +112,10 @@ impl Merge {
                 each_value(ids, counts, |g, v| ints[g] = ints[g].wrapping_add(v));
             }
             MergeKind::SumInt => {
-                grow(totals, seen, groups, 0);
+                totals.resize(groups);
+                seen.resize(groups, false);
                 each_value(ids, primitive::<Int64Type>(first)?, |g, v| {
-                    totals[g] = totals[g].wrapping_add(i128::from(v));
+                    totals.add(g, v);
                     seen[g] = true;
                 });
             }
@@ -163,8 +166,7 @@ impl Merge {
         Ok(match self.kind {
             MergeKind::Count => Arc::new(Int64Array::from(self.ints[groups].to_vec())),
             MergeKind::SumInt => {
-                let seen = &self.seen[groups.clone()];
-                let values = crate::checked_sum::checked_int64(&self.totals[groups.clone()], seen)?;
+                let values = self.totals.checked(groups.clone(), |g| self.seen[g])?;
                 Arc::new(Int64Array::new(values.into(), Some(nulls())))
             }
             MergeKind::SumFloat => {

@@ -5,7 +5,7 @@
 //! | aggregate | argument | state |
 //! | --- | --- | --- |
 //! | `count` | any (`count(*)` is a literal) | `Int64`, never null |
-//! | `sum` | `Int64` | `Int64` (added in 128 bits, an error past its range, as [`crate::checked_sum`]), null without values |
+//! | `sum` | `Int64` | `Int64` (exact, an error past its range, as [`crate::checked_sum`]), null without values |
 //! | `sum` | `Float64` | `Float64`, null without values |
 //! | `avg` | `Float64` | `UInt64` count, `Float64` sum; both null without values |
 //! | `min`, `max` | `Int32`, `Int64` | the argument's type, null without values |
@@ -17,6 +17,8 @@
 //! update converts each value as the cast would, without making the cast array.
 
 use std::sync::Arc;
+
+use crate::checked_sum::WideTotals;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, Float64Array, Int64Array, PrimitiveArray, UInt64Array,
@@ -196,8 +198,8 @@ pub enum Accum {
         nulls: Vec<u64>,
     },
     SumInt {
-        /// Totals in 128 bits, checked against `Int64` when emitted.
-        sums: Vec<i128>,
+        /// Exact totals, checked against `Int64` when emitted.
+        sums: WideTotals<i64>,
         seen: Seen,
     },
     SumFloat {
@@ -244,7 +246,7 @@ impl Accum {
         let nulls = Vec::new();
         match kind {
             AccumKind::Count => Accum::Count { nulls },
-            AccumKind::SumInt => Accum::SumInt { sums: Vec::new(), seen: Seen::default() },
+            AccumKind::SumInt => Accum::SumInt { sums: WideTotals::default(), seen: Seen::default() },
             AccumKind::SumFloat => Accum::SumFloat { sums: Vec::new(), seen: Seen::default() },
             AccumKind::Avg => Accum::Avg { sums: Vec::new(), nulls },
             AccumKind::Min(width) => Accum::MinMax { values: Vec::new(), seen: Seen::default(), max: false, width },
@@ -289,8 +291,8 @@ impl Accum {
         match self {
             Accum::Count { nulls } => count_nulls(nulls, ids, groups, arg_nulls.as_ref()),
             Accum::SumInt { sums, seen } => {
-                sums.resize(groups, 0);
-                let mut add = |g: usize, v: i64| sums[g] = sums[g].wrapping_add(i128::from(v));
+                sums.resize(groups);
+                let mut add = |g: usize, v: i64| sums.add(g, v);
                 match array.data_type() {
                     DataType::Int32 => each_value(ids, primitive::<Int32Type>(&array)?, |g, v| add(g, v.into())),
                     _ => each_value(ids, primitive::<Int64Type>(&array)?, add),
@@ -331,8 +333,7 @@ impl Accum {
         let nulls: &[u64] = match self {
             Accum::Count { nulls } | Accum::Avg { nulls, .. } => nulls,
             Accum::SumInt { sums, seen } => {
-                let has_value: Vec<bool> = (0..groups).map(|g| seen.has_value(g)).collect();
-                let values = crate::checked_sum::checked_int64(&padded_vec(sums, groups, 0), &has_value)?;
+                let values = sums.checked(0..groups, |g| seen.has_value(g))?;
                 return Ok(vec![Arc::new(Int64Array::new(values.into(), seen.validity(groups)))]);
             }
             Accum::SumFloat { sums, seen } => {
@@ -370,7 +371,7 @@ impl Accum {
     pub fn size(&self) -> usize {
         match self {
             Accum::Count { nulls } => nulls.capacity() * 8,
-            Accum::SumInt { sums, seen } => sums.capacity() * 16 + seen.size(),
+            Accum::SumInt { sums, seen } => sums.size() + seen.size(),
             Accum::SumFloat { sums, seen } => sums.capacity() * 8 + seen.size(),
             Accum::Avg { sums, nulls } => (sums.capacity() + nulls.capacity()) * 8,
             Accum::MinMax { values, seen, .. } => values.capacity() * 8 + seen.size(),
@@ -426,13 +427,6 @@ fn each_float(ids: &[u32], array: &ArrayRef, f: impl FnMut(usize, f64)) -> Resul
 }
 
 /// The first `groups` values, padded with `fill` for groups no update reached.
-/// `values` cut or padded with `fill` to `groups` entries.
-fn padded_vec<T: Copy>(values: &[T], groups: usize, fill: T) -> Vec<T> {
-    let mut out = values[..values.len().min(groups)].to_vec();
-    out.resize(groups, fill);
-    out
-}
-
 pub(super) fn padded<T: Copy + datafusion::arrow::datatypes::ArrowNativeType>(
     values: &[T],
     groups: usize,
