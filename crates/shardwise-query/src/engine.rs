@@ -189,6 +189,8 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
+            // Correlated scalar subqueries without an aggregate (see `crate::scalar_subqueries`).
+            .with_analyzer_rule(Arc::new(crate::scalar_subqueries::ScalarSubqueryRows))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).
@@ -212,6 +214,8 @@ impl QueryEngine {
         }
         // `sum` of integers fails past its type's range (see `crate::checked_sum`).
         ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
+        ctx.register_udaf(crate::scalar_subqueries::single_value_udaf().as_ref().clone());
+        ctx.register_udf(crate::scalar_subqueries::single_row_udf().as_ref().clone());
         if let Some(local_shuffle) = &local_shuffle {
             local_shuffle.set_context(ctx.task_ctx());
         }

@@ -30,6 +30,7 @@ pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;
 pub mod resident_memory;
+pub mod scalar_subqueries;
 pub mod server_memory;
 pub mod session;
 pub mod set_operations;

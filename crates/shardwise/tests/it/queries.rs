@@ -1101,6 +1101,23 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
         let merged = c.sql(1, &format!("{q} SETTINGS distributed_aggregation = 'initiator'"));
         assert!(!shuffled.is_empty() && shuffled == merged, "{q}: {shuffled:?} against {merged:?}");
     }
+    // Correlated scalar subqueries without an aggregate, across shards: the inner table is sharded
+    // by another column, so each outer row's match may be on the other node.
+    c.sql(0, "CREATE TABLE ev (k BIGINT, s VARCHAR, ts BIGINT) WITH (shard_key = 's')");
+    c.sql(0, "INSERT INTO ev VALUES (1, 'x', 1), (2, 'y', 5), (2, 'z', 3), (4, 'w', 1), (5, 'q', 1), (5, 'r', 2)");
+    let latest = c.sql(
+        1,
+        "SELECT k, (SELECT ev.s FROM ev WHERE ev.k = sj.k ORDER BY ev.ts DESC LIMIT 1) AS latest, \
+         (SELECT ev.s FROM ev WHERE ev.k = sj.k ORDER BY ts LIMIT 1) AS earliest FROM sj WHERE k < 5 ORDER BY k",
+    );
+    let want = [["1", "x", "x"], ["2", "y", "z"], ["3", "", ""], ["4", "w", "w"]];
+    assert_eq!(latest, want.map(|r| r.map(String::from).to_vec()).to_vec());
+    // Without LIMIT: the one row's value, NULL without one, and an error only where an outer row
+    // meets two (key 5 has two rows, but no row of sj below 5 asks for it).
+    let one = c.sql(0, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k) AS s FROM sj WHERE k IN (1, 3, 4) ORDER BY k");
+    assert_eq!(one, vec![vec!["1", "x"], vec!["3", ""], vec!["4", "w"]]);
+    let e = c.sql_err(1, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k) FROM sj WHERE k < 3");
+    assert!(e.contains("more than one row returned by a subquery used as an expression"), "{e}");
 }
 
 #[test]
