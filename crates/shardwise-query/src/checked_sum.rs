@@ -364,7 +364,11 @@ impl Accumulator for DistinctSum {
 #[derive(Debug)]
 struct SumGroups<A: ArrowPrimitiveType> {
     totals: WideTotals<A::Native>,
-    seen: Vec<bool>,
+    /// Which groups have a value; `None` while every batch so far had neither nulls nor a
+    /// filter (then every group has one, and the hot loop writes nothing else, as DataFusion's
+    /// `NullState` does).
+    seen: Option<Vec<bool>>,
+    groups: usize,
 }
 
 impl<A: ArrowPrimitiveType> SumGroups<A>
@@ -372,7 +376,7 @@ where
     A::Native: Total,
 {
     fn new() -> Self {
-        SumGroups { totals: WideTotals::default(), seen: Vec::new() }
+        SumGroups { totals: WideTotals::default(), seen: None, groups: 0 }
     }
 }
 
@@ -389,10 +393,21 @@ where
     ) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
         let values = as_result_type(values, &A::DATA_TYPE)?;
+        let values = values.as_primitive::<A>();
         self.totals.resize(total_num_groups);
-        self.seen.resize(total_num_groups, false);
-        let (totals, seen) = (&mut self.totals, &mut self.seen);
-        each_valid(values.as_primitive::<A>(), |row, v| {
+        if opt_filter.is_none() && values.null_count() == 0 && self.seen.is_none() {
+            for (&g, &v) in group_indices.iter().zip(values.values()) {
+                self.totals.add(g, v);
+            }
+            self.groups = total_num_groups;
+            return Ok(());
+        }
+        let groups = self.groups;
+        let seen = self.seen.get_or_insert_with(|| vec![true; groups]);
+        seen.resize(total_num_groups, false);
+        self.groups = total_num_groups;
+        let totals = &mut self.totals;
+        each_valid(values, |row, v| {
             if opt_filter.is_none_or(|f| f.is_valid(row) && f.value(row)) {
                 let g = group_indices[row];
                 totals.add(g, v);
@@ -404,14 +419,20 @@ where
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
         let n = match emit_to {
-            EmitTo::All => self.seen.len(),
-            EmitTo::First(n) => n,
+            EmitTo::All => self.groups,
+            EmitTo::First(n) => n.min(self.groups),
         };
-        let seen = &self.seen;
-        let values = self.totals.checked(0..n, |g| seen[g])?;
+        let (values, nulls) = match &mut self.seen {
+            None => (self.totals.checked(0..n, |_| true)?, None),
+            Some(seen) => {
+                let values = self.totals.checked(0..n, |g| seen[g])?;
+                let taken: Vec<bool> = seen.drain(..n).collect();
+                (values, Some(NullBuffer::from(taken)))
+            }
+        };
         self.totals.drop_first(n);
-        let seen = emit_to.take_needed(&mut self.seen);
-        Ok(Arc::new(PrimitiveArray::<A>::new(values.into(), Some(NullBuffer::from(seen)))))
+        self.groups -= n;
+        Ok(Arc::new(PrimitiveArray::<A>::new(values.into(), nulls)))
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
@@ -434,7 +455,7 @@ where
     }
 
     fn size(&self) -> usize {
-        self.totals.size() + self.seen.capacity()
+        self.totals.size() + self.seen.as_ref().map_or(0, Vec::capacity)
     }
 }
 
@@ -500,6 +521,21 @@ mod tests {
         let window =
             run("SELECT sum(v) OVER (ORDER BY g, v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", rows).await?;
         assert_eq!(ints(&window, 0).len(), 6);
+        Ok(())
+    }
+
+    #[test]
+    fn groups_see_values_across_batches_with_and_without_nulls() -> Result<()> {
+        let mut sums = SumGroups::<Int64Type>::new();
+        let batch = |v: Vec<Option<i64>>| -> Vec<ArrayRef> { vec![Arc::new(Int64Array::from(v))] };
+        sums.update_batch(&batch(vec![Some(1), Some(2), Some(3)]), &[0, 1, 0], None, 2)?;
+        // A new group that gets only a null, and a filtered-out value for group 1.
+        let filter = BooleanArray::from(vec![true, true, false]);
+        sums.update_batch(&batch(vec![None, Some(5), Some(100)]), &[2, 0, 1], Some(&filter), 3)?;
+        let first = sums.evaluate(EmitTo::First(1))?;
+        assert_eq!(first.as_primitive::<Int64Type>().iter().collect::<Vec<_>>(), [Some(9)]);
+        let rest = sums.evaluate(EmitTo::All)?;
+        assert_eq!(rest.as_primitive::<Int64Type>().iter().collect::<Vec<_>>(), [Some(2), None]);
         Ok(())
     }
 
