@@ -19,6 +19,7 @@ mod copy;
 mod copy_csv;
 mod copy_in;
 mod copy_out;
+mod cursor;
 mod encode;
 mod errors;
 mod execute;
@@ -153,7 +154,14 @@ impl Connection {
     fn new(engine: Arc<QueryEngine>, startup: Arc<startup::Startup>) -> Connection {
         let session = Arc::new(Session::new());
         let cancels = startup.cancels();
-        let handler = Handler { engine, session, copy_in: Default::default(), cancels, cancel: Default::default() };
+        let handler = Handler {
+            engine,
+            session,
+            copy_in: Default::default(),
+            cancels,
+            cancel: Default::default(),
+            cursors: Default::default(),
+        };
         Connection { handler: Arc::new(handler), startup }
     }
 }
@@ -189,6 +197,8 @@ struct Handler {
     /// The node's cancel counters, and this connection's, registered at its first statement.
     cancels: Arc<cancel::Cancels>,
     cancel: std::sync::OnceLock<cancel::Registration>,
+    /// The connection's open cursors ([`cursor`]); shared with its statement parser.
+    cursors: Arc<std::sync::Mutex<cursor::Cursors>>,
 }
 
 impl Handler {
@@ -224,6 +234,8 @@ enum Kind {
     Deallocate,
     /// `COPY ... TO STDOUT` or `FROM STDIN` ([`copy`]; psql's `\copy`).
     Copy,
+    /// `DECLARE`, `FETCH`, `MOVE`, `CLOSE` ([`cursor`]).
+    Cursor,
     /// Anything the engine runs.
     Sql,
 }
@@ -280,6 +292,7 @@ fn kind_of(sql: &str) -> Kind {
         "SAVEPOINT" | "RELEASE" => Kind::Savepoint,
         "DEALLOCATE" => Kind::Deallocate,
         "COPY" => Kind::Copy,
+        "DECLARE" | "FETCH" | "MOVE" | "CLOSE" => Kind::Cursor,
         "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
         _ => Kind::Sql,
     }
@@ -363,6 +376,14 @@ impl Handler {
     /// parameters is planned with NULL for each (typed as the client declared), which gives its
     /// columns without its values.
     async fn plan(&self, sql: &str, declared: &[Option<Type>]) -> PgWireResult<Statement> {
+        if kind_of(sql) == Kind::Cursor {
+            let schema = match cursor::parse(sql) {
+                Some(Ok(command)) => self.cursor_schema(&command),
+                Some(Err(message)) => return Err(syntax_error(message)),
+                None => None,
+            };
+            return Ok(Statement { sql: sql.to_string(), schema, parameters: false });
+        }
         if kind_of(sql) != Kind::Sql {
             return Ok(Statement { sql: sql.to_string(), schema: None, parameters: false });
         }
@@ -382,6 +403,34 @@ impl Handler {
         Ok(Statement { sql: sql.to_string(), schema: Some(planned.schema()), parameters: false })
     }
 
+    /// [`Handler::run`], with the connection: cursor statements use its portals, and the end
+    /// of a transaction closes its cursors declared without hold.
+    async fn run_with<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        format: &Format,
+        stream: bool,
+        cancel: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientPortalStore + Sync,
+        C::PortalStore: PortalStore,
+    {
+        match kind_of(sql) {
+            Kind::Commit | Kind::Rollback => self.end_transaction(client),
+            Kind::Cursor => {
+                return match cursor::parse(sql) {
+                    Some(Ok(command)) => self.cursor(client, command, format, cancel).await,
+                    Some(Err(message)) => Err(syntax_error(message)),
+                    None => Err(syntax_error(format!("not a cursor statement: {sql}"))),
+                };
+            }
+            _ => {}
+        }
+        self.run(sql, format, stream, cancel).await
+    }
+
     /// Runs one statement. Rows stream when `stream` is set; otherwise the statement runs to
     /// completion here (statements that follow it in the same simple query see its effect).
     async fn run(
@@ -399,6 +448,7 @@ impl Handler {
             Kind::Savepoint => return Ok(Response::Execution(Tag::new(&savepoint_tag(sql)))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
             Kind::Copy => return self.copy(sql).await,
+            Kind::Cursor => return Err(syntax_error("a cursor statement needs its connection's portals".into())),
             Kind::Sql => {}
         }
         // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect; drivers
@@ -422,18 +472,44 @@ impl Handler {
                 Tag::new(&tag)
             }));
         }
-        let fields: Arc<Vec<FieldInfo>> = Arc::new(encode::fields(&schema, format));
-        let row_fields = Arc::clone(&fields);
-        let rows = results.and_then(move |batch| {
-            future::ready(encode::rows(&batch, &row_fields).map(|rows| stream::iter(rows.into_iter().map(Ok))))
-        });
-        let rows = rows.try_flatten();
+        let mut response = encoded(results, &schema, format);
         if stream {
-            return Ok(Response::Query(QueryResponse::new(fields, rows)));
+            return Ok(Response::Query(response));
         }
-        let collected: Vec<_> = rows.try_collect().await?;
+        let fields = Arc::clone(&response.row_schema);
+        let collected: Vec<_> = response.data_rows().try_collect().await?;
         Ok(Response::Query(QueryResponse::new(fields, stream::iter(collected.into_iter().map(Ok)))))
     }
+
+    /// Starts a query that returns rows (a cursor's, at its first `FETCH`, rewritten for
+    /// PostgreSQL's catalog at its `DECLARE`): its rows, streamed.
+    async fn query_rows(
+        &self,
+        sql: &str,
+        format: &Format,
+        cancel: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> PgWireResult<QueryResponse> {
+        let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
+        let schema = planned.schema();
+        let results = self.engine.execute(planned).await.map_err(pg_error)?;
+        let results =
+            cancel::cancellable(results.map(|batch| batch.map_err(|e| pg_error(QueryError::from(e)))), cancel);
+        Ok(encoded(results, &schema, format))
+    }
+}
+
+/// A query's batches as PostgreSQL rows in `format`, encoded as they arrive.
+fn encoded(
+    results: impl futures::Stream<Item = PgWireResult<RecordBatch>> + Send + 'static,
+    schema: &SchemaRef,
+    format: &Format,
+) -> QueryResponse {
+    let fields: Arc<Vec<FieldInfo>> = Arc::new(encode::fields(schema, format));
+    let row_fields = Arc::clone(&fields);
+    let rows = results.and_then(move |batch| {
+        future::ready(encode::rows(&batch, &row_fields).map(|rows| stream::iter(rows.into_iter().map(Ok))))
+    });
+    QueryResponse::new(fields, rows.try_flatten())
 }
 
 #[async_trait]
@@ -495,7 +571,7 @@ impl SimpleQueryHandler for Handler {
                         deallocate(client.portal_store(), &statement.text);
                     }
                     let signal = self.cancel_signal(client);
-                    self.run(&statement.text, &encode::text_format(), i == last, signal).await
+                    self.run_with(client, &statement.text, &encode::text_format(), i == last, signal).await
                 }
                 Err(e) => Err(syntax_error(format!("line {}: {}", e.line, e.message))),
             };
@@ -557,6 +633,7 @@ impl ExtendedQueryHandler for Handler {
             copy_in: Default::default(),
             cancels: Arc::clone(&self.cancels),
             cancel: Default::default(),
+            cursors: Arc::clone(&self.cursors),
         })
     }
 
@@ -584,10 +661,10 @@ impl ExtendedQueryHandler for Handler {
         if portal.statement.statement.parameters || portal.parameter_len() > 0 {
             let sql = params::bind(portal)?;
             let signal = self.cancel_signal(client);
-            return self.run(&sql, &portal.result_column_format, true, signal).await;
+            return self.run_with(client, &sql, &portal.result_column_format, true, signal).await;
         }
         let signal = self.cancel_signal(client);
-        self.run(&portal.statement.statement.sql, &portal.result_column_format, true, signal).await
+        self.run_with(client, &portal.statement.statement.sql, &portal.result_column_format, true, signal).await
     }
 
     /// The columns of a bound statement: with parameters, planned with their values.

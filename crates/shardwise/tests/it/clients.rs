@@ -124,6 +124,27 @@ fn psql_and_psycopg_end_to_end() {
     assert_eq!(stdout, "1\n");
     assert!(stderr.contains("42P01") && stderr.contains("nosuch"), "{stderr}");
 
+    // Cursors over the simple protocol: FETCH and MOVE forward; COMMIT closes a cursor declared
+    // without hold.
+    let mut c = psql(&pg0, "default", "shardwise");
+    for sql in [
+        "BEGIN",
+        "DECLARE c CURSOR FOR SELECT id FROM sales ORDER BY id",
+        "FETCH 1 FROM c",
+        "MOVE 1 IN c",
+        "FETCH ALL FROM c",
+        "DECLARE h CURSOR WITH HOLD FOR SELECT 7",
+        "COMMIT",
+        "FETCH h",
+        "FETCH c",
+    ] {
+        c.args(["-c", sql]);
+    }
+    let out = run_with_timeout(c, T);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout, "BEGIN\nDECLARE CURSOR\n1\nMOVE 1\n3\nDECLARE CURSOR\nCOMMIT\n7\n", "{stderr}");
+    assert!(stderr.contains("34000") && stderr.contains("cursor \"c\" does not exist"), "{stderr}");
+
     // psql's \copy to a file: COPY ... TO STDOUT, CSV with a header or PostgreSQL's text format.
     let csv = dir.path().join("sales.csv");
     let txt = dir.path().join("sales.txt");
@@ -270,10 +291,38 @@ with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwi
     with tx.transaction():
         with tx.transaction():
             assert tx.execute("SELECT count(*) FROM sales").fetchone() == (4,)
+# Server-side cursors: psycopg's named cursors (DECLARE, Describe of the cursor's portal, FETCH
+# FORWARD n, CLOSE), in text and binary, held past a commit, and SQLAlchemy's stream_results.
+with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise") as cc:
+    with cc.cursor(name="by_id") as cur:
+        cur.itersize = 2
+        cur.execute("SELECT id, region FROM sales WHERE id < %s ORDER BY id", (4,))
+        assert [d.name for d in cur.description] == ["id", "region"], cur.description
+        first = cur.fetchone()
+        rest = list(cur)
+        assert (first, rest) == ((1, "eu"), [(2, "us"), (3, "eu")]), (first, rest)
+    with cc.cursor(name="binary", binary=True) as cur:
+        cur.execute("SELECT id, amount FROM sales ORDER BY id LIMIT 2")
+        rows = cur.fetchall()
+        assert rows == [(1, 10.5), (2, 20.0)], rows
+    with cc.cursor(name="held", withhold=True) as cur:
+        cur.execute("SELECT count(*) FROM sales")
+        cc.commit()
+        rows = cur.fetchall()
+        assert rows == [(4,)], rows
+    try:
+        with cc.cursor(name="bad") as cur:
+            cur.execute("SELECT nosuch FROM sales")
+        raise SystemExit("a cursor over a bad query was declared")
+    except psycopg.errors.UndefinedColumn as e:
+        assert "nosuch" in str(e), e
 import sqlalchemy
 engine = sqlalchemy.create_engine("postgresql+psycopg://default@{host}:{port}/shardwise")
 with engine.connect() as sa:
     assert sa.execute(sqlalchemy.text("SELECT count(*) FROM sales WHERE id > :n"), {{"n": 1}}).scalar() == 3
+    streamed = sa.execution_options(stream_results=True, max_row_buffer=2).execute(sqlalchemy.text("SELECT id FROM sales ORDER BY id"))
+    sizes = [len(p) for p in streamed.partitions(3)]
+    assert sizes == [3, 1], sizes
     inspector = sqlalchemy.inspect(sa)
     assert "sales" in inspector.get_table_names(), inspector.get_table_names()
 try:
