@@ -254,21 +254,62 @@ impl SumAccumulator {
     }
 }
 
+impl SumAccumulator {
+    /// The exact sum and count of the valid values of `values`.
+    fn sum_of(&self, values: &ArrayRef) -> Result<(i128, u64)> {
+        let array = as_result_type(values, &self.data_type)?;
+        if array.null_count() == 0 {
+            let sum = match self.data_type {
+                DataType::UInt64 => exact_sum(array.as_primitive::<UInt64Type>().values(), |v| (v >> 32) as i64),
+                _ => exact_sum(array.as_primitive::<Int64Type>().values(), |v| v >> 32),
+            };
+            return Ok((sum, array.len() as u64));
+        }
+        let (mut sum, mut count) = (0i128, 0u64);
+        each_wide(&array, &self.data_type, |_, v| {
+            sum = sum.wrapping_add(v);
+            count += 1;
+        })?;
+        Ok((sum, count))
+    }
+}
+
+/// The exact sum of 64-bit `values` (`high`: a value's upper 32 bits, signed as the type is),
+/// in two 64-bit sums the compiler vectorizes (the lower halves and the upper halves, each safe
+/// from overflow for 2^31 values), as fast as a wrapping sum.
+fn exact_sum<T>(values: &[T], high: impl Fn(T) -> i64) -> i128
+where
+    T: Copy + Into<i128> + std::ops::BitAnd<Output = T> + From<u32>,
+{
+    const CHUNK: usize = 1 << 30;
+    let mut total = 0i128;
+    for chunk in values.chunks(CHUNK) {
+        let (mut low, mut upper) = (0u64, 0i64);
+        for &v in chunk {
+            let low_half: i128 = (v & T::from(u32::MAX)).into();
+            low = low.wrapping_add(low_half as u64);
+            upper = upper.wrapping_add(high(v));
+        }
+        total += (i128::from(upper) << 32) + i128::from(low);
+    }
+    total
+}
+
 impl Accumulator for SumAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        each_wide(values, &self.data_type, |_, v| {
-            self.total = self.total.wrapping_add(v);
-            self.count += 1;
-        })
+        let (sum, count) = self.sum_of(values)?;
+        self.total = self.total.wrapping_add(sum);
+        self.count += count;
+        Ok(())
     }
 
     fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        each_wide(values, &self.data_type, |_, v| {
-            self.total = self.total.wrapping_sub(v);
-            self.count = self.count.saturating_sub(1);
-        })
+        let (sum, count) = self.sum_of(values)?;
+        self.total = self.total.wrapping_sub(sum);
+        self.count = self.count.saturating_sub(count);
+        Ok(())
     }
 
     fn supports_retract_batch(&self) -> bool {
@@ -522,6 +563,16 @@ mod tests {
             run("SELECT sum(v) OVER (ORDER BY g, v ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", rows).await?;
         assert_eq!(ints(&window, 0).len(), 6);
         Ok(())
+    }
+
+    #[test]
+    fn exact_sums_of_halves_equal_128_bit_sums() {
+        let signed = [i64::MAX, i64::MAX, -1, i64::MIN, 12345, -(1 << 40), 1 << 33];
+        let want: i128 = signed.iter().map(|&v| i128::from(v)).sum();
+        assert_eq!(exact_sum(&signed, |v| v >> 32), want);
+        let unsigned = [u64::MAX, u64::MAX, 1, 1 << 63];
+        let want: i128 = unsigned.iter().map(|&v| i128::from(v)).sum();
+        assert_eq!(exact_sum(&unsigned, |v| (v >> 32) as i64), want);
     }
 
     #[test]
