@@ -260,8 +260,8 @@ impl SumAccumulator {
         let array = as_result_type(values, &self.data_type)?;
         if array.null_count() == 0 {
             let sum = match self.data_type {
-                DataType::UInt64 => exact_sum(array.as_primitive::<UInt64Type>().values(), |v| (v >> 32) as i64),
-                _ => exact_sum(array.as_primitive::<Int64Type>().values(), |v| v >> 32),
+                DataType::UInt64 => exact_sum_u64(array.as_primitive::<UInt64Type>().values()),
+                _ => exact_sum_i64(array.as_primitive::<Int64Type>().values()),
             };
             return Ok((sum, array.len() as u64));
         }
@@ -274,25 +274,30 @@ impl SumAccumulator {
     }
 }
 
-/// The exact sum of 64-bit `values` (`high`: a value's upper 32 bits, signed as the type is),
-/// in two 64-bit sums the compiler vectorizes (the lower halves and the upper halves, each safe
-/// from overflow for 2^31 values), as fast as a wrapping sum.
-fn exact_sum<T>(values: &[T], high: impl Fn(T) -> i64) -> i128
-where
-    T: Copy + Into<i128> + std::ops::BitAnd<Output = T> + From<u32>,
-{
-    const CHUNK: usize = 1 << 30;
-    let mut total = 0i128;
-    for chunk in values.chunks(CHUNK) {
-        let (mut low, mut upper) = (0u64, 0i64);
-        for &v in chunk {
-            let low_half: i128 = (v & T::from(u32::MAX)).into();
-            low = low.wrapping_add(low_half as u64);
-            upper = upper.wrapping_add(high(v));
-        }
-        total += (i128::from(upper) << 32) + i128::from(low);
-    }
-    total
+/// The exact sum of `values`, in two 64-bit sums the compiler vectorizes: the values' lower 32
+/// bits and their upper 32 bits (each safe from overflow for 2^31 values), as fast as a wrapping
+/// sum.
+fn exact_sum_i64(values: &[i64]) -> i128 {
+    values
+        .chunks(1 << 30)
+        .map(|chunk| {
+            let low = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v as u64 & 0xFFFF_FFFF));
+            let high = chunk.iter().fold(0i64, |s, &v| s.wrapping_add(v >> 32));
+            (i128::from(high) << 32) + i128::from(low)
+        })
+        .sum()
+}
+
+/// [`exact_sum_i64`] of unsigned values.
+fn exact_sum_u64(values: &[u64]) -> i128 {
+    values
+        .chunks(1 << 30)
+        .map(|chunk| {
+            let low = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v & 0xFFFF_FFFF));
+            let high = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v >> 32));
+            (i128::from(high) << 32) + i128::from(low)
+        })
+        .sum()
 }
 
 impl Accumulator for SumAccumulator {
@@ -569,10 +574,10 @@ mod tests {
     fn exact_sums_of_halves_equal_128_bit_sums() {
         let signed = [i64::MAX, i64::MAX, -1, i64::MIN, 12345, -(1 << 40), 1 << 33];
         let want: i128 = signed.iter().map(|&v| i128::from(v)).sum();
-        assert_eq!(exact_sum(&signed, |v| v >> 32), want);
+        assert_eq!(exact_sum_i64(&signed), want);
         let unsigned = [u64::MAX, u64::MAX, 1, 1 << 63];
         let want: i128 = unsigned.iter().map(|&v| i128::from(v)).sum();
-        assert_eq!(exact_sum(&unsigned, |v| (v >> 32) as i64), want);
+        assert_eq!(exact_sum_u64(&unsigned), want);
     }
 
     #[test]
