@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray, UInt64Array};
 use datafusion::arrow::buffer::NullBuffer;
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::{cast, sum};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Int64Type, UInt64Type};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
 use datafusion::functions_aggregate::sum::Sum;
@@ -35,6 +35,7 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, Expr, GroupsAccumulator, Operator,
     ReversedUDAF, SetMonotonicity, Signature, StatisticsArgs,
 };
+use datafusion::physical_expr::expressions::CastExpr;
 
 /// The `sum` aggregate with checked integer totals. See the module doc.
 #[derive(Debug, Default, PartialEq, Eq, Hash)]
@@ -120,7 +121,7 @@ impl AggregateUDFImpl for CheckedSum {
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         match checked_type(&args) {
             Some(t) if args.is_distinct => Ok(Box::new(DistinctSum::new(t))),
-            Some(t) => Ok(Box::new(SumAccumulator::new(t))),
+            Some(t) => Ok(Box::new(SumAccumulator::new(t, &args))),
             None => self.inner.accumulator(args),
         }
     }
@@ -144,7 +145,7 @@ impl AggregateUDFImpl for CheckedSum {
     fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         match checked_type(&args) {
             Some(t) if args.is_distinct => Ok(Box::new(DistinctSum::new(t))),
-            Some(t) => Ok(Box::new(SumAccumulator::new(t))),
+            Some(t) => Ok(Box::new(SumAccumulator::new(t, &args))),
             None => self.inner.create_sliding_accumulator(args),
         }
     }
@@ -246,18 +247,41 @@ struct SumAccumulator {
     /// Values in the total (a window's frame may empty again).
     count: u64,
     data_type: DataType,
+    /// The argument is a 32-bit or narrower integer widened to the result type (`sum` of an
+    /// `INT` column): a batch's wrapping 64-bit sum, Arrow's fastest, is exact then.
+    narrow: bool,
 }
 
 impl SumAccumulator {
-    fn new(data_type: DataType) -> Self {
-        SumAccumulator { total: 0, count: 0, data_type }
+    fn new(data_type: DataType, args: &AccumulatorArgs) -> Self {
+        SumAccumulator { total: 0, count: 0, data_type, narrow: narrow_argument(args) }
     }
+}
+
+/// True when the aggregate's argument is a cast of an integer of at most 32 bits.
+fn narrow_argument(args: &AccumulatorArgs) -> bool {
+    let Some(cast) = args.exprs.first().and_then(|e| e.downcast_ref::<CastExpr>()) else { return false };
+    cast.expr().data_type(args.schema).is_ok_and(|t| {
+        matches!(
+            t,
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::UInt8 | DataType::UInt16 | DataType::UInt32
+        )
+    })
 }
 
 impl SumAccumulator {
     /// The exact sum and count of the valid values of `values`.
-    fn sum_of(&self, values: &ArrayRef) -> Result<(i128, u64)> {
+    fn sum_of(&self, values: &ArrayRef, narrow: bool) -> Result<(i128, u64)> {
         let array = as_result_type(values, &self.data_type)?;
+        // Values of 32 bits, fewer than 2^31 of them: the sum stays within 2^62.
+        if narrow && array.len() < 1 << 31 {
+            let count = (array.len() - array.null_count()) as u64;
+            let sum = match self.data_type {
+                DataType::UInt64 => sum(array.as_primitive::<UInt64Type>()).map(i128::from),
+                _ => sum(array.as_primitive::<Int64Type>()).map(i128::from),
+            };
+            return Ok((sum.unwrap_or(0), count));
+        }
         if array.null_count() == 0 {
             let sum = match self.data_type {
                 DataType::UInt64 => exact_sum_u64(array.as_primitive::<UInt64Type>().values()),
@@ -274,36 +298,48 @@ impl SumAccumulator {
     }
 }
 
-/// The exact sum of `values`, in two 64-bit sums the compiler vectorizes: the values' lower 32
-/// bits and their upper 32 bits (each safe from overflow for 2^31 values), as fast as a wrapping
-/// sum.
-fn exact_sum_i64(values: &[i64]) -> i128 {
-    values
-        .chunks(1 << 30)
-        .map(|chunk| {
-            let low = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v as u64 & 0xFFFF_FFFF));
-            let high = chunk.iter().fold(0i64, |s, &v| s.wrapping_add(v >> 32));
-            (i128::from(high) << 32) + i128::from(low)
-        })
-        .sum()
+/// Lanes of [`exact_sum`]: eight independent sums, which the compiler turns into vector adds.
+const LANES: usize = 8;
+
+/// The exact sum of 64-bit values, kept as two wrapping 64-bit sums in one pass: of the values'
+/// lower 32 bits, and of their upper 32 bits (`upper`, signed as the type is). Each is safe from
+/// overflow for 2^31 values, so the values are taken 2^30 at a time. Written in lanes, as
+/// Arrow's own `sum` is, so that it runs about as fast.
+fn exact_sum<T: Copy>(values: &[T], lower: impl Fn(T) -> u64 + Copy, upper: impl Fn(T) -> i64 + Copy) -> i128 {
+    let mut total = 0i128;
+    for part in values.chunks(1 << 30) {
+        let (mut low, mut high) = ([0u64; LANES], [0i64; LANES]);
+        let lanes = part.chunks_exact(LANES);
+        let rest = lanes.remainder();
+        for chunk in lanes {
+            for i in 0..LANES {
+                low[i] = low[i].wrapping_add(lower(chunk[i]));
+                high[i] = high[i].wrapping_add(upper(chunk[i]));
+            }
+        }
+        for &v in rest {
+            low[0] = low[0].wrapping_add(lower(v));
+            high[0] = high[0].wrapping_add(upper(v));
+        }
+        let low: i128 = low.iter().map(|&l| i128::from(l)).sum();
+        let high: i128 = high.iter().map(|&h| i128::from(h)).sum();
+        total += (high << 32) + low;
+    }
+    total
 }
 
-/// [`exact_sum_i64`] of unsigned values.
+fn exact_sum_i64(values: &[i64]) -> i128 {
+    exact_sum(values, |v| v as u64 & 0xFFFF_FFFF, |v| v >> 32)
+}
+
 fn exact_sum_u64(values: &[u64]) -> i128 {
-    values
-        .chunks(1 << 30)
-        .map(|chunk| {
-            let low = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v & 0xFFFF_FFFF));
-            let high = chunk.iter().fold(0u64, |s, &v| s.wrapping_add(v >> 32));
-            (i128::from(high) << 32) + i128::from(low)
-        })
-        .sum()
+    exact_sum(values, |v| v & 0xFFFF_FFFF, |v| (v >> 32) as i64)
 }
 
 impl Accumulator for SumAccumulator {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        let (sum, count) = self.sum_of(values)?;
+        let (sum, count) = self.sum_of(values, self.narrow)?;
         self.total = self.total.wrapping_add(sum);
         self.count += count;
         Ok(())
@@ -311,7 +347,7 @@ impl Accumulator for SumAccumulator {
 
     fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         let Some(values) = values.first() else { return exec_err!("sum takes one argument") };
-        let (sum, count) = self.sum_of(values)?;
+        let (sum, count) = self.sum_of(values, self.narrow)?;
         self.total = self.total.wrapping_sub(sum);
         self.count = self.count.saturating_sub(count);
         Ok(())
@@ -322,7 +358,12 @@ impl Accumulator for SumAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        self.update_batch(states)
+        // Partial totals are 64-bit values: added exactly.
+        let Some(states) = states.first() else { return exec_err!("sum has one state column") };
+        let (sum, count) = self.sum_of(states, false)?;
+        self.total = self.total.wrapping_add(sum);
+        self.count += count;
+        Ok(())
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
@@ -570,11 +611,38 @@ mod tests {
         Ok(())
     }
 
+    #[tokio::test]
+    async fn sums_of_int_columns_take_the_fast_path_and_are_exact() -> Result<()> {
+        use datafusion::arrow::array::Int32Array;
+        let ctx = SessionContext::new();
+        ctx.register_udaf(checked_sum_udaf().as_ref().clone());
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int32, true)]));
+        let values = Int32Array::from(vec![Some(i32::MAX), None, Some(i32::MAX), Some(i32::MIN), Some(i32::MAX)]);
+        ctx.register_batch("t", RecordBatch::try_new(schema, vec![Arc::new(values)])?)?;
+        let batches = ctx.sql("SELECT sum(n), sum(n) FILTER (WHERE n < 0), count(n) FROM t").await?.collect().await?;
+        assert_eq!(ints(&batches, 0), [Some(2 * i64::from(i32::MAX) - 1)]);
+        assert_eq!(ints(&batches, 1), [Some(i64::from(i32::MIN))]);
+        Ok(())
+    }
+
     #[test]
     fn exact_sums_of_halves_equal_128_bit_sums() {
         let signed = [i64::MAX, i64::MAX, -1, i64::MIN, 12345, -(1 << 40), 1 << 33];
         let want: i128 = signed.iter().map(|&v| i128::from(v)).sum();
         assert_eq!(exact_sum_i64(&signed), want);
+        // Enough values to fill the lanes, extremes among them.
+        let many: Vec<i64> = (0..1003i64)
+            .map(|i| match i % 3 {
+                0 => i64::MAX - i,
+                1 => i64::MIN + i,
+                _ => -(i << 40),
+            })
+            .collect();
+        let want: i128 = many.iter().map(|&v| i128::from(v)).sum();
+        assert_eq!(exact_sum_i64(&many), want);
+        let many: Vec<u64> = (0..1003u64).map(|i| u64::MAX - i * (1 << 50)).collect();
+        let want: i128 = many.iter().map(|&v| i128::from(v)).sum();
+        assert_eq!(exact_sum_u64(&many), want);
         let unsigned = [u64::MAX, u64::MAX, 1, 1 << 63];
         let want: i128 = unsigned.iter().map(|&v| i128::from(v)).sum();
         assert_eq!(exact_sum_u64(&unsigned), want);
