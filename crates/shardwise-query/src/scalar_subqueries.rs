@@ -30,7 +30,7 @@ use datafusion::functions_aggregate::first_last::first_value_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, ScalarFunction, Sort};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::logical_plan::{FetchType, SkipType};
+use datafusion::logical_expr::logical_plan::{FetchType, Projection, SkipType};
 use datafusion::logical_expr::utils::{AggregateOrderSensitivity, format_state_name};
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, LogicalPlan, LogicalPlanBuilder,
@@ -126,17 +126,8 @@ fn first_row(plan: &LogicalPlan) -> Result<Option<FirstRow>> {
     loop {
         match node {
             LogicalPlan::Projection(p) => {
-                let index = match &column {
-                    None => 0,
-                    Some(c) => match p.schema.index_of_column(c) {
-                        Ok(i) => i,
-                        Err(_) => return Ok(None),
-                    },
-                };
-                match p.expr.get(index).map(|e| e.clone().unalias_nested().data) {
-                    Some(Expr::Column(c)) => column = Some(c),
-                    _ => return Ok(None),
-                }
+                let Some(passed) = passed_on(p, column.as_ref()) else { return Ok(None) };
+                column = Some(passed);
                 node = &p.input;
             }
             LogicalPlan::SubqueryAlias(a) => {
@@ -172,14 +163,10 @@ fn ordered_below(plan: &LogicalPlan, mut column: Option<datafusion::common::Colu
     loop {
         match node {
             LogicalPlan::Projection(p) => {
-                let index = match &column {
-                    None => 0,
-                    Some(c) => p.schema.index_of_column(c).ok()?,
-                };
-                match p.expr.get(index).map(|e| e.clone().unalias_nested().data) {
-                    Some(Expr::Column(c)) => column = Some(c),
-                    _ if has_sort(&p.input) => return None,
-                    _ => break,
+                match passed_on(p, column.as_ref()) {
+                    Some(passed) => column = Some(passed),
+                    None if has_sort(&p.input) => return None,
+                    None => break,
                 }
                 node = &p.input;
             }
@@ -195,6 +182,19 @@ fn ordered_below(plan: &LogicalPlan, mut column: Option<datafusion::common::Colu
     let column = column.unwrap_or_else(|| first_column(node));
     node.schema().index_of_column(&column).ok()?;
     Some(FirstRow { below: node.clone(), column: Expr::Column(column), order_by: Vec::new() })
+}
+
+/// The column of `p`'s input that its output `column` (`None`: its first) passes on, renamed or
+/// not; `None` when the projection computes it or has no such column.
+fn passed_on(p: &Projection, column: Option<&datafusion::common::Column>) -> Option<datafusion::common::Column> {
+    let index = match column {
+        None => 0,
+        Some(c) => p.schema.index_of_column(c).ok()?,
+    };
+    match p.expr.get(index)?.clone().unalias_nested().data {
+        Expr::Column(c) => Some(c),
+        _ => None,
+    }
 }
 
 /// True when an ORDER BY is under `plan`, through projections.
@@ -417,6 +417,14 @@ mod tests {
         let out =
             run("SELECT k, (SELECT ts FROM u WHERE u.k = t.k ORDER BY s LIMIT 1) AS ts FROM t ORDER BY k").await?;
         assert!(out.contains("| 2 | 30 |"), "{out}");
+        // Without ORDER BY, any one row: here only whether there is one.
+        let out =
+            run("SELECT k, (SELECT ts FROM u WHERE u.k = t.k LIMIT 1) IS NOT NULL AS has FROM t ORDER BY k").await?;
+        assert_eq!(
+            out.lines().skip(3).take(3).collect::<Vec<_>>(),
+            ["| 1 | true  |", "| 2 | true  |", "| 3 | false |"],
+            "{out}"
+        );
         Ok(())
     }
 
