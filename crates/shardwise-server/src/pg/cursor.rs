@@ -9,7 +9,9 @@
 //! (errors then, nothing runs) and starts at the first `FETCH`; each `FETCH` takes the next rows
 //! of the running query, so an open cursor holds the query's stream, not its answer. Cursors
 //! are forward only (PostgreSQL's `NO SCROLL`): `FETCH PRIOR`, `BACKWARD`, `ABSOLUTE`,
-//! `RELATIVE`, `FIRST` and `LAST` are refused. A cursor `WITHOUT HOLD` (the default) closes at
+//! `RELATIVE`, `FIRST` and `LAST` are refused. A `FETCH` whose query fails part-way leaves the
+//! cursor failed: every later `FETCH` says so (the rows after the error are lost), as
+//! PostgreSQL's failed portals do. A cursor `WITHOUT HOLD` (the default) closes at
 //! `COMMIT` or `ROLLBACK`, as in PostgreSQL; one `WITH HOLD` lasts until `CLOSE` or the end of
 //! the connection. A connection holds at most [`MAX_CURSORS_PER_CONNECTION`].
 
@@ -65,6 +67,8 @@ pub enum Count {
 pub struct CursorInfo {
     pub schema: SchemaRef,
     pub hold: bool,
+    /// Why a `FETCH` failed part-way: the rows after it are lost, so the cursor answers no more.
+    pub failed: Option<String>,
 }
 
 /// A connection's open cursors by name.
@@ -109,11 +113,17 @@ impl Handler {
                 let statement = Statement { sql: query, schema: Some(Arc::clone(&schema)), parameters: false };
                 let stored = Arc::new(StoredStatement::new(name.clone(), statement, Vec::new()));
                 portals.put_portal(Arc::new(Portal::new_cursor(name.clone(), stored)));
-                self.open_cursors().insert(name, CursorInfo { schema, hold });
+                self.open_cursors().insert(name, CursorInfo { schema, hold, failed: None });
                 Ok(Response::Execution(Tag::new("DECLARE CURSOR")))
             }
             Command::Fetch { name, count, skip } => {
                 let info = self.open_cursors().get(&name).cloned().ok_or_else(|| no_cursor(&name))?;
+                if let Some(why) = &info.failed {
+                    return Err(error(
+                        "24000",
+                        format!("cursor \"{name}\" failed in an earlier FETCH ({why}); CLOSE it and DECLARE it again"),
+                    ));
+                }
                 let Some(Entry::Value(portal)) = portals.get_portal(&name) else { return Err(no_cursor(&name)) };
                 let state = portal.state();
                 let (started, finished) = match *state.lock().await {
@@ -142,7 +152,17 @@ impl Handler {
                     let rows = self.query_rows(&portal.statement.statement.sql, format, cancel).await?;
                     portal.start(rows).await;
                 }
-                let mut fetched = portal.fetch(max_rows).await?;
+                let mut fetched = match portal.fetch(max_rows).await {
+                    Ok(fetched) => fetched,
+                    Err(e) => {
+                        // The query failed part-way: what follows would not be its answer.
+                        portals.rm_portal(&name);
+                        if let Some(cursor) = self.open_cursors().get_mut(&name) {
+                            cursor.failed = Some(e.to_string());
+                        }
+                        return Err(e);
+                    }
+                };
                 if skip {
                     let skipped = fetched.response.data_rows().count().await;
                     return Ok(Response::Execution(Tag::new(tag).with_rows(skipped)));

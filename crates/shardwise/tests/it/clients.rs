@@ -310,6 +310,21 @@ with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwi
         cc.commit()
         rows = cur.fetchall()
         assert rows == [(4,)], rows
+    # A FETCH whose query fails leaves the cursor failed: no later FETCH answers rows.
+    cc.execute("DECLARE f CURSOR WITH HOLD FOR SELECT 10 / (id - 2) FROM sales")
+    try:
+        cc.execute("FETCH ALL FROM f")
+        raise SystemExit("a failing cursor query answered")
+    except psycopg.Error as e:
+        assert "Divide by zero" in str(e), e
+    cc.rollback()
+    try:
+        cc.execute("FETCH ALL FROM f")
+        raise SystemExit("a failed cursor answered again")
+    except psycopg.errors.InvalidCursorState as e:
+        assert "failed in an earlier FETCH" in str(e), e
+    cc.rollback()
+    cc.execute("CLOSE f")
     try:
         with cc.cursor(name="bad") as cur:
             cur.execute("SELECT nosuch FROM sales")
