@@ -76,6 +76,20 @@ fn as_aggregate(sq: Subquery) -> Result<Transformed<Expr>> {
         return Ok(Transformed::no(Expr::ScalarSubquery(sq)));
     }
     let name = fields[0].name().clone();
+    // `(SELECT int_col ... LIMIT 1) + 100`: type coercion put a cast of the column over the
+    // subquery; the rows under it are read as below, then cast.
+    if let LogicalPlan::Projection(p) = plan
+        && let [cast] = p.expr.as_slice()
+        && matches!(cast.clone().unalias_nested().data, Expr::Cast(_) | Expr::TryCast(_))
+        && let Some(FirstRow { below, column, order_by }) = first_row(&p.input)?
+    {
+        let (qualifier, field) = p.input.schema().qualified_field(0);
+        let first = AggregateFunction::new_udf(first_value_udaf(), vec![column], false, None, order_by, None);
+        let first = Expr::AggregateFunction(first).alias_qualified(qualifier.cloned(), field.name());
+        let rows = LogicalPlanBuilder::from(below).aggregate(Vec::<Expr>::new(), vec![first])?.build()?;
+        let cast = LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(rows))?);
+        return Ok(Transformed::yes(Expr::ScalarSubquery(Subquery { subquery: Arc::new(cast), ..sq })));
+    }
     let new_plan = match first_row(plan)? {
         Some(FirstRow { below, column, order_by }) => {
             let first = AggregateFunction::new_udf(first_value_udaf(), vec![column], false, None, order_by, None);
@@ -417,6 +431,13 @@ mod tests {
         let out =
             run("SELECT k, (SELECT ts FROM u WHERE u.k = t.k ORDER BY s LIMIT 1) AS ts FROM t ORDER BY k").await?;
         assert!(out.contains("| 2 | 30 |"), "{out}");
+        // Cast by type coercion: an INT subquery added to a BIGINT, compared with one.
+        let out = run(
+            "SELECT k, (SELECT CAST(ts AS INT) AS i FROM u WHERE u.k = t.k ORDER BY ts DESC LIMIT 1) + 100 AS later FROM t \
+             WHERE (SELECT CAST(ts AS INT) AS i FROM u WHERE u.k = t.k ORDER BY ts LIMIT 1) > 0 ORDER BY k",
+        )
+        .await?;
+        assert_eq!(out.lines().skip(3).take(2).collect::<Vec<_>>(), ["| 1 | 101   |", "| 2 | 130   |"], "{out}");
         // Without ORDER BY, any one row: here only whether there is one.
         let out =
             run("SELECT k, (SELECT ts FROM u WHERE u.k = t.k LIMIT 1) IS NOT NULL AS has FROM t ORDER BY k").await?;

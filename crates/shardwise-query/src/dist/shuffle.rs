@@ -334,9 +334,9 @@ impl Stage1 {
     async fn run(self, plan: Arc<dyn ExecutionPlan>, mut senders: Vec<Option<mpsc::Sender<Result<RecordBatch>>>>) {
         if let Err(e) = self.send_all(plan, &mut senders).await {
             let message = format!("shuffle stage 1 of shard {} on rank {}: {e}", self.header.shard, self.rank);
+            let user_error = QueryError::is_user_error_of(&e);
             for tx in senders.iter().flatten() {
-                let error = QueryError::Unavailable(message.clone());
-                let _ = tx.send(Err(DataFusionError::External(Box::new(error)))).await;
+                let _ = tx.send(Err(classed(user_error, message.clone()))).await;
             }
         }
     }
@@ -556,9 +556,10 @@ impl ShuffleReaderExec {
                     return Ok(rows
                         .map(move |batch| match batch {
                             Ok(b) => super::with_schema(&schema, &b),
-                            Err(e) => Err(DataFusionError::External(Box::new(QueryError::Unavailable(format!(
-                                "shuffle: bucket {bucket} of shard {shard} from rank {rank} failed: {e}"
-                            ))))),
+                            Err(e) => Err(classed(
+                                e.is_user_error(),
+                                format!("shuffle: bucket {bucket} of shard {shard} from rank {rank} failed: {e}"),
+                            )),
                         })
                         .boxed());
                 }
@@ -586,6 +587,16 @@ pub fn exchanged(plan: &Arc<dyn ExecutionPlan>) -> (u64, u64) {
         Ok(TreeNodeRecursion::Continue)
     });
     (rows, bytes)
+}
+
+/// A shuffle failure as the query's error: the query's own (an overflow, a division by zero: the
+/// same on every replica, so not retried elsewhere) or the node's (it is).
+fn classed(user_error: bool, message: String) -> DataFusionError {
+    let error = match user_error {
+        true => QueryError::Rejected(message),
+        false => QueryError::Unavailable(message),
+    };
+    DataFusionError::External(Box::new(error))
 }
 
 #[cfg(test)]
