@@ -187,9 +187,12 @@ fn overflow_error(e: DataFusionError, op: CheckedOp, data_type: &DataType) -> Da
     match arrow {
         ArrowError::ArithmeticOverflow(detail) => {
             let detail = detail.strip_prefix("Overflow happened on: ").unwrap_or(detail);
+            let wider = match data_type {
+                DataType::Int64 | DataType::UInt64 => "CAST(x AS DECIMAL(38, 0))",
+                _ => "CAST(x AS BIGINT), or DECIMAL(38, 0)",
+            };
             DataFusionError::Execution(format!(
-                "integer overflow in {}: {detail} does not fit in {data_type}; widen an operand first \
-                 (CAST(x AS BIGINT), or DECIMAL(38, 0))",
+                "integer overflow in {}: {detail} does not fit in {data_type}; widen an operand first ({wider})",
                 op.words()
             ))
         }
@@ -237,6 +240,7 @@ mod tests {
         assert!(e.contains("CAST(x AS BIGINT)"), "{e}");
         let e = error("SELECT b + 1 FROM t").await;
         assert!(e.contains("integer overflow in addition") && e.contains("Int64"), "{e}");
+        assert!(e.contains("(CAST(x AS DECIMAL(38, 0)))") && !e.contains("BIGINT"), "{e}");
         let e = error("SELECT b - 1 FROM t").await;
         assert!(e.contains("integer overflow in subtraction"), "{e}");
         let e = error("SELECT -b FROM t WHERE b < 0").await;

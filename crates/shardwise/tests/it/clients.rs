@@ -315,7 +315,7 @@ with psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwi
     try:
         cc.execute("FETCH ALL FROM f")
         raise SystemExit("a failing cursor query answered")
-    except psycopg.Error as e:
+    except psycopg.errors.DivisionByZero as e:
         assert "Divide by zero" in str(e), e
     cc.rollback()
     try:
