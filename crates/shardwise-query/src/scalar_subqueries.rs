@@ -84,18 +84,12 @@ fn as_aggregate(sq: Subquery) -> Result<Transformed<Expr>> {
         && let Some(FirstRow { below, column, order_by }) = first_row(&p.input)?
     {
         let (qualifier, field) = p.input.schema().qualified_field(0);
-        let first = AggregateFunction::new_udf(first_value_udaf(), vec![column], false, None, order_by, None);
-        let first = Expr::AggregateFunction(first).alias_qualified(qualifier.cloned(), field.name());
-        let rows = LogicalPlanBuilder::from(below).aggregate(Vec::<Expr>::new(), vec![first])?.build()?;
+        let rows = FirstRow { below, column, order_by }.aggregated(qualifier.cloned(), field.name())?;
         let cast = LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(rows))?);
         return Ok(Transformed::yes(Expr::ScalarSubquery(Subquery { subquery: Arc::new(cast), ..sq })));
     }
     let new_plan = match first_row(plan)? {
-        Some(FirstRow { below, column, order_by }) => {
-            let first = AggregateFunction::new_udf(first_value_udaf(), vec![column], false, None, order_by, None);
-            LogicalPlanBuilder::from(below)
-                .aggregate(Vec::<Expr>::new(), vec![Expr::AggregateFunction(first).alias(name)])?
-        }
+        Some(first) => LogicalPlanBuilder::from(first.aggregated(None, &name)?),
         None if plan.max_rows().is_some_and(|rows| rows <= 1) => return Ok(Transformed::no(Expr::ScalarSubquery(sq))),
         None => {
             // The aggregate counts the rows; the check runs on the outer query's rows, after the
@@ -130,6 +124,16 @@ struct FirstRow {
     /// The output column, as a column of `below`.
     column: Expr,
     order_by: Vec<Sort>,
+}
+
+impl FirstRow {
+    /// `first_value(column ORDER BY ...)` over `below`, one row named `qualifier.name`.
+    fn aggregated(self, qualifier: Option<datafusion::common::TableReference>, name: &str) -> Result<LogicalPlan> {
+        let FirstRow { below, column, order_by } = self;
+        let first = AggregateFunction::new_udf(first_value_udaf(), vec![column], false, None, order_by, None);
+        let first = Expr::AggregateFunction(first).alias_qualified(qualifier, name);
+        LogicalPlanBuilder::from(below).aggregate(Vec::<Expr>::new(), vec![first])?.build()
+    }
 }
 
 /// `plan` as a [`FirstRow`], when it is one: the projections above the LIMIT may only pass the
