@@ -191,6 +191,8 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
             // Correlated scalar subqueries without an aggregate (see `crate::scalar_subqueries`).
             .with_analyzer_rule(Arc::new(crate::scalar_subqueries::ScalarSubqueryRows))
+            // ... and those DataFusion cannot join, per outer row (see `crate::numbered_subqueries`).
+            .with_analyzer_rule(Arc::new(crate::numbered_subqueries::NumberedOuterRows))
             .with_physical_optimizer_rule(Arc::new(GroupTopKRule));
         // String GROUP BY keys grouped as Utf8View (see `crate::view_keys`).
         // Both read group estimates from one cache (see `crate::dist::estimate`).

@@ -17,6 +17,9 @@
 use std::sync::{Arc, OnceLock};
 
 use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
 use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
 use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 
@@ -26,6 +29,12 @@ use crate::error::QueryError;
 pub fn install(ctx: &SessionContext, catalog: &str) -> Result<(), QueryError> {
     datafusion_pg_catalog::setup_pg_catalog(ctx, catalog, EmptyContextProvider)
         .map_err(|e| QueryError::Internal(*e))?;
+    // shardwise has no indexes (see `crate::pg_catalog_tables`).
+    if let Some(provider) = ctx.catalog(catalog)
+        && let Some(schema) = provider.schema("pg_catalog")
+    {
+        provider.register_schema("pg_catalog", crate::pg_catalog_tables::wrap(schema)).map_err(QueryError::Internal)?;
+    }
     // What psql's `\dt+`, `\dn+` and `\df` call besides, and the crate lacks or makes up.
     crate::pg_functions::register(ctx);
     crate::pg_json::register(ctx);
@@ -48,8 +57,55 @@ pub fn rewrite(sql: &str) -> Option<String> {
     let parser = PARSER.get_or_init(|| Arc::new(PostgresCompatibilityParser::new()));
     let mut statements = parser.parse(sql).ok()?;
     let statement = statements.pop().filter(|_| statements.is_empty())?;
+    let statement = keeping_subqueries(sql, statement);
+    let statement = crate::pg_vectors::rewrite(statement);
     let rewritten = statement.to_string();
     (rewritten != sql.trim().trim_end_matches(';').trim()).then_some(rewritten)
+}
+
+/// `sql` rewritten by the crate's rules except `RemoveSubqueryFromProjection`, which replaces
+/// every correlated subquery of a SELECT list by NULL (made for engines that cannot run them;
+/// `crate::scalar_subqueries` and `crate::numbered_subqueries` run them, and a NULL where
+/// PostgreSQL gives a value is a wrong answer) and puts `LIMIT 1` on the others (where
+/// PostgreSQL fails on a second row). `crate_statement`, the crate's own rewrite, when its
+/// whole-statement substitutions (client queries it replaces by name) changed the statement:
+/// those are kept.
+fn keeping_subqueries(sql: &str, crate_statement: Statement) -> Statement {
+    use datafusion_pg_catalog::sql::rules::*;
+    let Ok(mut parsed) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else { return crate_statement };
+    let (Some(parsed), true) = (parsed.pop(), parsed.is_empty()) else { return crate_statement };
+    static RULES: OnceLock<Vec<Box<dyn SqlStatementRewriteRule>>> = OnceLock::new();
+    // The crate's list (`PostgresCompatibilityParser::new`) in its order, one rule left out.
+    let rules = RULES.get_or_init(|| {
+        vec![
+            Box::new(AliasDuplicatedProjectionRewrite),
+            Box::new(ResolveUnqualifiedIdentifier),
+            Box::new(RewriteArrayAnyAllOperation),
+            Box::new(PrependUnqualifiedPgTableName),
+            Box::new(StripCallableQualifier),
+            Box::new(FixArrayLiteral),
+            Box::new(CurrentUserVariableToSessionUserFunctionCall),
+            Box::new(StripCollate),
+            Box::new(RewritePgCatalogOperator),
+            Box::new(RewriteRegCastToSubquery::new()),
+            Box::new(FixVersionColumnName),
+        ]
+    });
+    let apply = |mut s: Statement, with_removal: bool| {
+        for (i, rule) in rules.iter().enumerate() {
+            if with_removal && i + 1 == rules.len() {
+                s = RemoveSubqueryFromProjection.rewrite(s);
+            }
+            s = rule.rewrite(s);
+        }
+        s
+    };
+    // The crate's rewrite of the statement as parsed here equals its own output unless a
+    // substitution by name happened first.
+    if apply(parsed.clone(), true) != crate_statement {
+        return crate_statement;
+    }
+    apply(parsed, false)
 }
 
 #[cfg(test)]
@@ -70,6 +126,25 @@ mod tests {
         assert!(!out.contains("OPERATOR"), "{out}");
         assert!(!out.to_ascii_uppercase().contains("COLLATE"), "{out}");
         assert!(out.contains("~"), "{out}");
+    }
+
+    #[test]
+    fn correlated_subqueries_are_kept_and_named_client_queries_still_replaced() {
+        let sql = "SELECT a.attname, (SELECT d.adbin FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid) \
+                   FROM pg_catalog.pg_attribute a";
+        assert_eq!(rewrite(sql), None, "nothing to change");
+        let sql = "SELECT a.attname, (SELECT d.adbin FROM pg_attrdef d WHERE d.adrelid = a.attrelid) \
+                   FROM pg_attribute a WHERE a.attname OPERATOR(pg_catalog.~) '^k$'";
+        let out = rewrite(sql).expect("rewritten");
+        assert!(out.contains("(SELECT d.adbin FROM pg_catalog.pg_attrdef d WHERE d.adrelid = a.attrelid)"), "{out}");
+        assert!(!out.contains("LIMIT"), "{out}");
+        // grafana's search_path lookup, which the crate replaces by name.
+        let sql = "SELECT 1 FROM pg_namespace WHERE nspname IN (SELECT CASE WHEN trim(s[i]) = '\"$user\"' THEN user \
+                   ELSE trim(s[i]) END FROM generate_series(array_lower(string_to_array(current_setting('search_path'),','),1), \
+                   array_upper(string_to_array(current_setting('search_path'),','),1)) as i, \
+                   string_to_array(current_setting('search_path'),',') s)";
+        let out = rewrite(sql).expect("rewritten");
+        assert!(out.contains("IN ('')"), "{out}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - `pg_function_is_visible`, `pg_collation_is_visible`: true, since every function `pg_proc`
 //!   lists and every collation is in `pg_catalog`, which is always on the search path.
 //! - `pg_get_serial_sequence`: NULL, since no column has a sequence behind it.
+//! - `pg_get_indexdef`: NULL, since there is no index (`crate::pg_catalog_tables`).
 //! - `pg_table_size`, `pg_relation_size`, `pg_total_relation_size`, `pg_indexes_size`: NULL,
 //!   since a table's bytes are spread over its shards' nodes and `system.shards` has them. The
 //!   crate's versions return 0, which would read as "empty".
@@ -14,6 +15,7 @@
 //! - `to_regtype(name)`: the type's OID (PostgreSQL's, as `pg_type` lists them) for the built-in
 //!   types shardwise's columns map to and their usual names (`integer`, `character varying`),
 //!   NULL for any other name (psycopg 3 asks for `hstore` this way when SQLAlchemy connects).
+//! - `current_setting(name)`: see `crate::pg_settings`.
 //! - `version()`: `PostgreSQL 16.6 on x86_64-linux (shardwise 0.1.0, Apache DataFusion 55.2.0)`,
 //!   the form other engines that speak PostgreSQL's protocol use (Redshift, Materialize), since
 //!   client libraries read the PostgreSQL version from it (SQLAlchemy refuses to connect without
@@ -32,7 +34,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::SessionContext;
 
-/// A function of one or two arguments (of any type) that always answers `value` (NULL or true)
+/// A function of one to three arguments (of any type) that always answers `value` (NULL or true)
 /// as `return_type`.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct Constant {
@@ -44,7 +46,8 @@ struct Constant {
 
 impl Constant {
     fn udf(name: &'static str, return_type: DataType, value: Option<bool>) -> ScalarUDF {
-        let signature = Signature::one_of(vec![TypeSignature::Any(1), TypeSignature::Any(2)], Volatility::Stable);
+        let arities = vec![TypeSignature::Any(1), TypeSignature::Any(2), TypeSignature::Any(3)];
+        let signature = Signature::one_of(arities, Volatility::Stable);
         ScalarUDF::new_from_impl(Constant { name, signature, return_type, value })
     }
 }
@@ -199,6 +202,9 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(Constant::udf("pg_collation_is_visible", DataType::Boolean, Some(true)));
     // No column has a sequence behind it (SQLAlchemy asks for each when it reflects a table).
     ctx.register_udf(Constant::udf("pg_get_serial_sequence", DataType::Utf8, None));
+    ctx.register_udf(crate::pg_settings::current_setting_udf());
+    // No index exists (see `crate::pg_catalog_tables`); SQLAlchemy's index listing names it.
+    ctx.register_udf(Constant::udf("pg_get_indexdef", DataType::Utf8, None));
     let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Immutable);
     ctx.register_udf(ScalarUDF::new_from_impl(SizePretty { signature }));
     // `version()` replaces DataFusion's.

@@ -385,33 +385,11 @@ impl ScalarUDFImpl for SingleRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
-    use datafusion::arrow::datatypes::Schema;
     use datafusion::arrow::util::pretty::pretty_format_batches;
-    use datafusion::prelude::SessionContext;
 
+    /// The two tables of `crate::numbered_subqueries`'s tests, with both rules.
     async fn run(sql: &str) -> Result<String> {
-        let ctx = SessionContext::new();
-        ctx.add_analyzer_rule(Arc::new(ScalarSubqueryRows));
-        ctx.register_udaf(single_value_udaf().as_ref().clone());
-        ctx.register_udf(single_row_udf().as_ref().clone());
-        let t = Schema::new(vec![Field::new("k", DataType::Int64, false)]);
-        let t = RecordBatch::try_new(Arc::new(t), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))])?;
-        ctx.register_batch("t", t)?;
-        let u = Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("s", DataType::Utf8, true),
-            Field::new("ts", DataType::Int64, false),
-        ]);
-        let u = RecordBatch::try_new(
-            Arc::new(u),
-            vec![
-                Arc::new(Int64Array::from(vec![1, 2, 2, 2])),
-                Arc::new(StringArray::from(vec![Some("a"), Some("old"), Some("new"), None])),
-                Arc::new(Int64Array::from(vec![1, 10, 30, 20])),
-            ],
-        )?;
-        ctx.register_batch("u", u)?;
+        let ctx = crate::numbered_subqueries::tests::context()?;
         let batches = ctx.sql(sql).await?.collect().await?;
         Ok(pretty_format_batches(&batches)?.to_string())
     }

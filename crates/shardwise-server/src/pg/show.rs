@@ -1,32 +1,11 @@
 //! `SHOW` of PostgreSQL's own run-time parameters, which drivers ask for when they connect:
 //! SQLAlchemy's PostgreSQL dialect reads `SHOW transaction isolation level` and `SHOW
 //! standard_conforming_strings`, JDBC and psql others. Each is answered with what holds for
-//! shardwise (every statement applies on its own, which is at least `read committed`; strings
-//! are standard; text is UTF-8) as a one-row result named after the parameter, as PostgreSQL
-//! names it. `SHOW` of shardwise's own settings goes to the engine, as before.
+//! shardwise (`shardwise_query::pg_settings`) as a one-row result named after the parameter, as
+//! PostgreSQL names it. `SHOW` of shardwise's own settings goes to the engine, as before.
 
-/// A PostgreSQL parameter and the value shardwise answers for it.
-const PARAMETERS: &[(&str, &str)] = &[
-    ("transaction_isolation", "read committed"),
-    ("default_transaction_isolation", "read committed"),
-    ("transaction_read_only", "off"),
-    ("default_transaction_read_only", "off"),
-    ("standard_conforming_strings", "on"),
-    ("server_version", shardwise_query::pg_functions::POSTGRES_VERSION),
-    ("server_version_num", "160006"),
-    ("server_encoding", "UTF8"),
-    ("client_encoding", "UTF8"),
-    ("datestyle", "ISO, MDY"),
-    ("intervalstyle", "postgres"),
-    ("timezone", "UTC"),
-    ("integer_datetimes", "on"),
-    ("max_identifier_length", "63"),
-    ("search_path", "public"),
-    ("bytea_output", "hex"),
-    ("lc_collate", "C.UTF-8"),
-    ("lc_ctype", "C.UTF-8"),
-    ("is_superuser", "on"),
-];
+/// The parameters and their values (shared with `current_setting`).
+use shardwise_query::pg_settings::POSTGRES_PARAMETERS as PARAMETERS;
 
 /// The `SELECT` that answers `sql` when it is `SHOW` of one of [`PARAMETERS`]; `None` for any
 /// other statement.

@@ -340,6 +340,18 @@ with engine.connect() as sa:
     assert sizes == [3, 1], sizes
     inspector = sqlalchemy.inspect(sa)
     assert "sales" in inspector.get_table_names(), inspector.get_table_names()
+    # Reflection, as pandas.read_sql_table and schema browsers use it: columns with their types,
+    # and no keys, indexes or constraints (shardwise has none).
+    columns = [(c["name"], str(c["type"]), c["nullable"], c["default"]) for c in inspector.get_columns("sales")]
+    assert columns == [("id", "BIGINT", True, None), ("region", "TEXT", True, None),
+                       ("amount", "DOUBLE PRECISION", True, None), ("day", "DATE", True, None)], columns
+    assert inspector.get_pk_constraint("sales")["constrained_columns"] == []
+    assert inspector.get_indexes("sales") == []
+    assert inspector.get_unique_constraints("sales") == []
+    assert inspector.get_foreign_keys("sales") == []
+    table = sqlalchemy.Table("sales", sqlalchemy.MetaData(), autoload_with=sa)
+    counted = sa.execute(sqlalchemy.select(sqlalchemy.func.count()).select_from(table)).scalar()
+    assert counted == sa.execute(sqlalchemy.text("SELECT count(*) FROM sales")).scalar() > 0, counted
 try:
     psycopg.connect(host="{host}", port={port}, user="default", dbname="other")
     raise SystemExit("connected to another database")

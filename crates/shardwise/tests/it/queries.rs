@@ -1118,6 +1118,22 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
     assert_eq!(one, vec![vec!["1", "x"], vec!["3", ""], vec!["4", "w"]]);
     let e = c.sql_err(1, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k) FROM sj WHERE k < 3");
     assert!(e.contains("more than one row returned by a subquery used as an expression"), "{e}");
+    // Correlated by inequalities (per outer row, see `numbered_subqueries`), against the same
+    // answers written as a LEFT JOIN and a GROUP BY, which DataFusion plans as it always has.
+    let per_row = c.sql(
+        0,
+        "SELECT k, (SELECT count(*) FROM ev WHERE ev.ts > sj.k) AS n,          (SELECT min(ev.s) FROM ev WHERE ev.k = sj.k AND ev.ts > sj.k - 4) AS s FROM sj WHERE k < 8 ORDER BY k",
+    );
+    let joined = c.sql(
+        1,
+        "SELECT a.k, a.n, b.s FROM          (SELECT sj.k, count(ev.ts) AS n FROM sj LEFT JOIN ev ON ev.ts > sj.k WHERE sj.k < 8 GROUP BY sj.k) a JOIN          (SELECT sj.k, min(ev.s) AS s FROM sj LEFT JOIN ev ON ev.k = sj.k AND ev.ts > sj.k - 4 WHERE sj.k < 8           GROUP BY sj.k) b ON a.k = b.k ORDER BY a.k",
+    );
+    assert_eq!(per_row.len(), 7);
+    assert_eq!(per_row, joined);
+    assert_eq!(per_row[1], ["2", "2", "y"]);
+    let kept =
+        c.sql(1, "SELECT k FROM sj WHERE k < 10 AND (SELECT count(*) FROM ev WHERE ev.ts >= sj.k) > 1 ORDER BY k");
+    assert_eq!(kept, vec![vec!["1"], vec!["2"], vec!["3"]]);
 }
 
 #[test]
