@@ -12,8 +12,9 @@
 //! How: [`NumberedOuterRows`], an analyzer rule, rewrites the node that holds such a subquery,
 //! a projection or a filter over an input `outer`:
 //! 1. the outer rows are numbered (`row_number() OVER ()`);
-//! 2. left-joined to the subquery's rows on its whole `WHERE` clause (outer references become
-//!    columns of the join), each inner row marked;
+//! 2. left-joined to the subquery's rows on the correlated conditions of its `WHERE` clause
+//!    (outer references become columns of the join; its other conditions filter its rows
+//!    first), each inner row marked;
 //! 3. grouped by the row number: the subquery's aggregates over the marked rows only (`FILTER`,
 //!    so an outer row without a match aggregates no rows: `count` 0, others NULL, as the
 //!    subquery would), and each outer column's one value (`first_value`);
@@ -36,6 +37,7 @@ use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::logical_plan::{Filter, Projection};
+use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, LogicalPlanBuilder, Subquery, lit};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::optimizer::decorrelate::PullUpCorrelatedExpr;
@@ -66,8 +68,8 @@ impl AnalyzerRule for NumberedOuterRows {
 }
 
 /// A subquery taken apart: `value` (its output, over the aggregates' results named
-/// `aggregate_name(i)` and the outer columns), `aggregates` and `predicate` over the columns of
-/// `rows` and the outer columns.
+/// `__aggregate_i` and the outer columns), `aggregates` and `predicate` (its correlated
+/// conjuncts) over the columns of `rows` and outer references.
 struct Shape {
     value: Expr,
     aggregates: Vec<Expr>,
@@ -137,14 +139,29 @@ fn shape(sq: &Subquery, outer: &LogicalPlan) -> Result<Option<Shape>> {
     let mut aggregates = Vec::with_capacity(aggregate.aggr_expr.len());
     for e in &aggregate.aggr_expr {
         // Outer references in the aggregates or the projections under them (`sum(u.v * t.w)`)
-        // are columns of the join's rows.
+        // become columns of the join's rows in [`numbered`].
         match through(e.clone().unalias_nested().data, &below)? {
-            Some(e) => aggregates.push(outer_as_columns(e)?),
+            Some(e) => aggregates.push(e),
             None => return Ok(None),
         }
     }
-    let predicate = outer_as_columns(filter.predicate.clone())?;
-    Ok(Some(Shape { value, aggregates, predicate, rows: filter.input.as_ref().clone() }))
+    // Conditions on the subquery's rows alone filter them before the join; the others are the
+    // join's condition, where a subquery cannot be planned.
+    let (correlated, local): (Vec<Expr>, Vec<Expr>) =
+        split_conjunction_owned(filter.predicate.clone()).into_iter().partition(Expr::contains_outer);
+    if correlated.iter().any(has_subquery) {
+        return Ok(None);
+    }
+    let mut rows = LogicalPlanBuilder::from(filter.input.as_ref().clone());
+    if let Some(local) = conjunction(local) {
+        rows = rows.filter(local)?;
+    }
+    let Some(predicate) = conjunction(correlated) else { return Ok(None) };
+    Ok(Some(Shape { value, aggregates, predicate, rows: rows.build()? }))
+}
+
+fn has_subquery(e: &Expr) -> bool {
+    e.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_)))).unwrap_or(true)
 }
 
 /// True when DataFusion's own decorrelation (`scalar_subquery_to_join`) takes `sq`.
@@ -187,7 +204,7 @@ fn output(node: &LogicalPlan, index: usize) -> Result<Option<Expr>> {
         LogicalPlan::SubqueryAlias(a) => output(&a.input, index),
         LogicalPlan::Projection(p) => {
             let Some(e) = p.expr.get(index) else { return Ok(None) };
-            if e.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_))))? {
+            if has_subquery(e) {
                 return Ok(None);
             }
             let input = p.input.as_ref();
@@ -269,7 +286,27 @@ fn numbered(node: LogicalPlan, subquery: &Subquery, shape: Shape, n: usize) -> R
     let row = format!("__shardwise_subquery_{n}_row");
     let matched = format!("__shardwise_subquery_{n}_match");
     let numbered = LogicalPlanBuilder::from(outer.clone()).window(vec![row_number().alias(&row)])?.build()?;
-    let mut marked: Vec<Expr> = rows.schema().columns().into_iter().map(Expr::Column).collect();
+    // The subquery's columns get names of their own, so that none clashes with an outer one
+    // (`FROM u ... WHERE (SELECT .. FROM u WHERE u.v > t.v)`); then outer references become
+    // plain columns.
+    let rows_schema = Arc::clone(rows.schema());
+    let renamed = |i: usize| format!("__shardwise_subquery_{n}_column_{i}");
+    let to_join = |e: Expr| -> Result<Expr> {
+        let e = e
+            .transform(|e| match e {
+                Expr::Column(c) => match rows_schema.index_of_column(&c) {
+                    Ok(i) => Ok(Transformed::yes(Expr::Column(Column::new_unqualified(renamed(i))))),
+                    Err(_) => Ok(Transformed::no(Expr::Column(c))),
+                },
+                other => Ok(Transformed::no(other)),
+            })?
+            .data;
+        outer_as_columns(e)
+    };
+    let predicate = to_join(predicate)?;
+    let aggregates = aggregates.into_iter().map(to_join).collect::<Result<Vec<_>>>()?;
+    let mut marked: Vec<Expr> =
+        rows_schema.columns().into_iter().enumerate().map(|(i, c)| Expr::Column(c).alias(renamed(i))).collect();
     marked.push(lit(true).alias(&matched));
     let marked = LogicalPlanBuilder::from(rows).project(marked)?.build()?;
     let joined = LogicalPlanBuilder::from(numbered).join_on(marked, JoinType::Left, vec![predicate])?.build()?;

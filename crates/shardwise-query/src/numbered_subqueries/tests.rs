@@ -107,6 +107,18 @@ async fn in_a_where_clause_and_under_case() -> Result<()> {
 }
 
 #[tokio::test]
+async fn the_outer_query_may_read_the_subquerys_table() -> Result<()> {
+    // `u` on both sides: its columns under the same names in the join.
+    let got = rows(
+        "SELECT t.k, u.ts, (SELECT count(*) FROM u WHERE u.ts > t.k * 10 AND u.s IS NOT NULL) AS n \
+         FROM t JOIN u ON u.k = t.k WHERE u.ts < 25 ORDER BY t.k, u.ts",
+    )
+    .await?;
+    assert_eq!(got, ["| 1 | 1 | 1 |", "| 2 | 10 | 1 |", "| 2 | 20 | 1 |"]);
+    Ok(())
+}
+
+#[tokio::test]
 async fn equal_outer_rows_each_keep_their_row() -> Result<()> {
     let got = rows(
         "SELECT d.k, (SELECT count(*) FROM u WHERE u.ts > d.k * 10) AS n \
