@@ -85,6 +85,11 @@ impl From<DataFusionError> for QueryError {
         if let Some(q) = carried(&e) {
             return q.copied();
         }
+        if let DataFusionError::NotImplemented(m) = e.find_root()
+            && m.starts_with("Physical plan does not support logical expression ScalarSubquery")
+        {
+            return QueryError::Unsupported(UNPLANNED_SUBQUERY.into());
+        }
         if is_user_caused(&e) {
             QueryError::Invalid(placed_at_end(without_rule_context(e)))
         } else {
@@ -92,6 +97,13 @@ impl From<DataFusionError> for QueryError {
         }
     }
 }
+
+/// What a correlated scalar subquery that neither DataFusion nor shardwise can turn into a join
+/// fails with, in place of DataFusion's "Physical plan does not support logical expression
+/// ScalarSubquery(<subquery>)", which names neither the subquery nor what to change.
+const UNPLANNED_SUBQUERY: &str = "a correlated scalar subquery of this statement cannot be run: shardwise runs one \
+     that refers to the outer row only in its own WHERE clause, and reads at most its first row (no OFFSET, \
+     no LIMIT above 1, no GROUP BY); rewrite it as a join";
 
 /// A parser error at the end of the statement says so: sqlparser gives a line and column for
 /// every token but the end (`Expected: an expression, found: EOF`).
@@ -159,6 +171,15 @@ mod tests {
         let e = QueryError::from(DataFusionError::Plan("no such column".into()));
         assert!(e.is_user_error());
         assert_eq!(e.to_string(), "Error during planning: no such column");
+    }
+
+    #[test]
+    fn an_unplanned_subquery_says_which_subqueries_run() {
+        let e = QueryError::from(DataFusionError::NotImplemented(
+            "Physical plan does not support logical expression ScalarSubquery(<subquery>)".into(),
+        ));
+        assert!(matches!(e, QueryError::Unsupported(_)), "{e:?}");
+        assert!(e.to_string().contains("refers to the outer row only in its own WHERE clause"), "{e}");
     }
 
     #[test]

@@ -1134,6 +1134,8 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
     let kept =
         c.sql(1, "SELECT k FROM sj WHERE k < 10 AND (SELECT count(*) FROM ev WHERE ev.ts >= sj.k) > 1 ORDER BY k");
     assert_eq!(kept, vec![vec!["1"], vec!["2"], vec!["3"]]);
+    let e = c.sql_err(0, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k ORDER BY ts LIMIT 1 OFFSET 1) FROM sj");
+    assert!(e.contains("a correlated scalar subquery of this statement cannot be run") && e.contains("OFFSET"), "{e}");
 }
 
 #[test]
