@@ -7,9 +7,10 @@
 //! more than once in its SELECT list is given a name of its own: the text for the first, then
 //! the text with `_2`, `_3`... (skipping names the list already uses), as pandas and Polars
 //! name repeated columns. Items that differ in text but not in DataFusion's name for them
-//! (`x` and `CAST(x AS DOUBLE)`) are planned again, once DataFusion has refused them, with each
-//! unaliased expression named by its text ([`name_expressions_by_text`]); two plain columns
-//! (`a` and `t.a`) are still left for DataFusion to refuse, with its message.
+//! (`x` and `CAST(x AS DOUBLE)`, or `ts` and a subquery `(SELECT u.ts ...)`, which DataFusion
+//! names `ts`) are planned again, once DataFusion has refused them, with each unaliased
+//! expression named by its text ([`name_expressions_by_text`]); two plain columns (`a` and
+//! `t.a`) are still left for DataFusion to refuse, with its message.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -33,9 +34,13 @@ pub fn is_query(statement: &DfStatement) -> bool {
     }
 }
 
-/// Whether planning failed because two SELECT items got the same name from DataFusion.
+/// Whether planning failed because two SELECT items got the same name from DataFusion, or
+/// names only a qualifier tells apart (`SELECT t.ts, (SELECT u.ts FROM u ...)`: DataFusion
+/// names the subquery's item `ts`, which is ambiguous beside `t.ts`).
 pub fn is_name_collision(e: &datafusion::error::DataFusionError) -> bool {
-    e.to_string().contains("Projections require unique expression names")
+    let message = e.to_string();
+    message.contains("Projections require unique expression names")
+        || (message.contains("Schema contains qualified field name") && message.contains("would be ambiguous"))
 }
 
 /// Names every unaliased SELECT item that is not a plain column by its text (`CAST(x AS

@@ -257,6 +257,14 @@ async fn repeated_select_items_are_answered() {
         &run(&engine, "SELECT x, CAST(x AS DOUBLE), x / 2 FROM (SELECT 5 AS x) t").await.expect("colliding names"),
     );
     assert!(shown.contains("| x | CAST(x AS DOUBLE) | x / 2 |") && shown.contains("| 5 | 5.0"), "{shown}");
+    // A subquery whose one column has the name of an outer column (DataFusion names the item
+    // after that column, ambiguous beside it), correlated or not.
+    let sql = "SELECT t.x, (SELECT u.x FROM (SELECT 7 AS x) u) FROM (SELECT 5 AS x) t";
+    let shown = pretty(&run(&engine, sql).await.expect("subquery named as a column"));
+    assert!(shown.contains("| 5 | 7 "), "{shown}");
+    let sql = "SELECT t.x, (SELECT max(u.x) AS x FROM (SELECT 5 AS x) u WHERE u.x = t.x) FROM (SELECT 5 AS x) t";
+    let shown = pretty(&run(&engine, sql).await.expect("correlated subquery named as a column"));
+    assert!(shown.contains("| 5 | 5 "), "{shown}");
 }
 
 #[tokio::test]
