@@ -22,7 +22,7 @@ pub use totals::{Total, WideTotals};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray, UInt64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast, sum};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Int64Type, UInt64Type};
@@ -428,14 +428,11 @@ impl Accumulator for DistinctSum {
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        let values: ArrayRef = match self.data_type {
-            DataType::UInt64 => Arc::new(self.values.keys().map(|&v| v as u64).collect::<UInt64Array>()),
-            _ => Arc::new(self.values.keys().map(|&v| v as i64).collect::<Int64Array>()),
+        let values: Vec<ScalarValue> = match self.data_type {
+            DataType::UInt64 => self.values.keys().map(|&v| ScalarValue::UInt64(Some(v as u64))).collect(),
+            _ => self.values.keys().map(|&v| ScalarValue::Int64(Some(v as i64))).collect(),
         };
-        Ok(vec![ScalarValue::List(ScalarValue::new_list_nullable(
-            &ScalarValue::convert_array_to_scalar_vec(&values)?.into_iter().flatten().flatten().collect::<Vec<_>>(),
-            &self.data_type,
-        ))])
+        Ok(vec![ScalarValue::List(ScalarValue::new_list_nullable(&values, &self.data_type))])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
@@ -550,7 +547,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::RecordBatch;
+    use datafusion::arrow::array::{Int32Array, RecordBatch};
     use datafusion::arrow::datatypes::{Field, Schema};
     use datafusion::prelude::SessionContext;
 
@@ -594,6 +591,31 @@ mod tests {
             );
             assert!(e.contains("sum(CAST(x AS DECIMAL(38, 0)))"), "{sql}: {e}");
         }
+    }
+
+    #[tokio::test]
+    async fn distinct_sums_merge_their_partial_states() -> Result<()> {
+        // Two partitions and a second DISTINCT aggregate: partial aggregates hand over their
+        // distinct values (`state`), as a cluster's shards do.
+        let ctx = SessionContext::new();
+        ctx.register_udaf(checked_sum_udaf().as_ref().clone());
+        let schema =
+            Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true), Field::new("b", DataType::Int32, true)]));
+        let part = |a: Vec<Option<i64>>, b: Vec<Option<i32>>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(Int64Array::from(a)), Arc::new(Int32Array::from(b))],
+            )
+        };
+        let first = part(vec![Some(1), Some(1)], vec![Some(2), Some(3)])?;
+        let second = part(vec![Some(2), Some(3)], vec![Some(3), None])?;
+        let table = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![vec![first], vec![second]])?;
+        ctx.register_table("md", Arc::new(table))?;
+        let sql = "SELECT count(DISTINCT a), sum(DISTINCT b), sum(DISTINCT a) FROM md";
+        let batches = ctx.sql(sql).await?.collect().await?;
+        assert_eq!(ints(&batches, 1), [Some(5)]);
+        assert_eq!(ints(&batches, 2), [Some(6)]);
+        Ok(())
     }
 
     #[tokio::test]
