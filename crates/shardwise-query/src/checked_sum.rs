@@ -22,7 +22,7 @@ pub use totals::{Total, WideTotals};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, PrimitiveArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, PrimitiveArray};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast, sum};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Int64Type, UInt64Type};
@@ -547,7 +547,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{Int32Array, RecordBatch};
+    use datafusion::arrow::array::{Int32Array, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{Field, Schema};
     use datafusion::prelude::SessionContext;
 

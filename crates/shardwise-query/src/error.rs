@@ -154,12 +154,20 @@ fn is_user_caused(e: &DataFusionError) -> bool {
         | DataFusionError::NotImplemented(_)
         | DataFusionError::Configuration(_)
         | DataFusionError::Execution(_) => true,
-        DataFusionError::ArrowError(arrow, _) => {
-            !matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_) | ArrowError::MemoryError(_))
-        }
+        DataFusionError::ArrowError(arrow, _) => match arrow.as_ref() {
+            ArrowError::ExternalError(inner) => is_bad_pattern(inner.as_ref()),
+            other => !matches!(other, ArrowError::IoError(..) | ArrowError::MemoryError(_)),
+        },
+        DataFusionError::External(inner) => is_bad_pattern(inner.as_ref()),
         DataFusionError::Collection(errors) => errors.first().is_some_and(is_user_caused),
         _ => false,
     }
+}
+
+/// A regular expression that does not compile (`regexp_like(s, '(')`), as the functions and
+/// the optimizer's rewrite of `~` report it.
+fn is_bad_pattern(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    e.is::<regex::Error>() || e.is::<regex_syntax::Error>()
 }
 
 #[cfg(test)]
@@ -171,6 +179,17 @@ mod tests {
         let e = QueryError::from(DataFusionError::Plan("no such column".into()));
         assert!(e.is_user_error());
         assert_eq!(e.to_string(), "Error during planning: no such column");
+    }
+
+    #[test]
+    fn a_bad_regular_expression_is_the_users() {
+        let bad = regex::Regex::new("(").expect_err("unclosed group");
+        let e = QueryError::from(DataFusionError::External(Box::new(bad)));
+        assert!(e.is_user_error(), "{e:?}");
+        assert!(e.to_string().contains("unclosed group"), "{e}");
+        let bad = regex_syntax::Parser::new().parse("(").expect_err("unclosed group");
+        let e = DataFusionError::Context("Invalid regex".into(), Box::new(DataFusionError::External(Box::new(bad))));
+        assert!(QueryError::from(e).is_user_error());
     }
 
     #[test]

@@ -319,6 +319,11 @@ impl Run {
         // A replica that refused for want of node memory (other queries hold it) may leave room
         // on the next one; if none has any, the query fails, never answered without the shard.
         let mut out_of_memory = false;
+        // A replica that ran the fragment and failed (a storage or internal error) is tried
+        // past as well, but the shard was not unavailable: `skip_unavailable_shards` does not
+        // answer without it (ClickHouse's rule: a shard is unavailable when no replica can be
+        // reached), and the error is not called unavailability.
+        let mut failed_to_run = false;
         for rank in ranks {
             let timer = self.elapsed.timer();
             let attempt = match rank == self.access.local_rank() {
@@ -341,7 +346,9 @@ impl Run {
                 Ok(stream) => stream,
                 Err(e) => {
                     out_of_memory |= is_server_memory(&e);
-                    errors.push(replica_error(rank, replica_failure(e)?));
+                    let failure = replica_failure(e)?;
+                    failed_to_run |= !matches!(failure, QueryError::Unavailable(_));
+                    errors.push(replica_error(rank, failure));
                     continue;
                 }
             };
@@ -350,7 +357,9 @@ impl Run {
             match first {
                 Some(Err(e)) => {
                     out_of_memory |= is_server_memory(&e);
-                    errors.push(replica_error(rank, replica_failure(e)?));
+                    let failure = replica_failure(e)?;
+                    failed_to_run |= !matches!(failure, QueryError::Unavailable(_));
+                    errors.push(replica_error(rank, failure));
                     continue;
                 }
                 first => return Ok(self.instrument(rank, first, stream)),
@@ -363,6 +372,12 @@ impl Run {
         if out_of_memory {
             return Err(external(QueryError::Rejected(format!(
                 "table {table} {unit} {shard}: no replica had the memory to run its fragment ({})",
+                errors.join("; ")
+            ))));
+        }
+        if failed_to_run {
+            return Err(external(QueryError::Storage(format!(
+                "table {table} {unit} {shard}: its fragment failed ({})",
                 errors.join("; ")
             ))));
         }
