@@ -392,6 +392,8 @@ impl QueryEngine {
         let mut statement = state.sql_to_statement(&body, &dialect)?;
         crate::set_operations::refuse_unsupported(&statement)?;
         repeated_items::name_repeated_items(&mut statement);
+        // `a IS DISTINCT FROM b AND c` as PostgreSQL binds it (see `crate::distinct_from`).
+        crate::distinct_from::bind_as_postgres(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement)
             && !state.config().options().sql_parser.parse_float_as_decimal

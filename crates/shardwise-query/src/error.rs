@@ -183,7 +183,8 @@ mod tests {
 
     #[test]
     fn a_bad_regular_expression_is_the_users() {
-        let bad = regex::Regex::new("(").expect_err("unclosed group");
+        let pattern = String::from("(");
+        let bad = regex::Regex::new(&pattern).expect_err("unclosed group");
         let e = QueryError::from(DataFusionError::External(Box::new(bad)));
         assert!(e.is_user_error(), "{e:?}");
         assert!(e.to_string().contains("unclosed group"), "{e}");

@@ -11,6 +11,7 @@ pub mod checked_sum;
 pub mod ddl;
 pub mod decimal_check;
 pub mod dist;
+pub mod distinct_from;
 pub mod engine;
 pub mod error;
 pub mod format_clause;

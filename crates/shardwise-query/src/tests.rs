@@ -245,6 +245,16 @@ async fn system_settings_shows_the_querys_values_and_the_word_settings_is_a_name
 }
 
 #[tokio::test]
+async fn is_distinct_from_binds_tighter_than_and() {
+    let engine = engine();
+    let shown = pretty(&run(&engine, "SELECT NULL IS DISTINCT FROM false AND false AS x").await.expect("answers"));
+    assert!(shown.contains("| false |"), "{shown}");
+    let sql =
+        "SELECT count(*) AS n FROM (VALUES ('a', 1), ('b', 9)) v(s, k) WHERE s IS NOT DISTINCT FROM 'b' AND k > 5";
+    assert!(pretty(&run(&engine, sql).await.expect("strings beside AND")).contains("| 1 |"));
+}
+
+#[tokio::test]
 async fn repeated_select_items_are_answered() {
     let engine = engine();
     let shown = pretty(&run(&engine, "SELECT 1, 1, NULL, NULL").await.expect("repeated"));

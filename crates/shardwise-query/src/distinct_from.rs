@@ -1,0 +1,95 @@
+//! `a IS [NOT] DISTINCT FROM b AND c` read as PostgreSQL reads it: `(a IS DISTINCT FROM b) AND c`.
+//!
+//! Why: the SQL parser (sqlparser 0.62) reads the right side of `IS [NOT] DISTINCT FROM` as a
+//! whole expression, so `AND` and `OR` after it bind inside: `b IS NOT DISTINCT FROM true AND k >
+//! 5` was planned as `b IS NOT DISTINCT FROM (true AND k > 5)`, a wrong answer without an error
+//! (and a type error where the sides are not booleans). In PostgreSQL, DuckDB and the SQL
+//! standard `IS` binds tighter than `NOT`, `AND` and `OR`, and looser than comparisons (`a IS
+//! DISTINCT FROM b = c` is `a IS DISTINCT FROM (b = c)`, as parsed).
+//!
+//! How: [`bind_as_postgres`] walks the parsed statement; where the right side of `IS [NOT]
+//! DISTINCT FROM` is an unparenthesized `AND`, `OR` or `XOR`, the test takes that operator's left
+//! operand only (recursively, down its left side) and the operator moves above it. A
+//! parenthesized right side (`IS DISTINCT FROM (x AND y)`) is a `Nested` expression and stays.
+
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, VisitorMut};
+
+/// Rebinds every `IS [NOT] DISTINCT FROM` of `statement` (see the module doc).
+pub fn bind_as_postgres(statement: &mut DfStatement) {
+    crate::repeated_items::visit_statement_mut(statement, &mut Rebind);
+}
+
+struct Rebind;
+
+/// `left IS [NOT] DISTINCT FROM right` (`make`), with the boolean operators at the top of
+/// `right` moved above the test.
+fn rebound(make: fn(Box<Expr>, Box<Expr>) -> Expr, left: Box<Expr>, right: Box<Expr>) -> Expr {
+    match *right {
+        Expr::BinaryOp {
+            left: inner,
+            op: op @ (BinaryOperator::And | BinaryOperator::Or | BinaryOperator::Xor),
+            right: rest,
+        } => Expr::BinaryOp { left: Box::new(rebound(make, left, inner)), op, right: rest },
+        other => make(left, Box::new(other)),
+    }
+}
+
+impl VisitorMut for Rebind {
+    type Break = ();
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        let placeholder = Expr::Value(datafusion::sql::sqlparser::ast::Value::Null.into());
+        match std::mem::replace(expr, placeholder) {
+            Expr::IsDistinctFrom(left, right) => *expr = rebound(Expr::IsDistinctFrom, left, right),
+            Expr::IsNotDistinctFrom(left, right) => *expr = rebound(Expr::IsNotDistinctFrom, left, right),
+            other => *expr = other,
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::ast::{SelectItem, SetExpr, Statement};
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+
+    /// The first SELECT item of `sql` after the rebinding.
+    fn first_item(sql: &str) -> Expr {
+        let statement = Parser::parse_sql(&PostgreSqlDialect {}, sql).expect("parses").remove(0);
+        let mut statement = DfStatement::Statement(Box::new(statement));
+        bind_as_postgres(&mut statement);
+        let DfStatement::Statement(statement) = statement else { unreachable!("a statement") };
+        let Statement::Query(query) = *statement else { unreachable!("a query") };
+        let SetExpr::Select(select) = *query.body else { unreachable!("a select") };
+        match select.projection.into_iter().next() {
+            Some(SelectItem::UnnamedExpr(e)) => e,
+            other => unreachable!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn and_or_after_the_test_bind_outside_it() {
+        // ((a IS DISTINCT FROM b) AND c) OR d
+        let Expr::BinaryOp { left: and, op: BinaryOperator::Or, .. } =
+            first_item("SELECT a IS DISTINCT FROM b AND c OR d")
+        else {
+            panic!("OR on top")
+        };
+        let Expr::BinaryOp { left: test, op: BinaryOperator::And, .. } = *and else { panic!("AND under it") };
+        assert_eq!(test.to_string(), "a IS DISTINCT FROM b");
+        let Expr::BinaryOp { left: test, op: BinaryOperator::And, .. } =
+            first_item("SELECT a IS NOT DISTINCT FROM true AND k > 5")
+        else {
+            panic!("AND on top")
+        };
+        assert!(matches!(*test, Expr::IsNotDistinctFrom(..)), "{test}");
+        // Parenthesized, and a comparison, stay on the right.
+        assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
+        assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+}
