@@ -189,6 +189,9 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
+            // EXISTS / IN / NOT IN where DataFusion's joins answer wrongly (see
+            // `crate::predicate_subqueries`); before the scalar rules, which take what it makes.
+            .with_analyzer_rule(Arc::new(crate::predicate_subqueries::PredicateSubqueries))
             // Correlated scalar subqueries without an aggregate (see `crate::scalar_subqueries`).
             .with_analyzer_rule(Arc::new(crate::scalar_subqueries::ScalarSubqueryRows))
             // ... and those DataFusion cannot join, per outer row (see `crate::numbered_subqueries`).

@@ -31,6 +31,7 @@ pub mod pg_json;
 pub mod pg_settings;
 pub mod pg_vectors;
 pub mod placeholders;
+pub mod predicate_subqueries;
 pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;
