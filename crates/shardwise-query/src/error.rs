@@ -86,9 +86,9 @@ impl From<DataFusionError> for QueryError {
             return q.copied();
         }
         if let DataFusionError::NotImplemented(m) = e.find_root()
-            && m.starts_with("Physical plan does not support logical expression ScalarSubquery")
+            && let Some(what) = m.strip_prefix("Physical plan does not support logical expression ")
         {
-            return QueryError::Unsupported(UNPLANNED_SUBQUERY.into());
+            return QueryError::Unsupported(unplanned(what));
         }
         if is_user_caused(&e) {
             QueryError::Invalid(placed_at_end(without_rule_context(e)))
@@ -98,9 +98,28 @@ impl From<DataFusionError> for QueryError {
     }
 }
 
+/// What an expression left in a plan that no operator can run fails with, in place of
+/// DataFusion's "Physical plan does not support logical expression <its debug dump>", which
+/// says neither what in the statement it is nor what to change.
+fn unplanned(what: &str) -> String {
+    let kind = what.split(['(', ' ']).next().unwrap_or(what);
+    match kind {
+        "ScalarSubquery" => UNPLANNED_SUBQUERY.to_string(),
+        "Exists" | "InSubquery" => "an EXISTS or IN subquery of this statement cannot be run where it is written: \
+             shardwise runs one in a WHERE or HAVING condition, or in a SELECT list; rewrite it as a join"
+            .to_string(),
+        "WindowFunction" => "window functions are not allowed in WHERE, HAVING, GROUP BY or a join condition: \
+             compute the window in a subquery and filter its result"
+            .to_string(),
+        "AggregateFunction" => "aggregate functions are not allowed in WHERE, GROUP BY or a join condition: \
+             filter aggregates with HAVING"
+            .to_string(),
+        other => format!("this statement uses {other} where no operator can compute it"),
+    }
+}
+
 /// What a correlated scalar subquery that neither DataFusion nor shardwise can turn into a join
-/// fails with, in place of DataFusion's "Physical plan does not support logical expression
-/// ScalarSubquery(<subquery>)", which names neither the subquery nor what to change.
+/// fails with.
 const UNPLANNED_SUBQUERY: &str = "a correlated scalar subquery of this statement cannot be run: shardwise runs one \
      that refers to the outer row only in its own WHERE clause, and reads at most its first row (no OFFSET, \
      no LIMIT above 1, no GROUP BY); rewrite it as a join";
@@ -200,6 +219,11 @@ mod tests {
         ));
         assert!(matches!(e, QueryError::Unsupported(_)), "{e:?}");
         assert!(e.to_string().contains("refers to the outer row only in its own WHERE clause"), "{e}");
+        let e = QueryError::from(DataFusionError::NotImplemented(
+            "Physical plan does not support logical expression WindowFunction(WindowFunction { fun: .. })".into(),
+        ));
+        assert!(e.to_string().contains("window functions are not allowed in WHERE"), "{e}");
+        assert!(!e.to_string().contains("fun:"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //!   TRUE)` (under NOT for NOT IN): TRUE on a match, else NULL if a NULL was compared, else
 //!   FALSE.
 //!
+//! - `EXISTS (...)` and `x [NOT] IN (...)` in a SELECT list, which DataFusion could not plan
+//!   there at all: `(SELECT count(*) FROM (...)) > 0`, a scalar subquery (the `IN` as above,
+//!   with such counts for its `EXISTS`).
+//!
 //! `IN` as a condition of its own and an uncorrelated `NOT IN` keep DataFusion's plans, which
 //! are right.
 
@@ -46,6 +50,18 @@ impl AnalyzerRule for PredicateSubqueries {
                 let rewritten = e.transform_up(one_row)?;
                 Ok(rewritten.update_data(|e| name.restore(e)))
             })?;
+            // In a SELECT list, where DataFusion has no join for them, as counts.
+            if let LogicalPlan::Projection(p) = &node.data {
+                let schema = Arc::clone(p.input.schema());
+                let names = NamePreserver::new(&node.data);
+                let transformed = node.transformed;
+                let counted = node.data.map_expressions(|e| {
+                    let name = names.save(&e);
+                    let rewritten = e.transform_up(|e| counted(e, &schema))?;
+                    Ok(rewritten.update_data(|e| name.restore(e)))
+                })?;
+                return Ok(if transformed { Transformed::yes(counted.data) } else { counted });
+            }
             let LogicalPlan::Filter(filter) = node.data else { return Ok(node) };
             let schema = Arc::clone(filter.input.schema());
             let mut changed = node.transformed;
@@ -198,6 +214,37 @@ fn embedded_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     let null_if_any = datafusion::functions::expr_fn::nullif(nulls, lit(true));
     let is_in = matched.or(null_if_any);
     Ok(Transformed::yes(if negated { is_in.not() } else { is_in }))
+}
+
+/// `EXISTS (subquery)` as `(SELECT count(*) FROM (subquery)) > 0`, a scalar subquery (`= 0` for
+/// NOT EXISTS).
+fn exists_as_count(exists: Expr) -> Result<Expr> {
+    let Expr::Exists(Exists { subquery, negated }) = exists else { return Ok(exists) };
+    let count = datafusion::functions_aggregate::count::count_all();
+    let plan = LogicalPlanBuilder::from(subquery.subquery.as_ref().clone())
+        .aggregate(Vec::<Expr>::new(), vec![count])?
+        .build()?;
+    let rows = Expr::ScalarSubquery(Subquery { subquery: Arc::new(plan), ..subquery });
+    Ok(if negated { rows.eq(lit(0i64)) } else { rows.gt(lit(0i64)) })
+}
+
+/// `EXISTS` and `x [NOT] IN` of a SELECT list as scalar subqueries that count (the second as the
+/// module doc's `IN` inside another condition).
+fn counted(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    match e {
+        Expr::Exists(_) => Ok(Transformed::yes(exists_as_count(e)?)),
+        Expr::InSubquery(InSubquery { expr, subquery, negated }) => {
+            let (Some(matched), Some(nulls)) =
+                (exists_where(&subquery, &expr, schema, equal)?, exists_where(&subquery, &expr, schema, either_null)?)
+            else {
+                return Ok(Transformed::no(Expr::InSubquery(InSubquery { expr, subquery, negated })));
+            };
+            let null_if_any = datafusion::functions::expr_fn::nullif(exists_as_count(nulls)?, lit(true));
+            let is_in = exists_as_count(matched)?.or(null_if_any);
+            Ok(Transformed::yes(if negated { is_in.not() } else { is_in }))
+        }
+        other => Ok(Transformed::no(other)),
+    }
 }
 
 #[cfg(test)]

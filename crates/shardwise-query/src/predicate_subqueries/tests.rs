@@ -12,7 +12,12 @@ use super::PredicateSubqueries;
 /// `mo (id, ts)`: (1, 10), (2, 50), (NULL, 5); `mi (x, ts)`: (1, 20), (NULL, 30), (3, 40).
 fn context() -> Result<SessionContext> {
     let ctx = SessionContext::new();
+    // As the engine orders them: what this rule makes, the scalar rules take.
     ctx.add_analyzer_rule(Arc::new(PredicateSubqueries));
+    ctx.add_analyzer_rule(Arc::new(crate::scalar_subqueries::ScalarSubqueryRows));
+    ctx.add_analyzer_rule(Arc::new(crate::numbered_subqueries::NumberedOuterRows));
+    ctx.register_udaf(crate::scalar_subqueries::single_value_udaf().as_ref().clone());
+    ctx.register_udf(crate::scalar_subqueries::single_row_udf().as_ref().clone());
     let table = |a: &str, b: &str, first: Vec<Option<i64>>, second: Vec<Option<i64>>| {
         let schema = Schema::new(vec![Field::new(a, DataType::Int64, true), Field::new(b, DataType::Int64, true)]);
         RecordBatch::try_new(
@@ -83,5 +88,19 @@ async fn in_and_uncorrelated_not_in_keep_datafusions_plans() -> Result<()> {
     assert_eq!(ids("SELECT id FROM mo WHERE id IN (SELECT x FROM mi)").await?, [Some(1)]);
     assert!(ids("SELECT id FROM mo WHERE id NOT IN (SELECT x FROM mi)").await?.is_empty());
     assert_eq!(ids("SELECT id FROM mo WHERE id NOT IN (SELECT x FROM mi WHERE x IS NOT NULL)").await?, [Some(2)]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn exists_and_in_in_a_select_list() -> Result<()> {
+    let sql = "SELECT CASE WHEN EXISTS (SELECT 1 FROM mi WHERE mi.x = mo.id) THEN 1 ELSE 0 END FROM mo ORDER BY id";
+    assert_eq!(ids(sql).await?, [Some(0), Some(0), Some(1)]);
+    let sql = "SELECT CAST(NOT EXISTS (SELECT 1 FROM mi WHERE mi.ts > mo.ts) AS BIGINT) FROM mo";
+    assert_eq!(ids(sql).await?, [Some(0), Some(0), Some(1)]);
+    // 1 IN: TRUE; 2: NULL (mi.x holds a NULL); NULL: NULL.
+    let sql = "SELECT CAST(id IN (SELECT x FROM mi) AS BIGINT) FROM mo";
+    assert_eq!(ids(sql).await?, [None, None, Some(1)]);
+    let sql = "SELECT CAST(id NOT IN (SELECT x FROM mi WHERE x IS NOT NULL) AS BIGINT) FROM mo";
+    assert_eq!(ids(sql).await?, [None, Some(0), Some(1)]);
     Ok(())
 }
