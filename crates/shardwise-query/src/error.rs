@@ -91,7 +91,7 @@ impl From<DataFusionError> for QueryError {
             return QueryError::Unsupported(unplanned(what));
         }
         if is_user_caused(&e) {
-            QueryError::Invalid(placed_at_end(without_rule_context(e)))
+            QueryError::Invalid(without_internal_names(placed_at_end(without_rule_context(e))))
         } else {
             QueryError::Internal(e)
         }
@@ -135,6 +135,25 @@ fn placed_at_end(e: DataFusionError) -> DataFusionError {
                 backtrace,
             ),
             other => DataFusionError::SQL(Box::new(other), backtrace),
+        },
+        other => other,
+    }
+}
+
+/// A column not found, without the columns of DataFusion's own making among the ones it suggests
+/// (`No field named t.k. Did you mean '__scalar_sq_1.k'?`, where the subquery's join is named
+/// `__scalar_sq_1`): the user wrote none of them.
+fn without_internal_names(e: DataFusionError) -> DataFusionError {
+    use datafusion::common::SchemaError;
+    match e {
+        DataFusionError::SchemaError(error, backtrace) => match *error {
+            SchemaError::FieldNotFound { field, mut valid_fields } => {
+                valid_fields.retain(|c| {
+                    !c.name.starts_with("__") && !c.relation.as_ref().is_some_and(|r| r.table().starts_with("__"))
+                });
+                DataFusionError::SchemaError(Box::new(SchemaError::FieldNotFound { field, valid_fields }), backtrace)
+            }
+            other => DataFusionError::SchemaError(Box::new(other), backtrace),
         },
         other => other,
     }
@@ -198,6 +217,18 @@ mod tests {
         let e = QueryError::from(DataFusionError::Plan("no such column".into()));
         assert!(e.is_user_error());
         assert_eq!(e.to_string(), "Error during planning: no such column");
+    }
+
+    #[test]
+    fn a_missing_column_is_not_matched_with_internal_names() {
+        use datafusion::common::{Column, SchemaError};
+        let missing = SchemaError::FieldNotFound {
+            field: Box::new(Column::new(Some("t"), "k")),
+            valid_fields: vec![Column::new(Some("__scalar_sq_1"), "k"), Column::new(Some("t"), "g")],
+        };
+        let e = QueryError::from(DataFusionError::SchemaError(Box::new(missing), Box::new(None)));
+        assert!(!e.to_string().contains("__scalar_sq_1"), "{e}");
+        assert!(e.to_string().contains("No field named t.k"), "{e}");
     }
 
     #[test]
