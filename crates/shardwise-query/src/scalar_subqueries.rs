@@ -76,6 +76,11 @@ fn as_aggregate(sq: Subquery) -> Result<Transformed<Expr>> {
         return Ok(Transformed::no(Expr::ScalarSubquery(sq)));
     }
     let name = fields[0].name().clone();
+    // `LIMIT 0`: no row, a NULL of the column's type.
+    if plan.max_rows() == Some(0) {
+        let null = ScalarValue::try_from(fields[0].data_type())?;
+        return Ok(Transformed::yes(datafusion::logical_expr::lit(null)));
+    }
     // `(SELECT int_col ... LIMIT 1) + 100`: type coercion put a cast of the column over the
     // subquery; the rows under it are read as below, then cast.
     if let LogicalPlan::Projection(p) = plan
@@ -428,6 +433,13 @@ mod tests {
             ["| 1 | true  |", "| 2 | true  |", "| 3 | false |"],
             "{out}"
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn limit_0_is_null() -> Result<()> {
+        let out = run("SELECT k, (SELECT s FROM u WHERE u.k = t.k ORDER BY ts LIMIT 0) AS s FROM t ORDER BY k").await?;
+        assert_eq!(out.lines().skip(3).take(3).collect::<Vec<_>>(), ["| 1 |   |", "| 2 |   |", "| 3 |   |"], "{out}");
         Ok(())
     }
 
