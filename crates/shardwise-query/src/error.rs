@@ -90,6 +90,12 @@ impl From<DataFusionError> for QueryError {
         {
             return QueryError::Unsupported(unplanned(what));
         }
+        if let Some(mismatch) = argument_type_mismatch(&e) {
+            return QueryError::Invalid(DataFusionError::Plan(mismatch));
+        }
+        if let Some(message) = misplaced_subquery(&e) {
+            return QueryError::Unsupported(message.into());
+        }
         if is_user_caused(&e) {
             QueryError::Invalid(without_internal_names(placed_at_end(without_rule_context(e))))
         } else {
@@ -138,6 +144,34 @@ fn placed_at_end(e: DataFusionError) -> DataFusionError {
         },
         other => other,
     }
+}
+
+/// DataFusion's words after an internal error's message.
+const DATAFUSION_BUG_TRAILER: &str = ".\nThis issue was likely caused by a bug in DataFusion's code. Please help us to \
+     resolve this by filing a bug report in our issue tracker: https://github.com/apache/datafusion/issues";
+
+/// A function called with arguments of types it does not take (`sum(text_column)`,
+/// `substr(s, 'a')`), which DataFusion reports as its own internal error (a bug to report to
+/// it): the message without that framing, as the statement's error.
+fn argument_type_mismatch(e: &DataFusionError) -> Option<String> {
+    let text = e.strip_backtrace();
+    if !text.contains("failed to match any signature") && !text.contains("No function matches the given name") {
+        return None;
+    }
+    let text = text.replace(DATAFUSION_BUG_TRAILER, "");
+    let text = text.replace("Internal error: ", "").replace("Error during planning: ", "");
+    Some(text)
+}
+
+/// A correlated subquery where DataFusion's analyzer allows none (ORDER BY, a join condition,
+/// a window), whose own message speaks of plan nodes.
+fn misplaced_subquery(e: &DataFusionError) -> Option<&'static str> {
+    e.strip_backtrace()
+        .contains("Correlated scalar subquery can only be used in Projection, Filter, Aggregate")
+        .then_some(
+            "a correlated subquery may be used in the SELECT list, WHERE and HAVING only: for ORDER BY, GROUP BY, \
+         a join condition or a window, compute it in the SELECT list of a subquery and use its column",
+        )
 }
 
 /// A column not found, without the columns of DataFusion's own making among the ones it suggests
@@ -229,6 +263,17 @@ mod tests {
         let e = QueryError::from(DataFusionError::SchemaError(Box::new(missing), Box::new(None)));
         assert!(!e.to_string().contains("__scalar_sq_1"), "{e}");
         assert!(e.to_string().contains("No field named t.k"), "{e}");
+    }
+
+    #[test]
+    fn a_function_given_the_wrong_types_is_the_users_error_without_datafusions_bug_report() {
+        let e = QueryError::from(DataFusionError::Internal(
+            "Function 'sum' failed to match any signature, errors: Error during planning: sum does not support Utf8"
+                .into(),
+        ));
+        assert!(e.is_user_error(), "{e:?}");
+        let text = e.to_string();
+        assert!(text.contains("Function 'sum' failed to match any signature") && !text.contains("bug"), "{text}");
     }
 
     #[test]
