@@ -219,6 +219,10 @@ impl QueryEngine {
         }
         // `sum` of integers fails past its type's range (see `crate::checked_sum`).
         ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
+        // `min`/`max` of floats by group order NaN highest (see `crate::float_min_max`).
+        for udaf in crate::float_min_max::min_max_udafs() {
+            ctx.register_udaf(udaf.as_ref().clone());
+        }
         ctx.register_udaf(crate::scalar_subqueries::single_value_udaf().as_ref().clone());
         ctx.register_udf(crate::scalar_subqueries::single_row_udf().as_ref().clone());
         if let Some(local_shuffle) = &local_shuffle {

@@ -14,6 +14,7 @@ pub mod dist;
 pub mod distinct_from;
 pub mod engine;
 pub mod error;
+pub mod float_min_max;
 pub mod format_clause;
 pub mod group_topk;
 pub mod insert_exact;

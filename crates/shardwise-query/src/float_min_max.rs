@@ -1,0 +1,245 @@
+//! `min` and `max` of floats by group, with PostgreSQL's order: NaN above every number, and
+//! infinities as values.
+//!
+//! Why: DataFusion's groups accumulator for `min`/`max` of floats (the one every GROUP BY uses)
+//! took any value compared with NaN as the new extreme, so `min` of 1, NaN, 3 in a group was 3
+//! and `max` of NaN, -1 was -1; and it starts from the largest finite value, so the `max` of a
+//! group holding only `-Infinity` was -1.7976931348623157e308. Its accumulator without groups
+//! orders NaN highest, as PostgreSQL does: a GROUP BY disagreed with the same query without one.
+//!
+//! How: [`NanOrdered`] wraps DataFusion's `Min` and `Max` (registered under their names) and is
+//! them in everything but the groups accumulator of `Float32` and `Float64`, which is
+//! DataFusion's own primitive groups accumulator with a fold that orders NaN (of either sign)
+//! above every number and starts from the bottom of that order (`max`: -Infinity; `min`: NaN).
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Float32Type, Float64Type};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::functions_aggregate::min_max::{Max, Min};
+use datafusion::logical_expr::expr::{AggregateFunctionParams, WindowFunctionParams};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, ReversedUDAF, SetMonotonicity,
+    Signature, StatisticsArgs,
+};
+use datafusion_functions_aggregate_common::aggregate::groups_accumulator::prim_op::PrimitiveGroupsAccumulator;
+
+/// DataFusion's `Min` or `Max` with NaN-ordered float groups. See the module doc.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct NanOrdered<T> {
+    inner: T,
+    max: bool,
+}
+
+/// `min` and `max`, to register with a session in place of DataFusion's.
+pub fn min_max_udafs() -> [Arc<AggregateUDF>; 2] {
+    [
+        Arc::new(AggregateUDF::new_from_impl(NanOrdered { inner: Min::new(), max: false })),
+        Arc::new(AggregateUDF::new_from_impl(NanOrdered { inner: Max::new(), max: true })),
+    ]
+}
+
+/// `a < b` with every NaN above every number (and equal to every other NaN).
+fn below<F: num_like::Float>(a: F, b: F) -> bool {
+    match (a.is_nan(), b.is_nan()) {
+        (true, _) => false,
+        (false, true) => true,
+        (false, false) => a < b,
+    }
+}
+
+/// The two float types' common operations, without a crate for them.
+mod num_like {
+    pub trait Float: Copy + PartialOrd + Send + Sync + 'static {
+        const NEG_INFINITY: Self;
+        const NAN: Self;
+        fn is_nan(self) -> bool;
+    }
+    impl Float for f32 {
+        const NEG_INFINITY: Self = f32::NEG_INFINITY;
+        const NAN: Self = f32::NAN;
+        fn is_nan(self) -> bool {
+            f32::is_nan(self)
+        }
+    }
+    impl Float for f64 {
+        const NEG_INFINITY: Self = f64::NEG_INFINITY;
+        const NAN: Self = f64::NAN;
+        fn is_nan(self) -> bool {
+            f64::is_nan(self)
+        }
+    }
+}
+
+/// The groups accumulator of `min` (`max`: true) over floats of type `T`.
+fn float_groups<T>(data_type: &DataType, max: bool) -> Box<dyn GroupsAccumulator>
+where
+    T: ArrowPrimitiveType + Send,
+    T::Native: num_like::Float,
+{
+    use num_like::Float;
+    if max {
+        let fold = |current: &mut T::Native, new: T::Native| {
+            if below(*current, new) {
+                *current = new
+            }
+        };
+        Box::new(PrimitiveGroupsAccumulator::<T, _>::new(data_type, fold).with_starting_value(T::Native::NEG_INFINITY))
+    } else {
+        let fold = |current: &mut T::Native, new: T::Native| {
+            if below(new, *current) {
+                *current = new
+            }
+        };
+        Box::new(PrimitiveGroupsAccumulator::<T, _>::new(data_type, fold).with_starting_value(T::Native::NAN))
+    }
+}
+
+impl<T: AggregateUDFImpl + PartialEq + Eq + Hash> AggregateUDFImpl for NanOrdered<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.schema_name(params)
+    }
+
+    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.human_display(params)
+    }
+
+    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.window_function_schema_name(params)
+    }
+
+    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.display_name(params)
+    }
+
+    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.window_function_display_name(params)
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.inner.return_field(arg_fields)
+    }
+
+    fn is_nullable(&self) -> bool {
+        self.inner.is_nullable()
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.inner.accumulator(args)
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.inner.state_fields(args)
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        self.inner.groups_accumulator_supported(args)
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        let data_type = args.return_field.data_type().clone();
+        match data_type {
+            DataType::Float64 => Ok(float_groups::<Float64Type>(&data_type, self.max)),
+            DataType::Float32 => Ok(float_groups::<Float32Type>(&data_type, self.max)),
+            _ => self.inner.create_groups_accumulator(args),
+        }
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        self.inner.create_sliding_accumulator(args)
+    }
+
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        self.inner.order_sensitivity()
+    }
+
+    fn reverse_expr(&self) -> ReversedUDAF {
+        self.inner.reverse_expr()
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn is_descending(&self) -> Option<bool> {
+        self.inner.is_descending()
+    }
+
+    fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
+        self.inner.value_from_stats(statistics_args)
+    }
+
+    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
+        self.inner.default_value(data_type)
+    }
+
+    fn supports_null_handling_clause(&self) -> bool {
+        self.inner.supports_null_handling_clause()
+    }
+
+    fn supports_within_group_clause(&self) -> bool {
+        self.inner.supports_within_group_clause()
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.inner.documentation()
+    }
+
+    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
+        self.inner.set_monotonicity(data_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, RecordBatch};
+    use datafusion::arrow::datatypes::Float64Type;
+    use datafusion::prelude::SessionContext;
+
+    /// `(min, max)` of each group of the `VALUES` rows, by group.
+    async fn extremes(rows: &str) -> Result<Vec<(f64, f64)>> {
+        let ctx = SessionContext::new();
+        for udaf in min_max_udafs() {
+            ctx.register_udaf(udaf.as_ref().clone());
+        }
+        let sql = format!("SELECT g, min(v), max(v) FROM (VALUES {rows}) t(g, v) GROUP BY g ORDER BY g");
+        let batches: Vec<RecordBatch> = ctx.sql(&sql).await?.collect().await?;
+        let mut out = Vec::new();
+        for b in &batches {
+            let (min, max) = (b.column(1).as_primitive::<Float64Type>(), b.column(2).as_primitive::<Float64Type>());
+            out.extend((0..b.num_rows()).map(|i| (min.value(i), max.value(i))));
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn nan_is_above_every_number_and_infinities_are_values() -> Result<()> {
+        let nan = "CAST('NaN' AS DOUBLE)";
+        let got = extremes(&format!("(1, 1.0), (1, {nan}), (1, 3.0), (2, {nan}), (2, -1.0), (3, {nan})")).await?;
+        assert_eq!((got[0].0, got[1].0), (1.0, -1.0));
+        assert!(got[0].1.is_nan() && got[1].1.is_nan() && got[2].0.is_nan() && got[2].1.is_nan(), "{got:?}");
+        let got = extremes("(1, CAST('-inf' AS DOUBLE)), (2, CAST('inf' AS DOUBLE))").await?;
+        assert_eq!(got, [(f64::NEG_INFINITY, f64::NEG_INFINITY), (f64::INFINITY, f64::INFINITY)]);
+        Ok(())
+    }
+}
