@@ -1151,6 +1151,20 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
         let got: Vec<String> = c.sql(1, sql).into_iter().map(|r| r.concat()).collect();
         assert_eq!(got, want, "{sql}");
     }
+    // min/max of floats by group, across shards: NaN highest, infinities kept (`float_min_max`).
+    c.sql(0, "CREATE TABLE fl (k BIGINT, g BIGINT, v DOUBLE) WITH (shard_key = 'k')");
+    c.sql(
+        0,
+        "INSERT INTO fl VALUES (1, 1, 1.0), (2, 1, CAST('NaN' AS DOUBLE)), (3, 1, 3.0), (4, 2, -1.0), \
+         (5, 2, CAST('NaN' AS DOUBLE)), (6, 3, CAST('-inf' AS DOUBLE))",
+    );
+    for setting in ["initiator", "shuffle"] {
+        let sql = format!(
+            "SELECT g, min(v), max(v) FROM fl GROUP BY g ORDER BY g SETTINGS distributed_aggregation = '{setting}'"
+        );
+        let got = c.sql(1, &sql);
+        assert_eq!(got, [["1", "1.0", "NaN"], ["2", "-1.0", "NaN"], ["3", "-inf", "-inf"]], "{setting}: {got:?}");
+    }
     let e = c.sql_err(0, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k ORDER BY ts LIMIT 1 OFFSET 1) FROM sj");
     assert!(e.contains("a correlated scalar subquery of this statement cannot be run") && e.contains("OFFSET"), "{e}");
 }
