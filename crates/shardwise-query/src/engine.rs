@@ -219,6 +219,10 @@ impl QueryEngine {
         }
         // `sum` of integers fails past its type's range (see `crate::checked_sum`).
         ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
+        // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
+        for udf in crate::pad_limits::pad_udfs() {
+            ctx.register_udf(udf);
+        }
         // `min`/`max` of floats by group order NaN highest (see `crate::float_min_max`).
         for udaf in crate::float_min_max::min_max_udafs() {
             ctx.register_udaf(udaf.as_ref().clone());

@@ -25,6 +25,7 @@ pub mod many_groups;
 pub mod memory_limit;
 pub mod numbered_subqueries;
 pub mod numeric_literals;
+pub mod pad_limits;
 pub mod pg_catalog;
 pub mod pg_catalog_tables;
 pub mod pg_functions;

@@ -6,7 +6,8 @@
 //! taken for dead. Here a plan is started and polled on the query runtime; its batches cross to the
 //! caller through a small channel. Dropping the returned stream closes the channel, the driving
 //! task stops at its next send, and dropping the plan's stream cancels its work (and the remote
-//! fragment calls under it).
+//! fragment calls under it). A panic while driving the plan ends the stream with an error, never
+//! as if its rows were all there.
 
 use std::future::Future;
 
@@ -15,7 +16,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::runtime::{Handle, Runtime};
 
 use crate::error::QueryError;
@@ -61,7 +62,8 @@ impl QueryRuntime {
         start: impl FnOnce() -> Result<SendableRecordBatchStream> + Send + 'static,
     ) -> Result<SendableRecordBatchStream> {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(QUERY_STREAM_BUFFER_BATCHES);
-        self.handle()?.spawn(async move {
+        let failed = tx.clone();
+        let drive = async move {
             let mut stream = match start() {
                 Ok(stream) => stream,
                 Err(e) => {
@@ -82,6 +84,14 @@ impl QueryRuntime {
                     break;
                 }
             }
+        };
+        // A panic in the plan (a function's bug) ends the task: its channel would close as at
+        // the end of the rows, and the caller (a remote initiator too) would take a part of the
+        // answer for the whole. It is the stream's last item instead, an error.
+        self.handle()?.spawn(async move {
+            if let Err(panic) = std::panic::AssertUnwindSafe(drive).catch_unwind().await {
+                let _ = failed.send(Err(panicked(panic.as_ref()))).await;
+            }
         });
         let rows = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
@@ -93,11 +103,53 @@ impl QueryRuntime {
     }
 }
 
+/// The error for a panic whose payload is `panic`: a bug, with its message.
+pub fn panicked(panic: &(dyn std::any::Any + Send)) -> DataFusionError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|m| (*m).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string());
+    DataFusionError::Internal(format!("a query task panicked: {message}"))
+}
+
 impl Drop for QueryRuntime {
     fn drop(&mut self) {
         // Dropping a runtime from inside another one blocks, which tokio forbids.
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_the_plan_ends_the_rows_with_an_error() {
+        let runtime = QueryRuntime::new(1).expect("runtime");
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(vec![1]))]).expect("batch");
+        let rows = futures::stream::iter(0..3).map(move |i| {
+            assert!(i < 1, "a function's bug");
+            Ok(batch.clone())
+        });
+        let plan_schema = Arc::clone(&schema);
+        let stream = runtime
+            .drive(Arc::clone(&schema), move || {
+                Ok(Box::pin(RecordBatchStreamAdapter::new(plan_schema, rows)) as SendableRecordBatchStream)
+            })
+            .expect("driven");
+        let items: Vec<Result<RecordBatch>> = stream.collect().await;
+        assert_eq!(items.len(), 2, "one batch, then the error");
+        let e = items[1].as_ref().expect_err("the panic");
+        assert!(e.to_string().contains("a query task panicked: a function's bug"), "{e}");
     }
 }
