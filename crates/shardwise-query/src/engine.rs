@@ -219,6 +219,8 @@ impl QueryEngine {
         }
         // `sum` of integers fails past its type's range (see `crate::checked_sum`).
         ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
+        // `coalesce(date, '2020-01-01')` (see `crate::coalesce_types`).
+        ctx.register_udf(crate::coalesce_types::coalesce_udf());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);
@@ -403,8 +405,9 @@ impl QueryEngine {
         let mut statement = state.sql_to_statement(&body, &dialect)?;
         crate::set_operations::refuse_unsupported(&statement)?;
         repeated_items::name_repeated_items(&mut statement);
-        // `a IS DISTINCT FROM b AND c` as PostgreSQL binds it (see `crate::distinct_from`).
-        crate::distinct_from::bind_as_postgres(&mut statement);
+        // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
+        // `crate::postgres_operators`).
+        crate::postgres_operators::bind_as_postgres(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement)
             && !state.config().options().sql_parser.parse_float_as_decimal

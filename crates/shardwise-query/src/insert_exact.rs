@@ -18,6 +18,9 @@
 //! [`crate::insert_values`]). Constants fail as the optimizer folds them, before anything runs;
 //! other values fail as the source is read, and an insert writes nothing until its source is
 //! read whole.
+//!
+//! An integer for a DATE column is refused outright (a plan error): Arrow's cast reads it as days
+//! since 1970, so `20240101` became the year 57385, where PostgreSQL and DuckDB refuse it.
 
 use std::sync::Arc;
 
@@ -26,7 +29,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float16Type, Float32Type, Float64Type};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_err};
+use datafusion::common::{DFSchema, Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::expr::{Alias, Cast};
 use datafusion::logical_expr::{
     ColumnarValue, DmlStatement, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
@@ -89,6 +92,14 @@ pub fn strict_cast(expr: Expr, schema: &DFSchema) -> Result<Expr> {
         Expr::Cast(Cast { expr, field }) => {
             let from = expr.get_type(schema)?;
             let to = field.data_type();
+            // Arrow reads an integer as days since 1970 (20240101 as the year 57385), which
+            // PostgreSQL and DuckDB refuse, and clients cannot read back.
+            if from.is_integer() && matches!(to, DataType::Date32 | DataType::Date64) {
+                return plan_err!(
+                    "an integer ({expr}) cannot be stored in a DATE column: write the date as text \
+                     ('2024-01-01') or as make_date(year, month, day)"
+                );
+            }
             if !may_lose(&from, to) {
                 return Ok(Expr::Cast(Cast { expr, field }));
             }
@@ -276,6 +287,16 @@ mod tests {
         assert!(e.to_string().contains("Can't cast value 1e39 to type Float32"), "{e}");
         let text = run(&ctx, "SELECT count(*) AS n FROM t").await.expect("counted");
         assert!(text.contains("| 1 |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_integer_is_not_a_date() {
+        let ctx = SessionContext::new();
+        ctx.add_analyzer_rule(Arc::new(StrictInsertCasts));
+        ctx.sql("CREATE TABLE d (d DATE)").await.expect("table").collect().await.expect("created");
+        let e = run(&ctx, "INSERT INTO d VALUES (20240101)").await.expect_err("an integer");
+        assert!(e.to_string().contains("an integer (Int64(20240101)) cannot be stored in a DATE column"), "{e}");
+        run(&ctx, "INSERT INTO d VALUES ('2024-01-01')").await.expect("text");
     }
 
     #[tokio::test]

@@ -252,6 +252,9 @@ async fn is_distinct_from_binds_tighter_than_and() {
     let sql =
         "SELECT count(*) AS n FROM (VALUES ('a', 1), ('b', 9)) v(s, k) WHERE s IS NOT DISTINCT FROM 'b' AND k > 5";
     assert!(pretty(&run(&engine, sql).await.expect("strings beside AND")).contains("| 1 |"));
+    // `^` is the power, as in PostgreSQL and DuckDB.
+    let shown = pretty(&run(&engine, "SELECT 2 ^ 3 AS p, 2.0 ^ 0.5 AS r").await.expect("power"));
+    assert!(shown.contains("| 8.0 ") && shown.contains("1.414213562"), "{shown}");
 }
 
 #[tokio::test]

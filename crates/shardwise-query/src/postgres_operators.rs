@@ -1,23 +1,27 @@
-//! `a IS [NOT] DISTINCT FROM b AND c` read as PostgreSQL reads it: `(a IS DISTINCT FROM b) AND c`.
+//! Operators as PostgreSQL (and DuckDB) read them, where the SQL parser DataFusion uses reads
+//! them otherwise, silently: wrong answers without an error.
 //!
-//! Why: the SQL parser (sqlparser 0.62) reads the right side of `IS [NOT] DISTINCT FROM` as a
-//! whole expression, so `AND` and `OR` after it bind inside: `b IS NOT DISTINCT FROM true AND k >
-//! 5` was planned as `b IS NOT DISTINCT FROM (true AND k > 5)`, a wrong answer without an error
-//! (and a type error where the sides are not booleans). In PostgreSQL, DuckDB and the SQL
-//! standard `IS` binds tighter than `NOT`, `AND` and `OR`, and looser than comparisons (`a IS
-//! DISTINCT FROM b = c` is `a IS DISTINCT FROM (b = c)`, as parsed).
+//! - `a IS [NOT] DISTINCT FROM b AND c` is `(a IS DISTINCT FROM b) AND c`. The parser (sqlparser
+//!   0.62) reads the right side of the test as a whole expression, so `AND` and `OR` after it
+//!   bound inside: `b IS NOT DISTINCT FROM true AND k > 5` was planned as `b IS NOT DISTINCT FROM
+//!   (true AND k > 5)` (and failed on a type error where the sides are not booleans). `IS` binds
+//!   tighter than `NOT`, `AND` and `OR`, and looser than comparisons (`a IS DISTINCT FROM b = c`
+//!   is `a IS DISTINCT FROM (b = c)`, as parsed). Where the right side is an unparenthesized
+//!   `AND`, `OR` or `XOR`, the test takes that operator's left operand only (recursively, down its
+//!   left side) and the operator moves above it; a parenthesized right side (`IS DISTINCT FROM
+//!   (x AND y)`) is a `Nested` expression and stays.
+//! - `a ^ b` is `a` to the power `b` (`2 ^ 3` is 8), not a bitwise XOR (1): the parser's generic
+//!   dialect reads `^` as XOR, its PostgreSQL dialect as the power, which DataFusion plans as
+//!   `power(a, b)`.
 //!
-//! How: [`bind_as_postgres`] walks the parsed statement; where the right side of `IS [NOT]
-//! DISTINCT FROM` is an unparenthesized `AND`, `OR` or `XOR`, the test takes that operator's left
-//! operand only (recursively, down its left side) and the operator moves above it. A
-//! parenthesized right side (`IS DISTINCT FROM (x AND y)`) is a `Nested` expression and stays.
+//! [`bind_as_postgres`] applies both to a parsed statement before planning.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, VisitorMut};
 
-/// Rebinds every `IS [NOT] DISTINCT FROM` of `statement` (see the module doc).
+/// Reads the operators of `statement` as PostgreSQL does (see the module doc).
 pub fn bind_as_postgres(statement: &mut DfStatement) {
     crate::repeated_items::visit_statement_mut(statement, &mut Rebind);
 }
@@ -45,6 +49,9 @@ impl VisitorMut for Rebind {
         match std::mem::replace(expr, placeholder) {
             Expr::IsDistinctFrom(left, right) => *expr = rebound(Expr::IsDistinctFrom, left, right),
             Expr::IsNotDistinctFrom(left, right) => *expr = rebound(Expr::IsNotDistinctFrom, left, right),
+            Expr::BinaryOp { left, op: BinaryOperator::BitwiseXor, right } => {
+                *expr = Expr::BinaryOp { left, op: BinaryOperator::PGExp, right }
+            }
             other => *expr = other,
         }
         ControlFlow::Continue(())
@@ -91,5 +98,16 @@ mod tests {
         // Parenthesized, and a comparison, stay on the right.
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+
+    #[test]
+    fn caret_is_the_power() {
+        // The statements here are parsed in PostgreSQL's dialect, the engine's in the generic one.
+        let statement = Parser::parse_sql(&datafusion::sql::sqlparser::dialect::GenericDialect {}, "SELECT 2 ^ 3")
+            .expect("parses")
+            .remove(0);
+        let mut statement = DfStatement::Statement(Box::new(statement));
+        bind_as_postgres(&mut statement);
+        assert!(format!("{statement:?}").contains("PGExp"), "{statement:?}");
     }
 }
