@@ -187,6 +187,8 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
             // An insert stores no fraction into an integer (see `crate::insert_exact`).
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
+            // A fraction cast to an integer rounds (see `crate::rounding_casts`).
+            .with_analyzer_rule(Arc::new(crate::rounding_casts::RoundingCasts))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
             // EXISTS / IN / NOT IN where DataFusion's joins answer wrongly (see

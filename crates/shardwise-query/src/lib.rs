@@ -39,6 +39,7 @@ pub mod query_log;
 pub mod query_runtime;
 pub mod repeated_items;
 pub mod resident_memory;
+pub mod rounding_casts;
 pub mod scalar_subqueries;
 pub mod server_memory;
 pub mod session;
