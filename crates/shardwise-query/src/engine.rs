@@ -221,6 +221,12 @@ impl QueryEngine {
         }
         // `sum` of integers fails past its type's range (see `crate::checked_sum`).
         ctx.register_udaf(crate::checked_sum::checked_sum_udaf().as_ref().clone());
+        // PostgreSQL's names of functions DataFusion has under others.
+        ctx.register_udf(datafusion::functions::math::signum().as_ref().clone().with_aliases(["sign"]));
+        let variance = datafusion::functions_aggregate::variance::var_samp_udaf();
+        ctx.register_udaf(variance.as_ref().clone().with_aliases(["variance"]));
+        let every = datafusion::functions_aggregate::bool_and_or::bool_and_udaf();
+        ctx.register_udaf(every.as_ref().clone().with_aliases(["every"]));
         // `coalesce(date, '2020-01-01')` (see `crate::coalesce_types`).
         ctx.register_udf(crate::coalesce_types::coalesce_udf());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).

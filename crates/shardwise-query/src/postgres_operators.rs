@@ -13,13 +13,16 @@
 //! - `a ^ b` is `a` to the power `b` (`2 ^ 3` is 8), not a bitwise XOR (1): the parser's generic
 //!   dialect reads `^` as XOR, its PostgreSQL dialect as the power, which DataFusion plans as
 //!   `power(a, b)`.
+//! - `mod(a, b)` is `(a % b)`, PostgreSQL's function for the remainder, which DataFusion lacks.
 //!
 //! [`bind_as_postgres`] applies both to a parsed statement before planning.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, VisitorMut};
+use datafusion::sql::sqlparser::ast::{
+    BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, VisitorMut,
+};
 
 /// Reads the operators of `statement` as PostgreSQL does (see the module doc).
 pub fn bind_as_postgres(statement: &mut DfStatement) {
@@ -41,6 +44,21 @@ fn rebound(make: fn(Box<Expr>, Box<Expr>) -> Expr, left: Box<Expr>, right: Box<E
     }
 }
 
+/// `mod(a, b)` as `(a % b)`; any other call to `mod` as written.
+fn modulo(f: Function) -> Expr {
+    if let FunctionArguments::List(list) = &f.args
+        && let [FunctionArg::Unnamed(FunctionArgExpr::Expr(a)), FunctionArg::Unnamed(FunctionArgExpr::Expr(b))] =
+            list.args.as_slice()
+        && f.over.is_none()
+        && f.filter.is_none()
+    {
+        let remainder =
+            Expr::BinaryOp { left: Box::new(a.clone()), op: BinaryOperator::Modulo, right: Box::new(b.clone()) };
+        return Expr::Nested(Box::new(remainder));
+    }
+    Expr::Function(f)
+}
+
 impl VisitorMut for Rebind {
     type Break = ();
 
@@ -52,6 +70,7 @@ impl VisitorMut for Rebind {
             Expr::BinaryOp { left, op: BinaryOperator::BitwiseXor, right } => {
                 *expr = Expr::BinaryOp { left, op: BinaryOperator::PGExp, right }
             }
+            Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("mod") => *expr = modulo(f),
             other => *expr = other,
         }
         ControlFlow::Continue(())

@@ -255,6 +255,11 @@ async fn is_distinct_from_binds_tighter_than_and() {
     // `^` is the power, as in PostgreSQL and DuckDB.
     let shown = pretty(&run(&engine, "SELECT 2 ^ 3 AS p, 2.0 ^ 0.5 AS r").await.expect("power"));
     assert!(shown.contains("| 8.0 ") && shown.contains("1.414213562"), "{shown}");
+    // PostgreSQL's names: mod, sign, variance, every.
+    let sql =
+        "SELECT mod(7, 3) AS m, sign(-2.5) AS s, variance(x) AS v, every(x > 0) AS e FROM (VALUES (1.0), (2.0)) t(x)";
+    let shown = pretty(&run(&engine, sql).await.expect("postgres names"));
+    assert!(shown.contains("| 1 | -1.0 | 0.5 | true |"), "{shown}");
 }
 
 #[tokio::test]
