@@ -14,6 +14,8 @@
 //!   dialect reads `^` as XOR, its PostgreSQL dialect as the power, which DataFusion plans as
 //!   `power(a, b)`.
 //! - `mod(a, b)` is `(a % b)`, PostgreSQL's function for the remainder, which DataFusion lacks.
+//! - `to_char(ts, 'YYYY-MM-DD HH24:MI:SS')`: PostgreSQL's template patterns become the chrono
+//!   format DataFusion's `to_char` takes (it answered the template itself, for every row).
 //!
 //! [`bind_as_postgres`] applies both to a parsed statement before planning.
 
@@ -59,6 +61,69 @@ fn modulo(f: Function) -> Expr {
     Expr::Function(f)
 }
 
+/// PostgreSQL's template patterns and the chrono specifiers DataFusion's `to_char` reads, the
+/// longer of two that start alike first.
+const PATTERNS: [(&str, &str); 21] = [
+    ("YYYY", "%Y"),
+    ("YY", "%y"),
+    ("MONTH", "%B"),
+    ("Month", "%B"),
+    ("MON", "%b"),
+    ("Mon", "%b"),
+    ("MM", "%m"),
+    ("DDD", "%j"),
+    ("DD", "%d"),
+    ("DAY", "%A"),
+    ("Day", "%A"),
+    ("DY", "%a"),
+    ("Dy", "%a"),
+    ("HH24", "%H"),
+    ("HH12", "%I"),
+    ("HH", "%I"),
+    ("MI", "%M"),
+    ("SS", "%S"),
+    ("MS", "%3f"),
+    ("US", "%6f"),
+    ("AM", "%p"),
+];
+
+/// `to_char(value, 'YYYY-MM-DD HH24:MI:SS')`: a literal template without `%` (so not already
+/// chrono's) in PostgreSQL's patterns, read as the chrono format DataFusion takes; DataFusion
+/// answered the template itself. Text in double quotes is copied as it is, as in PostgreSQL.
+fn postgres_pattern(f: &mut Function) {
+    use datafusion::sql::sqlparser::ast::Value;
+    let FunctionArguments::List(list) = &mut f.args else { return };
+    let Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(template)))) = list.args.get_mut(1) else {
+        return;
+    };
+    let Value::SingleQuotedString(text) = &mut template.value else { return };
+    if text.contains('%') {
+        return;
+    }
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut rest = text.as_str();
+    while let Some(c) = rest.chars().next() {
+        if c == '"' {
+            let quoted = &rest[1..];
+            let end = quoted.find('"').unwrap_or(quoted.len());
+            out.push_str(&quoted[..end]);
+            rest = quoted.get(end + 1..).unwrap_or("");
+            continue;
+        }
+        match PATTERNS.iter().find(|(pattern, _)| rest.starts_with(pattern)) {
+            Some((pattern, chrono)) => {
+                out.push_str(chrono);
+                rest = &rest[pattern.len()..];
+            }
+            None => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    *text = out;
+}
+
 impl VisitorMut for Rebind {
     type Break = ();
 
@@ -71,6 +136,10 @@ impl VisitorMut for Rebind {
                 *expr = Expr::BinaryOp { left, op: BinaryOperator::PGExp, right }
             }
             Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("mod") => *expr = modulo(f),
+            Expr::Function(mut f) if f.name.to_string().eq_ignore_ascii_case("to_char") => {
+                postgres_pattern(&mut f);
+                *expr = Expr::Function(f);
+            }
             other => *expr = other,
         }
         ControlFlow::Continue(())

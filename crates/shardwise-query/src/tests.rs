@@ -260,6 +260,10 @@ async fn is_distinct_from_binds_tighter_than_and() {
         "SELECT mod(7, 3) AS m, sign(-2.5) AS s, variance(x) AS v, every(x > 0) AS e FROM (VALUES (1.0), (2.0)) t(x)";
     let shown = pretty(&run(&engine, sql).await.expect("postgres names"));
     assert!(shown.contains("| 1 | -1.0 | 0.5 | true |"), "{shown}");
+    let sql = "SELECT to_char(TIMESTAMP '2023-07-04 19:58:55.5', 'YYYY-MM-DD HH24:MI:SS.MS \"at\" Dy') AS t, \
+               to_char(DATE '2023-07-04', '%d/%m') AS c";
+    let shown = pretty(&run(&engine, sql).await.expect("to_char"));
+    assert!(shown.contains("| 2023-07-04 19:58:55.500 at Tue | 04/07 |"), "{shown}");
 }
 
 #[tokio::test]
