@@ -25,15 +25,12 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, PrimitiveArray};
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{cast, sum};
-use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Int64Type, UInt64Type};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Int64Type, UInt64Type};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err};
 use datafusion::functions_aggregate::sum::Sum;
-use datafusion::logical_expr::expr::{AggregateFunction, AggregateFunctionParams, WindowFunctionParams};
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
+use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, Expr, GroupsAccumulator, Operator,
-    ReversedUDAF, SetMonotonicity, Signature, StatisticsArgs,
+    Accumulator, AggregateUDF, AggregateUDFImpl, EmitTo, GroupsAccumulator, StatisticsArgs,
 };
 use datafusion::physical_expr::expressions::CastExpr;
 
@@ -74,49 +71,7 @@ fn checked_type(args: &AccumulatorArgs) -> Option<DataType> {
 }
 
 impl AggregateUDFImpl for CheckedSum {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.schema_name(params)
-    }
-
-    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.human_display(params)
-    }
-
-    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_schema_name(params)
-    }
-
-    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.display_name(params)
-    }
-
-    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_display_name(params)
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
-        self.inner.return_field(arg_fields)
-    }
-
-    fn is_nullable(&self) -> bool {
-        self.inner.is_nullable()
-    }
+    crate::udaf_wrapper::delegate_aggregate!();
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         match checked_type(&args) {
@@ -124,14 +79,6 @@ impl AggregateUDFImpl for CheckedSum {
             Some(t) => Ok(Box::new(SumAccumulator::new(t, &args))),
             None => self.inner.accumulator(args),
         }
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        self.inner.state_fields(args)
-    }
-
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        self.inner.groups_accumulator_supported(args)
     }
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
@@ -150,57 +97,10 @@ impl AggregateUDFImpl for CheckedSum {
         }
     }
 
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        self.inner.order_sensitivity()
-    }
-
-    fn simplify_expr_op_literal(
-        &self,
-        agg_function: &AggregateFunction,
-        arg: &Expr,
-        op: Operator,
-        lit: &Expr,
-        arg_is_left: bool,
-    ) -> Result<Option<Expr>> {
-        self.inner.simplify_expr_op_literal(agg_function, arg, op, lit, arg_is_left)
-    }
-
-    fn reverse_expr(&self) -> ReversedUDAF {
-        self.inner.reverse_expr()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
-    }
-
-    fn is_descending(&self) -> Option<bool> {
-        self.inner.is_descending()
-    }
-
     fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
         // Statistics hold no proof that their sum did not wrap: always read the rows.
         let _ = statistics_args;
         None
-    }
-
-    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
-        self.inner.default_value(data_type)
-    }
-
-    fn supports_null_handling_clause(&self) -> bool {
-        self.inner.supports_null_handling_clause()
-    }
-
-    fn supports_within_group_clause(&self) -> bool {
-        self.inner.supports_within_group_clause()
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
-    }
-
-    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
-        self.inner.set_monotonicity(data_type)
     }
 }
 

@@ -15,16 +15,11 @@
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, FieldRef, Float32Type, Float64Type};
+use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::functions_aggregate::min_max::{Max, Min};
-use datafusion::logical_expr::expr::{AggregateFunctionParams, WindowFunctionParams};
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, GroupsAccumulator, ReversedUDAF, SetMonotonicity,
-    Signature, StatisticsArgs,
-};
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, GroupsAccumulator, StatisticsArgs};
 use datafusion_functions_aggregate_common::aggregate::groups_accumulator::prim_op::PrimitiveGroupsAccumulator;
 
 /// DataFusion's `Min` or `Max` with NaN-ordered float groups. See the module doc.
@@ -99,60 +94,10 @@ where
 }
 
 impl<T: AggregateUDFImpl + PartialEq + Eq + Hash> AggregateUDFImpl for NanOrdered<T> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.schema_name(params)
-    }
-
-    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.human_display(params)
-    }
-
-    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_schema_name(params)
-    }
-
-    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
-        self.inner.display_name(params)
-    }
-
-    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
-        self.inner.window_function_display_name(params)
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
-        self.inner.return_field(arg_fields)
-    }
-
-    fn is_nullable(&self) -> bool {
-        self.inner.is_nullable()
-    }
+    crate::udaf_wrapper::delegate_aggregate!();
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         self.inner.accumulator(args)
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        self.inner.state_fields(args)
-    }
-
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        self.inner.groups_accumulator_supported(args)
     }
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
@@ -168,44 +113,8 @@ impl<T: AggregateUDFImpl + PartialEq + Eq + Hash> AggregateUDFImpl for NanOrdere
         self.inner.create_sliding_accumulator(args)
     }
 
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        self.inner.order_sensitivity()
-    }
-
-    fn reverse_expr(&self) -> ReversedUDAF {
-        self.inner.reverse_expr()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
-    }
-
-    fn is_descending(&self) -> Option<bool> {
-        self.inner.is_descending()
-    }
-
     fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
         self.inner.value_from_stats(statistics_args)
-    }
-
-    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
-        self.inner.default_value(data_type)
-    }
-
-    fn supports_null_handling_clause(&self) -> bool {
-        self.inner.supports_null_handling_clause()
-    }
-
-    fn supports_within_group_clause(&self) -> bool {
-        self.inner.supports_within_group_clause()
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
-    }
-
-    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
-        self.inner.set_monotonicity(data_type)
     }
 }
 
