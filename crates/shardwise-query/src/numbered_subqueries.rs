@@ -160,7 +160,8 @@ fn shape(sq: &Subquery, outer: &LogicalPlan) -> Result<Option<Shape>> {
     Ok(Some(Shape { value, aggregates, predicate, rows: rows.build()? }))
 }
 
-fn has_subquery(e: &Expr) -> bool {
+/// Whether `e` holds a subquery (scalar, EXISTS or IN).
+pub(crate) fn has_subquery(e: &Expr) -> bool {
     e.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_)))).unwrap_or(true)
 }
 

@@ -134,7 +134,7 @@ fn one_row(e: Expr) -> Result<Transformed<Expr>> {
 /// `x` as the subquery sees it: its columns (of the outer row, `schema`) as outer references;
 /// `None` if it holds a subquery.
 fn as_outer(x: &Expr, schema: &DFSchema) -> Result<Option<Expr>> {
-    if x.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_))))? {
+    if crate::numbered_subqueries::has_subquery(x) {
         return Ok(None);
     }
     let mut unknown = false;
