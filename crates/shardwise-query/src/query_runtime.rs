@@ -10,6 +10,8 @@
 //! as if its rows were all there.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -63,10 +65,15 @@ impl QueryRuntime {
     ) -> Result<SendableRecordBatchStream> {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(QUERY_STREAM_BUFFER_BATCHES);
         let failed = tx.clone();
+        // Set once the task has sent the stream's last item; a channel that closes before it
+        // (the task cancelled: the runtime stopping with the node) ends the rows with an error.
+        let finished = Arc::new(AtomicBool::new(false));
+        let (ended, panic_ended) = (Arc::clone(&finished), Arc::clone(&finished));
         let drive = async move {
             let mut stream = match start() {
                 Ok(stream) => stream,
                 Err(e) => {
+                    ended.store(true, Ordering::Release);
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
@@ -79,7 +86,10 @@ impl QueryRuntime {
                     _ = tx.closed() => break,
                     item = stream.next() => item,
                 };
-                let Some(item) = item else { break };
+                let Some(item) = item else {
+                    ended.store(true, Ordering::Release);
+                    break;
+                };
                 if tx.send(item).await.is_err() {
                     break;
                 }
@@ -90,10 +100,21 @@ impl QueryRuntime {
         // answer for the whole. It is the stream's last item instead, an error.
         self.handle()?.spawn(async move {
             if let Err(panic) = std::panic::AssertUnwindSafe(drive).catch_unwind().await {
+                panic_ended.store(true, Ordering::Release);
                 let _ = failed.send(Err(panicked(panic.as_ref()))).await;
             }
         });
-        let rows = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        let rows = futures::stream::unfold(Some(rx), move |rx| {
+            let finished = Arc::clone(&finished);
+            async move {
+                let mut rx = rx?;
+                match rx.recv().await {
+                    Some(item) => Some((item, Some(rx))),
+                    None if finished.load(Ordering::Acquire) => None,
+                    None => Some((Err(stopped()), None)),
+                }
+            }
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)))
     }
 
@@ -101,6 +122,13 @@ impl QueryRuntime {
     pub async fn run<T: Send + 'static>(&self, work: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
         self.handle()?.spawn(work).await.map_err(|e| DataFusionError::Internal(format!("a query task failed: {e}")))?
     }
+}
+
+/// The error for rows cut short because the query runtime stopped (the node is stopping).
+fn stopped() -> DataFusionError {
+    DataFusionError::External(Box::new(QueryError::Unavailable(
+        "the node stopped running this query before its end".to_string(),
+    )))
 }
 
 /// The error for a panic whose payload is `panic`: a bug, with its message.
@@ -124,12 +152,29 @@ impl Drop for QueryRuntime {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
+
+    #[tokio::test]
+    async fn rows_cut_short_by_a_stopping_runtime_end_with_an_error() {
+        let runtime = QueryRuntime::new(1).expect("runtime");
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let plan_schema = Arc::clone(&schema);
+        // A plan that never ends, then the runtime stops under it.
+        let stream = runtime
+            .drive(Arc::clone(&schema), move || {
+                let endless = futures::stream::pending::<Result<RecordBatch>>();
+                Ok(Box::pin(RecordBatchStreamAdapter::new(plan_schema, endless)) as SendableRecordBatchStream)
+            })
+            .expect("driven");
+        drop(runtime);
+        let items: Vec<Result<RecordBatch>> = stream.collect().await;
+        assert_eq!(items.len(), 1, "an error, not an empty answer");
+        let e = items[0].as_ref().expect_err("cut short");
+        assert!(e.to_string().contains("stopped running this query"), "{e}");
+    }
 
     #[tokio::test]
     async fn a_panic_in_the_plan_ends_the_rows_with_an_error() {
