@@ -56,6 +56,7 @@ pub mod system_settings;
 pub mod system_storage;
 pub mod system_tables;
 pub mod table_listing;
+pub mod time_literals;
 pub mod to_utf8view;
 mod udaf_wrapper;
 pub mod view_keys;
