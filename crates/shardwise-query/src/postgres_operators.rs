@@ -16,6 +16,8 @@
 //! - `mod(a, b)` is `(a % b)`, PostgreSQL's function for the remainder, which DataFusion lacks.
 //! - `to_char(ts, 'YYYY-MM-DD HH24:MI:SS')`: PostgreSQL's template patterns become the chrono
 //!   format DataFusion's `to_char` takes (it answered the template itself, for every row).
+//! - `LIKE 'a!%' ESCAPE '!'`: a literal pattern escaped by another character than the backslash
+//!   becomes the same pattern escaped by backslashes (DataFusion refused the ESCAPE clause).
 //!
 //! [`bind_as_postgres`] applies both to a parsed statement before planning.
 
@@ -124,6 +126,42 @@ fn postgres_pattern(f: &mut Function) {
     *text = out;
 }
 
+/// `LIKE 'a!%b' ESCAPE '!'`: a literal pattern with another escape character than the backslash
+/// (the only one DataFusion takes) as the same pattern escaped by backslashes (`'a\\%b'`, a
+/// backslash of the original doubled), without the ESCAPE clause.
+fn escaped_by_backslash(
+    pattern: &mut Box<Expr>,
+    escape_char: &mut Option<datafusion::sql::sqlparser::ast::ValueWithSpan>,
+) {
+    use datafusion::sql::sqlparser::ast::Value;
+    let Some(escape) = escape_char.as_ref() else { return };
+    let Value::SingleQuotedString(escape) = &escape.value else { return };
+    let mut chars = escape.chars();
+    let (Some(escape), None) = (chars.next(), chars.next()) else { return };
+    if escape == '\\' {
+        return;
+    }
+    let Expr::Value(value) = pattern.as_mut() else { return };
+    let Value::SingleQuotedString(text) = &mut value.value else { return };
+    let mut out = String::with_capacity(text.len() + 4);
+    let mut rest = text.chars();
+    while let Some(c) = rest.next() {
+        match c {
+            c if c == escape => match rest.next() {
+                Some(next) => {
+                    out.push('\\');
+                    out.push(next);
+                }
+                None => out.push(c),
+            },
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    *text = out;
+    *escape_char = None;
+}
+
 impl VisitorMut for Rebind {
     type Break = ();
 
@@ -136,6 +174,14 @@ impl VisitorMut for Rebind {
                 *expr = Expr::BinaryOp { left, op: BinaryOperator::PGExp, right }
             }
             Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("mod") => *expr = modulo(f),
+            Expr::Like { negated, any, expr: value, mut pattern, mut escape_char } => {
+                escaped_by_backslash(&mut pattern, &mut escape_char);
+                *expr = Expr::Like { negated, any, expr: value, pattern, escape_char }
+            }
+            Expr::ILike { negated, any, expr: value, mut pattern, mut escape_char } => {
+                escaped_by_backslash(&mut pattern, &mut escape_char);
+                *expr = Expr::ILike { negated, any, expr: value, pattern, escape_char }
+            }
             Expr::Function(mut f) if f.name.to_string().eq_ignore_ascii_case("to_char") => {
                 postgres_pattern(&mut f);
                 *expr = Expr::Function(f);

@@ -264,6 +264,10 @@ async fn is_distinct_from_binds_tighter_than_and() {
                to_char(DATE '2023-07-04', '%d/%m') AS c";
     let shown = pretty(&run(&engine, sql).await.expect("to_char"));
     assert!(shown.contains("| 2023-07-04 19:58:55.500 at Tue | 04/07 |"), "{shown}");
+    let sql = "SELECT '10%' LIKE '10!%' ESCAPE '!' AS a, '100' LIKE '10!%' ESCAPE '!' AS b, \
+               'a\\b' LIKE 'a\\b' ESCAPE '!' AS c, 'X_1' ILIKE 'x#_%' ESCAPE '#' AS d";
+    let shown = pretty(&run(&engine, sql).await.expect("LIKE ESCAPE"));
+    assert!(shown.contains("| true | false | true | true |"), "{shown}");
 }
 
 #[tokio::test]
