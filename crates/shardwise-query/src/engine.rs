@@ -187,6 +187,9 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
             // An insert stores no fraction into an integer (see `crate::insert_exact`).
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
+            // information_schema.columns.ordinal_position from 1 (see
+            // `crate::information_schema_positions`).
+            .with_analyzer_rule(Arc::new(crate::information_schema_positions::OrdinalFromOne))
             // '2024-01-01 10:00' and ' 2024-01-01 ' as dates and times (see `crate::time_literals`).
             .with_analyzer_rule(Arc::new(crate::time_literals::TimeLiterals))
             // A fraction cast to an integer rounds (see `crate::rounding_casts`).

@@ -17,6 +17,7 @@ pub mod error;
 pub mod float_min_max;
 pub mod format_clause;
 pub mod group_topk;
+pub mod information_schema_positions;
 pub mod insert_exact;
 pub mod insert_select;
 pub mod insert_values;
