@@ -22,11 +22,9 @@ use datafusion::arrow::compute::kernels::numeric;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, DataFusionError, Result, exec_err};
 use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
-use datafusion::logical_expr::utils::merge_schema;
 use datafusion::logical_expr::{
     BinaryExpr, ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator, ScalarFunctionArgs, ScalarUDF,
     ScalarUDFImpl, Signature, Volatility,
@@ -40,17 +38,7 @@ pub struct CheckedIntegerArithmetic;
 
 impl AnalyzerRule for CheckedIntegerArithmetic {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let inputs = node.inputs();
-            let schema = merge_schema(&inputs);
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                let rewritten = e.transform_up(|e| checked(e, &schema))?;
-                Ok(rewritten.update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        crate::expression_rules::rewrite_expressions(plan, checked)
     }
 
     fn name(&self) -> &str {

@@ -12,12 +12,11 @@
 
 use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions::math::expr_fn::{round, trunc};
 use datafusion::logical_expr::expr::Cast;
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use std::sync::Arc;
@@ -28,16 +27,7 @@ pub struct IntegersAsSeconds;
 
 impl AnalyzerRule for IntegersAsSeconds {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let schema = node.inputs().first().map(|input| Arc::clone(input.schema()));
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                let rewritten = e.transform_up(|e| through_seconds(e, schema.as_deref()))?;
-                Ok(rewritten.update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        crate::expression_rules::rewrite_expressions(plan, through_seconds)
     }
 
     fn name(&self) -> &str {
@@ -49,16 +39,15 @@ impl AnalyzerRule for IntegersAsSeconds {
 /// Timestamp(unit))`; of a float or decimal `x` as seconds with their fraction (through a double:
 /// whole seconds, and the fraction rounded to the nanosecond), then the target's unit; other
 /// expressions as they are. An expression of a node without input (`VALUES`) is typed against an empty schema.
-fn through_seconds(e: Expr, schema: Option<&DFSchema>) -> Result<Transformed<Expr>> {
+fn through_seconds(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     let Expr::Cast(Cast { expr, field }) = &e else { return Ok(Transformed::no(e)) };
     let DataType::Timestamp(unit, zone) = field.data_type() else { return Ok(Transformed::no(e)) };
     if *unit == TimeUnit::Second {
         return Ok(Transformed::no(e));
     }
-    let empty = DFSchema::empty();
     let input_type = match expr.as_ref() {
         Expr::Literal(value, _) => value.data_type(),
-        other => match other.get_type(schema.unwrap_or(&empty)) {
+        other => match other.get_type(schema) {
             Ok(t) => t,
             Err(_) => return Ok(Transformed::no(e)),
         },

@@ -14,6 +14,7 @@ pub mod decimal_check;
 pub mod dist;
 pub mod engine;
 pub mod error;
+mod expression_rules;
 pub mod float_min_max;
 pub mod format_clause;
 pub mod group_topk;

@@ -29,10 +29,9 @@ use std::ops::ControlFlow;
 use datafusion::arrow::datatypes::DataType as ArrowType;
 use datafusion::common::ScalarValue;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::Cast;
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr as LogicalExpr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::sql::parser::Statement as DfStatement;
@@ -113,15 +112,8 @@ pub struct ExactDecimalLiterals;
 
 impl AnalyzerRule for ExactDecimalLiterals {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            // A projection's columns keep the names the cast gave them.
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                Ok(e.transform_up(exact_cast)?.update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        // A projection's columns keep the names the cast gave them.
+        crate::expression_rules::rewrite_expressions(plan, |e, _| exact_cast(e))
     }
 
     fn name(&self) -> &str {

@@ -9,16 +9,13 @@
 //! a fraction to an integer type. An `INSERT` of a fraction into an integer column still fails
 //! (`crate::insert_exact` checks the value before its cast).
 
-use std::sync::Arc;
-
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::DFSchema;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::functions::math::expr_fn::round;
 use datafusion::logical_expr::expr::{Cast, TryCast};
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 
@@ -28,21 +25,7 @@ pub struct RoundingCasts;
 
 impl AnalyzerRule for RoundingCasts {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let schema = match node.inputs().as_slice() {
-                [] => Arc::new(DFSchema::empty()),
-                [one] => Arc::clone(one.schema()),
-                // A join's expressions read both sides: its own schema has their columns.
-                _ => Arc::clone(node.schema()),
-            };
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                let rewritten = e.transform_up(|e| rounded(e, &schema))?;
-                Ok(rewritten.update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        crate::expression_rules::rewrite_expressions(plan, rounded)
     }
 
     fn name(&self) -> &str {
@@ -90,6 +73,8 @@ fn is_rounded(e: &Expr) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::prelude::SessionContext;

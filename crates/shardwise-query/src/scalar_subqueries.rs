@@ -24,11 +24,10 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, StructArray, UInt64Arra
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, UInt64Type};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Result, ScalarValue, exec_err};
 use datafusion::functions_aggregate::first_last::first_value_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, ScalarFunction, Sort};
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::logical_plan::{FetchType, Projection, SkipType};
 use datafusion::logical_expr::utils::{AggregateOrderSensitivity, format_state_name};
@@ -49,18 +48,10 @@ pub struct ScalarSubqueryRows;
 
 impl AnalyzerRule for ScalarSubqueryRows {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                let rewritten = e.transform_up(|e| match e {
-                    Expr::ScalarSubquery(sq) if !sq.outer_ref_columns.is_empty() => as_aggregate(sq),
-                    other => Ok(Transformed::no(other)),
-                })?;
-                Ok(rewritten.update_data(|e| name.restore(e)))
-            })
+        crate::expression_rules::rewrite_expressions(plan, |e, _| match e {
+            Expr::ScalarSubquery(sq) if !sq.outer_ref_columns.is_empty() => as_aggregate(sq),
+            other => Ok(Transformed::no(other)),
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {

@@ -12,10 +12,9 @@
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::{Cast, TryCast};
-use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 
@@ -25,15 +24,7 @@ pub struct TimeLiterals;
 
 impl AnalyzerRule for TimeLiterals {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|node| {
-            let names = NamePreserver::new(&node);
-            node.map_expressions(|e| {
-                let name = names.save(&e);
-                let rewritten = e.transform_up(|e| Ok(normalized(e)))?;
-                Ok(rewritten.update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        crate::expression_rules::rewrite_expressions(plan, |e, _| Ok(normalized(e)))
     }
 
     fn name(&self) -> &str {

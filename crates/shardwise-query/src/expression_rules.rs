@@ -1,0 +1,29 @@
+//! The walk the analyzer rules that rewrite expressions share: every expression of every node
+//! (subqueries included), bottom up, each typed against the node's inputs, a SELECT item keeping
+//! the name it had (a column does not change name because a rule changed its expression).
+//! [`rewrite_expressions`] is that walk; each rule gives only its rewrite of one expression.
+
+use datafusion::common::DFSchema;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::Result;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::merge_schema;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+
+/// `plan` with `rewrite(e, schema)` applied to each of its expressions bottom up, `schema` the
+/// columns of the expression's node's inputs (empty for a node without input, `VALUES`).
+pub(crate) fn rewrite_expressions(
+    plan: LogicalPlan,
+    rewrite: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        let schema = merge_schema(&node.inputs());
+        let names = NamePreserver::new(&node);
+        node.map_expressions(|e| {
+            let name = names.save(&e);
+            let rewritten = e.transform_up(|e| rewrite(e, &schema))?;
+            Ok(rewritten.update_data(|e| name.restore(e)))
+        })
+    })
+    .map(|t| t.data)
+}
