@@ -13,6 +13,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{LogicalPlan, Statement, WriteOp};
+use datafusion::optimizer::analyzer::resolve_grouping_function::ResolveGroupingFunction;
+use datafusion::optimizer::analyzer::type_coercion::TypeCoercion;
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
@@ -171,6 +173,9 @@ impl QueryEngine {
             .with_option_extension(ShardwiseSettings::default());
         // Tables store strings as Utf8; plan string literals and casts the same way.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+        // `0.1` is the exact DECIMAL written, as in PostgreSQL and DuckDB (see
+        // `crate::numeric_coercion`).
+        config.options_mut().sql_parser.parse_float_as_decimal = true;
         // Top-N per group without a full sort (`row_number() ... <= N`, see `crate::group_topk`).
         let mut runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new();
         if max_server_memory_bytes > 0 {
@@ -182,6 +187,13 @@ impl QueryEngine {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
+            // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
+            // DataFusion's coercion (see `crate::numeric_coercion`).
+            .with_analyzer_rules(vec![
+                Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
+                Arc::new(ResolveGroupingFunction::new()),
+                Arc::new(TypeCoercion::new()),
+            ])
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))

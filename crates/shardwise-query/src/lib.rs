@@ -26,6 +26,7 @@ pub mod integer_timestamps;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod numbered_subqueries;
+pub mod numeric_coercion;
 pub mod numeric_literals;
 pub mod pad_limits;
 pub mod pg_catalog;

@@ -52,7 +52,7 @@ const CORPUS: &[&str] = &[
     "SELECT k, count(DISTINCT g) FROM {t} GROUP BY k",
     "SELECT g, median(v) FROM {t} GROUP BY g",
     "SELECT median(q), median(v) FROM {t}",
-    "SELECT g, percentile_cont(0.9) WITHIN GROUP (ORDER BY v) FROM {t} GROUP BY g",
+    "SELECT g, percentile_cont(0.9) WITHIN GROUP (ORDER BY v) AS p90 FROM {t} GROUP BY g",
     "SELECT g, stddev(v), stddev_pop(v), var_samp(v), var_pop(v) FROM {t} GROUP BY g",
     "SELECT g, corr(v, q), covar_samp(v, q), covar_pop(v, q) FROM {t} GROUP BY g",
     "SELECT g, regr_slope(v, q), regr_intercept(v, q), regr_count(v, q) FROM {t} GROUP BY g",
@@ -1001,21 +1001,23 @@ fn literals_meet_decimal_and_double_columns_as_written() {
     assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE w IN (395616.196, 2.675)"), vec![vec!["2"]]);
     // The DOUBLE nearest 2.675 is just under it: as written, it rounds up.
     assert_eq!(c.sql(0, "SELECT CAST(2.675 AS DECIMAL(10, 2))"), vec![vec!["2.68"]]);
-    // A DOUBLE column stays a DOUBLE comparison (under 1e-15 and over 1e15 included), and a
-    // literal stays a DOUBLE in arithmetic, as in DataFusion.
+    // A DOUBLE column stays a DOUBLE comparison (under 1e-15 and over 1e15 included): a
+    // decimal literal meets it as a DOUBLE, as in PostgreSQL.
     assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE d > 0.0"), vec![vec!["3"]]);
-    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE d = 0.3"), vec![vec!["0"]]);
-    let typed = c.sql(0, "SELECT arrow_typeof(0.1), 1.0 / 4, arrow_typeof(1.5e3)");
-    assert_eq!(typed, vec![vec!["Float64", "0.25", "Float64"]]);
-    // Every literal a DECIMAL, for a session that asks (an exponent stays a DOUBLE).
-    let decimals = c.sql(
+    assert_eq!(c.sql(0, "SELECT count(*) FROM money WHERE d = 0.3 OR d > 1.5e19 + 0.5"), vec![vec!["1"]]);
+    // Literals are exact DECIMALs (an exponent makes a DOUBLE), and a quotient of exact
+    // numbers keeps 16 fractional digits.
+    let typed =
+        c.sql(0, "SELECT arrow_typeof(0.1) = 'Decimal128(1, 1)', 1.0 / 4, arrow_typeof(1.5e3), 0.1 + 0.2 = 0.3");
+    assert_eq!(typed, vec![vec!["true", "0.2500000000000000", "Float64", "true"]]);
+    // DataFusion's DOUBLE literals, for a session that asks.
+    let doubles = c.sql(
         0,
-        "SET datafusion.sql_parser.parse_float_as_decimal = true; \
-         SELECT arrow_typeof(0.1) = 'Decimal128(1, 1)', arrow_typeof(2e0)",
+        "SET datafusion.sql_parser.parse_float_as_decimal = false; \
+         SELECT arrow_typeof(0.1), 0.1 + 0.2 = 0.3",
     );
-    assert_eq!(decimals, vec![vec!["true", "Float64"]]);
-    // In INSERT ... VALUES a value that is a literal is exact; a literal inside arithmetic is a
-    // DOUBLE, as in a query (a decimal division kept five digits of 1.0 / 3).
+    assert_eq!(doubles, vec![vec!["Float64", "false"]]);
+    // In INSERT ... VALUES every value goes into its column's type from the exact one.
     c.sql(
         0,
         "INSERT INTO money VALUES (5, -(0.5), CAST(1.0 / 8 AS DECIMAL(12, 3)), 1.0 / 3), \
