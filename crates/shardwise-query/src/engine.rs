@@ -428,6 +428,9 @@ impl QueryEngine {
         }
         let dialect = state.config().options().sql_parser.dialect;
         let mut statement = state.sql_to_statement(&body, &dialect)?;
+        // A chain of operators deep enough to exhaust a thread's stack is refused here.
+        let max_ast_depth = settings::current(state.config().options()).max_ast_depth;
+        crate::ast_limits::check_depth(&statement, max_ast_depth)?;
         crate::set_operations::refuse_unsupported(&statement)?;
         repeated_items::name_repeated_items(&mut statement);
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see

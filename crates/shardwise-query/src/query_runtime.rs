@@ -43,6 +43,8 @@ impl QueryRuntime {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("shardwise-query")
+            // Deep expressions recurse (see `crate::ast_limits`).
+            .thread_stack_size(crate::ast_limits::QUERY_THREAD_STACK_BYTES)
             .enable_all()
             .build()
             .map_err(|e| QueryError::Internal(DataFusionError::External(Box::new(e))))?;

@@ -73,6 +73,10 @@ extensions_options! {
         /// min and max through packed key ids cut into radix buckets instead of DataFusion's
         /// group table; 0 uses DataFusion's.
         pub many_groups_aggregation: Flag, default = Flag(true)
+        /// ClickHouse's setting: the deepest chain of operators (`a OR b OR ...`) or of set
+        /// operations (`... UNION ALL ...`) a statement may have; deeper ones are refused
+        /// before planning, which recurses once per level.
+        pub max_ast_depth: u64, default = 1000
     }
 }
 
@@ -100,6 +104,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "small_group_aggregation",
     "small_group_aggregation_max_groups",
     "many_groups_aggregation",
+    "max_ast_depth",
 ];
 
 /// Makes a `FromStr + Display + Default` type a DataFusion config field: `SET` parses the value

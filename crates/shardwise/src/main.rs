@@ -77,7 +77,13 @@ fn main() -> ExitCode {
     malloc_tuning::configure();
     forget_empty_settings();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Statements are planned on this runtime's threads, recursing once per level of an
+    // expression (see `shardwise_query::ast_limits`).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(shardwise_query::ast_limits::QUERY_THREAD_STACK_BYTES)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

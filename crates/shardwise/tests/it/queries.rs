@@ -972,6 +972,14 @@ fn set_lasts_for_its_connection_only() {
     assert!(other.contains("strategy=initiator_merge"), "{other}");
     let err = c.sql_err(0, "SET distributed_aggregation = 'sideways'");
     assert!(err.contains("initiator") && err.contains("shuffle"), "{err}");
+    // A generated chain of a thousand ORs is planned and run on the shards (it overflowed a
+    // thread's stack at a few hundred, aborting the node); past max_ast_depth it is refused.
+    let ors = |n: usize| (0..n).map(|i| format!("k = {i}")).collect::<Vec<_>>().join(" OR ");
+    let deep = c.sql(1, &format!("SELECT count(*) FROM st WHERE {}", ors(999)));
+    assert_eq!(deep, vec![vec!["998"]]);
+    let err = c.sql_err(1, &format!("SELECT count(*) FROM st WHERE {}", ors(1500)));
+    assert!(err.contains("operators 1500 deep") && err.contains("max_ast_depth = 1000"), "{err}");
+    assert_eq!(c.sql(1, "SELECT count(*) FROM st"), vec![vec!["1000"]]);
 }
 
 #[test]
