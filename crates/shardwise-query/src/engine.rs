@@ -189,7 +189,13 @@ impl QueryEngine {
             .with_default_features()
             // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
             // DataFusion's coercion (see `crate::numeric_coercion`).
+            // ... and `GROUPING SETS (())` as the aggregate of all rows (see
+            // `crate::empty_grouping_sets`).
             .with_analyzer_rules(vec![
+                Arc::new(crate::empty_grouping_sets::EmptyGroupingSets),
+                // A window below a correlation is refused before subqueries are rewritten (see
+                // `crate::correlated_windows`).
+                Arc::new(crate::correlated_windows::CorrelatedWindows),
                 Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
                 Arc::new(ResolveGroupingFunction::new()),
                 Arc::new(TypeCoercion::new()),
@@ -197,6 +203,9 @@ impl QueryEngine {
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))
+            // A recursive term that aggregates its own rows is refused (see
+            // `crate::recursive_terms`).
+            .with_analyzer_rule(Arc::new(crate::recursive_terms::RecursiveTerms))
             // An insert stores no fraction into an integer (see `crate::insert_exact`).
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
             // information_schema.columns.ordinal_position from 1 (see
@@ -246,6 +255,8 @@ impl QueryEngine {
         ctx.register_udaf(every.as_ref().clone().with_aliases(["every"]));
         // `coalesce(date, '2020-01-01')` (see `crate::coalesce_types`).
         ctx.register_udf(crate::coalesce_types::coalesce_udf());
+        // What a float cast to an integer is rounded with (see `crate::rounding_casts`).
+        ctx.register_udf(crate::rounding_casts::round_half_even_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);
@@ -436,6 +447,10 @@ impl QueryEngine {
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);
+        // `OVER (w ORDER BY x)` with the clauses of `w` (see `crate::named_windows`).
+        crate::named_windows::copy_named_windows(&mut statement);
+        // `JOIN ... USING (k)`'s merged `k` as PostgreSQL has it (see `crate::using_joins`).
+        crate::using_joins::merge_using_columns(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement)
             && !state.config().options().sql_parser.parse_float_as_decimal

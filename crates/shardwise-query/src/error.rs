@@ -10,7 +10,7 @@ use datafusion::error::DataFusionError;
 pub enum QueryError {
     /// The statement is wrong: syntax, unknown table or column, type mismatch, bad setting, a
     /// runtime error caused by the data (division by zero, failed cast), ...
-    #[error("{}", .0.strip_backtrace())]
+    #[error("{}", user_text(.0))]
     Invalid(#[source] DataFusionError),
     /// The statement is valid SQL but shardwise does not run it (DDL and DML on DataFusion
     /// tables, for now).
@@ -146,6 +146,33 @@ fn placed_at_end(e: DataFusionError) -> DataFusionError {
     }
 }
 
+/// The text of a user's error: DataFusion's, but a parser's error as `syntax error: ...` (its
+/// display is the parser's Rust debug form, `SQL error: ParserError("...")`) and a construct
+/// DataFusion's planner does not know by its name (its display dumps the syntax tree).
+fn user_text(e: &DataFusionError) -> String {
+    use datafusion::sql::sqlparser::parser::ParserError;
+    match e {
+        DataFusionError::SQL(parser, _) => match parser.as_ref() {
+            ParserError::ParserError(message) | ParserError::TokenizerError(message) => {
+                format!("syntax error: {message}")
+            }
+            ParserError::RecursionLimitExceeded => "the statement nests parentheses, subqueries or CASE \
+                 expressions deeper than datafusion.sql_parser.recursion_limit allows (SET \
+                 datafusion.sql_parser.recursion_limit = ... raises it)"
+                .to_string(),
+        },
+        DataFusionError::NotImplemented(message) if message.starts_with(UNSUPPORTED_AST_NODE) => {
+            let node = &message[UNSUPPORTED_AST_NODE.len()..];
+            let name = node.split([' ', '(', '{']).next().unwrap_or(node);
+            format!("this SQL construct is not supported: {name}")
+        }
+        other => other.strip_backtrace(),
+    }
+}
+
+/// How DataFusion's SQL planner starts the message for a construct it does not plan.
+const UNSUPPORTED_AST_NODE: &str = "Unsupported ast node in sqltorel: ";
+
 /// DataFusion's words after an internal error's message.
 const DATAFUSION_BUG_TRAILER: &str = ".\nThis issue was likely caused by a bug in DataFusion's code. Please help us to \
      resolve this by filing a bug report in our issue tracker: https://github.com/apache/datafusion/issues";
@@ -245,6 +272,19 @@ fn is_bad_pattern(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parser_errors_read_as_syntax_errors() {
+        use datafusion::sql::sqlparser::parser::ParserError;
+        let parse = |e: ParserError| QueryError::from(DataFusionError::SQL(Box::new(e), None)).to_string();
+        let text = parse(ParserError::ParserError("Expected: ), found: exclude at Line: 1, Column: 9".into()));
+        assert_eq!(text, "syntax error: Expected: ), found: exclude at Line: 1, Column: 9");
+        assert!(parse(ParserError::RecursionLimitExceeded).contains("recursion_limit"));
+        let e = QueryError::from(DataFusionError::NotImplemented(format!(
+            "{UNSUPPORTED_AST_NODE}Collate {{ expr: Identifier(Ident {{ value: \"s\" }}) }}"
+        )));
+        assert_eq!(e.to_string(), "this SQL construct is not supported: Collate");
+    }
 
     #[test]
     fn plan_errors_are_user_errors() {

@@ -1,22 +1,29 @@
 //! A fraction cast to an integer is rounded, as PostgreSQL and DuckDB do: `CAST(9.99 AS INT)`
-//! is 10, `CAST(-9.5 AS INT)` is -10.
+//! is 10, `CAST(-9.5 AS INT)` is -10 (a DECIMAL's half away from zero), and
+//! `CAST(2.5::DOUBLE AS INT)` is 2 (a float's half to even, C's `rint`, as both engines do).
 //!
 //! Why: Arrow's cast cuts the fraction off (9 and -9), so the same query answered differently
 //! here than on the engines whose SQL the PostgreSQL endpoint speaks, with no error.
 //!
 //! How: [`RoundingCasts`], an analyzer rule, puts `round(x)` (half away from zero, DataFusion's
-//! `round` for floats and decimals) under every cast or `TRY_CAST` from a float or a decimal with
-//! a fraction to an integer type. An `INSERT` of a fraction into an integer column still fails
+//! `round`) under every cast or `TRY_CAST` from a decimal with a fraction to an integer type,
+//! and [`round_half_even_udf`] under one from a float. An `INSERT` of a fraction into an integer column still fails
 //! (`crate::insert_exact` checks the value before its cast).
 
-use datafusion::arrow::datatypes::DataType;
-use datafusion::common::DFSchema;
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
+use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions::math::expr_fn::round;
-use datafusion::logical_expr::expr::{Cast, TryCast};
-use datafusion::logical_expr::{Expr, ExprSchemable, LogicalPlan};
+use datafusion::logical_expr::expr::{Cast, ScalarFunction, TryCast};
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
 use datafusion::optimizer::AnalyzerRule;
 
 /// The analyzer rule (see the module doc).
@@ -59,16 +66,81 @@ fn rounded(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     if !to.is_integer() || !has_fraction(&from) || is_rounded(expr) {
         return Ok(Transformed::no(e));
     }
+    let float = matches!(from, DataType::Float16 | DataType::Float32 | DataType::Float64);
+    let rounded = |x: Expr| {
+        if float {
+            Expr::ScalarFunction(ScalarFunction::new_udf(round_half_even_udf(), vec![x]))
+        } else {
+            round(vec![x])
+        }
+    };
     Ok(Transformed::yes(match e {
-        Expr::Cast(Cast { expr, field }) => Expr::Cast(Cast { expr: Box::new(round(vec![*expr])), field }),
-        Expr::TryCast(TryCast { expr, field }) => Expr::TryCast(TryCast { expr: Box::new(round(vec![*expr])), field }),
+        Expr::Cast(Cast { expr, field }) => Expr::Cast(Cast { expr: Box::new(rounded(*expr)), field }),
+        Expr::TryCast(TryCast { expr, field }) => Expr::TryCast(TryCast { expr: Box::new(rounded(*expr)), field }),
         other => other,
     }))
 }
 
-/// Whether `e` is a call of `round` already (the rule's own work, seen again).
+/// Whether `e` is a call of a rounding function already (the rule's own work, seen again).
 fn is_rounded(e: &Expr) -> bool {
-    matches!(e, Expr::ScalarFunction(f) if f.name() == "round")
+    matches!(e, Expr::ScalarFunction(f) if f.name() == "round" || f.name() == ROUND_HALF_EVEN)
+}
+
+/// The name of [`round_half_even_udf`], callable by users too (DuckDB's `roundbankers(x, 0)`).
+pub const ROUND_HALF_EVEN: &str = "round_half_even";
+
+/// `round_half_even(x)`: a float rounded to the nearest integer, halves to the even one
+/// (`f64::round_ties_even`, C's `rint`).
+pub fn round_half_even_udf() -> Arc<ScalarUDF> {
+    static UDF: LazyLock<Arc<ScalarUDF>> = LazyLock::new(|| {
+        Arc::new(ScalarUDF::new_from_impl(RoundHalfEven {
+            signature: Signature::uniform(1, vec![DataType::Float64, DataType::Float32], Volatility::Immutable),
+        }))
+    });
+    Arc::clone(&UDF)
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct RoundHalfEven {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for RoundHalfEven {
+    fn name(&self) -> &str {
+        ROUND_HALF_EVEN
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(arg_types.first().cloned().unwrap_or(DataType::Float64))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let [x] = args.args.as_slice() else {
+            return datafusion::common::exec_err!("{ROUND_HALF_EVEN} takes one argument");
+        };
+        Ok(match x {
+            ColumnarValue::Scalar(ScalarValue::Float64(v)) => {
+                ColumnarValue::Scalar(ScalarValue::Float64(v.map(f64::round_ties_even)))
+            }
+            ColumnarValue::Scalar(ScalarValue::Float32(v)) => {
+                ColumnarValue::Scalar(ScalarValue::Float32(v.map(f32::round_ties_even)))
+            }
+            ColumnarValue::Array(array) => match array.data_type() {
+                DataType::Float64 => ColumnarValue::Array(Arc::new(
+                    array.as_primitive::<Float64Type>().unary::<_, Float64Type>(f64::round_ties_even),
+                )),
+                DataType::Float32 => ColumnarValue::Array(Arc::new(
+                    array.as_primitive::<Float32Type>().unary::<_, Float32Type>(f32::round_ties_even),
+                )),
+                other => return datafusion::common::exec_err!("{ROUND_HALF_EVEN} of {other}"),
+            },
+            other => return datafusion::common::exec_err!("{ROUND_HALF_EVEN} of {}", other.data_type()),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +150,21 @@ mod tests {
     use super::*;
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::prelude::SessionContext;
+
+    #[tokio::test]
+    async fn floats_round_half_to_even() -> Result<()> {
+        let ctx = SessionContext::new();
+        ctx.add_analyzer_rule(Arc::new(RoundingCasts));
+        ctx.register_udf(round_half_even_udf().as_ref().clone());
+        let sql = "SELECT CAST(x AS INT) AS i, CAST(x AS BIGINT) AS b, CAST(CAST(x AS REAL) AS SMALLINT) AS s \
+                   FROM (VALUES (2.5e0), (-2.5e0), (0.5e0), (-0.5e0), (3.5e0), (2.6e0)) v(x)";
+        let batches = ctx.sql(sql).await?.collect().await?;
+        let out = pretty_format_batches(&batches)?.to_string();
+        let rows: Vec<&str> = out.lines().skip(3).filter(|l| l.starts_with("| ")).collect();
+        let want = ["| 2  | 2  | 2  |", "| -2 | -2 | -2 |", "| 0  | 0  | 0  |", "| 0  | 0  | 0  |", "| 4  | 4  | 4  |"];
+        assert_eq!(&rows[..5], &want, "{out}");
+        Ok(())
+    }
 
     #[tokio::test]
     async fn fractions_round_half_away_from_zero() -> Result<()> {

@@ -227,7 +227,34 @@ pub fn current(options: &ConfigOptions) -> ShardwiseSettings {
 }
 
 /// Other names of settings, as ClickHouse keeps its old names: `(alias, setting)`.
-pub const SETTING_ALIASES: &[(&str, &str)] = &[("insert_distributed_sync", "distributed_foreground_insert")];
+/// `statement_timeout`, PostgreSQL's, which drivers and ORMs set, is `max_execution_time_ms`
+/// (its value may carry PostgreSQL's units: [`postgres_milliseconds`]).
+pub const SETTING_ALIASES: &[(&str, &str)] =
+    &[("insert_distributed_sync", "distributed_foreground_insert"), ("statement_timeout", "max_execution_time_ms")];
+
+/// The aliases whose values are PostgreSQL durations (a number of milliseconds, or with a unit).
+const DURATION_ALIASES: &[&str] = &["statement_timeout"];
+
+/// A PostgreSQL duration setting's value in milliseconds: `5000`, `'5000'`, `'5s'`, `'1.5min'`,
+/// `'250ms'`, `'2h'`, `'1d'` (PostgreSQL's units; a bare number is milliseconds); `None` when it is
+/// none of these.
+pub fn postgres_milliseconds(value: &str) -> Option<u64> {
+    let value = value.trim().trim_matches('\'').trim();
+    let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let per_unit = match unit.trim() {
+        "" | "ms" => 1.0,
+        "s" => 1_000.0,
+        "min" => 60_000.0,
+        "h" => 3_600_000.0,
+        "d" => 86_400_000.0,
+        "us" => 0.001,
+        _ => return None,
+    };
+    let ms = (number * per_unit).round();
+    (ms.is_finite() && ms >= 0.0 && ms < u64::MAX as f64).then_some(ms as u64)
+}
 
 /// The setting a name (lower case) stands for: itself, or the setting it is an alias of.
 fn canonical(lower: &str) -> &str {
@@ -473,13 +500,24 @@ fn setting_pair(item: &[&TokenWithSpan]) -> Result<(String, String), QueryError>
 /// `SET insert_quorum = 1` becomes `SET shardwise.insert_quorum = 1`; other statements are
 /// returned unchanged.
 pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
-    if !crate::sql_text::mentions(sql, "set") {
+    if !crate::sql_text::mentions(sql, "set") && !crate::sql_text::mentions(sql, "show") {
         return Ok(sql.to_string());
     }
     let all = tokens(sql)?;
     let toks = significant(&all);
     let is_set = matches!(toks.first().map(|t| &t.token),
         Some(Token::Word(w)) if w.keyword == Keyword::SET || w.keyword == Keyword::RESET);
+    let is_show = matches!(toks.first().map(|t| &t.token), Some(Token::Word(w)) if w.keyword == Keyword::SHOW);
+    // `SHOW statement_timeout` shows the setting an alias stands for.
+    if let (true, Some(t)) = (is_show, toks.get(1))
+        && let Token::Word(w) = &t.token
+        && w.quote_style.is_none()
+        && let lower = w.value.to_ascii_lowercase()
+        && canonical(&lower) != lower
+    {
+        let at = byte_offset(sql, t.span.start.line, t.span.start.column);
+        return Ok(format!("{}{}{}", &sql[..at], canonical(&lower), &sql[at + w.value.len()..]));
+    }
     if let (true, Some(t)) = (is_set, toks.get(1))
         && let Token::Word(w) = &t.token
         && w.quote_style.is_none()
@@ -487,12 +525,39 @@ pub fn qualify_set(sql: &str) -> Result<String, QueryError> {
         && SETTING_NAMES.contains(&canonical(&lower))
     {
         let at = byte_offset(sql, t.span.start.line, t.span.start.column);
+        if DURATION_ALIASES.contains(&lower.as_str()) {
+            return duration_set(sql, at, &w.value, &lower);
+        }
         // The name as written (its case kept), or the setting an alias stands for.
         let name = if canonical(&lower) == lower { w.value.as_str() } else { canonical(&lower) };
         let rest = &sql[at + w.value.len()..];
         return Ok(format!("{}{}.{name}{rest}", &sql[..at], ShardwiseSettings::PREFIX));
     }
     Ok(sql.to_string())
+}
+
+/// `SET statement_timeout = '5s'` (or `TO`, or `RESET statement_timeout`) as the SET of the
+/// setting it stands for, in milliseconds; `name` starts at byte `at` of `sql`.
+fn duration_set(sql: &str, at: usize, name: &str, lower: &str) -> Result<String, QueryError> {
+    let head = &sql[..at];
+    let target = format!("{}.{}", ShardwiseSettings::PREFIX, canonical(lower));
+    let rest = sql[at + name.len()..].trim().trim_end_matches(';').trim();
+    if rest.is_empty() {
+        return Ok(format!("{head}{target}"));
+    }
+    let written = rest
+        .strip_prefix('=')
+        .or_else(|| rest.get(..2).filter(|to| to.eq_ignore_ascii_case("to")).map(|_| &rest[2..]))
+        .map(str::trim)
+        .unwrap_or(rest);
+    let value = if written.eq_ignore_ascii_case("default") { Some(0) } else { postgres_milliseconds(written) };
+    match value {
+        Some(ms) => Ok(format!("{head}{target} = {ms}")),
+        None => Err(QueryError::BadSetting(format!(
+            "{name} = {written}: expected milliseconds, or a number with a unit (ms, s, min, h, d), as in \
+             PostgreSQL; it sets max_execution_time_ms"
+        ))),
+    }
 }
 
 /// The statement's first keyword-ish words, lowercased (for recognising statements
@@ -591,6 +656,24 @@ mod tests {
     }
 
     #[test]
+    fn statement_timeout_is_max_execution_time_in_postgres_units() {
+        let target = "shardwise.max_execution_time_ms";
+        assert_eq!(qualify_set("SET statement_timeout = 5000").unwrap(), format!("SET {target} = 5000"));
+        assert_eq!(qualify_set("SET statement_timeout TO '5s';").unwrap(), format!("SET {target} = 5000"));
+        assert_eq!(qualify_set("set statement_timeout = '1.5min'").unwrap(), format!("set {target} = 90000"));
+        assert_eq!(qualify_set("SET statement_timeout = '250ms'").unwrap(), format!("SET {target} = 250"));
+        assert_eq!(qualify_set("SET statement_timeout = 0").unwrap(), format!("SET {target} = 0"));
+        assert_eq!(qualify_set("SET statement_timeout TO DEFAULT").unwrap(), format!("SET {target} = 0"));
+        assert_eq!(qualify_set("RESET statement_timeout").unwrap(), format!("RESET {target}"));
+        let err = qualify_set("SET statement_timeout = '5 parsecs'").unwrap_err().to_string();
+        assert!(err.contains("statement_timeout = '5 parsecs'") && err.contains("max_execution_time_ms"), "{err}");
+        assert_eq!(postgres_milliseconds("2h"), Some(7_200_000));
+        assert_eq!(postgres_milliseconds("-1"), None);
+        assert_eq!(option_key("statement_timeout"), target);
+        assert_eq!(qualify_set("SHOW statement_timeout").unwrap(), "SHOW max_execution_time_ms");
+    }
+
+    #[test]
     fn apply_names_the_setting() {
         let mut extensions = datafusion::common::config::Extensions::new();
         extensions.insert(ShardwiseSettings::default());
@@ -648,7 +731,7 @@ mod tests {
     fn an_unknown_name_lists_the_settings() {
         let message = apply_error("no_such", "1");
         assert!(message.starts_with("no_such = 1: no such setting; shardwise settings: insert_id, "), "{message}");
-        assert!(message.ends_with("many_groups_aggregation"), "{message}");
+        assert!(message.ends_with("max_ast_depth"), "{message}");
         let message = apply_error("datafusion.execution.no_such", "1");
         assert!(message.contains("no such setting"), "{message}");
     }

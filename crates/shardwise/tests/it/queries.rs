@@ -982,6 +982,48 @@ fn set_lasts_for_its_connection_only() {
     assert_eq!(c.sql(1, "SELECT count(*) FROM st"), vec![vec!["1000"]]);
 }
 
+/// Answers PostgreSQL gives, on tables sharded over two nodes, where DataFusion alone answered
+/// otherwise (found by differential testing against DuckDB and PostgreSQL's rules).
+#[test]
+fn sharded_tables_answer_as_postgres_does() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE ua (k BIGINT, s VARCHAR) WITH (shard_key = 'k')");
+    c.sql(0, "CREATE TABLE ub (k BIGINT, s VARCHAR) WITH (shard_key = 'k')");
+    c.sql(0, "INSERT INTO ua VALUES (1, 'a'), (1, 'a'), (2, 'b'), (NULL, NULL), (3, NULL), (4, 'd'), (-1, '')");
+    c.sql(0, "INSERT INTO ub VALUES (1, 'a'), (2, 'b'), (2, 'b'), (NULL, NULL), (3, NULL), (5, 'e'), (-1, '')");
+    // GROUPING SETS of one empty set: one row (it answered none).
+    assert_eq!(c.sql(1, "SELECT count(*) FROM ua GROUP BY GROUPING SETS (())"), vec![vec!["7"]]);
+    assert_eq!(c.sql(1, "SELECT count(*) FROM ua GROUP BY GROUPING SETS ((), ())"), vec![vec!["7"], vec!["7"]]);
+    // The merged column of USING: the right side's in a right join, COALESCE in a full one,
+    // and usable in WHERE (it was "ambiguous").
+    assert_eq!(c.sql(0, "SELECT sum(k) FROM ua RIGHT JOIN ub USING (k)"), vec![vec!["13"]]);
+    let full = c.sql(0, "SELECT k, count(*) FROM ua FULL JOIN ub USING (k) GROUP BY k ORDER BY k");
+    let keys: Vec<&str> = full.iter().map(|row| row[0].as_str()).collect();
+    assert_eq!(keys, vec!["-1", "1", "2", "3", "4", "5", ""], "{full:?}");
+    assert_eq!(c.sql(1, "SELECT count(*) FROM ua JOIN ub USING (k) WHERE k = 1"), vec![vec!["2"]]);
+    let star = c.sql(1, "SELECT * FROM ua RIGHT JOIN ub USING (k) WHERE ub.k = 5");
+    assert_eq!(star, vec![vec!["5", "", "e"]]);
+    // A window that names another takes its PARTITION BY.
+    let windows = c.sql(
+        0,
+        "SELECT k, sum(k) OVER (w ORDER BY s) FROM ua WHERE k IS NOT NULL WINDOW w AS (PARTITION BY k) ORDER BY k, s",
+    );
+    assert_eq!(windows.iter().map(|r| r[1].as_str()).collect::<Vec<_>>(), vec!["-1", "2", "2", "2", "3", "4"]);
+    // A float cast to an integer rounds halves to even (a DECIMAL's away from zero).
+    let casts = c.sql(0, "SELECT CAST(2.5::DOUBLE AS INT), CAST(-0.5::DOUBLE AS BIGINT), CAST(2.5 AS INT)");
+    assert_eq!(casts, vec![vec!["2", "0", "3"]]);
+    // What never ends or would answer wrong is refused, saying why.
+    let err = c.sql_err(0, "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT count(*) FROM r) SELECT * FROM r");
+    assert!(err.contains("aggregate functions are not allowed in a recursive query's recursive term"), "{err}");
+    let err = c.sql_err(0, "SELECT ua.k, (SELECT count(*) OVER () FROM ub WHERE ub.k = ua.k LIMIT 1) FROM ua");
+    assert!(err.contains("window function over the rows a correlated subquery selects"), "{err}");
+    let err = c.sql_err(0, "SELECT 5 # 3");
+    assert!(err.contains("syntax error: ") && !err.contains("ParserError("), "{err}");
+    // PostgreSQL's statement_timeout is max_execution_time_ms, in PostgreSQL's units.
+    let shown = c.sql(0, "SET statement_timeout = '1.5s'; SHOW statement_timeout");
+    assert_eq!(shown, vec![vec!["max_execution_time_ms", "1500"]]);
+}
+
 #[test]
 fn literals_meet_decimal_and_double_columns_as_written() {
     let c = Cluster::start(2);
