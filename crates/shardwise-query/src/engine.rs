@@ -451,6 +451,8 @@ impl QueryEngine {
         crate::named_windows::copy_named_windows(&mut statement);
         // `JOIN ... USING (k)`'s merged `k` as PostgreSQL has it (see `crate::using_joins`).
         crate::using_joins::merge_using_columns(&mut statement);
+        // `FETCH FIRST n ROWS ONLY` as `LIMIT n` (see `crate::fetch_clause`).
+        crate::fetch_clause::fetch_as_limit(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement)
             && !state.config().options().sql_parser.parse_float_as_decimal

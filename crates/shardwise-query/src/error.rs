@@ -166,9 +166,16 @@ fn user_text(e: &DataFusionError) -> String {
             let name = node.split([' ', '(', '{']).next().unwrap_or(node);
             format!("this SQL construct is not supported: {name}")
         }
-        other => other.strip_backtrace(),
+        // PostgreSQL's words, which clients and people search for.
+        other => other
+            .strip_backtrace()
+            .replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
+            .replace("Divide by zero error", DIVISION_BY_ZERO),
     }
 }
+
+/// What a division by zero fails with (PostgreSQL's message; Arrow's is `Divide by zero error`).
+pub const DIVISION_BY_ZERO: &str = "division by zero";
 
 /// How DataFusion's SQL planner starts the message for a construct it does not plan.
 const UNSUPPORTED_AST_NODE: &str = "Unsupported ast node in sqltorel: ";

@@ -18,6 +18,7 @@ pub mod empty_grouping_sets;
 pub mod engine;
 pub mod error;
 mod expression_rules;
+pub mod fetch_clause;
 pub mod float_min_max;
 pub mod format_clause;
 pub mod group_topk;

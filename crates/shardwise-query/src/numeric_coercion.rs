@@ -21,6 +21,8 @@
 //! - in a division of exact numbers (a DECIMAL by a DECIMAL or an integer, or an integer by a
 //!   DECIMAL), the dividend is widened so that the quotient has [`QUOTIENT_SCALE`] fractional
 //!   digits, as far as DECIMAL's 38 digits allow (see [`widened_dividend`]);
+//! - the argument of `avg` of a DECIMAL is widened the same way, so that the average keeps
+//!   [`QUOTIENT_SCALE`] digits too (DataFusion keeps four more than the column: `34.9163333`);
 //! - a column of a `UNION` or a `VALUES` list that is a float in some inputs or rows and a
 //!   DECIMAL in others is a DOUBLE in all.
 //!
@@ -263,6 +265,12 @@ fn coerced(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                     }
                 }
                 changed
+            } else if func.name() == "avg"
+                && let [arg] = params.args.as_mut_slice()
+                && let Some(widened) = widened_average(arg, schema)
+            {
+                *arg = widened;
+                true
             } else {
                 let mut operands: Vec<&mut Expr> = params.args.iter_mut().collect();
                 floats_win(&mut operands, schema)
@@ -334,6 +342,26 @@ fn widened_dividend(left: &Expr, right: &Expr, schema: &DFSchema) -> Option<Expr
     )))
 }
 
+/// The argument of `avg` of a DECIMAL, cast to a DECIMAL with more fractional digits, so that
+/// the average (whose scale DataFusion makes the argument's plus
+/// [`ARROW_DIVIDE_SCALE_INCREMENT`], in a sum of ten digits more) has [`QUOTIENT_SCALE`], as far
+/// as the sum's 38 digits allow; `None` when nothing widens.
+fn widened_average(arg: &Expr, schema: &DFSchema) -> Option<Expr> {
+    let DataType::Decimal128(p, s) = type_of(arg, schema)? else { return None };
+    let wanted = i16::from(QUOTIENT_SCALE) - i16::from(ARROW_DIVIDE_SCALE_INCREMENT) - i16::from(s);
+    let room = i16::from(DECIMAL128_MAX_PRECISION) - i16::from(AVG_SUM_PRECISION_INCREMENT) - i16::from(p);
+    let widen = wanted.min(room);
+    if widen <= 0 {
+        return None;
+    }
+    let precision = u8::try_from(i16::from(p) + widen).ok()?;
+    let scale = i8::try_from(i16::from(s) + widen).ok()?;
+    Some(Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(arg.clone()), DataType::Decimal128(precision, scale))))
+}
+
+/// The digits DataFusion's `avg` of a DECIMAL adds to the argument's precision for its sum.
+const AVG_SUM_PRECISION_INCREMENT: u8 = 10;
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -400,6 +428,8 @@ mod tests {
     async fn a_quotient_of_exact_numbers_keeps_sixteen_digits() {
         let text = run("SELECT 1.0 / 3 AS a, 10.5 / 2 AS b, 2 / 4 AS i, 7 / 2.0 AS c").await;
         assert!(text.contains("| 0.3333333333333333 | 5.2500000000000000 | 0 | 3.5000000000000000 |"), "{text}");
+        let text = run("SELECT avg(n) AS a FROM m").await;
+        assert!(text.contains("| 34.9163333333333333 |"), "{text}");
         let text = run("SELECT n / 3 AS q FROM m WHERE a = 3").await;
         assert!(text.contains("| 33.3330000000000000 |"), "{text}");
         // Widened only within 38 digits: a DECIMAL(38, 0) dividend divides as before.

@@ -52,7 +52,7 @@ fn sqlstate(e: &QueryError) -> &'static str {
         QueryError::Rejected(_) if has("already exists") => "42P07",
         QueryError::Rejected(_) if has("unknown table") || has("does not exist") => "42P01",
         // An error of a fragment another node ran arrives as its text.
-        QueryError::Rejected(_) if has("Divide by zero") => "22012",
+        QueryError::Rejected(_) if has(shardwise_query::error::DIVISION_BY_ZERO) || has("Divide by zero") => "22012",
         // A value that does not fit its column, or text that is not a value of its type.
         QueryError::Rejected(_) if out_of_range(&message) => "22003",
         QueryError::Rejected(_) if bad_text(&message) => "22P02",
