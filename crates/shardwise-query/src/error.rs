@@ -18,7 +18,7 @@ pub enum QueryError {
     Unsupported(String),
     /// The statement was refused: an unknown or existing table, a bad table option, data that
     /// does not fit the table, ...
-    #[error("{0}")]
+    #[error("{}", postgres_words(.0))]
     Rejected(String),
     /// A setting name or value is wrong.
     #[error("bad setting: {0}")]
@@ -166,12 +166,15 @@ fn user_text(e: &DataFusionError) -> String {
             let name = node.split([' ', '(', '{']).next().unwrap_or(node);
             format!("this SQL construct is not supported: {name}")
         }
-        // PostgreSQL's words, which clients and people search for.
-        other => other
-            .strip_backtrace()
-            .replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
-            .replace("Divide by zero error", DIVISION_BY_ZERO),
+        other => postgres_words(&other.strip_backtrace()),
     }
+}
+
+/// `text` in PostgreSQL's words where clients and people search for them (a division by zero;
+/// also in the text of an error another node's fragment sent).
+fn postgres_words(text: &str) -> String {
+    text.replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
+        .replace("Divide by zero error", DIVISION_BY_ZERO)
 }
 
 /// What a division by zero fails with (PostgreSQL's message; Arrow's is `Divide by zero error`).

@@ -18,9 +18,94 @@ use std::ops::ControlFlow;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, VisitMut, VisitorMut};
 
-/// Gives repeated unaliased SELECT items distinct names, in every SELECT of `statement`.
+/// Gives repeated unaliased SELECT items distinct names, and items with a fraction literal their
+/// text, in every SELECT of `statement`.
 pub fn name_repeated_items(statement: &mut DfStatement) {
-    visit_statement_mut(statement, &mut EachSelectList(rename_items));
+    visit_statement_mut(
+        statement,
+        &mut EachSelectList(|items| {
+            rename_items(items);
+            name_fraction_items(items);
+        }),
+    );
+    visit_statement_mut(statement, &mut OrderByAliases);
+}
+
+/// An ORDER BY expression written as an aliased SELECT item is (`SELECT DISTINCT a * 0.5 AS x
+/// ... ORDER BY a * 0.5`) sorts by the item's alias, the same value: DataFusion otherwise looks
+/// for the expression's columns in the SELECT list, which a DISTINCT query refuses.
+struct OrderByAliases;
+
+impl VisitorMut for OrderByAliases {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        use datafusion::sql::sqlparser::ast::OrderByKind;
+        let SetExpr::Select(select) = query.body.as_ref() else { return ControlFlow::Continue(()) };
+        let aliases: HashMap<String, Ident> = select
+            .projection
+            .iter()
+            .filter_map(|item| match item {
+                SelectItem::ExprWithAlias { expr, alias } => Some((expr.to_string(), alias.clone())),
+                _ => None,
+            })
+            .collect();
+        if aliases.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        if let Some(order_by) = query.order_by.as_mut()
+            && let OrderByKind::Expressions(exprs) = &mut order_by.kind
+        {
+            for order in exprs.iter_mut() {
+                if !matches!(order.expr, Expr::Identifier(_) | Expr::Value(_))
+                    && let Some(alias) = aliases.get(&order.expr.to_string())
+                {
+                    order.expr = Expr::Identifier(alias.clone());
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Names an unaliased item with a literal fraction by its text, as DuckDB names items: `SELECT
+/// 0.1 + 0.2` is the column `0.1 + 0.2`. DataFusion names it after the literals' types,
+/// `Decimal128(0.1,1,1) + Decimal128(0.2,1,1)`, which is what psql would show.
+fn name_fraction_items(items: &mut [SelectItem]) {
+    let mut taken: HashSet<String> = items
+        .iter()
+        .filter_map(|item| match item {
+            SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+            _ => None,
+        })
+        .collect();
+    for item in items.iter_mut() {
+        if let SelectItem::UnnamedExpr(expr) = item
+            && has_fraction_literal(expr)
+            && taken.insert(expr.to_string())
+        {
+            let alias = Ident::with_quote('"', expr.to_string());
+            *item = SelectItem::ExprWithAlias { expr: expr.clone(), alias };
+        }
+    }
+}
+
+/// Whether `expr` has a numeric literal with a point (a DECIMAL to DataFusion).
+fn has_fraction_literal(expr: &Expr) -> bool {
+    use datafusion::sql::sqlparser::ast::{Value, ValueWithSpan, Visit, Visitor};
+    struct Find;
+    impl Visitor for Find {
+        type Break = ();
+        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+            match expr {
+                Expr::Value(ValueWithSpan { value: Value::Number(text, _), .. }) if text.contains('.') => {
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            }
+        }
+    }
+    expr.visit(&mut Find).is_break()
 }
 
 /// Whether `statement` is a query (or the EXPLAIN of one).
@@ -170,5 +255,21 @@ mod tests {
             r#"SELECT * FROM (SELECT x AS "x", x AS "x_2" FROM t) UNION ALL SELECT 2 AS "2", 2 AS "2_2""#
         );
         assert!(renamed("EXPLAIN SELECT NULL, NULL").contains(r#"NULL AS "NULL_2""#));
+    }
+
+    #[test]
+    fn items_with_fraction_literals_are_named_by_their_text() {
+        assert_eq!(renamed("SELECT 0.1 + 0.2, 1 + 2"), r#"SELECT 0.1 + 0.2 AS "0.1 + 0.2", 1 + 2"#);
+        assert_eq!(
+            renamed("SELECT a * 1.5, a * 1.5 AS x FROM t"),
+            r#"SELECT a * 1.5 AS "a * 1.5", a * 1.5 AS x FROM t"#
+        );
+        // ORDER BY the same expression sorts by the item's name.
+        assert_eq!(
+            renamed("SELECT DISTINCT a * 0.5 FROM t ORDER BY a * 0.5 DESC"),
+            r#"SELECT DISTINCT a * 0.5 AS "a * 0.5" FROM t ORDER BY "a * 0.5" DESC"#
+        );
+        // Repeated ones keep their numbered names.
+        assert_eq!(renamed("SELECT 0.5, 0.5"), r#"SELECT 0.5 AS "0.5", 0.5 AS "0.5_2""#);
     }
 }
