@@ -454,9 +454,7 @@ impl QueryEngine {
         // `FETCH FIRST n ROWS ONLY` as `LIMIT n` (see `crate::fetch_clause`).
         crate::fetch_clause::fetch_as_limit(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
-        if crate::numeric_literals::is_insert_values(&statement)
-            && !state.config().options().sql_parser.parse_float_as_decimal
-        {
+        if crate::numeric_literals::is_insert_values(&statement) {
             state.config_mut().options_mut().sql_parser.parse_float_as_decimal = true;
             crate::numeric_literals::values_operands_as_double(&mut statement);
         }

@@ -37,9 +37,9 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::error::Result;
-use datafusion::logical_expr::expr::{AggregateFunction, Case, InList, ScalarFunction, WindowFunction};
+use datafusion::logical_expr::expr::{AggregateFunction, Case, InList, InSubquery, ScalarFunction, WindowFunction};
 use datafusion::logical_expr::{
-    Between, BinaryExpr, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Operator, Union, Values,
+    Between, BinaryExpr, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Operator, Subquery, Union, Values,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -63,7 +63,12 @@ pub struct PostgresNumericCoercion;
 
 impl AnalyzerRule for PostgresNumericCoercion {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        let plan = plan.transform_up_with_subqueries(floats_win_in_columns)?.data;
+        // An INSERT's rows are cast to its table's columns, each from its own type.
+        let plan = if matches!(plan, LogicalPlan::Dml(_)) {
+            plan
+        } else {
+            plan.transform_up_with_subqueries(floats_win_in_columns)?.data
+        };
         crate::expression_rules::rewrite_expressions(plan, coerced)
     }
 
@@ -151,32 +156,56 @@ fn floats_win_in_columns(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> 
             Ok(Transformed::yes(LogicalPlan::Union(Union::try_new_with_loose_types(inputs)?)))
         }
         LogicalPlan::Values(Values { schema, mut values }) => {
-            let width = schema.fields().len();
             let empty = DFSchema::empty();
-            let mut changed = false;
-            for column in 0..width {
-                let mut operands: Vec<&mut Expr> = values.iter_mut().filter_map(|row| row.get_mut(column)).collect();
-                changed |= floats_win(&mut operands, &empty);
+            // Columns DataFusion's builder made DECIMAL though a row holds a float (it cast each
+            // value to the common type, a DECIMAL(30, 15)): every value a DOUBLE instead.
+            let mut doubled = Vec::new();
+            for (column, field) in schema.fields().iter().enumerate() {
+                if !is_decimal(field.data_type()) {
+                    continue;
+                }
+                let written: Vec<Expr> =
+                    values.iter().filter_map(|row| row.get(column)).map(|e| uncast(e, field.data_type())).collect();
+                if !written.iter().any(|e| type_of(e, &empty).as_ref().is_some_and(is_float)) {
+                    continue;
+                }
+                for (row, value) in values.iter_mut().zip(written) {
+                    if let Some(slot) = row.get_mut(column) {
+                        *slot = match type_of(&value, &empty) {
+                            Some(DataType::Float64) => value,
+                            _ => as_double(value),
+                        };
+                    }
+                }
+                doubled.push(column);
             }
-            if !changed {
+            if doubled.is_empty() {
                 return Ok(Transformed::no(LogicalPlan::Values(Values { schema, values })));
             }
-            // The column types again, as DataFusion's builder infers them.
-            let rebuilt = LogicalPlanBuilder::values(values)?.build()?;
-            let LogicalPlan::Values(Values { schema: inferred, values }) = rebuilt else {
-                return datafusion::common::internal_err!("VALUES rebuilt as another plan");
-            };
             let fields: Vec<_> = schema
                 .iter()
-                .zip(inferred.fields())
-                .map(|((qualifier, field), typed)| {
-                    (qualifier.cloned(), Arc::new(field.as_ref().clone().with_data_type(typed.data_type().clone())))
+                .enumerate()
+                .map(|(i, (qualifier, field))| {
+                    let field = if doubled.contains(&i) {
+                        field.as_ref().clone().with_data_type(DataType::Float64)
+                    } else {
+                        field.as_ref().clone()
+                    };
+                    (qualifier.cloned(), Arc::new(field))
                 })
                 .collect();
             let schema = Arc::new(DFSchema::new_with_metadata(fields, schema.metadata().clone())?);
             Ok(Transformed::yes(LogicalPlan::Values(Values { schema, values })))
         }
         other => Ok(Transformed::no(other)),
+    }
+}
+
+/// `e` without the cast to `column_type` DataFusion's VALUES builder put over it.
+fn uncast(e: &Expr, column_type: &DataType) -> Expr {
+    match e {
+        Expr::Cast(cast) if cast.field.data_type() == column_type => cast.expr.as_ref().clone(),
+        other => other.clone(),
     }
 }
 
@@ -245,10 +274,25 @@ fn coerced(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
             let results_changed = floats_win(&mut results, schema);
             floats_win(&mut tested, schema) | results_changed
         }
-        Expr::ScalarFunction(ScalarFunction { args, .. }) => {
+        Expr::ScalarFunction(ScalarFunction { func, args }) => {
             let mut operands: Vec<&mut Expr> = args.iter_mut().collect();
-            floats_win(&mut operands, schema)
+            let mixed = floats_win(&mut operands, schema);
+            if !mixed
+                && ROUNDING_FUNCTIONS.contains(&func.name())
+                && let Some(first) = args.first_mut()
+                && let Some(DataType::Decimal128(p, s)) = type_of(first, schema)
+                && p < DECIMAL128_MAX_PRECISION
+            {
+                // `floor(-0.5)` is -1, a digit more than DECIMAL(1, 1) holds.
+                let taken = std::mem::replace(first, Expr::Literal(ScalarValue::Null, None));
+                *first =
+                    Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(taken), DataType::Decimal128(p + 1, s)));
+                true
+            } else {
+                mixed
+            }
         }
+        Expr::InSubquery(InSubquery { expr, subquery, .. }) => floats_win_in_subquery(expr, subquery, schema)?,
         Expr::WindowFunction(window) => {
             let WindowFunction { params, .. } = window.as_mut();
             let mut operands: Vec<&mut Expr> = params.args.iter_mut().collect();
@@ -258,7 +302,7 @@ fn coerced(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
             if PERCENTILE_FUNCTIONS.contains(&func.name()) {
                 let mut changed = false;
                 for arg in params.args.iter_mut() {
-                    if matches!(arg, Expr::Literal(value, _) if is_decimal(&value.data_type())) {
+                    if type_of(arg, schema).as_ref().is_some_and(is_decimal) {
                         let taken = std::mem::replace(arg, Expr::Literal(ScalarValue::Null, None));
                         *arg = as_double(taken);
                         changed = true;
@@ -279,6 +323,36 @@ fn coerced(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         _ => false,
     };
     Ok(if changed { Transformed::yes(e) } else { Transformed::no(e) })
+}
+
+/// Functions whose result of a DECIMAL can need a digit more than the argument's type has.
+const ROUNDING_FUNCTIONS: &[&str] = &["floor", "ceil", "round"];
+
+/// `expr IN (subquery)` with a float on one side and a DECIMAL on the other: the DECIMAL side
+/// as a DOUBLE (DataFusion compared as DECIMAL(30, 15)); whether it changed.
+fn floats_win_in_subquery(expr: &mut Box<Expr>, subquery: &mut Subquery, schema: &DFSchema) -> Result<bool> {
+    let Some(outer) = type_of(expr, schema) else { return Ok(false) };
+    let inner_schema = Arc::clone(subquery.subquery.schema());
+    let Some(inner) = inner_schema.fields().first().map(|f| f.data_type().clone()) else { return Ok(false) };
+    if is_float(&outer) && is_decimal(&inner) {
+        // The subquery's own item as a DOUBLE, under its name (a projection above it would
+        // repeat the name once DataFusion decorrelates it).
+        let LogicalPlan::Projection(projection) = subquery.subquery.as_ref() else { return Ok(false) };
+        let name = inner_schema.field(0).name().clone();
+        let mut exprs = projection.expr.clone();
+        let Some(first) = exprs.first_mut() else { return Ok(false) };
+        let taken = std::mem::replace(first, Expr::Literal(ScalarValue::Null, None));
+        *first = as_double(taken.unalias()).alias(name);
+        let rebuilt = datafusion::logical_expr::Projection::try_new(exprs, Arc::clone(&projection.input))?;
+        subquery.subquery = Arc::new(LogicalPlan::Projection(rebuilt));
+        return Ok(true);
+    }
+    if is_decimal(&outer) && is_float(&inner) {
+        let taken = std::mem::replace(expr.as_mut(), Expr::Literal(ScalarValue::Null, None));
+        **expr = as_double(taken);
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Operators whose operands DataFusion brings to one numeric type.
@@ -441,8 +515,11 @@ mod tests {
     async fn unions_and_values_of_doubles_and_decimals_are_doubles() {
         let text = run("SELECT x FROM (SELECT 1.5 AS x UNION ALL SELECT b FROM m WHERE a = 3) ORDER BY x").await;
         assert!(text.contains("| 1.5  |\n| 1e20 |"), "{text}");
-        let text = run("SELECT column1 AS v FROM (VALUES (0.5), (1e20)) ORDER BY v").await;
-        assert!(text.contains("| 0.5 ") && text.contains("| 100000000000000000000.0 |"), "{text}");
+        // A node reads `1e-20` as a DOUBLE (see `crate::numeric_literals::exponents_as_double`).
+        let text = run("SELECT column1 AS v FROM (VALUES (0.5), (CAST('1e-20' AS DOUBLE))) ORDER BY v").await;
+        assert!(text.contains("| 1e-20 |\n| 0.5   |"), "{text}");
+        let text = run("SELECT count(*) AS c FROM m WHERE b IN (SELECT 0.0) OR b IN (SELECT 0.5)").await;
+        assert!(text.contains("| 1 |"), "{text}");
         // Exact where nothing is a float.
         let text = run("SELECT arrow_typeof(x) AS t FROM (SELECT 0.1 AS x UNION ALL SELECT 0.25) LIMIT 1").await;
         assert!(text.contains("Decimal128"), "{text}");
@@ -452,5 +529,14 @@ mod tests {
     async fn percentile_fractions_are_doubles() {
         let text = run("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY b) AS p FROM m WHERE a < 3").await;
         assert!(text.contains("| 0.25 |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn rounding_a_decimal_has_room_for_the_carry() {
+        let text = run(
+            "SELECT floor(-0.5) AS f, ceil(0.000001) AS c, ceil(CAST(99.5 AS DECIMAL(3, 1))) AS h, round(9.95, 1) AS r",
+        )
+        .await;
+        assert!(text.contains("| -1.0 | 1.000000 | 100.0 | 10.0 |"), "{text}");
     }
 }

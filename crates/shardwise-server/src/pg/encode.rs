@@ -2,19 +2,21 @@
 //! (`bigint`, `double precision`, `numeric`, `text`, `date`, `timestamp`, ...), and values are
 //! written in the text or binary format the client asked for, by pgwire's encoders. A list of
 //! one of those is a PostgreSQL array of it (`array_agg` of integers reads `{1,NULL,3}` in psql
-//! and a `list` in psycopg). Types PostgreSQL has no match for (structs, maps, lists of lists or
-//! of binary, intervals, times) are sent as `text` in Arrow's display form.
+//! and a `list` in psycopg). Intervals and durations (a timestamp minus a timestamp) are
+//! PostgreSQL `interval`s (`1 day 02:00:03.500000`; a `timedelta` in psycopg), a duration's whole days
+//! as days, as PostgreSQL gives a timestamp difference. Types PostgreSQL has no match for
+//! (structs, maps, lists of lists or of binary) are sent as `text` in Arrow's display form.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int16Array,
-    Int32Array, Int64Array, LargeBinaryArray, ListArray, StringArray, Time64MicrosecondArray,
-    TimestampMicrosecondArray,
+    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, DurationMicrosecondArray, Float32Array,
+    Float64Array, Int16Array, Int32Array, Int64Array, IntervalMonthDayNanoArray, LargeBinaryArray, ListArray,
+    StringArray, Time64MicrosecondArray, TimestampMicrosecondArray,
 };
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, IntervalUnit, Schema, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use pgwire::api::Type;
@@ -44,6 +46,8 @@ fn pg_type(data_type: &DataType) -> (Type, DataType) {
         D::Timestamp(_, None) => (Type::TIMESTAMP, D::Timestamp(TimeUnit::Microsecond, None)),
         D::Timestamp(_, Some(_)) => (Type::TIMESTAMPTZ, D::Timestamp(TimeUnit::Microsecond, Some(Arc::from("+00:00")))),
         D::Time32(_) | D::Time64(_) => (Type::TIME, D::Time64(TimeUnit::Microsecond)),
+        D::Interval(_) => (Type::INTERVAL, D::Interval(IntervalUnit::MonthDayNano)),
+        D::Duration(_) => (Type::INTERVAL, D::Duration(TimeUnit::Microsecond)),
         D::Dictionary(_, value) => pg_type(value),
         D::List(element) | D::LargeList(element) | D::FixedSizeList(element, _) => match array_type(element) {
             Some((array, target)) => (array, D::List(Arc::new(Field::new_list_field(target, true)))),
@@ -107,6 +111,8 @@ enum Column {
     Timestamp(TimestampMicrosecondArray),
     TimestampTz(TimestampMicrosecondArray),
     Time(Time64MicrosecondArray),
+    Interval(IntervalMonthDayNanoArray),
+    Duration(DurationMicrosecondArray),
     /// A list whose elements are the column inside (over the list's values).
     List(ListArray, Box<Column>),
 }
@@ -139,6 +145,8 @@ impl Column {
             DataType::Timestamp(_, None) => Column::Timestamp(cast.as_primitive().clone()),
             DataType::Timestamp(_, Some(_)) => Column::TimestampTz(cast.as_primitive().clone()),
             DataType::Time64(_) => Column::Time(cast.as_primitive().clone()),
+            DataType::Interval(_) => Column::Interval(cast.as_primitive().clone()),
+            DataType::Duration(_) => Column::Duration(cast.as_primitive().clone()),
             DataType::List(element) => {
                 let list = cast.as_list::<i32>().clone();
                 let values = Column::new(&element, list.values())?;
@@ -170,6 +178,8 @@ impl Column {
                 encoder.encode_field(&a.value_as_datetime(row).filter(|_| !a.is_null(row)).map(|t| t.and_utc()))
             }
             Column::Time(a) => encoder.encode_field(&a.value_as_time(row).filter(|_| !a.is_null(row))),
+            Column::Interval(a) => encoder.encode_field(&opt(a, row, || interval(a.value(row)))),
+            Column::Duration(a) => encoder.encode_field(&opt(a, row, || duration(a.value(row)))),
             Column::List(list, values) if list.is_null(row) => values.encode_elements(None, encoder),
             Column::List(list, values) => {
                 let offsets = list.value_offsets();
@@ -206,10 +216,27 @@ impl Column {
                 encoder.encode_field(&each(a, &rows, |i| a.value_as_datetime(i).map(|t| t.and_utc())))
             }
             // `array_type` gives none of them an array type.
-            Column::Bytes(_) | Column::Time(_) | Column::List(..) => {
+            Column::Bytes(_) | Column::Time(_) | Column::Interval(_) | Column::Duration(_) | Column::List(..) => {
                 Err(PgWireError::ApiError("a list of binary values or of lists has no array encoder".into()))
             }
         }
+    }
+}
+
+/// An Arrow interval as PostgreSQL's (microseconds: PostgreSQL keeps no nanoseconds).
+fn interval(value: datafusion::arrow::datatypes::IntervalMonthDayNano) -> pg_interval::Interval {
+    pg_interval::Interval { months: value.months, days: value.days, microseconds: value.nanoseconds / 1_000 }
+}
+
+/// A duration in microseconds as the interval PostgreSQL gives a timestamp difference: whole
+/// days as days (`2 days 02:00:00`, not `50:00:00`), no months.
+fn duration(microseconds: i64) -> pg_interval::Interval {
+    const MICROSECONDS_PER_DAY: i64 = 86_400_000_000;
+    let days = microseconds / MICROSECONDS_PER_DAY;
+    pg_interval::Interval {
+        months: 0,
+        days: i32::try_from(days).unwrap_or(if days < 0 { i32::MIN } else { i32::MAX }),
+        microseconds: microseconds % MICROSECONDS_PER_DAY,
     }
 }
 
@@ -290,6 +317,32 @@ mod tests {
         );
         assert_eq!(text_of(&rows[1]), vec![None, some("0"), some("-0.05"), None, some("1970-01-01"), None]);
         assert_eq!(fields[0].format(), pgwire::api::results::FieldFormat::Text);
+    }
+
+    #[test]
+    fn intervals_and_durations_are_postgresql_intervals() {
+        use datafusion::arrow::array::{DurationNanosecondArray, IntervalMonthDayNanoArray};
+        use datafusion::arrow::datatypes::IntervalMonthDayNano;
+        let hours = |h: i64| h * 3_600_000_000_000;
+        let batch = RecordBatch::try_from_iter(vec![
+            (
+                "i",
+                Arc::new(IntervalMonthDayNanoArray::from(vec![
+                    Some(IntervalMonthDayNano::new(14, 1, hours(2) + 3_500_000_000)),
+                    Some(IntervalMonthDayNano::new(0, -1, 0)),
+                    None,
+                ])) as ArrayRef,
+            ),
+            ("d", Arc::new(DurationNanosecondArray::from(vec![Some(hours(50)), Some(hours(14)), Some(0)]))),
+        ])
+        .unwrap();
+        let fields = Arc::new(fields(&batch.schema(), &text_format()));
+        assert!(fields.iter().all(|f| f.datatype() == &Type::INTERVAL));
+        let rows = rows(&batch, &fields).unwrap();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(text_of(&rows[0]), vec![some("1 year 2 mons 1 day 02:00:03.500000"), some("2 days 02:00:00")]);
+        assert_eq!(text_of(&rows[1]), vec![some("-1 days"), some("14:00:00")]);
+        assert_eq!(text_of(&rows[2]), vec![None, some("00:00:00")]);
     }
 
     #[test]

@@ -1032,6 +1032,15 @@ fn sharded_tables_answer_as_postgres_does() {
     assert!(err.contains("window function over the rows a correlated subquery selects"), "{err}");
     let err = c.sql_err(0, "SELECT 5 # 3");
     assert!(err.contains("syntax error: ") && !err.contains("ParserError("), "{err}");
+    // A sum of 60 checked integer additions runs on the shards (it failed to decode there).
+    let terms = vec!["k"; 60].join(" + ");
+    let wide = c.sql(1, &format!("SELECT sum({terms}) FROM ua"));
+    assert_eq!(wide, vec![vec!["600"]]);
+    // DOUBLE beside DECIMAL in a subquery and a VALUES list compares as DOUBLE; floor has room.
+    assert_eq!(c.sql(0, "SELECT count(*) FROM ua WHERE CAST(k AS DOUBLE) IN (SELECT 1.0)"), vec![vec!["2"]]);
+    let values = c.sql(0, "SELECT column1 FROM (VALUES (0.5), (1e-20)) ORDER BY 1");
+    assert_eq!(values, vec![vec!["1e-20"], vec!["0.5"]]);
+    assert_eq!(c.sql(0, "SELECT floor(-0.5)"), vec![vec!["-1.0"]]);
     // PostgreSQL's statement_timeout is max_execution_time_ms, in PostgreSQL's units.
     let shown = c.sql(0, "SET statement_timeout = '1.5s'; SHOW statement_timeout");
     assert_eq!(shown, vec![vec!["max_execution_time_ms", "1500"]]);
