@@ -399,21 +399,24 @@ fn widened_dividend(left: &Expr, right: &Expr, schema: &DFSchema) -> Option<Expr
         return None;
     }
     let ((p1, s1), (_, s2)) = (exact_shape(&left_type)?, exact_shape(&right_type)?);
-    let wanted = i16::from(QUOTIENT_SCALE) - i16::from(ARROW_DIVIDE_SCALE_INCREMENT) - i16::from(s1);
-    let room = i16::from(DECIMAL128_MAX_PRECISION)
-        - i16::from(p1)
-        - i16::from(s2.max(0))
-        - i16::from(ARROW_DIVIDE_SCALE_INCREMENT);
+    // The quotient's precision: the dividend's + the divisor's scale + the increment.
+    widened_to_quotient_scale(left, p1, s1, i16::from(s2.max(0)) + i16::from(ARROW_DIVIDE_SCALE_INCREMENT))
+}
+
+/// `e`, a DECIMAL(`p`, `s`), cast to one with as many more fractional digits as give a result of
+/// scale `s` + [`ARROW_DIVIDE_SCALE_INCREMENT`] the [`QUOTIENT_SCALE`], as far as the result's
+/// precision (`p` + `added_digits`) stays within 38 digits, so that nothing that ran before
+/// overflows now; `None` when nothing widens.
+fn widened_to_quotient_scale(e: &Expr, p: u8, s: i8, added_digits: i16) -> Option<Expr> {
+    let wanted = i16::from(QUOTIENT_SCALE) - i16::from(ARROW_DIVIDE_SCALE_INCREMENT) - i16::from(s);
+    let room = i16::from(DECIMAL128_MAX_PRECISION) - i16::from(p) - added_digits;
     let widen = wanted.min(room);
     if widen <= 0 {
         return None;
     }
-    let precision = u8::try_from(i16::from(p1) + widen).ok()?;
-    let scale = i8::try_from(i16::from(s1) + widen).ok()?;
-    Some(Expr::Cast(datafusion::logical_expr::Cast::new(
-        Box::new(left.clone()),
-        DataType::Decimal128(precision, scale),
-    )))
+    let precision = u8::try_from(i16::from(p) + widen).ok()?;
+    let scale = i8::try_from(i16::from(s) + widen).ok()?;
+    Some(Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(e.clone()), DataType::Decimal128(precision, scale))))
 }
 
 /// The argument of `avg` of a DECIMAL, cast to a DECIMAL with more fractional digits, so that
@@ -422,15 +425,7 @@ fn widened_dividend(left: &Expr, right: &Expr, schema: &DFSchema) -> Option<Expr
 /// as the sum's 38 digits allow; `None` when nothing widens.
 fn widened_average(arg: &Expr, schema: &DFSchema) -> Option<Expr> {
     let DataType::Decimal128(p, s) = type_of(arg, schema)? else { return None };
-    let wanted = i16::from(QUOTIENT_SCALE) - i16::from(ARROW_DIVIDE_SCALE_INCREMENT) - i16::from(s);
-    let room = i16::from(DECIMAL128_MAX_PRECISION) - i16::from(AVG_SUM_PRECISION_INCREMENT) - i16::from(p);
-    let widen = wanted.min(room);
-    if widen <= 0 {
-        return None;
-    }
-    let precision = u8::try_from(i16::from(p) + widen).ok()?;
-    let scale = i8::try_from(i16::from(s) + widen).ok()?;
-    Some(Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(arg.clone()), DataType::Decimal128(precision, scale))))
+    widened_to_quotient_scale(arg, p, s, i16::from(AVG_SUM_PRECISION_INCREMENT))
 }
 
 /// The digits DataFusion's `avg` of a DECIMAL adds to the argument's precision for its sum.
