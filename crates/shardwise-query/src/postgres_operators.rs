@@ -35,6 +35,9 @@ pub fn bind_as_postgres(statement: &mut DfStatement) {
 
 struct Rebind;
 
+/// PostgreSQL's array functions that act on every match, and DataFusion's functions that do.
+const ALL_MATCHES: [(&str, &str); 2] = [("array_remove", "array_remove_all"), ("array_replace", "array_replace_all")];
+
 /// `left IS [NOT] DISTINCT FROM right` (`make`), with the boolean operators at the top of
 /// `right` moved above the test.
 fn rebound(make: fn(Box<Expr>, Box<Expr>) -> Expr, left: Box<Expr>, right: Box<Expr>) -> Expr {
@@ -182,6 +185,17 @@ impl VisitorMut for Rebind {
                 escaped_by_backslash(&mut pattern, &mut escape_char);
                 *expr = Expr::ILike { negated, any, expr: value, pattern, escape_char }
             }
+            // PostgreSQL's `array_remove` and `array_replace` act on every match; DataFusion's
+            // on the first (its `_all` forms act on every one).
+            Expr::Function(mut f) if ALL_MATCHES.iter().any(|(pg, _)| f.name.to_string().eq_ignore_ascii_case(pg)) => {
+                let name = f.name.to_string();
+                if let Some((_, all)) = ALL_MATCHES.iter().find(|(pg, _)| name.eq_ignore_ascii_case(pg)) {
+                    f.name = datafusion::sql::sqlparser::ast::ObjectName::from(vec![
+                        datafusion::sql::sqlparser::ast::Ident::new(*all),
+                    ]);
+                }
+                *expr = Expr::Function(f);
+            }
             Expr::Function(mut f) if f.name.to_string().eq_ignore_ascii_case("to_char") => {
                 postgres_pattern(&mut f);
                 *expr = Expr::Function(f);
@@ -232,6 +246,13 @@ mod tests {
         // Parenthesized, and a comparison, stay on the right.
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+
+    #[test]
+    fn array_remove_and_replace_act_on_every_match() {
+        assert_eq!(first_item("SELECT array_remove(a, 1)").to_string(), "array_remove_all(a, 1)");
+        assert_eq!(first_item("SELECT ARRAY_REPLACE(a, 1, 2)").to_string(), "array_replace_all(a, 1, 2)");
+        assert_eq!(first_item("SELECT array_remove_all(a, 1)").to_string(), "array_remove_all(a, 1)");
     }
 
     #[test]
