@@ -140,6 +140,24 @@ fn internal(message: String) -> QueryError {
     QueryError::Internal(datafusion::error::DataFusionError::Internal(message))
 }
 
+/// The analyzer rules a node runs first, ending with DataFusion's two (its default list): what
+/// must see the plan before DataFusion's type coercion. Shared with anything that must plan as a
+/// node does (the tests' single-node oracle).
+pub fn analyzer_rules_first() -> Vec<Arc<dyn datafusion::optimizer::AnalyzerRule + Send + Sync>> {
+    vec![
+        // `GROUPING SETS (())` as the aggregate of all rows (see `crate::empty_grouping_sets`).
+        Arc::new(crate::empty_grouping_sets::EmptyGroupingSets),
+        // A window below a correlation is refused before subqueries are rewritten (see
+        // `crate::correlated_windows`).
+        Arc::new(crate::correlated_windows::CorrelatedWindows),
+        // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
+        // DataFusion's coercion (see `crate::numeric_coercion`).
+        Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
+        Arc::new(ResolveGroupingFunction::new()),
+        Arc::new(TypeCoercion::new()),
+    ]
+}
+
 impl QueryEngine {
     /// An engine without tables: `system.nodes` and plain SQL only.
     pub fn new(cluster: Arc<dyn ClusterView>) -> Result<Self, QueryError> {
@@ -187,19 +205,8 @@ impl QueryEngine {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
-            // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
-            // DataFusion's coercion (see `crate::numeric_coercion`).
-            // ... and `GROUPING SETS (())` as the aggregate of all rows (see
-            // `crate::empty_grouping_sets`).
-            .with_analyzer_rules(vec![
-                Arc::new(crate::empty_grouping_sets::EmptyGroupingSets),
-                // A window below a correlation is refused before subqueries are rewritten (see
-                // `crate::correlated_windows`).
-                Arc::new(crate::correlated_windows::CorrelatedWindows),
-                Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
-                Arc::new(ResolveGroupingFunction::new()),
-                Arc::new(TypeCoercion::new()),
-            ])
+            // shardwise's rules that run before DataFusion's own (see `analyzer_rules_first`).
+            .with_analyzer_rules(analyzer_rules_first())
             // Literals compared with DECIMALs as written (see `crate::numeric_literals`).
             .with_analyzer_rule(Arc::new(crate::numeric_literals::ExactDecimalLiterals))
             .with_analyzer_rule(Arc::new(crate::integer_timestamps::IntegersAsSeconds))

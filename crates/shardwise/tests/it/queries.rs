@@ -134,16 +134,10 @@ fn oracle_config() -> SessionConfig {
 /// Single-node DataFusion with the same tables and rows, typing numbers as a node does
 /// (`shardwise_query::numeric_coercion`: a DECIMAL's average keeps 16 digits, for one).
 async fn oracle() -> SessionContext {
-    use datafusion::optimizer::analyzer::resolve_grouping_function::ResolveGroupingFunction;
-    use datafusion::optimizer::analyzer::type_coercion::TypeCoercion;
     let state = datafusion::execution::SessionStateBuilder::new()
         .with_config(oracle_config())
         .with_default_features()
-        .with_analyzer_rules(vec![
-            Arc::new(shardwise_query::numeric_coercion::PostgresNumericCoercion),
-            Arc::new(ResolveGroupingFunction::new()),
-            Arc::new(TypeCoercion::new()),
-        ])
+        .with_analyzer_rules(shardwise_query::engine::analyzer_rules_first())
         .build();
     let ctx = SessionContext::new_with_state(state);
     for table in ["t", "s"] {
