@@ -153,6 +153,9 @@ pub fn analyzer_rules_first() -> Vec<Arc<dyn datafusion::optimizer::AnalyzerRule
         // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
         // DataFusion's coercion (see `crate::numeric_coercion`).
         Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
+        // `SIMILAR TO` as a whole-string match of the standard's pattern (see
+        // `crate::similar_to`).
+        Arc::new(crate::similar_to::SimilarToAsRegex),
         Arc::new(ResolveGroupingFunction::new()),
         Arc::new(TypeCoercion::new()),
     ]
@@ -264,6 +267,7 @@ impl QueryEngine {
         ctx.register_udf(crate::coalesce_types::coalesce_udf());
         // What a float cast to an integer is rounded with (see `crate::rounding_casts`).
         ctx.register_udf(crate::rounding_casts::round_half_even_udf().as_ref().clone());
+        ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);

@@ -56,6 +56,7 @@ pub mod set_operations;
 pub mod settings;
 pub mod sharded_table;
 pub mod show_create;
+pub mod similar_to;
 pub mod skip_unused_shards;
 pub mod small_groups;
 pub mod sql_split;
