@@ -268,6 +268,7 @@ impl QueryEngine {
         // What a float cast to an integer is rounded with (see `crate::rounding_casts`).
         ctx.register_udf(crate::rounding_casts::round_half_even_udf().as_ref().clone());
         ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
+        ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);

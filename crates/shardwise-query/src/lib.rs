@@ -6,6 +6,7 @@
 //! classifies failures as the user's or the server's ([`QueryError`]).
 
 pub mod access;
+pub mod any_nulls;
 pub mod ast_limits;
 pub mod checked_integers;
 pub mod checked_sum;

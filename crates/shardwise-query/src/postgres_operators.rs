@@ -19,6 +19,8 @@
 //! - `LIKE 'a!%' ESCAPE '!'`: a literal pattern escaped by another character than the backslash
 //!   becomes the same pattern escaped by backslashes (DataFusion refused the ESCAPE clause).
 //!
+//! - `x op ANY(array)` answers NULL where a NULL element leaves it unknown ([`crate::any_nulls`]).
+//!
 //! [`bind_as_postgres`] applies both to a parsed statement before planning.
 
 use std::ops::ControlFlow;
@@ -200,6 +202,8 @@ impl VisitorMut for Rebind {
                 postgres_pattern(&mut f);
                 *expr = Expr::Function(f);
             }
+            // `x op ANY(array)` with SQL's NULLs (see `crate::any_nulls`).
+            e @ Expr::AnyOp { .. } => *expr = crate::any_nulls::with_null_semantics(e),
             other => *expr = other,
         }
         ControlFlow::Continue(())
