@@ -12,12 +12,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::Result;
-use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
-use datafusion::logical_expr::{
-    ColumnarValue, Documentation, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl};
 
 /// See the module doc.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -35,32 +32,10 @@ fn is_string(t: &DataType) -> bool {
 }
 
 impl ScalarUDFImpl for StringsAsOthers {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.inner.return_field_from_args(args)
-    }
-
-    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
-        self.inner.simplify(args, info)
-    }
+    crate::udf_wrapper::delegate_scalar!();
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         self.inner.invoke_with_args(args)
-    }
-
-    fn short_circuits(&self) -> bool {
-        self.inner.short_circuits()
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
@@ -74,10 +49,6 @@ impl ScalarUDFImpl for StringsAsOthers {
             return Err(refused);
         }
         Ok(arg_types.iter().map(|_| other.clone()).collect())
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
     }
 }
 

@@ -70,6 +70,7 @@ pub mod table_listing;
 pub mod time_literals;
 pub mod to_utf8view;
 mod udaf_wrapper;
+mod udf_wrapper;
 pub mod using_joins;
 pub mod view_keys;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray, Int64Array};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::{Result, ScalarValue, exec_err};
-use datafusion::logical_expr::{ColumnarValue, Documentation, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl};
 
 /// The longest string `lpad`/`rpad` builds, in characters (PostgreSQL's bound is its 1 GB
 /// value size; padding to this length is already far beyond any use).
@@ -39,20 +39,10 @@ fn checked(name: &str, length: i64) -> Result<i64> {
 }
 
 impl ScalarUDFImpl for PadChecked {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
+    crate::udf_wrapper::delegate_scalar!();
 
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
     }
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
