@@ -461,6 +461,8 @@ impl QueryEngine {
         crate::postgres_operators::bind_as_postgres(&mut statement);
         // `OVER (w ORDER BY x)` with the clauses of `w` (see `crate::named_windows`).
         crate::named_windows::copy_named_windows(&mut statement);
+        // A NATURAL join as USING over the columns its tables share (see `crate::natural_joins`).
+        crate::natural_joins::natural_as_using(&mut statement, &state).await?;
         // `JOIN ... USING (k)`'s merged `k` as PostgreSQL has it (see `crate::using_joins`).
         crate::using_joins::merge_using_columns(&mut statement);
         // `FETCH FIRST n ROWS ONLY` as `LIMIT n` (see `crate::fetch_clause`).

@@ -31,6 +31,7 @@ pub mod integer_timestamps;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod named_windows;
+pub mod natural_joins;
 pub mod numbered_subqueries;
 pub mod numeric_coercion;
 pub mod numeric_literals;

@@ -12,8 +12,9 @@
 //! above (a select item keeping the name `k`), and a `*` over a right or full join of two
 //! relations as `<k>, left.* EXCLUDE (k), right.* EXCLUDE (k)`, PostgreSQL's column order. A
 //! SELECT whose FROM it cannot follow (a list of several relations, a relation without a name,
-//! a USING column whose left side is one of several earlier relations, a NATURAL join) is left
-//! to DataFusion. References inside nested queries are theirs.
+//! a USING column whose left side is one of several earlier relations, a NATURAL join that
+//! [`crate::natural_joins`] did not write as USING) is left to DataFusion. References inside
+//! nested queries are theirs.
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
