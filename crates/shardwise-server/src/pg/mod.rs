@@ -78,6 +78,18 @@ const IGNORED_CLIENT_PARAMETERS: &[&str] = &[
     "lc_time",
     "default_transaction_isolation",
     "session",
+    // What a `pg_dump` script sets before its statements (shardwise takes no locks a statement
+    // waits on for long, has no transactions to sit idle in, no functions, XML or row security,
+    // and one storage), and `synchronous_commit` (an acknowledged row is always durable).
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "check_function_bodies",
+    "xmloption",
+    "row_security",
+    "default_tablespace",
+    "default_table_access_method",
+    "synchronous_commit",
 ];
 
 /// Serves the PostgreSQL protocol on `listener` until `shutdown` completes. Connections in
@@ -734,6 +746,8 @@ mod tests {
         assert_eq!(savepoint_tag("release s"), "RELEASE");
         assert_eq!(kind_of("SET extra_float_digits = 3"), Kind::IgnoredSet);
         assert_eq!(kind_of("SET application_name = 'psql'"), Kind::IgnoredSet);
+        assert_eq!(kind_of("SET lock_timeout = 0"), Kind::IgnoredSet);
+        assert_eq!(kind_of("SET idle_in_transaction_session_timeout = 0"), Kind::IgnoredSet);
         assert_eq!(kind_of("SET max_execution_time_ms = 10"), Kind::Sql);
         assert_eq!(kind_of("SELECT 1"), Kind::Sql);
         assert_eq!(kind_of("DEALLOCATE ALL"), Kind::Deallocate);
