@@ -226,6 +226,16 @@ impl ScalarUDFImpl for CheckedFold {
         Ok(name)
     }
 
+    /// Unbounded, of the terms' type (the default, of type Null, made `abs(a - 2)` fail to plan:
+    /// functions over it read the range in its type).
+    fn evaluate_bounds(
+        &self,
+        input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+    ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+        let data_type = input.get(1).map(|i| i.data_type()).unwrap_or(DataType::Null);
+        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+    }
+
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let data_type = args.return_field.data_type().clone();
         let Some((ColumnarValue::Scalar(ScalarValue::Utf8(Some(steps))), terms)) = args.args.split_first() else {
@@ -268,6 +278,15 @@ impl ScalarUDFImpl for CheckedNegate {
             Some(t) => Ok(t.clone()),
             None => exec_err!("{NEGATE_NAME} takes an integer operand"),
         }
+    }
+
+    /// Unbounded, of the operand's type (see [`CheckedFold`]'s).
+    fn evaluate_bounds(
+        &self,
+        input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+    ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+        let data_type = input.first().map(|i| i.data_type()).unwrap_or(DataType::Null);
+        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -388,6 +407,9 @@ mod tests {
         assert_eq!(batch.column(0).as_any().downcast_ref::<Int64Array>().map(|a| a.value(0)), Some(i64::MAX));
         assert_eq!(batch.column(1).as_any().downcast_ref::<Int64Array>().map(|a| a.value(0)), Some(200_000));
         assert_eq!(batch.column(2).as_any().downcast_ref::<Int64Array>().map(|a| a.value(0)), Some(1));
+        // A function over a fold orders (`abs` reads the fold's range in its type).
+        let batches = run("SELECT a FROM t ORDER BY abs(a - 2) LIMIT 1").await?;
+        assert_eq!(batches[0].column(0).as_any().downcast_ref::<Int32Array>().map(|a| a.value(0)), Some(-3));
 
         // One call for the whole chain (its terms' products nested once), not one per operator.
         let ctx = SessionContext::new();

@@ -153,6 +153,8 @@ pub fn analyzer_rules_first() -> Vec<Arc<dyn datafusion::optimizer::AnalyzerRule
         // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
         // DataFusion's coercion (see `crate::numeric_coercion`).
         Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
+        // `date ± interval` as a TIMESTAMP (see `crate::date_intervals`).
+        Arc::new(crate::date_intervals::DateIntervalsAsTimestamps),
         // `SIMILAR TO` as a whole-string match of the standard's pattern (see
         // `crate::similar_to`).
         Arc::new(crate::similar_to::SimilarToAsRegex),
@@ -243,6 +245,9 @@ impl QueryEngine {
             None => ViewKeysRule::default(),
         };
         state = state.with_optimizer_rule(Arc::new(view_keys));
+        // Last of the logical rules, after filters are pushed down and merged: a condition's guard
+        // of a division or cast holds (see `crate::guarded_operands`).
+        state = state.with_optimizer_rule(Arc::new(crate::guarded_operands::GuardedOperands));
         if let (Some(access), Some(estimates)) = (&access, estimates) {
             // Last of the physical rules: it cuts the finished single-node plan into fragments.
             let rule = DistributeRule::new(Arc::clone(access), Arc::clone(&cluster), estimates);
@@ -269,6 +274,7 @@ impl QueryEngine {
         ctx.register_udf(crate::rounding_casts::round_half_even_udf().as_ref().clone());
         ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
         ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
+        ctx.register_udf(crate::regexp_replacement::regexp_replace_udf());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);

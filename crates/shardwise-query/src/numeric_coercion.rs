@@ -40,6 +40,7 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr::{AggregateFunction, Case, InList, InSubquery, ScalarFunction, WindowFunction};
 use datafusion::logical_expr::{
     Between, BinaryExpr, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Operator, Subquery, Union, Values,
+    WindowFunctionDefinition,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -294,9 +295,19 @@ fn coerced(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         }
         Expr::InSubquery(InSubquery { expr, subquery, .. }) => floats_win_in_subquery(expr, subquery, schema)?,
         Expr::WindowFunction(window) => {
-            let WindowFunction { params, .. } = window.as_mut();
-            let mut operands: Vec<&mut Expr> = params.args.iter_mut().collect();
-            floats_win(&mut operands, schema)
+            let WindowFunction { fun, params } = window.as_mut();
+            let is_avg = matches!(fun, WindowFunctionDefinition::AggregateUDF(f) if f.name() == "avg");
+            if is_avg
+                && let [arg] = params.args.as_mut_slice()
+                && let Some(widened) = widened_average(arg, schema)
+            {
+                // `avg(x) OVER (...)` as the aggregate (it kept 4 more digits than `x`).
+                *arg = widened;
+                true
+            } else {
+                let mut operands: Vec<&mut Expr> = params.args.iter_mut().collect();
+                floats_win(&mut operands, schema)
+            }
         }
         Expr::AggregateFunction(AggregateFunction { func, params }) => {
             if PERCENTILE_FUNCTIONS.contains(&func.name()) {
@@ -498,6 +509,9 @@ mod tests {
         let text = run("SELECT 1.0 / 3 AS a, 10.5 / 2 AS b, 2 / 4 AS i, 7 / 2.0 AS c").await;
         assert!(text.contains("| 0.3333333333333333 | 5.2500000000000000 | 0 | 3.5000000000000000 |"), "{text}");
         let text = run("SELECT avg(n) AS a FROM m").await;
+        assert!(text.contains("| 34.9163333333333333 |"), "{text}");
+        // The same as a window function.
+        let text = run("SELECT avg(n) OVER () AS a FROM m LIMIT 1").await;
         assert!(text.contains("| 34.9163333333333333 |"), "{text}");
         let text = run("SELECT n / 3 AS q FROM m WHERE a = 3").await;
         assert!(text.contains("| 33.3330000000000000 |"), "{text}");

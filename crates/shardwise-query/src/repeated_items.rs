@@ -32,8 +32,9 @@ pub fn name_repeated_items(statement: &mut DfStatement) {
 }
 
 /// An ORDER BY expression written as an aliased SELECT item is (`SELECT DISTINCT a * 0.5 AS x
-/// ... ORDER BY a * 0.5`) sorts by the item's alias, the same value: DataFusion otherwise looks
-/// for the expression's columns in the SELECT list, which a DISTINCT query refuses.
+/// ... ORDER BY a * 0.5`) sorts by the item's alias, the same value, and in a SELECT DISTINCT
+/// one written as an unaliased item is sorts by its position: DataFusion otherwise looks for the
+/// expression's columns in the SELECT list, which a DISTINCT query refuses.
 struct OrderByAliases;
 
 impl VisitorMut for OrderByAliases {
@@ -50,17 +51,37 @@ impl VisitorMut for OrderByAliases {
                 _ => None,
             })
             .collect();
-        if aliases.is_empty() {
+        // In a SELECT DISTINCT, an unaliased item by its position (`ORDER BY 1`): DataFusion
+        // refused `SELECT DISTINCT k + 1 ... ORDER BY k + 1` ("must appear in select list").
+        let positions: HashMap<String, usize> = if select.distinct.is_some() {
+            select
+                .projection
+                .iter()
+                .enumerate()
+                .filter_map(|(i, item)| match item {
+                    SelectItem::UnnamedExpr(expr) => Some((expr.to_string(), i + 1)),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        if aliases.is_empty() && positions.is_empty() {
             return ControlFlow::Continue(());
         }
         if let Some(order_by) = query.order_by.as_mut()
             && let OrderByKind::Expressions(exprs) = &mut order_by.kind
         {
             for order in exprs.iter_mut() {
-                if !matches!(order.expr, Expr::Identifier(_) | Expr::Value(_))
-                    && let Some(alias) = aliases.get(&order.expr.to_string())
-                {
+                if matches!(order.expr, Expr::Identifier(_) | Expr::Value(_)) {
+                    continue;
+                }
+                let text = order.expr.to_string();
+                if let Some(alias) = aliases.get(&text) {
                     order.expr = Expr::Identifier(alias.clone());
+                } else if let Some(position) = positions.get(&text) {
+                    let number = datafusion::sql::sqlparser::ast::Value::Number(position.to_string(), false);
+                    order.expr = Expr::Value(number.into());
                 }
             }
         }

@@ -118,6 +118,16 @@ impl ScalarUDFImpl for RoundHalfEven {
         Ok(arg_types.first().cloned().unwrap_or(DataType::Float64))
     }
 
+    /// Unbounded, of the argument's type (the default is of type Null, which functions over it,
+    /// such as `abs`, cannot compare with their type's zero).
+    fn evaluate_bounds(
+        &self,
+        input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+    ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+        let data_type = input.first().map(|i| i.data_type()).unwrap_or(DataType::Null);
+        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+    }
+
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let [x] = args.args.as_slice() else {
             return datafusion::common::exec_err!("{ROUND_HALF_EVEN} takes one argument");

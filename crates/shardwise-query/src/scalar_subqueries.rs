@@ -352,6 +352,19 @@ impl ScalarUDFImpl for SingleRow {
         }
     }
 
+    /// Unbounded, of the value's type (the default is of type Null, which functions over it,
+    /// such as `abs`, cannot compare with their type's zero).
+    fn evaluate_bounds(
+        &self,
+        input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+    ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+        let data_type = match input.first().map(|i| i.data_type()) {
+            Some(DataType::Struct(fields)) if fields.len() == 2 => fields[0].data_type().clone(),
+            _ => DataType::Null,
+        };
+        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+    }
+
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let [counted] = args.args.as_slice() else { return exec_err!("{SINGLE_ROW} takes one argument") };
         let scalar = matches!(counted, ColumnarValue::Scalar(_));

@@ -9,8 +9,9 @@
 //!
 //! How: [`merge_using_columns`], a pass over the parsed statement, writes each unqualified use
 //! of a merged column in a SELECT's list, WHERE, GROUP BY, HAVING and QUALIFY as the expression
-//! above (a select item keeping the name `k`), and a `*` over a right or full join of two
-//! relations as `<k>, left.* EXCLUDE (k), right.* EXCLUDE (k)`, PostgreSQL's column order. A
+//! above (a select item keeping the name `k`), and a `*` over a join of two relations as `<k>,
+//! left.* EXCLUDE (k), right.* EXCLUDE (k)`, PostgreSQL's column order (DataFusion left the
+//! merged columns where the left side has them). A
 //! SELECT whose FROM it cannot follow (a list of several relations, a relation without a name,
 //! a USING column whose left side is one of several earlier relations, a NATURAL join that
 //! [`crate::natural_joins`] did not write as USING) is left to DataFusion. References inside
@@ -54,8 +55,8 @@ fn each_select(body: &mut SetExpr) {
 }
 
 /// The merged columns of a FROM clause: by lower-case name, the expression that stands for it,
-/// in the order they appear; and for a right or full join of two relations, the qualifiers of
-/// both (a `*` over it is written out).
+/// in the order they appear; and for a single join of two relations, the qualifiers of both (a
+/// `*` over it is written out).
 struct Merged {
     columns: Vec<(String, Ident, Expr)>,
     wildcard_sides: Option<(Ident, Ident)>,
@@ -178,7 +179,7 @@ fn merged_columns(select: &Select) -> Option<Merged> {
             JoinConstraint::Natural => return None,
         };
         let side = side_of(&join.join_operator)?;
-        if i == 0 && matches!(side, Side::Right | Side::Full) && from.joins.len() == 1 {
+        if i == 0 && from.joins.len() == 1 {
             wildcard_sides = Some((first.clone(), right.clone()));
         }
         for name in using {
@@ -295,6 +296,11 @@ mod tests {
         assert_eq!(
             rewritten("SELECT * FROM a FULL JOIN b USING (k)"),
             "SELECT coalesce(a.k, b.k) AS k, a.* EXCLUDE (k), b.* EXCLUDE (k) FROM a FULL JOIN b USING(k)"
+        );
+        // Every join type lists the merged columns first, in the USING list's order.
+        assert_eq!(
+            rewritten("SELECT * FROM a JOIN b USING (y, x)"),
+            "SELECT a.y AS y, a.x AS x, a.* EXCLUDE (y, x), b.* EXCLUDE (y, x) FROM a JOIN b USING(y, x)"
         );
     }
 
