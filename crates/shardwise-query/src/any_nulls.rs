@@ -20,9 +20,7 @@ use datafusion::common::{Result, ScalarValue, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr as LogicalExpr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
-use datafusion::sql::sqlparser::ast::{
-    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident, ObjectName,
-};
+use datafusion::sql::sqlparser::ast::Expr;
 
 /// The SQL name of the wrapping function.
 const FUNCTION_NAME: &str = "shardwise_any_nulls";
@@ -36,21 +34,7 @@ pub fn with_null_semantics(expr: Expr) -> Expr {
     }
     let (x, array) = ((*left).clone(), (*right).clone());
     let comparison = Expr::AnyOp { left, compare_op, right, is_some };
-    let arg = |e| FunctionArg::Unnamed(FunctionArgExpr::Expr(e));
-    Expr::Function(Function {
-        name: ObjectName::from(vec![Ident::new(FUNCTION_NAME)]),
-        uses_odbc_syntax: false,
-        parameters: FunctionArguments::None,
-        args: FunctionArguments::List(FunctionArgumentList {
-            duplicate_treatment: None,
-            args: vec![arg(comparison), arg(x), arg(array)],
-            clauses: vec![],
-        }),
-        filter: None,
-        null_treatment: None,
-        over: None,
-        within_group: vec![],
-    })
+    crate::sql_ast::function_call(FUNCTION_NAME, vec![comparison, x, array])
 }
 
 /// `shardwise_any_nulls(found, x, array)`, to register with a session.

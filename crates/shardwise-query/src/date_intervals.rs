@@ -57,24 +57,12 @@ fn as_timestamp(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
 mod tests {
     use super::*;
     use datafusion::arrow::util::pretty::pretty_format_batches;
-    use datafusion::execution::SessionStateBuilder;
-    use datafusion::optimizer::analyzer::resolve_grouping_function::ResolveGroupingFunction;
-    use datafusion::optimizer::analyzer::type_coercion::TypeCoercion;
-    use datafusion::prelude::SessionContext;
     use std::sync::Arc;
 
     #[tokio::test]
     async fn a_date_and_an_interval_make_a_timestamp() -> Result<()> {
         // Before DataFusion's coercion, as in the engine (which casts `date + 2` to an interval).
-        let state = SessionStateBuilder::new()
-            .with_default_features()
-            .with_analyzer_rules(vec![
-                Arc::new(DateIntervalsAsTimestamps),
-                Arc::new(ResolveGroupingFunction::new()),
-                Arc::new(TypeCoercion::new()),
-            ])
-            .build();
-        let ctx = SessionContext::new_with_state(state);
+        let ctx = crate::expression_rules::context_with_rule_first(Arc::new(DateIntervalsAsTimestamps));
         let batches = ctx
             .sql(
                 "SELECT DATE '2024-01-01' - INTERVAL '1 hour' AS a, DATE '2024-01-31' + INTERVAL '36 hours' AS b, \

@@ -153,6 +153,8 @@ pub fn analyzer_rules_first() -> Vec<Arc<dyn datafusion::optimizer::AnalyzerRule
         // DECIMALs meet floats as floats, and exact quotients keep 16 digits, before
         // DataFusion's coercion (see `crate::numeric_coercion`).
         Arc::new(crate::numeric_coercion::PostgresNumericCoercion),
+        // `extract(second ...)` with the fraction (see `crate::fractional_seconds`).
+        Arc::new(crate::fractional_seconds::FractionalSeconds),
         // `date ± interval` as a TIMESTAMP (see `crate::date_intervals`).
         Arc::new(crate::date_intervals::DateIntervalsAsTimestamps),
         // `SIMILAR TO` as a whole-string match of the standard's pattern (see
@@ -275,10 +277,13 @@ impl QueryEngine {
         ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
         ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
         ctx.register_udf(crate::regexp_replacement::regexp_replace_udf());
+        ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {
             ctx.register_udf(udf);
         }
+        // `repeat` bounded (see `crate::repeat_limits`).
+        ctx.register_udf(crate::repeat_limits::repeat_udf());
         // `min`/`max` of floats by group order NaN highest (see `crate::float_min_max`).
         for udaf in crate::float_min_max::min_max_udafs() {
             ctx.register_udaf(udaf.as_ref().clone());

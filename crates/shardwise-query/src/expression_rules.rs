@@ -27,3 +27,22 @@ pub(crate) fn rewrite_expressions(
     })
     .map(|t| t.data)
 }
+
+/// A session whose analyzer runs `rule` before DataFusion's coercion, as the engine runs its
+/// rules that change an expression's type (the coercion then types the plan again).
+#[cfg(test)]
+pub(crate) fn context_with_rule_first(
+    rule: std::sync::Arc<dyn datafusion::optimizer::AnalyzerRule + Send + Sync>,
+) -> datafusion::prelude::SessionContext {
+    use datafusion::optimizer::analyzer::resolve_grouping_function::ResolveGroupingFunction;
+    use datafusion::optimizer::analyzer::type_coercion::TypeCoercion;
+    let state = datafusion::execution::SessionStateBuilder::new()
+        .with_default_features()
+        .with_analyzer_rules(vec![
+            rule,
+            std::sync::Arc::new(ResolveGroupingFunction::new()),
+            std::sync::Arc::new(TypeCoercion::new()),
+        ])
+        .build();
+    datafusion::prelude::SessionContext::new_with_state(state)
+}

@@ -14,11 +14,14 @@
 //!   dialect reads `^` as XOR, its PostgreSQL dialect as the power, which DataFusion plans as
 //!   `power(a, b)`.
 //! - `mod(a, b)` is `(a % b)`, PostgreSQL's function for the remainder, which DataFusion lacks.
-//! - `to_char(ts, 'YYYY-MM-DD HH24:MI:SS')`: PostgreSQL's template patterns become the chrono
-//!   format DataFusion's `to_char` takes (it answered the template itself, for every row).
+//! - `to_char(ts, 'YYYY-MM-DD HH24:MI:SS')`, `to_date(s, 'YYYY-MM-DD')`, `to_timestamp(s,
+//!   'YYYY-MM-DD HH24:MI:SS')`: PostgreSQL's template patterns become the chrono format
+//!   DataFusion's functions take (`to_char` answered the template itself, for every row; the
+//!   others failed, blaming the input).
 //! - `LIKE 'a!%' ESCAPE '!'`: a literal pattern escaped by another character than the backslash
 //!   becomes the same pattern escaped by backslashes (DataFusion refused the ESCAPE clause).
 //!
+//! - `INTERVAL '1 day' * n` and `/ n` scale the interval ([`crate::interval_scaling`]).
 //! - `x op ANY(array)` answers NULL where a NULL element leaves it unknown ([`crate::any_nulls`]).
 //!
 //! [`bind_as_postgres`] applies both to a parsed statement before planning.
@@ -198,9 +201,17 @@ impl VisitorMut for Rebind {
                 }
                 *expr = Expr::Function(f);
             }
-            Expr::Function(mut f) if f.name.to_string().eq_ignore_ascii_case("to_char") => {
+            Expr::Function(mut f)
+                if ["to_char", "to_date", "to_timestamp"]
+                    .iter()
+                    .any(|n| f.name.to_string().eq_ignore_ascii_case(n)) =>
+            {
                 postgres_pattern(&mut f);
                 *expr = Expr::Function(f);
+            }
+            // `INTERVAL '1 day' * n` (see `crate::interval_scaling`).
+            e @ Expr::BinaryOp { op: BinaryOperator::Multiply | BinaryOperator::Divide, .. } => {
+                *expr = crate::interval_scaling::with_interval_scaling(e)
             }
             // `x op ANY(array)` with SQL's NULLs (see `crate::any_nulls`).
             e @ Expr::AnyOp { .. } => *expr = crate::any_nulls::with_null_semantics(e),
@@ -250,6 +261,18 @@ mod tests {
         // Parenthesized, and a comparison, stay on the right.
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+
+    #[test]
+    fn postgres_templates_in_to_date_and_to_timestamp() {
+        assert_eq!(first_item("SELECT to_date(s, 'YYYY-MM-DD')").to_string(), "to_date(s, '%Y-%m-%d')");
+        assert_eq!(
+            first_item("SELECT to_timestamp(s, 'YYYY-MM-DD HH24:MI:SS')").to_string(),
+            "to_timestamp(s, '%Y-%m-%d %H:%M:%S')"
+        );
+        // A chrono format, and epoch seconds, as written.
+        assert_eq!(first_item("SELECT to_date(s, '%Y')").to_string(), "to_date(s, '%Y')");
+        assert_eq!(first_item("SELECT to_timestamp(5)").to_string(), "to_timestamp(5)");
     }
 
     #[test]

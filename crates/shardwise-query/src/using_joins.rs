@@ -22,8 +22,7 @@ use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    ExcludeSelectItem, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments,
-    GroupByExpr, Ident, JoinConstraint, JoinOperator, ObjectName, Query, Select, SelectItem,
+    ExcludeSelectItem, Expr, GroupByExpr, Ident, JoinConstraint, JoinOperator, ObjectName, Query, Select, SelectItem,
     SelectItemQualifiedWildcardKind, SetExpr, TableFactor, VisitMut, VisitorMut, WildcardAdditionalOptions,
 };
 
@@ -144,21 +143,7 @@ fn qualified(relation: &Ident, column: &Ident) -> Expr {
 }
 
 fn coalesce(left: Expr, right: Expr) -> Expr {
-    let arg = |e| FunctionArg::Unnamed(FunctionArgExpr::Expr(e));
-    Expr::Function(Function {
-        name: ObjectName::from(vec![Ident::new("coalesce")]),
-        uses_odbc_syntax: false,
-        parameters: FunctionArguments::None,
-        args: FunctionArguments::List(FunctionArgumentList {
-            duplicate_treatment: None,
-            args: vec![arg(left), arg(right)],
-            clauses: vec![],
-        }),
-        filter: None,
-        null_treatment: None,
-        over: None,
-        within_group: vec![],
-    })
+    crate::sql_ast::function_call("coalesce", vec![left, right])
 }
 
 /// The merged columns of `select`'s FROM, or `None` when there are none or it cannot follow it.
