@@ -20,17 +20,29 @@ use datafusion::common::{Result, ScalarValue, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr as LogicalExpr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
-use datafusion::sql::sqlparser::ast::Expr;
+use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr};
 
 /// The SQL name of the wrapping function.
 const FUNCTION_NAME: &str = "shardwise_any_nulls";
 
-/// `expr` with its `x op ANY(array)` given SQL's NULLs (see the module doc); anything else as
+/// `expr` with its `x op ANY(array)` given SQL's NULLs (see the module doc), and `x = ANY
+/// (subquery)` / `x <> ALL (subquery)` as `x [NOT] IN (subquery)`, their equal; anything else as
 /// it is. Called on each expression after its operands (bottom up).
 pub fn with_null_semantics(expr: Expr) -> Expr {
+    if let Expr::AllOp { left, compare_op: BinaryOperator::NotEq, right } = expr {
+        return match *right {
+            Expr::Subquery(query) => Expr::InSubquery { expr: left, subquery: query, negated: true },
+            other => Expr::AllOp { left, compare_op: BinaryOperator::NotEq, right: Box::new(other) },
+        };
+    }
     let Expr::AnyOp { left, compare_op, right, is_some } = expr else { return expr };
-    if matches!(right.as_ref(), Expr::Subquery(_)) {
-        return Expr::AnyOp { left, compare_op, right, is_some };
+    if let Expr::Subquery(query) = *right {
+        // `x = ANY (SELECT ...)` is `x IN (SELECT ...)`, NULLs included; DataFusion's own plan of
+        // it failed in a SELECT list ("optimize_projections failed").
+        if compare_op == BinaryOperator::Eq {
+            return Expr::InSubquery { expr: left, subquery: query, negated: false };
+        }
+        return Expr::AnyOp { left, compare_op, right: Box::new(Expr::Subquery(query)), is_some };
     }
     let (x, array) = ((*left).clone(), (*right).clone());
     let comparison = Expr::AnyOp { left, compare_op, right, is_some };
@@ -199,6 +211,6 @@ mod tests {
                 other => other.to_string(),
             })
             .collect();
-        assert_eq!(items, ["x = ANY(SELECT 1)", "shardwise_any_nulls(y < ANY(arr), y, arr)"]);
+        assert_eq!(items, ["x IN (SELECT 1)", "shardwise_any_nulls(y < ANY(arr), y, arr)"]);
     }
 }

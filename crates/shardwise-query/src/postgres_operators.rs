@@ -21,6 +21,7 @@
 //! - `LIKE 'a!%' ESCAPE '!'`: a literal pattern escaped by another character than the backslash
 //!   becomes the same pattern escaped by backslashes (DataFusion refused the ESCAPE clause).
 //!
+//! - `x IN (VALUES (1), (2))` is the list `x IN (1, 2)` (DataFusion refused it).
 //! - `INTERVAL '1 day' * n` and `/ n` scale the interval ([`crate::interval_scaling`]).
 //! - `x op ANY(array)` answers NULL where a NULL element leaves it unknown ([`crate::any_nulls`]).
 //!
@@ -170,6 +171,23 @@ fn escaped_by_backslash(
     *escape_char = None;
 }
 
+/// The one-column rows of a bare `VALUES` query (no ORDER BY, LIMIT or WITH), as a list.
+fn values_as_list(query: &datafusion::sql::sqlparser::ast::Query) -> Option<Vec<Expr>> {
+    use datafusion::sql::sqlparser::ast::SetExpr;
+    if query.with.is_some() || query.order_by.is_some() || query.limit_clause.is_some() || query.fetch.is_some() {
+        return None;
+    }
+    let SetExpr::Values(values) = query.body.as_ref() else { return None };
+    values
+        .rows
+        .iter()
+        .map(|row| match row.content.as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 impl VisitorMut for Rebind {
     type Break = ();
 
@@ -213,8 +231,16 @@ impl VisitorMut for Rebind {
             e @ Expr::BinaryOp { op: BinaryOperator::Multiply | BinaryOperator::Divide, .. } => {
                 *expr = crate::interval_scaling::with_interval_scaling(e)
             }
+            // `x IN (VALUES (1), (2))` as the list `x IN (1, 2)`, which DataFusion refused
+            // ("single expression required").
+            Expr::InSubquery { expr: value, subquery, negated } => {
+                *expr = match values_as_list(&subquery) {
+                    Some(list) => Expr::InList { expr: value, list, negated },
+                    None => Expr::InSubquery { expr: value, subquery, negated },
+                }
+            }
             // `x op ANY(array)` with SQL's NULLs (see `crate::any_nulls`).
-            e @ Expr::AnyOp { .. } => *expr = crate::any_nulls::with_null_semantics(e),
+            e @ (Expr::AnyOp { .. } | Expr::AllOp { .. }) => *expr = crate::any_nulls::with_null_semantics(e),
             other => *expr = other,
         }
         ControlFlow::Continue(())
@@ -261,6 +287,13 @@ mod tests {
         // Parenthesized, and a comparison, stay on the right.
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+
+    #[test]
+    fn in_values_is_a_list() {
+        assert_eq!(first_item("SELECT k IN (VALUES (1), (2))").to_string(), "k IN (1, 2)");
+        assert_eq!(first_item("SELECT k NOT IN (VALUES (1))").to_string(), "k NOT IN (1)");
+        assert_eq!(first_item("SELECT k IN (VALUES (1, 2))").to_string(), "k IN (VALUES (1, 2))");
     }
 
     #[test]

@@ -154,6 +154,9 @@ fn as_outer(x: &Expr, schema: &DFSchema) -> Result<Option<Expr>> {
     Ok((!unknown).then_some(outer))
 }
 
+/// A number for each subquery [`exists_where`] names.
+static NEXT_ALIAS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// `EXISTS (SELECT * FROM (subquery) WHERE condition(y, x))`, `y` the subquery's column and `x`
 /// an outer expression.
 fn exists_where(
@@ -162,17 +165,32 @@ fn exists_where(
     schema: &DFSchema,
     condition: fn(Expr, Expr) -> Expr,
 ) -> Result<Option<Expr>> {
-    let (Some(x), Some(y)) = (as_outer(x, schema)?, subquery.subquery.head_output_expr()?) else { return Ok(None) };
-    let y = match y {
-        Expr::Alias(a) => Expr::Column(datafusion::common::Column::new_unqualified(a.name)),
-        Expr::Column(c) => Expr::Column(c),
+    let Some(x) = as_outer(x, schema)? else { return Ok(None) };
+    if subquery.subquery.schema().fields().is_empty() {
+        return Ok(None);
+    }
+    // An uncorrelated subquery under a name of its own: its column and the outer row's would
+    // otherwise share a name when both read one table (`k IN (SELECT k FROM r ...)` over `r`), and
+    // DataFusion's decorrelation read `r.k = outer r.k` as a condition on the subquery alone (a
+    // cross join, every outer row repeated). A correlated one keeps its plan, which DataFusion's
+    // decorrelation needs to see through.
+    let builder = LogicalPlanBuilder::from(subquery.subquery.as_ref().clone());
+    let builder = if subquery.outer_ref_columns.is_empty() {
+        builder.alias(format!("__shardwise_in_{}", NEXT_ALIAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))?
+    } else {
+        builder
+    };
+    let y = match subquery.subquery.head_output_expr()? {
+        Some(Expr::Alias(a)) if subquery.outer_ref_columns.is_empty().not() => {
+            Expr::Column(datafusion::common::Column::new_unqualified(a.name))
+        }
+        Some(Expr::Column(c)) if subquery.outer_ref_columns.is_empty().not() => Expr::Column(c),
         _ => {
-            let (qualifier, field) = subquery.subquery.schema().qualified_field(0);
+            let (qualifier, field) = builder.schema().qualified_field(0);
             Expr::Column(datafusion::common::Column::new(qualifier.cloned(), field.name()))
         }
     };
-    let filtered =
-        LogicalPlanBuilder::from(subquery.subquery.as_ref().clone()).filter(condition(y, x.clone()))?.build()?;
+    let filtered = builder.filter(condition(y, x.clone()))?.build()?;
     let mut outer_ref_columns = subquery.outer_ref_columns.clone();
     x.apply(|e| {
         if matches!(e, Expr::OuterReferenceColumn(..)) && !outer_ref_columns.contains(e) {

@@ -102,5 +102,11 @@ async fn exists_and_in_in_a_select_list() -> Result<()> {
     assert_eq!(ids(sql).await?, [None, None, Some(1)]);
     let sql = "SELECT CAST(id NOT IN (SELECT x FROM mi WHERE x IS NOT NULL) AS BIGINT) FROM mo";
     assert_eq!(ids(sql).await?, [None, Some(0), Some(1)]);
+    // The subquery reads the outer query's table, unaliased: one answer per outer row (it was a
+    // cross join, every row repeated and TRUE).
+    let sql = "SELECT CAST(id IN (SELECT id FROM mo WHERE id < 2) AS BIGINT) FROM mo";
+    assert_eq!(ids(sql).await?, [None, Some(0), Some(1)]);
+    let sql = "SELECT CAST(EXISTS (SELECT 1 FROM mo WHERE ts > 20) AS BIGINT) FROM mo";
+    assert_eq!(ids(sql).await?, [Some(1), Some(1), Some(1)]);
     Ok(())
 }
