@@ -111,8 +111,10 @@ fn unplanned(what: &str) -> String {
     let kind = what.split(['(', ' ']).next().unwrap_or(what);
     match kind {
         "ScalarSubquery" => UNPLANNED_SUBQUERY.to_string(),
-        "Exists" | "InSubquery" => "an EXISTS or IN subquery of this statement cannot be run where it is written: \
-             shardwise runs one in a WHERE or HAVING condition, or in a SELECT list; rewrite it as a join"
+        "Exists" | "InSubquery" | "SetComparison" => "an EXISTS, IN or ANY/ALL subquery of this statement cannot be \
+             run as written: shardwise runs one in a WHERE or HAVING condition or a SELECT list when it refers to \
+             the outer row only in its own WHERE clause, without ORDER BY ... LIMIT, and runs `x > ANY (...)` and \
+             the other ordering comparisons only as a WHERE condition; rewrite it as a join"
             .to_string(),
         "WindowFunction" => "window functions are not allowed in WHERE, HAVING, GROUP BY or a join condition: \
              compute the window in a subquery and filter its result"
