@@ -229,6 +229,9 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::time_literals::TimeLiterals))
             // A fraction cast to an integer rounds (see `crate::rounding_casts`).
             .with_analyzer_rule(Arc::new(crate::rounding_casts::RoundingCasts))
+            // A timestamp or a float as text reads as PostgreSQL writes it (see
+            // `crate::postgres_text`).
+            .with_analyzer_rule(Arc::new(crate::postgres_text::PostgresText))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
             // EXISTS / IN / NOT IN where DataFusion's joins answer wrongly (see
@@ -277,6 +280,7 @@ impl QueryEngine {
         ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
         ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
         ctx.register_udf(crate::regexp_replacement::regexp_replace_udf());
+        ctx.register_udf(crate::postgres_text::postgres_text_udf().as_ref().clone());
         ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).
         for udf in crate::pad_limits::pad_udfs() {

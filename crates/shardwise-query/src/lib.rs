@@ -48,6 +48,7 @@ pub mod pg_settings;
 pub mod pg_vectors;
 pub mod placeholders;
 pub mod postgres_operators;
+pub mod postgres_text;
 pub mod predicate_subqueries;
 pub mod query_log;
 pub mod query_runtime;
