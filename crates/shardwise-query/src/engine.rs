@@ -232,6 +232,8 @@ impl QueryEngine {
             // A timestamp or a float as text reads as PostgreSQL writes it (see
             // `crate::postgres_text`).
             .with_analyzer_rule(Arc::new(crate::postgres_text::PostgresText))
+            // Ranks in the answer are BIGINT (see `crate::rank_types`).
+            .with_analyzer_rule(Arc::new(crate::rank_types::RankTypes))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
             .with_analyzer_rule(Arc::new(crate::checked_integers::CheckedIntegerArithmetic))
             // EXISTS / IN / NOT IN where DataFusion's joins answer wrongly (see

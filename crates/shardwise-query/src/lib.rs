@@ -52,6 +52,7 @@ pub mod postgres_text;
 pub mod predicate_subqueries;
 pub mod query_log;
 pub mod query_runtime;
+pub mod rank_types;
 pub mod recursive_terms;
 pub mod regexp_replacement;
 pub mod repeat_limits;
