@@ -226,14 +226,12 @@ impl ScalarUDFImpl for CheckedFold {
         Ok(name)
     }
 
-    /// Unbounded, of the terms' type (the default, of type Null, made `abs(a - 2)` fail to plan:
-    /// functions over it read the range in its type).
+    /// Unbounded, of the terms' type ([`crate::udf_wrapper::unbounded_like`]).
     fn evaluate_bounds(
         &self,
         input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
     ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
-        let data_type = input.get(1).map(|i| i.data_type()).unwrap_or(DataType::Null);
-        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+        crate::udf_wrapper::unbounded_like(input, 1)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -280,13 +278,12 @@ impl ScalarUDFImpl for CheckedNegate {
         }
     }
 
-    /// Unbounded, of the operand's type (see [`CheckedFold`]'s).
+    /// Unbounded, of the operand's type ([`crate::udf_wrapper::unbounded_like`]).
     fn evaluate_bounds(
         &self,
         input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
     ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
-        let data_type = input.first().map(|i| i.data_type()).unwrap_or(DataType::Null);
-        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+        crate::udf_wrapper::unbounded_like(input, 0)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

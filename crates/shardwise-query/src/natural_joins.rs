@@ -18,7 +18,7 @@ use datafusion::execution::SessionState;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::{
-    Ident, JoinConstraint, JoinOperator, ObjectName, Query, Select, SetExpr, TableFactor, VisitorMut,
+    Ident, JoinConstraint, ObjectName, Query, Select, SetExpr, TableFactor, VisitorMut,
 };
 
 /// Rewrites the NATURAL joins of `statement` that it can (see the module doc), looking their
@@ -49,39 +49,13 @@ pub async fn natural_as_using(statement: &mut DfStatement, state: &SessionState)
 fn first_natural_join(select: &Select) -> Option<(&ObjectName, &ObjectName)> {
     let [from] = select.from.as_slice() else { return None };
     let join = from.joins.first()?;
-    if !matches!(constraint(&join.join_operator), Some(JoinConstraint::Natural)) {
+    if !matches!(crate::using_joins::constraint(&join.join_operator), Some(JoinConstraint::Natural)) {
         return None;
     }
     match (&from.relation, &join.relation) {
         (TableFactor::Table { name: left, args: None, .. }, TableFactor::Table { name: right, args: None, .. }) => {
             Some((left, right))
         }
-        _ => None,
-    }
-}
-
-fn constraint(operator: &JoinOperator) -> Option<&JoinConstraint> {
-    match operator {
-        JoinOperator::Join(c)
-        | JoinOperator::Inner(c)
-        | JoinOperator::Left(c)
-        | JoinOperator::LeftOuter(c)
-        | JoinOperator::Right(c)
-        | JoinOperator::RightOuter(c)
-        | JoinOperator::FullOuter(c) => Some(c),
-        _ => None,
-    }
-}
-
-fn constraint_mut(operator: &mut JoinOperator) -> Option<&mut JoinConstraint> {
-    match operator {
-        JoinOperator::Join(c)
-        | JoinOperator::Inner(c)
-        | JoinOperator::Left(c)
-        | JoinOperator::LeftOuter(c)
-        | JoinOperator::Right(c)
-        | JoinOperator::RightOuter(c)
-        | JoinOperator::FullOuter(c) => Some(c),
         _ => None,
     }
 }
@@ -144,7 +118,7 @@ impl VisitorMut for Rewrite<'_> {
                 return;
             }
             if let Some(join) = select.from.first_mut().and_then(|from| from.joins.first_mut())
-                && let Some(constraint) = constraint_mut(&mut join.join_operator)
+                && let Some(constraint) = crate::using_joins::constraint_mut(&mut join.join_operator)
             {
                 *constraint = JoinConstraint::Using(common);
             }

@@ -118,14 +118,12 @@ impl ScalarUDFImpl for RoundHalfEven {
         Ok(arg_types.first().cloned().unwrap_or(DataType::Float64))
     }
 
-    /// Unbounded, of the argument's type (the default is of type Null, which functions over it,
-    /// such as `abs`, cannot compare with their type's zero).
+    /// Unbounded, of the argument's type ([`crate::udf_wrapper::unbounded_like`]).
     fn evaluate_bounds(
         &self,
         input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
     ) -> Result<datafusion::logical_expr::interval_arithmetic::Interval> {
-        let data_type = input.first().map(|i| i.data_type()).unwrap_or(DataType::Null);
-        datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+        crate::udf_wrapper::unbounded_like(input, 0)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -100,3 +100,15 @@ macro_rules! delegate_scalar {
 }
 
 pub(crate) use delegate_scalar;
+
+/// The bounds of a scalar function whose range shardwise does not work out: unbounded, of the
+/// type of its `index`-th argument (its result's). DataFusion's default is of type Null, which
+/// functions over the result (`abs`) cannot compare with their type's zero: `ORDER BY abs(a - 2)`
+/// failed to plan.
+pub(crate) fn unbounded_like(
+    input: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+    index: usize,
+) -> datafusion::common::Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+    let data_type = input.get(index).map(|i| i.data_type()).unwrap_or(datafusion::arrow::datatypes::DataType::Null);
+    datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
+}

@@ -211,7 +211,23 @@ fn side_of(operator: &JoinOperator) -> Option<Side> {
     }
 }
 
-fn constraint(operator: &JoinOperator) -> Option<&JoinConstraint> {
+/// The constraint (`ON`, `USING`, `NATURAL`) of a join that has one.
+pub(crate) fn constraint(operator: &JoinOperator) -> Option<&JoinConstraint> {
+    match operator {
+        JoinOperator::Join(c)
+        | JoinOperator::Inner(c)
+        | JoinOperator::Left(c)
+        | JoinOperator::LeftOuter(c)
+        | JoinOperator::Right(c)
+        | JoinOperator::RightOuter(c)
+        | JoinOperator::FullOuter(c)
+        | JoinOperator::CrossJoin(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// [`constraint`], to change.
+pub(crate) fn constraint_mut(operator: &mut JoinOperator) -> Option<&mut JoinConstraint> {
     match operator {
         JoinOperator::Join(c)
         | JoinOperator::Inner(c)
