@@ -6,7 +6,8 @@
 //! `float_column::varchar` with a text column found no rows.
 //!
 //! How: [`PostgresText`], an analyzer rule after type coercion (which writes the casts of `||`),
-//! replaces a cast of a TIMESTAMP or a float to a string with `shardwise_text(x)` ([`text_of`]),
+//! replaces a cast of a TIMESTAMP or a float to a string, and such an argument of `concat` /
+//! `concat_ws` (a boolean one there as `t` / `f`), with `shardwise_text(x)` ([`text_of`]),
 //! PostgreSQL's output: a timestamp's fraction without trailing zeros (none when it is whole), a
 //! time zone's timestamp in UTC with `+00`; a float's shortest digits that read back as the same
 //! value, in exponent form below 1e-4 and from 1e15 (1e6 for a REAL). The item keeps its name.
@@ -22,7 +23,7 @@ use datafusion::common::{DFSchema, Result, ScalarValue, exec_err};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Cast, ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-    Volatility,
+    Volatility, lit,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -52,6 +53,11 @@ fn has_postgres_text(t: &DataType) -> bool {
 }
 
 fn as_postgres_text(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    if let Expr::ScalarFunction(ScalarFunction { func, .. }) = &e
+        && ["concat", "concat_ws"].contains(&func.name())
+    {
+        return concat_arguments(e.clone(), schema);
+    }
     let Expr::Cast(Cast { expr, field }) = e else { return Ok(Transformed::no(e)) };
     let target = field.data_type().clone();
     if !is_string(&target) || !expr.get_type(schema).is_ok_and(|t| has_postgres_text(&t)) {
@@ -59,6 +65,38 @@ fn as_postgres_text(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     }
     let text = Expr::ScalarFunction(ScalarFunction::new_udf(postgres_text_udf(), vec![*expr]));
     Ok(Transformed::yes(if target == DataType::Utf8 { text } else { Expr::Cast(Cast::new(Box::new(text), target)) }))
+}
+
+/// `concat(...)` / `concat_ws(...)` with each boolean argument as `t` / `f` (PostgreSQL's output of
+/// a boolean, which `concat` writes; a `||` casts to text: `true`). Timestamps and floats are
+/// already cast to text there (by the coercion), and those casts are rewritten on their own.
+fn concat_arguments(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    let Expr::ScalarFunction(ScalarFunction { func, args }) = e else { return Ok(Transformed::no(e)) };
+    let is_boolean = |x: &Expr| x.get_type(schema).is_ok_and(|t| t == DataType::Boolean);
+    let mut changed = false;
+    let args = args
+        .into_iter()
+        .map(|arg| {
+            // The coercion's cast to text, or the boolean itself.
+            let boolean = match &arg {
+                Expr::Cast(Cast { expr, .. }) if is_boolean(expr) => Some(expr.as_ref().clone()),
+                other if is_boolean(other) => Some(other.clone()),
+                _ => None,
+            };
+            let Some(boolean) = boolean else { return arg };
+            changed = true;
+            Expr::Case(datafusion::logical_expr::expr::Case {
+                expr: Some(Box::new(boolean)),
+                when_then_expr: vec![
+                    (Box::new(lit(true)), Box::new(lit("t"))),
+                    (Box::new(lit(false)), Box::new(lit("f"))),
+                ],
+                else_expr: None,
+            })
+        })
+        .collect();
+    let call = Expr::ScalarFunction(ScalarFunction { func, args });
+    Ok(if changed { Transformed::yes(call) } else { Transformed::no(call) })
 }
 
 /// `shardwise_text`, to register with a session.
@@ -200,7 +238,8 @@ mod tests {
         let batches = ctx
             .sql(
                 "SELECT CAST(TIMESTAMP '2024-01-01 10:00:00.5' AS VARCHAR) AS a, 'at ' || TIMESTAMP '2024-01-01 10:00:00' AS b, \
-                 CAST(CAST(1.0 AS DOUBLE) AS VARCHAR) AS c, 'x' || CAST(1e20 AS DOUBLE) AS d",
+                 CAST(CAST(1.0 AS DOUBLE) AS VARCHAR) AS c, 'x' || CAST(1e20 AS DOUBLE) AS d, \
+                 concat(CAST(1.5 AS DOUBLE), false, NULL) AS e, concat_ws('-', 'a', true) AS f",
             )
             .await?
             .collect()
@@ -214,6 +253,8 @@ mod tests {
         assert_eq!(text(1), "at 2024-01-01 10:00:00");
         assert_eq!(text(2), "1");
         assert_eq!(text(3), "x1e+20");
+        assert_eq!(text(4), "1.5f");
+        assert_eq!(text(5), "a-t");
         Ok(())
     }
 }
