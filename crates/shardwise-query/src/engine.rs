@@ -232,6 +232,8 @@ impl QueryEngine {
             // A timestamp or a float as text reads as PostgreSQL writes it (see
             // `crate::postgres_text`).
             .with_analyzer_rule(Arc::new(crate::postgres_text::PostgresText))
+            // Intervals compare and sort by their length (see `crate::interval_order`).
+            .with_analyzer_rule(Arc::new(crate::interval_order::IntervalOrder))
             // Ranks in the answer are BIGINT (see `crate::rank_types`).
             .with_analyzer_rule(Arc::new(crate::rank_types::RankTypes))
             // Integer arithmetic that overflows fails (see `crate::checked_integers`).
@@ -282,6 +284,8 @@ impl QueryEngine {
         ctx.register_udf(crate::similar_to::similar_to_escape_udf().as_ref().clone());
         ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
         ctx.register_udf(crate::regexp_replacement::regexp_replace_udf());
+        ctx.register_udf(crate::age::age_udf().as_ref().clone());
+        ctx.register_udf(crate::interval_order::interval_order_udf().as_ref().clone());
         ctx.register_udf(crate::postgres_text::postgres_text_udf().as_ref().clone());
         ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());
         // `lpad`/`rpad` bounded, negative lengths as PostgreSQL (see `crate::pad_limits`).

@@ -6,6 +6,7 @@
 //! classifies failures as the user's or the server's ([`QueryError`]).
 
 pub mod access;
+pub mod age;
 pub mod any_nulls;
 pub mod ast_limits;
 pub mod checked_integers;
@@ -31,6 +32,7 @@ pub mod insert_exact;
 pub mod insert_select;
 pub mod insert_values;
 pub mod integer_timestamps;
+pub mod interval_order;
 pub mod interval_scaling;
 pub mod many_groups;
 pub mod memory_limit;

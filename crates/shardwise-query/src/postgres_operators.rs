@@ -21,6 +21,7 @@
 //! - `LIKE 'a!%' ESCAPE '!'`: a literal pattern escaped by another character than the backslash
 //!   becomes the same pattern escaped by backslashes (DataFusion refused the ESCAPE clause).
 //!
+//! - `substring(s FROM 'pattern')` is the pattern's first match, as in PostgreSQL.
 //! - `x IN (VALUES (1), (2))` is the list `x IN (1, 2)` (DataFusion refused it).
 //! - `INTERVAL '1 day' * n` and `/ n` scale the interval ([`crate::interval_scaling`]).
 //! - `x op ANY(array)` answers NULL where a NULL element leaves it unknown ([`crate::any_nulls`]).
@@ -171,6 +172,23 @@ fn escaped_by_backslash(
     *escape_char = None;
 }
 
+/// Whether `e` is a string literal that is not a number: a pattern after `substring(s FROM`.
+fn regex_literal(e: &Expr) -> bool {
+    use datafusion::sql::sqlparser::ast::Value;
+    matches!(e, Expr::Value(v) if matches!(&v.value, Value::SingleQuotedString(text) if text.trim().parse::<i64>().is_err()))
+}
+
+/// `regexp_match(value, pattern)[1]`: the first capture group of the first match, or the whole
+/// match when the pattern has no group; NULL without a match (PostgreSQL's `substring(s FROM
+/// pattern)`).
+fn first_match(value: Expr, pattern: Expr) -> Expr {
+    let one = Expr::Value(datafusion::sql::sqlparser::ast::Value::Number("1".to_string(), false).into());
+    crate::sql_ast::function_call(
+        "array_element",
+        vec![crate::sql_ast::function_call("regexp_match", vec![value, pattern]), one],
+    )
+}
+
 /// The one-column rows of a bare `VALUES` query (no ORDER BY, LIMIT or WITH), as a list.
 fn values_as_list(query: &datafusion::sql::sqlparser::ast::Query) -> Option<Vec<Expr>> {
     use datafusion::sql::sqlparser::ast::SetExpr;
@@ -239,6 +257,26 @@ impl VisitorMut for Rebind {
                     None => Expr::InSubquery { expr: value, subquery, negated },
                 }
             }
+            // `substring(s FROM 'regex')`: the first match (or its first group), as PostgreSQL
+            // reads a text after FROM; DataFusion read it as a position and refused it.
+            Expr::Substring {
+                expr: value,
+                substring_from: Some(from),
+                substring_for: None,
+                special: false,
+                shorthand,
+            } => {
+                *expr = match regex_literal(&from) {
+                    true => first_match(*value, *from),
+                    false => Expr::Substring {
+                        expr: value,
+                        substring_from: Some(from),
+                        substring_for: None,
+                        special: false,
+                        shorthand,
+                    },
+                }
+            }
             // `x op ANY(array)` with SQL's NULLs (see `crate::any_nulls`).
             e @ (Expr::AnyOp { .. } | Expr::AllOp { .. }) => *expr = crate::any_nulls::with_null_semantics(e),
             other => *expr = other,
@@ -287,6 +325,17 @@ mod tests {
         // Parenthesized, and a comparison, stay on the right.
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM (b AND c)"), Expr::IsDistinctFrom(..)));
         assert!(matches!(first_item("SELECT a IS DISTINCT FROM b = c"), Expr::IsDistinctFrom(..)));
+    }
+
+    #[test]
+    fn substring_from_a_pattern_is_its_first_match() {
+        assert_eq!(
+            first_item("SELECT substring(s FROM '[0-9]+')").to_string(),
+            "array_element(regexp_match(s, '[0-9]+'), 1)"
+        );
+        assert_eq!(first_item("SELECT substring(s FROM 2)").to_string(), "SUBSTRING(s FROM 2)");
+        assert_eq!(first_item("SELECT substring(s FROM '2')").to_string(), "SUBSTRING(s FROM '2')");
+        assert_eq!(first_item("SELECT substring(s FROM 'a' FOR 2)").to_string(), "SUBSTRING(s FROM 'a' FOR 2)");
     }
 
     #[test]
