@@ -41,6 +41,15 @@ impl Session {
     /// `SET key = value`: checked against `options` (a copy is changed, so a bad value changes
     /// nothing), then kept.
     pub fn set(&self, options: &ConfigOptions, key: &str, value: &str) -> Result<(), QueryError> {
+        // An insert id names one insert: kept for the session, it made every later insert a
+        // retry of the first, dropped on the shards the first had written (rows lost silently).
+        if key.eq_ignore_ascii_case("insert_id") || key.eq_ignore_ascii_case("shardwise.insert_id") {
+            return Err(QueryError::Rejected(
+                "insert_id names one insert and cannot be set for a session: give it in the INSERT, \
+                 `INSERT ... SETTINGS insert_id = '...'` (or `shardwise load --insert-id`)"
+                    .to_string(),
+            ));
+        }
         let pair = (key.to_string(), value.to_string());
         settings::apply(&mut options.clone(), std::slice::from_ref(&pair))?;
         let mut changed = self.lock();
@@ -73,6 +82,14 @@ mod tests {
 
     fn options() -> ConfigOptions {
         SessionConfig::new().with_option_extension(ShardwiseSettings::default()).options().as_ref().clone()
+    }
+
+    #[test]
+    fn an_insert_id_is_not_a_session_setting() {
+        let session = Session::default();
+        let e = session.set(&options(), "insert_id", "a-1").expect_err("refused");
+        assert!(e.to_string().contains("SETTINGS insert_id"), "{e}");
+        assert!(session.changed().is_empty());
     }
 
     #[test]
