@@ -570,6 +570,16 @@ impl QueryEngine {
                 session.reset(&reset.variable);
                 Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
             }
+            // SQL-level PREPARE / EXECUTE: DataFusion keeps prepared statements in the node's one
+            // context, shared by every connection and never freed, and EXECUTE's answer did not
+            // reach PostgreSQL clients; refused, pointing at the drivers' prepared statements.
+            Action::Plan(LogicalPlan::Statement(Statement::Prepare(_) | Statement::Execute(_))) => {
+                Err(QueryError::Unsupported(
+                    "SQL PREPARE and EXECUTE are not supported: use your driver's prepared statements \
+                     (the protocol's Parse/Bind, which psycopg, JDBC and ADBC use), or send the statement itself"
+                        .to_string(),
+                ))
+            }
             Action::Plan(plan @ LogicalPlan::Statement(_)) => {
                 let frame = self.ctx.execute_logical_plan(plan).await?;
                 Ok(frame.execute_stream().await?)

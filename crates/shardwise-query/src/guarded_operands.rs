@@ -46,17 +46,42 @@ impl OptimizerRule for GuardedOperands {
     }
 }
 
-/// `p AND q` / `p OR q` with the failing operands of `q` guarded by `p`; anything else as it is.
+/// `p AND q` / `p OR q` with the failing operands of `q` guarded by `p`, or of `p` by `q` when only
+/// `p` has any (the optimizer may have put the guard second: `AND` and `OR` are symmetric, so
+/// either side may decide the answer before the other is read); anything else as it is.
 fn guarded(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     let Expr::BinaryExpr(BinaryExpr { left, op: op @ (Operator::And | Operator::Or), right }) = e else {
         return Ok(Transformed::no(e));
     };
-    let guard = match op {
-        Operator::And => Expr::IsNotFalse(left.clone()),
-        _ => Expr::IsNotTrue(left.clone()),
+    let deciding = |side: &Expr| match op {
+        Operator::And => Expr::IsNotFalse(Box::new(side.clone())),
+        _ => Expr::IsNotTrue(Box::new(side.clone())),
     };
+    if has_failing_operand(&left, schema) && !has_failing_operand(&right, schema) {
+        let guard = deciding(&right);
+        let left = left.transform_up(|x| guard_operand(x, &guard, schema))?;
+        return Ok(left.update_data(|left| Expr::BinaryExpr(BinaryExpr { left: Box::new(left), op, right })));
+    }
+    let guard = deciding(&left);
     let right = right.transform_up(|x| guard_operand(x, &guard, schema))?;
     Ok(right.update_data(|right| Expr::BinaryExpr(BinaryExpr { left, op, right: Box::new(right) })))
+}
+
+/// Whether `e` reads an operand that can fail and is not behind a guard yet.
+fn has_failing_operand(e: &Expr, schema: &DFSchema) -> bool {
+    let unguarded = |x: &Expr| !matches!(x, Expr::Case(Case { expr: None, when_then_expr, else_expr: None }) if when_then_expr.len() == 1);
+    e.exists(|x| {
+        Ok(match x {
+            Expr::BinaryExpr(BinaryExpr { op: Operator::Divide | Operator::Modulo, right, .. }) => {
+                unguarded(right) && right.get_type(schema).is_ok_and(|t| t.is_integer() || is_decimal(&t))
+            }
+            Expr::Cast(Cast { expr, field }) => {
+                unguarded(expr) && !is_string(field.data_type()) && expr.get_type(schema).is_ok_and(|t| is_string(&t))
+            }
+            _ => false,
+        })
+    })
+    .unwrap_or(false)
 }
 
 /// A division, remainder or cast in `e` whose operand can fail, with that operand guarded.
@@ -145,6 +170,9 @@ mod tests {
         assert_eq!(count(&ctx, "SELECT count(*) FROM r WHERE a <> 0 AND 10 % a = 0").await?, 4);
         assert_eq!(count(&ctx, "SELECT count(*) FROM (SELECT a FROM r WHERE a <> 0) x WHERE 10 / a > 1").await?, 4);
         assert_eq!(count(&ctx, "SELECT count(*) FROM r WHERE s <> 'x' AND CAST(s AS INT) > 4").await?, 3);
+        // The guard second.
+        assert_eq!(count(&ctx, "SELECT count(*) FROM r WHERE CAST(s AS INT) > 4 AND s <> 'x'").await?, 3);
+        assert_eq!(count(&ctx, "SELECT count(*) FROM r WHERE 10 / a > 1 AND a <> 0").await?, 4);
         // In a select list the answer is the same as without the guard's rows: false, NULL, true.
         let batches = ctx
             .sql("SELECT count(*) FILTER (WHERE ok), count(*) FILTER (WHERE NOT ok), count(ok) FROM (SELECT a <> 0 AND 10 / a > 1 AS ok FROM r) t")

@@ -124,6 +124,15 @@ fn psql_and_psycopg_end_to_end() {
     assert_eq!(stdout, "1\n");
     assert!(stderr.contains("42P01") && stderr.contains("nosuch"), "{stderr}");
 
+    // SQL-level PREPARE is refused with a pointer to the drivers' prepared statements (it was
+    // kept in the node's one context, shared by every connection); DEALLOCATE is accepted.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "DEALLOCATE p1"]).args(["-c", "PREPARE p1 AS SELECT 1"]);
+    let out = run_with_timeout(c, T);
+    let stderr = text(&out).1;
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("driver's prepared statements") && !stderr.contains("DEALLOCATE"), "{stderr}");
+
     // Cursors over the simple protocol: FETCH and MOVE forward; COMMIT closes a cursor declared
     // without hold.
     let mut c = psql(&pg0, "default", "shardwise");
