@@ -28,7 +28,7 @@ use arrow_flight::{
 };
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::execution::SendableRecordBatchStream;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use shardwise_query::{QueryEngine, QueryError, Session};
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -139,6 +139,21 @@ impl FlightSqlEndpoint {
         self.engine.execute(planned).await.map_err(to_status)
     }
 
+    /// Plans `sql` in `session` and runs it, its batches in the schema `GetFlightInfo` announced
+    /// for it (see `flight_schema`).
+    async fn run_as_announced(&self, sql: &str, session: &Arc<Session>) -> Result<SendableRecordBatchStream, Status> {
+        let planned = self.engine.plan_to_run(sql, session).await.map_err(to_status)?;
+        let schema = crate::flight_schema::announced(&planned.schema());
+        let stream = self.engine.execute(planned).await.map_err(to_status)?;
+        let target = Arc::clone(&schema);
+        let batches = stream.map(move |batch| {
+            batch.and_then(|b| {
+                crate::flight_schema::conform(b, &target).map_err(datafusion::error::DataFusionError::from)
+            })
+        });
+        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, batches)))
+    }
+
     /// Plans `sql` (nothing runs) and describes its result with one endpoint redeeming `ticket`.
     async fn flight_info(
         &self,
@@ -150,23 +165,28 @@ impl FlightSqlEndpoint {
         let descriptor = request.into_inner();
         let ticket = if planned.runs_for_effect() {
             // Run it now: a client may never fetch the result of DDL or an INSERT (executed.rs).
+            let schema = crate::flight_schema::announced(&planned.schema());
             let stream = self.engine.execute(planned.clone()).await.map_err(to_status)?;
-            let schema = stream.schema();
-            let batches = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
+            let batches: Vec<_> = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
+            let batches = batches
+                .into_iter()
+                .map(|b| crate::flight_schema::conform(b, &schema))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Status::internal(format!("cannot send the statement's answer: {e}")))?;
             let handle = self.executed.put(Executed { schema, batches });
             Ticket::new(TicketStatementQuery { statement_handle: handle.into() }.as_any().encode_to_vec())
         } else {
             ticket
         };
         FlightInfo::new()
-            .try_with_schema(&planned.schema())
+            .try_with_schema(&crate::flight_schema::announced(&planned.schema()))
             .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
             .map(|info| info.with_endpoint(FlightEndpoint::new().with_ticket(ticket)).with_descriptor(descriptor))
     }
 
     /// Plans and runs `sql`, then streams its rows as Flight data.
     async fn do_get_sql(&self, sql: &str, session: &Arc<Session>) -> Result<Response<DoGetStream>, Status> {
-        Ok(Response::new(encode(self.run(sql, session).await?)))
+        Ok(Response::new(encode(self.run_as_announced(sql, session).await?)))
     }
 
     /// Runs a statement for its effect; the affected row count when it reports one, else 0.
@@ -482,9 +502,14 @@ impl FlightSqlService for FlightSqlEndpoint {
         let dataset_schema = match crate::flight_params::with_nulls(&query.query)? {
             None => {
                 let planned = self.engine.plan(&query.query, &self.session(&request)).await.map_err(to_status)?;
-                Some(planned.schema())
+                Some(crate::flight_schema::announced(&planned.schema()))
             }
-            Some(nulls) => self.engine.plan(&nulls, &self.session(&request)).await.ok().map(|p| p.schema()),
+            Some(nulls) => self
+                .engine
+                .plan(&nulls, &self.session(&request))
+                .await
+                .ok()
+                .map(|p| crate::flight_schema::announced(&p.schema())),
         };
         let dataset_schema = match dataset_schema {
             Some(schema) => {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod executed;
 pub mod flight_metadata;
 pub mod flight_params;
+pub mod flight_schema;
 pub mod flight_split;
 pub mod flight_sql;
 pub mod fragment_report;
