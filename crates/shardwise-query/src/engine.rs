@@ -439,6 +439,11 @@ impl QueryEngine {
     /// Parses and plans one statement of `session` without executing anything: the node's
     /// settings, then the session's, then the statement's `SETTINGS`.
     pub async fn plan(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
+        crate::query_runtime::with_worker_freed(self.plan_here(sql, session)).await
+    }
+
+    /// [`Self::plan`], on the calling thread.
+    async fn plan_here(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
         if let (_, Some(_)) = split_format_clause(sql)? {
             return Err(QueryError::Rejected(
                 "FORMAT: over PostgreSQL and Flight SQL the rows travel typed and the client formats them; \
@@ -560,6 +565,11 @@ impl QueryEngine {
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
     /// with errors `QueryError::from` classifies).
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
+        crate::query_runtime::with_worker_freed(self.execute_here(planned)).await
+    }
+
+    /// [`Self::execute`], on the calling thread (physical planning included).
+    async fn execute_here(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
         let Planned { action, state, sql, session } = planned;
         match action {
             Action::Plan(LogicalPlan::Statement(Statement::SetVariable(set))) => {
