@@ -565,11 +565,8 @@ impl QueryEngine {
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
     /// with errors `QueryError::from` classifies).
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
-        crate::query_runtime::with_worker_freed(self.execute_here(planned)).await
-    }
-
-    /// [`Self::execute`], on the calling thread (physical planning included).
-    async fn execute_here(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
+        // Not on a freed worker as planning is: a statement that runs for its effect (CREATE
+        // TABLE ... AS SELECT) runs here, and must stop when its caller goes away.
         let Planned { action, state, sql, session } = planned;
         match action {
             Action::Plan(LogicalPlan::Statement(Statement::SetVariable(set))) => {

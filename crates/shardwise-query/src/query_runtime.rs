@@ -23,14 +23,15 @@ use tokio::runtime::{Handle, Runtime};
 
 use crate::error::QueryError;
 
-/// Runs `work` (planning a statement, or starting it) to completion on the calling thread, with
+/// Runs `work` (planning a statement) to completion on the calling thread, with
 /// the runtime worker it occupied handed to another thread first (`block_in_place`), on a
 /// multi-threaded runtime; elsewhere (a test's runtime) it is awaited as it is.
 ///
 /// Why: planning a large statement (an `INSERT` of 100 000 rows in its text) holds its thread for
 /// seconds, and a task queued behind it on that worker (the heartbeat acknowledgement a peer
 /// waits for) waited as long: the peer took the node for dead. The worker's queue goes to another
-/// thread; the planning keeps its thread, and its stack.
+/// thread; the planning keeps its thread, and its stack. `work` cannot be stopped once started
+/// (dropping the caller's future waits for it): only for work that ends by itself.
 pub async fn with_worker_freed<T>(work: impl Future<Output = T>) -> T {
     match Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {

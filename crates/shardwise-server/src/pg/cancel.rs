@@ -39,9 +39,14 @@ impl Cancels {
         Cancels { counters: Mutex::new(HashMap::new()), pgwire }
     }
 
-    /// Registers a connection; it stays registered while the returned counter lives.
-    pub fn register(self: &Arc<Self>, pid: i32, secret_key: &SecretKey) -> Registration {
-        let counter = Arc::new(watch::Sender::new(0));
+    /// Registers a connection's `counter` (made when it was accepted, see [`hangups`]); it stays
+    /// registered while the returned registration lives.
+    pub fn register(
+        self: &Arc<Self>,
+        pid: i32,
+        secret_key: &SecretKey,
+        counter: Arc<watch::Sender<u64>>,
+    ) -> Registration {
         let key = (pid, secret_key.to_bytes().to_vec());
         let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         counters.retain(|_, c| c.strong_count() > 0);
@@ -117,10 +122,30 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_client_that_goes_away_moves_the_counter() -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let client = tokio::net::TcpStream::connect(listener.local_addr()?).await?;
+        let (server, _) = listener.accept().await?;
+        let counter = Arc::new(watch::Sender::new(0));
+        let mut signal = counter.subscribe();
+        let watcher = tokio::spawn(hangups(server.as_raw_fd(), Arc::clone(&counter)));
+        // Connected: nothing moves.
+        tokio::time::sleep(std::time::Duration::from_millis(3 * HANGUP_CHECK_MS)).await;
+        assert!(!signal.has_changed().unwrap_or(true));
+        drop(client);
+        let moved = tokio::time::timeout(std::time::Duration::from_secs(5), signal.changed()).await;
+        assert!(matches!(moved, Ok(Ok(()))), "the counter did not move");
+        let _ = watcher.await;
+        drop(server);
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn a_cancel_request_ends_the_rows_of_its_connection_with_57014() {
         let cancels = Arc::new(Cancels::new(Arc::new(ConnectionManager::new())));
-        let mine = cancels.register(7, &SecretKey::I32(42));
-        let other = cancels.register(8, &SecretKey::I32(43));
+        let mine = cancels.register(7, &SecretKey::I32(42), Arc::new(watch::Sender::new(0)));
+        let other = cancels.register(8, &SecretKey::I32(43), Arc::new(watch::Sender::new(0)));
         let rows = futures::stream::iter(vec![Ok(1)]).chain(futures::stream::pending());
         let mut stream = Box::pin(cancellable(rows, Some(mine.signal())));
         let mut untouched = Box::pin(cancellable(futures::stream::iter(vec![Ok(1), Ok(2)]), Some(other.signal())));
@@ -142,5 +167,27 @@ mod tests {
         // A signal taken after a request does not see it.
         let later = mine.signal();
         assert!(!later.has_changed().unwrap_or(true));
+    }
+}
+
+/// How often a connection's socket is looked at for a client that went away, in milliseconds.
+pub const HANGUP_CHECK_MS: u64 = 250;
+
+/// Bumps `counter` (the connection's cancel counter) once the client at the other end of `fd`
+/// has closed its end (or the connection broke), then returns; checked every
+/// [`HANGUP_CHECK_MS`]. Without it a statement that had not sent a row yet (a long aggregation)
+/// ran on after its client was gone, until it wrote to the socket. Run beside the connection's
+/// handling and dropped with it, so `fd` is never read after the connection closed it.
+pub async fn hangups(fd: std::os::fd::RawFd, counter: Arc<watch::Sender<u64>>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(HANGUP_CHECK_MS)).await;
+        let mut poll = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: `poll` is a valid pollfd for the call; `fd` is the connection's open socket,
+        // owned by the connection this future is dropped with (see the doc).
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        if ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            counter.send_modify(|n| *n += 1);
+            return;
+        }
     }
 }

@@ -121,12 +121,21 @@ pub async fn serve(
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
-        let handlers = Connection::new(Arc::clone(&engine), Arc::clone(&startup));
+        let counter = Arc::new(tokio::sync::watch::Sender::new(0));
+        let handlers = Connection::new(Arc::clone(&engine), Arc::clone(&startup), Arc::clone(&counter));
         tokio::spawn(async move {
-            if let Some(socket) = answer_cluster_preamble(socket).await
-                && let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await
-            {
-                tracing::debug!(%peer, "postgres connection ended: {e}");
+            let Some(socket) = answer_cluster_preamble(socket).await else { return };
+            // A client that goes away cancels its running statement (see `cancel::hangups`).
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
+            tokio::select! {
+                ended = pgwire::tokio::process_socket(socket, None, handlers) => {
+                    if let Err(e) = ended {
+                        tracing::debug!(%peer, "postgres connection ended: {e}");
+                    }
+                }
+                () = cancel::hangups(fd, counter) => {
+                    tracing::debug!(%peer, "postgres client went away; its statement is stopped");
+                }
             }
         });
     }
@@ -163,7 +172,11 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(engine: Arc<QueryEngine>, startup: Arc<startup::Startup>) -> Connection {
+    fn new(
+        engine: Arc<QueryEngine>,
+        startup: Arc<startup::Startup>,
+        counter: Arc<tokio::sync::watch::Sender<u64>>,
+    ) -> Connection {
         let session = Arc::new(Session::new());
         let cancels = startup.cancels();
         let handler = Handler {
@@ -171,6 +184,7 @@ impl Connection {
             session,
             copy_in: Default::default(),
             cancels,
+            counter,
             cancel: Default::default(),
             cursors: Default::default(),
         };
@@ -208,6 +222,8 @@ struct Handler {
     copy_in: std::sync::Mutex<Option<copy_in::PendingCopyIn>>,
     /// The node's cancel counters, and this connection's, registered at its first statement.
     cancels: Arc<cancel::Cancels>,
+    /// This connection's cancel counter: a cancel request and the client going away move it.
+    counter: Arc<tokio::sync::watch::Sender<u64>>,
     cancel: std::sync::OnceLock<cancel::Registration>,
     /// The connection's open cursors ([`cursor`]); shared with its statement parser.
     cursors: Arc<std::sync::Mutex<cursor::Cursors>>,
@@ -217,7 +233,7 @@ impl Handler {
     /// What a cancel request for this connection moves, for the statement about to run.
     fn cancel_signal<C: ClientInfo>(&self, client: &C) -> Option<tokio::sync::watch::Receiver<u64>> {
         let (pid, secret_key) = client.pid_and_secret_key();
-        Some(self.cancel.get_or_init(|| self.cancels.register(pid, &secret_key)).signal())
+        Some(self.cancel.get_or_init(|| self.cancels.register(pid, &secret_key, Arc::clone(&self.counter))).signal())
     }
 }
 
@@ -644,6 +660,7 @@ impl ExtendedQueryHandler for Handler {
             session: Arc::clone(&self.session),
             copy_in: Default::default(),
             cancels: Arc::clone(&self.cancels),
+            counter: Arc::clone(&self.counter),
             cancel: Default::default(),
             cursors: Arc::clone(&self.cursors),
         })
