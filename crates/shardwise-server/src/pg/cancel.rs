@@ -117,6 +117,28 @@ pub fn cancellable<T: Send + 'static>(
     })
 }
 
+/// How often a connection's socket is looked at for a client that went away, in milliseconds.
+pub const HANGUP_CHECK_MS: u64 = 250;
+
+/// Bumps `counter` (the connection's cancel counter) once the client at the other end of `fd`
+/// has closed its end (or the connection broke), then returns; checked every
+/// [`HANGUP_CHECK_MS`]. Without it a statement that had not sent a row yet (a long aggregation)
+/// ran on after its client was gone, until it wrote to the socket. Run beside the connection's
+/// handling and dropped with it, so `fd` is never read after the connection closed it.
+pub async fn hangups(fd: std::os::fd::RawFd, counter: Arc<watch::Sender<u64>>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(HANGUP_CHECK_MS)).await;
+        let mut poll = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: `poll` is a valid pollfd for the call; `fd` is the connection's open socket,
+        // owned by the connection this future is dropped with (see the doc).
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        if ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            counter.send_modify(|n| *n += 1);
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,27 +189,5 @@ mod tests {
         // A signal taken after a request does not see it.
         let later = mine.signal();
         assert!(!later.has_changed().unwrap_or(true));
-    }
-}
-
-/// How often a connection's socket is looked at for a client that went away, in milliseconds.
-pub const HANGUP_CHECK_MS: u64 = 250;
-
-/// Bumps `counter` (the connection's cancel counter) once the client at the other end of `fd`
-/// has closed its end (or the connection broke), then returns; checked every
-/// [`HANGUP_CHECK_MS`]. Without it a statement that had not sent a row yet (a long aggregation)
-/// ran on after its client was gone, until it wrote to the socket. Run beside the connection's
-/// handling and dropped with it, so `fd` is never read after the connection closed it.
-pub async fn hangups(fd: std::os::fd::RawFd, counter: Arc<watch::Sender<u64>>) {
-    loop {
-        tokio::time::sleep(std::time::Duration::from_millis(HANGUP_CHECK_MS)).await;
-        let mut poll = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
-        // SAFETY: `poll` is a valid pollfd for the call; `fd` is the connection's open socket,
-        // owned by the connection this future is dropped with (see the doc).
-        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-        if ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
-            counter.send_modify(|n| *n += 1);
-            return;
-        }
     }
 }
