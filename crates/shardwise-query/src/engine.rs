@@ -285,6 +285,7 @@ impl QueryEngine {
         ctx.register_udf(crate::any_nulls::any_nulls_udf().as_ref().clone());
         ctx.register_udf(crate::regexp_replacement::regexp_replace_udf());
         ctx.register_udf(crate::age::age_udf().as_ref().clone());
+        ctx.register_udf(crate::like_escape::like_pattern_udf().as_ref().clone());
         ctx.register_udf(crate::interval_order::interval_order_udf().as_ref().clone());
         ctx.register_udf(crate::postgres_text::postgres_text_udf().as_ref().clone());
         ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());

@@ -34,6 +34,7 @@ pub mod insert_values;
 pub mod integer_timestamps;
 pub mod interval_order;
 pub mod interval_scaling;
+pub mod like_escape;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod named_windows;

@@ -136,39 +136,34 @@ fn postgres_pattern(f: &mut Function) {
     *text = out;
 }
 
-/// `LIKE 'a!%b' ESCAPE '!'`: a literal pattern with another escape character than the backslash
-/// (the only one DataFusion takes) as the same pattern escaped by backslashes (`'a\\%b'`, a
-/// backslash of the original doubled), without the ESCAPE clause.
+/// `LIKE 'a!%b' ESCAPE '!'`: a pattern with another escape character than the backslash (the
+/// only one DataFusion takes) as the same pattern escaped by backslashes, without the ESCAPE
+/// clause: a literal translated here, anything else by `shardwise_like_pattern` as it runs
+/// (see `crate::like_escape`).
 fn escaped_by_backslash(
     pattern: &mut Box<Expr>,
     escape_char: &mut Option<datafusion::sql::sqlparser::ast::ValueWithSpan>,
 ) {
     use datafusion::sql::sqlparser::ast::Value;
-    let Some(escape) = escape_char.as_ref() else { return };
-    let Value::SingleQuotedString(escape) = &escape.value else { return };
+    let Some(escape_value) = escape_char.as_ref() else { return };
+    let Value::SingleQuotedString(escape) = &escape_value.value else { return };
     let mut chars = escape.chars();
     let (Some(escape), None) = (chars.next(), chars.next()) else { return };
     if escape == '\\' {
         return;
     }
-    let Expr::Value(value) = pattern.as_mut() else { return };
-    let Value::SingleQuotedString(text) = &mut value.value else { return };
-    let mut out = String::with_capacity(text.len() + 4);
-    let mut rest = text.chars();
-    while let Some(c) = rest.next() {
-        match c {
-            c if c == escape => match rest.next() {
-                Some(next) => {
-                    out.push('\\');
-                    out.push(next);
-                }
-                None => out.push(c),
-            },
-            '\\' => out.push_str("\\\\"),
-            c => out.push(c),
+    match pattern.as_mut() {
+        Expr::Value(value) if matches!(value.value, Value::SingleQuotedString(_)) => {
+            if let Value::SingleQuotedString(text) = &mut value.value {
+                *text = crate::like_escape::backslash_escaped(text, escape);
+            }
+        }
+        other => {
+            let escape_literal = Expr::Value(escape_value.clone());
+            let taken = std::mem::replace(other, Expr::Value(Value::Null.into()));
+            *other = crate::sql_ast::function_call(crate::like_escape::FUNCTION_NAME, vec![taken, escape_literal]);
         }
     }
-    *text = out;
     *escape_char = None;
 }
 
@@ -336,6 +331,15 @@ mod tests {
         assert_eq!(first_item("SELECT substring(s FROM 2)").to_string(), "SUBSTRING(s FROM 2)");
         assert_eq!(first_item("SELECT substring(s FROM '2')").to_string(), "SUBSTRING(s FROM '2')");
         assert_eq!(first_item("SELECT substring(s FROM 'a' FOR 2)").to_string(), "SUBSTRING(s FROM 'a' FOR 2)");
+    }
+
+    #[test]
+    fn like_escape_of_a_pattern_that_is_not_a_literal() {
+        assert_eq!(
+            first_item("SELECT s NOT LIKE p || '%' ESCAPE '/'").to_string(),
+            "s NOT LIKE shardwise_like_pattern(p || '%', '/')"
+        );
+        assert_eq!(first_item("SELECT s LIKE 'a/%' ESCAPE '/'").to_string(), "s LIKE 'a\\%'");
     }
 
     #[test]
