@@ -17,7 +17,7 @@ use datafusion::arrow::array::{Array, AsArray, IntervalMonthDayNanoArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, IntervalMonthDayNano, IntervalUnit, TimeUnit, TimestampNanosecondType};
 use datafusion::arrow::temporal_conversions::timestamp_ns_to_datetime;
-use datafusion::common::{Result, ScalarValue, exec_err};
+use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
 use datafusion::logical_expr::{
@@ -96,11 +96,7 @@ impl ScalarUDFImpl for Age {
             out.push(Some(symbolic_age(a, b)));
         }
         let array = IntervalMonthDayNanoArray::from(out);
-        if all_scalars {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(Arc::new(array)))
-        }
+        crate::udf_wrapper::answer_shaped(Arc::new(array), all_scalars)
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{Result, ScalarValue, exec_err};
+use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{
     ColumnarValue, Expr as LogicalExpr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -108,11 +108,7 @@ impl ScalarUDFImpl for AnyNulls {
                 }
             })
             .collect();
-        if all_scalars {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&answer, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(Arc::new(answer) as ArrayRef))
-        }
+        crate::udf_wrapper::answer_shaped(Arc::new(answer) as ArrayRef, all_scalars)
     }
 }
 

@@ -20,7 +20,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, IntervalMonthDayNanoType, IntervalUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_err};
+use datafusion::common::{DFSchema, Result, exec_err};
 use datafusion::logical_expr::expr::{ScalarFunction, Sort};
 use datafusion::logical_expr::{
     Between, BinaryExpr, ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator, ScalarFunctionArgs, ScalarUDF,
@@ -146,11 +146,7 @@ impl ScalarUDFImpl for OrderKey {
         let intervals = intervals.as_primitive::<IntervalMonthDayNanoType>();
         let keys: Decimal128Array = intervals.iter().map(|v| v.map(order_key)).collect();
         let keys = keys.with_precision_and_scale(38, 0)?;
-        if is_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&keys, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(Arc::new(keys)))
-        }
+        crate::udf_wrapper::answer_shaped(Arc::new(keys), is_scalar)
     }
 }
 

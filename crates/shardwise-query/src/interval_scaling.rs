@@ -112,11 +112,7 @@ impl ScalarUDFImpl for IntervalScale {
             out.push(Some(scaled(interval.value(i), numerator.value(i) / denominator.value(i))?));
         }
         let array = IntervalMonthDayNanoArray::from(out);
-        if all_scalars {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(Arc::new(array)))
-        }
+        crate::udf_wrapper::answer_shaped(Arc::new(array), all_scalars)
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, AsArray, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{Result, ScalarValue, exec_err};
+use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
 /// The SQL name of the translating function.
@@ -80,11 +80,7 @@ impl ScalarUDFImpl for LikePattern {
         let out: StringArray =
             patterns.as_string::<i32>().iter().map(|p| p.map(|p| backslash_escaped(p, escape))).collect();
         let out: ArrayRef = Arc::new(out);
-        if is_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf_wrapper::answer_shaped(out, is_scalar)
     }
 }
 

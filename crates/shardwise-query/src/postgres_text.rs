@@ -19,7 +19,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type, TimeUnit, TimestampNanosecondType};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result, ScalarValue, exec_err};
+use datafusion::common::{DFSchema, Result, exec_err};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Cast, ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
@@ -127,11 +127,7 @@ impl ScalarUDFImpl for TextOf {
         let is_scalar = matches!(value, ColumnarValue::Scalar(_));
         let array = value.to_array(args.number_rows)?;
         let text: ArrayRef = Arc::new(text_of(&array)?);
-        if is_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&text, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(text))
-        }
+        crate::udf_wrapper::answer_shaped(text, is_scalar)
     }
 }
 

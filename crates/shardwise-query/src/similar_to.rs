@@ -115,11 +115,7 @@ impl ScalarUDFImpl for SimilarToEscape {
             out.push(Some(similar_to_regex(patterns.value(i), escape).map_err(DataFusionError::Execution)?));
         }
         let array: ArrayRef = Arc::new(StringArray::from(out));
-        if all_scalars {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(array))
-        }
+        crate::udf_wrapper::answer_shaped(array, all_scalars)
     }
 }
 

@@ -112,3 +112,17 @@ pub(crate) fn unbounded_like(
     let data_type = input.get(index).map(|i| i.data_type()).unwrap_or(datafusion::arrow::datatypes::DataType::Null);
     datafusion::logical_expr::interval_arithmetic::Interval::make_unbounded(&data_type)
 }
+
+/// A function's answer `array` as the caller gave its arguments: one value when every argument
+/// was one (`scalar`), else the column.
+pub(crate) fn answer_shaped(
+    array: datafusion::arrow::array::ArrayRef,
+    scalar: bool,
+) -> datafusion::common::Result<datafusion::logical_expr::ColumnarValue> {
+    use datafusion::logical_expr::ColumnarValue;
+    if scalar {
+        Ok(ColumnarValue::Scalar(datafusion::common::ScalarValue::try_from_array(&array, 0)?))
+    } else {
+        Ok(ColumnarValue::Array(array))
+    }
+}
