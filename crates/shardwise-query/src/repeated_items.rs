@@ -129,12 +129,20 @@ fn has_fraction_literal(expr: &Expr) -> bool {
     expr.visit(&mut Find).is_break()
 }
 
-/// Whether `statement` is a query (or the EXPLAIN of one).
+/// Whether `statement` is a query or an `INSERT ... SELECT` (or the EXPLAIN of one): what is
+/// planned again with its items named by their text when their names collide.
 pub fn is_query(statement: &DfStatement) -> bool {
+    use datafusion::sql::sqlparser::ast::Statement;
     match statement {
-        DfStatement::Statement(statement) => {
-            matches!(statement.as_ref(), datafusion::sql::sqlparser::ast::Statement::Query(_))
-        }
+        DfStatement::Statement(statement) => match statement.as_ref() {
+            Statement::Query(_) => true,
+            // An INSERT ... SELECT (not ... VALUES, which can be large to keep twice): its items'
+            // names play no part, so naming them by their text changes nothing.
+            Statement::Insert(insert) => {
+                insert.source.as_ref().is_some_and(|q| !matches!(q.body.as_ref(), SetExpr::Values(_)))
+            }
+            _ => false,
+        },
         DfStatement::Explain(explain) => is_query(&explain.statement),
         _ => false,
     }
@@ -258,6 +266,14 @@ mod tests {
         let mut statement = DFParser::parse_sql(sql).unwrap().pop_front().unwrap();
         name_repeated_items(&mut statement);
         statement.to_string()
+    }
+
+    #[test]
+    fn an_insert_select_is_planned_again_when_names_collide_and_values_are_not() {
+        let parse = |sql: &str| DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
+        assert!(is_query(&parse("SELECT 1")));
+        assert!(is_query(&parse("INSERT INTO t (a, b) SELECT CAST(d AS REAL), d FROM g")));
+        assert!(!is_query(&parse("INSERT INTO t VALUES (1)")));
     }
 
     #[test]
