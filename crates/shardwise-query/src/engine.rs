@@ -492,6 +492,8 @@ impl QueryEngine {
         crate::natural_joins::natural_as_using(&mut statement, &state).await?;
         // `JOIN ... USING (k)`'s merged `k` as PostgreSQL has it (see `crate::using_joins`).
         crate::using_joins::merge_using_columns(&mut statement);
+        // `SELECT generate_series(1, 3)` as rows (see `crate::set_returning`).
+        crate::set_returning::rows_of_set_returning_items(&mut statement);
         // `FETCH FIRST n ROWS ONLY` as `LIMIT n` (see `crate::fetch_clause`).
         crate::fetch_clause::fetch_as_limit(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).

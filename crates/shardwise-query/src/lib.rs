@@ -66,6 +66,7 @@ pub mod scalar_subqueries;
 pub mod server_memory;
 pub mod session;
 pub mod set_operations;
+pub mod set_returning;
 pub mod settings;
 pub mod sharded_table;
 pub mod show_create;
