@@ -189,7 +189,7 @@ pub(crate) fn visit_statement_mut<V: VisitorMut>(statement: &mut DfStatement, vi
 
 /// Applies its function to every SELECT list of a statement (each query, nested ones included,
 /// and both sides of a set operation).
-struct EachSelectList(fn(&mut [SelectItem]));
+pub(crate) struct EachSelectList(pub(crate) fn(&mut [SelectItem]));
 
 impl VisitorMut for EachSelectList {
     type Break = ();

@@ -10,40 +10,15 @@
 //! `generate_series` (PostgreSQL's name for it) unless it has an alias. A call inside a larger
 //! expression is left as it is.
 
-use std::ops::ControlFlow;
-
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, VisitorMut};
+use datafusion::sql::sqlparser::ast::{Expr, Ident, SelectItem};
 
 /// Rewrites `statement` (see the module doc).
 pub fn rows_of_set_returning_items(statement: &mut DfStatement) {
-    crate::repeated_items::visit_statement_mut(statement, &mut EachQuery);
-}
-
-struct EachQuery;
-
-impl VisitorMut for EachQuery {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
-        each_select(&mut query.body);
-        ControlFlow::Continue(())
-    }
-}
-
-fn each_select(body: &mut SetExpr) {
-    match body {
-        SetExpr::Select(select) => {
-            for item in select.projection.iter_mut() {
-                rows_of(item);
-            }
-        }
-        SetExpr::SetOperation { left, right, .. } => {
-            each_select(left);
-            each_select(right);
-        }
-        _ => {}
-    }
+    crate::repeated_items::visit_statement_mut(
+        statement,
+        &mut crate::repeated_items::EachSelectList(|items| items.iter_mut().for_each(rows_of)),
+    );
 }
 
 fn is_series(e: &Expr) -> bool {
