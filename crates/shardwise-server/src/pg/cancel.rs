@@ -122,12 +122,17 @@ pub const HANGUP_CHECK_MS: u64 = 250;
 
 /// Bumps `counter` (the connection's cancel counter) once the client at the other end of `fd`
 /// has closed its end (or the connection broke), then returns; checked every
-/// [`HANGUP_CHECK_MS`]. Without it a statement that had not sent a row yet (a long aggregation)
+/// [`HANGUP_CHECK_MS`] while a statement runs. Without it a statement that had not sent a row yet (a long aggregation)
 /// ran on after its client was gone, until it wrote to the socket. Run beside the connection's
 /// handling and dropped with it, so `fd` is never read after the connection closed it.
 pub async fn hangups(fd: std::os::fd::RawFd, counter: Arc<watch::Sender<u64>>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(HANGUP_CHECK_MS)).await;
+        // Only while a statement watches the counter (its row stream holds a receiver): an idle
+        // connection costs a timer, no system call.
+        if counter.receiver_count() == 0 {
+            continue;
+        }
         let mut poll = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
         // SAFETY: `poll` is a valid pollfd for the call; `fd` is the connection's open socket,
         // owned by the connection this future is dropped with (see the doc).
