@@ -2,7 +2,10 @@
 //!
 //! Flight SQL splits a query in two calls: `GetFlightInfo` returns the result schema and a
 //! ticket, `DoGet` redeems the ticket for the rows. The ticket (and a prepared statement's handle)
-//! is simply the SQL text, planned again at `DoGet`, so the endpoint keeps no per-query state.
+//! of a query carries its SQL text and names the plan `GetFlightInfo` made, which `DoGet` runs
+//! (planned again from the text when the plan is gone: `flight_plans`); a statement run for its
+//! effect ran at `GetFlightInfo`, and its ticket names its result (`executed`). A prepared
+//! statement's handle is its SQL text and bound values.
 //! All failures become a `tonic::Status` in [`to_status`].
 
 use std::collections::HashMap;
@@ -30,7 +33,7 @@ use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::execution::SendableRecordBatchStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
-use shardwise_query::{QueryEngine, QueryError, Session};
+use shardwise_query::{Planned, QueryEngine, QueryError, Session};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -39,6 +42,7 @@ use crate::connections::{Sessions, connection_id};
 use crate::error::ServerError;
 use crate::executed::{Executed, ExecutedResults};
 use crate::flight_metadata;
+use crate::flight_plans::{PlannedQueries, PlannedQuery, Redeemed};
 use crate::users::{AuthError, DEFAULT_USER, Users};
 
 /// Name reported in `GetSqlInfo`.
@@ -71,6 +75,7 @@ pub struct FlightSqlEndpoint {
     sessions: Arc<Sessions>,
     /// Results of statements run when submitted, until fetched.
     executed: ExecutedResults,
+    planned: PlannedQueries,
 }
 
 impl std::fmt::Debug for FlightSqlEndpoint {
@@ -93,7 +98,8 @@ impl FlightSqlEndpoint {
             tokens: Mutex::default(),
             sql_info,
             sessions,
-            executed: ExecutedResults::default(),
+            executed: crate::executed::executed_results(),
+            planned: PlannedQueries::default(),
         })
     }
 
@@ -144,6 +150,11 @@ impl FlightSqlEndpoint {
     async fn run_as_announced(&self, sql: &str, session: &Arc<Session>) -> Result<SendableRecordBatchStream, Status> {
         let planned = self.engine.plan_to_run(sql, session).await.map_err(to_status)?;
         let schema = crate::flight_schema::announced(&planned.schema());
+        self.run_planned(planned, schema).await
+    }
+
+    /// Runs `planned`, its batches in the announced `schema`.
+    async fn run_planned(&self, planned: Planned, schema: SchemaRef) -> Result<SendableRecordBatchStream, Status> {
         let stream = self.engine.execute(planned).await.map_err(to_status)?;
         let target = Arc::clone(&schema);
         let batches = stream.map(move |batch| {
@@ -154,19 +165,25 @@ impl FlightSqlEndpoint {
         Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, batches)))
     }
 
-    /// Plans `sql` (nothing runs) and describes its result with one endpoint redeeming `ticket`.
+    /// Plans `sql` and describes its result with one endpoint, whose ticket names the plan
+    /// (`keep_plan`) or else is `ticket`; a statement run for its effect runs now.
     async fn flight_info(
         &self,
         sql: &str,
         ticket: Ticket,
+        keep_plan: bool,
         request: Request<FlightDescriptor>,
     ) -> Result<FlightInfo, Status> {
-        let planned = self.engine.plan_to_run(sql, &self.session(&request)).await.map_err(to_status)?;
+        let session = self.session(&request);
+        let planned = self.engine.plan_to_run(sql, &session).await.map_err(to_status)?;
         let descriptor = request.into_inner();
+        let schema = crate::flight_schema::announced(&planned.schema());
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))?;
         let ticket = if planned.runs_for_effect() {
             // Run it now: a client may never fetch the result of DDL or an INSERT (executed.rs).
-            let schema = crate::flight_schema::announced(&planned.schema());
-            let stream = self.engine.execute(planned.clone()).await.map_err(to_status)?;
+            let stream = self.engine.execute(planned).await.map_err(to_status)?;
             let batches: Vec<_> = stream.try_collect().await.map_err(|e| to_status(QueryError::from(e)))?;
             let batches = batches
                 .into_iter()
@@ -175,13 +192,13 @@ impl FlightSqlEndpoint {
                 .map_err(|e| Status::internal(format!("cannot send the statement's answer: {e}")))?;
             let handle = self.executed.put(Executed { schema, batches });
             Ticket::new(TicketStatementQuery { statement_handle: handle.into() }.as_any().encode_to_vec())
+        } else if keep_plan {
+            let handle = self.planned.keep(PlannedQuery { planned, schema, session }, sql);
+            Ticket::new(TicketStatementQuery { statement_handle: handle.into() }.as_any().encode_to_vec())
         } else {
             ticket
         };
-        FlightInfo::new()
-            .try_with_schema(&crate::flight_schema::announced(&planned.schema()))
-            .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))
-            .map(|info| info.with_endpoint(FlightEndpoint::new().with_ticket(ticket)).with_descriptor(descriptor))
+        Ok(info.with_endpoint(FlightEndpoint::new().with_ticket(ticket)).with_descriptor(descriptor))
     }
 
     /// Plans and runs `sql`, then streams its rows as Flight data.
@@ -256,7 +273,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         self.authorize(request.metadata())?;
         let ticket = TicketStatementQuery { statement_handle: query.query.clone().into() };
         let ticket = Ticket::new(ticket.as_any().encode_to_vec());
-        let info = self.flight_info(&query.query, ticket, request).await?;
+        let info = self.flight_info(&query.query, ticket, true, request).await?;
         Ok(Response::new(info))
     }
 
@@ -268,7 +285,7 @@ impl FlightSqlService for FlightSqlEndpoint {
         self.authorize(request.metadata())?;
         let sql = crate::flight_params::Handle::parse(&query.prepared_statement_handle)?.runnable().to_string();
         let ticket = Ticket::new(query.as_any().encode_to_vec());
-        let info = self.flight_info(&sql, ticket, request).await?;
+        let info = self.flight_info(&sql, ticket, false, request).await?;
         Ok(Response::new(info))
     }
 
@@ -293,15 +310,23 @@ impl FlightSqlService for FlightSqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         self.authorize(request.metadata())?;
-        if ExecutedResults::is_handle(&ticket.statement_handle) {
-            let executed = self.executed.take(&ticket.statement_handle).ok_or_else(|| {
+        if let Some((key, _)) = self.executed.split(&ticket.statement_handle) {
+            let executed = self.executed.take(key).ok_or_else(|| {
                 Status::not_found("the statement's result was fetched already or expired (it ran when submitted)")
             })?;
             let batches = futures::stream::iter(executed.batches.into_iter().map(Ok));
             let stream = datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(executed.schema, batches);
             return Ok(Response::new(encode(Box::pin(stream))));
         }
-        self.do_get_sql(sql_text(&ticket.statement_handle)?, &self.session(&request)).await
+        let session = self.session(&request);
+        match self.planned.redeem(&ticket.statement_handle, &session) {
+            Some(Redeemed::Plan(kept)) => {
+                let PlannedQuery { planned, schema, .. } = *kept;
+                Ok(Response::new(encode(self.run_planned(planned, schema).await?)))
+            }
+            Some(Redeemed::Sql(sql)) => self.do_get_sql(sql_text(sql)?, &session).await,
+            None => self.do_get_sql(sql_text(&ticket.statement_handle)?, &session).await,
+        }
     }
 
     async fn do_get_prepared_statement(

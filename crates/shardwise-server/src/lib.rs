@@ -14,6 +14,7 @@ pub mod error;
 pub mod executed;
 pub mod flight_metadata;
 pub mod flight_params;
+pub mod flight_plans;
 pub mod flight_schema;
 pub mod flight_split;
 pub mod flight_sql;
@@ -26,6 +27,7 @@ pub mod pg;
 pub mod services;
 pub mod settings;
 pub mod tables;
+pub mod ticket_store;
 pub mod users;
 
 use std::future::Future;

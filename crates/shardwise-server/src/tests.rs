@@ -254,6 +254,31 @@ async fn statements_run_for_their_effect_run_when_submitted() {
 }
 
 #[tokio::test]
+async fn a_ticket_runs_the_plan_made_for_it_then_plans_again() {
+    let server = Running::start().await;
+    let mut client = server.client().await;
+    let mut other = server.client().await;
+    let sql = "SELECT value FROM information_schema.df_settings WHERE name = 'max_execution_time_ms'";
+    query(&mut client, "SET max_execution_time_ms = 4321").await.expect("set");
+    let mine = client.execute(sql.to_string(), None).await.expect("submit").endpoint[0].ticket.clone().expect("ticket");
+    let theirs =
+        client.execute(sql.to_string(), None).await.expect("submit").endpoint[0].ticket.clone().expect("ticket");
+    query(&mut client, "SET max_execution_time_ms = 1234").await.expect("set again");
+    async fn value(client: &mut FlightSqlServiceClient<Channel>, ticket: arrow_flight::Ticket) -> String {
+        let batches: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+        pretty_format_batches(&batches).expect("format").to_string()
+    }
+    // The first DoGet runs the plan GetFlightInfo made, in the session as it was then.
+    assert!(value(&mut client, mine.clone()).await.contains("4321"));
+    // The plan is taken: the same ticket again plans its SQL again, in the session as it is now.
+    assert!(value(&mut client, mine).await.contains("1234"));
+    // On another connection (another session), the ticket's SQL is planned in that session.
+    let there = value(&mut other, theirs).await;
+    assert!(!there.contains("4321") && !there.contains("1234"), "{there}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn metadata_calls_list_what_queries_can_name() {
     use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables};
     let server = Running::start().await;
