@@ -145,6 +145,9 @@ fn internal(message: String) -> QueryError {
 /// node does (the tests' single-node oracle).
 pub fn analyzer_rules_first() -> Vec<Arc<dyn datafusion::optimizer::AnalyzerRule + Send + Sync>> {
     vec![
+        // `INTERSECT ALL` / `EXCEPT ALL` by count, before anything else sees their joins (see
+        // `crate::set_operations`).
+        Arc::new(crate::set_operations::CountedSetOperations),
         // `GROUPING SETS (())` as the aggregate of all rows (see `crate::empty_grouping_sets`).
         Arc::new(crate::empty_grouping_sets::EmptyGroupingSets),
         // A window below a correlation is refused before subqueries are rewritten (see
@@ -481,7 +484,6 @@ impl QueryEngine {
         // A chain of operators deep enough to exhaust a thread's stack is refused here.
         let max_ast_depth = settings::current(state.config().options()).max_ast_depth;
         crate::ast_limits::check_depth(&statement, max_ast_depth)?;
-        crate::set_operations::refuse_unsupported(&statement)?;
         repeated_items::name_repeated_items(&mut statement);
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).

@@ -103,6 +103,9 @@ const CORPUS: &[&str] = &[
     "SELECT id, v FROM {t} ORDER BY v DESC NULLS LAST, id LIMIT 7",
     "SELECT * FROM {t} WHERE id BETWEEN 1000 AND 1010",
     "SELECT g, count(*) FROM {t} GROUP BY g UNION ALL SELECT 'total', count(*) FROM {t}",
+    // Duplicates counted (`crate::set_operations` in both engines; its unit tests check the counts).
+    "SELECT k, g FROM {t} WHERE id < 400 INTERSECT ALL SELECT k, g FROM {t} WHERE id % 3 = 0",
+    "SELECT g, b FROM {t} EXCEPT ALL SELECT g, b FROM {t} WHERE id % 2 = 0",
     "SELECT k, min(id), max(id) FROM {t} WHERE g IS NULL GROUP BY k",
     "SELECT count(*), sum(v) FROM {t} WHERE v IS NULL OR b IS NULL",
     "SELECT sk, g, count(*) FROM {t} WHERE sk < 2 GROUP BY sk, g",
