@@ -66,6 +66,8 @@ pub struct Planned {
     sql: String,
     /// The session it was planned in (`SET` changes it).
     session: Arc<Session>,
+    /// PostgreSQL's names for the answer's columns.
+    names: crate::postgres_names::OutputNames,
 }
 
 impl Planned {
@@ -85,6 +87,16 @@ impl Planned {
                 }
             }
             Action::Command(_) => Arc::new(Schema::empty()),
+        }
+    }
+
+    /// The answer's schema as the PostgreSQL endpoint describes it: no columns for an INSERT
+    /// (PostgreSQL reports its row count in the command tag, not as a row), else
+    /// [`Self::schema`] with PostgreSQL's names for unaliased columns (`crate::postgres_names`).
+    pub fn postgres_schema(&self) -> SchemaRef {
+        match &self.action {
+            Action::Plan(LogicalPlan::Dml(_)) => Arc::new(Schema::empty()),
+            _ => self.names.apply(&self.schema()),
         }
     }
 
@@ -468,6 +480,7 @@ impl QueryEngine {
                 state: Box::new(state),
                 sql: sql.to_string(),
                 session,
+                names: Default::default(),
             });
         }
         if let Some(command) = ddl::flush_command(&body)? {
@@ -477,6 +490,7 @@ impl QueryEngine {
                 state: Box::new(state),
                 sql: sql.to_string(),
                 session,
+                names: Default::default(),
             });
         }
         let dialect = state.config().options().sql_parser.dialect;
@@ -484,6 +498,8 @@ impl QueryEngine {
         // A chain of operators deep enough to exhaust a thread's stack is refused here.
         let max_ast_depth = settings::current(state.config().options()).max_ast_depth;
         crate::ast_limits::check_depth(&statement, max_ast_depth)?;
+        // Read before any rewrite names or changes an item.
+        let names = crate::postgres_names::OutputNames::of(&statement);
         repeated_items::name_repeated_items(&mut statement);
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
@@ -515,6 +531,7 @@ impl QueryEngine {
                     state: Box::new(state),
                     sql: sql.to_string(),
                     session,
+                    names: Default::default(),
                 });
             }
             Classified::DataFusion(statement) => statement,
@@ -550,6 +567,7 @@ impl QueryEngine {
                     state: Box::new(state),
                     sql: sql.to_string(),
                     session,
+                    names: Default::default(),
                 });
             }
             LogicalPlan::Analyze(analyze) if is_insert(&analyze.input) => {
@@ -564,7 +582,7 @@ impl QueryEngine {
                 .verify_plan(&plan)
                 .map_err(|e| QueryError::Unsupported(describe_refusal(&e.find_root().message())))?;
         }
-        Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string(), session })
+        Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string(), session, names })
     }
 
     /// Executes a planned statement; rows arrive on the returned stream (which can still fail,
@@ -572,7 +590,7 @@ impl QueryEngine {
     pub async fn execute(&self, planned: Planned) -> Result<SendableRecordBatchStream, QueryError> {
         // Not on a freed worker as planning is: a statement that runs for its effect (CREATE
         // TABLE ... AS SELECT) runs here, and must stop when its caller goes away.
-        let Planned { action, state, sql, session } = planned;
+        let Planned { action, state, sql, session, .. } = planned;
         match action {
             Action::Plan(LogicalPlan::Statement(Statement::SetVariable(set))) => {
                 session.set(state.config_options(), &set.variable, &set.value)?;
@@ -675,7 +693,7 @@ impl QueryEngine {
         let mut abandoned = DropIfAbandoned { access: Some(Arc::clone(access)), name: name.clone() };
         let inserted = async {
             let plan = state.statement_to_plan(insert).await?;
-            let planned = Planned { action: Action::Plan(plan), state, sql, session };
+            let planned = Planned { action: Action::Plan(plan), state, sql, session, names: Default::default() };
             let stream = Box::pin(self.execute(planned)).await?;
             let _count: Vec<RecordBatch> = stream.try_collect().await?;
             Ok::<(), QueryError>(())

@@ -50,6 +50,7 @@ pub mod pg_json;
 pub mod pg_settings;
 pub mod pg_vectors;
 pub mod placeholders;
+pub mod postgres_names;
 pub mod postgres_operators;
 pub mod postgres_text;
 pub mod predicate_subqueries;

@@ -31,7 +31,7 @@ use pgwire::api::store::{Entry, MemPortalStore, PortalStore};
 use pgwire::error::PgWireResult;
 
 use super::errors::{error, pg_error, syntax_error};
-use super::{Handler, Statement, encode, is_count, show};
+use super::{Handler, Statement, encode, show};
 
 /// Open cursors a connection may hold (each holds a running query).
 pub const MAX_CURSORS_PER_CONNECTION: usize = 64;
@@ -107,8 +107,8 @@ impl Handler {
                     show::rewrite(&query).or_else(|| shardwise_query::pg_catalog::rewrite(&query)).unwrap_or(query);
                 // Planned now, so that a bad query fails the DECLARE, as in PostgreSQL.
                 let planned = self.engine.plan(&query, &self.session).await.map_err(pg_error)?;
-                let schema = planned.schema();
-                if schema.fields().is_empty() || is_count(&schema) {
+                let schema = planned.postgres_schema();
+                if schema.fields().is_empty() {
                     return Err(error("42P11", format!("cannot open a cursor for {query:?}: it returns no rows")));
                 }
                 let statement = Statement { sql: query, schema: Some(Arc::clone(&schema)), parameters: false };

@@ -351,10 +351,6 @@ fn has_parameters(sql: &str) -> bool {
 }
 
 /// DataFusion reports DML as one `count: UInt64` column.
-fn is_count(schema: &SchemaRef) -> bool {
-    schema.fields().len() == 1 && schema.field(0).name() == "count"
-}
-
 fn affected_rows(batches: &[RecordBatch]) -> usize {
     batches
         .iter()
@@ -422,13 +418,13 @@ impl Handler {
                 .map(|i| params::null_of(declared.get(i).cloned().flatten().as_ref()))
                 .collect();
             let schema = match self.engine.plan(&params::splice(sql, &nulls)?, &self.session).await {
-                Ok(planned) => Some(planned.schema()),
+                Ok(planned) => Some(planned.postgres_schema()),
                 Err(_) => None,
             };
             return Ok(Statement { sql: sql.to_string(), schema, parameters: true });
         }
         let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
-        Ok(Statement { sql: sql.to_string(), schema: Some(planned.schema()), parameters: false })
+        Ok(Statement { sql: sql.to_string(), schema: Some(planned.postgres_schema()), parameters: false })
     }
 
     /// [`Handler::run`], with the connection: cursor statements use its portals, and the end
@@ -484,14 +480,14 @@ impl Handler {
         let rewritten = show::rewrite(sql).or_else(|| shardwise_query::pg_catalog::rewrite(sql));
         let sql = rewritten.as_deref().unwrap_or(sql);
         let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
-        let schema = planned.schema();
+        let schema = planned.postgres_schema();
         let results = self.engine.execute(planned).await.map_err(pg_error)?;
         let rows_of = |batch: Result<RecordBatch, datafusion::error::DataFusionError>| match batch {
             Ok(batch) => Ok(batch),
             Err(e) => Err(pg_error(QueryError::from(e))),
         };
         let results = cancel::cancellable(results.map(rows_of), cancel);
-        if schema.fields().is_empty() || is_count(&schema) {
+        if schema.fields().is_empty() {
             let batches: Vec<RecordBatch> = results.try_collect().await?;
             let tag = command_tag(sql);
             return Ok(Response::Execution(if tag == "INSERT" {
@@ -518,7 +514,7 @@ impl Handler {
         cancel: Option<tokio::sync::watch::Receiver<u64>>,
     ) -> PgWireResult<QueryResponse> {
         let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
-        let schema = planned.schema();
+        let schema = planned.postgres_schema();
         let results = self.engine.execute(planned).await.map_err(pg_error)?;
         let results =
             cancel::cancellable(results.map(|batch| batch.map_err(|e| pg_error(QueryError::from(e)))), cancel);
@@ -642,7 +638,7 @@ impl QueryParser for Handler {
     fn get_result_schema(&self, stmt: &Statement, column_format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
         let format = column_format.cloned().unwrap_or(Format::UnifiedBinary);
         Ok(match &stmt.schema {
-            Some(schema) if !schema.fields().is_empty() && !is_count(schema) => encode::fields(schema, &format),
+            Some(schema) if !schema.fields().is_empty() => encode::fields(schema, &format),
             _ => Vec::new(),
         })
     }
@@ -715,7 +711,7 @@ impl ExtendedQueryHandler for Handler {
         }
         let sql = params::bind(portal)?;
         let planned = self.engine.plan(&sql, &self.session).await.map_err(pg_error)?;
-        let bound = Statement { sql, schema: Some(planned.schema()), parameters: false };
+        let bound = Statement { sql, schema: Some(planned.postgres_schema()), parameters: false };
         Ok(DescribePortalResponse::new(self.get_result_schema(&bound, Some(format))?))
     }
 }

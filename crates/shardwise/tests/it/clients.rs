@@ -102,6 +102,17 @@ fn psql_and_psycopg_end_to_end() {
     c.args(["-c", "SELECT region, count(*), sum(amount) FROM sales GROUP BY region ORDER BY region"]);
     let out = run_with_timeout(c, T);
     assert_eq!(text(&out).0, "eu|2|10.5\nus|1|20.0\n", "{}", text(&out).1);
+    // Columns are named as PostgreSQL names them (DataFusion's were `count(*)`, `Utf8("x")`), and a
+    // column named `count` is a row, not an INSERT's row count (it was answered with no rows).
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-P", "tuples_only=off", "-P", "footer=off"])
+        .args([
+            "-c",
+            "SELECT count(*), sum(amount), 'x', CAST(1 AS INT), region FROM sales WHERE id = 1 GROUP BY region",
+        ])
+        .args(["-c", "SELECT count(*) AS count FROM sales"]);
+    let out = run_with_timeout(c, T);
+    assert_eq!(text(&out).0, "count|sum|?column?|int4|region\n1|10.5|x|1|eu\ncount\n3\n", "{}", text(&out).1);
     // Lists are PostgreSQL arrays, NULL elements and quoting included.
     let mut c = psql(&pg0, "default", "shardwise");
     c.args(["-c", "SELECT array_agg(amount ORDER BY id), array_agg(region ORDER BY id) FROM sales"])
