@@ -156,6 +156,18 @@ impl Prepared {
                             .into(),
                     });
                 }
+                let metadata_file = state_dir.join(crate::metadata::METADATA_FILE);
+                if !metadata_file.exists() && holds_table_data(self.data_dir.path()) {
+                    return Err(ClusterError::DataDir {
+                        path: metadata_file,
+                        reason: "missing, though this cluster has run and this data dir holds shard replicas \
+                                 (tables/): the catalog of the cluster's tables is lost. Starting without it would \
+                                 make an empty catalog, whose new tables would reuse the ids of the existing ones. \
+                                 Restore master/metadata.json from a backup of this data dir (the workers' logs name \
+                                 the version they hold)"
+                            .into(),
+                    });
+                }
                 info!(run_id, "resuming the cluster recorded in the data dir");
             }
             let listener = match self.master {
@@ -368,6 +380,11 @@ impl Node {
             INITIALIZED.store(false, Ordering::SeqCst);
         }
     }
+}
+
+/// Whether `data_dir` holds shard replicas: the table layer keeps them under `tables/`.
+fn holds_table_data(data_dir: &std::path::Path) -> bool {
+    std::fs::read_dir(data_dir.join("tables")).is_ok_and(|mut entries| entries.next().is_some())
 }
 
 #[cfg(test)]
@@ -793,8 +810,37 @@ mod tests {
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), rejoined).await.expect("worker rejoined");
         assert_eq!(*worker.metadata().borrow(), v3);
-        worker.shutdown().await;
         master.shutdown().await;
+
+        // But not beside shard replicas: their catalog is lost, and an empty one would hand their
+        // table ids out again. The master refuses to start, naming the file.
+        std::fs::create_dir_all(tmp.path().join("rank-0/tables/t0-g0")).unwrap();
+        let err = init_distributed_mode(meta_opts(0, 2, port, tmp.path(), propose_timeout_ms), addrs(0))
+            .await
+            .expect_err("a master without its catalog beside table data");
+        let text = err.to_string();
+        assert!(text.contains("metadata.json: missing, though this cluster has run"), "{text}");
+        worker.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_change_is_answered_once_every_node_runs_with_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let nodes = start(3, free_port(), tmp.path(), 10_000).await;
+        for i in 0..30 {
+            let changed = nodes[i % 3].propose(create(&format!("t{i}"))).await.unwrap();
+            for (rank, node) in nodes.iter().enumerate() {
+                let has = node.metadata().borrow().version;
+                assert!(
+                    has >= changed.version,
+                    "change {i}: rank {rank} runs with version {has} < {}",
+                    changed.version
+                );
+            }
+        }
+        for n in nodes {
+            n.shutdown().await;
+        }
     }
 
     /// Runs futures concurrently on the current task (no extra dependency for `join_all`).

@@ -113,6 +113,9 @@ struct Slot {
     conn: Option<Conn>,
     /// The token of the process that holds the rank (`NodeMsg::Hello::incarnation`).
     incarnation: Option<String>,
+    /// The newest metadata version the node runs with (`NodeMsg::MetadataApplied`; on
+    /// admission, the version its first message carries).
+    metadata_applied: u64,
 }
 
 struct State {
@@ -124,6 +127,8 @@ struct State {
     /// `MasterMsg::Metadata` of the current metadata version: the first message every new
     /// connection gets after its welcome.
     metadata_frame: Outgoing,
+    /// The version `metadata_frame` carries.
+    metadata_version: u64,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -151,6 +156,8 @@ pub struct Master {
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The current metadata (the master's own view of it).
     metadata: watch::Sender<MetadataSnapshot>,
+    /// Bumped when a node confirms a metadata version (`await_applied` waits on it).
+    applied: watch::Sender<u64>,
     /// Proposals for the metadata task, applied in arrival order.
     proposals: mpsc::Sender<Proposal>,
     /// Held while the membership is snapshotted and written, so that concurrent writers (two
@@ -189,11 +196,14 @@ impl Master {
                 }
                 m.state = NodeState::Down;
                 m.last_heartbeat_unix_ms = None;
-                slots.insert(m.rank, Slot { info: m, last_seen: None, conn: None, incarnation: None });
+                slots.insert(
+                    m.rank,
+                    Slot { info: m, last_seen: None, conn: None, incarnation: None, metadata_applied: 0 },
+                );
             }
         }
         let own = settings.own.clone();
-        slots.insert(0, Slot { info: own, last_seen: None, conn: None, incarnation: None });
+        slots.insert(0, Slot { info: own, last_seen: None, conn: None, incarnation: None, metadata_applied: 0 });
         if settings.state_dir.is_dir() {
             let removed = remove_stale_temp_files(&settings.state_dir)?;
             if !removed.is_empty() {
@@ -220,12 +230,14 @@ impl Master {
                 entered: BTreeSet::new(),
                 next_conn_id: 1,
                 metadata_frame,
+                metadata_version: snapshot.version,
             }),
             changed: watch::channel(0).0,
             local_addr,
             tasks: Mutex::new(JoinSet::new()),
             background: Mutex::new(Vec::new()),
             metadata: watch::channel(snapshot).0,
+            applied: watch::channel(0).0,
             proposals,
             persisting: Mutex::new(()),
         });
@@ -453,16 +465,52 @@ impl Master {
             let out = Outgoing { payload: Arc::new(staged.frame), last: false };
             let mut s = self.lock();
             s.metadata_frame = out.clone();
+            s.metadata_version = version;
             broadcast_locked(&mut s, &out);
-            if let ProposalReply::Remote { rank, conn_id, req } = *reply
-                && let Some(slot) = current_slot(&mut s, rank, conn_id)
-            {
+        }
+        metadata::advance(&self.metadata, staged.snapshot.clone());
+        self.await_applied(version).await;
+        if let ProposalReply::Remote { rank, conn_id, req } = *reply {
+            let mut s = self.lock();
+            if let Some(slot) = current_slot(&mut s, rank, conn_id) {
                 send(slot, MasterMsg::Proposed { req, outcome: ProposeOutcome::Applied { version } });
             }
         }
-        metadata::advance(&self.metadata, staged.snapshot.clone());
         info!(version, "metadata version {version} applied");
         Ok(staged.snapshot)
+    }
+
+    /// Waits until every connected node runs with metadata `version`, at most
+    /// `metadata_applied_timeout_ms`: so that a statement sent to any node after a DDL statement
+    /// returned sees it (an INSERT after a TRUNCATE went into the old generation, acknowledged,
+    /// then thrown away with it). A node that does not confirm in time (hung, not yet known to be
+    /// down) is named in the log; it gets the version when it answers again.
+    async fn await_applied(&self, version: u64) {
+        let timeout_ms = self.settings.timeouts.metadata_applied_timeout_ms;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+        let mut changed = self.applied.subscribe();
+        loop {
+            let pending: Vec<u32> = {
+                let s = self.lock();
+                s.slots
+                    .iter()
+                    .filter(|(rank, slot)| **rank != 0 && slot.conn.is_some() && slot.metadata_applied < version)
+                    .map(|(rank, _)| *rank)
+                    .collect()
+            };
+            if pending.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed.changed()).await.is_err() {
+                warn!(
+                    version,
+                    ?pending,
+                    "metadata version {version}: ranks {pending:?} did not confirm it within \
+                     metadata_applied_timeout_ms ({timeout_ms} ms); answering the change without them"
+                );
+                return;
+            }
+        }
     }
 
     /// Tells every node the master is going away (they will reconnect when it returns) and
@@ -587,6 +635,7 @@ impl Master {
                         epoch,
                         last_heartbeat_unix_ms: None,
                     };
+                    let metadata_applied = s.metadata_version;
                     let old = s.slots.insert(
                         rank,
                         Slot {
@@ -594,6 +643,7 @@ impl Master {
                             last_seen: Some(now),
                             conn: Some(Conn { id: conn_id, tx }),
                             incarnation: incarnation.clone(),
+                            metadata_applied,
                         },
                     );
                     if let Some(Slot { conn: Some(old), .. }) = old
@@ -734,6 +784,11 @@ impl Master {
                     if let Some(slot) = s.slots.get_mut(&rank) {
                         send(slot, MasterMsg::Members { req, view });
                     }
+                }
+                NodeMsg::MetadataApplied { version } => {
+                    slot.metadata_applied = slot.metadata_applied.max(version);
+                    drop(s);
+                    self.applied.send_modify(|n| *n += 1);
                 }
                 NodeMsg::BarrierEnter => {
                     s.entered.insert(rank);

@@ -25,6 +25,9 @@ pub struct Timeouts {
     /// From proposing a metadata change until the master's answer (including waiting for a
     /// lost master to come back).
     pub propose_timeout_ms: u64,
+    /// How long the master waits for every connected node to confirm a new metadata version
+    /// before it answers the change anyway (less than `propose_timeout_ms`).
+    pub metadata_applied_timeout_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -38,6 +41,7 @@ impl Default for Timeouts {
             down_after_ms: 6_000,
             progress_interval_ms: 2_000,
             propose_timeout_ms: 10_000,
+            metadata_applied_timeout_ms: 5_000,
         }
     }
 }
@@ -54,6 +58,7 @@ impl Timeouts {
             ("down_after_ms", self.down_after_ms),
             ("progress_interval_ms", self.progress_interval_ms),
             ("propose_timeout_ms", self.propose_timeout_ms),
+            ("metadata_applied_timeout_ms", self.metadata_applied_timeout_ms),
         ];
         for (name, value) in named {
             if value == 0 {

@@ -161,6 +161,12 @@ pub enum NodeMsg {
         req: u64,
         op: serde_json::Value,
     },
+    /// The node now runs with this metadata version (sent after each `Metadata` message): the
+    /// master answers a change only once every connected node has it, so that a statement sent
+    /// to any node after a DDL statement returned sees the DDL's effect.
+    MetadataApplied {
+        version: u64,
+    },
     /// Graceful shutdown.
     Leave,
 }

@@ -721,6 +721,7 @@ impl WorkerLink {
             }
             writer.shutdown().await;
         });
+        let applied_tx = tx.clone();
         let interval = Duration::from_millis(heartbeat_interval_ms);
         let heartbeat = tokio::spawn(async move {
             let mut seq = 0u64;
@@ -753,7 +754,13 @@ impl WorkerLink {
                         let _ = waiter.send(view);
                     }
                 }
-                MasterMsg::Metadata { snapshot } => self.receive_metadata(snapshot, false),
+                MasterMsg::Metadata { snapshot } => {
+                    self.receive_metadata(snapshot, false);
+                    // Tells the master this node runs with it (it waits for that to answer a
+                    // change); a full queue only makes the master wait out its timeout.
+                    let version = self.metadata.borrow().version;
+                    let _ = applied_tx.try_send(NodeMsg::MetadataApplied { version });
+                }
                 MasterMsg::Proposed { req, outcome } => {
                     let waiter = self.lock().proposals.remove(&req);
                     if let Some(waiter) = waiter {

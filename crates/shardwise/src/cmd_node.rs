@@ -76,6 +76,10 @@ pub struct NodeArgs {
     /// How long DDL waits for the master to apply it [default: 10000].
     #[arg(long, env = "SHARDWISE_PROPOSE_TIMEOUT_MS")]
     pub propose_timeout_ms: Option<u64>,
+    /// How long the master waits for every connected node to confirm a DDL change before it
+    /// answers the DDL anyway (less than --propose-timeout-ms) [default: 5000].
+    #[arg(long, env = "SHARDWISE_METADATA_APPLIED_TIMEOUT_MS")]
+    pub metadata_applied_timeout_ms: Option<u64>,
     /// Timeout of one TCP connect attempt to the master [default: 5000].
     #[arg(long, env = "SHARDWISE_CONNECT_TIMEOUT_MS")]
     pub connect_timeout_ms: Option<u64>,
@@ -142,6 +146,7 @@ struct ConfigFile {
     http_port: Option<u16>,
     pg_port: Option<u16>,
     propose_timeout_ms: Option<u64>,
+    metadata_applied_timeout_ms: Option<u64>,
     connect_timeout_ms: Option<u64>,
     join_timeout_ms: Option<u64>,
     op_timeout_ms: Option<u64>,
@@ -207,6 +212,8 @@ fn timeouts(args: &NodeArgs, file: &ConfigFile) -> Timeouts {
         progress_interval_ms: pick(args.progress_interval_ms, file.progress_interval_ms)
             .unwrap_or(d.progress_interval_ms),
         propose_timeout_ms: pick(args.propose_timeout_ms, file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
+        metadata_applied_timeout_ms: pick(args.metadata_applied_timeout_ms, file.metadata_applied_timeout_ms)
+            .unwrap_or(d.metadata_applied_timeout_ms),
     }
 }
 

@@ -218,11 +218,21 @@ impl TablesNode {
     }
 
     /// Forgets and deletes the stores, directories and pending outbox items of table
-    /// incarnations the catalog no longer names.
+    /// incarnations the catalog no longer names: a dropped table (an id below the catalog's next
+    /// one that it no longer lists), a truncated generation (below the table's current one). A
+    /// directory the catalog has never made (a later id or generation) proves the catalog older
+    /// than this node's data, as after a master lost its `metadata.json`: it is kept, and said.
     async fn remove_dropped(&self) {
-        let (_, catalog) = self.catalog_now();
+        let (version, catalog) = self.catalog_now();
         let live: std::collections::HashSet<(u64, u64)> =
             catalog.tables.values().map(|e| (e.id, e.generation)).collect();
+        let current: std::collections::HashMap<u64, u64> =
+            catalog.tables.values().map(|e| (e.id, e.generation)).collect();
+        let next_table_id = catalog.next_table_id;
+        let dropped = move |(id, generation): (u64, u64)| match current.get(&id) {
+            Some(current) => generation < *current,
+            None => id < next_table_id,
+        };
         lock(&self.stores).retain(|k, _| live.contains(&(k.0, k.1)));
         let live_keys: std::collections::HashSet<String> = catalog.tables.values().map(outbox_key).collect();
         let tables_dir = self.tables_dir.clone();
@@ -234,12 +244,25 @@ impl TablesNode {
                 lock(&outbox).discard_table(&key).map_err(storage_error)?;
             }
             let Ok(dirs) = std::fs::read_dir(&tables_dir) else { return Ok(()) };
+            let mut unknown = Vec::new();
             for dir in dirs.flatten() {
                 let name = dir.file_name().to_string_lossy().to_string();
-                if parse_table_dir(&name).is_some_and(|k| !live.contains(&k)) {
-                    std::fs::remove_dir_all(dir.path()).map_err(storage_error)?;
-                    shardwise_cluster::datadir::sync_dir(&tables_dir).map_err(storage_error)?;
+                match parse_table_dir(&name) {
+                    Some(k) if live.contains(&k) => {}
+                    Some(k) if dropped(k) => {
+                        std::fs::remove_dir_all(dir.path()).map_err(storage_error)?;
+                        shardwise_cluster::datadir::sync_dir(&tables_dir).map_err(storage_error)?;
+                    }
+                    Some(_) => unknown.push(name),
+                    None => {}
                 }
+            }
+            if !unknown.is_empty() {
+                tracing::error!(
+                    catalog_version = version,
+                    "keeping table directories {unknown:?}: the catalog (version {version}) never made them, so \
+                     it is older than this node's data (did the master lose its master/metadata.json?)"
+                );
             }
             Ok(())
         })

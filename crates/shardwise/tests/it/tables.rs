@@ -533,3 +533,63 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
             .unwrap();
     assert_eq!(queued, vec![vec![(accepted * 200).to_string()]]);
 }
+
+/// A statement sent to any node after a TRUNCATE returned sees the new generation: an INSERT
+/// through another node right after it was acknowledged into the old generation, then thrown
+/// away with it (the master answered DDL once the change was sent, not once the nodes had it).
+#[test]
+fn an_insert_through_another_node_after_truncate_returned_is_kept() {
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use futures::TryStreamExt;
+    use tonic::transport::{Channel, Endpoint};
+
+    async fn connect(addr: &str) -> FlightSqlServiceClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
+        FlightSqlServiceClient::new(channel)
+    }
+    async fn run(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Vec<Vec<String>> {
+        let info = client.execute(sql.to_string(), None).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut rows = Vec::new();
+        for endpoint in info.endpoint {
+            let ticket = endpoint.ticket.expect("ticket");
+            let batches: Vec<arrow::array::RecordBatch> =
+                client.do_get(ticket).await.expect("do_get").try_collect().await.expect("rows");
+            for batch in batches {
+                for row in 0..batch.num_rows() {
+                    rows.push(
+                        batch
+                            .columns()
+                            .iter()
+                            .map(|c| arrow::util::display::array_value_to_string(c, row).expect("text"))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        rows
+    }
+
+    let c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE trd (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed', \
+         delay_max_ms = 50)",
+    );
+    c.sql(0, "CREATE TABLE tri (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let (mut master, mut worker, mut other) =
+            (connect(&c.addrs[0]).await, connect(&c.addrs[2]).await, connect(&c.addrs[1]).await);
+        for table in ["trd", "tri"] {
+            for i in 0..30 {
+                // TRUNCATE through the master or through a worker, the INSERT through another node.
+                let truncating = if i % 2 == 0 { &mut master } else { &mut other };
+                run(truncating, &format!("TRUNCATE TABLE {table}")).await;
+                run(&mut worker, &format!("INSERT INTO {table} VALUES ({i})")).await;
+                run(&mut master, &format!("SYSTEM FLUSH DISTRIBUTED {table}")).await;
+                let rows = run(&mut master, &format!("SELECT id FROM {table}")).await;
+                assert_eq!(rows, [[i.to_string()]], "{table}, iteration {i}: the acknowledged insert is gone");
+            }
+        }
+    });
+}
