@@ -29,6 +29,11 @@ pub struct InsertOptions {
     /// truncated, since (a load whose segments are separate inserts) fails it rather than
     /// sending the rest of the load to the new table.
     pub incarnation: Option<(u64, u64)>,
+    /// The rows may arrive in another order when the insert runs again (an `INSERT ... SELECT`
+    /// from tables, whose shards answer in any order): the node cuts them into chunks by their
+    /// values, not by their position, so that a retry with the same `insert_id` makes the same
+    /// chunks and is applied once.
+    pub order_may_vary: bool,
 }
 
 impl InsertOptions {
@@ -54,6 +59,7 @@ impl InsertOptions {
             },
             foreground: settings.distributed_foreground_insert.0,
             incarnation: None,
+            order_may_vary: false,
         })
     }
 }

@@ -154,6 +154,14 @@ impl QueryLog {
         stream: SendableRecordBatchStream,
         max_execution_time_ms: u64,
     ) -> SendableRecordBatchStream {
+        // An INSERT's write runs to its end once the rows are read (`sharded_table::InsertSink`).
+        let note = match plan.downcast_ref::<datafusion::datasource::sink::DataSinkExec>().is_some() {
+            true => {
+                "; an INSERT stopped while it read its rows wrote none of them, and one stopped after it had read \
+                 them all completes its write (the node's log says so)"
+            }
+            false => "",
+        };
         let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
         let query_id = record.query_id.clone();
         let kill = Arc::new(Notify::new());
@@ -197,13 +205,13 @@ impl QueryLog {
         let tail = futures::stream::once(async move {
             match *lock(&stop_reason) {
                 Some(Stop::Killed) => {
-                    let e = QueryError::Rejected("the query was stopped by KILL QUERY".into());
+                    let e = QueryError::Rejected(format!("the query was stopped by KILL QUERY{note}"));
                     guard.end(QueryState::Killed, Some(e.to_string()));
                     Some(Err(DataFusionError::External(Box::new(e))))
                 }
                 Some(Stop::TimedOut(ms)) => {
                     let e = QueryError::Rejected(format!(
-                        "the query ran longer than max_execution_time_ms = {ms} and was stopped"
+                        "the query ran longer than max_execution_time_ms = {ms} and was stopped{note}"
                     ));
                     guard.end(QueryState::TimedOut, Some(e.to_string()));
                     Some(Err(DataFusionError::External(Box::new(e))))

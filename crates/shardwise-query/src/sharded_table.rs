@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -164,7 +165,12 @@ impl TableProvider for ShardedTable {
             )));
         }
         self.schema.logically_equivalent_names_and_types(&input.schema())?;
-        let opts = InsertOptions::from_settings(&settings::current(state.config_options()))?;
+        // A query's rows come in any order (its shards answer as they go, its partitions
+        // interleave): chunked by value, so a retry with the same insert_id is applied once.
+        let opts = InsertOptions {
+            order_may_vary: true,
+            ..InsertOptions::from_settings(&settings::current(state.config_options()))?
+        };
         let sink = InsertSink {
             table: self.name.clone(),
             schema: Arc::clone(&self.schema),
@@ -196,11 +202,46 @@ impl DataSink for InsertSink {
         &self.schema
     }
 
+    /// Reads every row, then writes them. A statement stopped (a time limit, `KILL QUERY`, a
+    /// client gone) while it reads has written nothing; once the rows are read, the write runs to
+    /// its end on a task of its own even if the statement is stopped meanwhile, rather than being
+    /// cut off between chunks with part of the rows stored and nothing saying which.
     async fn write_all(&self, data: SendableRecordBatchStream, _context: &Arc<TaskContext>) -> Result<u64> {
         let batches: Vec<_> = data.try_collect().await?;
-        self.access
-            .insert(&self.table, batches, self.opts.clone())
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))
+        let (access, table, opts) = (Arc::clone(&self.access), self.table.clone(), self.opts.clone());
+        let waiting = Arc::new(AtomicBool::new(true));
+        let abandoned = StillWaiting(Arc::clone(&waiting));
+        let write = tokio::spawn(async move {
+            let result = access.insert(&table, batches, opts).await;
+            if !waiting.load(Ordering::SeqCst) {
+                match &result {
+                    Ok(rows) => tracing::warn!(
+                        table,
+                        rows,
+                        "an INSERT stopped after it had read its rows completed its write anyway: {rows} rows"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(table, "an INSERT stopped after it had read its rows failed to write: {e}")
+                    }
+                }
+            }
+            result
+        });
+        let result = write.await;
+        drop(abandoned);
+        match result {
+            Ok(written) => written.map_err(|e| DataFusionError::External(Box::new(e))),
+            Err(e) => Err(DataFusionError::Internal(format!("the insert's write task failed: {e}"))),
+        }
+    }
+}
+
+/// Clears its flag when dropped before the write it waits for is done (the statement was
+/// stopped): the write then says in the log how it ended.
+struct StillWaiting(Arc<AtomicBool>);
+
+impl Drop for StillWaiting {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }

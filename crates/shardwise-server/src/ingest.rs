@@ -317,6 +317,8 @@ impl<'a> Segments<'a> {
             insert_quorum: self.opts.insert_quorum,
             foreground: self.opts.foreground,
             incarnation: self.opts.incarnation,
+            // A load sends its rows in the file's order, the same on every retry.
+            order_may_vary: false,
         };
         self.next += 1;
         self.in_flight.push(self.access.insert(self.table, batches, opts));
