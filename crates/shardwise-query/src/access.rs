@@ -81,6 +81,9 @@ pub struct ShardReplicaRow {
     /// Every row of the replica arrived through shardwise's placement.
     pub verified_placement: Option<bool>,
     pub placement: String,
+    /// Why the replica is not read (it failed, or its WAL was found damaged); `None` when it is
+    /// read, or the node could not be asked.
+    pub problem: Option<String>,
 }
 
 /// One row of `system.sync_queues`: what one node still has to ship for one table to one
@@ -152,6 +155,10 @@ pub trait TableAccess: Send + Sync + Debug {
 
     /// This node's rank.
     fn local_rank(&self) -> u32;
+
+    /// This node's shard replicas that are not read, and why (`table shard N: why`); the first
+    /// element is true when one of them failed (it takes no writes either).
+    fn replica_problems(&self) -> (bool, Vec<String>);
 
     /// The version of the catalog [`TableAccess::catalog`] returns (or a later one).
     fn catalog_version(&self) -> u64;

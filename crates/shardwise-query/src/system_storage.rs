@@ -75,6 +75,7 @@ static SHARDS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("parts", DataType::UInt64, true),
         Field::new("verified_placement", DataType::Boolean, true),
         Field::new("placement", DataType::Utf8, false),
+        Field::new("problem", DataType::Utf8, true),
     ]))
 });
 
@@ -151,6 +152,7 @@ fn shards_columns(rows: &[ShardReplicaRow]) -> Vec<ArrayRef> {
         Arc::new(rows.iter().map(|r| r.parts).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.verified_placement).collect::<BooleanArray>()),
         strings(rows.iter().map(|r| r.placement.as_str())),
+        Arc::new(rows.iter().map(|r| r.problem.as_deref()).collect::<StringArray>()),
     ]
 }
 

@@ -497,10 +497,23 @@ impl Encoder {
     }
 }
 
+/// `ok`; `degraded` (200) when a shard replica here is not read (its WAL was found damaged:
+/// queries read other replicas); `failing` (503) when one failed (an I/O error such as a full
+/// disk): it takes no writes until the node restarts, so a load balancer should send none here.
 async fn health(State(http): State<Http>) -> Response {
-    let rank = http.engine.tables().map(|t| t.local_rank());
-    let body = serde_json::json!({ "status": "ok", "rank": rank }).to_string();
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let tables = http.engine.tables();
+    let rank = tables.as_ref().map(|t| t.local_rank());
+    let (failed, problems) = tables.map(|t| t.replica_problems()).unwrap_or_default();
+    let (status, code) = match (failed, problems.is_empty()) {
+        (true, _) => ("failing", StatusCode::SERVICE_UNAVAILABLE),
+        (false, false) => ("degraded", StatusCode::OK),
+        (false, true) => ("ok", StatusCode::OK),
+    };
+    let mut body = serde_json::json!({ "status": status, "rank": rank });
+    if !problems.is_empty() {
+        body["problems"] = serde_json::json!(problems);
+    }
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Result<Response, Failure> {

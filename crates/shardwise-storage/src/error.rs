@@ -23,7 +23,7 @@ pub enum StorageError {
     /// An earlier I/O error left the WAL in an unknown state; it refuses every call until it is
     /// reopened, and reopening recovers from what is really on disk.
     #[error(
-        "WAL in {} is failed and accepts no more writes (reopen it to recover); first error: {cause}",
+        "WAL in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
         dir.display()
     )]
     WalFailed { dir: PathBuf, cause: String },
@@ -95,7 +95,7 @@ pub enum StorageError {
     /// An earlier I/O error left a shard store in an unknown state; it refuses every write until it
     /// is reopened, and reopening recovers from what is really on disk.
     #[error(
-        "shard store in {} is failed and accepts no more writes (reopen it to recover); first error: {cause}",
+        "shard store in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
         dir.display()
     )]
     ShardStoreFailed { dir: PathBuf, cause: String },
@@ -130,7 +130,7 @@ pub enum StorageError {
     /// An earlier I/O error outside its WAL (writing `SEQ_LEASE`) left the outbox in an unknown
     /// state; it refuses every write until it is reopened.
     #[error(
-        "outbox in {} is failed and accepts no more writes (reopen it to recover); first error: {cause}",
+        "outbox in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
         dir.display()
     )]
     OutboxFailed { dir: PathBuf, cause: String },

@@ -229,6 +229,9 @@ pub struct ShardStore {
     next_part_number: u64,
     /// Set by the first I/O error that leaves the store in an unknown state.
     failure: Option<String>,
+    /// Why the replica misses rows it acknowledged (a damaged WAL), if it does; see
+    /// [`ShardStore::unreadable`].
+    damage: Option<String>,
 }
 
 impl std::fmt::Debug for ShardStore {
@@ -349,6 +352,20 @@ impl ShardStore {
     /// The first error that failed the store, if it has failed.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()
+    }
+
+    /// Why this replica must not answer reads, if it must not: it failed (an I/O error; rows
+    /// written to the other replicas since are missing here, until the node restarts and reopens
+    /// it), or its WAL was found damaged (rows it acknowledged are missing, for good: the
+    /// replica stays out of reads, its `DAMAGED` file saying why). Queries read another replica.
+    pub fn unreadable(&self) -> Option<String> {
+        match (&self.failure, &self.damage) {
+            (Some(failure), _) => {
+                Some(format!("it failed and takes no writes until the node restarts (first error: {failure})"))
+            }
+            (None, Some(damage)) => Some(format!("damaged: {damage}")),
+            (None, None) => None,
+        }
     }
 
     /// Checks every piece before anything is written; returns their batches with the store's

@@ -89,6 +89,10 @@ impl TableAccess for LocalShuffle {
         self.inner.local_rank()
     }
 
+    fn replica_problems(&self) -> (bool, Vec<String>) {
+        self.inner.replica_problems()
+    }
+
     fn catalog_version(&self) -> u64 {
         self.inner.catalog_version()
     }

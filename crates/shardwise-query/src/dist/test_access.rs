@@ -55,6 +55,9 @@ impl TableAccess for OneShard {
     fn local_rank(&self) -> u32 {
         0
     }
+    fn replica_problems(&self) -> (bool, Vec<String>) {
+        (false, Vec::new())
+    }
     fn catalog_version(&self) -> u64 {
         1
     }

@@ -352,6 +352,20 @@ impl TableAccess for TablesNode {
         self.rank
     }
 
+    fn replica_problems(&self) -> (bool, Vec<String>) {
+        let (_, catalog) = self.catalog_now();
+        let mut failed = false;
+        let mut problems = Vec::new();
+        for (key, store) in self.open_stores() {
+            let guard = lock(&store);
+            let Some(why) = guard.unreadable() else { continue };
+            failed |= guard.failure().is_some();
+            let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");
+            problems.push(format!("table {table} shard {}: {why}", key.2));
+        }
+        (failed, problems)
+    }
+
     fn catalog_version(&self) -> u64 {
         self.catalog_now().0
     }

@@ -33,6 +33,9 @@ pub struct LocalShardStats {
     pub bytes: u64,
     pub parts: u64,
     pub verified_placement: bool,
+    /// Why the replica is not read, if it is not (`ShardStore::unreadable`).
+    #[serde(default)]
+    pub problem: Option<String>,
 }
 
 /// How long `system.shards` and `system.sync_queues` wait for another node's figures; the nodes
@@ -72,6 +75,13 @@ impl TablesNode {
         }
         let store = self.store(&entry, ticket.shard).await?;
         let guard = lock(&store);
+        if let Some(why) = guard.unreadable() {
+            // Unavailable: the fragment is tried on another replica (or the shard skipped).
+            return Err(QueryError::Unavailable(format!(
+                "rank {}: its replica of table {} shard {} is not read: {why}",
+                self.rank, entry.def.name, ticket.shard
+            )));
+        }
         Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
     }
 
@@ -157,7 +167,10 @@ impl TablesNode {
                     continue;
                 }
                 let store = self.store(entry, shard).await?;
-                let s = lock(&store).stats();
+                let (s, problem) = {
+                    let guard = lock(&store);
+                    (guard.stats(), guard.unreadable())
+                };
                 out.push(LocalShardStats {
                     table_id: entry.id,
                     generation: entry.generation,
@@ -166,6 +179,7 @@ impl TablesNode {
                     bytes: s.bytes,
                     parts: s.parts as u64,
                     verified_placement: s.verified_placement,
+                    problem,
                 });
             }
         }
@@ -209,6 +223,7 @@ impl TablesNode {
                         parts: s.map(|s| s.parts),
                         verified_placement: s.map(|s| s.verified_placement),
                         placement: entry.def.placement.as_str().to_string(),
+                        problem: s.and_then(|s| s.problem.clone()),
                     });
                 }
             }

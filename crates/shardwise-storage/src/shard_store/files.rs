@@ -10,6 +10,9 @@ use crate::fs::{AppendFile, Fs};
 pub(super) const MANIFEST_NAME: &str = "MANIFEST";
 /// The WAL's subdirectory.
 pub(super) const WAL_DIR_NAME: &str = "wal";
+/// Written when recovery found the WAL damaged: why the replica is not read (it is kept until
+/// the replica is rebuilt; see [`super::ShardStore::unreadable`]).
+pub(super) const DAMAGED_NAME: &str = "DAMAGED";
 /// What a file is called while it is being written, before its rename.
 const TEMP_SUFFIX: &str = ".tmp";
 const PART_PREFIX: &str = "part-";

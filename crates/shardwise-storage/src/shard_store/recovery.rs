@@ -8,12 +8,14 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 
 use super::dedup::DedupState;
-use super::files::{MANIFEST_NAME, WAL_DIR_NAME, is_temp_name, parse_part_name, remove_durably};
+use super::files::{
+    DAMAGED_NAME, MANIFEST_NAME, WAL_DIR_NAME, is_temp_name, parse_part_name, remove_durably, write_durably,
+};
 use super::manifest::Manifest;
 use super::{ShardRecovery, ShardStore, ShardStoreOptions, part, record};
 use crate::error::StorageError;
 use crate::fs::Fs;
-use crate::wal::{Lsn, Wal, parse_segment_name};
+use crate::wal::{Lsn, Recovery, Wal, parse_segment_name};
 
 pub(super) fn open(
     dir: PathBuf,
@@ -42,6 +44,7 @@ pub(super) fn open(
 
     let wal_dir = dir.join(WAL_DIR_NAME);
     let (mut wal, mut report) = Wal::open(&wal_dir, Arc::clone(&fs), opts.wal.clone())?;
+    let damage = damage(fs.as_ref(), &dir, &report)?;
     let checkpoint = Lsn(manifest.wal_checkpoint_lsn);
     if wal.next_lsn() < checkpoint {
         // The log lost records the manifest already covers (damage at its end): new records must
@@ -67,6 +70,7 @@ pub(super) fn open(
         dedup,
         next_part_number,
         failure: None,
+        damage,
     };
     let mut replayed_records = 0;
     for wal_record in records.into_iter().filter(|r| r.lsn >= checkpoint) {
@@ -85,6 +89,35 @@ pub(super) fn open(
         "shard store opened"
     );
     Ok((store, ShardRecovery { wal: report, replayed_records, orphan_parts_removed }))
+}
+
+/// Why the replica must not be read, if it must not: its WAL found corrupt by this recovery
+/// (records past the damage were not replayed, so rows it acknowledged are missing), or by an
+/// earlier one, as its `DAMAGED` file records. Recovery sets the damaged segment aside, so the
+/// next open finds a clean log: the file is what remembers, written durably before the store
+/// serves anything.
+fn damage(fs: &dyn Fs, dir: &Path, report: &Recovery) -> Result<Option<String>, StorageError> {
+    let path = dir.join(DAMAGED_NAME);
+    let recorded = match fs.read(&path) {
+        Ok(bytes) => Some(String::from_utf8_lossy(&bytes).trim().to_string()),
+        Err(error) if error.kind() == ErrorKind::NotFound => None,
+        Err(error) => return Err(StorageError::io("read", &path)(error)),
+    };
+    if report.is_clean() {
+        return Ok(recorded);
+    }
+    if let Some(earlier) = recorded {
+        // Already out of reads; what this recovery found (the gap the set-aside segment left,
+        // often) is in its report and the log, not appended to the file at every open.
+        return Ok(Some(earlier));
+    }
+    let text = format!(
+        "its WAL was found damaged when the store was opened, so rows it had acknowledged may be missing: {:?}",
+        report.corruptions
+    );
+    write_durably(fs, dir, DAMAGED_NAME, text.as_bytes())?;
+    tracing::error!(dir = %dir.display(), "shard replica marked damaged: it is not read until rebuilt: {text}");
+    Ok(Some(text))
 }
 
 /// Writes the manifest of a new, empty store, after checking that the directory really holds

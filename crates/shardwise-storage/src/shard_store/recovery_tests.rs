@@ -86,6 +86,35 @@ fn a_torn_wal_tail_is_cut_and_the_acknowledged_pieces_replayed() -> TestResult {
 }
 
 #[test]
+fn a_replica_whose_wal_was_damaged_is_not_read_and_says_so_after_every_open() -> TestResult {
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, small_opts())?;
+    for i in 0..4 {
+        store.apply(&[piece(i * 10..i * 10 + 10, Some("o"), Some(i as u64 + 1), None)])?;
+    }
+    assert!(store.unreadable().is_none());
+    drop(store);
+    // A flipped bit in the second record: the records after it are not replayed.
+    let wal_dir = Path::new(DIR).join(WAL_DIR_NAME);
+    let segment = wal_dir.join(sim.list_dir(&wal_dir)?.first().ok_or("no segment")?);
+    let len = sim.read(&segment)?.len();
+    sim.flip_bit(&segment, len / 3, 2)?;
+    let (store, recovery) = open_sim(&sim, small_opts())?;
+    assert!(!recovery.wal.is_clean());
+    let why = store.unreadable().ok_or("a damaged replica must not be read")?;
+    assert!(why.starts_with("damaged: its WAL was found damaged") && why.contains("MidLog"), "{why}");
+    assert!(dir_names(&sim)?.contains(&"DAMAGED".to_string()));
+    drop(store);
+    // The file remembers, whatever the next recovery finds (the damaged segment is set aside).
+    let (store, _) = open_sim(&sim, small_opts())?;
+    assert_eq!(store.unreadable().as_ref(), Some(&why));
+    drop(store);
+    let (store, _) = open_sim(&sim, small_opts())?;
+    assert_eq!(store.unreadable(), Some(why));
+    Ok(())
+}
+
+#[test]
 fn an_undecodable_wal_record_is_an_error_naming_its_lsn() -> TestResult {
     let sim = SimFs::new();
     let (mut store, _) = open_sim(&sim, small_opts())?;

@@ -38,6 +38,11 @@ impl Cluster {
         }
     }
 
+    /// The data dir of `rank`.
+    pub(crate) fn data_dir(&self, rank: u32) -> std::path::PathBuf {
+        rank_dir(self.dir.path(), rank)
+    }
+
     pub(crate) fn restart(&mut self, rank: u32) {
         let n = self.procs.len() as u32;
         let mut p = Proc::spawn(node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank)));
@@ -592,4 +597,63 @@ fn an_insert_through_another_node_after_truncate_returned_is_kept() {
             }
         }
     });
+}
+
+/// A replica whose WAL is found damaged when its node restarts misses rows it acknowledged: it
+/// is not read (each query reads another replica), and `system.shards` says why. It was served
+/// as the whole shard: counts short by the rows after the damage, through every node that chose it.
+#[test]
+fn a_replica_with_a_damaged_wal_is_not_read() {
+    fn wal_segments(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                wal_segments(&path, found);
+            } else if path.parent().is_some_and(|p| p.ends_with("wal")) && path.extension().is_some_and(|e| e == "log")
+            {
+                found.push(path);
+            }
+        }
+    }
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE dmg (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    for i in 0..20 {
+        c.sql(i % 3, &format!("INSERT INTO dmg SELECT value FROM generate_series({}, {})", i * 50, i * 50 + 49));
+    }
+    let want = vec!["1000".to_string(), (0..1000).sum::<i64>().to_string()];
+    assert_eq!(one(c.sql(2, "SELECT count(*), sum(id) FROM dmg")), want);
+    c.procs[2].kill9();
+    let mut segments = Vec::new();
+    wal_segments(&c.data_dir(2).join("tables"), &mut segments);
+    assert!(!segments.is_empty(), "rank 2 holds WAL segments");
+    for segment in &segments {
+        // A bit of the first record: everything after it in the log is lost to recovery.
+        let mut bytes = std::fs::read(segment).expect("read segment");
+        if bytes.len() > 200 {
+            bytes[100] ^= 0x10;
+            std::fs::write(segment, &bytes).expect("write segment");
+        }
+    }
+    c.restart(2);
+    for rank in 0..3 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*), sum(id) FROM dmg")), want, "through rank {rank}");
+    }
+    let problems = c.sql(
+        0,
+        "SELECT rank, substr(problem, 1, 34) FROM system.shards WHERE \"table\" = 'dmg' AND problem IS NOT NULL",
+    );
+    assert!(!problems.is_empty(), "system.shards names the damaged replicas");
+    for row in &problems {
+        assert_eq!(row[0], "2", "{problems:?}");
+        assert_eq!(row[1], "damaged: its WAL was found damaged", "{problems:?}");
+    }
+    // The node says so on /health too (200: its other replicas and queries are served).
+    let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 2")).remove(0);
+    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
+    use std::io::{Read, Write};
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply");
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"status\":\"degraded\""), "{reply}");
+    assert!(reply.contains("table dmg shard"), "{reply}");
 }
