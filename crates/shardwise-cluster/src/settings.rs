@@ -62,21 +62,27 @@ impl Timeouts {
         ];
         for (name, value) in named {
             if value == 0 {
-                return Err(invalid(name, value, "a positive number of milliseconds"));
+                return Err(invalid(name, value, "it must be a positive number of milliseconds"));
             }
         }
         if self.suspect_after_ms <= self.heartbeat_interval_ms {
             return Err(invalid(
                 "suspect_after_ms",
                 self.suspect_after_ms,
-                &format!("more than heartbeat_interval_ms ({})", self.heartbeat_interval_ms),
+                &format!(
+                    "it must be more than heartbeat_interval_ms ({}; --suspect-after-ms, --heartbeat-interval-ms)",
+                    self.heartbeat_interval_ms
+                ),
             ));
         }
         if self.down_after_ms <= self.suspect_after_ms {
             return Err(invalid(
                 "down_after_ms",
                 self.down_after_ms,
-                &format!("more than suspect_after_ms ({})", self.suspect_after_ms),
+                &format!(
+                    "it must be more than suspect_after_ms ({}; --down-after-ms, --suspect-after-ms)",
+                    self.suspect_after_ms
+                ),
             ));
         }
         Ok(())

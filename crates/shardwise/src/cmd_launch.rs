@@ -77,6 +77,12 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
             shardwise_cluster::secret::SECRET_ENV
         );
     }
+    if let Some(flag) = args.node_args.iter().find_map(|a| launcher_owned_flag(a)) {
+        bail!(
+            "{flag} is given after --: the launcher sets each node's rank, world size, master and data dir itself \
+             (--nproc, --master-port, --data-dir); every node would get the same {flag}"
+        );
+    }
     let master_port = match args.master_port {
         Some(0) => bail!("--master-port 0 is not a port: expected 1-65535, or leave it out for a free port"),
         Some(p) => p,
@@ -263,3 +269,11 @@ fn describe(s: &std::io::Result<ExitStatus>) -> String {
         Err(e) => format!("an error ({e})"),
     }
 }
+
+/// The flag of a node argument the launcher gives each node itself, if `arg` is one.
+fn launcher_owned_flag(arg: &str) -> Option<&'static str> {
+    const OWNED: [&str; 6] = ["--rank", "--world-size", "--master-addr", "--master-port", "--data-dir", "--local-rank"];
+    let name = arg.split('=').next().unwrap_or(arg);
+    OWNED.into_iter().find(|flag| *flag == name)
+}
+

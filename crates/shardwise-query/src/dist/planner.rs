@@ -160,6 +160,7 @@ impl Planner<'_> {
         let mut auto = AutoNoMerge::default();
         let choice = ShuffleChoice {
             mode: self.settings.distributed_aggregation,
+            skip_unavailable_shards: self.settings.skip_unavailable_shards.0,
             min_groups: self.settings.shuffle_min_groups,
             world_size: self.rule.access.world_size(),
             estimates: self.rule.estimates.as_ref(),
@@ -652,6 +653,9 @@ enum PathRole {
 /// What `distributed_aggregation` asks for, and what `auto` needs to decide.
 struct ShuffleChoice<'a> {
     mode: DistributedAggregation,
+    /// `skip_unavailable_shards = 1`: a shuffle cannot answer without a shard (every node's
+    /// merge needs every shard's bucket), so none is planned.
+    skip_unavailable_shards: bool,
     min_groups: u64,
     world_size: u32,
     estimates: &'a GroupEstimates,
@@ -728,8 +732,13 @@ impl AutoNoMerge {
         choice: &ShuffleChoice<'_>,
     ) -> Result<(bool, Option<String>)> {
         match choice.mode {
-            DistributedAggregation::Shuffle => return Ok((true, None)),
             DistributedAggregation::Initiator => return Ok((false, None)),
+            _ if choice.skip_unavailable_shards => {
+                let why = "skip_unavailable_shards = 1: a shuffle needs every shard's rows on every node, so the \
+                           initiator merges, answering without an unavailable shard";
+                return Ok((false, Some(why.into())));
+            }
+            DistributedAggregation::Shuffle => return Ok((true, None)),
             DistributedAggregation::Auto => {}
         }
         let min = choice.min_groups;

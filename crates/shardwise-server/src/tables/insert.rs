@@ -352,6 +352,14 @@ impl TablesNode {
             let r = run_locked_short(&self.outbox, move |outbox| outbox.append(attempt, now_ms)).await?;
             match r {
                 Ok(_) => break,
+                // No shipping ever makes room for a chunk larger than the whole outbox.
+                Err(StorageError::OutboxFull { append_bytes, max_bytes, .. }) if append_bytes > max_bytes => {
+                    return Err(QueryError::Rejected(format!(
+                        "one chunk of this insert takes {append_bytes} bytes in the outbox, more than all of \
+                         outbox_max_bytes ({max_bytes} bytes), so waiting could not make room: the chunk was \
+                         not stored (earlier chunks of the insert, if any, were); raise --outbox-max-bytes"
+                    )));
+                }
                 Err(StorageError::OutboxFull { .. }) if Instant::now() < deadline => {
                     // Ship now, whatever the delay settings say: only shipping makes room.
                     self.senders.hurry_all();

@@ -75,3 +75,19 @@ fn nodes_die_with_a_killed_launcher() {
         });
     }
 }
+
+/// The rank flags after `--` would reach every node alike (two rank 1s, no master, a 120 s
+/// wait for it): refused before anything starts.
+#[test]
+fn flags_the_launcher_sets_per_node_are_refused_after_the_separator() {
+    let dir = tempdir();
+    for flags in [&["--rank", "1"][..], &["--world-size=2"], &["--data-dir", "/tmp/x"]] {
+        let mut cmd = shardwise();
+        cmd.args(["launch", "--nproc", "2", "--insecure", "--data-dir"]).arg(dir.path()).arg("--").args(flags);
+        let out = run_with_timeout(cmd, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        let flag = flags[0].split('=').next().unwrap_or_default();
+        assert!(stderr.contains(&format!("{flag} is given after --")), "{flags:?}: {stderr}");
+    }
+}

@@ -754,6 +754,16 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     assert!(n > 0 && n < 1000, "{rows:?}");
     let warned = c.sql(0, "SELECT warnings FROM system.queries WHERE query LIKE '%skip_unavailable_shards = 1'");
     assert!(warned.concat().concat().contains("answered without table one shard 1"), "{warned:?}");
+    // A shuffle needs every shard on every node: under skip_unavailable_shards the initiator
+    // merges instead, asked for or chosen by `auto` (it failed naming a bucket).
+    for aggregation in ["shuffle", "auto"] {
+        let sql = format!(
+            "SELECT count(*) FROM (SELECT k, count(*) FROM one GROUP BY k) s SETTINGS skip_unavailable_shards = 1, \
+             distributed_aggregation = '{aggregation}', shuffle_min_groups = 1"
+        );
+        let rows = c.sql(0, &sql);
+        assert_eq!(rows, vec![vec![n.to_string()]], "{aggregation}");
+    }
 }
 
 /// `max_server_memory_usage` caps the node: the queries' reservations and the rest of its resident
