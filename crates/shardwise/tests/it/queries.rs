@@ -758,7 +758,7 @@ fn a_shard_without_replicas_fails_the_query_unless_skipped() {
     // merges instead, asked for or chosen by `auto` (it failed naming a bucket).
     for aggregation in ["shuffle", "auto"] {
         let sql = format!(
-            "SELECT count(*) FROM (SELECT k, count(*) FROM one GROUP BY k) s SETTINGS skip_unavailable_shards = 1, \
+            "SELECT count(*) FROM (SELECT v, count(*) FROM one GROUP BY v) s SETTINGS skip_unavailable_shards = 1, \
              distributed_aggregation = '{aggregation}', shuffle_min_groups = 1"
         );
         let rows = c.sql(0, &sql);
