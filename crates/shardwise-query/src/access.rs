@@ -160,6 +160,10 @@ pub trait TableAccess: Send + Sync + Debug {
     /// element is true when one of them failed (it takes no writes either).
     fn replica_problems(&self) -> (bool, Vec<String>);
 
+    /// The ranks the membership lists as down (missed their heartbeats): not asked for anything,
+    /// since a hung node would hold the asker until a connection timeout.
+    fn down_ranks(&self) -> BoxFuture<'_, Vec<u32>>;
+
     /// The version of the catalog [`TableAccess::catalog`] returns (or a later one).
     fn catalog_version(&self) -> u64;
 

@@ -755,7 +755,7 @@ impl Drop for DropIfAbandoned {
         runtime.spawn(async move {
             let dropped = access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true }).await;
             match dropped {
-                Ok(()) => tracing::info!(table = %name, "CREATE TABLE ... AS SELECT abandoned: table dropped"),
+                Ok(()) => tracing::warn!(table = %name, "CREATE TABLE ... AS SELECT abandoned: table dropped"),
                 Err(e) => tracing::warn!(table = %name, error = %e, "CREATE TABLE ... AS SELECT abandoned: cannot drop the table"),
             }
         });

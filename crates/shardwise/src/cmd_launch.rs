@@ -276,4 +276,3 @@ fn launcher_owned_flag(arg: &str) -> Option<&'static str> {
     let name = arg.split('=').next().unwrap_or(arg);
     OWNED.into_iter().find(|flag| *flag == name)
 }
-

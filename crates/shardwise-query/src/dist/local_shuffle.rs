@@ -93,6 +93,10 @@ impl TableAccess for LocalShuffle {
         self.inner.replica_problems()
     }
 
+    fn down_ranks(&self) -> BoxFuture<'_, Vec<u32>> {
+        self.inner.down_ranks()
+    }
+
     fn catalog_version(&self) -> u64 {
         self.inner.catalog_version()
     }

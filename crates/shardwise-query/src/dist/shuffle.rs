@@ -541,8 +541,16 @@ impl ShuffleReaderExec {
             report: self.report_stage1 && bucket == 0,
         };
         let ticket = encode_shuffle_ticket(&header, &self.stage1)?;
-        let mut errors = Vec::new();
-        for &rank in &source.replicas {
+        // A replica on a node known to be down is not asked: a hung one would hold the shuffle
+        // until the connection gave up on it (15 s), on every query.
+        let down = self.access.down_ranks().await;
+        let mut errors: Vec<String> = source
+            .replicas
+            .iter()
+            .filter(|rank| down.contains(rank))
+            .map(|rank| format!("rank {rank}: down (it has missed its heartbeats)"))
+            .collect();
+        for &rank in source.replicas.iter().filter(|rank| !down.contains(rank)) {
             let report = crate::access::FragmentReport::default();
             match self.access.remote_fragment(rank, ticket.clone(), Arc::clone(&report)).await {
                 Ok(rows) => {

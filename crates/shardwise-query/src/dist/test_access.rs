@@ -58,6 +58,9 @@ impl TableAccess for OneShard {
     fn replica_problems(&self) -> (bool, Vec<String>) {
         (false, Vec::new())
     }
+    fn down_ranks(&self) -> shardwise_cluster::BoxFuture<'_, Vec<u32>> {
+        Box::pin(async { Vec::new() })
+    }
     fn catalog_version(&self) -> u64 {
         1
     }

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use datafusion::arrow::record_batch::RecordBatch;
-use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot};
+use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot, NodeState};
 use shardwise_query::dist::TableSample;
 use shardwise_query::{
     FragmentReport, InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess,
@@ -350,6 +350,13 @@ impl TableAccess for TablesNode {
 
     fn local_rank(&self) -> u32 {
         self.rank
+    }
+
+    fn down_ranks(&self) -> BoxFuture<'_, Vec<u32>> {
+        Box::pin(async move {
+            let members = self.cluster.members().await;
+            members.into_iter().filter(|m| m.state == NodeState::Down).map(|m| m.rank).collect()
+        })
     }
 
     fn replica_problems(&self) -> (bool, Vec<String>) {

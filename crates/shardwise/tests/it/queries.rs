@@ -884,6 +884,12 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     let states = c.sql(1, "SELECT DISTINCT node_state FROM system.shards WHERE rank = 2");
     assert_eq!(states, vec![vec!["down"]]);
     let known_down = started.elapsed();
+    // A shuffle reads each shard's bucket from a replica that is up (it asked rank 2 first and
+    // waited 15 s for the connection to give up on it, on every query).
+    let started = std::time::Instant::now();
+    let shuffled = c.sql(0, "SELECT v, count(*) > 0 FROM two GROUP BY v SETTINGS distributed_aggregation = 'shuffle'");
+    assert_eq!(shuffled, vec![vec!["1".to_string(), "true".to_string()]]);
+    assert!(started.elapsed() < Duration::from_secs(8), "shuffle took {:?}", started.elapsed());
     // A client of the stopped node itself gives up within its connect timeout.
     let started = std::time::Instant::now();
     let mut client = shardwise();
