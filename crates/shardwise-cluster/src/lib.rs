@@ -22,7 +22,7 @@ pub mod worker;
 pub use error::ClusterError;
 pub use membership::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
 pub use metadata::{MetadataMachine, MetadataSnapshot};
-pub use node::{InitOptions, MetadataHandle, Node, Prepared, init_distributed_mode, prepare};
+pub use node::{InitOptions, MetadataHandle, Node, Prepared, check, init_distributed_mode, prepare};
 pub use secret::ClusterSecret;
 pub use settings::Timeouts;
 pub use source::{Detected, LaunchSource};

@@ -63,12 +63,8 @@ pub struct Prepared {
 /// fix them, and locks the data dir.
 pub fn prepare(opts: InitOptions) -> Result<Prepared> {
     let started = Instant::now();
-    opts.timeouts.validate()?;
+    let master = check(&opts)?;
     let d = &opts.detected;
-    if d.world_size > 1 && opts.secret.is_none() && !opts.insecure && !opts.embedded {
-        return Err(ClusterError::SecretRequired { world_size: d.world_size, min_bytes: MIN_SECRET_BYTES });
-    }
-    let master = if d.world_size > 1 { Some(resolve(&d.master_addr, d.master_port)?) } else { None };
     if !opts.embedded && INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(ClusterError::AlreadyInitialized { rank: d.rank });
     }
@@ -82,6 +78,18 @@ pub fn prepare(opts: InitOptions) -> Result<Prepared> {
         }
     };
     Ok(Prepared { opts, data_dir, master, started })
+}
+
+/// What [`prepare`] checks before it touches the data dir: the timeouts, the secret a cluster of
+/// several nodes needs, and that the master's address resolves (which it returns). `--dry-run`
+/// runs it too, so that it approves only what a real start would accept.
+pub fn check(opts: &InitOptions) -> Result<Option<SocketAddr>> {
+    opts.timeouts.validate()?;
+    let d = &opts.detected;
+    if d.world_size > 1 && opts.secret.is_none() && !opts.insecure && !opts.embedded {
+        return Err(ClusterError::SecretRequired { world_size: d.world_size, min_bytes: MIN_SECRET_BYTES });
+    }
+    if d.world_size > 1 { resolve(&d.master_addr, d.master_port).map(Some) } else { Ok(None) }
 }
 
 fn open_checked(opts: &InitOptions) -> Result<DataDir> {

@@ -122,7 +122,11 @@ mod tests {
     fn down_must_exceed_suspect() {
         let t = Timeouts { suspect_after_ms: 3000, down_after_ms: 3000, ..Timeouts::default() };
         let err = t.validate().unwrap_err().to_string();
-        assert!(err.contains("down_after_ms=3000") && err.contains("suspect_after_ms (3000)"), "{err}");
+        assert!(
+            err.contains("down_after_ms=3000") && err.contains("must be more than suspect_after_ms (3000;"),
+            "{err}"
+        );
+        assert!(err.contains("--down-after-ms"), "{err}");
     }
 
     #[test]

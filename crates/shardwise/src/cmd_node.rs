@@ -256,17 +256,15 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let config_name = args.config.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
     let explicit = explicit(&args, &file, &config_name);
     let detected = source::detect(&explicit, &|k| std::env::var(k).ok())?;
-    if args.dry_run {
-        // The warnings (sources ignored, fallbacks taken) are what a dry run is for checking.
-        for w in &detected.warnings {
-            eprintln!("warning: {w}");
-        }
-        println!("{}", serde_json::to_string(&detected)?);
-        return Ok(ExitCode::SUCCESS);
+    if !args.dry_run {
+        crate::logging::init(detected.rank, pick(args.log.clone(), file.log.clone()).as_deref())?;
     }
-    crate::logging::init(detected.rank, pick(args.log.clone(), file.log.clone()).as_deref())?;
     for w in &detected.warnings {
-        warn!("{w}");
+        match args.dry_run {
+            // The warnings (sources ignored, fallbacks taken) are what a dry run is for checking.
+            true => eprintln!("warning: {w}"),
+            false => warn!("{w}"),
+        }
     }
     if detected.source == LaunchSource::None {
         info!(
@@ -311,6 +309,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         metadata_machine: Some(Arc::new(CatalogMachine { world_size: detected.world_size })),
     };
     let users = Users::from_config(&file.users).with_context(|| format!("invalid [users] in {config_name}"))?;
+    if args.dry_run {
+        println!("{}", serde_json::to_string(&detected)?);
+        // Then every check a start makes before it touches the data dir or a port: exit 0 only
+        // when a real start would get past them.
+        shardwise_cluster::check(&opts).context("a start with these settings would fail")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let users = Arc::new(users);
     let prepared = shardwise_cluster::prepare(opts)?;
 

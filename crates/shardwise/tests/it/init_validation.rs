@@ -7,12 +7,40 @@ use crate::support::*;
 
 const T: Duration = Duration::from_secs(30);
 
+/// What `--dry-run` detects (printed whether or not a start would pass its checks).
 fn dry_run(envs: &[(&str, &str)], args: &[&str]) -> serde_json::Value {
     let mut c = shardwise();
     c.args(["node", "--dry-run"]).args(args).envs(envs.iter().copied());
     let out = run_with_timeout(c, T);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("one JSON object ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// `--dry-run`'s exit code and stderr.
+fn dry_run_verdict(envs: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
+    let mut c = shardwise();
+    c.args(["node", "--dry-run"]).args(args).envs(envs.iter().copied());
+    let out = run_with_timeout(c, T);
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A dry run exits 0 only when a real start would get past the checks made before the data dir
+/// and the ports are touched (it approved settings every start refused).
+#[test]
+fn dry_run_fails_where_a_start_would() {
+    let two = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+    assert_eq!(dry_run_verdict(&two, &["--insecure"]).0, Some(0));
+    let (code, stderr) = dry_run_verdict(&two, &[]);
+    assert!(code == Some(1) && stderr.contains("a start with these settings would fail"), "{stderr}");
+    assert!(stderr.contains("secret"), "{stderr}");
+    let (code, stderr) = dry_run_verdict(&two, &["--insecure", "--suspect-after-ms", "7000"]);
+    assert!(code == Some(1) && stderr.contains("must be more than suspect_after_ms"), "{stderr}");
+    let mut unresolvable = two;
+    unresolvable[2] = ("MASTER_ADDR", "no.such.host.invalid");
+    let (code, stderr) = dry_run_verdict(&unresolvable, &["--insecure"]);
+    assert!(code == Some(1) && stderr.contains("does not resolve"), "{stderr}");
+    // The detection is printed all the same.
+    assert_eq!(dry_run(&unresolvable, &["--insecure"])["master_addr"], "no.such.host.invalid");
 }
 
 /// Runs `node` expecting failure; returns stderr.
