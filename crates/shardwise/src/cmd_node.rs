@@ -117,7 +117,8 @@ pub struct NodeArgs {
     /// Log filter, e.g. `debug` or `shardwise_cluster=debug` [default: info on rank 0, warn elsewhere].
     #[arg(long, env = "SHARDWISE_LOG")]
     pub log: Option<String>,
-    /// Print the detected configuration as JSON and exit, without connecting.
+    /// Print the detected configuration as JSON, then check what a start checks before it touches
+    /// the data dir or a port, and exit (1 if a start would fail), without connecting.
     #[arg(long)]
     pub dry_run: bool,
     /// Join, pass the barrier, print one JSON line and exit 0.
