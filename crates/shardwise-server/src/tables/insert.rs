@@ -486,17 +486,22 @@ fn in_value_order(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, QueryErro
         return Ok(batches.to_vec());
     }
     let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut keyed: Vec<(u64, usize, usize)> = Vec::with_capacity(total);
+    let too_many = |what: &str| QueryError::Storage(format!("an insert of more than 2^32 {what} cannot be ordered"));
+    // 16 bytes a row: the hash, the batch and the row within it.
+    let mut keyed: Vec<(u64, u32, u32)> = Vec::with_capacity(total);
     for (b, batch) in batches.iter().enumerate() {
+        let b = u32::try_from(b).map_err(|_| too_many("batches"))?;
         let hashes = shardwise_storage::hash_rows(batch, &columns).map_err(storage_error)?;
-        keyed.extend(hashes.into_iter().enumerate().map(|(row, h)| (h, b, row)));
+        for (row, h) in hashes.into_iter().enumerate() {
+            keyed.push((h, b, u32::try_from(row).map_err(|_| too_many("rows in a batch"))?));
+        }
     }
     keyed.sort_unstable_by_key(|&(h, _, _)| h);
     let sources: Vec<&RecordBatch> = batches.iter().collect();
     keyed
         .chunks(VALUE_ORDER_BATCH_ROWS)
         .map(|part| {
-            let indices: Vec<(usize, usize)> = part.iter().map(|&(_, b, row)| (b, row)).collect();
+            let indices: Vec<(usize, usize)> = part.iter().map(|&(_, b, row)| (b as usize, row as usize)).collect();
             interleave_record_batch(&sources, &indices).map_err(storage_error)
         })
         .collect()
