@@ -16,6 +16,8 @@
 //!   types shardwise's columns map to and their usual names (`integer`, `character varying`),
 //!   NULL for any other name (psycopg 3 asks for `hstore` this way when SQLAlchemy connects).
 //! - `current_setting(name)`: see `crate::pg_settings`.
+//! - `gen_random_uuid()`: DataFusion's `uuid()` under PostgreSQL's name (a version-4 UUID, as
+//!   text).
 //! - `version()`: `PostgreSQL 16.6 on x86_64-linux (shardwise 0.1.0, Apache DataFusion 55.2.0)`,
 //!   the form other engines that speak PostgreSQL's protocol use (Redshift, Materialize), since
 //!   client libraries read the PostgreSQL version from it (SQLAlchemy refuses to connect without
@@ -207,6 +209,9 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(Constant::udf("pg_get_indexdef", DataType::Utf8, None));
     let signature = Signature::one_of(vec![TypeSignature::Any(1)], Volatility::Immutable);
     ctx.register_udf(ScalarUDF::new_from_impl(SizePretty { signature }));
+    // PostgreSQL's name for a random UUID (as text: shardwise has no UUID type), DataFusion's `uuid()`.
+    let uuid = datafusion::functions::string::uuid();
+    ctx.register_udf(uuid.as_ref().clone().with_aliases(["gen_random_uuid"]));
     // `version()` replaces DataFusion's.
     let version = |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(version_text()))));
     ctx.register_udf(create_udf("version", vec![], DataType::Utf8, Volatility::Stable, Arc::new(version)));
@@ -259,6 +264,17 @@ mod tests {
         let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).expect("format").to_string();
         assert!(text.contains("| 23 | 23 | 1043 |   |"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn gen_random_uuid_gives_a_new_uuid_per_row() {
+        let ctx = SessionContext::new();
+        register(&ctx);
+        let sql = "SELECT count(DISTINCT gen_random_uuid()) AS n, min(length(gen_random_uuid())) AS l \
+                   FROM generate_series(1, 100)";
+        let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches).expect("format").to_string();
+        assert!(text.contains("| 100 | 36 |"), "{text}");
     }
 
     #[tokio::test]
