@@ -50,6 +50,7 @@ fn sqlstate(e: &QueryError) -> &'static str {
         QueryError::Unsupported(_) => "0A000",
         QueryError::Rejected(_) if has("KILL QUERY") || has("max_execution_time_ms") => "57014",
         QueryError::Rejected(_) if has("already exists") => "42P07",
+        QueryError::Rejected(_) if has("unknown table option") => "22023",
         QueryError::Rejected(_) if has("unknown table") || has("does not exist") => "42P01",
         // An error of a fragment another node ran arrives as its text.
         QueryError::Rejected(_) if has(shardwise_query::error::DIVISION_BY_ZERO) || has("Divide by zero") => "22012",
@@ -112,5 +113,9 @@ mod tests {
         let big = "ingest into t: column small: Cast error: Can't cast value 70000 to type Int16";
         assert_eq!(code(QueryError::Rejected(big.into())), "22003");
         assert_eq!(code(QueryError::Rejected("insert_quorum = 3: table t has 2 replicas".into())), "22023");
+        // A bad option of a table is no missing table.
+        let option = "unknown table option \"colour\"; accepted options: shard_key, shards";
+        assert_eq!(code(QueryError::Rejected(option.into())), "22023");
+        assert_eq!(code(QueryError::Rejected("unknown table nope".into())), "42P01");
     }
 }
