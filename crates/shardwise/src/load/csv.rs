@@ -53,6 +53,7 @@ pub fn read_on<R: Read>(
         bail!("{label} is empty: it has no header row naming the columns");
     };
     let columns = Columns::from_header(records.buf(), &header, schema, label)?;
+    super::note_absent_columns(schema, &columns.source, label, progress);
     records.take_through(header.end);
     if columns.names.len() == 1 {
         records.keep_blank_lines();

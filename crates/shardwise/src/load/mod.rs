@@ -354,6 +354,30 @@ pub fn no_such_column(schema: &SchemaRef, name: &str) -> String {
     format!("the table has no such column{hint}; its columns are {}", listed.join(", "))
 }
 
+/// Says which nullable table columns the file does not have (they load as NULL), so a misspelt
+/// or forgotten header is seen before the rows land; `source[i]` is where table column `i` comes from.
+pub fn note_absent_columns(schema: &SchemaRef, source: &[Option<usize>], label: &str, progress: &Progress) {
+    if let Some(line) = absent_columns_note(schema, source, label) {
+        progress.note(&line);
+    }
+}
+
+/// The line [`note_absent_columns`] prints, if any column is absent.
+pub fn absent_columns_note(schema: &SchemaRef, source: &[Option<usize>], label: &str) -> Option<String> {
+    let absent: Vec<String> = schema
+        .fields()
+        .iter()
+        .zip(source)
+        .filter(|(_, found)| found.is_none())
+        .map(|(field, _)| quote_short(field.name()))
+        .collect();
+    if absent.is_empty() {
+        return None;
+    }
+    let (noun, shown) = if absent.len() == 1 { ("column", absent[0].clone()) } else { ("columns", absent.join(", ")) };
+    Some(format!("note: {label} has no {noun} {shown}: every row gets NULL there"))
+}
+
 /// Whether a text column can become `target` at all (checked once per column, before any row).
 pub fn text_converts_to(target: &DataType) -> bool {
     arrow::compute::can_cast_types(&DataType::Utf8, target)

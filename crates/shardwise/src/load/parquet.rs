@@ -29,6 +29,7 @@ pub fn read<T: ChunkReader + 'static>(
     let total_rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     let file_schema = builder.schema().clone();
     let source = match_columns(&file_schema, schema, label)?;
+    super::note_absent_columns(schema, &source, label, progress);
     let reader = builder
         .with_batch_size(batch_rows)
         .build()

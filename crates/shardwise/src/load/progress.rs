@@ -19,6 +19,10 @@ const TEMPLATE: &str =
 /// Redraws per second at most (indicatif's own limit is 20).
 const REFRESH_PER_SECOND: u8 = 10;
 
+/// A phase shows a row rate only once it has run this long: the first batches' rate, over a few
+/// milliseconds, is noise (it was shown in the millions of rows per second).
+const MIN_RATE_ELAPSED_MS: u64 = 500;
+
 /// A progress bar shared by the reader thread and the sending stream (cheap to clone).
 #[derive(Clone)]
 pub struct Progress {
@@ -69,7 +73,7 @@ impl Progress {
         if rows > 0 {
             let total = self.rows.fetch_add(rows, Ordering::Relaxed) + rows;
             let elapsed = self.phase_started.lock().map(|s| s.elapsed()).unwrap_or(Duration::ZERO);
-            self.bar.set_message(format!("{total} rows ({} rows/s)", per_second(total, elapsed)));
+            self.bar.set_message(rows_message(total, elapsed));
         }
     }
 
@@ -84,6 +88,14 @@ impl Progress {
     }
 }
 
+/// The bar's message: rows so far, and their rate once the phase has run long enough to have one.
+fn rows_message(rows: u64, elapsed: Duration) -> String {
+    if elapsed < Duration::from_millis(MIN_RATE_ELAPSED_MS) {
+        return format!("{rows} rows");
+    }
+    format!("{rows} rows ({} rows/s)", per_second(rows, elapsed))
+}
+
 /// `count` per second over `elapsed`, rounded; `count` itself for a phase too short to measure.
 pub fn per_second(count: u64, elapsed: Duration) -> u64 {
     let seconds = elapsed.as_secs_f64();
@@ -91,4 +103,15 @@ pub fn per_second(count: u64, elapsed: Duration) -> u64 {
         return count;
     }
     (count as f64 / seconds).round() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_rate_until_the_phase_has_run_a_while() {
+        assert_eq!(rows_message(5000, Duration::from_millis(3)), "5000 rows");
+        assert_eq!(rows_message(5000, Duration::from_secs(2)), "5000 rows (2500 rows/s)");
+    }
 }

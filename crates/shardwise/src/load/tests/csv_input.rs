@@ -449,3 +449,15 @@ fn one_worker_and_several_give_the_same_batches() {
         }
     }
 }
+
+#[test]
+fn nullable_columns_missing_from_the_header_are_named_in_a_note() {
+    use crate::load::absent_columns_note;
+    let note = absent_columns_note(&small(), &[Some(0), None, None], "data.csv");
+    assert_eq!(note.as_deref(), Some("note: data.csv has no columns \"qty\", \"name\": every row gets NULL there"));
+    let note = absent_columns_note(&small(), &[Some(0), Some(2), None], "data.csv");
+    assert_eq!(note.as_deref(), Some("note: data.csv has no column \"name\": every row gets NULL there"));
+    assert_eq!(absent_columns_note(&small(), &[Some(0), Some(1), Some(2)], "data.csv"), None);
+    let batches = read_csv(b"id\n1\n", &small(), 10).expect("nullable columns may be absent");
+    assert!(table(&batches).contains("| 1  |     |      |"), "{}", table(&batches));
+}
