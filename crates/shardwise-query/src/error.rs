@@ -47,6 +47,19 @@ impl QueryError {
         }
     }
 
+    /// Whether the query was stopped (killed or timed out) rather than failed; PostgreSQL's
+    /// `57014 query_canceled`.
+    pub fn stopped(&self) -> Option<Stopped> {
+        let QueryError::Rejected(message) = self else { return None };
+        if message.contains(TIMED_OUT) {
+            Some(Stopped::TimedOut)
+        } else if message.contains(KILLED) {
+            Some(Stopped::Killed)
+        } else {
+            None
+        }
+    }
+
     /// What `QueryError::from(e).is_user_error()` says, without taking `e`.
     pub fn is_user_error_of(e: &DataFusionError) -> bool {
         carried(e).map_or_else(|| is_user_caused(e), QueryError::is_user_error)
@@ -177,6 +190,21 @@ fn user_text(e: &DataFusionError) -> String {
 fn postgres_words(text: &str) -> String {
     text.replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
         .replace("Divide by zero error", DIVISION_BY_ZERO)
+}
+
+/// How a query stopped by `KILL QUERY` fails (a fragment's failure carries it from its node).
+pub const KILLED: &str = "the query was stopped by KILL QUERY";
+
+/// How a query stopped at its `max_execution_time_ms` fails.
+pub const TIMED_OUT: &str = "the query ran longer than max_execution_time_ms";
+
+/// Why a query was stopped before it finished, by a user or its own deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// `KILL QUERY`.
+    Killed,
+    /// `max_execution_time_ms`.
+    TimedOut,
 }
 
 /// What a division by zero fails with (PostgreSQL's message; Arrow's is `Divide by zero error`).

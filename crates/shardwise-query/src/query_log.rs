@@ -205,14 +205,12 @@ impl QueryLog {
         let tail = futures::stream::once(async move {
             match *lock(&stop_reason) {
                 Some(Stop::Killed) => {
-                    let e = QueryError::Rejected(format!("the query was stopped by KILL QUERY{note}"));
+                    let e = QueryError::Rejected(format!("{}{note}", crate::error::KILLED));
                     guard.end(QueryState::Killed, Some(e.to_string()));
                     Some(Err(DataFusionError::External(Box::new(e))))
                 }
                 Some(Stop::TimedOut(ms)) => {
-                    let e = QueryError::Rejected(format!(
-                        "the query ran longer than max_execution_time_ms = {ms} and was stopped{note}"
-                    ));
+                    let e = QueryError::Rejected(format!("{} = {ms} and was stopped{note}", crate::error::TIMED_OUT));
                     guard.end(QueryState::TimedOut, Some(e.to_string()));
                     Some(Err(DataFusionError::External(Box::new(e))))
                 }

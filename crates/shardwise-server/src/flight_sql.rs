@@ -33,6 +33,7 @@ use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::execution::SendableRecordBatchStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
+use shardwise_query::error::Stopped;
 use shardwise_query::{Planned, QueryEngine, QueryError, Session};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
@@ -55,6 +56,11 @@ type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Statu
 pub(crate) fn to_status(e: QueryError) -> Status {
     if let QueryError::Unavailable(m) = &e {
         Status::unavailable(format!("unavailable: {m}"))
+    } else if let Some(stopped) = e.stopped() {
+        match stopped {
+            Stopped::TimedOut => Status::deadline_exceeded(e.to_string()),
+            Stopped::Killed => Status::cancelled(e.to_string()),
+        }
     } else if e.is_user_error() {
         Status::invalid_argument(e.to_string())
     } else {
@@ -575,6 +581,14 @@ mod tests {
         let status = to_status(QueryError::from(DataFusionError::Plan("no column x".into())));
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert_eq!(status.message(), "Error during planning: no column x");
+    }
+
+    #[test]
+    fn stopped_queries_are_deadline_exceeded_or_cancelled() {
+        let timed_out = "the query ran longer than max_execution_time_ms = 5 and was stopped";
+        assert_eq!(to_status(QueryError::Rejected(timed_out.into())).code(), tonic::Code::DeadlineExceeded);
+        let killed = "the query was stopped by KILL QUERY";
+        assert_eq!(to_status(QueryError::Rejected(killed.into())).code(), tonic::Code::Cancelled);
     }
 
     #[test]

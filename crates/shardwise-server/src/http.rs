@@ -34,6 +34,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
+use shardwise_query::error::Stopped;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::{QueryEngine, QueryError, Session};
 use tokio::net::TcpListener;
@@ -114,6 +115,13 @@ impl From<QueryError> for Failure {
     fn from(e: QueryError) -> Failure {
         match &e {
             QueryError::Unavailable(_) => Failure::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+            // Stopped, not wrong: the same query may run another time (ClickHouse answers 500).
+            _ if e.stopped() == Some(Stopped::TimedOut) => {
+                Failure::new(StatusCode::GATEWAY_TIMEOUT, "timeout", e.to_string())
+            }
+            _ if e.stopped() == Some(Stopped::Killed) => {
+                Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "killed", e.to_string())
+            }
             _ if e.is_user_error() => Failure::new(StatusCode::BAD_REQUEST, "invalid", e.to_string()),
             _ => Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         }
@@ -594,6 +602,17 @@ async fn rows(engine: &QueryEngine, sql: &str) -> Result<Vec<Vec<String>>, Failu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_query_is_not_a_bad_request() {
+        let status = |m: &str| Failure::from(QueryError::Rejected(m.into())).status;
+        let timed_out = "the query ran longer than max_execution_time_ms = 10 and was stopped";
+        assert_eq!(status(timed_out), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(Failure::from(QueryError::Rejected(timed_out.into())).kind, "timeout");
+        assert_eq!(status("the query was stopped by KILL QUERY"), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(Failure::from(QueryError::Rejected("the query was stopped by KILL QUERY".into())).kind, "killed");
+        assert_eq!(status("unknown table option \"x\""), StatusCode::BAD_REQUEST);
+    }
 
     /// The raw HTTP/1.1 answer of `router` to `method path`.
     async fn answer(router: Router, method: &str, path: &str) -> String {

@@ -48,7 +48,7 @@ fn sqlstate(e: &QueryError) -> &'static str {
             _ => "22000",
         },
         QueryError::Unsupported(_) => "0A000",
-        QueryError::Rejected(_) if has("KILL QUERY") || has("max_execution_time_ms") => "57014",
+        QueryError::Rejected(_) if e.stopped().is_some() => "57014",
         QueryError::Rejected(_) if has("already exists") => "42P07",
         QueryError::Rejected(_) if has("unknown table option") => "22023",
         QueryError::Rejected(_) if has("unknown table") || has("does not exist") => "42P01",
@@ -97,6 +97,10 @@ mod tests {
         assert_eq!(code(QueryError::Unsupported("x".into())), "0A000");
         assert_eq!(code(QueryError::Rejected("table \"t\" already exists".into())), "42P07");
         assert_eq!(code(QueryError::Rejected("the query was stopped by KILL QUERY".into())), "57014");
+        let timed_out = "shard 1: the query ran longer than max_execution_time_ms = 10 and was stopped";
+        assert_eq!(code(QueryError::Rejected(timed_out.into())), "57014");
+        // The form of a KILL statement is a mistake in it, not a cancel.
+        assert_eq!(code(QueryError::Rejected("expected KILL QUERY WHERE query_id = '<id>'".into())), "22023");
         assert_eq!(code(QueryError::Unavailable("shard 1".into())), "57P03");
         assert_eq!(code(QueryError::Storage("disk".into())), "58030");
         let parse = DataFusionError::SQL(
