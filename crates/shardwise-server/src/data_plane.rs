@@ -8,8 +8,8 @@
 //!   fragment over this node's shards and streams its rows as they are produced. Or a shuffle
 //!   bucket request (`SWSB`): one bucket of a shard's shuffle stage 1, which runs here on the
 //!   first request.
-//! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies once this node's queues for the table
-//!   are empty, or fails naming what is pending.
+//! - `DoAction("flush")`: a JSON [`FlushRequest`]; replies (a JSON [`FlushReply`](crate::tables::stats::FlushReply)) once this
+//!   node's queues for the table are empty, or at the request's timeout naming what is pending.
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
 //!
 //! Every call must carry the cluster credential ([`DataPlaneAuth`]); a call without it, or from
@@ -206,8 +206,8 @@ impl FlightService for DataPlane {
                 let req: FlushRequest = serde_json::from_slice(&action.body)
                     .map_err(|e| Status::invalid_argument(format!("bad flush request: {e}")))?;
                 let timeout = std::time::Duration::from_millis(req.timeout_ms);
-                self.tables.flush_local(&req.table, timeout).await.map_err(to_status)?;
-                Ok(one_result(Vec::new()))
+                let reply = self.tables.flush_local(&req.table, timeout).await.map_err(to_status)?;
+                Ok(one_result(reply.encode()))
             }
             "shards" => {
                 let stats = self.tables.local_shard_stats().await.map_err(to_status)?;

@@ -53,6 +53,26 @@ pub struct FlushRequest {
     pub timeout_ms: u64,
 }
 
+/// A node's answer to a flush request: what it still had pending for the table when its
+/// `flush_timeout_ms` ran out, one line per destination; empty when it shipped everything.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FlushReply {
+    pub pending: Vec<String>,
+}
+
+impl FlushReply {
+    /// The reply of `rank`; a malformed one is that node's fault, named as such.
+    fn decode(rank: u32, body: &[u8]) -> Result<FlushReply, QueryError> {
+        serde_json::from_slice(body)
+            .map_err(|e| QueryError::Unavailable(format!("rank {rank} answered the flush with a malformed reply: {e}")))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        // A struct of strings always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 impl TablesNode {
     /// This node's replica of a shard, with its placement flag, for a query fragment.
     pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
@@ -85,8 +105,9 @@ impl TablesNode {
         Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
     }
 
-    /// Waits until this node's outbox has nothing for `table`, up to `timeout`.
-    pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<(), QueryError> {
+    /// Waits until this node's outbox has nothing for `table`, up to `timeout`; returns what is
+    /// still pending then, one line per destination (empty: flushed).
+    pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<FlushReply, QueryError> {
         let deadline = Instant::now() + timeout;
         loop {
             let live_key = self.entry(table).ok().map(|(_, e)| outbox_key(&e));
@@ -98,22 +119,18 @@ impl TablesNode {
                 .map(|((_, dest), q)| (*dest, q.pending_rows))
                 .collect();
             if pending.is_empty() {
-                return Ok(());
+                return Ok(FlushReply::default());
             }
             if Instant::now() >= deadline {
-                let what: Vec<String> = pending
+                let pending = pending
                     .iter()
                     .map(|(dest, rows)| {
                         let status = self.senders.status(*dest);
-                        let last = status.last_error.map(|e| format!(", last error: {e}")).unwrap_or_default();
-                        format!("rank {} -> rank {dest}: {rows} rows pending{last}", self.rank)
+                        let last = status.last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default();
+                        format!("rank {} -> rank {dest}: {rows} rows{last}", self.rank)
                     })
                     .collect();
-                return Err(QueryError::Unavailable(format!(
-                    "flush of {table} timed out after {} ms (flush_timeout_ms); still pending: {}",
-                    timeout.as_millis(),
-                    what.join("; ")
-                )));
+                return Ok(FlushReply { pending });
             }
             self.senders.hurry_all();
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -129,32 +146,38 @@ impl TablesNode {
             let body = body.clone();
             async move {
                 if rank == self.rank {
-                    return self.flush_local(table, timeout).await;
+                    return self.flush_local(table, timeout).await.map(|r| r.pending);
                 }
                 // The node answers at its own deadline; a node that cannot answer by then (stopped,
                 // hung, unreachable) is named as such rather than making the flush wait longer.
                 let wait = timeout + Duration::from_millis(FLUSH_REPLY_GRACE_MS);
                 let call = self.peers.action(rank, "flush", body, wait + Duration::from_millis(FLUSH_REPLY_GRACE_MS));
                 match tokio::time::timeout(wait, call).await {
-                    Ok(r) => r.map(|_| ()),
+                    Ok(Ok(reply)) => FlushReply::decode(rank, &reply).map(|r| r.pending),
+                    Ok(Err(e)) => Err(e),
                     Err(_) => Err(QueryError::Unavailable(format!(
-                        "rank {rank} did not answer within flush_timeout_ms = {} ms (+ {FLUSH_REPLY_GRACE_MS} ms): \
-                         its queues for {table} are unknown (the node may be stopped or overloaded)",
-                        timeout.as_millis()
+                        "rank {rank} did not answer within flush_timeout_ms + {FLUSH_REPLY_GRACE_MS} ms, so \
+                         what it holds for {table} is unknown (the node may be stopped or overloaded)"
                     ))),
                 }
             }
         });
-        let errors: Vec<String> = futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .filter_map(|r| match r {
-                Ok(()) => None,
-                Err(QueryError::Unavailable(m)) => Some(m),
-                Err(e) => Some(e.to_string()),
-            })
-            .collect();
-        if errors.is_empty() { Ok(()) } else { Err(QueryError::Unavailable(errors.join("; "))) }
+        let mut still = Vec::new();
+        for result in futures::future::join_all(calls).await {
+            match result {
+                Ok(pending) => still.extend(pending),
+                Err(QueryError::Unavailable(m)) => still.push(m),
+                Err(e) => still.push(e.to_string()),
+            }
+        }
+        if still.is_empty() {
+            return Ok(());
+        }
+        Err(QueryError::Unavailable(format!(
+            "SYSTEM FLUSH DISTRIBUTED {table} did not finish within flush_timeout_ms = {} ms; still pending: {}",
+            timeout.as_millis(),
+            still.join("; ")
+        )))
     }
 
     /// Figures of every shard replica stored here (opening stores of the catalog's tables).

@@ -901,6 +901,7 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
     c.sql(0, "INSERT INTO later SELECT value, 1 FROM generate_series(1, 1000)");
     let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED later SETTINGS flush_timeout_ms = 500");
     assert!(err.contains("rank 2 did not answer") && !err.contains("unavailable: unavailable"), "{err}");
+    assert!(err.contains("still pending: rank 0 -> rank 2: ") && err.matches("still pending").count() == 1, "{err}");
     c.procs[2].signal("CONT");
     // Two reads at most one keep-alive timeout each (15 s), a write that did not wait for rank 2.
     assert!(reads < Duration::from_secs(45) && write < Duration::from_secs(10), "{reads:?} {write:?}");
