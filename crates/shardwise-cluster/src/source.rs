@@ -13,7 +13,8 @@
 //! 1. explicit values ([`Explicit`]: command-line flags merged over the config file);
 //! 2. torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `TORCHELASTIC_RUN_ID`;
 //! 3. Slurm: `SLURM_PROCID`, `SLURM_NTASKS` (or `SLURM_NPROCS`), `SLURM_LOCALID`,
-//!    `SLURM_NTASKS_PER_NODE`, `SLURM_STEP_NODELIST` (with `SLURM_STEP_NUM_NODES`), else
+//!    `SLURM_STEP_TASKS_PER_NODE` (or `SLURM_TASKS_PER_NODE`, `SLURM_NTASKS_PER_NODE`, with
+//!    `SLURM_NODEID` when the counts differ by node), `SLURM_STEP_NODELIST` (with `SLURM_STEP_NUM_NODES`), else
 //!    `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`, with `SLURM_JOB_NUM_NODES` or `SLURM_NNODES`),
 //!    `SLURM_JOB_ID`;
 //! 4. Open MPI: `OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}`;
@@ -521,17 +522,46 @@ fn resolve_env(spec: &EnvSpec, env: Env<'_>) -> Result<Winner, SourceError> {
     Ok(Winner { source: spec.source, rank, world, local_rank, local_world, run_id: spec.run_id.and_then(env) })
 }
 
-/// `SLURM_NTASKS_PER_NODE` as the local world size when it is a plain integer. The compressed
-/// form (`2(x3),1`) may be uneven across nodes, so it gives no single local world size.
+/// Where Slurm says how many tasks each node runs, most specific first: the step's own counts
+/// (what `srun` started), the job's, and the `--ntasks-per-node` request.
+const SLURM_TASKS_PER_NODE: [&str; 3] = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"];
+
+/// This node's task count as the local world size: from the first of [`SLURM_TASKS_PER_NODE`]
+/// that is set, in Slurm's compressed form (`2(x3),1`: two tasks on each of three nodes, then
+/// one). When the counts differ across nodes, `SLURM_NODEID` picks this node's; without it (or
+/// with a value that does not parse) there is no single local world size.
 fn slurm_local_world(env: Env<'_>) -> Option<Named> {
-    let name = "SLURM_NTASKS_PER_NODE";
-    let raw = env(name)?;
-    let t = raw.trim();
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    let (name, raw) = SLURM_TASKS_PER_NODE.iter().find_map(|name| env(name).map(|raw| (*name, raw)))?;
+    let counts = parse_tasks_per_node(&raw)?;
+    let first = *counts.first()?;
+    if counts.iter().all(|&c| c == first) {
+        return Some(Named { value: first, name: name.into() });
     }
-    t.parse::<u32>().ok().map(|value| Named { value, name: name.into() })
+    let node = env("SLURM_NODEID")?.trim().parse::<usize>().ok()?;
+    let value = *counts.get(node)?;
+    Some(Named { value, name: format!("{name} for SLURM_NODEID={node}") })
 }
+
+/// Expands Slurm's compressed per-node counts (`2(x3),1` → `[2, 2, 2, 1]`); `None` when malformed
+/// or when it names more nodes than [`MAX_SLURM_NODES`].
+fn parse_tasks_per_node(raw: &str) -> Option<Vec<u32>> {
+    let mut counts = Vec::new();
+    for group in raw.trim().split(',') {
+        let (count, repeat) = match group.trim().split_once("(x") {
+            Some((count, rest)) => (count, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (group.trim(), 1),
+        };
+        if !count.bytes().all(|b| b.is_ascii_digit()) || repeat == 0 || counts.len() + repeat > MAX_SLURM_NODES {
+            return None;
+        }
+        let count = count.parse::<u32>().ok()?;
+        counts.extend(std::iter::repeat_n(count, repeat));
+    }
+    Some(counts)
+}
+
+/// The most nodes a per-node task list may expand to (a bound on what a malformed value costs).
+const MAX_SLURM_NODES: usize = 1 << 20;
 
 /// Parses an environment value as a u32 (surrounding whitespace allowed).
 fn env_u32(name: &str, raw: &str) -> Result<Named, SourceError> {

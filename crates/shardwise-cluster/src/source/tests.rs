@@ -242,12 +242,39 @@ fn mpirun_inside_an_salloc_shell_uses_the_mpi_rank() {
 }
 
 #[test]
-fn slurm_compressed_tasks_per_node_gives_no_local_world() {
+fn slurm_compressed_tasks_per_node() {
+    // Uneven counts and no SLURM_NODEID: no single local world size.
     let d = ok(&none(), &with(SLURM_ENV, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]));
     assert_eq!(d.local_world_size, None);
     assert_eq!(d.local_rank, Some(1));
     let d = ok(&none(), &without(SLURM_ENV, &["SLURM_NTASKS_PER_NODE"]));
     assert_eq!(d.local_world_size, None);
+    // Even counts, compressed: every node runs 2.
+    let d = ok(&none(), &with(&without(SLURM_ENV, &["SLURM_NTASKS_PER_NODE"]), &[("SLURM_TASKS_PER_NODE", "2(x4)")]));
+    assert_eq!(d.local_world_size, Some(2));
+    // Uneven counts: this node's, by SLURM_NODEID (node 3 of 2,2,2,1 runs 1; local rank 0).
+    let uneven = with(SLURM_ENV, &[("SLURM_TASKS_PER_NODE", "2(x3),1"), ("SLURM_NODEID", "3"), ("SLURM_LOCALID", "0")]);
+    assert_eq!(ok(&none(), &uneven).local_world_size, Some(1));
+    let d = ok(&none(), &with(&uneven, &[("SLURM_NODEID", "1"), ("SLURM_LOCALID", "1")]));
+    assert_eq!(d.local_world_size, Some(2));
+    // The step's counts are the ones srun started, before the job's.
+    let d = ok(&none(), &with(&uneven, &[("SLURM_STEP_TASKS_PER_NODE", "3(x2)"), ("SLURM_LOCALID", "2")]));
+    assert_eq!(d.local_world_size, Some(3));
+    // A local rank at or over this node's count is the error it always was.
+    let e = err(&none(), &with(&uneven, &[("SLURM_LOCALID", "1")]));
+    assert!(e.to_string().contains("SLURM_TASKS_PER_NODE for SLURM_NODEID=3"), "{e}");
+}
+
+#[test]
+fn slurm_tasks_per_node_forms() {
+    use super::parse_tasks_per_node as parse;
+    assert_eq!(parse("2(x3),1"), Some(vec![2, 2, 2, 1]));
+    assert_eq!(parse("1(x4)"), Some(vec![1, 1, 1, 1]));
+    assert_eq!(parse("4"), Some(vec![4]));
+    assert_eq!(parse(" 2,3 "), Some(vec![2, 3]));
+    for bad in ["", "x", "2(x)", "2(x0)", "2(x3", "-1", "2(x99999999999)"] {
+        assert_eq!(parse(bad), None, "{bad:?}");
+    }
 }
 
 #[test]
