@@ -105,6 +105,12 @@ pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, 
     if source.data_type() == target {
         return Ok(source.clone());
     }
+    // A column of Arrow's `null` type (pyarrow and pandas give one to a column of only None) is
+    // NULL in any type. Its array has no validity buffer, so the check below would take its
+    // values for valid ones that the cast lost.
+    if source.data_type() == &DataType::Null {
+        return Ok(arrow::array::new_null_array(target, source.len()));
+    }
     // A number for a timestamp is seconds since 1970, as `CAST(1700000000 AS TIMESTAMP)` reads
     // it (Arrow's cast would read it in the column's unit, nanoseconds for TIMESTAMP).
     if source.data_type().is_integer()

@@ -52,7 +52,7 @@ pub fn read_on<R: BufRead>(
     progress: &Progress,
 ) -> anyhow::Result<Vec<RecordBatch>> {
     let reader = Reader { wire: wire_schema(schema, label)?, schema, label, batch_rows };
-    parallel::in_order(
+    let batches = parallel::in_order(
         workers,
         |jobs| reader.split(input, progress, jobs),
         |chunk: Chunk| {
@@ -61,7 +61,33 @@ pub fn read_on<R: BufRead>(
             progress.advance(0, pending.len() as u64);
             Ok(batch)
         },
-    )
+    )?;
+    // A key no line has is a column every row gets NULL in (a misspelt key, most likely): said as
+    // for a CSV header without the column.
+    if let Some(note) = never_given_note(schema, &batches, label) {
+        progress.note(&note);
+    }
+    Ok(batches)
+}
+
+/// The note naming the columns that no line of a file of rows gave a value (`None` if there are
+/// no such columns, or no rows).
+pub fn never_given_note(schema: &SchemaRef, batches: &[RecordBatch], label: &str) -> Option<String> {
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        return None;
+    }
+    let never: Vec<String> = (0..schema.fields().len())
+        .filter(|&i| batches.iter().all(|b| b.column(i).null_count() == b.num_rows()))
+        .map(|i| quote_short(schema.field(i).name()))
+        .collect();
+    match never.len() {
+        0 => None,
+        1 => Some(format!("note: no line of {label} gives column {} a value: every row gets NULL there", never[0])),
+        _ => Some(format!(
+            "note: no line of {label} gives columns {} a value: every row gets NULL there",
+            never.join(", ")
+        )),
+    }
 }
 
 /// Consecutive lines of the file, with `batch_rows` values (or the last ones) among them.

@@ -241,3 +241,20 @@ fn a_number_for_a_timestamp_is_seconds_since_1970() {
     let shown = table(&batches);
     assert!(shown.contains("2023-11-14T22:13:20") && shown.contains("2024-01-31T12:00:00"), "{shown}");
 }
+
+#[test]
+fn a_column_no_line_gives_is_named_in_a_note() {
+    let batches = read_ndjson(b"{\"id\":1,\"qty\":2}\n{\"id\":2,\"qty\":null}\n", &small(), 1).expect("read");
+    let note = super::ndjson::never_given_note(&small(), &batches, "data.ndjson");
+    assert_eq!(
+        note.as_deref(),
+        Some("note: no line of data.ndjson gives column \"name\" a value: every row gets NULL there")
+    );
+    let batches = read_ndjson(b"{\"id\":1,\"name\":\"a\"}\n", &small(), 10).expect("read");
+    let note = super::ndjson::never_given_note(&small(), &batches, "data.ndjson");
+    assert_eq!(
+        note.as_deref(),
+        Some("note: no line of data.ndjson gives column \"qty\" a value: every row gets NULL there")
+    );
+    assert_eq!(super::ndjson::never_given_note(&small(), &[], "data.ndjson"), None);
+}

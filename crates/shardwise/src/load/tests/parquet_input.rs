@@ -180,6 +180,19 @@ fn unknown_and_missing_columns() {
 }
 
 #[test]
+fn a_column_of_the_null_type_loads_as_nulls() {
+    // What pyarrow writes for a column of only None.
+    let file = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
+        ("name", Arc::new(arrow::array::NullArray::new(2)) as ArrayRef),
+    ])
+    .expect("batch");
+    let batches = round_trip(&file, &small(), 10, 10).expect("a null column loads");
+    let name = batches[0].column(2);
+    assert_eq!((name.data_type(), name.len(), name.null_count()), (&DataType::Utf8, 2, 2));
+}
+
+#[test]
 fn an_empty_file_loads_no_rows() {
     let empty = RecordBatch::new_empty(small());
     assert_eq!(rows(&round_trip(&empty, &small(), 10, 10).expect("read")), Vec::<usize>::new());
