@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use shardwise_cluster::NodeState;
 use shardwise_query::{QueryError, ShardData, ShardReplicaRow, SyncQueueRow};
 
 use super::insert::unix_ms;
@@ -142,11 +143,20 @@ impl TablesNode {
         let body =
             serde_json::to_vec(&FlushRequest { table: table.to_string(), timeout_ms: timeout.as_millis() as u64 })
                 .map_err(|e| QueryError::Storage(e.to_string()))?;
+        let members = self.cluster.members().await;
+        let down: Vec<u32> = members.iter().filter(|m| m.state == NodeState::Down).map(|m| m.rank).collect();
         let calls = (0..self.world_size).map(|rank| {
             let body = body.clone();
+            let known_down = down.contains(&rank);
             async move {
                 if rank == self.rank {
                     return self.flush_local(table, timeout).await.map(|r| r.pending);
+                }
+                if known_down {
+                    // Its own queues may hold rows for the others: the flush cannot be complete.
+                    return Err(QueryError::Unavailable(format!(
+                        "rank {rank} is down (so the membership says), so what it holds for {table} is unknown"
+                    )));
                 }
                 // The node answers at its own deadline; a node that cannot answer by then (stopped,
                 // hung, unreachable) is named as such rather than making the flush wait longer.
