@@ -366,9 +366,10 @@ impl QueryEngine {
         (self.log.totals(), self.log.running())
     }
 
-    /// A session with `settings` (name, value) set, each checked as `SET` would check it.
+    /// A one-statement session (an HTTP request) with `settings` (name, value) set, each checked
+    /// as `SET` would check it; `insert_id` among them names the statement's insert.
     pub fn session_with(&self, settings: &[(String, String)]) -> Result<Arc<Session>, QueryError> {
-        let session = Arc::new(Session::new());
+        let session = Arc::new(Session::for_one_statement());
         let state = self.ctx.state();
         for (name, value) in settings {
             session.set(state.config_options(), &settings::option_key(name), value)?;
@@ -430,17 +431,19 @@ impl QueryEngine {
     }
 
     /// Inserts rows read outside SQL (PostgreSQL's `COPY ... FROM STDIN`) into `table`, as an
-    /// `INSERT` would under `session`'s settings; `batches` have the table's columns. The rows
-    /// stored.
+    /// `INSERT` would under `session`'s settings and then the statement's own (`statement`, a
+    /// `SETTINGS` clause: `insert_id`); `batches` have the table's columns. The rows stored.
     pub async fn insert_batches(
         &self,
         table: &str,
         batches: Vec<RecordBatch>,
         session: &Arc<Session>,
+        statement: &[(String, String)],
     ) -> Result<u64, QueryError> {
         let access = self.access("COPY ... FROM STDIN")?;
         let mut state = self.ctx.state();
         session.apply(state.config_mut().options_mut())?;
+        settings::apply(state.config_mut().options_mut(), statement)?;
         let opts = InsertOptions::from_settings(&settings::current(state.config_options()))?;
         access.insert(table, batches, opts).await
     }

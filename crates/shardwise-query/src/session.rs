@@ -20,12 +20,20 @@ pub const SESSION_SETTINGS_MAX: usize = 256;
 pub struct Session {
     /// (option key, value) in the order set; a key appears once.
     changed: Mutex<Vec<(String, String)>>,
+    /// The session runs one statement and ends (an HTTP request): its settings are that
+    /// statement's, so `insert_id` may be one of them.
+    one_statement: bool,
 }
 
 impl Session {
     /// A session with every setting at the node's default.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A session for one statement only (an HTTP request), whose settings may name its insert.
+    pub fn for_one_statement() -> Self {
+        Session { one_statement: true, ..Self::default() }
     }
 
     /// What `SET` changed, in order.
@@ -43,7 +51,9 @@ impl Session {
     pub fn set(&self, options: &ConfigOptions, key: &str, value: &str) -> Result<(), QueryError> {
         // An insert id names one insert: kept for the session, it made every later insert a
         // retry of the first, dropped on the shards the first had written (rows lost silently).
-        if key.eq_ignore_ascii_case("insert_id") || key.eq_ignore_ascii_case("shardwise.insert_id") {
+        if !self.one_statement
+            && (key.eq_ignore_ascii_case("insert_id") || key.eq_ignore_ascii_case("shardwise.insert_id"))
+        {
             return Err(QueryError::Rejected(
                 "insert_id names one insert and cannot be set for a session: give it in the INSERT, \
                  `INSERT ... SETTINGS insert_id = '...'` (or `shardwise load --insert-id`)"
@@ -82,6 +92,15 @@ mod tests {
 
     fn options() -> ConfigOptions {
         SessionConfig::new().with_option_extension(ShardwiseSettings::default()).options().as_ref().clone()
+    }
+
+    #[test]
+    fn an_insert_id_is_the_setting_of_a_one_statement_session() {
+        let session = Session::for_one_statement();
+        session.set(&options(), "shardwise.insert_id", "a-1").expect("one statement's insert");
+        let mut applied = options();
+        session.apply(&mut applied).expect("applies");
+        assert_eq!(settings::current(&applied).insert_id.as_deref(), Some("a-1"));
     }
 
     #[test]

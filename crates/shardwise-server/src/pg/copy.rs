@@ -31,8 +31,9 @@ pub struct CopyFormat {
 pub enum Copy {
     /// `COPY (query) TO STDOUT`, `COPY table [(columns)] TO STDOUT`: the query whose rows go out.
     Out { query: String, format: CopyFormat },
-    /// `COPY table [(columns)] FROM STDIN`: the table and the columns named (empty: all).
-    In { table: String, columns: Vec<String>, format: CopyFormat },
+    /// `COPY table [(columns)] FROM STDIN [SETTINGS name = value, ...]`: the table, the columns
+    /// named (empty: all), and the insert's own settings (`insert_id`, `insert_quorum`).
+    In { table: String, columns: Vec<String>, format: CopyFormat, settings: Vec<(String, String)> },
 }
 
 fn refused(message: String) -> PgWireError {
@@ -46,7 +47,9 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
     if !first.eq_ignore_ascii_case("copy") {
         return Ok(None);
     }
-    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql)
+    // A trailing SETTINGS clause, as on an INSERT: how a COPY names its insert (`insert_id`).
+    let (sql, settings) = shardwise_query::settings::split_settings_clause(sql).map_err(pg_error)?;
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, &sql)
         .map_err(|e| pg_error(QueryError::Rejected(format!("COPY: {e}"))))?;
     let [SqlStatement::Copy { source, to, target, options, legacy_options, .. }] = statements.as_slice() else {
         return Ok(None);
@@ -112,7 +115,12 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
                 .map(|c| if c.quote_style.is_some() { c.value.clone() } else { c.value.to_lowercase() })
                 .collect(),
             format: copy,
+            settings,
         })),
+        _ if !settings.is_empty() => Err(refused(
+            "COPY ... TO STDOUT: a SETTINGS clause goes inside the query, COPY (SELECT ... SETTINGS ...) TO STDOUT"
+                .into(),
+        )),
         _ => Ok(Some(Copy::Out { query, format: copy })),
     }
 }
@@ -156,10 +164,12 @@ mod tests {
         let (q, c) = out("COPY t TO STDOUT");
         assert_eq!((q.as_str(), c.csv, c.delimiter, c.null.as_str()), ("SELECT * FROM t", false, '\t', "\\N"));
         assert_eq!(parse("SELECT 1").unwrap(), None);
-        let Some(Copy::In { table, columns, format }) = parse("COPY t (a, \"B\") FROM STDIN CSV HEADER").unwrap()
+        let Some(Copy::In { table, columns, format, settings }) =
+            parse("COPY t (a, \"B\") FROM STDIN CSV HEADER").unwrap()
         else {
             panic!("COPY FROM STDIN")
         };
+        assert!(settings.is_empty());
         assert_eq!(
             (table.as_str(), columns, format.csv, format.header),
             ("t", vec!["a".into(), "B".into()], true, true)
@@ -173,7 +183,14 @@ mod tests {
             let Some(Copy::In { table, .. }) = parse(sql).unwrap() else { panic!("{sql}") };
             assert_eq!(table, name, "{sql}");
         }
+        // The insert's own settings, as on an INSERT.
+        let named = parse("COPY t FROM STDIN (FORMAT csv) SETTINGS insert_id = 'load-7', insert_quorum = 1").unwrap();
+        let Some(Copy::In { settings, format, .. }) = named else { panic!("COPY FROM STDIN SETTINGS") };
+        let expected =
+            vec![("insert_id".to_string(), "load-7".to_string()), ("insert_quorum".to_string(), "1".to_string())];
+        assert_eq!((settings, format.csv), (expected, true));
         for bad in [
+            "COPY t TO STDOUT SETTINGS max_execution_time_ms = 5",
             "COPY t FROM '/tmp/x'",
             "COPY t TO '/tmp/x'",
             "COPY t TO STDOUT (FORMAT binary, FREEZE)",

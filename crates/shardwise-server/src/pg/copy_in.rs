@@ -34,14 +34,22 @@ pub struct PendingCopyIn {
     /// Indices into the table's columns of the columns the data holds, in the data's order.
     pub columns: Vec<usize>,
     pub format: CopyFormat,
+    /// The COPY's own settings (its `SETTINGS` clause), over the connection's.
+    pub settings: Vec<(String, String)>,
     data: Vec<u8>,
     /// Set when the data went past [`COPY_IN_MAX_BYTES`]; the rest is dropped.
     too_large: bool,
 }
 
 impl PendingCopyIn {
-    pub fn new(table: String, table_schema: SchemaRef, columns: Vec<usize>, format: CopyFormat) -> Self {
-        PendingCopyIn { table, table_schema, columns, format, data: Vec::new(), too_large: false }
+    pub fn new(
+        table: String,
+        table_schema: SchemaRef,
+        columns: Vec<usize>,
+        format: CopyFormat,
+        settings: Vec<(String, String)>,
+    ) -> Self {
+        PendingCopyIn { table, table_schema, columns, format, settings, data: Vec::new(), too_large: false }
     }
 
     /// Takes one CopyData message.
@@ -192,7 +200,7 @@ mod tests {
             Field::new("s", DataType::Utf8, true),
             Field::new("b", DataType::Boolean, true),
         ]));
-        let mut p = PendingCopyIn::new("t".into(), schema, columns, format);
+        let mut p = PendingCopyIn::new("t".into(), schema, columns, format, Vec::new());
         p.push(data.as_bytes());
         p
     }

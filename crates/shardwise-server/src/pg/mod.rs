@@ -370,7 +370,9 @@ impl Handler {
                 let results = self.engine.execute(planned).await.map_err(pg_error)?;
                 Ok(Response::CopyOut(CopyResponse::new(0, columns, format.data(results))))
             }
-            copy::Copy::In { table, columns, format } => {
+            copy::Copy::In { table, columns, format, settings } => {
+                // A bad setting fails the COPY before the client sends its data.
+                self.engine.session_with(&settings).map_err(pg_error)?;
                 let probe = format!("SELECT * FROM {table} LIMIT 0");
                 let schema = self.engine.plan(&probe, &self.session).await.map_err(pg_error)?.schema();
                 let indices: Vec<usize> = match columns.is_empty() {
@@ -385,7 +387,7 @@ impl Handler {
                         .collect::<PgWireResult<_>>()?,
                 };
                 let width = indices.len();
-                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format);
+                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings);
                 *self.copy_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
                 Ok(Response::CopyIn(CopyResponse::new(0, width, stream::empty())))
             }
@@ -559,7 +561,11 @@ impl CopyHandler for Handler {
     {
         let pending = self.take_copy_in().ok_or_else(|| syntax_error("COPY data without a COPY FROM STDIN".into()))?;
         let batch = pending.batch().map_err(pg_error)?;
-        let rows = self.engine.insert_batches(&pending.table, vec![batch], &self.session).await.map_err(pg_error)?;
+        let rows = self
+            .engine
+            .insert_batches(&pending.table, vec![batch], &self.session, &pending.settings)
+            .await
+            .map_err(pg_error)?;
         let tag = Tag::new("COPY").with_rows(usize::try_from(rows).unwrap_or(usize::MAX));
         client.send(PgWireBackendMessage::CommandComplete(tag.into())).await?;
         Ok(())

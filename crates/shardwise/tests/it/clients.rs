@@ -208,6 +208,14 @@ fn psql_and_psycopg_end_to_end() {
     let (stdout, stderr) = text(&run_with_timeout(c, T));
     assert_eq!(stdout, "CREATE TABLE\nCOPY 3\nCOPY 3\n3|2|1\n", "{stderr}");
     assert_eq!(std::fs::read_to_string(&txt).unwrap(), "v\n\n\"\"\nx\n");
+    // A COPY named by its insert_id (psql passes what follows \copy's options through), run
+    // twice: stored once.
+    std::fs::write(&csv, "v\nretried\n").unwrap();
+    let copy = format!("\\copy one FROM '{}' CSV HEADER SETTINGS insert_id = 'copy-1'", csv.display());
+    let mut c = psql(&pg1, "default", "shardwise");
+    c.args(["-c", &copy]).args(["-c", &copy]).args(["-c", "SELECT count(*) FROM one WHERE v = 'retried'"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert_eq!(stdout, "COPY 1\nCOPY 1\n1\n", "{stderr}");
 
     // Wrong database and unknown user: FATAL errors at connect.
     let out = run_with_timeout(psql(&pg0, "default", "postgres"), T);
@@ -500,6 +508,23 @@ fn every_http_route_with_curl() {
     let clause = changed.replace(" FORMAT CSV", " SETTINGS max_memory_usage = 99999999 FORMAT CSV");
     let (code, body) = curl(&[&sql_body[..], &[&clause, &url]].concat());
     assert_eq!((code, body.as_str()), (200, "max_execution_time_ms,5000\nmax_memory_usage,99999999\n"));
+
+    // A request is one statement: its insert_id may come from the URL or the JSON settings, and
+    // a retried request is applied once.
+    let (code, body) =
+        curl(&[&sql_body[..], &["CREATE TABLE retried (k BIGINT) WITH (shard_key = 'k')", &query]].concat());
+    assert_eq!(code, 200, "{body}");
+    for _ in 0..2 {
+        let insert = "INSERT INTO retried VALUES (1), (2), (3)";
+        let (code, body) = curl(&[&sql_body[..], &[insert, &format!("{query}?insert_id=http-1")]].concat());
+        assert_eq!(code, 200, "{body}");
+        let json = r#"{"sql": "INSERT INTO retried VALUES (4)", "settings": {"insert_id": "http-2"}}"#;
+        let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", json, &query]);
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) =
+        curl(&[&sql_body[..], &["SELECT count(*) AS n, sum(k) AS s FROM retried FORMAT CSV", &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "4,10\n"));
 
     // Arrow IPC, decoded here.
     let arrow_file = dir.path().join("answer.arrows");
