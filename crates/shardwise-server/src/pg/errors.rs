@@ -40,6 +40,8 @@ fn sqlstate(e: &QueryError) -> &'static str {
                 ArrowError::CastError(_) if out_of_range(&message) => "22003",
                 ArrowError::CastError(_) | ArrowError::ParseError(_) => "22P02",
                 ArrowError::ArithmeticOverflow(_) => "22003",
+                // `CAST(1234.5 AS DECIMAL(5, 2))`: "... is too large to store in a Decimal128 ...".
+                ArrowError::InvalidArgumentError(_) if out_of_range(&message) => "22003",
                 _ => "22000",
             },
             DataFusionError::NotImplemented(..) => "0A000",
@@ -90,6 +92,14 @@ mod tests {
             PgWireError::UserError(info) => info.code,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_decimal_cast_that_does_not_fit_is_out_of_range() {
+        let arrow = ArrowError::InvalidArgumentError(
+            "123450 is too large to store in a Decimal128 of precision 5. Max is 99999".into(),
+        );
+        assert_eq!(code(QueryError::from(DataFusionError::ArrowError(Box::new(arrow), None))), "22003");
     }
 
     #[test]
