@@ -481,6 +481,13 @@ fn setting_pair(item: &[&TokenWithSpan]) -> Result<(String, String), QueryError>
     }
     let value = match value_tokens {
         [] => return Err(clause_error(format!("{name} has no value after '='"))),
+        // `SETTINGS a = 1 LIMIT 5`: a clause after SETTINGS, which must come last.
+        [_, after, ..] if matches!(&after.token, Token::Word(w) if w.keyword != Keyword::NoKeyword) => {
+            return Err(clause_error(format!(
+                "{} follows the value of {name}, but SETTINGS must be the statement's last clause",
+                after.token
+            )));
+        }
         [one] => match &one.token {
             Token::Number(n, _) => n.clone(),
             Token::SingleQuotedString(s) => s.clone(),
@@ -607,6 +614,8 @@ mod tests {
             let err = split_settings_clause(sql).unwrap_err();
             assert!(err.to_string().contains("SETTINGS clause"), "{sql}: {err}");
         }
+        let err = split_settings_clause("SELECT * FROM t SETTINGS insert_id = 'zz' LIMIT 1").unwrap_err();
+        assert!(err.to_string().contains("LIMIT follows the value of insert_id, but SETTINGS must be"), "{err}");
         let err =
             split_settings_clause("SELECT count(*) FROM (SELECT g FROM t GROUP BY g SETTINGS a = 1) z").unwrap_err();
         assert!(err.to_string().contains("SETTINGS inside a subquery"), "{err}");
