@@ -152,18 +152,19 @@ impl TablesNode {
                 if rank == self.rank {
                     return self.flush_local(table, timeout).await.map(|r| r.pending);
                 }
-                if known_down {
-                    // Its own queues may hold rows for the others: the flush cannot be complete.
-                    return Err(QueryError::Unavailable(format!(
-                        "rank {rank} is down (so the membership says), so what it holds for {table} is unknown"
-                    )));
-                }
                 // The node answers at its own deadline; a node that cannot answer by then (stopped,
-                // hung, unreachable) is named as such rather than making the flush wait longer.
+                // hung, unreachable) is named as such rather than making the flush wait longer. One
+                // the membership takes for down is asked all the same (it may be back already: the
+                // membership learns that late), and named as down if it does not answer.
                 let wait = timeout + Duration::from_millis(FLUSH_REPLY_GRACE_MS);
                 let call = self.peers.action(rank, "flush", body, wait + Duration::from_millis(FLUSH_REPLY_GRACE_MS));
                 match tokio::time::timeout(wait, call).await {
                     Ok(Ok(reply)) => FlushReply::decode(rank, &reply).map(|r| r.pending),
+                    Err(_) | Ok(Err(QueryError::Unavailable(_))) if known_down => {
+                        Err(QueryError::Unavailable(format!(
+                            "rank {rank} is down (so the membership says), so what it holds for {table} is unknown"
+                        )))
+                    }
                     Ok(Err(e)) => Err(e),
                     Err(_) => Err(QueryError::Unavailable(format!(
                         "rank {rank} did not answer within flush_timeout_ms + {FLUSH_REPLY_GRACE_MS} ms, so \
