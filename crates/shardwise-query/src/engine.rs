@@ -664,7 +664,8 @@ impl QueryEngine {
                     true => with_fragment_reports(stream, Arc::clone(&physical)),
                     false => stream,
                 };
-                let stream = self.log.track(&sql, physical, stream, current.max_execution_time_ms);
+                let stream =
+                    self.log.track(&sql, current.query_id.clone(), physical, stream, current.max_execution_time_ms)?;
                 Ok(crate::stop::stop_on_drop(stream, stop))
             }
             Action::Command(command) => {

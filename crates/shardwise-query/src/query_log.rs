@@ -31,6 +31,9 @@ use crate::error::QueryError;
 /// How many ended queries `system.queries` keeps.
 pub const QUERY_LOG_MAX_ENTRIES: usize = 1000;
 
+/// Longest `query_id` a client may choose (bytes).
+pub const QUERY_ID_MAX_BYTES: usize = 128;
+
 /// How a query ended, or that it has not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueryState {
@@ -150,10 +153,11 @@ impl QueryLog {
     pub fn track(
         self: &Arc<Self>,
         sql: &str,
+        query_id: Option<String>,
         plan: Arc<dyn ExecutionPlan>,
         stream: SendableRecordBatchStream,
         max_execution_time_ms: u64,
-    ) -> SendableRecordBatchStream {
+    ) -> Result<SendableRecordBatchStream, QueryError> {
         // An INSERT's write runs to its end once the rows are read (`sharded_table::InsertSink`).
         let note = match plan.downcast_ref::<datafusion::datasource::sink::DataSinkExec>().is_some() {
             true => {
@@ -162,10 +166,27 @@ impl QueryLog {
             }
             false => "",
         };
-        let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
+        let mut record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
+        if let Some(id) = query_id {
+            if id.is_empty() || id.len() > QUERY_ID_MAX_BYTES {
+                return Err(QueryError::BadSetting(format!(
+                    "query_id {:?}: expected 1 to {QUERY_ID_MAX_BYTES} bytes (QUERY_ID_MAX_BYTES)",
+                    id.chars().take(40).collect::<String>()
+                )));
+            }
+            record.query_id = id;
+        }
         let query_id = record.query_id.clone();
         let kill = Arc::new(Notify::new());
-        lock(&self.running).insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
+        {
+            let mut running = lock(&self.running);
+            if running.contains_key(&query_id) {
+                return Err(QueryError::Rejected(format!(
+                    "query_id {query_id:?} is the id of a query running on this node; give each query its own"
+                )));
+            }
+            running.insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
+        }
         let guard = Arc::new(EndGuard {
             log: Arc::clone(self),
             query_id,
@@ -221,7 +242,7 @@ impl QueryLog {
             }
         })
         .filter_map(std::future::ready);
-        Box::pin(RecordBatchStreamAdapter::new(schema, counted.chain(tail)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted.chain(tail))))
     }
 
     /// Records a statement that failed before it could run (a parse or planning error, a value

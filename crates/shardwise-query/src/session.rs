@@ -60,6 +60,16 @@ impl Session {
                     .to_string(),
             ));
         }
+        // The same for a query's id: two queries may not share one.
+        if !self.one_statement
+            && (key.eq_ignore_ascii_case("query_id") || key.eq_ignore_ascii_case("shardwise.query_id"))
+        {
+            return Err(QueryError::Rejected(
+                "query_id names one query and cannot be set for a session: give it in the statement, \
+                 `... SETTINGS query_id = '...'`"
+                    .to_string(),
+            ));
+        }
         let pair = (key.to_string(), value.to_string());
         settings::apply(&mut options.clone(), std::slice::from_ref(&pair))?;
         let mut changed = self.lock();

@@ -22,6 +22,10 @@ extensions_options! {
         /// Idempotency key of an INSERT (1 to 256 bytes): a retry with the same id is applied
         /// exactly once. Unset, each insert gets a new one.
         pub insert_id: Option<String>, default = None
+        /// The id the query gets in `system.queries` (and for `KILL QUERY`), chosen by the
+        /// client as ClickHouse's `query_id` is; 1 to 128 bytes, not that of a query running
+        /// on this node. Unset, the node makes one up (a UUID).
+        pub query_id: Option<String>, default = None
         /// `immediate` tables: replicas of each shard that must have an insert durable before it
         /// is acknowledged; 0 means all replicas.
         pub insert_quorum: u64, default = 0
@@ -87,6 +91,7 @@ impl ConfigExtension for ShardwiseSettings {
 /// The settings a user may name without the `shardwise.` prefix.
 pub const SETTING_NAMES: &[&str] = &[
     "insert_id",
+    "query_id",
     "insert_quorum",
     "distributed_foreground_insert",
     "flush_timeout_ms",
@@ -729,7 +734,7 @@ mod tests {
             format!("datafusion.execution.batch_size = x: expected a whole number from 0 to {}", usize::MAX)
         );
         // Every shardwise setting that can refuse a value says what it accepts, never the names.
-        for name in SETTING_NAMES.iter().filter(|name| **name != "insert_id") {
+        for name in SETTING_NAMES.iter().filter(|name| !["insert_id", "query_id"].contains(name)) {
             let message = apply_error(name, "bogus");
             assert!(message.contains("expected a whole number") || message.contains("is not one of"), "{message}");
             assert!(!message.contains("shardwise settings"), "{message}");

@@ -318,3 +318,18 @@ async fn pg_catalog_answers_psqls_describe_query() {
     let db = pretty(&run(&engine, "SELECT current_database() AS db").await.expect("current_database"));
     assert!(db.contains(&format!("| {} |", crate::engine::CATALOG)), "{db}");
 }
+
+#[tokio::test]
+async fn a_query_may_be_given_its_id() {
+    let engine = engine();
+    run(&engine, "SELECT 1 AS one SETTINGS query_id = 'report-7'").await.expect("runs");
+    let logged = pretty(
+        &run(&engine, "SELECT query_id, query FROM system.queries WHERE query_id = 'report-7'").await.expect("log"),
+    );
+    assert!(logged.contains("report-7") && logged.contains("SELECT 1 AS one"), "{logged}");
+    let err = run(&engine, "SELECT 1 SETTINGS query_id = ''").await.expect_err("empty");
+    assert!(err.to_string().contains("expected 1 to 128 bytes"), "{err}");
+    let session = Arc::new(Session::new());
+    let err = run_in(&engine, "SET query_id = 'x'", &session).await.expect_err("not for a session");
+    assert!(err.to_string().contains("query_id names one query"), "{err}");
+}

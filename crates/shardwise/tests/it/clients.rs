@@ -526,6 +526,22 @@ fn every_http_route_with_curl() {
         curl(&[&sql_body[..], &["SELECT count(*) AS n, sum(k) AS s FROM retried FORMAT CSV", &query]].concat());
     assert_eq!((code, body.as_str()), (200, "4,10\n"));
 
+    // A query named by the client, as ClickHouse's query_id, found by that name.
+    let (code, body) =
+        curl(&[&sql_body[..], &["SELECT 41 + 1 AS answer", &format!("{query}?query_id=http-q-1")]].concat());
+    assert_eq!(code, 200, "{body}");
+    let logged = "SELECT state FROM system.queries WHERE query_id = 'http-q-1' FORMAT CSV";
+    // The record ends when the answer's stream is dropped, just after its last byte went out.
+    let mut seen = curl(&[&sql_body[..], &[logged, &query]].concat());
+    for _ in 0..50 {
+        if seen.1 == "finished\n" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        seen = curl(&[&sql_body[..], &[logged, &query]].concat());
+    }
+    assert_eq!((seen.0, seen.1.as_str()), (200, "finished\n"));
+
     // Arrow IPC, decoded here.
     let arrow_file = dir.path().join("answer.arrows");
     let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
