@@ -19,7 +19,10 @@ use crate::small_groups::tests::{BATCH_ROWS, ROWS, answer, table};
 fn context_with(config: SessionConfig, memory_limit: Option<usize>) -> SessionContext {
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(bytes) = memory_limit {
-        runtime = runtime.with_memory_limit(bytes, 1.0);
+        // The pool kind a node's queries get (`crate::memory_limit`): under a greedy pool one
+        // partition's aggregation could take it all, and the other's spill fail for want of
+        // the few kilobytes spilling needs (seen in CI).
+        runtime = runtime.with_memory_pool(Arc::new(datafusion::execution::memory_pool::FairSpillPool::new(bytes)));
     }
     let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc().expect("runtime"));
     ctx.register_table("t", table()).expect("register");
