@@ -15,6 +15,20 @@ use crate::settings;
 /// Most settings one session may change: every one is re-applied to each statement.
 pub const SESSION_SETTINGS_MAX: usize = 256;
 
+/// Settings that name one statement, so a session may not keep them, and why.
+const STATEMENT_ONLY: [(&str, &str); 2] = [
+    (
+        "insert_id",
+        "insert_id names one insert and cannot be set for a session: give it in the INSERT, \
+         `INSERT ... SETTINGS insert_id = '...'` (or `shardwise load --insert-id`)",
+    ),
+    (
+        "query_id",
+        "query_id names one query and cannot be set for a session: give it in the statement, \
+         `... SETTINGS query_id = '...'`",
+    ),
+];
+
 /// See the module doc.
 #[derive(Debug, Default)]
 pub struct Session {
@@ -51,24 +65,13 @@ impl Session {
     pub fn set(&self, options: &ConfigOptions, key: &str, value: &str) -> Result<(), QueryError> {
         // An insert id names one insert: kept for the session, it made every later insert a
         // retry of the first, dropped on the shards the first had written (rows lost silently).
+        // A query id names one query, and two running queries may not share one.
         if !self.one_statement
-            && (key.eq_ignore_ascii_case("insert_id") || key.eq_ignore_ascii_case("shardwise.insert_id"))
+            && let Some((_, why)) = STATEMENT_ONLY.iter().find(|(name, _)| {
+                key.eq_ignore_ascii_case(name) || key.eq_ignore_ascii_case(&format!("shardwise.{name}"))
+            })
         {
-            return Err(QueryError::Rejected(
-                "insert_id names one insert and cannot be set for a session: give it in the INSERT, \
-                 `INSERT ... SETTINGS insert_id = '...'` (or `shardwise load --insert-id`)"
-                    .to_string(),
-            ));
-        }
-        // The same for a query's id: two queries may not share one.
-        if !self.one_statement
-            && (key.eq_ignore_ascii_case("query_id") || key.eq_ignore_ascii_case("shardwise.query_id"))
-        {
-            return Err(QueryError::Rejected(
-                "query_id names one query and cannot be set for a session: give it in the statement, \
-                 `... SETTINGS query_id = '...'`"
-                    .to_string(),
-            ));
+            return Err(QueryError::Rejected(why.to_string()));
         }
         let pair = (key.to_string(), value.to_string());
         settings::apply(&mut options.clone(), std::slice::from_ref(&pair))?;
