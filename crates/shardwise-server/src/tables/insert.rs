@@ -478,7 +478,8 @@ const VALUE_ORDER_BATCH_ROWS: usize = 64 * 1024;
 /// hash of the whole row (`xxhash64-v1`, the same on every node and version). An insert whose
 /// rows arrive in another order each time (a query's) then makes the same chunks on a retry.
 /// Rows of equal hash are equal rows, which may trade places to no effect (two different rows of
-/// one 64-bit hash, about one pair in 10^12 among 10M rows, could land in other chunks).
+/// one 64-bit hash could land in other chunks: the chance that any pair among 10M rows shares one
+/// is about 3 in a million, n^2 / 2^65).
 fn in_value_order(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, QueryError> {
     let Some(first) = batches.first() else { return Ok(Vec::new()) };
     let columns: Vec<usize> = (0..first.num_columns()).collect();
