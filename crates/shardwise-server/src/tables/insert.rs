@@ -270,11 +270,6 @@ impl TablesNode {
             }
         }
         drop(pending);
-        for rank in placed.by_rank.keys() {
-            results
-                .entry(*rank)
-                .or_insert_with(|| Err(QueryError::Unavailable(format!("rank {rank}: {STILL_WRITING}"))));
-        }
         let mut short = Vec::new();
         for shard in placed.shard_rows.keys() {
             let ranks = entry.def.replica_ranks(*shard, self.world_size);
@@ -283,8 +278,16 @@ impl TablesNode {
                 short.push(format!("shard {shard}: {acked} of {} replicas durable, quorum {quorum}", ranks.len()));
             }
         }
-        let failed: Vec<(u32, &QueryError)> =
-            results.iter().filter_map(|(r, res)| res.as_ref().err().map(|e| (*r, e))).collect();
+        // The replicas that did not count: those that failed, and those not answered yet.
+        let failed: Vec<(u32, Missed<'_>)> = placed
+            .by_rank
+            .keys()
+            .filter_map(|rank| match results.get(rank) {
+                Some(Ok(_)) => None,
+                Some(Err(e)) => Some((*rank, Missed::Failed(e))),
+                None => Some((*rank, Missed::StillWriting)),
+            })
+            .collect();
         if !short.is_empty() {
             let causes: Vec<String> = failed.iter().map(|(r, e)| format!("rank {r}: {e}")).collect();
             let mut message = format!("{} ({})", short.join("; "), causes.join("; "));
@@ -313,17 +316,20 @@ impl TablesNode {
         entry: &CatalogEntry,
         placed: &PlacedChunk,
         payloads: &BTreeMap<u32, Arc<Vec<u8>>>,
-        failed: &[(u32, &QueryError)],
+        failed: &[(u32, Missed<'_>)],
     ) -> Result<(), QueryError> {
         let key: Arc<str> = outbox_key(entry).into();
         let mut items = Vec::new();
-        for (rank, e) in failed {
-            // A replica still writing when the quorum was met is the normal path of an insert_quorum
-            // below the replica count, not a failure worth a warning on every insert.
-            if e.to_string().ends_with(STILL_WRITING) {
-                tracing::debug!(table = %entry.def.name, rank, "replica still writing at quorum, its piece queued: {e}");
-            } else {
-                tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}");
+        for (rank, missed) in failed {
+            match missed {
+                // The normal path of an insert_quorum below the replica count, not a failure
+                // worth a warning on every insert.
+                Missed::StillWriting => {
+                    tracing::debug!(table = %entry.def.name, rank, "replica still writing at quorum, its piece queued")
+                }
+                Missed::Failed(e) => {
+                    tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}")
+                }
             }
             let Some(set) = placed.by_rank.get(rank) else { continue };
             let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -388,8 +394,23 @@ impl TablesNode {
     }
 }
 
-/// Why a replica's write counts as missed when the quorum was met before it answered.
-const STILL_WRITING: &str = "still writing when the quorum was met";
+/// Why a replica's piece of an `immediate` insert did not count toward the quorum.
+#[derive(Debug, Clone, Copy)]
+enum Missed<'a> {
+    /// Its write failed.
+    Failed(&'a QueryError),
+    /// It had not answered when every shard had its quorum (the insert did not wait for it).
+    StillWriting,
+}
+
+impl std::fmt::Display for Missed<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Missed::Failed(e) => write!(f, "{e}"),
+            Missed::StillWriting => f.write_str("still writing when the quorum was met"),
+        }
+    }
+}
 
 /// How long an insert reuses the membership it last asked for (on a worker, asking is a round
 /// trip to the master).
