@@ -452,7 +452,9 @@ impl QueryEngine {
     /// a failure is recorded in `system.queries`.
     pub async fn plan_to_run(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
         let started = std::time::Instant::now();
-        self.plan(sql, session).await.inspect_err(|e| self.log.record_failed(sql, &e.to_string(), started))
+        self.plan(sql, session)
+            .await
+            .inspect_err(|e| self.log.record_failed(sql, &e.to_string(), started, named_query_id(sql, session)))
     }
 
     /// Parses and plans one statement of `session` without executing anything: the node's
@@ -630,7 +632,8 @@ impl QueryEngine {
                         (None, Some(message)) => QueryError::Rejected(message),
                         (None, None) => e,
                     };
-                    self.log.record_failed(&sql, &e.to_string(), started);
+                    let query_id = settings::current(state.config_options()).query_id;
+                    self.log.record_failed(&sql, &e.to_string(), started, query_id);
                     e
                 })?;
                 let current = settings::current(state.config_options());
@@ -814,6 +817,17 @@ fn describe_refusal(message: &str) -> String {
         Some((kind, what)) => format!("{what} ({kind})"),
         None => message.to_string(),
     }
+}
+
+/// The `query_id` a client gave a statement that failed to plan: its `SETTINGS` clause's, else
+/// the session's (an HTTP request's `?query_id=`). None if it gave none or the clause itself is
+/// what failed.
+fn named_query_id(sql: &str, session: &Session) -> Option<String> {
+    let key = settings::option_key("query_id");
+    let from_statement = settings::split_settings_clause(sql).ok().and_then(|(_, pairs)| {
+        pairs.into_iter().rev().find(|(name, _)| settings::option_key(name) == key).map(|(_, value)| value)
+    });
+    from_statement.or_else(|| session.changed().into_iter().rev().find(|(name, _)| *name == key).map(|(_, v)| v))
 }
 
 #[cfg(test)]

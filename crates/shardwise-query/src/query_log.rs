@@ -247,14 +247,19 @@ impl QueryLog {
 
     /// Records a statement that failed before it could run (a parse or planning error, a value
     /// that does not fit its column): one `failed` row, as ClickHouse's query log keeps
-    /// exceptions raised before a query starts.
-    pub fn record_failed(&self, sql: &str, error: &str, started: Instant) {
+    /// exceptions raised before a query starts. Under the `query_id` the client gave it, if it
+    /// gave a valid one, so that it finds the failure where it looks.
+    pub fn record_failed(&self, sql: &str, error: &str, started: Instant, query_id: Option<String>) {
         let duration_ms = started.elapsed().as_millis() as u64;
-        self.finish(QueryRecord {
+        let mut record = QueryRecord {
             duration_ms: Some(duration_ms),
             error: Some(error.to_string()),
             ..QueryRecord::new(sql, unix_ms().saturating_sub(duration_ms), QueryState::Failed)
-        });
+        };
+        if let Some(id) = query_id.filter(|id| !id.is_empty() && id.len() <= QUERY_ID_MAX_BYTES) {
+            record.query_id = id;
+        }
+        self.finish(record);
     }
 
     /// Stops the running query `query_id`; false if no such query is running.
@@ -301,7 +306,8 @@ impl QueryLog {
             totals.rows_moved += record.rows_moved;
             totals.bytes_moved += record.bytes_moved;
         }
-        lock(&self.running).remove(&record.query_id);
+        // Only the query's own `EndGuard` takes it out of `running` (before calling this): a
+        // failed statement recorded here may carry a client's id equal to a running query's.
         let mut ended = lock(&self.ended);
         ended.push_back(record);
         while ended.len() > QUERY_LOG_MAX_ENTRIES {
@@ -329,7 +335,7 @@ impl EndGuard {
 impl Drop for EndGuard {
     fn drop(&mut self) {
         let (state, error) = lock(&self.outcome).take().unwrap_or((QueryState::Cancelled, None));
-        let Some(running) = lock(&self.log.running).get(&self.query_id).map(|r| r.record.clone()) else { return };
+        let Some(running) = lock(&self.log.running).remove(&self.query_id).map(|r| r.record) else { return };
         let mut record = QueryRecord {
             duration_ms: Some(self.started.elapsed().as_millis() as u64),
             state,

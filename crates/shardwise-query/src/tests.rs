@@ -333,3 +333,29 @@ async fn a_query_may_be_given_its_id() {
     let err = run_in(&engine, "SET query_id = 'x'", &session).await.expect_err("not for a session");
     assert!(err.to_string().contains("query_id names one query"), "{err}");
 }
+
+#[tokio::test]
+async fn a_statement_that_fails_to_plan_is_logged_under_the_id_its_client_gave() {
+    let engine = engine();
+    let state_of = |id: &'static str| {
+        let engine = &engine;
+        async move {
+            let sql = format!("SELECT state FROM system.queries WHERE query_id = '{id}'");
+            pretty(&run(engine, &sql).await.expect("log"))
+        }
+    };
+    let failed = engine.plan_to_run("SELECT no_such_column SETTINGS query_id = 'bad-1'", &Arc::default()).await;
+    assert!(failed.is_err());
+    assert!(state_of("bad-1").await.contains("failed"), "{}", state_of("bad-1").await);
+    // An HTTP request's `?query_id=`: the settings of a one-statement session.
+    let http = engine.session_with(&[("query_id".into(), "bad-2".into())]).expect("session");
+    assert!(engine.plan_to_run("SELECT no_such_column", &http).await.is_err());
+    assert!(state_of("bad-2").await.contains("failed"), "{}", state_of("bad-2").await);
+    // A failure under the id of a running query leaves that query running and killable.
+    let planned = engine.plan("SELECT 1 AS one SETTINGS query_id = 'busy-1'", &Arc::default()).await.expect("plan");
+    let running = engine.execute(planned).await.expect("runs until read");
+    assert!(engine.plan_to_run("SELECT no_such_column SETTINGS query_id = 'busy-1'", &Arc::default()).await.is_err());
+    let states = state_of("busy-1").await;
+    assert!(states.contains("running") && states.contains("failed"), "{states}");
+    drop(running);
+}
