@@ -9,8 +9,11 @@ Waits for three `shardwise node` processes (those `shardwise bench insert` start
 - `idlebg`: the background threads (`shardwise-bg*`) under `SCHED_IDLE`;
 - `slice`: the request threads (`tokio-rt-worker`) keep `SCHED_OTHER`, nice 0, with a 100 us
   scheduler slice (`sched_setattr`'s `sched_runtime`, honoured since Linux 6.12);
-- `both`: the two.
-Linux x86-64 only (syscall 314). Used for "What the tail waits for" in BENCHMARKS.md.
+- `both`: the two;
+- `ioidle`: the I/O priority of ranks 1 and 2's threads and of rank 0's background threads set to
+  the idle class (`ioprio_set`), which the `mq-deadline` and `bfq` schedulers serve after every
+  other request, so that only rank 0's request threads (the inserts) keep the normal class.
+Linux x86-64 only (syscalls 314 and 251). Used for "What the tail waits for" in BENCHMARKS.md.
 """
 
 import argparse
@@ -21,6 +24,8 @@ import time
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 SYS_SCHED_SETATTR = 314  # x86-64
+SYS_IOPRIO_SET = 251  # x86-64
+IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13
 SLICE_NS = 100_000
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -33,21 +38,31 @@ def sched_setattr(tid, policy, nice, runtime_ns):
         print(f"thread {tid}: sched_setattr failed: {os.strerror(ctypes.get_errno())}")
 
 
+def io_idle(tid):
+    # IOPRIO_WHO_PROCESS with a thread id: I/O priorities are per thread on Linux.
+    if libc.syscall(SYS_IOPRIO_SET, IOPRIO_WHO_PROCESS, tid, IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) != 0:
+        print(f"thread {tid}: ioprio_set failed: {os.strerror(ctypes.get_errno())}")
+
+
 def nodes():
+    """The running nodes as (pid, rank)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"node\x00--rank" in f.read():
-                    found.append(pid)
+                args = f.read().split(b"\x00")
         except OSError:
-            pass
+            continue
+        if b"node" in args and b"--rank" in args[:-1]:
+            rank = args[args.index(b"--rank") + 1]
+            if rank.isdigit():
+                found.append((pid, int(rank)))
     return found
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["idlebg", "slice", "both"])
+    parser.add_argument("mode", choices=["idlebg", "slice", "both", "ioidle"])
     parser.add_argument("--seconds", type=float, default=40)
     args = parser.parse_args()
     end = time.time() + args.seconds
@@ -57,7 +72,7 @@ def main():
         pids = nodes()
     seen = set()
     while time.time() < end:
-        for pid in pids:
+        for pid, rank in pids:
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -71,7 +86,10 @@ def main():
                         comm = f.read().strip()
                 except OSError:
                     continue
-                if comm.startswith("shardwise-bg") and args.mode in ("idlebg", "both"):
+                if args.mode == "ioidle":
+                    if rank != 0 or comm.startswith("shardwise-bg"):
+                        io_idle(int(tid))
+                elif comm.startswith("shardwise-bg") and args.mode in ("idlebg", "both"):
                     sched_setattr(int(tid), SCHED_IDLE, 0, 0)
                 elif comm.startswith("tokio-rt-worker") and args.mode in ("slice", "both"):
                     sched_setattr(int(tid), SCHED_OTHER, 0, SLICE_NS)
