@@ -29,11 +29,12 @@ use crate::error::QueryError;
 pub fn install(ctx: &SessionContext, catalog: &str) -> Result<(), QueryError> {
     datafusion_pg_catalog::setup_pg_catalog(ctx, catalog, EmptyContextProvider)
         .map_err(|e| QueryError::Internal(*e))?;
-    // shardwise has no indexes (see `crate::pg_catalog_tables`).
+    // shardwise has no indexes, and decimal columns have a precision (see `crate::pg_catalog_tables`).
     if let Some(provider) = ctx.catalog(catalog)
         && let Some(schema) = provider.schema("pg_catalog")
     {
-        provider.register_schema("pg_catalog", crate::pg_catalog_tables::wrap(schema)).map_err(QueryError::Internal)?;
+        let wrapped = crate::pg_catalog_tables::wrap(schema, Arc::clone(ctx.state().catalog_list()), catalog);
+        provider.register_schema("pg_catalog", wrapped).map_err(QueryError::Internal)?;
     }
     // What psql's `\dt+`, `\dn+` and `\df` call besides, and the crate lacks or makes up.
     crate::pg_functions::register(ctx);

@@ -223,6 +223,13 @@ fn psql_and_psycopg_end_to_end() {
     let out = run_with_timeout(psql(&pg0, "bob", "shardwise"), T);
     assert!(text(&out).1.contains("unknown user \"bob\""), "{}", text(&out).1);
 
+    // A decimal column is described with its precision and scale (it was plain `numeric`).
+    let mut c = psql(&pg1, "default", "shardwise");
+    c.args(["-c", "CREATE TABLE prices (id BIGINT, price DECIMAL(12, 2)) WITH (shard_key = 'id')"])
+        .args(["-c", "\\d prices"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert_eq!(stdout, "CREATE TABLE\nid|bigint|||\nprice|numeric(12,2)|||\n", "{stderr}");
+
     // psycopg: the extended protocol, server-side parameters, prepared statements (after five
     // runs), binary results, transactions that are accepted and errors as exceptions.
     let (host, port) = pg0.rsplit_once(':').unwrap();
@@ -373,6 +380,8 @@ with engine.connect() as sa:
     columns = [(c["name"], str(c["type"]), c["nullable"], c["default"]) for c in inspector.get_columns("sales")]
     assert columns == [("id", "BIGINT", True, None), ("region", "TEXT", True, None),
                        ("amount", "DOUBLE PRECISION", True, None), ("day", "DATE", True, None)], columns
+    prices = [(c["name"], str(c["type"])) for c in inspector.get_columns("prices")]
+    assert prices == [("id", "BIGINT"), ("price", "NUMERIC(12, 2)")], prices
     assert inspector.get_pk_constraint("sales")["constrained_columns"] == []
     assert inspector.get_indexes("sales") == []
     assert inspector.get_unique_constraints("sales") == []
