@@ -6,7 +6,8 @@
 //! `Optimizer rule 'simplify_expressions' failed ... Cast error: ...`, saying neither which row
 //! nor which column. Nothing has been written at that point. This module, called only on that
 //! error path, evaluates the cells one by one and says where the first bad one is, so a user
-//! with a thousand-row statement can find it: `row 2, column d: Cannot cast string ...`.
+//! with a thousand-row statement can find it: `row 2, column d (column type Date32): Cannot cast
+//! string ...`.
 
 use std::sync::Arc;
 
@@ -28,14 +29,20 @@ pub struct BadValue {
     pub row: usize,
     /// The target column's name.
     pub column: String,
+    /// The target column's type, as Arrow names it (what `shardwise load` says too); `None` if
+    /// the table's schema does not have the column (not expected).
+    pub column_type: Option<String>,
     /// Why the value does not fit (DataFusion's message, without its optimizer wrapping).
     pub reason: String,
 }
 
 impl std::fmt::Display for BadValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let BadValue { table, row, column, reason } = self;
-        write!(f, "INSERT INTO {table}: row {row}, column {column}: {reason}")
+        let BadValue { table, row, column, column_type, reason } = self;
+        match column_type {
+            Some(t) => write!(f, "INSERT INTO {table}: row {row}, column {column} (column type {t}): {reason}"),
+            None => write!(f, "INSERT INTO {table}: row {row}, column {column}: {reason}"),
+        }
     }
 }
 
@@ -75,7 +82,9 @@ pub fn first_bad_value(plan: &LogicalPlan) -> Option<BadValue> {
                     DataFusionError::Execution(message) => message.clone(),
                     root => root.strip_backtrace(),
                 };
-                return Some(BadValue { table: dml.table_name.to_string(), row: i + 1, column, reason });
+                let schema = dml.target.schema();
+                let column_type = schema.field_with_name(&column).ok().map(|f| f.data_type().to_string());
+                return Some(BadValue { table: dml.table_name.to_string(), row: i + 1, column, column_type, reason });
             }
         }
     }
@@ -142,7 +151,7 @@ mod tests {
         let plan = planned("INSERT INTO t (x, id) VALUES (1, 5), (2, 'zz')").await;
         let bad = first_bad_value(&plan).expect("a bad value");
         assert_eq!((bad.row, bad.column.as_str()), (2, "id"), "{bad}");
-        assert!(bad.to_string().starts_with("INSERT INTO t: row 2, column id: "), "{bad}");
+        assert!(bad.to_string().starts_with("INSERT INTO t: row 2, column id (column type Int64): "), "{bad}");
     }
 
     #[tokio::test]

@@ -201,8 +201,14 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("CREATE TABLE u (id BIGINT NOT NULL) WITH (shard_key = 'id')", "NOT NULL"),
         ("CREATE TABLE u (id BIGINT)", "shard_key"),
         ("CREATE TABLE u (id BIGINT, d DECIMAL(5, -1)) WITH (shard_key = 'id')", "scale must be 0 or more"),
-        ("INSERT INTO t VALUES (2, 300, 'b')", "row 1, column small: Cast error: Can't cast value 300"),
-        ("INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')", "row 2, column small: Cast error: Cannot cast string 'x'"),
+        (
+            "INSERT INTO t VALUES (2, 300, 'b')",
+            "row 1, column small (column type Int8): Cast error: Can't cast value 300",
+        ),
+        (
+            "INSERT INTO t VALUES (2, 1, 'b'), (3, 'x', 'c')",
+            "row 2, column small (column type Int8): Cast error: Cannot cast string 'x'",
+        ),
         ("INSERT INTO t VALUES (2, 1, 'b'), (2, 1)", "VALUES row 2 has 2 values where 3 are expected"),
         // From a query whose values run in fragments, on both nodes: the column is named.
         ("INSERT INTO t SELECT value, value * 100, 'x' FROM generate_series(1, 5)", "INSERT INTO t: column small: "),
