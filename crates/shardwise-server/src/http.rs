@@ -6,7 +6,9 @@
 //!   is JSON (one object per row and line), CSV (with a header row) or an Arrow IPC stream,
 //!   chosen by a trailing `FORMAT CSV | CSVWithNames | JSONEachRow | ArrowStream` clause, else by
 //!   `?format=json|csv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the query
-//!   produces them.
+//!   produces them. The SQL may instead be in `?query=`, as ClickHouse takes it; and after an
+//!   `INSERT INTO t ... FORMAT CSV` (or TSV, and their `WithNames` forms) come the rows, in the
+//!   body after the statement or as the body of `?query=` (`crate::http_insert`).
 //! - `GET /health`: 200 and this node's rank while it serves.
 //! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node
 //!   states and sync queues (pending rows and lag).
@@ -14,7 +16,7 @@
 //! Users are those of Flight SQL (`auth`): HTTP Basic, or none for `default`. Every error is a
 //! status with a JSON body `{"error": "...", "kind": "..."}`. Each request is a session of its
 //! own: settings come from the URL (`?distributed_group_by_no_merge=1`, as ClickHouse takes
-//! them; every parameter but `format` is a setting), then the JSON body's `"settings"`, then a
+//! them; every parameter but `format` and `query` is a setting), then the JSON body's `"settings"`, then a
 //! `SETTINGS` clause, each over the one before; not from an earlier request. An unknown setting,
 //! a bad value or a JSON key other than `sql` and `settings` is a 400, never ignored.
 
@@ -29,8 +31,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
@@ -239,14 +241,19 @@ fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result
 /// The keys a JSON request body may have.
 const JSON_BODY_KEYS: [&str; 2] = ["sql", "settings"];
 
-/// The URL parameter that chooses the answer's format; every other one is a setting.
+/// The URL parameter that chooses the answer's format; every other one but [`QUERY_PARAM`] is a
+/// setting.
 const FORMAT_PARAM: &str = "format";
+
+/// The URL parameter that gives the SQL, as ClickHouse's does; the body then follows it (the rows
+/// of an `INSERT ... FORMAT`, `crate::http_insert`).
+const QUERY_PARAM: &str = "query";
 
 /// The settings a request's URL gives, in a fixed order (by name).
 fn url_settings(params: &HashMap<String, String>) -> Vec<(String, String)> {
     let mut settings: Vec<(String, String)> = params
         .iter()
-        .filter(|(name, _)| !name.eq_ignore_ascii_case(FORMAT_PARAM))
+        .filter(|(name, _)| !name.eq_ignore_ascii_case(FORMAT_PARAM) && !name.eq_ignore_ascii_case(QUERY_PARAM))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
     settings.sort();
@@ -367,14 +374,28 @@ async fn query(
     authorize(&http.users, &headers)?;
     let Query(params) = params.map_err(|r| Failure::new(r.status(), "bad_request", r.body_text()))?;
     let body = body.map_err(body_failure)?;
-    let (sql, body_settings) = parse_body(&headers, &body)?;
+    let query_param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(QUERY_PARAM)).map(|(_, v)| v);
+    let (sql, body_settings) = match query_param {
+        Some(sql) => (with_body(sql, &headers, &body)?, Vec::new()),
+        None => parse_body(&headers, &body)?,
+    };
     let mut settings = url_settings(&params);
     http.engine.session_with(&settings).map_err(|e| {
         let mut failure = Failure::from(e);
-        failure.message = format!("URL parameters (every one but {FORMAT_PARAM} is a setting): {}", failure.message);
+        failure.message = format!(
+            "URL parameters (every one but {FORMAT_PARAM} and {QUERY_PARAM} is a setting): {}",
+            failure.message
+        );
         failure
     })?;
     settings.extend(body_settings);
+    if let Some(insert) = crate::http_insert::parse(&sql)? {
+        let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
+        let format = choose_format(param, headers.get(header::ACCEPT))?;
+        let stored = insert_rows(&http.engine, insert, &settings).await?;
+        let body = Body::from_stream(encode(stored, format, true));
+        return Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response());
+    }
     // A FORMAT clause wins over `?format=` and `Accept`, as in ClickHouse.
     let (sql, clause) = split_format_clause(&sql)?;
     let (format, csv_header) = match clause {
@@ -407,6 +428,76 @@ async fn query(
     let rest = RecordBatchStreamAdapter::new(schema, futures::stream::iter(first).chain(stream));
     let body = Body::from_stream(encode(Box::pin(rest), format, csv_header));
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+/// `?query=SQL` with a body: the SQL, then the body on the next line (the rows of an `INSERT ...
+/// FORMAT`, or the rest of the statement, as ClickHouse joins them). The body is taken as text
+/// whatever its content type, but JSON, which would be a second place for the SQL.
+fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<String, Failure> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+    if json {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("the SQL is in ?{QUERY_PARAM}= and a JSON body would be another; send the rows as text"),
+        ));
+    }
+    let body = std::str::from_utf8(body)
+        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))?;
+    Ok(if body.is_empty() { sql.to_string() } else { format!("{sql}\n{body}") })
+}
+
+/// Stores the rows of an `INSERT ... FORMAT` (see `crate::http_insert`); answers with their
+/// count, as an `INSERT` statement does.
+async fn insert_rows(
+    engine: &QueryEngine,
+    insert: crate::http_insert::HttpInsert,
+    settings: &[(String, String)],
+) -> Result<SendableRecordBatchStream, Failure> {
+    use crate::pg::copy_in::PendingCopyIn;
+    let session = engine.session_with(settings)?;
+    // A bad setting of the statement fails before the rows are read.
+    engine.session_with(&insert.settings)?;
+    let table = &insert.table;
+    let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
+    let schema = engine.plan(&probe, &session).await?.schema();
+    let mut names = insert.columns.clone();
+    if insert.format.header {
+        let header = crate::http_insert::header_names(&insert.format, &insert.data)
+            .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
+        if !names.is_empty() && names != header {
+            return Err(QueryError::Rejected(format!(
+                "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
+                names.join(", "),
+                header.join(", ")
+            ))
+            .into());
+        }
+        names = header;
+    }
+    let columns: Vec<usize> = match names.is_empty() {
+        true => (0..schema.fields().len()).collect(),
+        false => names
+            .iter()
+            .map(|c| {
+                schema
+                    .index_of(c)
+                    .map_err(|_| QueryError::Rejected(format!("INSERT INTO {table}: no column {c:?} in {table}")))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let mut pending =
+        PendingCopyIn::new(table.clone(), schema, columns, insert.format, insert.settings).named("INSERT INTO");
+    pending.push(insert.data.as_bytes());
+    let batch = pending.batch()?;
+    let rows = engine.insert_batches(table, vec![batch], &session, &pending.settings).await?;
+    let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+    let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
+        .map_err(|e| QueryError::Internal(e.into()))?;
+    Ok(Box::pin(RecordBatchStreamAdapter::new(counted, futures::stream::iter([Ok(batch)]))))
 }
 
 /// The answer's bytes, batch by batch. An error after the first batch ends the body early (the

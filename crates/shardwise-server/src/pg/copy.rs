@@ -18,12 +18,12 @@ use super::errors::pg_error;
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopyFormat {
     /// CSV, else PostgreSQL's text format.
-    pub(super) csv: bool,
+    pub(crate) csv: bool,
     /// The first line is a header.
-    pub(super) header: bool,
-    pub(super) delimiter: char,
+    pub(crate) header: bool,
+    pub(crate) delimiter: char,
     /// What stands for NULL (`\N` in text, nothing in CSV, unless the NULL option says).
-    pub(super) null: String,
+    pub(crate) null: String,
 }
 
 /// A `COPY` statement shardwise runs.
@@ -125,22 +125,28 @@ pub fn parse(sql: &str) -> PgWireResult<Option<Copy>> {
     }
 }
 
-/// The table a `COPY ... FROM` names, as the catalog spells it: an unquoted name folded to lower
-/// case, a quoted one as written, with an optional schema `public` (where every table is).
+/// The table a `COPY ... FROM` names, as the catalog spells it (see [`table_name`]).
 fn table_of(name: &ObjectName) -> Result<String, PgWireError> {
+    table_name(name).map_err(|e| refused(format!("COPY {e}")))
+}
+
+/// The table `name` names, as the catalog spells it: an unquoted name folded to lower case, a
+/// quoted one as written, with an optional schema `public` (where every table is). The error
+/// starts with the name as written.
+pub(crate) fn table_name(name: &ObjectName) -> Result<String, String> {
     let parts: Vec<String> = name
         .0
         .iter()
         .map(|part| match part.as_ident() {
             Some(ident) if ident.quote_style.is_some() => Ok(ident.value.clone()),
             Some(ident) => Ok(ident.value.to_lowercase()),
-            None => Err(refused(format!("COPY {name}: not a table name"))),
+            None => Err(format!("{name}: not a table name")),
         })
         .collect::<Result<_, _>>()?;
     match parts.as_slice() {
         [table] => Ok(table.clone()),
         [schema, table] if schema == "public" => Ok(table.clone()),
-        _ => Err(refused(format!("COPY {name}: tables live in schema public; name the table alone"))),
+        _ => Err(format!("{name}: tables live in schema public; name the table alone")),
     }
 }
 

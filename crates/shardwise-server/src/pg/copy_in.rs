@@ -39,6 +39,9 @@ pub struct PendingCopyIn {
     data: Vec<u8>,
     /// Set when the data went past [`COPY_IN_MAX_BYTES`]; the rest is dropped.
     too_large: bool,
+    /// What errors call the statement: `COPY` (PostgreSQL's), or `INSERT INTO` for the same
+    /// rows sent over HTTP (`crate::http_insert`).
+    verb: &'static str,
 }
 
 impl PendingCopyIn {
@@ -49,7 +52,22 @@ impl PendingCopyIn {
         format: CopyFormat,
         settings: Vec<(String, String)>,
     ) -> Self {
-        PendingCopyIn { table, table_schema, columns, format, settings, data: Vec::new(), too_large: false }
+        PendingCopyIn {
+            table,
+            table_schema,
+            columns,
+            format,
+            settings,
+            data: Vec::new(),
+            too_large: false,
+            verb: "COPY",
+        }
+    }
+
+    /// The same, with errors that call the statement `verb` (`INSERT INTO`) instead of `COPY`.
+    pub fn named(mut self, verb: &'static str) -> Self {
+        self.verb = verb;
+        self
     }
 
     /// Takes one CopyData message.
@@ -66,19 +84,21 @@ impl PendingCopyIn {
     pub fn batch(&self) -> Result<RecordBatch, QueryError> {
         if self.too_large {
             return Err(bad(format!(
-                "COPY {}: more than {} MiB of data (COPY_IN_MAX_BYTES); load large files with `shardwise load`",
+                "{} {}: more than {} MiB of data (COPY_IN_MAX_BYTES); load large files with `shardwise load`",
+                self.verb,
                 self.table,
                 COPY_IN_MAX_BYTES >> 20
             )));
         }
         let text = std::str::from_utf8(&self.data)
-            .map_err(|e| bad(format!("COPY {}: the data is not UTF-8 ({e})", self.table)))?;
+            .map_err(|e| bad(format!("{} {}: the data is not UTF-8 ({e})", self.verb, self.table)))?;
         let rows = if self.format.csv { self.csv_rows(text)? } else { self.text_rows(text)? };
         let width = self.columns.len();
         for (line, fields) in &rows {
             if fields.len() != width {
                 return Err(bad(format!(
-                    "COPY {} line {line}: {} fields, the statement names {width} column(s)",
+                    "{} {} line {line}: {} fields, the statement names {width} column(s)",
+                    self.verb,
                     self.table,
                     fields.len()
                 )));
@@ -96,26 +116,27 @@ impl PendingCopyIn {
                     .find(|&r| cast_with_options(&text.slice(r, 1), field.data_type(), &options).is_err());
                 match at {
                     Some(r) => bad(format!(
-                        "COPY {} line {}, column {}: {:?} is not a {} ({e})",
+                        "{} {} line {}, column {}: {:?} is not a {} ({e})",
+                        self.verb,
                         self.table,
                         rows[r].0,
                         field.name(),
                         text.value(r),
                         field.data_type()
                     )),
-                    None => bad(format!("COPY {}, column {}: {e}", self.table, field.name())),
+                    None => bad(format!("{} {}, column {}: {e}", self.verb, self.table, field.name())),
                 }
             })?;
         }
         RecordBatch::try_new(Arc::clone(&self.table_schema), columns)
-            .map_err(|e| bad(format!("COPY {}: {e}", self.table)))
+            .map_err(|e| bad(format!("{} {}: {e}", self.verb, self.table)))
     }
 
     /// CSV records with their line numbers; an unquoted field equal to the NULL string (empty
     /// unless the NULL option says) is NULL, a quoted one is text.
     fn csv_rows(&self, text: &str) -> Result<Vec<Row>, QueryError> {
         let records = super::copy_csv::records(text, self.format.delimiter)
-            .map_err(|e| bad(format!("COPY {} {e}", self.table)))?;
+            .map_err(|e| bad(format!("{} {} {e}", self.verb, self.table)))?;
         let null = &self.format.null;
         let mut rows = Vec::with_capacity(records.len());
         for (line, fields) in records.into_iter().skip(usize::from(self.format.header)) {

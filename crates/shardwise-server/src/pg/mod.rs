@@ -15,9 +15,9 @@
 //! ([`params`]).
 
 mod cancel;
-mod copy;
-mod copy_csv;
-mod copy_in;
+pub(crate) mod copy;
+pub(crate) mod copy_csv;
+pub(crate) mod copy_in;
 mod copy_out;
 mod cursor;
 mod encode;
@@ -373,7 +373,8 @@ impl Handler {
             copy::Copy::In { table, columns, format, settings } => {
                 // A bad setting fails the COPY before the client sends its data.
                 self.engine.session_with(&settings).map_err(pg_error)?;
-                let probe = format!("SELECT * FROM {table} LIMIT 0");
+                // The name as the catalog spells it (`table_of`), quoted so that it is not folded.
+                let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
                 let schema = self.engine.plan(&probe, &self.session).await.map_err(pg_error)?.schema();
                 let indices: Vec<usize> = match columns.is_empty() {
                     true => (0..schema.fields().len()).collect(),

@@ -535,6 +535,37 @@ fn every_http_route_with_curl() {
         curl(&[&sql_body[..], &["SELECT count(*) AS n, sum(k) AS s FROM retried FORMAT CSV", &query]].concat());
     assert_eq!((code, body.as_str()), (200, "4,10\n"));
 
+    // Rows after an INSERT ... FORMAT, as ClickHouse's HTTP interface takes them: in the body
+    // after the statement, or as the body of ?query=, with a header line for WithNames.
+    let (code, body) = curl(
+        &[&sql_body[..], &["CREATE TABLE posted (id BIGINT, name VARCHAR, d DATE) WITH (shard_key = 'id')", &query]]
+            .concat(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let rows = "INSERT INTO posted FORMAT CSV\n1,a,2024-01-01\n2,\"b,c\",\n";
+    let (code, body) = curl(&[&sql_body[..], &[rows, &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "{\"count\":2}\n"));
+    let file = dir.path().join("rows.tsv");
+    std::fs::write(&file, "name\tid\nd\t3\n\\N\t4\n").unwrap();
+    let statement = "INSERT%20INTO%20posted%20SETTINGS%20insert_id%20%3D%20%27tsv-1%27%20FORMAT%20TSVWithNames";
+    for _ in 0..2 {
+        let (code, body) =
+            curl(&["--data-binary", &format!("@{}", file.display()), &format!("{query}?query={statement}&format=csv")]);
+        assert_eq!((code, body.as_str()), (200, "count\n2\n"));
+    }
+    // A bad value names its line and column, and nothing is stored.
+    let (code, body) =
+        curl(&[&sql_body[..], &["INSERT INTO posted FORMAT CSV\n5,e,2024-01-01\n6,f,someday\n", &query]].concat());
+    assert!(
+        code == 400 && body.contains("INSERT INTO posted line 2, column d: \\\"someday\\\" is not a Date32"),
+        "{code} {body}"
+    );
+    let (code, body) = curl(&[&sql_body[..], &["INSERT INTO posted FORMAT Parquet\nPAR1", &query]].concat());
+    assert!(code == 400 && body.contains("not a format shardwise reads"), "{code} {body}");
+    let listed = "SELECT id, name, d FROM posted ORDER BY id FORMAT CSV";
+    let (code, body) = curl(&[&sql_body[..], &[listed, &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "1,a,2024-01-01\n2,\"b,c\",\n3,d,\n4,,\n"));
+
     // A query named by the client, as ClickHouse's query_id, found by that name.
     let (code, body) =
         curl(&[&sql_body[..], &["SELECT 41 + 1 AS answer", &format!("{query}?query_id=http-q-1")]].concat());

@@ -1,0 +1,234 @@
+//! `INSERT INTO t [(columns)] [SETTINGS ...] FORMAT name` followed by the rows themselves, as
+//! ClickHouse's HTTP interface takes them: `curl --data-binary @rows.csv
+//! 'http://HOST:PORT/query?query=INSERT%20INTO%20t%20FORMAT%20CSV'`, or the statement and the
+//! rows in one body, the rows starting on the line after the statement.
+//!
+//! Why: a ClickHouse user's first way to put a file into a table over HTTP. Without it the rows
+//! were read as SQL and failed with a parser error.
+//!
+//! How: [`parse`] finds the statement's end (the format's name after the word `FORMAT`), reads
+//! the statement with sqlparser's ClickHouse dialect, and leaves the rest as the data. The rows
+//! then go the way of a PostgreSQL `COPY t FROM STDIN` (`crate::pg::copy_in`): checked whole
+//! (every field converted to its column's type; an error names its line and column, and nothing
+//! is written), then stored as one insert, with the statement's settings (`insert_id`,
+//! `insert_quorum`). Formats: `CSV` and `TabSeparated` (`TSV`), and their `WithNames` forms,
+//! whose first line names the columns the rows hold. An unquoted empty CSV field, or `\N` in
+//! TabSeparated, is NULL, as in what the HTTP API writes.
+
+use datafusion::sql::sqlparser::ast::{Expr, Statement, TableObject, UnaryOperator, Value};
+use datafusion::sql::sqlparser::dialect::ClickHouseDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use shardwise_query::QueryError;
+
+use crate::pg::copy::{CopyFormat, table_name};
+
+/// The formats an `INSERT ... FORMAT` over HTTP reads (ClickHouse's names, in any case).
+pub const INPUT_FORMATS: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames)";
+
+/// An `INSERT ... FORMAT` and its rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpInsert {
+    /// The table, as the catalog spells it.
+    pub table: String,
+    /// The columns the statement names, as the catalog spells them (empty: all, or, with a
+    /// `WithNames` format, those of the first line).
+    pub columns: Vec<String>,
+    /// The statement's own settings (its `SETTINGS` clause).
+    pub settings: Vec<(String, String)>,
+    /// How the rows are written; `header` for the `WithNames` formats.
+    pub format: CopyFormat,
+    /// The rows.
+    pub data: String,
+}
+
+/// The `INSERT ... FORMAT name` at the start of `text` and the rows after it; `None` when `text`
+/// is not one (another statement, or an INSERT with VALUES or a SELECT: planned as SQL).
+pub fn parse(text: &str) -> Result<Option<HttpInsert>, QueryError> {
+    let start = text.trim_start();
+    if !start.get(..6).is_some_and(|w| w.eq_ignore_ascii_case("insert")) {
+        return Ok(None);
+    }
+    let Some((header_end, name)) = format_name(start) else { return Ok(None) };
+    let header = &start[..header_end];
+    // A statement that does not read as an INSERT with a FORMAT clause (the word in a string,
+    // say) is left to the SQL planner, which says what is wrong with it.
+    let Ok(statements) = Parser::parse_sql(&ClickHouseDialect {}, header) else { return Ok(None) };
+    let [Statement::Insert(insert)] = statements.as_slice() else { return Ok(None) };
+    if insert.format_clause.is_none() || insert.source.is_some() {
+        return Ok(None);
+    }
+    let TableObject::TableName(table) = &insert.table else {
+        return Err(bad(format!("INSERT INTO {}: not a table", insert.table)));
+    };
+    let table = table_name(table).map_err(|e| bad(format!("INSERT INTO {e}")))?;
+    let format = input_format(name).ok_or_else(|| {
+        bad(format!("INSERT INTO {table} FORMAT {name}: not a format shardwise reads; accepted: {INPUT_FORMATS}"))
+    })?;
+    let columns = insert
+        .columns
+        .iter()
+        .map(|c| match c.0.as_slice() {
+            [part] => match part.as_ident() {
+                Some(ident) if ident.quote_style.is_some() => Ok(ident.value.clone()),
+                Some(ident) => Ok(ident.value.to_lowercase()),
+                None => Err(bad(format!("INSERT INTO {table}: {c} is not a column name"))),
+            },
+            _ => Err(bad(format!("INSERT INTO {table}: {c} is not a column name"))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let settings = insert
+        .settings
+        .iter()
+        .flatten()
+        .map(|s| {
+            Ok((
+                s.key.value.to_lowercase(),
+                setting_value(&s.value).map_err(|e| bad(format!("INSERT INTO {table}: {e}")))?,
+            ))
+        })
+        .collect::<Result<Vec<_>, QueryError>>()?;
+    Ok(Some(HttpInsert { table, columns, settings, format, data: rows_after(&start[header_end..]).to_string() }))
+}
+
+/// Where the statement ends in `text` (just after the format's name) and the name: the first
+/// word `FORMAT`, outside quotes, followed by a name.
+fn format_name(text: &str) -> Option<(usize, &str)> {
+    let bytes = text.as_bytes();
+    let mut quote: Option<u8> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match quote {
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
+            None if matches!(b, b'\'' | b'"' | b'`') => quote = Some(b),
+            None if b == b'\n' && i > 0 && bytes[i - 1] == b'\n' => return None,
+            None => {
+                let word_start = i == 0 || !is_word(bytes[i - 1]);
+                if word_start && text[i..].get(..6).is_some_and(|w| w.eq_ignore_ascii_case("format")) {
+                    let after = i + 6;
+                    let name_start =
+                        after + text[after..].len() - text[after..].trim_start_matches([' ', '\t', '\r', '\n']).len();
+                    let name_len = text[name_start..].bytes().take_while(|&c| is_word(c)).count();
+                    if name_start > after && name_len > 0 {
+                        return Some((name_start + name_len, &text[name_start..name_start + name_len]));
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// The rows after the statement: from the next line, or after the spaces that follow the
+/// format's name when the rows start on the same line.
+fn rows_after(rest: &str) -> &str {
+    let rest = rest.trim_start_matches([' ', '\t']);
+    rest.strip_prefix("\r\n").or_else(|| rest.strip_prefix('\n')).unwrap_or(rest)
+}
+
+fn input_format(name: &str) -> Option<CopyFormat> {
+    let csv = CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() };
+    let tsv = CopyFormat { csv: false, header: false, delimiter: '\t', null: "\\N".into() };
+    match name.to_ascii_lowercase().as_str() {
+        "csv" => Some(csv),
+        "csvwithnames" => Some(CopyFormat { header: true, ..csv }),
+        "tabseparated" | "tsv" => Some(tsv),
+        "tabseparatedwithnames" | "tsvwithnames" => Some(CopyFormat { header: true, ..tsv }),
+        _ => None,
+    }
+}
+
+/// A setting's value as the settings layer takes it: a string's text, a number as written.
+fn setting_value(value: &Expr) -> Result<String, String> {
+    match value {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Ok(s.clone()),
+            Value::Number(n, _) => Ok(n.to_string()),
+            Value::Boolean(b) => Ok(b.to_string()),
+            other => Err(format!("setting value {other} is not a string, number or boolean")),
+        },
+        Expr::UnaryOp { op: UnaryOperator::Minus, expr } => setting_value(expr).map(|v| format!("-{v}")),
+        Expr::Identifier(ident) => Ok(ident.value.clone()),
+        other => Err(format!("setting value {other} is not a string, number or boolean")),
+    }
+}
+
+fn bad(message: String) -> QueryError {
+    QueryError::Rejected(message)
+}
+
+/// The column names in the first line of a `WithNames` format's rows.
+pub fn header_names(format: &CopyFormat, data: &str) -> Result<Vec<String>, String> {
+    let first = data.lines().next().unwrap_or("");
+    if format.csv {
+        let records = crate::pg::copy_csv::records(first, format.delimiter)?;
+        Ok(records
+            .into_iter()
+            .next()
+            .map(|(_, fields)| fields.into_iter().map(|f| f.text).collect())
+            .unwrap_or_default())
+    } else {
+        Ok(first.split(format.delimiter).map(str::to_string).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn insert(text: &str) -> HttpInsert {
+        parse(text).expect("parses").expect("an INSERT ... FORMAT")
+    }
+
+    #[test]
+    fn the_statement_ends_at_the_format_name_and_the_rows_follow() {
+        let i = insert("INSERT INTO t FORMAT CSV\n1,a\n2,b\n");
+        assert_eq!((i.table.as_str(), i.data.as_str()), ("t", "1,a\n2,b\n"));
+        assert!(i.columns.is_empty() && i.settings.is_empty() && i.format.csv && !i.format.header);
+        let i = insert(
+            "  insert into \"Big\" (id, \"Name\") SETTINGS insert_id = 'b-1', insert_quorum = 2 format TSVWithNames\r\nid\tName\n",
+        );
+        assert_eq!((i.table.as_str(), i.columns), ("Big", vec!["id".to_string(), "Name".to_string()]));
+        assert_eq!(i.settings, vec![("insert_id".into(), "b-1".into()), ("insert_quorum".into(), "2".into())]);
+        assert!(!i.format.csv && i.format.header && i.format.null == "\\N");
+        assert_eq!(i.data, "id\tName\n");
+        // The rows may start on the statement's line, and the statement may be all there is.
+        assert_eq!(insert("INSERT INTO t FORMAT CSV 1,a").data, "1,a");
+        assert_eq!(insert("INSERT INTO public.t FORMAT CSVWithNames").data, "");
+    }
+
+    #[test]
+    fn other_statements_are_left_to_the_planner() {
+        for sql in [
+            "SELECT 1 FORMAT CSV",
+            "INSERT INTO t VALUES (1, 'FORMAT CSV')",
+            "INSERT INTO t SELECT * FROM u",
+            "INSERT INTO t VALUES (1) FORMAT CSV",
+            "INSERT INTO t (format) VALUES (1)",
+        ] {
+            assert_eq!(parse(sql).expect("no error"), None, "{sql}");
+        }
+    }
+
+    #[test]
+    fn an_unread_format_or_table_is_refused_by_name() {
+        let err = parse("INSERT INTO t FORMAT Parquet\nPAR1").unwrap_err().to_string();
+        assert!(err.contains("FORMAT Parquet: not a format shardwise reads") && err.contains("CSVWithNames"), "{err}");
+        let err = parse("INSERT INTO other.t FORMAT CSV\n1").unwrap_err().to_string();
+        assert!(err.contains("tables live in schema public"), "{err}");
+    }
+
+    #[test]
+    fn a_header_line_names_columns() {
+        let csv = input_format("CSVWithNames").expect("csv");
+        assert_eq!(header_names(&csv, "id,\"a b\"\n1,2\n").expect("names"), vec!["id", "a b"]);
+        let tsv = input_format("TSVWithNames").expect("tsv");
+        assert_eq!(header_names(&tsv, "id\tv\n").expect("names"), vec!["id", "v"]);
+    }
+}
