@@ -430,7 +430,8 @@ impl QueryEngine {
         crate::table_listing::list_schemas(&self.ctx)
     }
 
-    /// Inserts rows read outside SQL (PostgreSQL's `COPY ... FROM STDIN`) into `table`, as an
+    /// Inserts rows read outside SQL (PostgreSQL's `COPY ... FROM STDIN`, the rows after an HTTP
+    /// `INSERT ... FORMAT CSV`) into `table`, as an
     /// `INSERT` would under `session`'s settings and then the statement's own (`statement`, a
     /// `SETTINGS` clause: `insert_id`); `batches` have the table's columns. The rows stored.
     pub async fn insert_batches(
@@ -440,7 +441,7 @@ impl QueryEngine {
         session: &Arc<Session>,
         statement: &[(String, String)],
     ) -> Result<u64, QueryError> {
-        let access = self.access("COPY ... FROM STDIN")?;
+        let access = self.access("storing rows")?;
         let mut state = self.ctx.state();
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), statement)?;
