@@ -31,8 +31,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use datafusion::arrow::array::{RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
@@ -392,7 +392,7 @@ async fn query(
     if let Some(insert) = crate::http_insert::parse(&sql)? {
         let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
         let format = choose_format(param, headers.get(header::ACCEPT))?;
-        let stored = insert_rows(&http.engine, insert, &settings).await?;
+        let stored = crate::http_insert::store(&http.engine, insert, &settings).await?;
         let body = Body::from_stream(encode(stored, format, true));
         return Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response());
     }
@@ -448,56 +448,6 @@ fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<String, Fai
     let body = std::str::from_utf8(body)
         .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))?;
     Ok(if body.is_empty() { sql.to_string() } else { format!("{sql}\n{body}") })
-}
-
-/// Stores the rows of an `INSERT ... FORMAT` (see `crate::http_insert`); answers with their
-/// count, as an `INSERT` statement does.
-async fn insert_rows(
-    engine: &QueryEngine,
-    insert: crate::http_insert::HttpInsert,
-    settings: &[(String, String)],
-) -> Result<SendableRecordBatchStream, Failure> {
-    use crate::pg::copy_in::PendingCopyIn;
-    let session = engine.session_with(settings)?;
-    // A bad setting of the statement fails before the rows are read.
-    engine.session_with(&insert.settings)?;
-    let table = &insert.table;
-    let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
-    let schema = engine.plan(&probe, &session).await?.schema();
-    let mut names = insert.columns.clone();
-    if insert.format.header {
-        let header = crate::http_insert::header_names(&insert.format, &insert.data)
-            .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
-        if !names.is_empty() && names != header {
-            return Err(QueryError::Rejected(format!(
-                "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
-                names.join(", "),
-                header.join(", ")
-            ))
-            .into());
-        }
-        names = header;
-    }
-    let columns: Vec<usize> = match names.is_empty() {
-        true => (0..schema.fields().len()).collect(),
-        false => names
-            .iter()
-            .map(|c| {
-                schema
-                    .index_of(c)
-                    .map_err(|_| QueryError::Rejected(format!("INSERT INTO {table}: no column {c:?} in {table}")))
-            })
-            .collect::<Result<_, _>>()?,
-    };
-    let mut pending =
-        PendingCopyIn::new(table.clone(), schema, columns, insert.format, insert.settings).named("INSERT INTO");
-    pending.push(insert.data.as_bytes());
-    let batch = pending.batch()?;
-    let rows = engine.insert_batches(table, vec![batch], &session, &pending.settings).await?;
-    let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
-    let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
-        .map_err(|e| QueryError::Internal(e.into()))?;
-    Ok(Box::pin(RecordBatchStreamAdapter::new(counted, futures::stream::iter([Ok(batch)]))))
 }
 
 /// The answer's bytes, batch by batch. An error after the first batch ends the body early (the

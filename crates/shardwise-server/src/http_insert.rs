@@ -15,12 +15,19 @@
 //! whose first line names the columns the rows hold. An unquoted empty CSV field, or `\N` in
 //! TabSeparated, is NULL, as in what the HTTP API writes.
 
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::sql::sqlparser::ast::{Expr, Statement, TableObject, UnaryOperator, Value};
 use datafusion::sql::sqlparser::dialect::ClickHouseDialect;
 use datafusion::sql::sqlparser::parser::Parser;
-use shardwise_query::QueryError;
+use shardwise_query::{QueryEngine, QueryError};
 
 use crate::pg::copy::{CopyFormat, table_name};
+use crate::pg::copy_in::PendingCopyIn;
 
 /// The formats an `INSERT ... FORMAT` over HTTP reads (ClickHouse's names, in any case).
 pub const INPUT_FORMATS: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames)";
@@ -102,7 +109,6 @@ fn format_name(text: &str) -> Option<(usize, &str)> {
             Some(q) if b == q => quote = None,
             Some(_) => {}
             None if matches!(b, b'\'' | b'"' | b'`') => quote = Some(b),
-            None if b == b'\n' && i > 0 && bytes[i - 1] == b'\n' => return None,
             None => {
                 let word_start = i == 0 || !is_word(bytes[i - 1]);
                 if word_start && text[i..].get(..6).is_some_and(|w| w.eq_ignore_ascii_case("format")) {
@@ -157,6 +163,54 @@ fn setting_value(value: &Expr) -> Result<String, String> {
         Expr::Identifier(ident) => Ok(ident.value.clone()),
         other => Err(format!("setting value {other} is not a string, number or boolean")),
     }
+}
+
+/// Stores `insert`'s rows under a session of `settings` (the request's), then the statement's
+/// own; answers with their count, as an `INSERT` statement does.
+pub async fn store(
+    engine: &QueryEngine,
+    insert: HttpInsert,
+    settings: &[(String, String)],
+) -> Result<SendableRecordBatchStream, QueryError> {
+    let session = engine.session_with(settings)?;
+    // A bad setting of the statement fails before the rows are read.
+    engine.session_with(&insert.settings)?;
+    let table = &insert.table;
+    let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
+    let schema = engine.plan(&probe, &session).await?.schema();
+    let mut names = insert.columns.clone();
+    if insert.format.header {
+        let header = header_names(&insert.format, &insert.data)
+            .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
+        if !names.is_empty() && names != header {
+            return Err(QueryError::Rejected(format!(
+                "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
+                names.join(", "),
+                header.join(", ")
+            )));
+        }
+        names = header;
+    }
+    let columns: Vec<usize> = match names.is_empty() {
+        true => (0..schema.fields().len()).collect(),
+        false => names
+            .iter()
+            .map(|c| {
+                schema
+                    .index_of(c)
+                    .map_err(|_| QueryError::Rejected(format!("INSERT INTO {table}: no column {c:?} in {table}")))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let mut pending =
+        PendingCopyIn::new(table.clone(), schema, columns, insert.format, insert.settings).named("INSERT INTO");
+    pending.push(insert.data.as_bytes());
+    let batch = pending.batch()?;
+    let rows = engine.insert_batches(table, vec![batch], &session, &pending.settings).await?;
+    let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+    let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
+        .map_err(|e| QueryError::Internal(e.into()))?;
+    Ok(Box::pin(RecordBatchStreamAdapter::new(counted, futures::stream::iter([Ok(batch)]))))
 }
 
 fn bad(message: String) -> QueryError {

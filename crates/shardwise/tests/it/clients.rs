@@ -553,6 +553,13 @@ fn every_http_route_with_curl() {
             curl(&["--data-binary", &format!("@{}", file.display()), &format!("{query}?query={statement}&format=csv")]);
         assert_eq!((code, body.as_str()), (200, "count\n2\n"));
     }
+    // ?query= alone is the SQL, as ClickHouse takes it; a JSON body beside it would be a second.
+    let (code, body) = curl(&["-X", "POST", &format!("{query}?query=SELECT%2041%20%2B%201%20AS%20a")]);
+    assert_eq!((code, body.as_str()), (200, "{\"a\":42}\n"));
+    let json = r#"{"sql": "SELECT 1"}"#;
+    let (code, body) =
+        curl(&["-H", "Content-Type: application/json", "--data-binary", json, &format!("{query}?query=SELECT%202")]);
+    assert!(code == 400 && body.contains("a JSON body would be another"), "{code} {body}");
     // A bad value names its line and column, and nothing is stored.
     let (code, body) =
         curl(&[&sql_body[..], &["INSERT INTO posted FORMAT CSV\n5,e,2024-01-01\n6,f,someday\n", &query]].concat());
