@@ -111,7 +111,9 @@ fn format_name(text: &str) -> Option<(usize, &str)> {
             None if matches!(b, b'\'' | b'"' | b'`') => quote = Some(b),
             None => {
                 let word_start = i == 0 || !is_word(bytes[i - 1]);
-                if word_start && text[i..].get(..6).is_some_and(|w| w.eq_ignore_ascii_case("format")) {
+                // Compared as bytes: `i` may be inside a character of a name like `tä`; the match
+                // is ASCII, so every offset sliced below is a character boundary.
+                if word_start && bytes.get(i..i + 6).is_some_and(|w| w.eq_ignore_ascii_case(b"format")) {
                     let after = i + 6;
                     let name_start =
                         after + text[after..].len() - text[after..].trim_start_matches([' ', '\t', '\r', '\n']).len();
@@ -255,6 +257,11 @@ mod tests {
         // The rows may start on the statement's line, and the statement may be all there is.
         assert_eq!(insert("INSERT INTO t FORMAT CSV 1,a").data, "1,a");
         assert_eq!(insert("INSERT INTO public.t FORMAT CSVWithNames").data, "");
+        // Names and rows beyond ASCII; unquoted, such names are not read by the ClickHouse
+        // dialect, and the statement goes to the planner (scanned without slicing a character).
+        let i = insert("INSERT INTO \"tä\" (\"größe\") FORMAT CSV\nü,1\n");
+        assert_eq!((i.table.as_str(), i.columns, i.data.as_str()), ("tä", vec!["größe".to_string()], "ü,1\n"));
+        assert_eq!(parse("INSERT INTO tä (größe) FORMAT CSV\nü,1\n").expect("no error"), None);
     }
 
     #[test]
