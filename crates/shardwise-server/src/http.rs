@@ -7,7 +7,7 @@
 //!   chosen by a trailing `FORMAT CSV | CSVWithNames | JSONEachRow | ArrowStream` clause, else by
 //!   `?format=json|csv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the query
 //!   produces them. The SQL may instead be in `?query=`, as ClickHouse takes it; and after an
-//!   `INSERT INTO t ... FORMAT CSV` (or TSV, and their `WithNames` forms) come the rows, in the
+//!   `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow) come the rows, in the
 //!   body after the statement or as the body of `?query=` (`crate::http_insert`).
 //! - `GET /health`: 200 and this node's rank while it serves.
 //! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node

@@ -12,8 +12,8 @@
 //! (every field converted to its column's type; an error names its line and column, and nothing
 //! is written), then stored as one insert, with the statement's settings (`insert_id`,
 //! `insert_quorum`). Formats: `CSV` and `TabSeparated` (`TSV`), and their `WithNames` forms,
-//! whose first line names the columns the rows hold. An unquoted empty CSV field, or `\N` in
-//! TabSeparated, is NULL, as in what the HTTP API writes.
+//! whose first line names the columns the rows hold, and `JSONEachRow` (`json_rows`). An
+//! unquoted empty CSV field, or `\N` in TabSeparated, is NULL, as in what the HTTP API writes.
 
 use std::sync::Arc;
 
@@ -29,8 +29,20 @@ use shardwise_query::{QueryEngine, QueryError};
 use crate::pg::copy::{CopyFormat, table_name};
 use crate::pg::copy_in::PendingCopyIn;
 
+mod json_rows;
+
 /// The formats an `INSERT ... FORMAT` over HTTP reads (ClickHouse's names, in any case).
-pub const INPUT_FORMATS: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames)";
+pub const INPUT_FORMATS: &str =
+    "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames), JSONEachRow";
+
+/// How the rows of an `INSERT ... FORMAT` are written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowsFormat {
+    /// CSV or TabSeparated (PostgreSQL's text format), as a `COPY`'s; `header` for `WithNames`.
+    Text(CopyFormat),
+    /// One JSON object per line (`json_rows`).
+    JsonEachRow,
+}
 
 /// An `INSERT ... FORMAT` and its rows.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,8 +54,8 @@ pub struct HttpInsert {
     pub columns: Vec<String>,
     /// The statement's own settings (its `SETTINGS` clause).
     pub settings: Vec<(String, String)>,
-    /// How the rows are written; `header` for the `WithNames` formats.
-    pub format: CopyFormat,
+    /// How the rows are written.
+    pub format: RowsFormat,
     /// The rows.
     pub data: String,
 }
@@ -140,16 +152,18 @@ fn rows_after(rest: &str) -> &str {
     rest.strip_prefix("\r\n").or_else(|| rest.strip_prefix('\n')).unwrap_or(rest)
 }
 
-fn input_format(name: &str) -> Option<CopyFormat> {
+fn input_format(name: &str) -> Option<RowsFormat> {
     let csv = CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() };
     let tsv = CopyFormat { csv: false, header: false, delimiter: '\t', null: "\\N".into() };
-    match name.to_ascii_lowercase().as_str() {
-        "csv" => Some(csv),
-        "csvwithnames" => Some(CopyFormat { header: true, ..csv }),
-        "tabseparated" | "tsv" => Some(tsv),
-        "tabseparatedwithnames" | "tsvwithnames" => Some(CopyFormat { header: true, ..tsv }),
-        _ => None,
-    }
+    let text = match name.to_ascii_lowercase().as_str() {
+        "csv" => csv,
+        "csvwithnames" => CopyFormat { header: true, ..csv },
+        "tabseparated" | "tsv" => tsv,
+        "tabseparatedwithnames" | "tsvwithnames" => CopyFormat { header: true, ..tsv },
+        "jsoneachrow" => return Some(RowsFormat::JsonEachRow),
+        _ => return None,
+    };
+    Some(RowsFormat::Text(text))
 }
 
 /// A setting's value as the settings layer takes it: a string's text, a number as written.
@@ -180,20 +194,43 @@ pub async fn store(
     let table = &insert.table;
     let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
     let schema = engine.plan(&probe, &session).await?.schema();
-    let mut names = insert.columns.clone();
-    if insert.format.header {
-        let header = header_names(&insert.format, &insert.data)
-            .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
-        if !names.is_empty() && names != header {
-            return Err(QueryError::Rejected(format!(
-                "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
-                names.join(", "),
-                header.join(", ")
-            )));
+    // The columns the rows hold: the statement's, or those a header line or the JSON keys name.
+    let (named, json) = match &insert.format {
+        RowsFormat::Text(format) if format.header => {
+            let header = header_names(format, &insert.data)
+                .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
+            (Some(header), None)
         }
-        names = header;
-    }
-    let columns: Vec<usize> = match names.is_empty() {
+        RowsFormat::Text(_) => (None, None),
+        RowsFormat::JsonEachRow => {
+            let (keys, rows) = json_rows::rows(table, &insert.data)?;
+            (Some(keys), Some(rows))
+        }
+    };
+    let stated = &insert.columns;
+    let names = match (named, &json) {
+        (None, _) => stated.clone(),
+        (Some(header), None) => {
+            if !stated.is_empty() && *stated != header {
+                return Err(QueryError::Rejected(format!(
+                    "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
+                    stated.join(", "),
+                    header.join(", ")
+                )));
+            }
+            header
+        }
+        (Some(keys), Some(_)) => {
+            if let Some(key) = keys.iter().find(|k| !stated.is_empty() && !stated.contains(k)) {
+                return Err(QueryError::Rejected(format!(
+                    "INSERT INTO {table}: the rows have {key:?}, which the statement's columns ({}) leave out",
+                    stated.join(", ")
+                )));
+            }
+            keys
+        }
+    };
+    let columns: Vec<usize> = match names.is_empty() && json.is_none() {
         true => (0..schema.fields().len()).collect(),
         false => names
             .iter()
@@ -204,10 +241,18 @@ pub async fn store(
             })
             .collect::<Result<_, _>>()?,
     };
-    let mut pending =
-        PendingCopyIn::new(table.clone(), schema, columns, insert.format, insert.settings).named("INSERT INTO");
-    pending.push(insert.data.as_bytes());
-    let batch = pending.batch()?;
+    let text = match &insert.format {
+        RowsFormat::Text(format) => format.clone(),
+        RowsFormat::JsonEachRow => CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() },
+    };
+    let mut pending = PendingCopyIn::new(table.clone(), schema, columns, text, insert.settings).named("INSERT INTO");
+    let batch = match json {
+        Some(rows) => pending.batch_of(&rows)?,
+        None => {
+            pending.push(insert.data.as_bytes());
+            pending.batch()?
+        }
+    };
     let rows = engine.insert_batches(table, vec![batch], &session, &pending.settings).await?;
     let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
     let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
@@ -246,13 +291,15 @@ mod tests {
     fn the_statement_ends_at_the_format_name_and_the_rows_follow() {
         let i = insert("INSERT INTO t FORMAT CSV\n1,a\n2,b\n");
         assert_eq!((i.table.as_str(), i.data.as_str()), ("t", "1,a\n2,b\n"));
-        assert!(i.columns.is_empty() && i.settings.is_empty() && i.format.csv && !i.format.header);
+        let RowsFormat::Text(format) = &i.format else { panic!("CSV") };
+        assert!(i.columns.is_empty() && i.settings.is_empty() && format.csv && !format.header);
         let i = insert(
             "  insert into \"Big\" (id, \"Name\") SETTINGS insert_id = 'b-1', insert_quorum = 2 format TSVWithNames\r\nid\tName\n",
         );
         assert_eq!((i.table.as_str(), i.columns), ("Big", vec!["id".to_string(), "Name".to_string()]));
         assert_eq!(i.settings, vec![("insert_id".into(), "b-1".into()), ("insert_quorum".into(), "2".into())]);
-        assert!(!i.format.csv && i.format.header && i.format.null == "\\N");
+        let RowsFormat::Text(format) = &i.format else { panic!("TSV") };
+        assert!(!format.csv && format.header && format.null == "\\N");
         assert_eq!(i.data, "id\tName\n");
         // The rows may start on the statement's line, and the statement may be all there is.
         assert_eq!(insert("INSERT INTO t FORMAT CSV 1,a").data, "1,a");
@@ -287,9 +334,10 @@ mod tests {
 
     #[test]
     fn a_header_line_names_columns() {
-        let csv = input_format("CSVWithNames").expect("csv");
+        let Some(RowsFormat::Text(csv)) = input_format("CSVWithNames") else { panic!("csv") };
         assert_eq!(header_names(&csv, "id,\"a b\"\n1,2\n").expect("names"), vec!["id", "a b"]);
-        let tsv = input_format("TSVWithNames").expect("tsv");
+        let Some(RowsFormat::Text(tsv)) = input_format("TSVWithNames") else { panic!("tsv") };
         assert_eq!(header_names(&tsv, "id\tv\n").expect("names"), vec!["id", "v"]);
+        assert_eq!(input_format("jsoneachrow"), Some(RowsFormat::JsonEachRow));
     }
 }

@@ -23,7 +23,7 @@ use super::copy::CopyFormat;
 pub const COPY_IN_MAX_BYTES: usize = 256 << 20;
 
 /// One line of COPY data: its line number and its fields (`None`: NULL).
-type Row = (u64, Vec<Option<String>>);
+pub type Row = (u64, Vec<Option<String>>);
 
 /// A `COPY ... FROM STDIN` whose data is arriving.
 #[derive(Debug)]
@@ -93,8 +93,14 @@ impl PendingCopyIn {
         let text = std::str::from_utf8(&self.data)
             .map_err(|e| bad(format!("{} {}: the data is not UTF-8 ({e})", self.verb, self.table)))?;
         let rows = if self.format.csv { self.csv_rows(text)? } else { self.text_rows(text)? };
+        self.batch_of(&rows)
+    }
+
+    /// `rows` (line numbers and the text of their fields, `None` for NULL, in the order of the
+    /// columns given) as one batch of the table's columns; or the first field that does not fit.
+    pub fn batch_of(&self, rows: &[Row]) -> Result<RecordBatch, QueryError> {
         let width = self.columns.len();
-        for (line, fields) in &rows {
+        for (line, fields) in rows {
             if fields.len() != width {
                 return Err(bad(format!(
                     "{} {} line {line}: {} fields, the statement names {width} column(s)",
