@@ -62,6 +62,13 @@ pub enum StorageError {
     #[error("column {column:?} has unsupported type {data_type}; supported types: {supported}")]
     UnsupportedColumnType { column: String, data_type: String, supported: &'static str },
 
+    /// A table created without a `shard_key` option.
+    #[error(
+        "table {table} has no shard_key: every table is sharded by key; add WITH (shard_key = 'col1[,col2...]') \
+         naming columns of the table (shards, replicas and sync_mode have defaults)"
+    )]
+    MissingShardKey { table: String },
+
     /// A `shard_key` that is empty, names a column twice, or names no column of the table.
     #[error("table {table}: invalid shard_key {shard_key:?}: {problem}; expected {expected}")]
     InvalidShardKey { table: String, shard_key: String, problem: String, expected: String },

@@ -210,12 +210,7 @@ impl TableDef {
                 _ => return Err(StorageError::UnknownTableOption { key: raw_key.clone(), accepted: TABLE_OPTIONS }),
             }
         }
-        let shard_key = shard_key.ok_or_else(|| StorageError::InvalidShardKey {
-            table: name.clone(),
-            shard_key: String::new(),
-            problem: "no shard_key option given".to_string(),
-            expected: "WITH (shard_key = 'col1[,col2...]') naming columns of the table".to_string(),
-        })?;
+        let shard_key = shard_key.ok_or_else(|| StorageError::MissingShardKey { table: name.clone() })?;
         let schema = Arc::new(Schema::new(
             schema
                 .fields()

@@ -130,8 +130,8 @@ fn world_size_zero() {
 #[test]
 fn shard_key_errors() {
     let err = build(&[("shards", "2")], 3).unwrap_err();
-    assert!(matches!(&err, StorageError::InvalidShardKey { .. }), "{err}");
-    assert!(err.to_string().contains("no shard_key"), "{err}");
+    assert!(matches!(&err, StorageError::MissingShardKey { .. }), "{err}");
+    assert!(err.to_string().contains("has no shard_key") && err.to_string().contains("WITH (shard_key = "), "{err}");
 
     let err = build(&[("shard_key", "nope")], 3).unwrap_err();
     let msg = err.to_string();
