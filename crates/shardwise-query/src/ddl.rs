@@ -16,8 +16,7 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, CreateTableOptions, Expr as SqlExpr, ObjectName, ObjectType, ShowCreateObject, SqlOption, Statement,
-    Value,
+    CreateTable, CreateTableOptions, ObjectName, ObjectType, ShowCreateObject, SqlOption, Statement,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -263,17 +262,7 @@ fn option_pair(option: &SqlOption) -> Result<(String, String), QueryError> {
     let SqlOption::KeyValue { key, value } = option else {
         return Err(QueryError::Rejected(format!("table option {option}: expected key = value")));
     };
-    let text = match value {
-        SqlExpr::Value(v) => match &v.value {
-            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
-            Value::Number(n, _) => n.to_string(),
-            Value::Boolean(b) => b.to_string(),
-            other => other.to_string(),
-        },
-        SqlExpr::Identifier(ident) => ident.value.clone(),
-        // `-5`, `1 + 1`: the option's own check says what it accepts.
-        other => other.to_string(),
-    };
+    let text = crate::sql_text::value_text(value);
     Ok((key.value.clone(), text))
 }
 

@@ -2,9 +2,26 @@
 //! the insert of `CREATE TABLE ... AS SELECT`, pgwire's bound parameters, `shardwise load`'s
 //! probe of a table): one place that knows how SQL quotes them.
 
+use datafusion::sql::sqlparser::ast::{Expr, Value};
 use datafusion::sql::sqlparser::keywords::{
     ALL_KEYWORDS, ALL_KEYWORDS_INDEX, RESERVED_FOR_COLUMN_ALIAS, RESERVED_FOR_IDENTIFIER, RESERVED_FOR_TABLE_ALIAS,
 };
+
+/// The text a `key = value` option or setting gives its value (`'a,b'` is `a,b`, `2` is `2`, a
+/// bare word is itself); any other expression as written (`-5`, `1 + 1`), for the option's or
+/// setting's own check to accept or refuse by name.
+pub fn value_text(value: &Expr) -> String {
+    match value {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            Value::Number(n, _) => n.to_string(),
+            Value::Boolean(b) => b.to_string(),
+            other => other.to_string(),
+        },
+        Expr::Identifier(ident) => ident.value.clone(),
+        other => other.to_string(),
+    }
+}
 
 /// `text` as a SQL string literal: in single quotes, inner single quotes doubled.
 pub fn string_literal(text: &str) -> String {

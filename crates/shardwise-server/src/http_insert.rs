@@ -21,13 +21,13 @@ use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::sql::sqlparser::ast::{Expr, Statement, TableObject, UnaryOperator, Value};
+use datafusion::sql::sqlparser::ast::{Statement, TableObject};
 use datafusion::sql::sqlparser::dialect::ClickHouseDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use shardwise_query::{QueryEngine, QueryError};
 
 use crate::pg::copy::{CopyFormat, table_name};
-use crate::pg::copy_in::PendingCopyIn;
+use crate::pg::copy_in::{PendingCopyIn, target_columns};
 
 mod json_rows;
 
@@ -99,13 +99,8 @@ pub fn parse(text: &str) -> Result<Option<HttpInsert>, QueryError> {
         .settings
         .iter()
         .flatten()
-        .map(|s| {
-            Ok((
-                s.key.value.to_lowercase(),
-                setting_value(&s.value).map_err(|e| bad(format!("INSERT INTO {table}: {e}")))?,
-            ))
-        })
-        .collect::<Result<Vec<_>, QueryError>>()?;
+        .map(|s| (s.key.value.to_lowercase(), shardwise_query::sql_text::value_text(&s.value)))
+        .collect();
     Ok(Some(HttpInsert { table, columns, settings, format, data: rows_after(&start[header_end..]).to_string() }))
 }
 
@@ -166,21 +161,6 @@ fn input_format(name: &str) -> Option<RowsFormat> {
     Some(RowsFormat::Text(text))
 }
 
-/// A setting's value as the settings layer takes it: a string's text, a number as written.
-fn setting_value(value: &Expr) -> Result<String, String> {
-    match value {
-        Expr::Value(v) => match &v.value {
-            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => Ok(s.clone()),
-            Value::Number(n, _) => Ok(n.to_string()),
-            Value::Boolean(b) => Ok(b.to_string()),
-            other => Err(format!("setting value {other} is not a string, number or boolean")),
-        },
-        Expr::UnaryOp { op: UnaryOperator::Minus, expr } => setting_value(expr).map(|v| format!("-{v}")),
-        Expr::Identifier(ident) => Ok(ident.value.clone()),
-        other => Err(format!("setting value {other} is not a string, number or boolean")),
-    }
-}
-
 /// Stores `insert`'s rows under a session of `settings` (the request's), then the statement's
 /// own; answers with their count, as an `INSERT` statement does.
 pub async fn store(
@@ -192,55 +172,36 @@ pub async fn store(
     // A bad setting of the statement fails before the rows are read.
     engine.session_with(&insert.settings)?;
     let table = &insert.table;
-    let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
-    let schema = engine.plan(&probe, &session).await?.schema();
-    // The columns the rows hold: the statement's, or those a header line or the JSON keys name.
-    let (named, json) = match &insert.format {
+    let stated = &insert.columns;
+    // The columns the rows hold: those a header line or the JSON keys name (which must agree
+    // with the statement's, when it names any), else the statement's.
+    let (names, json) = match &insert.format {
         RowsFormat::Text(format) if format.header => {
             let header = header_names(format, &insert.data)
-                .map_err(|e| QueryError::Rejected(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
-            (Some(header), None)
-        }
-        RowsFormat::Text(_) => (None, None),
-        RowsFormat::JsonEachRow => {
-            let (keys, rows) = json_rows::rows(table, &insert.data)?;
-            (Some(keys), Some(rows))
-        }
-    };
-    let stated = &insert.columns;
-    let names = match (named, &json) {
-        (None, _) => stated.clone(),
-        (Some(header), None) => {
+                .map_err(|e| bad(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
             if !stated.is_empty() && *stated != header {
-                return Err(QueryError::Rejected(format!(
+                return Err(bad(format!(
                     "INSERT INTO {table}: the statement names columns ({}) and the first line others ({}); give them once",
                     stated.join(", "),
                     header.join(", ")
                 )));
             }
-            header
+            (header, None)
         }
-        (Some(keys), Some(_)) => {
+        RowsFormat::Text(_) => (stated.clone(), None),
+        RowsFormat::JsonEachRow => {
+            let (keys, rows) = json_rows::rows(table, &insert.data)?;
             if let Some(key) = keys.iter().find(|k| !stated.is_empty() && !stated.contains(k)) {
-                return Err(QueryError::Rejected(format!(
+                return Err(bad(format!(
                     "INSERT INTO {table}: the rows have {key:?}, which the statement's columns ({}) leave out",
                     stated.join(", ")
                 )));
             }
-            keys
+            (keys, Some(rows))
         }
     };
-    let columns: Vec<usize> = match names.is_empty() && json.is_none() {
-        true => (0..schema.fields().len()).collect(),
-        false => names
-            .iter()
-            .map(|c| {
-                schema
-                    .index_of(c)
-                    .map_err(|_| QueryError::Rejected(format!("INSERT INTO {table}: no column {c:?} in {table}")))
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    let (schema, columns) = target_columns(engine, &session, table, &names, "INSERT INTO").await?;
+    // JSON rows come split already (`batch_of`); the text format is then never read.
     let text = match &insert.format {
         RowsFormat::Text(format) => format.clone(),
         RowsFormat::JsonEachRow => CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() },

@@ -15,7 +15,7 @@ use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray, new_nu
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::util::display::FormatOptions;
-use shardwise_query::QueryError;
+use shardwise_query::{QueryEngine, QueryError, Session};
 
 use super::copy::CopyFormat;
 
@@ -206,6 +206,28 @@ impl PendingCopyIn {
         end_field(&mut raw, &mut value);
         fields
     }
+}
+
+/// The columns of `table` (named as the catalog spells it) and the positions among them of the
+/// columns `names` (all of them, in order, when `names` is empty), for rows that fill those
+/// columns; an error starting with `verb` names a column the table lacks.
+pub async fn target_columns(
+    engine: &QueryEngine,
+    session: &Arc<Session>,
+    table: &str,
+    names: &[String],
+    verb: &str,
+) -> Result<(SchemaRef, Vec<usize>), QueryError> {
+    let probe = format!("SELECT * FROM {} LIMIT 0", shardwise_query::sql_text::quote_identifier(table));
+    let schema = engine.plan(&probe, session).await?.schema();
+    let columns = match names.is_empty() {
+        true => (0..schema.fields().len()).collect(),
+        false => names
+            .iter()
+            .map(|c| schema.index_of(c).map_err(|_| bad(format!("{verb} {table}: no column {c:?} in {table}"))))
+            .collect::<Result<_, _>>()?,
+    };
+    Ok((schema, columns))
 }
 
 fn bad(message: String) -> QueryError {

@@ -373,20 +373,9 @@ impl Handler {
             copy::Copy::In { table, columns, format, settings } => {
                 // A bad setting fails the COPY before the client sends its data.
                 self.engine.session_with(&settings).map_err(pg_error)?;
-                // The name as the catalog spells it (`table_of`), quoted so that it is not folded.
-                let probe = format!("SELECT * FROM \"{}\" LIMIT 0", table.replace('"', "\"\""));
-                let schema = self.engine.plan(&probe, &self.session).await.map_err(pg_error)?.schema();
-                let indices: Vec<usize> = match columns.is_empty() {
-                    true => (0..schema.fields().len()).collect(),
-                    false => columns
-                        .iter()
-                        .map(|c| {
-                            schema.index_of(c).map_err(|_| {
-                                pg_error(QueryError::Rejected(format!("COPY {table}: no column {c:?} in {table}")))
-                            })
-                        })
-                        .collect::<PgWireResult<_>>()?,
-                };
+                let (schema, indices) = copy_in::target_columns(&self.engine, &self.session, &table, &columns, "COPY")
+                    .await
+                    .map_err(pg_error)?;
                 let width = indices.len();
                 let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings);
                 *self.copy_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
