@@ -7,8 +7,9 @@
 //!   chosen by a trailing `FORMAT CSV | CSVWithNames | JSONEachRow | ArrowStream` clause, else by
 //!   `?format=json|csv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the query
 //!   produces them. The SQL may instead be in `?query=`, as ClickHouse takes it; and after an
-//!   `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow) come the rows, in the
-//!   body after the statement or as the body of `?query=` (`crate::http_insert`).
+//!   `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow, Parquet,
+//!   ArrowStream, Arrow) come the rows, in the body after the statement or as the body of
+//!   `?query=` (`crate::http_insert`).
 //! - `GET /health`: 200 and this node's rank while it serves.
 //! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node
 //!   states and sync queues (pending rows and lag).
@@ -260,21 +261,18 @@ fn url_settings(params: &HashMap<String, String>) -> Vec<(String, String)> {
     settings
 }
 
-/// The SQL and settings of a request body, by its content type.
-fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String, String)>), Failure> {
+/// The statement (the SQL, and for an `INSERT ... FORMAT` the rows after it, which may be
+/// binary) and settings of a request body, by its content type.
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(Bytes, Vec<(String, String)>), Failure> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
         .unwrap_or_default();
-    let text = || {
-        String::from_utf8(body.to_vec())
-            .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))
-    };
     match content_type.as_str() {
         // `curl --data-binary "SELECT 1"` sends its body as a form: taken as SQL, as ClickHouse
         // takes it. A browser's cross-site form post is refused by `same_origin` before this.
-        "application/sql" | "text/plain" | "application/x-www-form-urlencoded" | "" => Ok((text()?, Vec::new())),
+        "application/sql" | "text/plain" | "application/x-www-form-urlencoded" | "" => Ok((body.clone(), Vec::new())),
         "application/json" => {
             let value: serde_json::Value = serde_json::from_slice(body)
                 .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not JSON: {e}")))?;
@@ -315,7 +313,7 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(String, Vec<(String,
                     return Err(Failure::new(StatusCode::BAD_REQUEST, "invalid", "\"settings\" must be an object"));
                 }
             }
-            Ok((sql.to_string(), settings))
+            Ok((Bytes::from(sql.to_string()), settings))
         }
         "multipart/form-data" => Err(Failure::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -375,7 +373,7 @@ async fn query(
     let Query(params) = params.map_err(|r| Failure::new(r.status(), "bad_request", r.body_text()))?;
     let body = body.map_err(body_failure)?;
     let query_param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(QUERY_PARAM)).map(|(_, v)| v);
-    let (sql, body_settings) = match query_param {
+    let (statement, body_settings) = match query_param {
         Some(sql) => (with_body(sql, &headers, &body)?, Vec::new()),
         None => parse_body(&headers, &body)?,
     };
@@ -389,13 +387,15 @@ async fn query(
         failure
     })?;
     settings.extend(body_settings);
-    if let Some(insert) = crate::http_insert::parse(&sql)? {
+    if let Some(insert) = crate::http_insert::parse(&statement)? {
         let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
         let format = choose_format(param, headers.get(header::ACCEPT))?;
         let stored = crate::http_insert::store(&http.engine, insert, &settings).await?;
         let body = Body::from_stream(encode(stored, format, true));
         return Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response());
     }
+    let sql = String::from_utf8(statement.to_vec())
+        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))?;
     // A FORMAT clause wins over `?format=` and `Accept`, as in ClickHouse.
     let (sql, clause) = split_format_clause(&sql)?;
     let (format, csv_header) = match clause {
@@ -431,9 +431,9 @@ async fn query(
 }
 
 /// `?query=SQL` with a body: the SQL, then the body on the next line (the rows of an `INSERT ...
-/// FORMAT`, or the rest of the statement, as ClickHouse joins them). The body is taken as text
-/// whatever its content type, but JSON, which would be a second place for the SQL.
-fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<String, Failure> {
+/// FORMAT`, binary for `Parquet`, or the rest of the statement, as ClickHouse joins them),
+/// whatever its content type but JSON, which would be a second place for the SQL.
+fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<Bytes, Failure> {
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -445,9 +445,14 @@ fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<String, Fai
             format!("the SQL is in ?{QUERY_PARAM}= and a JSON body would be another; send the rows as text"),
         ));
     }
-    let body = std::str::from_utf8(body)
-        .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not UTF-8: {e}")))?;
-    Ok(if body.is_empty() { sql.to_string() } else { format!("{sql}\n{body}") })
+    if body.is_empty() {
+        return Ok(Bytes::from(sql.to_string()));
+    }
+    let mut joined = Vec::with_capacity(sql.len() + 1 + body.len());
+    joined.extend_from_slice(sql.as_bytes());
+    joined.push(b'\n');
+    joined.extend_from_slice(body);
+    Ok(Bytes::from(joined))
 }
 
 /// The answer's bytes, batch by batch. An error after the first batch ends the body early (the

@@ -14,9 +14,12 @@
 //! `insert_quorum`). Formats: `CSV` and `TabSeparated` (`TSV`), and their `WithNames` forms,
 //! whose first line names the columns the rows hold, and `JSONEachRow` (`json_rows`). An
 //! unquoted empty CSV field, or `\N` in TabSeparated, is NULL, as in what the HTTP API writes.
+//! `Parquet`, `ArrowStream` and `Arrow` carry their types and go the way of a Flight SQL bulk
+//! ingest instead (`typed_rows`).
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::execution::SendableRecordBatchStream;
@@ -24,16 +27,19 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::sql::sqlparser::ast::{Statement, TableObject};
 use datafusion::sql::sqlparser::dialect::ClickHouseDialect;
 use datafusion::sql::sqlparser::parser::Parser;
-use shardwise_query::{QueryEngine, QueryError};
+use shardwise_query::{QueryEngine, QueryError, Session};
 
 use crate::pg::copy::{CopyFormat, table_name};
 use crate::pg::copy_in::{PendingCopyIn, target_columns};
 
 mod json_rows;
+mod typed_rows;
+
+pub use typed_rows::TypedFormat;
 
 /// The formats an `INSERT ... FORMAT` over HTTP reads (ClickHouse's names, in any case).
-pub const INPUT_FORMATS: &str =
-    "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames), JSONEachRow";
+pub const INPUT_FORMATS: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames), \
+                                 JSONEachRow, Parquet, ArrowStream, Arrow";
 
 /// How the rows of an `INSERT ... FORMAT` are written.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +48,8 @@ pub enum RowsFormat {
     Text(CopyFormat),
     /// One JSON object per line (`json_rows`).
     JsonEachRow,
+    /// Typed columns (`typed_rows`).
+    Typed(TypedFormat),
 }
 
 /// An `INSERT ... FORMAT` and its rows.
@@ -56,14 +64,21 @@ pub struct HttpInsert {
     pub settings: Vec<(String, String)>,
     /// How the rows are written.
     pub format: RowsFormat,
-    /// The rows.
-    pub data: String,
+    /// The rows, as sent.
+    pub data: Bytes,
 }
 
-/// The `INSERT ... FORMAT name` at the start of `text` and the rows after it; `None` when `text`
-/// is not one (another statement, or an INSERT with VALUES or a SELECT: planned as SQL).
-pub fn parse(text: &str) -> Result<Option<HttpInsert>, QueryError> {
+/// The `INSERT ... FORMAT name` at the start of `body` and the rows after it; `None` when
+/// `body` is not one (another statement, or an INSERT with VALUES or a SELECT: planned as SQL).
+/// The statement is text; the rows after it may be binary (`Parquet`, `ArrowStream`).
+pub fn parse(body: &Bytes) -> Result<Option<HttpInsert>, QueryError> {
+    // The statement is read from the part of the body that is UTF-8; binary rows follow it.
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&body[..e.valid_up_to()]).unwrap_or_default(),
+    };
     let start = text.trim_start();
+    let offset = text.len() - start.len();
     if !start.get(..6).is_some_and(|w| w.eq_ignore_ascii_case("insert")) {
         return Ok(None);
     }
@@ -101,7 +116,8 @@ pub fn parse(text: &str) -> Result<Option<HttpInsert>, QueryError> {
         .flatten()
         .map(|s| (s.key.value.to_lowercase(), shardwise_query::sql_text::value_text(&s.value)))
         .collect();
-    Ok(Some(HttpInsert { table, columns, settings, format, data: rows_after(&start[header_end..]).to_string() }))
+    let rows_start = offset + header_end + rows_after(&body[offset + header_end..]);
+    Ok(Some(HttpInsert { table, columns, settings, format, data: body.slice(rows_start..) }))
 }
 
 /// Where the statement ends in `text` (just after the format's name) and the name: the first
@@ -140,11 +156,17 @@ fn is_word(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
-/// The rows after the statement: from the next line, or after the spaces that follow the
-/// format's name when the rows start on the same line.
-fn rows_after(rest: &str) -> &str {
-    let rest = rest.trim_start_matches([' ', '\t']);
-    rest.strip_prefix("\r\n").or_else(|| rest.strip_prefix('\n')).unwrap_or(rest)
+/// Where the rows start in what follows the statement: on the next line, or after the spaces
+/// that follow the format's name when the rows start on the same line.
+fn rows_after(rest: &[u8]) -> usize {
+    let spaces = rest.iter().take_while(|&&b| b == b' ' || b == b'\t').count();
+    let rest = &rest[spaces..];
+    spaces
+        + match rest {
+            [b'\r', b'\n', ..] => 2,
+            [b'\n', ..] => 1,
+            _ => 0,
+        }
 }
 
 fn input_format(name: &str) -> Option<RowsFormat> {
@@ -156,6 +178,9 @@ fn input_format(name: &str) -> Option<RowsFormat> {
         "tabseparated" | "tsv" => tsv,
         "tabseparatedwithnames" | "tsvwithnames" => CopyFormat { header: true, ..tsv },
         "jsoneachrow" => return Some(RowsFormat::JsonEachRow),
+        "parquet" => return Some(RowsFormat::Typed(TypedFormat::Parquet)),
+        "arrowstream" => return Some(RowsFormat::Typed(TypedFormat::ArrowStream)),
+        "arrow" => return Some(RowsFormat::Typed(TypedFormat::ArrowFile)),
         _ => return None,
     };
     Some(RowsFormat::Text(text))
@@ -173,11 +198,33 @@ pub async fn store(
     engine.session_with(&insert.settings)?;
     let table = &insert.table;
     let stated = &insert.columns;
+    let rows = match &insert.format {
+        RowsFormat::Typed(format) => {
+            let (schema, _) = target_columns(engine, &session, table, &[], "INSERT INTO").await?;
+            let batches = typed_rows::batches(*format, table, stated, &insert.data, &schema)?;
+            engine.insert_batches(table, batches, &session, &insert.settings).await?
+        }
+        _ => store_text(engine, &session, insert).await?,
+    };
+    let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
+    let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
+        .map_err(|e| QueryError::Internal(e.into()))?;
+    Ok(Box::pin(RecordBatchStreamAdapter::new(counted, futures::stream::iter([Ok(batch)]))))
+}
+
+/// Stores rows written as text (CSV, TabSeparated, JSONEachRow): converted as a `COPY`'s are.
+async fn store_text(engine: &QueryEngine, session: &Arc<Session>, insert: HttpInsert) -> Result<u64, QueryError> {
+    let table = &insert.table;
+    let stated = &insert.columns;
+    let data = std::str::from_utf8(&insert.data).map_err(|e| {
+        let line = insert.data[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1;
+        bad(format!("INSERT INTO {table} line {line}: the rows are not UTF-8 ({e})"))
+    })?;
     // The columns the rows hold: those a header line or the JSON keys name (which must agree
     // with the statement's, when it names any), else the statement's.
     let (names, json) = match &insert.format {
         RowsFormat::Text(format) if format.header => {
-            let header = header_names(format, &insert.data)
+            let header = header_names(format, data)
                 .map_err(|e| bad(format!("INSERT INTO {table} line 1 (the column names): {e}")))?;
             if !stated.is_empty() && *stated != header {
                 return Err(bad(format!(
@@ -188,9 +235,8 @@ pub async fn store(
             }
             (header, None)
         }
-        RowsFormat::Text(_) => (stated.clone(), None),
         RowsFormat::JsonEachRow => {
-            let (keys, rows) = json_rows::rows(table, &insert.data)?;
+            let (keys, rows) = json_rows::rows(table, data)?;
             if let Some(key) = keys.iter().find(|k| !stated.is_empty() && !stated.contains(k)) {
                 return Err(bad(format!(
                     "INSERT INTO {table}: the rows have {key:?}, which the statement's columns ({}) leave out",
@@ -199,26 +245,23 @@ pub async fn store(
             }
             (keys, Some(rows))
         }
+        RowsFormat::Text(_) | RowsFormat::Typed(_) => (stated.clone(), None),
     };
-    let (schema, columns) = target_columns(engine, &session, table, &names, "INSERT INTO").await?;
+    let (schema, columns) = target_columns(engine, session, table, &names, "INSERT INTO").await?;
     // JSON rows come split already (`batch_of`); the text format is then never read.
     let text = match &insert.format {
         RowsFormat::Text(format) => format.clone(),
-        RowsFormat::JsonEachRow => CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() },
+        _ => CopyFormat { csv: true, header: false, delimiter: ',', null: String::new() },
     };
     let mut pending = PendingCopyIn::new(table.clone(), schema, columns, text, insert.settings).named("INSERT INTO");
     let batch = match json {
         Some(rows) => pending.batch_of(&rows)?,
         None => {
-            pending.push(insert.data.as_bytes());
+            pending.push(data.as_bytes());
             pending.batch()?
         }
     };
-    let rows = engine.insert_batches(table, vec![batch], &session, &pending.settings).await?;
-    let counted = Arc::new(Schema::new(vec![Field::new("count", DataType::UInt64, false)]));
-    let batch = RecordBatch::try_new(Arc::clone(&counted), vec![Arc::new(UInt64Array::from(vec![rows]))])
-        .map_err(|e| QueryError::Internal(e.into()))?;
-    Ok(Box::pin(RecordBatchStreamAdapter::new(counted, futures::stream::iter([Ok(batch)]))))
+    engine.insert_batches(table, vec![batch], session, &pending.settings).await
 }
 
 fn bad(message: String) -> QueryError {
@@ -245,31 +288,44 @@ mod tests {
     use super::*;
 
     fn insert(text: &str) -> HttpInsert {
-        parse(text).expect("parses").expect("an INSERT ... FORMAT")
+        parse(&Bytes::from(text.to_string())).expect("parses").expect("an INSERT ... FORMAT")
+    }
+
+    fn parse_text(text: &str) -> Result<Option<HttpInsert>, QueryError> {
+        parse(&Bytes::from(text.to_string()))
+    }
+
+    fn data(i: &HttpInsert) -> &str {
+        std::str::from_utf8(&i.data).expect("text rows")
     }
 
     #[test]
     fn the_statement_ends_at_the_format_name_and_the_rows_follow() {
         let i = insert("INSERT INTO t FORMAT CSV\n1,a\n2,b\n");
-        assert_eq!((i.table.as_str(), i.data.as_str()), ("t", "1,a\n2,b\n"));
+        assert_eq!((i.table.as_str(), data(&i)), ("t", "1,a\n2,b\n"));
         let RowsFormat::Text(format) = &i.format else { panic!("CSV") };
         assert!(i.columns.is_empty() && i.settings.is_empty() && format.csv && !format.header);
         let i = insert(
             "  insert into \"Big\" (id, \"Name\") SETTINGS insert_id = 'b-1', insert_quorum = 2 format TSVWithNames\r\nid\tName\n",
         );
-        assert_eq!((i.table.as_str(), i.columns), ("Big", vec!["id".to_string(), "Name".to_string()]));
+        assert_eq!((i.table.as_str(), i.columns.clone()), ("Big", vec!["id".to_string(), "Name".to_string()]));
         assert_eq!(i.settings, vec![("insert_id".into(), "b-1".into()), ("insert_quorum".into(), "2".into())]);
         let RowsFormat::Text(format) = &i.format else { panic!("TSV") };
         assert!(!format.csv && format.header && format.null == "\\N");
-        assert_eq!(i.data, "id\tName\n");
+        assert_eq!(data(&i), "id\tName\n");
         // The rows may start on the statement's line, and the statement may be all there is.
-        assert_eq!(insert("INSERT INTO t FORMAT CSV 1,a").data, "1,a");
-        assert_eq!(insert("INSERT INTO public.t FORMAT CSVWithNames").data, "");
+        assert_eq!(data(&insert("INSERT INTO t FORMAT CSV 1,a")), "1,a");
+        assert_eq!(data(&insert("INSERT INTO public.t FORMAT CSVWithNames")), "");
         // Names and rows beyond ASCII; unquoted, such names are not read by the ClickHouse
         // dialect, and the statement goes to the planner (scanned without slicing a character).
         let i = insert("INSERT INTO \"tä\" (\"größe\") FORMAT CSV\nü,1\n");
-        assert_eq!((i.table.as_str(), i.columns, i.data.as_str()), ("tä", vec!["größe".to_string()], "ü,1\n"));
-        assert_eq!(parse("INSERT INTO tä (größe) FORMAT CSV\nü,1\n").expect("no error"), None);
+        assert_eq!((i.table.as_str(), data(&i)), ("tä", "ü,1\n"));
+        assert_eq!(i.columns, vec!["größe".to_string()]);
+        assert_eq!(parse_text("INSERT INTO tä (größe) FORMAT CSV\nü,1\n").expect("no error"), None);
+        // Binary rows after the statement are kept byte for byte.
+        let body = Bytes::from_static(b"INSERT INTO t FORMAT Parquet\r\nPAR1\xff\x00\nINSERT");
+        let i = parse(&body).expect("parses").expect("an INSERT ... FORMAT");
+        assert_eq!((i.format, &i.data[..]), (RowsFormat::Typed(TypedFormat::Parquet), &b"PAR1\xff\x00\nINSERT"[..]));
     }
 
     #[test]
@@ -281,15 +337,15 @@ mod tests {
             "INSERT INTO t VALUES (1) FORMAT CSV",
             "INSERT INTO t (format) VALUES (1)",
         ] {
-            assert_eq!(parse(sql).expect("no error"), None, "{sql}");
+            assert_eq!(parse_text(sql).expect("no error"), None, "{sql}");
         }
     }
 
     #[test]
     fn an_unread_format_or_table_is_refused_by_name() {
-        let err = parse("INSERT INTO t FORMAT Parquet\nPAR1").unwrap_err().to_string();
-        assert!(err.contains("FORMAT Parquet: not a format shardwise reads") && err.contains("CSVWithNames"), "{err}");
-        let err = parse("INSERT INTO other.t FORMAT CSV\n1").unwrap_err().to_string();
+        let err = parse_text("INSERT INTO t FORMAT Values (1)").unwrap_err().to_string();
+        assert!(err.contains("FORMAT Values: not a format shardwise reads") && err.contains("CSVWithNames"), "{err}");
+        let err = parse_text("INSERT INTO other.t FORMAT CSV\n1").unwrap_err().to_string();
         assert!(err.contains("tables live in schema public"), "{err}");
     }
 

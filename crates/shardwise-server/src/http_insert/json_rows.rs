@@ -19,8 +19,8 @@ use shardwise_query::QueryError;
 
 use crate::pg::copy_in::Row;
 
-/// The columns the rows name (each object's new keys in name order, after those of the objects
-/// before it) and the rows, their fields in that order.
+/// The columns the rows name (each object's new keys in the order written, after those of the
+/// objects before it) and the rows, their fields in that order.
 pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryError> {
     let bad = |line: u64, what: String| QueryError::Rejected(format!("INSERT INTO {table} line {line}{what}"));
     let mut names: Vec<String> = Vec::new();
@@ -32,11 +32,15 @@ pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryErr
         if line.is_empty() {
             continue;
         }
-        let object: serde_json::Map<String, Value> =
+        let Object(object) =
             serde_json::from_str(line).map_err(|e| bad(number, format!(": not a JSON object ({e})")))?;
-        for (key, value) in &object {
+        for (i, (key, value)) in object.iter().enumerate() {
             if value.is_array() || value.is_object() {
                 return Err(bad(number, format!(", column {key}: a nested value; a column holds one value")));
+            }
+            // serde_json and Arrow would each keep one of the two values; ClickHouse refuses it.
+            if object[..i].iter().any(|(k, _)| k == key) {
+                return Err(bad(number, format!(", column {key}: given twice in one object")));
             }
             if !seen.contains_key(key) {
                 seen.insert(key.clone(), names.len());
@@ -84,6 +88,30 @@ pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryErr
     Ok((names, rows))
 }
 
+/// A JSON object's members in the order written, a key given twice kept twice (a
+/// `serde_json::Map` keeps only the last).
+struct Object(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Object {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Object;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, Value>()? {
+                    members.push(member);
+                }
+                Ok(Object(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,10 +120,10 @@ mod tests {
     fn values_keep_their_text_and_missing_keys_are_null() {
         let data = "{\"id\": 1, \"v\": 12345678901234567890.12, \"s\": \"a\\\"b\"}\n\n{\"s\": true, \"id\": 2}\n{\"v\": null}\n";
         let (names, rows) = rows("t", data).expect("rows");
-        assert_eq!(names, vec!["id", "s", "v"]);
+        assert_eq!(names, vec!["id", "v", "s"]);
         let text = |r: &Row| r.1.iter().map(|f| f.clone().unwrap_or_else(|| "NULL".into())).collect::<Vec<_>>();
-        assert_eq!((rows[0].0, text(&rows[0])), (1, vec!["1".into(), "a\"b".into(), "12345678901234567890.12".into()]));
-        assert_eq!((rows[1].0, text(&rows[1])), (3, vec!["2".into(), "true".into(), "NULL".into()]));
+        assert_eq!((rows[0].0, text(&rows[0])), (1, vec!["1".into(), "12345678901234567890.12".into(), "a\"b".into()]));
+        assert_eq!((rows[1].0, text(&rows[1])), (3, vec!["2".into(), "NULL".into(), "true".into()]));
         assert_eq!((rows[2].0, text(&rows[2])), (4, vec!["NULL".into(), "NULL".into(), "NULL".into()]));
     }
 
@@ -107,6 +135,8 @@ mod tests {
         assert!(err.contains("line 2: not a JSON object"), "{err}");
         let err = rows("t", "{\"id\": [1]}\n").unwrap_err().to_string();
         assert!(err.contains("line 1, column id: a nested value"), "{err}");
+        let err = rows("t", "{\"id\": 1}\n{\"id\": 2, \"v\": 1, \"id\": 3}\n").unwrap_err().to_string();
+        assert!(err.contains("line 2, column id: given twice in one object"), "{err}");
         assert_eq!(rows("t", "\n\n").expect("no rows").1.len(), 0);
     }
 }

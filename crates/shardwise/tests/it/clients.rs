@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
@@ -568,6 +569,8 @@ fn every_http_route_with_curl() {
         "{code} {body}"
     );
     let (code, body) = curl(&[&sql_body[..], &["INSERT INTO posted FORMAT Parquet\nPAR1", &query]].concat());
+    assert!(code == 400 && body.contains("FORMAT Parquet: the body is not Parquet"), "{code} {body}");
+    let (code, body) = curl(&[&sql_body[..], &["INSERT INTO posted FORMAT Values (1)", &query]].concat());
     assert!(code == 400 && body.contains("not a format shardwise reads"), "{code} {body}");
     // JSONEachRow: keys name columns, a missing key is NULL, an unknown one an error.
     let json_rows =
@@ -609,6 +612,44 @@ fn every_http_route_with_curl() {
     let batches: Vec<_> = reader.collect::<Result<_, _>>().unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     assert_eq!(batches[0].schema().field(0).name(), "n");
+
+    // Typed rows: an answer in ArrowStream posted back as the body of ?query=, and a Parquet
+    // file after the statement in the body (binary after text), its INT32 cast to BIGINT.
+    let arrow_rows = dir.path().join("rows.arrows");
+    let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
+    c.args(["-s", "--max-time", "30", "-H", "Content-Type: text/plain", "--data-binary"])
+        .arg("SELECT id + 100 AS id, name FROM posted WHERE id < 3 FORMAT ArrowStream")
+        .arg("-o")
+        .arg(&arrow_rows)
+        .arg(&query);
+    assert!(run_with_timeout(c, T).status.success());
+    let insert = "INSERT%20INTO%20posted%20FORMAT%20ArrowStream";
+    let (code, body) =
+        curl(&["--data-binary", &format!("@{}", arrow_rows.display()), &format!("{query}?query={insert}")]);
+    assert_eq!((code, body.as_str()), (200, "{\"count\":2}\n"));
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int32, false),
+        arrow::datatypes::Field::new("name", arrow::datatypes::DataType::Utf8, true),
+    ]));
+    let batch = arrow::record_batch::RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(arrow::array::Int32Array::from(vec![200, 201])),
+            Arc::new(arrow::array::StringArray::from(vec![Some("p"), None])),
+        ],
+    )
+    .unwrap();
+    let mut parquet_body = b"INSERT INTO posted (name, id) FORMAT Parquet\n".to_vec();
+    let mut writer = datafusion::parquet::arrow::ArrowWriter::try_new(&mut parquet_body, schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let parquet_file = dir.path().join("rows.parquet.sql");
+    std::fs::write(&parquet_file, &parquet_body).unwrap();
+    let (code, body) = curl(&["--data-binary", &format!("@{}", parquet_file.display()), &query]);
+    assert_eq!((code, body.as_str()), (200, "{\"count\":2}\n"));
+    let typed = "SELECT id, name, d FROM posted WHERE id >= 100 ORDER BY id FORMAT CSV";
+    let (code, body) = curl(&[&sql_body[..], &[typed, &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "101,a,\n102,\"b,c\",\n200,p,\n201,,\n"));
 
     // What `curl --data-binary` sends by default (a form content type) is taken as SQL, as
     // ClickHouse takes it.
