@@ -16,7 +16,8 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTable, CreateTableOptions, ObjectName, ObjectType, ShowCreateObject, SqlOption, Statement,
+    AlterTableOperation, CreateTable, CreateTableOptions, ObjectName, ObjectType, RenameTableNameKind,
+    ShowCreateObject, SqlOption, Statement,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -106,7 +107,7 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
         Statement::CreateTable(create) => create_table(create, state, world_size).await.map(Classified::Command),
         Statement::Drop { object_type: ObjectType::Table, if_exists, names, .. } => {
             let name = one_name(&names, "DROP TABLE")?;
-            Ok(Classified::Command(Command::Ddl(CatalogOp::DropTable { name, if_exists })))
+            Ok(Classified::Command(Command::Ddl(CatalogOp::DropTable { name, if_exists, id: None })))
         }
         Statement::Truncate(truncate) => {
             let names: Vec<ObjectName> = truncate.table_names.iter().map(|t| t.name.clone()).collect();
@@ -126,11 +127,29 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
             ))
         }
         Statement::ShowTables { .. } => rewritten(SHOW_TABLES_SQL),
-        Statement::AlterTable(_) => Err(QueryError::Unsupported(
-            "ALTER TABLE: a table's columns and options are fixed once created; make the new table \
-             with CREATE TABLE ... AS SELECT, then DROP TABLE the old one"
-                .into(),
-        )),
+        Statement::RenameTable(renames) => {
+            let renames = renames
+                .iter()
+                .map(|r| Ok((table_name(&r.old_name, "RENAME TABLE")?, table_name(&r.new_name, "RENAME TABLE")?)))
+                .collect::<Result<Vec<_>, QueryError>>()?;
+            Ok(Classified::Command(Command::Ddl(CatalogOp::RenameTables { renames, if_exists: false })))
+        }
+        Statement::AlterTable(alter) => match alter.operations.as_slice() {
+            [
+                AlterTableOperation::RenameTable {
+                    table_name: RenameTableNameKind::To(to) | RenameTableNameKind::As(to),
+                },
+            ] => {
+                let renames = vec![(table_name(&alter.name, "ALTER TABLE")?, table_name(to, "ALTER TABLE")?)];
+                Ok(Classified::Command(Command::Ddl(CatalogOp::RenameTables { renames, if_exists: alter.if_exists })))
+            }
+            _ => Err(QueryError::Unsupported(
+                "ALTER TABLE: a table's columns and options are fixed once created (ALTER TABLE ... RENAME TO \
+                 is taken); make the new table with CREATE TABLE ... AS SELECT, then swap the two with RENAME \
+                 TABLE t TO t_old, t_new TO t and DROP TABLE t_old"
+                    .into(),
+            )),
+        },
         Statement::Update(_) | Statement::Delete(_) | Statement::Merge(_) => Err(QueryError::Unsupported(
             "UPDATE, DELETE and MERGE: tables take INSERTs only; keep the rows you want with CREATE TABLE \
              ... AS SELECT ... WHERE, or empty a table with TRUNCATE TABLE"

@@ -698,7 +698,10 @@ impl QueryEngine {
         }
         // Not IF NOT EXISTS here: whoever creates the table first fills it, the other fails.
         access.ddl(CatalogOp::CreateTable { def, if_not_exists: false }).await?;
-        let mut abandoned = DropIfAbandoned { access: Some(Arc::clone(access)), name: name.clone() };
+        // Dropped again on failure by its id: a table that took the name meanwhile (a rename, a
+        // drop and create) is not this statement's to drop.
+        let id = access.catalog().tables.get(&name).map(|e| e.id);
+        let mut abandoned = DropIfAbandoned { access: Some(Arc::clone(access)), name: name.clone(), id };
         let inserted = async {
             let plan = state.statement_to_plan(insert).await?;
             let planned = Planned { action: Action::Plan(plan), state, sql, session, names: Default::default() };
@@ -709,10 +712,14 @@ impl QueryEngine {
         let result = inserted.await;
         abandoned.access = None;
         let Err(e) = result else { return Ok(()) };
-        let drop = CatalogOp::DropTable { name: name.clone(), if_exists: true };
-        let outcome = match access.ddl(drop).await {
-            Ok(()) => "table dropped again".to_string(),
-            Err(d) => format!("dropping the table failed too ({d}): DROP TABLE {name} before trying again"),
+        let outcome = match id {
+            None => "the table was renamed or dropped meanwhile, and is left as it is".to_string(),
+            Some(id) => {
+                match access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true, id: Some(id) }).await {
+                    Ok(()) => "table dropped again".to_string(),
+                    Err(d) => format!("dropping the table failed too ({d}): DROP TABLE {name} before trying again"),
+                }
+            }
         };
         Err(e.prefixed(&format!("CREATE TABLE {name} AS SELECT: the insert failed ({outcome}): ")))
     }
@@ -753,15 +760,17 @@ impl QueryEngine {
 struct DropIfAbandoned {
     access: Option<Arc<dyn TableAccess>>,
     name: String,
+    /// The table's id (`None`: it was renamed or dropped as soon as it was made).
+    id: Option<u64>,
 }
 
 impl Drop for DropIfAbandoned {
     fn drop(&mut self) {
-        let Some(access) = self.access.take() else { return };
+        let (Some(access), Some(id)) = (self.access.take(), self.id) else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let name = std::mem::take(&mut self.name);
         runtime.spawn(async move {
-            let dropped = access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true }).await;
+            let dropped = access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true, id: Some(id) }).await;
             match dropped {
                 Ok(()) => tracing::warn!(table = %name, "CREATE TABLE ... AS SELECT abandoned: table dropped"),
                 Err(e) => tracing::warn!(table = %name, error = %e, "CREATE TABLE ... AS SELECT abandoned: cannot drop the table"),

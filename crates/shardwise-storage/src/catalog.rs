@@ -43,9 +43,29 @@ pub struct Catalog {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CatalogOp {
-    CreateTable { def: TableDef, if_not_exists: bool },
-    DropTable { name: String, if_exists: bool },
-    TruncateTable { name: String },
+    CreateTable {
+        def: TableDef,
+        if_not_exists: bool,
+    },
+    /// With `id`, only the incarnation of that id: a table that took the name since (after a
+    /// rename, or a drop and create) is left alone.
+    DropTable {
+        name: String,
+        if_exists: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+    },
+    TruncateTable {
+        name: String,
+    },
+    /// `RENAME TABLE a TO b, c TO d` (and `ALTER TABLE a RENAME TO b`): applied in order, all or
+    /// none, so `a TO tmp, b TO a, tmp TO b` swaps two tables. A table keeps its id and
+    /// generation, so its data, queued rows and running inserts follow it. With `if_exists`, a
+    /// missing first name makes the whole operation a no-op (PostgreSQL's `ALTER TABLE IF EXISTS`).
+    RenameTables {
+        renames: Vec<(String, String)>,
+        if_exists: bool,
+    },
 }
 
 /// What an applied operation did, for the statement's reply.
@@ -56,6 +76,7 @@ pub enum CatalogChange {
     Unchanged,
     Dropped,
     Truncated,
+    Renamed,
 }
 
 impl Catalog {
@@ -94,10 +115,13 @@ impl Catalog {
                 next.tables.insert(def.name.clone(), CatalogEntry { id, generation: 0, def: def.clone() });
                 CatalogChange::Created
             }
-            CatalogOp::DropTable { name, if_exists } => match next.tables.remove(name) {
-                Some(_) => CatalogChange::Dropped,
-                None if *if_exists => CatalogChange::Unchanged,
-                None => return Err(self.unknown_table(name)),
+            CatalogOp::DropTable { name, if_exists, id } => match next.tables.get(name) {
+                Some(entry) if id.is_none_or(|id| id == entry.id) => {
+                    next.tables.remove(name);
+                    CatalogChange::Dropped
+                }
+                _ if *if_exists => CatalogChange::Unchanged,
+                _ => return Err(self.unknown_table(name)),
             },
             CatalogOp::TruncateTable { name } => match next.tables.get_mut(name) {
                 Some(entry) => {
@@ -106,6 +130,21 @@ impl Catalog {
                 }
                 None => return Err(self.unknown_table(name)),
             },
+            CatalogOp::RenameTables { renames, if_exists } => {
+                if *if_exists && renames.first().is_some_and(|(from, _)| !self.tables.contains_key(from)) {
+                    return Ok((next, CatalogChange::Unchanged));
+                }
+                for (from, to) in renames {
+                    crate::table::check_table_name(to)?;
+                    if next.tables.contains_key(to) {
+                        return Err(StorageError::RenameTargetExists { from: from.clone(), to: to.clone() });
+                    }
+                    let Some(mut entry) = next.tables.remove(from) else { return Err(next.unknown_table(from)) };
+                    entry.def.name = to.clone();
+                    next.tables.insert(to.clone(), entry);
+                }
+                CatalogChange::Renamed
+            }
         };
         Ok((next, change))
     }
@@ -150,12 +189,47 @@ mod tests {
         assert_eq!((ch, &c2), (CatalogChange::Unchanged, &c));
         let (c, _) = c.apply(&CatalogOp::TruncateTable { name: "t".into() }, 3).unwrap();
         assert_eq!(c.tables["t"].generation, 1);
-        let (c, ch) = c.apply(&CatalogOp::DropTable { name: "t".into(), if_exists: false }, 3).unwrap();
+        // A drop of another incarnation of the name leaves the table.
+        let (c2, ch) = c.apply(&CatalogOp::DropTable { name: "t".into(), if_exists: true, id: Some(7) }, 3).unwrap();
+        assert_eq!((ch, &c2), (CatalogChange::Unchanged, &c));
+        let (c, ch) = c.apply(&CatalogOp::DropTable { name: "t".into(), if_exists: false, id: Some(0) }, 3).unwrap();
         assert_eq!(ch, CatalogChange::Dropped);
-        let err = c.apply(&CatalogOp::DropTable { name: "t".into(), if_exists: false }, 3).unwrap_err();
+        let err = c.apply(&CatalogOp::DropTable { name: "t".into(), if_exists: false, id: None }, 3).unwrap_err();
         assert!(err.to_string().contains("unknown table \"t\""), "{err}");
         let (c, _) = c.apply(&CatalogOp::CreateTable { def: def("t"), if_not_exists: false }, 3).unwrap();
         assert_eq!(c.tables["t"].id, 1, "ids are never reused");
+    }
+
+    #[test]
+    fn renames_keep_the_identity_and_apply_in_order_all_or_none() {
+        let create = |c: &Catalog, name: &str| {
+            c.apply(&CatalogOp::CreateTable { def: def(name), if_not_exists: false }, 3).unwrap().0
+        };
+        let c = create(&create(&Catalog::default(), "a"), "b");
+        let rename = |pairs: &[(&str, &str)], if_exists: bool| CatalogOp::RenameTables {
+            renames: pairs.iter().map(|(f, t)| (f.to_string(), t.to_string())).collect(),
+            if_exists,
+        };
+        // A swap through a third name.
+        let (swapped, ch) = c.apply(&rename(&[("a", "tmp"), ("b", "a"), ("tmp", "b")], false), 3).unwrap();
+        assert_eq!(ch, CatalogChange::Renamed);
+        assert_eq!((swapped.tables["a"].id, swapped.tables["b"].id), (1, 0));
+        assert_eq!((swapped.tables["a"].def.name.as_str(), swapped.tables.len()), ("a", 2));
+        // A target that exists, a missing source, or a bad name fails the whole statement.
+        let err = c.apply(&rename(&[("a", "c"), ("b", "c")], false), 3).unwrap_err();
+        assert!(err.to_string().contains("cannot rename table \"b\" to \"c\": a table \"c\" already exists"), "{err}");
+        let err = c.apply(&rename(&[("a", "c"), ("x", "d")], false), 3).unwrap_err();
+        assert!(err.to_string().contains("unknown table \"x\""), "{err}");
+        let err = c.apply(&rename(&[("a", "no-dash")], false), 3).unwrap_err();
+        assert!(err.to_string().contains("no-dash"), "{err}");
+        let (same, ch) = c.apply(&rename(&[("x", "y")], true), 3).unwrap();
+        assert_eq!((ch, &same), (CatalogChange::Unchanged, &c));
+        // The operation as replicated JSON, and the drop's id only when given.
+        let json = serde_json::to_value(rename(&[("a", "b")], false)).unwrap();
+        assert_eq!(json, serde_json::json!({"op": "rename_tables", "renames": [["a", "b"]], "if_exists": false}));
+        let drop = serde_json::json!({"op": "drop_table", "name": "t", "if_exists": true});
+        let op: CatalogOp = serde_json::from_value(drop.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&op).unwrap(), drop);
     }
 
     #[test]

@@ -85,6 +85,13 @@ pub enum StorageError {
     #[error("table {name:?} already exists (use CREATE TABLE IF NOT EXISTS to ignore this)")]
     TableExists { name: String },
 
+    /// RENAME TABLE onto a name that is taken.
+    #[error(
+        "cannot rename table {from:?} to {to:?}: a table {to:?} already exists (DROP TABLE it first, or swap \
+         the two with RENAME TABLE {from} TO tmp, {to} TO {from}, tmp TO {to})"
+    )]
+    RenameTargetExists { from: String, to: String },
+
     /// The replicated catalog cannot be read or written.
     #[error("catalog: {problem}")]
     CatalogFormat { problem: String },

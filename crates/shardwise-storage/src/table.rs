@@ -391,7 +391,7 @@ fn check_world_size(world_size: u32) -> Result<(), StorageError> {
     Ok(())
 }
 
-fn check_table_name(name: &str) -> Result<(), StorageError> {
+pub(crate) fn check_table_name(name: &str) -> Result<(), StorageError> {
     let mut chars = name.chars();
     let valid_start = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');

@@ -234,12 +234,17 @@ impl TablesNode {
             None => id < next_table_id,
         };
         lock(&self.stores).retain(|k, _| live.contains(&(k.0, k.1)));
-        let live_keys: std::collections::HashSet<String> = catalog.tables.values().map(outbox_key).collect();
         let tables_dir = self.tables_dir.clone();
         let outbox = Arc::clone(&self.outbox);
+        let live_incarnations = live.clone();
         let result = blocking(move || {
-            let stale: Vec<String> =
-                lock(&outbox).stats().keys().map(|(t, _)| t.clone()).filter(|t| !live_keys.contains(t)).collect();
+            // By identity, not name: a renamed table's queued rows are its own still.
+            let stale: Vec<String> = lock(&outbox)
+                .stats()
+                .keys()
+                .map(|(t, _)| t.clone())
+                .filter(|t| outbox_key_incarnation(t).is_none_or(|k| !live_incarnations.contains(&k)))
+                .collect();
             for key in stale {
                 lock(&outbox).discard_table(&key).map_err(storage_error)?;
             }
@@ -310,9 +315,24 @@ pub(crate) fn outbox_key(entry: &CatalogEntry) -> String {
     format!("{}#{}.{}", entry.def.name, entry.id, entry.generation)
 }
 
-/// The table name of an outbox key.
+/// The table name of an outbox key: the table's name when the rows were queued (it may have
+/// been renamed since; [`outbox_key_entry`] finds it by its identity).
 pub(crate) fn outbox_key_table(key: &str) -> &str {
     key.split_once('#').map(|(name, _)| name).unwrap_or(key)
+}
+
+/// The table incarnation, `(id, generation)`, of an outbox key.
+pub(crate) fn outbox_key_incarnation(key: &str) -> Option<(u64, u64)> {
+    let (_, incarnation) = key.rsplit_once('#')?;
+    let (id, generation) = incarnation.split_once('.')?;
+    Some((id.parse().ok()?, generation.parse().ok()?))
+}
+
+/// The catalog entry of the table incarnation whose rows an outbox key queues, whatever the
+/// table is called now; `None` once it was dropped or truncated.
+pub(crate) fn outbox_key_entry<'a>(catalog: &'a Catalog, key: &str) -> Option<&'a CatalogEntry> {
+    let (id, generation) = outbox_key_incarnation(key)?;
+    catalog.by_id(id).filter(|e| e.generation == generation)
 }
 
 fn parse_table_dir(name: &str) -> Option<(u64, u64)> {
@@ -452,5 +472,7 @@ mod tests {
         assert_eq!(parse_table_dir("t12"), None);
         assert_eq!(parse_table_dir("x12-g3"), None);
         assert_eq!(outbox_key_table("events#4.1"), "events");
+        assert_eq!(outbox_key_incarnation("events#4.1"), Some((4, 1)));
+        assert_eq!(outbox_key_incarnation("events"), None);
     }
 }

@@ -19,7 +19,7 @@ use rand::Rng;
 use tokio::sync::Notify;
 
 use super::insert::unix_ms;
-use super::{TablesNode, blocking, lock, lock_from_runtime, outbox_key_table};
+use super::{TablesNode, blocking, lock, lock_from_runtime, outbox_key_entry};
 use crate::codec::{ShipItem, ShipRequest};
 
 /// How full the outbox may get (percent of `outbox_max_bytes`) before every sender ships what it
@@ -112,7 +112,7 @@ fn due(node: &TablesNode, dest: u32) -> Option<Duration> {
         total_rows += q.pending_rows;
         total_bytes += q.pending_bytes;
         // A table dropped meanwhile: its items are about to be discarded; ship what is left now.
-        let delay = catalog.tables.get(outbox_key_table(key)).map(|e| e.def.delay)?;
+        let delay = outbox_key_entry(&catalog, key).map(|e| e.def.delay)?;
         max_rows = max_rows.min(delay.delay_max_rows);
         max_bytes = max_bytes.min(delay.delay_max_bytes);
         let age = now.saturating_sub(q.oldest_pending_unix_ms.unwrap_or(now));

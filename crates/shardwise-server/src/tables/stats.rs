@@ -11,7 +11,7 @@ use shardwise_cluster::NodeState;
 use shardwise_query::{QueryError, ShardData, ShardReplicaRow, SyncQueueRow};
 
 use super::insert::unix_ms;
-use super::{TablesNode, lock, lock_from_runtime, outbox_key, outbox_key_table};
+use super::{TablesNode, lock, lock_from_runtime, outbox_key_entry, outbox_key_incarnation, outbox_key_table};
 
 /// Which local shard replica a query fragment reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -111,14 +111,15 @@ impl TablesNode {
     pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<FlushReply, QueryError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let live_key = self.entry(table).ok().map(|(_, e)| outbox_key(&e));
-            let pending: Vec<(u32, u64)> = lock_from_runtime(&self.outbox)
-                .stats()
-                .iter()
-                .filter(|((key, _), q)| q.pending_items > 0 && outbox_key_table(key) == table)
-                .filter(|((key, _), _)| live_key.as_deref().is_none_or(|k| k == key))
-                .map(|((_, dest), q)| (*dest, q.pending_rows))
-                .collect();
+            // The table's queued rows by its identity: some may have been queued under a name it
+            // had before a rename (one queue per name), the same destination in each.
+            let live = self.entry(table).ok().map(|(_, e)| (e.id, e.generation));
+            let mut pending: BTreeMap<u32, u64> = BTreeMap::new();
+            for ((key, dest), q) in lock_from_runtime(&self.outbox).stats() {
+                if q.pending_items > 0 && live.is_some() && outbox_key_incarnation(&key) == live {
+                    *pending.entry(dest).or_default() += q.pending_rows;
+                }
+            }
             if pending.is_empty() {
                 return Ok(FlushReply::default());
             }
@@ -266,26 +267,37 @@ impl TablesNode {
     }
 
     /// This node's sync queues.
+    /// This node's sync queues, one row per table and destination, the table under its current
+    /// name (rows queued before a rename are counted with the rest).
     pub fn local_queue_rows(&self) -> Vec<SyncQueueRow> {
         let now = unix_ms();
         let stats = lock_from_runtime(&self.outbox).stats();
-        stats
-            .into_iter()
-            .filter(|(_, q)| q.pending_items > 0)
-            .map(|((key, dest), q)| {
+        let (_, catalog) = self.catalog_now();
+        let mut rows: BTreeMap<(String, u32), SyncQueueRow> = BTreeMap::new();
+        for ((key, dest), q) in stats {
+            if q.pending_items == 0 {
+                continue;
+            }
+            let table = outbox_key_entry(&catalog, &key).map_or(outbox_key_table(&key), |e| e.def.name.as_str());
+            let oldest_pending_age_ms = q.oldest_pending_unix_ms.map(|t| now.saturating_sub(t));
+            let row = rows.entry((table.to_string(), dest)).or_insert_with(|| {
                 let status = self.senders.status(dest);
                 SyncQueueRow {
                     rank: self.rank,
-                    table: outbox_key_table(&key).to_string(),
+                    table: table.to_string(),
                     destination: dest,
-                    pending_rows: q.pending_rows,
-                    pending_bytes: q.pending_bytes,
-                    oldest_pending_age_ms: q.oldest_pending_unix_ms.map(|t| now.saturating_sub(t)),
+                    pending_rows: 0,
+                    pending_bytes: 0,
+                    oldest_pending_age_ms,
                     retries: status.retries,
                     last_error: status.last_error,
                 }
-            })
-            .collect()
+            });
+            row.pending_rows += q.pending_rows;
+            row.pending_bytes += q.pending_bytes;
+            row.oldest_pending_age_ms = row.oldest_pending_age_ms.max(oldest_pending_age_ms);
+        }
+        rows.into_values().collect()
     }
 
     pub(crate) async fn queue_rows(&self) -> Result<Vec<SyncQueueRow>, QueryError> {

@@ -326,6 +326,64 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
 }
 
 #[test]
+fn renamed_tables_keep_their_rows_queues_and_identity() {
+    let mut c = Cluster::start(2);
+    // Rows held in the outboxes (nothing ships until a flush), then the table renamed.
+    c.sql(
+        0,
+        "CREATE TABLE events (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed', \
+         delay_max_ms = 3600000, delay_max_rows = 100000000, delay_max_bytes = 1073741824)",
+    );
+    c.sql(0, "INSERT INTO events SELECT value FROM generate_series(1, 100)");
+    c.sql(1, "INSERT INTO events SELECT value FROM generate_series(101, 150)");
+    let queued = "SELECT \"table\", sum(pending_rows) FROM system.sync_queues GROUP BY \"table\"";
+    assert_eq!(c.sql(0, queued), vec![vec!["events".to_string(), "300".to_string()]]);
+    c.sql(1, "RENAME TABLE events TO clicks");
+    assert_eq!(c.sql(0, "SHOW TABLES"), vec![vec!["clicks".to_string()]]);
+    assert_eq!(c.sql(0, queued), vec![vec!["clicks".to_string(), "300".to_string()]]);
+    assert!(c.sql_err(0, "SELECT count(*) FROM events").contains("events"));
+    c.sql(0, "INSERT INTO clicks SELECT value FROM generate_series(151, 160)");
+    // The flush waits for the rows queued under either name; every replica then has them once.
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED clicks");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED clicks");
+    assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty());
+    for rank in 0..2 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*), count(DISTINCT id) FROM clicks")), vec!["160", "160"]);
+    }
+    let replicas = "SELECT sum(rows) FROM system.shards WHERE \"table\" = 'clicks'";
+    assert_eq!(one(c.sql(1, replicas)), vec!["320".to_string()]);
+
+    // A swap in one statement, applied in order, all or none.
+    c.sql(0, "CREATE TABLE fresh (id BIGINT) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO fresh VALUES (1), (2), (3)");
+    c.sql(1, "RENAME TABLE clicks TO old_clicks, fresh TO clicks");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM clicks")), vec!["3".to_string()]);
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM old_clicks")), vec!["160".to_string()]);
+    let cases = [
+        ("RENAME TABLE clicks TO other, old_clicks TO other", "a table \"other\" already exists"),
+        ("RENAME TABLE nope TO other", "unknown table \"nope\""),
+        ("RENAME TABLE clicks TO \"no-dash\"", "no-dash"),
+        ("ALTER TABLE clicks ADD COLUMN x INT", "RENAME TABLE t TO t_old"),
+    ];
+    for (sql, needle) in cases {
+        let err = c.sql_err(0, sql);
+        assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
+    }
+    assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["clicks".to_string()], vec!["old_clicks".to_string()]]);
+    // PostgreSQL's form, with IF EXISTS a no-op for a missing table.
+    c.sql(0, "ALTER TABLE IF EXISTS nope RENAME TO other");
+    c.sql(0, "ALTER TABLE old_clicks RENAME TO archived");
+    let created = one(c.sql(0, "SHOW CREATE TABLE archived"));
+    assert!(created.join(",").contains("CREATE TABLE archived (id BIGINT)"), "{created:?}");
+    // The catalog is durable: a restarted node has the names, each with its own rows.
+    c.procs[1].kill9();
+    c.restart(1);
+    assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["archived".to_string()], vec!["clicks".to_string()]]);
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM archived")), vec!["160".to_string()]);
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM clicks")), vec!["3".to_string()]);
+}
+
+#[test]
 fn a_foreground_insert_into_a_delayed_table_is_on_its_replicas_when_acknowledged() {
     let c = Cluster::start(2);
     c.sql(
