@@ -4,6 +4,7 @@
     python3 bench/fsync_interference.py --dir /var/tmp/probe --mode big
     python3 bench/fsync_interference.py --dir /var/tmp/probe --mode chunked --chunk-bytes 65536
     python3 bench/fsync_interference.py --dir /var/tmp/probe --mode started
+    python3 bench/fsync_interference.py --dir /var/tmp/probe --mode synced --chunk-bytes 262144
 
 The question behind it (issue 3, docs/sync.md): does a node's background write of a shipped
 batch (a shard WAL append of a few MB, then fdatasync) hold back the fdatasync of the
@@ -15,7 +16,10 @@ The foreground writes `--record-bytes` into a pre-zeroed file and fdatasyncs it,
 `--mode none`, writes `--batch-bytes` every `--batch-every-ms`: in one write and one fdatasync
 (`big`), or in `--chunk-bytes` steps each followed by sync_file_range(WAIT_BEFORE | WRITE |
 WAIT_AFTER), then one fdatasync (`chunked`), or in `--chunk-bytes` steps each of whose writeback
-is started and not waited for (sync_file_range(WRITE)), then one fdatasync (`started`). With
+is started and not waited for (sync_file_range(WRITE)), then one fdatasync (`started`), or in
+`--chunk-bytes` steps each followed by its own fdatasync (`synced`: on a virtual disk whose flush
+makes the host flush whatever the guest wrote since the last one, each flush then carries one
+step, not the batch). With
 `--background-io-class idle` the background thread's I/O priority is the idle class
 (ioprio_set), which the `mq-deadline` and `bfq` schedulers serve after every other request.
 Prints p50 / p99 / p99.9 / max of the foreground calls in milliseconds. Linux only; the directory should be on the disk in question.
@@ -48,6 +52,10 @@ def background(args, stop, libc):
         while not stop.is_set():
             if args.mode == "big":
                 os.write(fd, batch)
+            elif args.mode == "synced":
+                for start in range(0, len(batch), args.chunk_bytes):
+                    os.write(fd, batch[start:start + args.chunk_bytes])
+                    os.fdatasync(fd)
             else:
                 for start in range(0, len(batch), args.chunk_bytes):
                     piece = batch[start:start + args.chunk_bytes]
@@ -65,7 +73,7 @@ def background(args, stop, libc):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", required=True, help="directory on the disk to probe (created if missing)")
-    parser.add_argument("--mode", choices=["none", "big", "chunked", "started"], default="big")
+    parser.add_argument("--mode", choices=["none", "big", "chunked", "started", "synced"], default="big")
     parser.add_argument("--chunk-bytes", type=int, default=256 * 1024)
     parser.add_argument("--batch-bytes", type=int, default=2_600_000, help="a second's shipped batch")
     parser.add_argument("--batch-every-ms", type=float, default=300)
