@@ -1,6 +1,6 @@
 //! The HTTP API of a node (axum), for scripts, dashboards and `curl`, in the spirit of
 //! ClickHouse's HTTP interface:
-//! - `POST /query`: the SQL as the body (`Content-Type: application/sql` or `text/plain`), or
+//! - `POST /query` (or `PUT`, which `curl -T FILE` sends): the SQL as the body (`Content-Type: application/sql` or `text/plain`), or
 //!   JSON `{"sql": "...", "settings": {"name": "value", ...}}` (`application/json`). Form
 //!   content types are refused (415): a browser sends them cross-site without asking. The answer
 //!   is JSON (one object per row and line), CSV (with a header row) or an Arrow IPC stream,
@@ -72,7 +72,7 @@ pub async fn serve(
     }
     let routes = Router::new()
         .route("/", get(status_page))
-        .route("/query", post(query))
+        .route("/query", post(query).put(query))
         .route("/health", get(health))
         .route("/metrics", get(metrics));
     let app = with_json_fallbacks(routes)
@@ -83,7 +83,7 @@ pub async fn serve(
 }
 
 /// The paths the API serves, for the 404 answer.
-const PATHS: &str = "POST /query, GET /health, GET /metrics and GET / (the status page)";
+const PATHS: &str = "POST (or PUT) /query, GET /health, GET /metrics and GET / (the status page)";
 
 /// `routes` answering an unknown path (404) or a known path with another method (405) as every
 /// other error is answered, with a JSON body (axum's own answers have an empty one).
@@ -691,7 +691,7 @@ mod tests {
         assert_eq!(status, "HTTP/1.1 404 Not Found");
         assert_eq!(body["kind"], "not_found");
         let error = body["error"].as_str().unwrap_or("");
-        assert!(error.starts_with("no such path: GET /nosuch; this API serves POST /query"), "{error}");
+        assert!(error.starts_with("no such path: GET /nosuch; this API serves POST (or PUT) /query"), "{error}");
         let (status, body) = status_and_json(&answer(router.clone(), "GET", "/query").await);
         assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
         assert_eq!(body["kind"], "method_not_allowed");

@@ -136,6 +136,9 @@ impl Catalog {
                 }
                 for (from, to) in renames {
                     crate::table::check_table_name(to)?;
+                    if from == to {
+                        return Err(StorageError::RenameToItself { name: to.clone() });
+                    }
                     if next.tables.contains_key(to) {
                         return Err(StorageError::RenameTargetExists { from: from.clone(), to: to.clone() });
                     }
@@ -220,6 +223,8 @@ mod tests {
         assert!(err.to_string().contains("cannot rename table \"b\" to \"c\": a table \"c\" already exists"), "{err}");
         let err = c.apply(&rename(&[("a", "c"), ("x", "d")], false), 3).unwrap_err();
         assert!(err.to_string().contains("unknown table \"x\""), "{err}");
+        let err = c.apply(&rename(&[("a", "a")], false), 3).unwrap_err();
+        assert!(err.to_string().contains("it is called \"a\" already"), "{err}");
         let err = c.apply(&rename(&[("a", "no-dash")], false), 3).unwrap_err();
         assert!(err.to_string().contains("no-dash"), "{err}");
         let (same, ch) = c.apply(&rename(&[("x", "y")], true), 3).unwrap();

@@ -92,6 +92,10 @@ pub enum StorageError {
     )]
     RenameTargetExists { from: String, to: String },
 
+    /// RENAME TABLE of a table to the name it has.
+    #[error("cannot rename table {name:?} to {name:?}: it is called {name:?} already")]
+    RenameToItself { name: String },
+
     /// The replicated catalog cannot be read or written.
     #[error("catalog: {problem}")]
     CatalogFormat { problem: String },

@@ -65,7 +65,7 @@ pub struct NodeArgs {
     /// free port].
     #[arg(long, env = "SHARDWISE_DATA_PORT")]
     pub data_port: Option<u16>,
-    /// Port of the HTTP API and status page (GET /, POST /query, GET /health, GET /metrics)
+    /// Port of the HTTP API and status page (GET /, POST or PUT /query, GET /health, GET /metrics)
     /// [default: 0 = any free port].
     #[arg(long, env = "SHARDWISE_HTTP_PORT")]
     pub http_port: Option<u16>,

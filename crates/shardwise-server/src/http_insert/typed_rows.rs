@@ -54,6 +54,10 @@ pub fn batches(
     data: &Bytes,
     schema: &SchemaRef,
 ) -> Result<Vec<RecordBatch>, QueryError> {
+    // No body is no rows, as an empty CSV body is.
+    if data.is_empty() {
+        return Ok(Vec::new());
+    }
     let what = format!("INSERT INTO {table} FORMAT {}", format.name());
     let unreadable = |e: ArrowError| QueryError::Rejected(format!("{what}: the body is not {} ({e})", format.name()));
     let batches: Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>>> = match format {
@@ -81,8 +85,11 @@ pub fn batches(
         if out.is_empty() {
             check_stated(&what, stated, &batch.schema())?;
         }
-        let batch = crate::ingest_schema::conform(table, batch, schema, "nothing was stored")
-            .map_err(|status| QueryError::Rejected(format!("{what}: {}", status.message())))?;
+        let batch = crate::ingest_schema::conform(table, batch, schema, "nothing was stored").map_err(|status| {
+            let message = status.message();
+            let message = message.strip_prefix(&format!("ingest into {table}: ")).unwrap_or(message);
+            QueryError::Rejected(format!("{what}: {message}"))
+        })?;
         out.push(batch);
     }
     Ok(out)
@@ -181,6 +188,7 @@ mod tests {
 
     #[test]
     fn bad_bodies_and_columns_are_named() {
+        assert!(batches(TypedFormat::Parquet, "t", &[], &Bytes::new(), &table()).unwrap().is_empty());
         let err = batches(TypedFormat::Parquet, "t", &[], &Bytes::from_static(b"1,a\n"), &table()).unwrap_err();
         assert!(err.to_string().contains("INSERT INTO t FORMAT Parquet: the body is not Parquet"), "{err}");
         let err = batches(TypedFormat::ArrowStream, "t", &[], &Bytes::from_static(b"PAR1"), &table()).unwrap_err();
@@ -195,6 +203,10 @@ mod tests {
         let other = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, true)]));
         let text = RecordBatch::try_new(other, vec![Arc::new(StringArray::from(vec!["x"]))]).unwrap();
         let err = batches(TypedFormat::Parquet, "t", &[], &encoded(TypedFormat::Parquet, &text), &table()).unwrap_err();
-        assert!(err.to_string().contains("column \"id\"") && err.to_string().contains("nothing was stored"), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.starts_with("INSERT INTO t FORMAT Parquet: column \"id\"") && err.contains("nothing was stored"),
+            "{err}"
+        );
     }
 }

@@ -613,7 +613,7 @@ fn every_http_route_with_curl() {
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
     assert_eq!(batches[0].schema().field(0).name(), "n");
 
-    // Typed rows: an answer in ArrowStream posted back as the body of ?query=, and a Parquet
+    // Typed rows: an answer in ArrowStream put back as the body of ?query=, and a Parquet
     // file after the statement in the body (binary after text), its INT32 cast to BIGINT.
     let arrow_rows = dir.path().join("rows.arrows");
     let mut c = tool("SHARDWISE_TEST_CURL", "curl", "apt-get install curl");
@@ -624,8 +624,8 @@ fn every_http_route_with_curl() {
         .arg(&query);
     assert!(run_with_timeout(c, T).status.success());
     let insert = "INSERT%20INTO%20posted%20FORMAT%20ArrowStream";
-    let (code, body) =
-        curl(&["--data-binary", &format!("@{}", arrow_rows.display()), &format!("{query}?query={insert}")]);
+    // `curl -T` sends the file with PUT.
+    let (code, body) = curl(&["-T", &arrow_rows.display().to_string(), &format!("{query}?query={insert}")]);
     assert_eq!((code, body.as_str()), (200, "{\"count\":2}\n"));
     let schema = Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int32, false),
