@@ -507,6 +507,9 @@ impl QueryEngine {
         // Read before any rewrite names or changes an item.
         let names = crate::postgres_names::OutputNames::of(&statement);
         repeated_items::name_repeated_items(&mut statement);
+        // `uniq(x)`, `countIf(c)`, `toStartOfHour(t)` ... as DataFusion computes them (see
+        // `crate::clickhouse_functions`).
+        crate::clickhouse_functions::as_datafusion(&mut statement, &state)?;
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);

@@ -11,6 +11,7 @@ pub mod any_nulls;
 pub mod ast_limits;
 pub mod checked_integers;
 pub mod checked_sum;
+pub mod clickhouse_functions;
 pub mod coalesce_types;
 pub mod correlated_windows;
 pub mod date_intervals;

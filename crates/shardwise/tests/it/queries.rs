@@ -126,6 +126,45 @@ const CORPUS: &[&str] = &[
     "SELECT k, sum(v) OVER (PARTITION BY k, g) FROM {t} WHERE id % 7 = 0",
 ];
 
+/// ClickHouse's functions (`shardwise_query::clickhouse_functions`), each query beside the
+/// standard SQL the oracle runs for it.
+const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
+    (
+        "SELECT g, uniqExact(k), countIf(b), sumIf(v, q > 0), avgIf(q, b), minIf(id, b), maxIf(v, k < 50) \
+         FROM {t} GROUP BY g",
+        "SELECT g, count(DISTINCT k) AS \"uniqExact(k)\", count(*) FILTER (WHERE b) AS \"countIf(b)\", \
+         sum(v) FILTER (WHERE q > 0) AS \"sumIf(v, q > 0)\", avg(q) FILTER (WHERE b) AS \"avgIf(q, b)\", \
+         min(id) FILTER (WHERE b) AS \"minIf(id, b)\", max(v) FILTER (WHERE k < 50) AS \"maxIf(v, k < 50)\" \
+         FROM {t} GROUP BY g",
+    ),
+    (
+        "SELECT k, any(g), anyLast(g), argMax(id, v), argMin(id, v) FROM {t} GROUP BY k",
+        "SELECT k, min(g) AS \"any(g)\", max(g) AS \"anyLast(g)\", \
+         first_value(id ORDER BY v DESC) FILTER (WHERE v IS NOT NULL) AS \"argMax(id, v)\", \
+         first_value(id ORDER BY v) FILTER (WHERE v IS NOT NULL) AS \"argMin(id, v)\" FROM {t} GROUP BY k",
+    ),
+    (
+        "SELECT toStartOfMonth(day) AS m, toYYYYMM(day), count(), uniqExactIf(g, b) FROM {t} GROUP BY 1, 2",
+        "SELECT CAST(date_trunc('month', day) AS DATE) AS m, \
+         CAST(date_part('year', day) * 100 + date_part('month', day) AS INT) AS \"toYYYYMM(day)\", \
+         count(*) AS \"count()\", count(DISTINCT CASE WHEN b THEN g END) AS \"uniqExactIf(g, b)\" \
+         FROM {t} GROUP BY 1, 2",
+    ),
+    (
+        "SELECT toDayOfWeek(day) AS w, multiIf(q < 0, 'neg', q = 0, 'zero', 'pos') AS sign, if(b, 1, 0) AS f, \
+         count(*) AS n FROM {t} GROUP BY 1, 2, 3",
+        "SELECT CAST(date_part('isodow', day) AS INT) AS w, \
+         CASE WHEN q < 0 THEN 'neg' WHEN q = 0 THEN 'zero' ELSE 'pos' END AS sign, \
+         CASE WHEN b THEN 1 ELSE 0 END AS f, count(*) AS n FROM {t} GROUP BY 1, 2, 3",
+    ),
+    (
+        "SELECT g, varSamp(v), stddevPop(v), array_sort(groupArray(k)) FROM {t} WHERE id % 100 = 0 GROUP BY g",
+        "SELECT g, var_samp(v) AS \"varSamp(v)\", stddev_pop(v) AS \"stddevPop(v)\", \
+         array_sort(array_agg(k) FILTER (WHERE k IS NOT NULL)) AS \"array_sort(groupArray(k))\" FROM {t} \
+         WHERE id % 100 = 0 GROUP BY g",
+    ),
+];
+
 /// DataFusion reading SQL as a shardwise node does: strings as Utf8, literals as DECIMALs.
 fn oracle_config() -> SessionConfig {
     let mut config = SessionConfig::new().with_target_partitions(2);
@@ -278,12 +317,24 @@ fn check_corpus(
     queries: &[&str],
     settings: &str,
 ) -> Vec<String> {
+    let pairs: Vec<(&str, &str)> = queries.iter().map(|q| (*q, *q)).collect();
+    check_pairs(c, rt, ctx, &pairs, settings)
+}
+
+/// [`check_corpus`] of queries each with the SQL the oracle runs for it.
+fn check_pairs(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    ctx: &SessionContext,
+    queries: &[(&str, &str)],
+    settings: &str,
+) -> Vec<String> {
     let mut failures = Vec::new();
     let mut n = 0;
     for table in ["t", "s"] {
-        for q in queries {
+        for (q, oracle_q) in queries {
             let sql = q.replace("{t}", table);
-            let want = json_rows(&rt.block_on(run_oracle(ctx, &sql)));
+            let want = json_rows(&rt.block_on(run_oracle(ctx, &oracle_q.replace("{t}", table))));
             let node = n % c.addrs.len();
             n += 1;
             let statement = match settings.starts_with("SET ") {
@@ -314,6 +365,7 @@ fn corpus_matches_single_node_datafusion_on_1_2_and_3_nodes() {
         let mut failures = check_corpus(&c, &rt, &ctx, CORPUS, "");
         if nodes > 1 {
             failures.extend(check_corpus(&c, &rt, &ctx, CORPUS, "SETTINGS distributed_aggregation = 'shuffle'"));
+            failures.extend(check_pairs(&c, &rt, &ctx, CLICKHOUSE_CORPUS, ""));
         }
         if nodes == 2 {
             // One partition per node, as on one core: DataFusion then plans global aggregates
