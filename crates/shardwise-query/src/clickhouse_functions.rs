@@ -102,7 +102,8 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
     ("tofloat64", 1, "CAST(__a0 AS DOUBLE)"),
 ];
 
-/// The quantiles, whose level is a parameter: `quantile(0.9)(x)`.
+/// The quantiles, whose level is a parameter: `quantile(0.9)(x)` (`quantiles(0.5, 0.9)(x)`, the
+/// array of several, is built by `quantiles`).
 const PARAMETRIC: [&str; 2] = ["quantile", "quantiletdigest"];
 
 /// Rewrites `statement`'s ClickHouse calls (see the module doc); an error names a call whose
@@ -134,8 +135,8 @@ impl Rewrite<'_> {
         {
             return None;
         }
-        if name == "multiif" {
-            return Some(("multiif", 0, ""));
+        if let Some(special) = ["multiif", "quantiles", "quantilestdigest"].into_iter().find(|n| *n == name) {
+            return Some((special, 0, ""));
         }
         TEMPLATES.iter().find(|(n, _, _)| *n == name).copied()
     }
@@ -157,6 +158,9 @@ impl Rewrite<'_> {
         if name == "multiif" {
             return multi_if(written, &args).map(Some);
         }
+        if name.starts_with("quantiles") {
+            return quantiles(written, &args, &parameters).map(Some);
+        }
         if args.len() != arity {
             return Err(QueryError::Rejected(format!(
                 "{written} takes {arity} argument{} (ClickHouse's {written}), {} given",
@@ -171,8 +175,11 @@ impl Rewrite<'_> {
                 false => format!("{written} takes no parameters (its form is {written}(...), not {written}(...)(...))"),
             }));
         }
-        let level = parameters.into_iter().next().unwrap_or_else(|| number("0.5"));
-        let mut expr = instantiate(template, &args, Some(&level))?;
+        let level = match parameters.is_empty() {
+            true => vec![number("0.5")],
+            false => parameters,
+        };
+        let mut expr = instantiate(template, &args, &level)?;
         keep_clauses(written, f, &mut expr)?;
         Ok(Some(expr))
     }
@@ -262,19 +269,19 @@ fn plain_args(args: &FunctionArguments) -> Option<Vec<Expr>> {
     }
 }
 
-/// `template` parsed, with `__aN` the Nth of `args` and `__p0` the parameter.
-fn instantiate(template: &str, args: &[Expr], parameter: Option<&Expr>) -> Result<Expr, QueryError> {
+/// `template` parsed, with `__aN` the Nth of `args` and `__pN` the Nth of `parameters`.
+fn instantiate(template: &str, args: &[Expr], parameters: &[Expr]) -> Result<Expr, QueryError> {
     let mut expr =
         Parser::new(&GenericDialect {}).try_with_sql(template).and_then(|mut p| p.parse_expr()).map_err(|e| {
             QueryError::Internal(datafusion::error::DataFusionError::Plan(format!("template {template}: {e}")))
         })?;
-    let _ = VisitMut::visit(&mut expr, &mut Substitute { args, parameter });
+    let _ = VisitMut::visit(&mut expr, &mut Substitute { args, parameters });
     Ok(expr)
 }
 
 struct Substitute<'a> {
     args: &'a [Expr],
-    parameter: Option<&'a Expr>,
+    parameters: &'a [Expr],
 }
 
 impl VisitorMut for Substitute<'_> {
@@ -282,12 +289,10 @@ impl VisitorMut for Substitute<'_> {
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         let Expr::Identifier(ident) = expr else { return ControlFlow::Continue(()) };
-        let replacement = match ident.value.as_str() {
-            "__p0" => self.parameter.cloned(),
-            name => {
-                name.strip_prefix("__a").and_then(|n| n.parse::<usize>().ok()).and_then(|n| self.args.get(n).cloned())
-            }
+        let nth = |prefix: &str, list: &[Expr]| {
+            ident.value.strip_prefix(prefix).and_then(|n| n.parse::<usize>().ok()).and_then(|n| list.get(n).cloned())
         };
+        let replacement = nth("__a", self.args).or_else(|| nth("__p", self.parameters));
         if let Some(replacement) = replacement {
             *expr = replacement;
         }
@@ -328,7 +333,20 @@ fn multi_if(written: &impl std::fmt::Display, args: &[Expr]) -> Result<Expr, Que
     }
     let pairs = args.len() / 2;
     let whens: String = (0..pairs).map(|i| format!(" WHEN __a{} THEN __a{}", 2 * i, 2 * i + 1)).collect();
-    instantiate(&format!("CASE{whens} ELSE __a{} END", args.len() - 1), args, None)
+    instantiate(&format!("CASE{whens} ELSE __a{} END", args.len() - 1), args, &[])
+}
+
+/// `quantiles(l1, l2, ...)(x)` as the array of `approx_percentile_cont(x, l)` for each level.
+fn quantiles(written: &impl std::fmt::Display, args: &[Expr], levels: &[Expr]) -> Result<Expr, QueryError> {
+    if args.len() != 1 || levels.is_empty() {
+        return Err(QueryError::Rejected(format!(
+            "{written}(level, ...)(x) takes one or more levels and one argument, {} and {} given",
+            levels.len(),
+            args.len()
+        )));
+    }
+    let each: Vec<String> = (0..levels.len()).map(|i| format!("approx_percentile_cont(__a0, __p{i})")).collect();
+    instantiate(&format!("make_array({})", each.join(", ")), args, levels)
 }
 
 fn number(text: &str) -> Expr {
@@ -392,11 +410,14 @@ mod tests {
         assert!(err("SELECT multiIf(a, b) FROM t").contains("an odd number of arguments"));
         assert!(err("SELECT uniq(DISTINCT x) FROM t").contains("plain arguments"));
         assert!(err("SELECT quantile(0.1, 0.2)(x) FROM t").contains("takes one level, 2 given"));
+        assert!(err("SELECT quantiles(x) FROM t").contains("takes one or more levels and one argument, 0 and 1 given"));
         assert!(err("SELECT toDate(x) OVER () FROM t").contains("is not an aggregate"));
     }
 
     /// One call of every template, on a small table, and its answer.
     const EXAMPLES: &[(&str, &str)] = &[
+        ("quantiles(0, 1)(v)", "[1.0, 3.0]"),
+        ("quantilesTDigest(1)(v)", "[3.0]"),
         ("uniq(g)", "2"),
         ("uniqCombined(g)", "2"),
         ("uniqCombined64(g)", "2"),

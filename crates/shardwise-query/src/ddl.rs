@@ -145,8 +145,8 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
             }
             _ => Err(QueryError::Unsupported(
                 "ALTER TABLE: a table's columns and options are fixed once created (its name is not: ALTER \
-                 TABLE ... RENAME TO renames it); make the new table with CREATE TABLE ... AS SELECT, then swap the two with RENAME \
-                 TABLE t TO t_old, t_new TO t and DROP TABLE t_old"
+                 TABLE ... RENAME TO renames it); make the new table with CREATE TABLE ... AS SELECT, then \
+                 swap the two with RENAME TABLE t TO t_old, t_new TO t and DROP TABLE t_old"
                     .into(),
             )),
         },

@@ -136,13 +136,13 @@ impl Catalog {
                 }
                 for (from, to) in renames {
                     crate::table::check_table_name(to)?;
+                    let Some(mut entry) = next.tables.remove(from) else { return Err(next.unknown_table(from)) };
                     if from == to {
                         return Err(StorageError::RenameToItself { name: to.clone() });
                     }
                     if next.tables.contains_key(to) {
                         return Err(StorageError::RenameTargetExists { from: from.clone(), to: to.clone() });
                     }
-                    let Some(mut entry) = next.tables.remove(from) else { return Err(next.unknown_table(from)) };
                     entry.def.name = to.clone();
                     next.tables.insert(to.clone(), entry);
                 }
@@ -221,6 +221,8 @@ mod tests {
         // A target that exists, a missing source, or a bad name fails the whole statement.
         let err = c.apply(&rename(&[("a", "c"), ("b", "c")], false), 3).unwrap_err();
         assert!(err.to_string().contains("cannot rename table \"b\" to \"c\": a table \"c\" already exists"), "{err}");
+        let err = c.apply(&rename(&[("x", "b")], false), 3).unwrap_err();
+        assert!(err.to_string().contains("unknown table \"x\""), "{err}");
         let err = c.apply(&rename(&[("a", "c"), ("x", "d")], false), 3).unwrap_err();
         assert!(err.to_string().contains("unknown table \"x\""), "{err}");
         let err = c.apply(&rename(&[("a", "a")], false), 3).unwrap_err();

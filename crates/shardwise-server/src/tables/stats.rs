@@ -266,21 +266,20 @@ impl TablesNode {
         Ok(rows)
     }
 
-    /// This node's sync queues.
-    /// This node's sync queues, one row per table and destination, the table under its current
-    /// name (rows queued before a rename are counted with the rest).
+    /// This node's sync queues, one row per table incarnation and destination, the table under
+    /// its current name (rows queued before a rename are counted with the rest).
     pub fn local_queue_rows(&self) -> Vec<SyncQueueRow> {
         let now = unix_ms();
         let stats = lock_from_runtime(&self.outbox).stats();
         let (_, catalog) = self.catalog_now();
-        let mut rows: BTreeMap<(String, u32), SyncQueueRow> = BTreeMap::new();
+        let mut rows: BTreeMap<(Option<(u64, u64)>, String, u32), SyncQueueRow> = BTreeMap::new();
         for ((key, dest), q) in stats {
             if q.pending_items == 0 {
                 continue;
             }
             let table = outbox_key_entry(&catalog, &key).map_or(outbox_key_table(&key), |e| e.def.name.as_str());
             let oldest_pending_age_ms = q.oldest_pending_unix_ms.map(|t| now.saturating_sub(t));
-            let row = rows.entry((table.to_string(), dest)).or_insert_with(|| {
+            let row = rows.entry((outbox_key_incarnation(&key), table.to_string(), dest)).or_insert_with(|| {
                 let status = self.senders.status(dest);
                 SyncQueueRow {
                     rank: self.rank,
