@@ -272,7 +272,9 @@ impl TablesNode {
         let now = unix_ms();
         let stats = lock_from_runtime(&self.outbox).stats();
         let (_, catalog) = self.catalog_now();
-        let mut rows: BTreeMap<(Option<(u64, u64)>, String, u32), SyncQueueRow> = BTreeMap::new();
+        // By (table incarnation, name, destination).
+        type QueueKey = (Option<(u64, u64)>, String, u32);
+        let mut rows: BTreeMap<QueueKey, SyncQueueRow> = BTreeMap::new();
         for ((key, dest), q) in stats {
             if q.pending_items == 0 {
                 continue;
