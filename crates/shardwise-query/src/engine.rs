@@ -510,6 +510,8 @@ impl QueryEngine {
         // `uniq(x)`, `countIf(c)`, `toStartOfHour(t)` ... as DataFusion computes them (see
         // `crate::clickhouse_functions`).
         crate::clickhouse_functions::as_datafusion(&mut statement, &state)?;
+        // ClickHouse's `LIMIT n BY x` as a numbering within each `x` (see `crate::limit_by`).
+        crate::limit_by::as_window(&mut statement)?;
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);

@@ -36,6 +36,7 @@ pub mod integer_timestamps;
 pub mod interval_order;
 pub mod interval_scaling;
 pub mod like_escape;
+pub mod limit_by;
 pub mod many_groups;
 pub mod memory_limit;
 pub mod named_windows;

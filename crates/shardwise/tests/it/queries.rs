@@ -163,6 +163,12 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
          array_sort(array_agg(k) FILTER (WHERE k IS NOT NULL)) AS \"array_sort(groupArray(k))\" FROM {t} \
          WHERE id % 100 = 0 GROUP BY g",
     ),
+    // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
+    (
+        "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
+        "SELECT g, k, s FROM (SELECT g, k, sum(v) AS s, row_number() OVER (PARTITION BY g ORDER BY sum(v) DESC, k) \
+         AS rn FROM {t} GROUP BY g, k) WHERE rn <= 2 ORDER BY g, s DESC, k",
+    ),
 ];
 
 /// DataFusion reading SQL as a shardwise node does: strings as Utf8, literals as DECIMALs.
