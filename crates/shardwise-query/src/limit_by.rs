@@ -153,7 +153,7 @@ fn rewritten(query: &mut Query) -> Result<Query, QueryError> {
     let Some(TableFactor::Derived { subquery, .. }) = outer_select.from.first_mut().map(|t| &mut t.relation) else {
         return Err(internal("no derived table"));
     };
-    *subquery = Box::new(inner);
+    **subquery = inner;
     if let Some(selection) = &mut outer_select.selection {
         let _ = VisitMut::visit(selection, &mut Bound { count: &count });
     }
