@@ -18,6 +18,8 @@ use crate::sql_text::mentions;
 pub enum ClauseFormat {
     /// `CSV` (no header, as in ClickHouse) or `CSVWithNames` (a header row).
     Csv { header: bool },
+    /// `TabSeparated` (`TSV`, no header) or `TabSeparatedWithNames` (`TSVWithNames`).
+    Tsv { header: bool },
     /// `JSONEachRow` (also `JSONLines`, `NDJSON`): one JSON object per row and line.
     JsonEachRow,
     /// `ArrowStream`: an Arrow IPC stream.
@@ -27,8 +29,8 @@ pub enum ClauseFormat {
 }
 
 /// The names accepted, for error messages.
-pub const FORMAT_NAMES: &str =
-    "CSV, CSVWithNames, JSONEachRow (JSONLines, NDJSON), ArrowStream, Pretty (PrettyCompact)";
+pub const FORMAT_NAMES: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames), JSONEachRow (JSONLines, \
+     NDJSON), ArrowStream, Pretty (PrettyCompact)";
 
 impl ClauseFormat {
     /// The format `name` stands for (case-insensitive).
@@ -36,6 +38,8 @@ impl ClauseFormat {
         match name.to_ascii_lowercase().as_str() {
             "csv" => Ok(ClauseFormat::Csv { header: false }),
             "csvwithnames" => Ok(ClauseFormat::Csv { header: true }),
+            "tabseparated" | "tsv" => Ok(ClauseFormat::Tsv { header: false }),
+            "tabseparatedwithnames" | "tsvwithnames" => Ok(ClauseFormat::Tsv { header: true }),
             "jsoneachrow" | "jsonlines" | "ndjson" => Ok(ClauseFormat::JsonEachRow),
             "arrowstream" => Ok(ClauseFormat::ArrowStream),
             "pretty" | "prettycompact" => Ok(ClauseFormat::Pretty),

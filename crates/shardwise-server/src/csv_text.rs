@@ -1,7 +1,10 @@
-//! Answers as CSV, for the HTTP API and `shardwise sql --format csv`, written so that they read
-//! back as they were: NULL is an empty field and an empty string is `""` (PostgreSQL's and
-//! DuckDB's convention, which `shardwise load` and `COPY ... FROM` read back the same way);
-//! Arrow's CSV writer wrote both as an empty field. List, struct and map values, which CSV has no
+//! Answers as CSV or TabSeparated, for the HTTP API and `shardwise sql --format csv|tsv`,
+//! written so that they read back as they were. CSV: NULL is an empty field and an empty string
+//! is `""` (PostgreSQL's and DuckDB's convention, which `shardwise load` and `COPY ... FROM` read
+//! back the same way); Arrow's CSV writer wrote both as an empty field. TabSeparated (ClickHouse's
+//! default format): NULL is `\N`, and a backslash, tab, line feed or carriage return in a value is
+//! written `\\`, `\t`, `\n`, `\r` (PostgreSQL's text format, which `COPY ... FROM` and an HTTP
+//! `INSERT ... FORMAT TSV` read back). List, struct and map values, which CSV has no
 //! form for, are written as JSON (`[1,null,3]`, `["a,b",null,""]`, `{"a":1}`), which keeps a NULL
 //! element apart from an empty one, and strings quoted; Arrow's writer fails on them part-way
 //! through an answer. Other values are written as Arrow's CSV writer writes them.
@@ -12,19 +15,54 @@ use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::json::writer::{EncoderOptions, make_encoder};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 
-/// Writes the header row: the column names.
+/// How an answer's text is delimited and escaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextFormat {
+    Csv,
+    /// TabSeparated.
+    Tsv,
+}
+
+impl TextFormat {
+    fn delimiter(self) -> u8 {
+        match self {
+            TextFormat::Csv => b',',
+            TextFormat::Tsv => b'\t',
+        }
+    }
+
+    /// A field's value, quoted (CSV) or escaped (TabSeparated).
+    fn write_value(self, value: &[u8], out: &mut Vec<u8>) {
+        match self {
+            TextFormat::Csv => write_field(value, out),
+            TextFormat::Tsv => write_escaped(value, out),
+        }
+    }
+}
+
+/// Writes the header row of a CSV answer: the column names.
 pub fn write_header(schema: &Schema, out: &mut Vec<u8>) {
+    write_header_as(TextFormat::Csv, schema, out)
+}
+
+/// Writes the header row: the column names.
+pub fn write_header_as(format: TextFormat, schema: &Schema, out: &mut Vec<u8>) {
     for (i, field) in schema.fields().iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            out.push(format.delimiter());
         }
-        write_field(field.name().as_bytes(), out);
+        format.write_value(field.name().as_bytes(), out);
     }
     out.extend_from_slice(b"\n");
 }
 
-/// Writes the rows of `batch`, one line each.
+/// Writes the rows of `batch` as CSV, one line each.
 pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowError> {
+    write_rows_as(TextFormat::Csv, batch, out)
+}
+
+/// Writes the rows of `batch`, one line each.
+pub fn write_rows_as(format: TextFormat, batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowError> {
     let options = FormatOptions::default().with_display_error(true);
     let json_options = EncoderOptions::default().with_explicit_nulls(true);
     let schema = batch.schema();
@@ -41,10 +79,13 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
     for row in 0..batch.num_rows() {
         for (i, column) in columns.iter_mut().enumerate() {
             if i > 0 {
-                out.push(b',');
+                out.push(format.delimiter());
             }
             value.clear();
             if nulls[i].as_ref().is_some_and(|n| n.is_null(row)) {
+                if format == TextFormat::Tsv {
+                    out.extend_from_slice(b"\\N");
+                }
                 continue;
             }
             match column {
@@ -54,9 +95,9 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
                 }
                 Column::Json(encoder) => encoder.encode(row, &mut value),
             }
-            match value.is_empty() {
-                true => out.extend_from_slice(b"\"\""),
-                false => write_field(&value, out),
+            match (format, value.is_empty()) {
+                (TextFormat::Csv, true) => out.extend_from_slice(b"\"\""),
+                (format, _) => format.write_value(&value, out),
             }
         }
         out.push(b'\n');
@@ -93,6 +134,19 @@ fn write_field(value: &[u8], out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// A TabSeparated field: backslash, tab, line feed and carriage return escaped.
+fn write_escaped(value: &[u8], out: &mut Vec<u8>) {
+    for &b in value {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            other => out.push(other),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -116,6 +170,19 @@ mod tests {
         let batch =
             RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("n, m", Arc::new(n) as ArrayRef)]).unwrap();
         assert_eq!(csv(&batch), "s,\"n, m\"\n\"\",1\n,\n\"a,b\",-3\n\"say \"\"hi\"\"\nthere\",4\n");
+    }
+
+    #[test]
+    fn tab_separated_escapes_and_writes_null_as_backslash_n() {
+        let s = StringArray::from(vec![Some(""), None, Some("a\tb\\c"), Some("two\nlines\r")]);
+        let n = Int64Array::from(vec![Some(1), None, Some(-3), Some(4)]);
+        let batch =
+            RecordBatch::try_from_iter([("s", Arc::new(s) as ArrayRef), ("n\tm", Arc::new(n) as ArrayRef)]).unwrap();
+        let mut out = Vec::new();
+        write_header_as(TextFormat::Tsv, &batch.schema(), &mut out);
+        write_rows_as(TextFormat::Tsv, &batch, &mut out).unwrap();
+        let want = "s\tn\\tm\n\t1\n\\N\t\\N\na\\tb\\\\c\t-3\ntwo\\nlines\\r\t4\n";
+        assert_eq!(String::from_utf8(out).unwrap(), want);
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! The HTTP API of a node (axum), for scripts, dashboards and `curl`, in the spirit of
 //! ClickHouse's HTTP interface:
-//! - `POST /query` (or `PUT`, which `curl -T FILE` sends): the SQL as the body (`Content-Type: application/sql` or `text/plain`), or
-//!   JSON `{"sql": "...", "settings": {"name": "value", ...}}` (`application/json`). Form
-//!   content types are refused (415): a browser sends them cross-site without asking. The answer
-//!   is JSON (one object per row and line), CSV (with a header row) or an Arrow IPC stream,
-//!   chosen by a trailing `FORMAT CSV | CSVWithNames | JSONEachRow | ArrowStream` clause, else by
-//!   `?format=json|csv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the query
-//!   produces them. The SQL may instead be in `?query=`, as ClickHouse takes it; and after an
-//!   `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow, Parquet,
+//! - `POST /query` (or `PUT`, which `curl -T FILE` sends): the SQL as the body (`Content-Type:
+//!   application/sql` or `text/plain`), or JSON `{"sql": "...", "settings": {"name": "value",
+//!   ...}}` (`application/json`). Form content types are refused (415): a browser sends them
+//!   cross-site without asking. The answer is JSON (one object per row and line), CSV or
+//!   TabSeparated (with a header row) or an Arrow IPC stream, chosen by a trailing `FORMAT CSV |
+//!   CSVWithNames | TSV | TSVWithNames | JSONEachRow | ArrowStream` clause, else by
+//!   `?format=json|csv|tsv|arrow`, else by `Accept`; anything else is 406. Rows are sent as the
+//!   query produces them. The SQL may instead be in `?query=`, as ClickHouse takes it; and after
+//!   an `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow, Parquet,
 //!   ArrowStream, Arrow) come the rows, in the body after the statement or as the body of
 //!   `?query=` (`crate::http_insert`).
 //! - `GET /health`: 200 and this node's rank while it serves.
@@ -43,6 +44,7 @@ use shardwise_query::{QueryEngine, QueryError, Session};
 use tokio::net::TcpListener;
 
 use crate::auth::{self, Credentials};
+use crate::csv_text::TextFormat;
 use crate::users::Users;
 
 /// The status page, served at `/`.
@@ -194,14 +196,26 @@ async fn status_page(State(http): State<Http>, headers: HeaderMap) -> Result<Res
 enum Format {
     JsonLines,
     Csv,
+    /// TabSeparated.
+    Tsv,
     Arrow,
 }
 
 impl Format {
+    /// The text format of a CSV or TabSeparated answer.
+    fn text(self) -> Option<TextFormat> {
+        match self {
+            Format::Csv => Some(TextFormat::Csv),
+            Format::Tsv => Some(TextFormat::Tsv),
+            Format::JsonLines | Format::Arrow => None,
+        }
+    }
+
     fn content_type(self) -> &'static str {
         match self {
             Format::JsonLines => "application/x-ndjson",
             Format::Csv => "text/csv; charset=utf-8",
+            Format::Tsv => "text/tab-separated-values; charset=utf-8",
             Format::Arrow => ARROW_STREAM,
         }
     }
@@ -213,11 +227,12 @@ fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result
         return match name.to_ascii_lowercase().as_str() {
             "json" => Ok(Format::JsonLines),
             "csv" => Ok(Format::Csv),
+            "tsv" => Ok(Format::Tsv),
             "arrow" => Ok(Format::Arrow),
             other => Err(Failure::new(
                 StatusCode::BAD_REQUEST,
                 "invalid",
-                format!("format={other:?} is not one of json, csv, arrow"),
+                format!("format={other:?} is not one of json, csv, tsv, arrow"),
             )),
         };
     }
@@ -228,6 +243,7 @@ fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result
                 return Ok(Format::JsonLines);
             }
             "text/csv" | "text/*" => return Ok(Format::Csv),
+            "text/tab-separated-values" => return Ok(Format::Tsv),
             ARROW_STREAM => return Ok(Format::Arrow),
             _ => {}
         }
@@ -235,7 +251,10 @@ fn choose_format(param: Option<&String>, accept: Option<&HeaderValue>) -> Result
     Err(Failure::new(
         StatusCode::NOT_ACCEPTABLE,
         "not_acceptable",
-        format!("cannot answer as {accept:?}; accepted: application/json, text/csv, {ARROW_STREAM}"),
+        format!(
+            "cannot answer as {accept:?}; accepted: application/json, text/csv, text/tab-separated-values, \
+             {ARROW_STREAM}"
+        ),
     ))
 }
 
@@ -400,6 +419,7 @@ async fn query(
     let (sql, clause) = split_format_clause(&sql)?;
     let (format, csv_header) = match clause {
         Some(ClauseFormat::Csv { header }) => (Format::Csv, header),
+        Some(ClauseFormat::Tsv { header }) => (Format::Tsv, header),
         Some(ClauseFormat::JsonEachRow) => (Format::JsonLines, true),
         Some(ClauseFormat::ArrowStream) => (Format::Arrow, true),
         Some(ClauseFormat::Pretty) => {
@@ -507,12 +527,13 @@ impl Encoder {
                 writer.write(batch)?;
                 writer.finish()?;
             }
-            Format::Csv => {
+            Format::Csv | Format::Tsv => {
+                let text = self.format.text().unwrap_or(TextFormat::Csv);
                 if !self.header_written {
-                    crate::csv_text::write_header(&self.schema, &mut out);
+                    crate::csv_text::write_header_as(text, &self.schema, &mut out);
                     self.header_written = true;
                 }
-                crate::csv_text::write_rows(batch, &mut out)?;
+                crate::csv_text::write_rows_as(text, batch, &mut out)?;
             }
             Format::Arrow => {
                 let writer = self.arrow_writer()?;
@@ -532,14 +553,15 @@ impl Encoder {
         self.arrow.as_mut().ok_or_else(|| datafusion::arrow::error::ArrowError::IpcError("no writer".into()))
     }
 
-    /// What ends the answer: a CSV header when there were no rows, the Arrow stream's end.
+    /// What ends the answer: a CSV or TabSeparated header when there were no rows, the Arrow
+    /// stream's end.
     fn finish(mut self) -> Option<Bytes> {
         match self.format {
             Format::JsonLines => None,
-            Format::Csv if self.header_written => None,
-            Format::Csv => {
+            Format::Csv | Format::Tsv if self.header_written => None,
+            Format::Csv | Format::Tsv => {
                 let mut out = Vec::new();
-                crate::csv_text::write_header(&self.schema, &mut out);
+                crate::csv_text::write_header_as(self.format.text().unwrap_or(TextFormat::Csv), &self.schema, &mut out);
                 Some(Bytes::from(out))
             }
             Format::Arrow => {

@@ -24,6 +24,7 @@ use base64::Engine as _;
 use futures::TryStreamExt;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
 use shardwise_query::sql_split::split_statements;
+use shardwise_server::csv_text::TextFormat;
 
 use crate::script::Step;
 use crate::shell::Command;
@@ -46,9 +47,14 @@ pub enum OutputFormat {
     Csv,
     /// One JSON object per row and line.
     Json,
+    /// TabSeparated with a header row; NULL is `\N`, tabs, line breaks and backslashes escaped.
+    Tsv,
     /// CSV without a header row (ClickHouse's `FORMAT CSV`; only from a FORMAT clause).
     #[value(skip)]
     CsvNoHeader,
+    /// TabSeparated without a header row (ClickHouse's `FORMAT TSV`; only from a FORMAT clause).
+    #[value(skip)]
+    TsvNoHeader,
     /// An Arrow IPC stream (ClickHouse's `FORMAT ArrowStream`; only from a FORMAT clause, and
     /// only when standard output is not a terminal).
     #[value(skip)]
@@ -61,9 +67,22 @@ impl OutputFormat {
         match clause {
             ClauseFormat::Csv { header: true } => Ok(OutputFormat::Csv),
             ClauseFormat::Csv { header: false } => Ok(OutputFormat::CsvNoHeader),
+            ClauseFormat::Tsv { header: true } => Ok(OutputFormat::Tsv),
+            ClauseFormat::Tsv { header: false } => Ok(OutputFormat::TsvNoHeader),
             ClauseFormat::JsonEachRow => Ok(OutputFormat::Json),
             ClauseFormat::Pretty => Ok(OutputFormat::Table),
             ClauseFormat::ArrowStream => Ok(OutputFormat::ArrowStream),
+        }
+    }
+
+    /// The text format of a CSV or TabSeparated output, and whether it has a header row.
+    pub(crate) fn text(self) -> Option<(TextFormat, bool)> {
+        match self {
+            OutputFormat::Csv => Some((TextFormat::Csv, true)),
+            OutputFormat::CsvNoHeader => Some((TextFormat::Csv, false)),
+            OutputFormat::Tsv => Some((TextFormat::Tsv, true)),
+            OutputFormat::TsvNoHeader => Some((TextFormat::Tsv, false)),
+            OutputFormat::Table | OutputFormat::Json | OutputFormat::ArrowStream => None,
         }
     }
 
@@ -433,12 +452,13 @@ pub(crate) fn render(
                 false => writeln!(out, "{}", pretty_format_batches_with_schema(schema.clone(), batches)?)?,
             }
         }
-        OutputFormat::Csv | OutputFormat::CsvNoHeader => {
-            if format == OutputFormat::Csv {
-                shardwise_server::csv_text::write_header(schema, out);
+        OutputFormat::Csv | OutputFormat::CsvNoHeader | OutputFormat::Tsv | OutputFormat::TsvNoHeader => {
+            let (text, header) = format.text().unwrap_or((TextFormat::Csv, true));
+            if header {
+                shardwise_server::csv_text::write_header_as(text, schema, out);
             }
             for batch in batches {
-                shardwise_server::csv_text::write_rows(batch, out)?;
+                shardwise_server::csv_text::write_rows_as(text, batch, out)?;
             }
         }
         OutputFormat::Json => {
@@ -539,7 +559,8 @@ mod tests {
     fn renders_csv_with_header_and_empty_nulls() {
         let (schema, batch) = sample();
         assert_eq!(rendered(&[batch], schema.clone(), OutputFormat::Csv), "n,s\n1,\n,x\n");
-        assert_eq!(rendered(&[], schema, OutputFormat::Csv), "n,s\n");
+        assert_eq!(rendered(&[], schema.clone(), OutputFormat::Csv), "n,s\n");
+        assert_eq!(rendered(&[], schema, OutputFormat::TsvNoHeader), "");
     }
 
     #[test]
@@ -559,7 +580,7 @@ mod tests {
     fn every_format_a_format_clause_names_is_written() {
         // The clause's error lists ArrowStream among the accepted formats; shardwise sql used to
         // refuse it.
-        for name in ["CSV", "CSVWithNames", "JSONEachRow", "ArrowStream", "Pretty"] {
+        for name in ["CSV", "CSVWithNames", "TabSeparated", "TSVWithNames", "JSONEachRow", "ArrowStream", "Pretty"] {
             assert!(shardwise_query::format_clause::FORMAT_NAMES.contains(name), "{name}");
             let (_, clause) = split_format_clause(&format!("SELECT 1 FORMAT {name}")).expect("split");
             let clause = clause.expect("a format");

@@ -13,6 +13,8 @@ use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use tonic::transport::Channel;
 
+use shardwise_server::csv_text::TextFormat;
+
 use crate::cmd_sql::{OutputFormat, fetch, fetch_each, render};
 
 /// Prints the rows `info` points at in `format`; returns how many there were.
@@ -46,7 +48,8 @@ struct Printer {
 }
 
 impl Printer {
-    /// Prints what comes before the rows (a CSV header, an Arrow stream's schema), once.
+    /// Prints what comes before the rows (a CSV or TabSeparated header, an Arrow stream's
+    /// schema), once.
     fn start(&mut self, schema: &SchemaRef) -> Result<(), String> {
         if self.started.is_some() {
             return Ok(());
@@ -56,9 +59,10 @@ impl Printer {
             return Ok(());
         }
         match self.format {
-            OutputFormat::Csv => {
+            OutputFormat::Csv | OutputFormat::Tsv => {
                 let mut out = Vec::new();
-                shardwise_server::csv_text::write_header(schema, &mut out);
+                let text = self.format.text().map_or(TextFormat::Csv, |(text, _)| text);
+                shardwise_server::csv_text::write_header_as(text, schema, &mut out);
                 write_out(&out)
             }
             OutputFormat::ArrowStream => {
@@ -84,7 +88,11 @@ impl Printer {
                 self.flush_arrow()
             }
             format => {
-                let rows_only = if format == OutputFormat::Csv { OutputFormat::CsvNoHeader } else { format };
+                let rows_only = match format {
+                    OutputFormat::Csv => OutputFormat::CsvNoHeader,
+                    OutputFormat::Tsv => OutputFormat::TsvNoHeader,
+                    other => other,
+                };
                 let mut out = Vec::new();
                 render(&schema, std::slice::from_ref(batch), rows_only, &mut out).map_err(|e| e.to_string())?;
                 write_out(&out)

@@ -494,6 +494,12 @@ fn every_http_route_with_curl() {
     let with_settings = format!("{q} FORMAT JSONEachRow SETTINGS max_memory_usage = 0");
     let (code, body) = curl(&[&sql_body[..], &[&with_settings, &format!("{query}?format=csv")]].concat());
     assert_eq!((code, body.as_str()), (200, "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n"));
+    // TabSeparated, ClickHouse's default: escapes and \N read back by an INSERT ... FORMAT TSV.
+    let tabs = "SELECT * FROM (VALUES (1, 'a\tb'), (2, NULL)) AS t(n, s) ORDER BY n";
+    let (code, body) = curl(&[&sql_body[..], &[&format!("{tabs} FORMAT TSVWithNames"), &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "n\ts\n1\ta\\tb\n2\t\\N\n"));
+    let (code, body) = curl(&[&sql_body[..], &[tabs, &format!("{query}?format=tsv")]].concat());
+    assert_eq!((code, body.as_str()), (200, "n\ts\n1\ta\\tb\n2\t\\N\n"));
     let (code, body) = curl(&[&sql_body[..], &["SELECT 1 FORMAT Pretty", &query]].concat());
     assert!(code == 400 && body.contains("FORMAT Pretty"), "{code} {body}");
     // Lists and structs as JSON (CSV has no nested values); an empty string quoted, NULL empty,

@@ -28,6 +28,11 @@ fn formats_scripts_and_errors() {
     let out = sql(&addr, &["--format", "csv", "-e", q]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "n,s\n1,a\n2,\n");
 
+    let out = sql(&addr, &["--format", "tsv", "-e", q]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "n\ts\n1\ta\n2\t\\N\n");
+    let out = sql(&addr, &["-e", &format!("{q} FORMAT TabSeparated")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1\ta\n2\t\\N\n");
+
     let out = sql(&addr, &["--format", "json", "-e", q]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "{\"n\":1,\"s\":\"a\"}\n{\"n\":2,\"s\":null}\n");
 
