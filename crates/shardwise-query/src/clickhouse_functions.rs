@@ -26,8 +26,6 @@ use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, Query, SelectItem, SetExpr,
     Visit, VisitMut, Visitor, VisitorMut,
 };
-use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::parser::Parser;
 
 use crate::error::QueryError;
 
@@ -271,10 +269,7 @@ fn plain_args(args: &FunctionArguments) -> Option<Vec<Expr>> {
 
 /// `template` parsed, with `__aN` the Nth of `args` and `__pN` the Nth of `parameters`.
 fn instantiate(template: &str, args: &[Expr], parameters: &[Expr]) -> Result<Expr, QueryError> {
-    let mut expr =
-        Parser::new(&GenericDialect {}).try_with_sql(template).and_then(|mut p| p.parse_expr()).map_err(|e| {
-            QueryError::Internal(datafusion::error::DataFusionError::Plan(format!("template {template}: {e}")))
-        })?;
+    let mut expr = crate::sql_ast::parse_expr(template)?;
     let _ = VisitMut::visit(&mut expr, &mut Substitute { args, parameters });
     Ok(expr)
 }

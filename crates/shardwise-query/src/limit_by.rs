@@ -29,8 +29,6 @@ use datafusion::sql::sqlparser::ast::{
     Expr, Ident, LimitClause, OrderBy, OrderByExpr, OrderByKind, Query, SelectItem, SetExpr, TableFactor, Value,
     VisitMut, VisitorMut, WindowSpec, WindowType,
 };
-use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::parser::Parser;
 
 use crate::error::QueryError;
 
@@ -104,7 +102,7 @@ fn rewritten(query: &mut Query) -> Result<Query, QueryError> {
         .into_iter()
         .map(|o| Ok(OrderByExpr { expr: item_expr(o.expr, &items, true)?, ..o }))
         .collect::<Result<Vec<_>, QueryError>>()?;
-    let mut row_number = parse_expr("row_number()")?;
+    let mut row_number = crate::sql_ast::parse_expr("row_number()")?;
     if let Expr::Function(f) = &mut row_number {
         f.over = Some(WindowType::WindowSpec(WindowSpec {
             window_name: None,
@@ -132,7 +130,7 @@ fn rewritten(query: &mut Query) -> Result<Query, QueryError> {
         "SELECT * EXCLUDE ({}) FROM (SELECT 1) AS __shardwise_limit_by WHERE {ROW_NUMBER} <= __count",
         hidden.join(", ")
     );
-    let mut outer = parse_query(&outer_sql)?;
+    let mut outer = crate::sql_ast::parse_query(&outer_sql)?;
     let inner = Query {
         with: None,
         order_by: None,
@@ -204,21 +202,6 @@ impl VisitorMut for Bound<'_> {
         }
         ControlFlow::Continue(())
     }
-}
-
-fn parse_expr(sql: &str) -> Result<Expr, QueryError> {
-    Parser::new(&GenericDialect {})
-        .try_with_sql(sql)
-        .and_then(|mut p| p.parse_expr())
-        .map_err(|e| internal(&e.to_string()))
-}
-
-fn parse_query(sql: &str) -> Result<Query, QueryError> {
-    Parser::new(&GenericDialect {})
-        .try_with_sql(sql)
-        .and_then(|mut p| p.parse_query())
-        .map(|q| *q)
-        .map_err(|e| internal(&e.to_string()))
 }
 
 fn internal(what: &str) -> QueryError {
