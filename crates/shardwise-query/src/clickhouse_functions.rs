@@ -56,6 +56,14 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
     ("groupuniqarray", 1, "array_agg(DISTINCT __a0) FILTER (WHERE __a0 IS NOT NULL)"),
     ("quantile", 1, "approx_percentile_cont(__a0, __p0)"),
     ("quantiletdigest", 1, "approx_percentile_cont(__a0, __p0)"),
+    // The value at position floor(level * n) of the sorted non-NULL values (the last at level 1),
+    // as ClickHouse's quantileExact picks it: every value of the group is gathered.
+    (
+        "quantileexact",
+        1,
+        "array_element(array_sort(array_agg(__a0) FILTER (WHERE __a0 IS NOT NULL)), \
+         CAST(least(floor(__p0 * count(__a0)), count(__a0) - 1) AS BIGINT) + 1)",
+    ),
     ("stddevpop", 1, "stddev_pop(__a0)"),
     ("stddevsamp", 1, "stddev_samp(__a0)"),
     ("varpop", 1, "var_pop(__a0)"),
@@ -72,6 +80,7 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
     ("tostartofday", 1, "date_trunc('day', __a0)"),
     ("tostartofinterval", 2, "date_bin(__a1, __a0)"),
     ("tomonday", 1, "CAST(date_trunc('week', __a0) AS DATE)"),
+    ("tostartofweek", 1, "CAST(date_trunc('week', __a0 + INTERVAL '1 day') - INTERVAL '1 day' AS DATE)"),
     ("tostartofmonth", 1, "CAST(date_trunc('month', __a0) AS DATE)"),
     ("tostartofquarter", 1, "CAST(date_trunc('quarter', __a0) AS DATE)"),
     ("tostartofyear", 1, "CAST(date_trunc('year', __a0) AS DATE)"),
@@ -91,6 +100,21 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
         "CAST(date_part('year', __a0) * 10000 + date_part('month', __a0) * 100 + date_part('day', __a0) AS INT)",
     ),
     ("tounixtimestamp", 1, "CAST(date_part('epoch', __a0) AS BIGINT)"),
+    ("addseconds", 2, "__a0 + __a1 * INTERVAL '1 second'"),
+    ("addminutes", 2, "__a0 + __a1 * INTERVAL '1 minute'"),
+    ("addhours", 2, "__a0 + __a1 * INTERVAL '1 hour'"),
+    ("adddays", 2, "__a0 + __a1 * INTERVAL '1 day'"),
+    ("addweeks", 2, "__a0 + __a1 * INTERVAL '7 days'"),
+    ("addmonths", 2, "__a0 + __a1 * INTERVAL '1 month'"),
+    ("addyears", 2, "__a0 + __a1 * INTERVAL '1 year'"),
+    ("subtractseconds", 2, "__a0 - __a1 * INTERVAL '1 second'"),
+    ("subtractminutes", 2, "__a0 - __a1 * INTERVAL '1 minute'"),
+    ("subtracthours", 2, "__a0 - __a1 * INTERVAL '1 hour'"),
+    ("subtractdays", 2, "__a0 - __a1 * INTERVAL '1 day'"),
+    ("subtractweeks", 2, "__a0 - __a1 * INTERVAL '7 days'"),
+    ("subtractmonths", 2, "__a0 - __a1 * INTERVAL '1 month'"),
+    ("subtractyears", 2, "__a0 - __a1 * INTERVAL '1 year'"),
+    ("formatdatetime", 2, "to_char(__a0, __a1)"),
     ("today", 0, "current_date()"),
     ("yesterday", 0, "current_date() - INTERVAL '1 day'"),
     // Strings and NULLs.
@@ -117,7 +141,7 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
 
 /// The quantiles, whose level is a parameter: `quantile(0.9)(x)` (`quantiles(0.5, 0.9)(x)`, the
 /// array of several, is built by `quantiles`).
-const PARAMETRIC: [&str; 2] = ["quantile", "quantiletdigest"];
+const PARAMETRIC: [&str; 3] = ["quantile", "quantiletdigest", "quantileexact"];
 
 /// Rewrites `statement`'s ClickHouse calls (see the module doc); an error names a call whose
 /// arguments do not fit (the statement is then not to be planned: it may be partly rewritten).
@@ -451,6 +475,8 @@ mod tests {
         ("array_length(groupUniqArray(g), 1)", "2"),
         ("quantile(1)(v)", "3.0"),
         ("quantileTDigest(0)(v)", "1.0"),
+        ("quantileExact(0.5)(v)", "3.0"),
+        ("quantileExact(0)(id) + quantileExact(1)(id) * 10", "31"),
         ("stddevPop(v)", "1.0"),
         ("stddevSamp(v) * stddevSamp(v)", "2.0000000000000004"),
         ("varPop(v)", "1.0"),
@@ -466,6 +492,22 @@ mod tests {
         ("min(toStartOfDay(ts))", "2026-03-04T00:00:00"),
         ("min(toStartOfInterval(ts, INTERVAL '2 hours'))", "2026-03-04T04:00:00"),
         ("min(toMonday(ts))", "2026-03-02"),
+        ("min(toStartOfWeek(ts))", "2026-03-01"),
+        ("min(addSeconds(ts, 1))", "2026-03-04T05:06:08"),
+        ("min(addMinutes(ts, 1))", "2026-03-04T05:07:07"),
+        ("min(addHours(ts, 1))", "2026-03-04T06:06:07"),
+        ("min(addDays(ts, 1))", "2026-03-05T05:06:07"),
+        ("min(addWeeks(ts, 1))", "2026-03-11T05:06:07"),
+        ("min(addMonths(ts, 1))", "2026-04-04T05:06:07"),
+        ("min(addYears(ts, 1))", "2027-03-04T05:06:07"),
+        ("min(subtractSeconds(ts, 7))", "2026-03-04T05:06:00"),
+        ("min(subtractMinutes(ts, 6))", "2026-03-04T05:00:07"),
+        ("min(subtractHours(ts, 5))", "2026-03-04T00:06:07"),
+        ("min(subtractDays(ts, 3))", "2026-03-01T05:06:07"),
+        ("min(subtractWeeks(ts, 1))", "2026-02-25T05:06:07"),
+        ("min(subtractMonths(ts, 1))", "2026-02-04T05:06:07"),
+        ("min(subtractYears(ts, 1))", "2025-03-04T05:06:07"),
+        ("min(formatDateTime(ts, '%Y-%m-%d %H:%M'))", "2026-03-04 05:06"),
         ("min(toStartOfMonth(ts))", "2026-03-01"),
         ("min(toStartOfQuarter(ts))", "2026-01-01"),
         ("min(toStartOfYear(ts))", "2026-01-01"),
@@ -527,10 +569,13 @@ mod tests {
         )
         .unwrap();
         ctx.register_batch("t", batch).unwrap();
+        // As the engine runs after this pass: `n * INTERVAL '1 day'` (`crate::interval_scaling`).
+        ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());
         for (call, want) in EXAMPLES {
             let sql = format!("SELECT {call} FROM t");
             let mut statement = DFParser::parse_sql(&sql).unwrap().pop_front().unwrap();
             as_datafusion(&mut statement, &ctx.state()).unwrap();
+            crate::postgres_operators::bind_as_postgres(&mut statement);
             let plan = ctx.state().statement_to_plan(statement).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
             let batches = ctx.execute_logical_plan(plan).await.unwrap().collect().await.unwrap();
             let got = array_value_to_string(batches[0].column(0), 0).unwrap();
