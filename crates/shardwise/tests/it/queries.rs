@@ -163,6 +163,12 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
          array_sort(array_agg(k) FILTER (WHERE k IS NOT NULL)) AS \"array_sort(groupArray(k))\" FROM {t} \
          WHERE id % 100 = 0 GROUP BY g",
     ),
+    (
+        "SELECT g, quantileExact(0.5)(q), addDays(day, 1) AS d, count(*) FROM {t} GROUP BY g, day",
+        "SELECT g, array_element(array_sort(array_agg(q) FILTER (WHERE q IS NOT NULL)), \
+         CAST(least(floor(0.5 * count(q)), count(q) - 1) AS BIGINT) + 1) AS \"quantileExact(0.5)(q)\", \
+         day + INTERVAL '1 day' AS d, count(*) FROM {t} GROUP BY g, day",
+    ),
     // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
     (
         "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
