@@ -198,6 +198,11 @@ impl Rewrite<'_> {
         if name.starts_with("quantiles") {
             return quantiles(written, &args, &parameters).map(Some);
         }
+        if matches!(name, "uniqexact" | "countdistinct") && args.len() > 1 && parameters.is_empty() {
+            let mut expr = distinct_tuples(&args)?;
+            keep_clauses(written, f, &mut expr)?;
+            return Ok(Some(expr));
+        }
         if args.len() != arity {
             return Err(QueryError::Rejected(format!(
                 "{written} takes {arity} argument{} (ClickHouse's {written}), {} given",
@@ -370,6 +375,15 @@ fn multi_if(written: &impl std::fmt::Display, args: &[Expr]) -> Result<Expr, Que
     instantiate(&format!("CASE{whens} ELSE __a{} END", args.len() - 1), args, &[])
 }
 
+/// `uniqExact(a, b, ...)`: the distinct tuples of rows where no argument is NULL (ClickHouse skips
+/// a row with a NULL argument, as every aggregate does), counted as structs.
+fn distinct_tuples(args: &[Expr]) -> Result<Expr, QueryError> {
+    let names: Vec<String> = (0..args.len()).map(|i| format!("__a{i}")).collect();
+    let present: Vec<String> = names.iter().map(|n| format!("{n} IS NOT NULL")).collect();
+    let template = format!("count(DISTINCT CASE WHEN {} THEN struct({}) END)", present.join(" AND "), names.join(", "));
+    instantiate(&template, args, &[])
+}
+
 /// `quantiles(l1, l2, ...)(x)` as the array of `approx_percentile_cont(x, l)` for each level.
 fn quantiles(written: &impl std::fmt::Display, args: &[Expr], levels: &[Expr]) -> Result<Expr, QueryError> {
     if args.len() != 1 || levels.is_empty() {
@@ -436,10 +450,7 @@ mod tests {
     #[test]
     fn calls_that_do_not_fit_are_named() {
         let err = |sql: &str| rewritten(sql).unwrap_err().to_string();
-        assert!(
-            err("SELECT uniqExact(a, b) FROM t")
-                .contains("uniqExact takes 1 argument (ClickHouse's uniqExact), 2 given")
-        );
+        assert!(err("SELECT uniq(a, b) FROM t").contains("uniq takes 1 argument (ClickHouse's uniq), 2 given"));
         assert!(err("SELECT sumIf(x) FROM t").contains("sumIf takes 2 arguments"));
         assert!(err("SELECT multiIf(a, b) FROM t").contains("an odd number of arguments"));
         assert!(err("SELECT uniq(DISTINCT x) FROM t").contains("plain arguments"));
@@ -458,6 +469,8 @@ mod tests {
         ("uniqHLL12(g)", "2"),
         ("uniqExact(g)", "2"),
         ("countDistinct(g)", "2"),
+        ("uniqExact(g, v)", "2"),
+        ("countDistinct(g, id > 1)", "3"),
         ("medianExact(v)", "2.0"),
         ("avgWeighted(v, id)", "2.5"),
         ("countIf(v > 1)", "1"),

@@ -169,6 +169,11 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
          CAST(least(floor(0.5 * count(q)), count(q) - 1) AS BIGINT) + 1) AS \"quantileExact(0.5)(q)\", \
          day + INTERVAL '1 day' AS d, count(*) FROM {t} GROUP BY g, day",
     ),
+    (
+        "SELECT k, uniqExact(g, b) FROM {t} GROUP BY k",
+        "SELECT k, count(DISTINCT CASE WHEN g IS NOT NULL AND b IS NOT NULL THEN struct(g, b) END) \
+         AS \"uniqExact(g, b)\" FROM {t} GROUP BY k",
+    ),
     // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
     (
         "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
