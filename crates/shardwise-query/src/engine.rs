@@ -512,6 +512,9 @@ impl QueryEngine {
         crate::clickhouse_functions::as_datafusion(&mut statement, &state)?;
         // ClickHouse's `LIMIT n BY x` as a numbering within each `x` (see `crate::limit_by`).
         crate::limit_by::as_window(&mut statement)?;
+        // `GROUP BY a WITH ROLLUP | CUBE | TOTALS`, which DataFusion ignored, as grouping sets
+        // (see `crate::group_by_modifiers`).
+        crate::group_by_modifiers::as_grouping_sets(&mut statement)?;
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);

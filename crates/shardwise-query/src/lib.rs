@@ -26,6 +26,7 @@ pub mod fetch_clause;
 pub mod float_min_max;
 pub mod format_clause;
 pub mod fractional_seconds;
+pub mod group_by_modifiers;
 pub mod group_topk;
 pub mod guarded_operands;
 pub mod information_schema_positions;

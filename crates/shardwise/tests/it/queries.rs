@@ -174,6 +174,15 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
         "SELECT k, count(DISTINCT CASE WHEN g IS NOT NULL AND b IS NOT NULL THEN struct(g, b) END) \
          AS \"uniqExact(g, b)\" FROM {t} GROUP BY k",
     ),
+    // GROUP BY ... WITH (`shardwise_query::group_by_modifiers`), which DataFusion ignored.
+    (
+        "SELECT g, b, count(*), sum(q) FROM {t} GROUP BY g, b WITH ROLLUP",
+        "SELECT g, b, count(*), sum(q) FROM {t} GROUP BY ROLLUP (g, b)",
+    ),
+    (
+        "SELECT b, count(*), avg(v) FROM {t} GROUP BY b WITH TOTALS",
+        "SELECT b, count(*), avg(v) FROM {t} GROUP BY GROUPING SETS ((b), ())",
+    ),
     // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
     (
         "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
