@@ -515,6 +515,9 @@ impl QueryEngine {
         // `GROUP BY a WITH ROLLUP | CUBE | TOTALS`, which DataFusion ignored, as grouping sets
         // (see `crate::group_by_modifiers`).
         crate::group_by_modifiers::as_grouping_sets(&mut statement)?;
+        // `PREWHERE` as `WHERE`, a `SAMPLE` refused: DataFusion dropped both without a word (see
+        // `crate::unplanned_clauses`).
+        crate::unplanned_clauses::planned_or_refused(&mut statement)?;
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);

@@ -89,6 +89,7 @@ pub mod time_literals;
 pub mod to_utf8view;
 mod udaf_wrapper;
 mod udf_wrapper;
+pub mod unplanned_clauses;
 pub mod using_joins;
 pub mod view_keys;
 

@@ -183,6 +183,11 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
         "SELECT b, count(*), avg(v) FROM {t} GROUP BY b WITH TOTALS",
         "SELECT b, count(*), avg(v) FROM {t} GROUP BY GROUPING SETS ((b), ())",
     ),
+    // PREWHERE, which DataFusion dropped (`shardwise_query::unplanned_clauses`).
+    (
+        "SELECT g, count(*) FROM {t} PREWHERE k < 30 WHERE b GROUP BY g",
+        "SELECT g, count(*) FROM {t} WHERE k < 30 AND b GROUP BY g",
+    ),
     // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
     (
         "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
