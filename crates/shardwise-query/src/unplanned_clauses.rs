@@ -1,5 +1,6 @@
 //! Clauses the SQL parser reads and DataFusion's planner then drops without a word: ClickHouse's
-//! `PREWHERE`, and `SAMPLE` / `TABLESAMPLE` on a table or subquery.
+//! `PREWHERE`, and `SAMPLE` / `TABLESAMPLE` on a table or subquery; and `SEMI JOIN` / `ANTI
+//! JOIN` without a side, which it refused with a dump of its syntax tree.
 //!
 //! Why: `SELECT a FROM t PREWHERE a = 1` answered every row of `t`, and `FROM t SAMPLE 0.1`
 //! every row instead of a tenth: wrong answers with no error.
@@ -7,12 +8,15 @@
 //! How: [`planned_or_refused`], a pass over the parsed statement. `PREWHERE c` is a filter that
 //! ClickHouse applies before it reads the other columns, so its answer is that of `WHERE`: it is
 //! joined to the query's `WHERE` with `AND`. A sample is refused: shardwise tables have no
-//! sampling key, and an answer from all rows is not the one asked for.
+//! sampling key, and an answer from all rows is not the one asked for. `SEMI JOIN` and `ANTI JOIN`
+//! are the left ones, as in ClickHouse, Spark and DuckDB.
 
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr, Select, TableFactor, VisitorMut};
+use datafusion::sql::sqlparser::ast::{
+    BinaryOperator, Expr, JoinConstraint, JoinOperator, Select, TableFactor, TableWithJoins, VisitorMut,
+};
 
 use crate::error::QueryError;
 
@@ -33,11 +37,15 @@ impl VisitorMut for Pass {
     fn pre_visit_query(&mut self, query: &mut datafusion::sql::sqlparser::ast::Query) -> ControlFlow<()> {
         if let datafusion::sql::sqlparser::ast::SetExpr::Select(select) = query.body.as_mut() {
             prewhere_into_where(select);
+            select.from.iter_mut().for_each(left_semi_and_anti);
         }
         ControlFlow::Continue(())
     }
 
     fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        if let TableFactor::NestedJoin { table_with_joins, .. } = factor {
+            left_semi_and_anti(table_with_joins);
+        }
         let sampled = match factor {
             TableFactor::Table { sample, .. } | TableFactor::Derived { sample, .. } => sample.is_some(),
             _ => false,
@@ -52,6 +60,18 @@ impl VisitorMut for Pass {
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
+    }
+}
+
+/// `a SEMI JOIN b` as `a LEFT SEMI JOIN b`, and the same for `ANTI`.
+fn left_semi_and_anti(from: &mut TableWithJoins) {
+    for join in &mut from.joins {
+        let sided = match std::mem::replace(&mut join.join_operator, JoinOperator::CrossJoin(JoinConstraint::None)) {
+            JoinOperator::Semi(on) => JoinOperator::LeftSemi(on),
+            JoinOperator::Anti(on) => JoinOperator::LeftAnti(on),
+            other => other,
+        };
+        join.join_operator = sided;
     }
 }
 
@@ -90,6 +110,18 @@ mod tests {
         assert_eq!(
             rewritten("SELECT * FROM (SELECT a FROM t PREWHERE a = 1) AS s").unwrap(),
             "SELECT * FROM (SELECT a FROM t WHERE a = 1) AS s"
+        );
+    }
+
+    #[test]
+    fn semi_and_anti_joins_are_the_left_ones() {
+        assert_eq!(
+            rewritten(
+                "SELECT * FROM a SEMI JOIN b ON a.x = b.x ANTI JOIN (c JOIN d SEMI JOIN e ON d.y = e.y) USING (z)"
+            )
+            .unwrap(),
+            "SELECT * FROM a LEFT SEMI JOIN b ON a.x = b.x LEFT ANTI JOIN (c JOIN d LEFT SEMI JOIN e ON d.y = e.y) \
+             USING(z)"
         );
     }
 

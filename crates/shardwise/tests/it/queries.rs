@@ -188,6 +188,14 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
         "SELECT g, count(*) FROM {t} PREWHERE k < 30 WHERE b GROUP BY g",
         "SELECT g, count(*) FROM {t} WHERE k < 30 AND b GROUP BY g",
     ),
+    (
+        "SELECT g, count(*) FROM {t} SEMI JOIN dim ON {t}.k = dim.k AND dim.name LIKE '%1%' GROUP BY g",
+        "SELECT g, count(*) FROM {t} LEFT SEMI JOIN dim ON {t}.k = dim.k AND dim.name LIKE '%1%' GROUP BY g",
+    ),
+    (
+        "SELECT count(*) FROM {t} ANTI JOIN dim ON {t}.k = dim.k AND dim.name LIKE '%1%'",
+        "SELECT count(*) FROM {t} LEFT ANTI JOIN dim ON {t}.k = dim.k AND dim.name LIKE '%1%'",
+    ),
     // LIMIT n BY (`shardwise_query::limit_by`): the top two k of each g by their sum.
     (
         "SELECT g, k, sum(v) AS s FROM {t} GROUP BY g, k ORDER BY g, s DESC, k LIMIT 2 BY g",
