@@ -77,6 +77,23 @@ pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
     Ok(Some(Command::Flush { table: table.trim_matches('"').to_string() }))
 }
 
+/// `EXCHANGE TABLES a AND b` (ClickHouse's atomic swap, which no SQL parser knows), if `sql` is
+/// one.
+pub fn exchange_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    if !crate::sql_text::mentions(sql, "exchange") {
+        return Ok(None);
+    }
+    let words = settings::leading_words(sql, 6)?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["exchange", "tables", a, "and", b] => {
+            Ok(Some(Command::Ddl(CatalogOp::ExchangeTables { a: a.to_string(), b: b.to_string() })))
+        }
+        ["exchange", ..] => Err(QueryError::Rejected("expected EXCHANGE TABLES a AND b".to_string())),
+        _ => Ok(None),
+    }
+}
+
 /// `KILL QUERY WHERE query_id = '...'` (ClickHouse's form), if `sql` is one.
 pub fn kill_command(sql: &str) -> Result<Option<Command>, QueryError> {
     if !crate::sql_text::mentions(sql, "kill") {

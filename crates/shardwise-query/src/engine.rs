@@ -480,17 +480,18 @@ impl QueryEngine {
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;
         let session = Arc::clone(session);
-        if let Some(command) = ddl::kill_command(&body)? {
-            return Ok(Planned {
-                action: Action::Command(command),
-                state: Box::new(state),
-                sql: sql.to_string(),
-                session,
-                names: Default::default(),
-            });
+        // Statements no SQL parser knows: KILL QUERY, EXCHANGE TABLES, SYSTEM FLUSH DISTRIBUTED.
+        let mut command = ddl::kill_command(&body)?;
+        if command.is_none() {
+            command = ddl::exchange_command(&body)?;
         }
-        if let Some(command) = ddl::flush_command(&body)? {
-            self.access("SYSTEM FLUSH DISTRIBUTED")?;
+        if command.is_none() {
+            command = ddl::flush_command(&body)?;
+            if command.is_some() {
+                self.access("SYSTEM FLUSH DISTRIBUTED")?;
+            }
+        }
+        if let Some(command) = command {
             return Ok(Planned {
                 action: Action::Command(command),
                 state: Box::new(state),

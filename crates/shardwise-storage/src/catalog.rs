@@ -66,6 +66,11 @@ pub enum CatalogOp {
         renames: Vec<(String, String)>,
         if_exists: bool,
     },
+    /// `EXCHANGE TABLES a AND b` (ClickHouse's): the two names trade tables, at once.
+    ExchangeTables {
+        a: String,
+        b: String,
+    },
 }
 
 /// What an applied operation did, for the statement's reply.
@@ -146,6 +151,20 @@ impl Catalog {
                     entry.def.name = to.clone();
                     next.tables.insert(to.clone(), entry);
                 }
+                CatalogChange::Renamed
+            }
+            CatalogOp::ExchangeTables { a, b } => {
+                let (Some(mut first), Some(mut second)) = (next.tables.remove(a), next.tables.remove(b)) else {
+                    let missing = if self.tables.contains_key(a) { b } else { a };
+                    return Err(self.unknown_table(missing));
+                };
+                if a == b {
+                    return Err(StorageError::RenameToItself { name: a.clone() });
+                }
+                first.def.name = b.clone();
+                second.def.name = a.clone();
+                next.tables.insert(b.clone(), first);
+                next.tables.insert(a.clone(), second);
                 CatalogChange::Renamed
             }
         };
@@ -231,6 +250,12 @@ mod tests {
         assert!(err.to_string().contains("no-dash"), "{err}");
         let (same, ch) = c.apply(&rename(&[("x", "y")], true), 3).unwrap();
         assert_eq!((ch, &same), (CatalogChange::Unchanged, &c));
+        // An exchange trades the two tables' names.
+        let exchange = CatalogOp::ExchangeTables { a: "a".into(), b: "b".into() };
+        let (traded, _) = c.apply(&exchange, 3).unwrap();
+        assert_eq!((traded.tables["a"].id, traded.tables["b"].id, traded.tables["a"].def.name.as_str()), (1, 0, "a"));
+        let err = c.apply(&CatalogOp::ExchangeTables { a: "a".into(), b: "x".into() }, 3).unwrap_err();
+        assert!(err.to_string().contains("unknown table \"x\""), "{err}");
         // The operation as replicated JSON, and the drop's id only when given.
         let json = serde_json::to_value(rename(&[("a", "b")], false)).unwrap();
         assert_eq!(json, serde_json::json!({"op": "rename_tables", "renames": [["a", "b"]], "if_exists": false}));

@@ -381,6 +381,12 @@ fn renamed_tables_keep_their_rows_queues_and_identity() {
     assert_eq!(c.sql(1, "SHOW TABLES"), vec![vec!["archived".to_string()], vec!["clicks".to_string()]]);
     assert_eq!(one(c.sql(1, "SELECT count(*) FROM archived")), vec!["160".to_string()]);
     assert_eq!(one(c.sql(1, "SELECT count(*) FROM clicks")), vec!["3".to_string()]);
+    // ClickHouse's swap in one step.
+    c.sql(1, "EXCHANGE TABLES clicks AND archived");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM clicks")), vec!["160".to_string()]);
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM archived")), vec!["3".to_string()]);
+    assert!(c.sql_err(0, "EXCHANGE TABLES clicks AND nope").contains("unknown table \"nope\""));
+    assert!(c.sql_err(0, "EXCHANGE TABLES clicks").contains("expected EXCHANGE TABLES a AND b"));
 
     // Inserts racing renames: each finds the table under its name or fails whole, and every row
     // acknowledged is there once.
