@@ -154,13 +154,15 @@ impl Catalog {
                 CatalogChange::Renamed
             }
             CatalogOp::ExchangeTables { a, b } => {
-                let (Some(mut first), Some(mut second)) = (next.tables.remove(a), next.tables.remove(b)) else {
-                    let missing = if self.tables.contains_key(a) { b } else { a };
+                if let Some(missing) = [a, b].into_iter().find(|name| !self.tables.contains_key(*name)) {
                     return Err(self.unknown_table(missing));
-                };
+                }
                 if a == b {
                     return Err(StorageError::RenameToItself { name: a.clone() });
                 }
+                let (Some(mut first), Some(mut second)) = (next.tables.remove(a), next.tables.remove(b)) else {
+                    return Err(self.unknown_table(a));
+                };
                 first.def.name = b.clone();
                 second.def.name = a.clone();
                 next.tables.insert(b.clone(), first);
@@ -256,6 +258,8 @@ mod tests {
         assert_eq!((traded.tables["a"].id, traded.tables["b"].id, traded.tables["a"].def.name.as_str()), (1, 0, "a"));
         let err = c.apply(&CatalogOp::ExchangeTables { a: "a".into(), b: "x".into() }, 3).unwrap_err();
         assert!(err.to_string().contains("unknown table \"x\""), "{err}");
+        let err = c.apply(&CatalogOp::ExchangeTables { a: "a".into(), b: "a".into() }, 3).unwrap_err();
+        assert!(err.to_string().contains("it is called \"a\" already"), "{err}");
         // The operation as replicated JSON, and the drop's id only when given.
         let json = serde_json::to_value(rename(&[("a", "b")], false)).unwrap();
         assert_eq!(json, serde_json::json!({"op": "rename_tables", "renames": [["a", "b"]], "if_exists": false}));
