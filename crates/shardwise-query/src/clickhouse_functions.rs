@@ -260,10 +260,19 @@ impl Rewrite<'_> {
     fn name_items(&self, body: &mut SetExpr) {
         match body {
             SetExpr::Select(select) => {
+                let holds: Vec<bool> = select
+                    .projection
+                    .iter()
+                    .map(|item| matches!(item, SelectItem::UnnamedExpr(expr) if self.holds_call(expr)))
+                    .collect();
+                // Most queries have none: no item is written out as text for them.
+                if !holds.contains(&true) {
+                    return;
+                }
                 let texts: Vec<String> = select.projection.iter().map(|item| item.to_string()).collect();
                 for (i, item) in select.projection.iter_mut().enumerate() {
                     let SelectItem::UnnamedExpr(expr) = item else { continue };
-                    if !self.holds_call(expr) || texts.iter().filter(|t| **t == texts[i]).count() > 1 {
+                    if !holds[i] || texts.iter().filter(|t| **t == texts[i]).count() > 1 {
                         continue;
                     }
                     let alias = Ident::with_quote('"', texts[i].clone());

@@ -11,36 +11,14 @@
 //! than one modifier, a modifier after `GROUP BY ALL` or after a grouping that already has sets,
 //! and Hive's `WITH GROUPING SETS` are refused.
 
-use std::ops::ControlFlow;
-
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{Expr, GroupByExpr, GroupByWithModifier, Query, SetExpr, VisitorMut};
+use datafusion::sql::sqlparser::ast::{Expr, GroupByExpr, GroupByWithModifier, SetExpr};
 
 use crate::error::QueryError;
 
 /// Rewrites every `GROUP BY ... WITH` of `statement` (see the module doc).
 pub fn as_grouping_sets(statement: &mut DfStatement) -> Result<(), QueryError> {
-    let mut rewrite = Rewrite { error: None };
-    crate::repeated_items::visit_statement_mut(statement, &mut rewrite);
-    rewrite.error.map_or(Ok(()), Err)
-}
-
-struct Rewrite {
-    error: Option<QueryError>,
-}
-
-impl VisitorMut for Rewrite {
-    type Break = ();
-
-    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
-        match rewrite_body(&mut query.body) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                self.error = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    }
+    crate::sql_ast::try_each_query(statement, |query| rewrite_body(&mut query.body))
 }
 
 fn refused(what: &str) -> QueryError {

@@ -39,35 +39,14 @@ const ORDER_PREFIX: &str = "__shardwise_order_";
 
 /// Rewrites every query of `statement` that has a `LIMIT ... BY` (see the module doc).
 pub fn as_window(statement: &mut DfStatement) -> Result<(), QueryError> {
-    let mut rewrite = Rewrite { error: None };
-    crate::repeated_items::visit_statement_mut(statement, &mut rewrite);
-    rewrite.error.map_or(Ok(()), Err)
-}
-
-struct Rewrite {
-    error: Option<QueryError>,
-}
-
-impl VisitorMut for Rewrite {
-    type Break = ();
-
-    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+    crate::sql_ast::try_each_query(statement, |query| {
         let has_limit_by =
             matches!(&query.limit_clause, Some(LimitClause::LimitOffset { limit_by, .. }) if !limit_by.is_empty());
-        if !has_limit_by {
-            return ControlFlow::Continue(());
+        if has_limit_by {
+            *query = rewritten(query)?;
         }
-        match rewritten(query) {
-            Ok(new) => {
-                *query = new;
-                ControlFlow::Continue(())
-            }
-            Err(e) => {
-                self.error = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    }
+        Ok(())
+    })
 }
 
 fn refused(what: &str) -> QueryError {

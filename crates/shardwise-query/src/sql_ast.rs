@@ -3,13 +3,47 @@
 //! ClickHouse's functions and `LIMIT BY`): one place that knows how sqlparser spells a plain
 //! function call, and that parses a pass's own SQL text.
 
+use std::ops::ControlFlow;
+
+use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident, ObjectName, Query,
+    VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
 use crate::error::QueryError;
+
+/// Applies `f` to every query of `statement`, each after the queries nested in it (a pass that
+/// rewrites or refuses a query); the first error stops the pass and is returned.
+pub(crate) fn try_each_query(
+    statement: &mut DfStatement,
+    f: impl FnMut(&mut Query) -> Result<(), QueryError>,
+) -> Result<(), QueryError> {
+    let mut pass = EachQuery { f, error: None };
+    crate::repeated_items::visit_statement_mut(statement, &mut pass);
+    pass.error.map_or(Ok(()), Err)
+}
+
+struct EachQuery<F> {
+    f: F,
+    error: Option<QueryError>,
+}
+
+impl<F: FnMut(&mut Query) -> Result<(), QueryError>> VisitorMut for EachQuery<F> {
+    type Break = ();
+
+    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
+        match (self.f)(query) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                self.error = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    }
+}
 
 /// An expression a pass writes as text (a template of its own, never a user's SQL), parsed as
 /// the engine's dialect reads it; a failure is a bug in the pass.
