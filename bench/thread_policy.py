@@ -12,7 +12,11 @@ Waits for three `shardwise node` processes (those `shardwise bench insert` start
 - `both`: the two;
 - `ioidle`: the I/O priority of ranks 1 and 2's threads and of rank 0's background threads set to
   the idle class (`ioprio_set`), which the `mq-deadline` and `bfq` schedulers serve after every
-  other request, so that only rank 0's request threads (the inserts) keep the normal class.
+  other request, so that only rank 0's request threads (the inserts) keep the normal class;
+- `fifo`: rank 0's request threads (`tokio-rt-worker`, its blocking pool included) and the
+  benchmark's client thread (`insert-client`) under `SCHED_FIFO` priority 10, so that they run as
+  soon as they wake, ahead of every normal thread on the machine (an upper bound on what any
+  CPU scheduling of the insert path can gain; needs CAP_SYS_NICE).
 Linux x86-64 only (syscalls 314 and 251). Used for "What the tail waits for" in BENCHMARKS.md.
 """
 
@@ -22,7 +26,8 @@ import os
 import struct
 import time
 
-SCHED_OTHER, SCHED_IDLE = 0, 5
+SCHED_OTHER, SCHED_FIFO, SCHED_IDLE = 0, 1, 5
+FIFO_PRIORITY = 10
 SYS_SCHED_SETATTR = 314  # x86-64
 SYS_IOPRIO_SET = 251  # x86-64
 IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13
@@ -32,7 +37,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 
 
 def sched_setattr(tid, policy, nice, runtime_ns):
-    attr = struct.pack("IIQiIQQQII", 56, policy, 0, nice, 0, runtime_ns, 0, 0, 0, 0)
+    priority = FIFO_PRIORITY if policy == SCHED_FIFO else 0
+    attr = struct.pack("IIQiIQQQII", 56, policy, 0, nice, priority, runtime_ns, 0, 0, 0, 0)
     buf = ctypes.create_string_buffer(attr, 56)
     if libc.syscall(SYS_SCHED_SETATTR, tid, buf, 0) != 0:
         print(f"thread {tid}: sched_setattr failed: {os.strerror(ctypes.get_errno())}")
@@ -60,9 +66,23 @@ def nodes():
     return found
 
 
+def bench_clients():
+    """The running `shardwise bench` processes, whose client thread `fifo` raises too."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\x00")
+        except OSError:
+            continue
+        if b"bench" in args and b"insert" in args:
+            found.append((pid, -1))
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["idlebg", "slice", "both", "ioidle"])
+    parser.add_argument("mode", choices=["idlebg", "slice", "both", "ioidle", "fifo"])
     parser.add_argument("--seconds", type=float, default=40)
     args = parser.parse_args()
     end = time.time() + args.seconds
@@ -72,7 +92,7 @@ def main():
         pids = nodes()
     seen = set()
     while time.time() < end:
-        for pid, rank in pids:
+        for pid, rank in pids + (bench_clients() if args.mode == "fifo" else []):
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -86,7 +106,10 @@ def main():
                         comm = f.read().strip()
                 except OSError:
                     continue
-                if args.mode == "ioidle":
+                if args.mode == "fifo":
+                    if (rank == 0 and comm.startswith("tokio-rt-worker")) or (rank == -1 and comm == "insert-client"):
+                        sched_setattr(int(tid), SCHED_FIFO, 0, 0)
+                elif args.mode == "ioidle":
                     if rank != 0 or comm.startswith("shardwise-bg"):
                         io_idle(int(tid))
                 elif comm.startswith("shardwise-bg") and args.mode in ("idlebg", "both"):
