@@ -197,6 +197,10 @@ pub trait TableAccess: Send + Sync + Debug {
     /// Waits until no node has anything pending for `table`, up to `timeout`.
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>>;
 
+    /// `OPTIMIZE TABLE table [FINAL]`: every replica of the table writes its memory buffer as a
+    /// part and merges its small parts (`all_parts`: every part) into one, up to `timeout`.
+    fn optimize(&self, table: &str, all_parts: bool, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>>;
+
     /// `system.shards`.
     fn shards(&self) -> BoxFuture<'_, Result<Vec<ShardReplicaRow>, QueryError>>;
 

@@ -1,6 +1,7 @@
 //! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
 //! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, `SHOW CREATE
-//! TABLE t` (a query of `system.tables`), and `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`).
+//! TABLE t` (a query of `system.tables`), `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`) and
+//! `OPTIMIZE TABLE t [FINAL]`.
 //! Each becomes a [`Command`] that does nothing until executed, or a statement for DataFusion.
 //!
 //! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its
@@ -39,6 +40,12 @@ pub enum Command {
     /// Wait until no node has anything pending for the table.
     Flush {
         table: String,
+    },
+    /// `OPTIMIZE TABLE t [FINAL]`: every replica writes its buffer as a part and merges its
+    /// small parts (`all_parts`: every part) into one.
+    Optimize {
+        table: String,
+        all_parts: bool,
     },
     /// Stop a query this node is running.
     Kill {
@@ -167,6 +174,41 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
                     .into(),
             )),
         },
+        Statement::OptimizeTable {
+            name,
+            partition,
+            include_final,
+            deduplicate,
+            predicate,
+            zorder,
+            on_cluster: _,
+            has_table_keyword: _,
+        } => {
+            let table = table_name(&name, "OPTIMIZE TABLE")?;
+            if partition.is_some() {
+                return Err(QueryError::Unsupported(
+                    "OPTIMIZE TABLE ... PARTITION: tables have no partitions here (shards are their only division); \
+                     leave PARTITION out to optimize every shard"
+                        .into(),
+                ));
+            }
+            if deduplicate.is_some() {
+                return Err(QueryError::Unsupported(
+                    "OPTIMIZE TABLE ... DEDUPLICATE: rows are not deduplicated by value (a retried insert is \
+                     applied once by its insert id); to keep distinct rows, CREATE TABLE t2 ... AS SELECT DISTINCT \
+                     * FROM t, then EXCHANGE TABLES t AND t2"
+                        .into(),
+                ));
+            }
+            if predicate.is_some() || zorder.is_some() {
+                return Err(QueryError::Unsupported(
+                    "OPTIMIZE ... WHERE / ZORDER BY: parts keep rows in arrival order; OPTIMIZE TABLE t [FINAL] \
+                     merges them"
+                        .into(),
+                ));
+            }
+            Ok(Classified::Command(Command::Optimize { table, all_parts: include_final }))
+        }
         Statement::Update(_) | Statement::Delete(_) | Statement::Merge(_) => Err(QueryError::Unsupported(
             "UPDATE, DELETE and MERGE: tables take INSERTs only; keep the rows you want with CREATE TABLE \
              ... AS SELECT ... WHERE, or empty a table with TRUNCATE TABLE"

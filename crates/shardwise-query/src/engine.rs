@@ -761,6 +761,10 @@ impl QueryEngine {
                 let timeout_ms = settings::current(state.config_options()).flush_timeout_ms;
                 access.flush(&table, Duration::from_millis(timeout_ms)).await
             }
+            Command::Optimize { table, all_parts } => {
+                let timeout_ms = settings::current(state.config_options()).optimize_timeout_ms;
+                access.optimize(&table, all_parts, Duration::from_millis(timeout_ms)).await
+            }
             Command::Kill { .. } => Ok(()),
         }
     }

@@ -35,6 +35,8 @@ extensions_options! {
         pub distributed_foreground_insert: Flag, default = Flag(false)
         /// How long `SYSTEM FLUSH DISTRIBUTED` waits for the sync queues to drain.
         pub flush_timeout_ms: u64, default = 60_000
+        /// How long `OPTIMIZE TABLE` waits for every node to write and merge its replicas.
+        pub optimize_timeout_ms: u64, default = 600_000
         /// ClickHouse's setting: 0 merges partial aggregates on the initiator; 1 runs the whole
         /// query on every shard and concatenates; 2 does as 1, then ORDER BY and LIMIT on the
         /// initiator. Other non-zero values act as 1.
@@ -95,6 +97,7 @@ pub const SETTING_NAMES: &[&str] = &[
     "insert_quorum",
     "distributed_foreground_insert",
     "flush_timeout_ms",
+    "optimize_timeout_ms",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
     "optimize_skip_unused_shards",

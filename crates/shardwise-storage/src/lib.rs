@@ -38,7 +38,9 @@ pub use outbox::{
     OutboxItem, OutboxOptions, OutboxRecovery, PendingItem, QueueStats, SEQ_LEASE_FILE,
 };
 pub use placement::{PlacementVersion, hash_rows, shard_of_rows, split_by_shard};
-pub use shard_store::{ApplyOutcome, OriginId, Piece, ShardRecovery, ShardStats, ShardStore, ShardStoreOptions};
+pub use shard_store::{
+    ApplyOutcome, OptimizeOutcome, OriginId, Piece, ShardRecovery, ShardStats, ShardStore, ShardStoreOptions,
+};
 pub use table::{DelaySettings, MAX_SHARDS, SyncMode, TableDef, check_column_type};
 pub use wal::{
     Corruption, Lsn, RecordDefect, Recovery, TailTruncation, WAL_RECORD_MAX_BYTES, WAL_SEGMENT_MAX_BYTES_DEFAULT,

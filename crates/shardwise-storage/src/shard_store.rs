@@ -67,6 +67,7 @@
 mod dedup;
 mod files;
 mod maintenance;
+pub use maintenance::OptimizeOutcome;
 mod manifest;
 mod part;
 #[cfg(test)]

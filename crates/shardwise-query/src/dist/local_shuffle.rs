@@ -132,6 +132,10 @@ impl TableAccess for LocalShuffle {
         self.inner.flush(table, timeout)
     }
 
+    fn optimize(&self, table: &str, all_parts: bool, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {
+        self.inner.optimize(table, all_parts, timeout)
+    }
+
     fn shards(&self) -> BoxFuture<'_, Result<Vec<ShardReplicaRow>, QueryError>> {
         self.inner.shards()
     }

@@ -93,6 +93,14 @@ impl TableAccess for OneShard {
     fn flush(&self, _: &str, _: std::time::Duration) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
         refused()
     }
+    fn optimize(
+        &self,
+        _: &str,
+        _: bool,
+        _: std::time::Duration,
+    ) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
+        refused()
+    }
     fn shards(&self) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::ShardReplicaRow>, QueryError>> {
         refused()
     }

@@ -16,6 +16,7 @@ mod apply;
 mod background;
 mod insert;
 mod locks;
+pub mod optimize;
 pub mod peers;
 mod sender;
 pub mod stats;
@@ -451,6 +452,11 @@ impl TableAccess for TablesNode {
     fn flush(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {
         let table = table.to_string();
         Box::pin(async move { self.flush_cluster(&table, timeout).await })
+    }
+
+    fn optimize(&self, table: &str, all_parts: bool, timeout: Duration) -> BoxFuture<'_, Result<(), QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.optimize_cluster(&table, all_parts, timeout).await })
     }
 
     fn shards(&self) -> BoxFuture<'_, Result<Vec<ShardReplicaRow>, QueryError>> {

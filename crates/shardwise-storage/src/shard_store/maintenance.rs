@@ -1,5 +1,6 @@
 //! Writing parts: [`ShardStore::flush`] turns the memory buffer into a part and checkpoints,
-//! [`ShardStore::compact`] merges small parts, [`ShardStore::maintain`] does either when due.
+//! [`ShardStore::compact`] merges small parts, [`ShardStore::maintain`] does either when due, and
+//! [`ShardStore::optimize`] does both now, when asked (`OPTIMIZE TABLE`).
 //! Each makes its new file durable, then a manifest naming it, and only then deletes what the
 //! manifest no longer needs (WAL segments, merged parts); see the module doc of [`super`].
 
@@ -10,6 +11,17 @@ use super::files;
 use super::manifest::Manifest;
 use super::part::{EncodedPart, Part};
 use crate::error::StorageError;
+
+/// What [`ShardStore::optimize`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OptimizeOutcome {
+    /// Rows moved from the memory buffer (and the WAL) into a new part.
+    pub flushed_rows: u64,
+    /// How many parts were merged into one (0: none).
+    pub merged_parts: usize,
+    /// Parts left.
+    pub parts: usize,
+}
 
 impl ShardStore {
     /// Writes the memory buffer as a new immutable part if it is non-empty; then checkpoints:
@@ -52,16 +64,37 @@ impl ShardStore {
     /// parts were merged (0 = nothing to do).
     pub fn compact(&mut self) -> Result<usize, StorageError> {
         self.check_usable()?;
-        let is_small = |part: &Part| part.entry.rows < self.opts.part_target_rows as u64;
-        let small: Vec<&Part> = self.parts.iter().filter(|p| is_small(p)).collect();
-        if small.len() < self.opts.compact_min_parts {
+        let target = self.opts.part_target_rows as u64;
+        self.merge_parts(|part| part.entry.rows < target, self.opts.compact_min_parts)
+    }
+
+    /// `OPTIMIZE TABLE`: writes the memory buffer as a part (and checkpoints, so a restart
+    /// replays nothing), then merges the small parts into one if there are at least two, or with
+    /// `all_parts` (`FINAL`) every part whatever its size. Briefly holds the merged rows twice.
+    pub fn optimize(&mut self, all_parts: bool) -> Result<OptimizeOutcome, StorageError> {
+        self.check_usable()?;
+        let flushed_rows = self.buffer_rows as u64;
+        self.flush()?;
+        let target = self.opts.part_target_rows as u64;
+        let merged_parts = match all_parts {
+            true => self.merge_parts(|_| true, 2)?,
+            false => self.merge_parts(|part| part.entry.rows < target, 2)?,
+        };
+        Ok(OptimizeOutcome { flushed_rows, merged_parts, parts: self.parts.len() })
+    }
+
+    /// Merges the parts `chosen` picks into one new part when at least `min_parts` are picked;
+    /// returns how many were merged (0 = fewer were picked, nothing written).
+    fn merge_parts(&mut self, chosen: impl Fn(&Part) -> bool, min_parts: usize) -> Result<usize, StorageError> {
+        let picked: Vec<&Part> = self.parts.iter().filter(|p| chosen(p)).collect();
+        if picked.len() < min_parts.max(2) {
             return Ok(0);
         }
-        let merged = small.len();
-        let batches: Vec<RecordBatch> = small.iter().flat_map(|p| p.batches.iter().cloned()).collect();
-        let removed: Vec<String> = small.iter().map(|p| p.entry.name.clone()).collect();
+        let merged = picked.len();
+        let batches: Vec<RecordBatch> = picked.iter().flat_map(|p| p.batches.iter().cloned()).collect();
+        let removed: Vec<String> = picked.iter().map(|p| p.entry.name.clone()).collect();
         let encoded = EncodedPart::new(self.next_part_number, &self.schema, &batches)?;
-        tracing::debug!(dir = %self.dir.display(), merged, into = encoded.name(), "compacting shard store parts");
+        tracing::debug!(dir = %self.dir.display(), merged, into = encoded.name(), "merging shard store parts");
         self.next_part_number += 1;
         let new_part = self.guard(encoded.write(self.fs.as_ref(), &self.dir))?;
         // The new part takes the place of the first part it replaces.

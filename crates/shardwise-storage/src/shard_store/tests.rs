@@ -281,6 +281,31 @@ fn compaction_merges_small_parts_keeps_rows_and_deletes_the_old_files() -> TestR
 }
 
 #[test]
+fn optimize_flushes_then_merges_small_parts_and_final_merges_every_part() -> TestResult {
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, small_opts())?;
+    assert_eq!(store.optimize(false)?, OptimizeOutcome::default(), "an empty store: nothing to do");
+    store.apply(&[piece(0..150, None, None, None)])?;
+    // The buffer becomes a part at the target size, which only FINAL merges.
+    assert_eq!(store.optimize(false)?, OptimizeOutcome { flushed_rows: 150, merged_parts: 0, parts: 1 });
+    store.apply(&[piece(200..205, None, None, None)])?;
+    store.flush()?;
+    store.apply(&[piece(300..303, None, None, None)])?;
+    // Two small parts are merged (compaction waits for compact_min_parts of them).
+    assert_eq!(store.optimize(false)?, OptimizeOutcome { flushed_rows: 3, merged_parts: 2, parts: 2 });
+    assert_eq!(store.optimize(false)?.merged_parts, 0, "one small part left");
+    let before = ids(&store);
+    assert_eq!(store.optimize(true)?, OptimizeOutcome { flushed_rows: 0, merged_parts: 2, parts: 1 });
+    assert_eq!(store.optimize(true)?, OptimizeOutcome { flushed_rows: 0, merged_parts: 0, parts: 1 });
+    assert_eq!((ids(&store), part_paths(&sim)?.len(), store.stats().wal_segments), (before.clone(), 1, 1));
+    drop(store);
+    sim.power_loss();
+    let (store, recovery) = open_sim(&sim, small_opts())?;
+    assert_eq!((recovery.replayed_records, store.stats().parts, ids(&store)), (0, 1, before));
+    Ok(())
+}
+
+#[test]
 fn maintain_flushes_a_full_buffer_then_compacts() -> TestResult {
     let sim = SimFs::new();
     let (mut store, _) = open_sim(&sim, small_opts())?;

@@ -426,6 +426,56 @@ fn renamed_tables_keep_their_rows_queues_and_identity() {
 }
 
 #[test]
+fn optimize_table_writes_and_merges_every_replica() {
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE m (id BIGINT, v DOUBLE) WITH (shard_key = 'id', replicas = 2)");
+    let parts = "SELECT count(*), min(parts), max(parts), sum(rows) FROM system.shards WHERE \"table\" = 'm'";
+    // Rows stay in the replicas' memory buffers (and WALs) until a million arrive.
+    c.sql(1, "INSERT INTO m SELECT value, value * 2 FROM generate_series(1, 300)");
+    assert_eq!(one(c.sql(0, parts)), vec!["6", "0", "0", "600"]);
+    c.sql(2, "OPTIMIZE TABLE m");
+    assert_eq!(one(c.sql(0, parts)), vec!["6", "1", "1", "600"], "each buffer written as a part");
+    // A second part on every replica, merged with the first by the next OPTIMIZE.
+    for rank in 0..3 {
+        let (from, to) = (1000 + rank * 100, 1099 + rank * 100);
+        c.sql(rank, &format!("INSERT INTO m SELECT value, value * 2 FROM generate_series({from}, {to})"));
+    }
+    c.sql(0, "OPTIMIZE TABLE m");
+    assert_eq!(one(c.sql(0, parts)), vec!["6", "1", "1", "1200"]);
+    c.sql(1, "INSERT INTO m SELECT value, value * 2 FROM generate_series(2000, 2099)");
+    c.sql(1, "OPTIMIZE TABLE m FINAL SETTINGS optimize_timeout_ms = 60000");
+    assert_eq!(one(c.sql(2, parts)), vec!["6", "1", "1", "1400"]);
+    let answer = "SELECT count(*), count(DISTINCT id), CAST(sum(v) AS BIGINT) FROM m";
+    let expected = vec!["700".to_string(), "700".to_string(), "1189900".to_string()];
+    assert_eq!(one(c.sql(2, answer)), expected);
+    // The parts are what a restart reads: nothing lost, nothing doubled.
+    c.procs[1].kill9();
+    c.restart(1);
+    assert_eq!(one(c.sql(1, parts)), vec!["6", "1", "1", "1400"]);
+    assert_eq!(one(c.sql(1, answer)), expected);
+    let cases = [
+        ("OPTIMIZE TABLE nope", "unknown table \"nope\""),
+        ("OPTIMIZE TABLE m PARTITION 1", "no partitions"),
+        ("OPTIMIZE TABLE m FINAL DEDUPLICATE", "not deduplicated by value"),
+        ("OPTIMIZE m WHERE id > 1", "arrival order"),
+    ];
+    for (sql, needle) in cases {
+        let err = c.sql_err(0, sql);
+        assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
+    }
+    // A node that cannot be reached is named; the others' replicas are optimized all the same.
+    c.sql(0, "INSERT INTO m SELECT value, value * 2 FROM generate_series(3000, 3099)");
+    c.procs[2].kill9();
+    let err = c.sql_err(0, "OPTIMIZE TABLE m");
+    assert!(err.contains("replicas on rank 2 were not optimized") && err.contains("running it again"), "{err}");
+    let reachable = "SELECT min(parts), max(parts) FROM system.shards WHERE \"table\" = 'm' AND rank < 2";
+    assert_eq!(one(c.sql(0, reachable)), vec!["1", "1"]);
+    c.restart(2);
+    c.sql(0, "OPTIMIZE TABLE m");
+    assert_eq!(one(c.sql(2, parts)), vec!["6", "1", "1", "1600"]);
+}
+
+#[test]
 fn a_foreground_insert_into_a_delayed_table_is_on_its_replicas_when_acknowledged() {
     let c = Cluster::start(2);
     c.sql(
