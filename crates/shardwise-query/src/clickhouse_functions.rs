@@ -23,8 +23,8 @@ use std::ops::ControlFlow;
 use datafusion::execution::SessionState;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, Query, SelectItem, SetExpr,
-    Visit, VisitMut, Visitor, VisitorMut,
+    BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, ObjectName, Query,
+    SelectItem, SetExpr, Visit, VisitMut, Visitor, VisitorMut,
 };
 
 use crate::error::QueryError;
@@ -129,6 +129,8 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
     ("splitbychar", 2, "string_to_array(__a1, __a0)"),
     ("isnull", 1, "__a0 IS NULL"),
     ("isnotnull", 1, "__a0 IS NOT NULL"),
+    // Arrays: a row per element (`Rewrite::one_array_join` keeps it to one array per SELECT).
+    ("arrayjoin", 1, "unnest(__a0)"),
     // Conversions.
     ("tostring", 1, "CAST(__a0 AS VARCHAR)"),
     ("toint8", 1, "CAST(__a0 AS TINYINT)"),
@@ -146,7 +148,7 @@ const PARAMETRIC: [&str; 3] = ["quantile", "quantiletdigest", "quantileexact"];
 /// Rewrites `statement`'s ClickHouse calls (see the module doc); an error names a call whose
 /// arguments do not fit (the statement is then not to be planned: it may be partly rewritten).
 pub fn as_datafusion(statement: &mut DfStatement, state: &SessionState) -> Result<(), QueryError> {
-    let mut rewrite = Rewrite { state, error: None };
+    let mut rewrite = Rewrite { state, error: None, array_joins: Vec::new() };
     crate::repeated_items::visit_statement_mut(statement, &mut rewrite);
     rewrite.error.map_or(Ok(()), Err)
 }
@@ -154,6 +156,8 @@ pub fn as_datafusion(statement: &mut DfStatement, state: &SessionState) -> Resul
 struct Rewrite<'a> {
     state: &'a SessionState,
     error: Option<QueryError>,
+    /// Per query being visited (innermost last): the argument of its `arrayJoin`, if it has one.
+    array_joins: Vec<Option<String>>,
 }
 
 impl Rewrite<'_> {
@@ -178,7 +182,26 @@ impl Rewrite<'_> {
         TEMPLATES.iter().find(|(n, _, _)| *n == name).copied()
     }
 
-    fn rewritten(&self, f: &Function) -> Result<Option<Expr>, QueryError> {
+    /// ClickHouse multiplies the rows of two `arrayJoin` calls over different arrays in one
+    /// SELECT; `unnest`, which they become, would pair them instead. One array per query level is
+    /// allowed (the same array twice is one join in ClickHouse too).
+    fn one_array_join(&mut self, written: &ObjectName, array: &Expr) -> Result<(), QueryError> {
+        let text = array.to_string();
+        match self.array_joins.last_mut() {
+            Some(Some(first)) if *first != text => Err(QueryError::Unsupported(format!(
+                "{written}({text}) beside {written}({first}) in one SELECT: ClickHouse gives every pair of \
+                 their elements, which this engine's unnest does not; take the second in an outer query \
+                 (SELECT x, arrayJoin(b) FROM (SELECT arrayJoin(a) AS x, b FROM t))"
+            ))),
+            Some(slot) => {
+                *slot = Some(text);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn rewritten(&mut self, f: &Function) -> Result<Option<Expr>, QueryError> {
         let Some((name, arity, template)) = self.template(f) else { return Ok(None) };
         let written = &f.name;
         let args = plain_args(&f.args).ok_or_else(|| {
@@ -221,6 +244,9 @@ impl Rewrite<'_> {
             true => vec![number("0.5")],
             false => parameters,
         };
+        if name == "arrayjoin" {
+            self.one_array_join(written, &args[0])?;
+        }
         let mut expr = instantiate(template, &args, &level)?;
         keep_clauses(written, f, &mut expr)?;
         Ok(Some(expr))
@@ -237,6 +263,12 @@ impl VisitorMut for Rewrite<'_> {
 
     fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         self.name_items(&mut query.body);
+        self.array_joins.push(None);
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _: &mut Query) -> ControlFlow<()> {
+        self.array_joins.pop();
         ControlFlow::Continue(())
     }
 
@@ -466,6 +498,11 @@ mod tests {
         assert!(err("SELECT quantile(0.1, 0.2)(x) FROM t").contains("takes one level, 2 given"));
         assert!(err("SELECT quantiles(x) FROM t").contains("takes one or more levels and one argument, 0 and 1 given"));
         assert!(err("SELECT toDate(x) OVER () FROM t").contains("is not an aggregate"));
+        let two = err("SELECT arrayJoin(a), arrayJoin(b) FROM t");
+        assert!(two.contains("arrayJoin(b) beside arrayJoin(a) in one SELECT"), "{two}");
+        // The same array twice, and one array per query level, are fine.
+        assert!(rewritten("SELECT arrayJoin(a) AS x, arrayJoin(a) + 1 FROM t").is_ok());
+        assert!(rewritten("SELECT x, arrayJoin(b) FROM (SELECT arrayJoin(a) AS x, b FROM t)").is_ok());
     }
 
     /// One call of every template, on a small table, and its answer.
@@ -555,6 +592,7 @@ mod tests {
         ("max(replaceRegexpAll(g, '(.)', '\\1\\1'))", "bb"),
         ("countIf(match(g, '^[ab]$'))", "3"),
         ("max(splitByChar(',', 'p,q'))", "[p, q]"),
+        ("arrayJoin(splitByChar(',', 'p,q'))", "p"),
         ("countIf(isNull(v)) * 10 + countIf(isNotNull(v))", "12"),
         ("toInt8('5') + toInt16('5') + toInt32('5') + toInt64('5')", "20"),
         ("toFloat32('1.5') + toFloat64('1.5')", "3.0"),

@@ -61,13 +61,22 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn this_process_holds_anonymous_memory_and_can_trim() {
-        let before = anon_resident_bytes().expect("RssAnon on Linux");
-        assert!(before > 0);
-        // 64 MiB touched: resident until freed, and given back at the latest by a trim.
-        let ballast = vec![1u8; 64 << 20];
-        let with = anon_resident_bytes().expect("RssAnon");
-        assert!(with >= before + (32 << 20), "{before} bytes resident before, {with} with 64 MiB touched");
-        drop(std::hint::black_box(ballast));
-        release_free_heap();
+        // The figure is the whole process's, and the other tests of this binary allocate and
+        // free beside this one: a few tries, so that their frees cannot hide these 64 MiB.
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let before = anon_resident_bytes().expect("RssAnon on Linux");
+            assert!(before > 0);
+            // 64 MiB touched: resident until freed, and given back at the latest by a trim.
+            let ballast = vec![1u8; 64 << 20];
+            let with = anon_resident_bytes().expect("RssAnon");
+            drop(std::hint::black_box(ballast));
+            release_free_heap();
+            if with >= before + (32 << 20) {
+                return;
+            }
+            seen.push((before, with));
+        }
+        panic!("64 MiB touched never showed as resident (bytes before and with, per try): {seen:?}");
     }
 }

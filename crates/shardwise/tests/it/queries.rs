@@ -174,6 +174,10 @@ const CLICKHOUSE_CORPUS: &[(&str, &str)] = &[
         "SELECT k, count(DISTINCT CASE WHEN g IS NOT NULL AND b IS NOT NULL THEN struct(g, b) END) \
          AS \"uniqExact(g, b)\" FROM {t} GROUP BY k",
     ),
+    (
+        "SELECT arrayJoin([k, k + 1]) AS x, count(*), sum(q) FROM {t} WHERE id % 10 = 0 GROUP BY x",
+        "SELECT unnest([k, k + 1]) AS x, count(*), sum(q) FROM {t} WHERE id % 10 = 0 GROUP BY x",
+    ),
     // GROUP BY ... WITH (`shardwise_query::group_by_modifiers`), which DataFusion ignored.
     (
         "SELECT g, b, count(*), sum(q) FROM {t} GROUP BY g, b WITH ROLLUP",
