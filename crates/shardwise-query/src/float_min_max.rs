@@ -1,20 +1,25 @@
-//! `min` and `max` of floats by group, with PostgreSQL's order: NaN above every number, and
-//! infinities as values.
+//! `min` and `max` of floats, by group or not, with PostgreSQL's order: every NaN above every
+//! number, and infinities as values.
 //!
 //! Why: DataFusion's groups accumulator for `min`/`max` of floats (the one every GROUP BY uses)
 //! took any value compared with NaN as the new extreme, so `min` of 1, NaN, 3 in a group was 3
 //! and `max` of NaN, -1 was -1; and it starts from the largest finite value, so the `max` of a
 //! group holding only `-Infinity` was -1.7976931348623157e308. Its accumulator without groups
-//! orders NaN highest, as PostgreSQL does: a GROUP BY disagreed with the same query without one.
+//! orders floats by their bits' total order, which puts a NaN with the sign bit set (what x86
+//! arithmetic makes of `'Infinity' - 'Infinity'`) below every number: `min` of 1 and such a NaN
+//! was NaN.
 //!
 //! How: [`NanOrdered`] wraps DataFusion's `Min` and `Max` (registered under their names) and is
-//! them in everything but the groups accumulator of `Float32` and `Float64`, which is
-//! DataFusion's own primitive groups accumulator with a fold that orders NaN (of either sign)
-//! above every number and starts from the bottom of that order (`max`: -Infinity; `min`: NaN).
+//! them in everything but the accumulators of `Float32` and `Float64`: with groups, DataFusion's
+//! own primitive groups accumulator with a fold that orders NaN (of either sign) above every
+//! number and starts from the bottom of that order (`max`: -Infinity; `min`: NaN); without,
+//! [`FloatExtreme`], the same fold over one value. (Window frames keep DataFusion's sliding
+//! accumulator.)
 
 use std::hash::Hash;
 use std::sync::Arc;
 
+use datafusion::arrow::array::{ArrayRef, AsArray};
 use datafusion::arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Float64Type};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::functions_aggregate::min_max::{Max, Min};
@@ -93,11 +98,75 @@ where
     }
 }
 
+/// `min` (`max`: true) of floats of type `T` without groups: the extreme so far, in the order of
+/// [`below`].
+#[derive(Debug)]
+struct FloatExtreme<T: ArrowPrimitiveType> {
+    data_type: DataType,
+    max: bool,
+    current: Option<T::Native>,
+}
+
+impl<T> FloatExtreme<T>
+where
+    T: ArrowPrimitiveType + Send + Sync + std::fmt::Debug,
+    T::Native: num_like::Float,
+{
+    fn boxed(data_type: DataType, max: bool) -> Box<dyn Accumulator> {
+        Box::new(FloatExtreme::<T> { data_type, max, current: None })
+    }
+
+    fn fold(&mut self, values: &ArrayRef) {
+        for v in values.as_primitive::<T>().iter().flatten() {
+            let replace = match self.current {
+                None => true,
+                Some(current) if self.max => below(current, v),
+                Some(current) => below(v, current),
+            };
+            if replace {
+                self.current = Some(v);
+            }
+        }
+    }
+}
+
+impl<T> Accumulator for FloatExtreme<T>
+where
+    T: ArrowPrimitiveType + Send + Sync + std::fmt::Debug,
+    T::Native: num_like::Float,
+{
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        values.iter().take(1).for_each(|v| self.fold(v));
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.update_batch(states)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![self.evaluate()?])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        ScalarValue::new_primitive::<T>(self.current, &self.data_type)
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
+}
+
 impl<T: AggregateUDFImpl + PartialEq + Eq + Hash> AggregateUDFImpl for NanOrdered<T> {
     crate::udaf_wrapper::delegate_aggregate!();
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        self.inner.accumulator(args)
+        let data_type = args.return_field.data_type().clone();
+        match data_type {
+            DataType::Float64 => Ok(FloatExtreme::<Float64Type>::boxed(data_type, self.max)),
+            DataType::Float32 => Ok(FloatExtreme::<Float32Type>::boxed(data_type, self.max)),
+            _ => self.inner.accumulator(args),
+        }
     }
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
@@ -149,6 +218,46 @@ mod tests {
         assert!(got[0].1.is_nan() && got[1].1.is_nan() && got[2].0.is_nan() && got[2].1.is_nan(), "{got:?}");
         let got = extremes("(1, CAST('-inf' AS DOUBLE)), (2, CAST('inf' AS DOUBLE))").await?;
         assert_eq!(got, [(f64::NEG_INFINITY, f64::NEG_INFINITY), (f64::INFINITY, f64::INFINITY)]);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn without_groups_too_and_whatever_the_sign_of_the_nan() -> Result<()> {
+        let ctx = SessionContext::new();
+        for udaf in min_max_udafs() {
+            ctx.register_udaf(udaf.as_ref().clone());
+        }
+        // x86 arithmetic makes the NaN of inf - inf with its sign bit set; -NaN too.
+        let computed = "CAST('Infinity' AS DOUBLE) - CAST('Infinity' AS DOUBLE)";
+        let negated = "-CAST('NaN' AS DOUBLE)";
+        for (rows, min, max) in [
+            (format!("(1.0), ({computed}), (3.0)"), Some(1.0), Some(f64::NAN)),
+            (format!("({negated}), (-1.0)"), Some(-1.0), Some(f64::NAN)),
+            (format!("({negated})"), Some(f64::NAN), Some(f64::NAN)),
+            (
+                "(CAST('-inf' AS DOUBLE)), (CAST(NULL AS DOUBLE))".to_string(),
+                Some(f64::NEG_INFINITY),
+                Some(f64::NEG_INFINITY),
+            ),
+            ("(CAST(NULL AS DOUBLE))".to_string(), None, None),
+        ] {
+            let sql = format!("SELECT min(v) AS lo, max(v) AS hi FROM (VALUES {rows}) t(v)");
+            let batches: Vec<RecordBatch> = ctx.sql(&sql).await?.collect().await?;
+            let (lo, hi) = (
+                batches[0].column(0).as_primitive::<Float64Type>(),
+                batches[0].column(1).as_primitive::<Float64Type>(),
+            );
+            let got = (lo.iter().next().flatten(), hi.iter().next().flatten());
+            let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
+                (a, b) => a == b,
+            };
+            assert!(same(got.0, min) && same(got.1, max), "{sql}: {got:?}");
+            let sql = format!("SELECT min(w) FROM (SELECT CAST(v AS REAL) AS w FROM (VALUES {rows}) t(v))");
+            let batches: Vec<RecordBatch> = ctx.sql(&sql).await?.collect().await?;
+            let narrow = batches[0].column(0).as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+            assert!(same(narrow.iter().next().flatten().map(f64::from), min), "{sql}");
+        }
         Ok(())
     }
 }

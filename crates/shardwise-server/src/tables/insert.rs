@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::StreamExt;
@@ -459,7 +460,7 @@ pub(crate) fn unix_ms() -> u64 {
 }
 
 /// Rebuilds every batch with the table's schema (all columns nullable, no metadata), checking
-/// names and types.
+/// names and types, with every float NaN stored as the one NaN ([`one_nan`]).
 fn conform(entry: &CatalogEntry, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>, QueryError> {
     let schema = &entry.def.schema;
     batches
@@ -487,9 +488,37 @@ fn conform(entry: &CatalogEntry, batches: Vec<RecordBatch>) -> Result<Vec<Record
                     )));
                 }
             }
-            RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec()).map_err(storage_error)
+            let columns = batch.columns().iter().map(one_nan).collect();
+            RecordBatch::try_new(Arc::clone(schema), columns).map_err(storage_error)
         })
         .collect()
+}
+
+/// A float column with every NaN made the positive quiet NaN (`'NaN'::double`). Arithmetic on
+/// x86 makes NaNs with the sign bit set (`'Infinity' - 'Infinity'`), and DataFusion's sorts,
+/// groups, `DISTINCT` and `=` tell the two apart (the sign bit orders one below every number),
+/// where PostgreSQL has one NaN above every number: stored values are made alike once, here.
+/// Columns without such a NaN are returned as they are.
+fn one_nan(column: &ArrayRef) -> ArrayRef {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+    match column.data_type() {
+        DataType::Float64 => {
+            let floats = column.as_primitive::<Float64Type>();
+            match floats.values().iter().any(|v| v.is_nan() && v.is_sign_negative()) {
+                true => Arc::new(floats.unary::<_, Float64Type>(|v| if v.is_nan() { f64::NAN } else { v })),
+                false => Arc::clone(column),
+            }
+        }
+        DataType::Float32 => {
+            let floats = column.as_primitive::<Float32Type>();
+            match floats.values().iter().any(|v| v.is_nan() && v.is_sign_negative()) {
+                true => Arc::new(floats.unary::<_, Float32Type>(|v| if v.is_nan() { f32::NAN } else { v })),
+                false => Arc::clone(column),
+            }
+        }
+        _ => Arc::clone(column),
+    }
 }
 
 /// Rows in one output batch of [`in_value_order`].
@@ -613,6 +642,27 @@ mod tests {
         assert_eq!(once, again);
         // Position chunks differ with the order: what a retry of a query's insert made before.
         assert_ne!(chunks(&arrived_once, 100)[0][0], chunks(&arrived_again, 100)[0][0]);
+    }
+
+    #[test]
+    fn every_nan_is_stored_as_the_one_nan() {
+        use datafusion::arrow::array::{AsArray, Float32Array, Float64Array};
+        use datafusion::arrow::datatypes::{Float32Type, Float64Type};
+        let negative = -f64::NAN;
+        assert!(negative.is_nan() && negative.is_sign_negative());
+        let column: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), Some(negative), None, Some(f64::NAN)]));
+        let stored = one_nan(&column);
+        let floats = stored.as_primitive::<Float64Type>();
+        let bits: Vec<Option<u64>> = floats.iter().map(|v| v.map(f64::to_bits)).collect();
+        let nan = f64::NAN.to_bits();
+        assert_eq!(bits, vec![Some(1.0f64.to_bits()), Some(nan), None, Some(nan)]);
+        let narrow: ArrayRef = Arc::new(Float32Array::from(vec![-f32::NAN, -0.0]));
+        let stored = one_nan(&narrow);
+        let floats = stored.as_primitive::<Float32Type>();
+        assert_eq!((floats.value(0).to_bits(), floats.value(1).to_bits()), (f32::NAN.to_bits(), (-0.0f32).to_bits()));
+        // Nothing to change: the same array, not a copy.
+        let plain: ArrayRef = Arc::new(Float64Array::from(vec![1.0, f64::NAN]));
+        assert!(Arc::ptr_eq(&plain, &one_nan(&plain)));
     }
 
     #[test]
