@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::ArrayRef;
@@ -100,31 +101,60 @@ impl TablesNode {
             self.check_quorum_reachable(&entry, quorum, &batches).await?;
         }
         // Up to `insert_pipeline_depth` chunks in flight: one is placed and encoded while the
-        // one before is being written. Chunks complete in order; the first failure stops the rest.
+        // one before is being written. Chunks complete in order; after the first failure no
+        // chunk is started, but those already writing finish, hand-offs included: a chunk cut
+        // short after some replicas stored it would leave them different from the others.
         let batches = match opts.order_may_vary {
             true => in_value_order(&batches)?,
             false => batches,
         };
         let chunk_list = chunks(&batches, self.settings.insert_chunk_rows);
         let (entry_ref, insert_id_ref) = (&entry, insert_id.as_str());
+        let failed = AtomicBool::new(false);
+        let failed_ref = &failed;
         let mut writes = futures::stream::iter(chunk_list.into_iter().enumerate().map(|(index, chunk)| async move {
+            if failed_ref.load(Ordering::Acquire) {
+                return Err(QueryError::Unavailable("not started: an earlier chunk failed".into()));
+            }
             let placed = self.place(entry_ref, catalog_version, insert_id_ref, index as u64, &chunk)?;
             match (entry_ref.def.sync_mode, opts.foreground) {
                 (SyncMode::Immediate, _) | (SyncMode::DelayModeDistributed, true) => {
-                    self.write_immediate(entry_ref, placed, quorum).await
+                    self.write_immediate_to_the_end(entry_ref, placed, quorum).await
                 }
                 (SyncMode::DelayModeDistributed, false) => self.queue(entry_ref, placed).await,
             }
         }))
         .buffered(self.settings.insert_pipeline_depth.max(1));
-        let mut index = 0;
+        let (mut index, mut first_error) = (0, None);
         while let Some(done) = writes.next().await {
-            if let Err(e) = done {
-                return Err(with_retry_hint(e, table, &insert_id, index));
+            match done {
+                Ok(()) if first_error.is_none() => index += 1,
+                Ok(()) => {}
+                Err(e) if first_error.is_none() => {
+                    failed.store(true, Ordering::Release);
+                    first_error = Some(with_retry_hint(e, table, &insert_id, index));
+                }
+                Err(_) => {}
             }
-            index += 1;
         }
-        Ok(total_rows)
+        first_error.map_or(Ok(total_rows), Err)
+    }
+
+    /// [`Self::write_immediate`] in a task of its own, so that it runs to its end (its hand-off
+    /// of missed pieces included) even when the insert is dropped part-way, as when its client
+    /// goes away: a write cut short after some replicas stored their pieces would leave the
+    /// replicas of a shard different, with nothing queued to mend them.
+    async fn write_immediate_to_the_end(
+        &self,
+        entry: &CatalogEntry,
+        placed: PlacedChunk,
+        quorum: u32,
+    ) -> Result<(), QueryError> {
+        let node = self.me.upgrade().ok_or_else(|| QueryError::Unavailable("the node is stopping".into()))?;
+        let entry = entry.clone();
+        tokio::spawn(async move { node.write_immediate(&entry, placed, quorum).await })
+            .await
+            .map_err(|e| QueryError::Storage(format!("insert task failed: {e}")))?
     }
 
     /// Splits a chunk by shard and groups the shards by the ranks that hold them. Each shard's

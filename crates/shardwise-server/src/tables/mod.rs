@@ -75,6 +75,8 @@ pub struct TablesNode {
     catalog: Mutex<(u64, Arc<Catalog>)>,
     /// The membership `immediate` inserts check their quorum against.
     pub(crate) recent_members: insert::RecentMembers,
+    /// This node, for the tasks it starts that must outlive a request (an insert's replica writes).
+    me: std::sync::Weak<TablesNode>,
 }
 
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
@@ -103,12 +105,13 @@ impl TablesNode {
         let origin_id = outbox.origin_id().to_string();
         let snapshot = metadata.watch().borrow().clone();
         let catalog = Catalog::from_json(&snapshot.state).map_err(storage_error)?;
-        let node = Arc::new(TablesNode {
+        let background = background::BackgroundPool::new()?;
+        let node = Arc::new_cyclic(|me| TablesNode {
             rank: cluster.rank(),
             world_size: cluster.world_size(),
             peers: Peers::new(Arc::clone(&cluster), auth, &settings),
             senders: sender::Senders::new(cluster.world_size()),
-            background: background::BackgroundPool::new()?,
+            background,
             settings,
             cluster,
             metadata,
@@ -119,6 +122,7 @@ impl TablesNode {
             origin_id,
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
             recent_members: insert::RecentMembers::default(),
+            me: me.clone(),
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));

@@ -658,6 +658,34 @@ fn immediate_quorum_and_hinted_handoff() {
 }
 
 #[test]
+fn a_failed_insert_of_many_chunks_leaves_no_replica_behind() {
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE mc (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    // Three chunks of up to 262 144 rows, two written at a time; rank 2 dies just before, so the
+    // membership still counts it: chunk 0 fails, chunk 1 is already writing beside it.
+    c.procs[2].kill9();
+    let insert = "INSERT INTO mc SELECT value FROM generate_series(1, 600000) SETTINGS insert_id = 'mc-1'";
+    let err = c.sql_err(1, insert);
+    assert!(err.contains("chunk 0 failed") && err.contains("mc-1"), "{err}");
+    c.restart(2);
+    for rank in 0..3 {
+        c.sql(rank, "SYSTEM FLUSH DISTRIBUTED mc");
+    }
+    // Whatever was stored is on every replica of its shard: a read does not depend on the node.
+    let replicas = "SELECT shard, min(rows), max(rows) FROM system.shards WHERE \"table\" = 'mc' GROUP BY shard";
+    for s in c.sql(0, replicas) {
+        assert_eq!(s[1], s[2], "replicas differ after a failed insert: {s:?}");
+    }
+    let counts: Vec<Vec<String>> = (0..3).map(|rank| one(c.sql(rank, "SELECT count(*) FROM mc"))).collect();
+    assert!(counts.iter().all(|n| *n == counts[0]), "{counts:?}");
+    // The retry with the same id completes it exactly once.
+    c.sql(0, insert);
+    for rank in 0..3 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*), count(DISTINCT id) FROM mc")), vec!["600000", "600000"]);
+    }
+}
+
+#[test]
 fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
     let dir = tempdir();
     let port = free_port();
