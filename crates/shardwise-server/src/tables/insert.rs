@@ -328,7 +328,13 @@ impl TablesNode {
             if results.values().any(|r| r.is_ok()) {
                 match self.hand_off(entry, &placed, &payloads, &failed).await {
                     Ok(()) => message.push_str("; the replicas that missed it get it in the background"),
-                    Err(e) => tracing::warn!(table = %entry.def.name, "could not queue the missed pieces: {e}"),
+                    Err(e) => {
+                        tracing::warn!(table = %entry.def.name, "could not queue the missed pieces: {e}");
+                        message.push_str(&format!(
+                            "; queueing it for the replicas that missed it failed too ({e}), so they differ \
+                             from the others until the insert is retried"
+                        ));
+                    }
                 }
             }
             return Err(QueryError::Unavailable(message));
