@@ -3,9 +3,11 @@
 //! dir `D/rank-R`, generates a cluster secret for the run when none is given, prefixes every
 //! output line with the node's rank, forwards Ctrl-C and SIGTERM, and stops every node when one
 //! fails, or with `--max-restarts K` restarts the failed node alone (a database node rejoins its
-//! cluster; the others keep running).
+//! cluster; the others keep running). Its own output may close (`launch ... | head`): lines are
+//! then dropped, and the cluster keeps running.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
@@ -16,6 +18,14 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::mpsc;
+
+/// `eprintln!` that drops the line when stderr is closed, instead of panicking (and taking every
+/// node down with the launcher).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
 
 /// Largest `--nproc` accepted.
 const MAX_NPROC: u32 = 4096;
@@ -102,7 +112,7 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         let secret: [u8; 32] = rand::random();
         env.insert(shardwise_cluster::secret::SECRET_ENV.into(), hex::encode(secret));
     }
-    eprintln!(
+    say!(
         "[launch] starting {} nodes; master {}:{master_port}; data dirs {}/rank-*",
         args.nproc,
         args.master_addr,
@@ -140,17 +150,17 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         };
         tokio::select! {
             _ = sigint.recv(), if stop.is_none() => {
-                eprintln!("[launch] interrupted: stopping all nodes");
+                say!("[launch] interrupted: stopping all nodes");
                 stop = Some(Stop::Signal("interrupted", 128 + Signal::SIGINT as u8));
                 kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
             }
             _ = sigterm.recv(), if stop.is_none() => {
-                eprintln!("[launch] SIGTERM: stopping all nodes");
+                say!("[launch] SIGTERM: stopping all nodes");
                 stop = Some(Stop::Signal("SIGTERM", 128 + Signal::SIGTERM as u8));
                 kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
             }
             _ = kill_sleep => {
-                eprintln!("[launch] nodes still running after {} ms: killing {:?}", args.stop_timeout_ms, alive.keys().collect::<Vec<_>>());
+                say!("[launch] nodes still running after {} ms: killing {:?}", args.stop_timeout_ms, alive.keys().collect::<Vec<_>>());
                 signal_all(&alive, Signal::SIGKILL, 0);
                 kill_at = None;
             }
@@ -158,7 +168,7 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
                 alive.remove(&rank);
                 let code = match &status {
                     Ok(s) => exit_code(s),
-                    Err(e) => { eprintln!("[launch] cannot wait for rank {rank}: {e}"); 1 }
+                    Err(e) => { say!("[launch] cannot wait for rank {rank}: {e}"); 1 }
                 };
                 if stop.is_some() {
                     continue;
@@ -170,11 +180,11 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
                 let used = restarts.entry(rank).or_insert(0);
                 if *used < args.max_restarts {
                     *used += 1;
-                    eprintln!("[launch] rank {rank} exited with {}; restarting it ({} of {})", describe(&status), used, args.max_restarts);
+                    say!("[launch] rank {rank} exited with {}; restarting it ({} of {})", describe(&status), used, args.max_restarts);
                     let pid = spawn_node(&exe, &args, &env, rank, exit_tx.clone())?;
                     alive.insert(rank, pid);
                 } else {
-                    eprintln!("[launch] rank {rank} exited with {}; stopping all nodes", describe(&status));
+                    say!("[launch] rank {rank} exited with {}; stopping all nodes", describe(&status));
                     stop = Some(Stop::Failed { rank, code });
                     kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
                 }
@@ -183,11 +193,11 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(match stop {
         Some(Stop::Failed { rank, code }) => {
-            eprintln!("[launch] failed: rank {rank} exited with code {code}");
+            say!("[launch] failed: rank {rank} exited with code {code}");
             ExitCode::from(u8::try_from(code).ok().filter(|c| *c != 0).unwrap_or(1))
         }
         Some(Stop::Signal(what, code)) => {
-            eprintln!("[launch] stopped ({what})");
+            say!("[launch] stopped ({what})");
             ExitCode::from(code)
         }
         Some(Stop::AllDone) | None => ExitCode::SUCCESS,
@@ -238,11 +248,12 @@ fn spawn_node(
 async fn prefix_lines(stream: impl AsyncRead + Unpin, rank: u32, to_stderr: bool) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if to_stderr {
-            eprintln!("[rank {rank}] {line}");
-        } else {
-            println!("[rank {rank}] {line}");
-        }
+        // A closed output (`launch ... | head`) drops the line: the nodes keep running, and
+        // their output keeps being read so that they never block on a full pipe.
+        let _ = match to_stderr {
+            true => writeln!(std::io::stderr().lock(), "[rank {rank}] {line}"),
+            false => writeln!(std::io::stdout().lock(), "[rank {rank}] {line}"),
+        };
     }
 }
 

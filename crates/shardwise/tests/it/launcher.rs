@@ -45,6 +45,48 @@ fn a_failed_node_is_restarted_alone_and_rejoins() {
 }
 
 #[test]
+fn a_launcher_whose_output_closed_keeps_its_cluster_running() {
+    use std::io::BufRead;
+    let dir = tempdir();
+    let mut child = shardwise()
+        .args(["launch", "--nproc", "2", "--max-restarts", "1", "--data-dir"])
+        .arg(dir.path())
+        .args(["--", "--heartbeat-interval-ms", "100"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its stderr closed from the start; its stdout read until both nodes listen, then closed
+    // too, as `launch ... | head` does.
+    drop(child.stderr.take());
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + T;
+    while !(seen.contains("[rank 0] listening") && seen.contains("[rank 1] listening")) {
+        assert!(std::time::Instant::now() < deadline, "nodes not listening: {seen}");
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("launcher output ended: {seen}");
+        }
+        seen.push_str(&line);
+    }
+    let master_addr = seen.lines().find(|l| l.contains("[rank 0] listening")).map(flight_addr).unwrap();
+    drop(out);
+    // The launcher now has lines to write to a closed pipe: a node's restart, its logs.
+    let killed = node_pid(dir.path(), 1);
+    std::process::Command::new("kill").args(["-9", &killed]).status().unwrap();
+    eventually(Duration::from_secs(20), "rank 1 restarted, the launcher still running", || {
+        let rows = sql_csv(&master_addr, "SELECT state FROM system.nodes WHERE rank = 1").ok()?;
+        (rows.first()?[0] == "up" && node_pid(dir.path(), 1) != killed).then_some(())
+    });
+    assert!(child.try_wait().unwrap().is_none(), "the launcher exited");
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+}
+
+#[test]
 fn a_failed_node_stops_the_cluster_without_restarts() {
     let dir = tempdir();
     let mut l = launch(dir.path(), &[]);
