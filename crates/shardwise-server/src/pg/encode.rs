@@ -25,6 +25,7 @@ use pgwire::api::results::{DataRowEncoder, FieldInfo};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::data::DataRow;
 
+use super::float::{Float4, Float8};
 use super::numeric::Numeric;
 
 /// The PostgreSQL type an Arrow column is sent as, and the Arrow type it is cast to first.
@@ -165,8 +166,8 @@ impl Column {
             Column::I16(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::I32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
             Column::I64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
-            Column::F32(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
-            Column::F64(a) => encoder.encode_field(&opt(a, row, || a.value(row))),
+            Column::F32(a) => encoder.encode_field(&opt(a, row, || Float4(a.value(row)))),
+            Column::F64(a) => encoder.encode_field(&opt(a, row, || Float8(a.value(row)))),
             Column::Numeric(a, scale) => {
                 encoder.encode_field(&opt(a, row, || Numeric { value: a.value(row), scale: *scale }))
             }
@@ -204,8 +205,8 @@ impl Column {
             Column::I16(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
             Column::I32(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
             Column::I64(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
-            Column::F32(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
-            Column::F64(a) => encoder.encode_field(&each(a, &rows, |i| Some(a.value(i)))),
+            Column::F32(a) => encoder.encode_field(&each(a, &rows, |i| Some(Float4(a.value(i))))),
+            Column::F64(a) => encoder.encode_field(&each(a, &rows, |i| Some(Float8(a.value(i))))),
             Column::Numeric(a, scale) => {
                 encoder.encode_field(&each(a, &rows, |i| Some(Numeric { value: a.value(i), scale: *scale })))
             }

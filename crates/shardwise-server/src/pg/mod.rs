@@ -23,6 +23,7 @@ mod cursor;
 mod encode;
 mod errors;
 mod execute;
+mod float;
 mod numeric;
 mod params;
 mod show;
