@@ -30,7 +30,7 @@ pub enum ClauseFormat {
 
 /// The names accepted, for error messages.
 pub const FORMAT_NAMES: &str = "CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames (TSVWithNames), JSONEachRow (JSONLines, \
-     NDJSON), ArrowStream, Pretty (PrettyCompact)";
+     NDJSON), ArrowStream, Pretty (PrettyCompact; shardwise sql only, not over HTTP)";
 
 impl ClauseFormat {
     /// The format `name` stands for (case-insensitive).

@@ -426,7 +426,8 @@ async fn query(
             return Err(Failure::new(
                 StatusCode::BAD_REQUEST,
                 "invalid",
-                "FORMAT Pretty: the HTTP API writes CSV, CSVWithNames, JSONEachRow or ArrowStream",
+                "FORMAT Pretty: the HTTP API writes CSV, CSVWithNames, TabSeparated (TSV), TabSeparatedWithNames \
+                 (TSVWithNames), JSONEachRow or ArrowStream; Pretty is shardwise sql's",
             ));
         }
         None => {
