@@ -650,13 +650,21 @@ impl WorkerLink {
         }
     }
 
+    /// The link to the master is gone: the master is down in this node's view, and every other
+    /// node it held `up` is `suspect`, since the master, which tracks their heartbeats, can no
+    /// longer say (a list kept as it was would show a node stopped since as `up`).
     fn master_lost(&self) {
+        let rank = self.settings.rank;
         let mut st = self.lock();
         st.tx = None;
         st.pending.clear();
         st.proposals.clear(); // their callers learn the outcome is unknown
-        for m in st.view.iter_mut().filter(|m| m.rank == 0) {
-            m.state = NodeState::Down;
+        for m in st.view.iter_mut() {
+            match m.rank {
+                0 => m.state = NodeState::Down,
+                r if r != rank && m.state == NodeState::Up => m.state = NodeState::Suspect,
+                _ => {}
+            }
         }
     }
 

@@ -140,6 +140,12 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
     eventually(Duration::from_secs(10), "master down as seen by rank 1", || {
         (state_of(&addrs[1], "0")? == "down").then_some(())
     });
+    // Without the master no one can say whether rank 2 still runs: suspect, not up; rank 1 itself
+    // is up.
+    assert_eq!(
+        (state_of(&addrs[1], "2").as_deref(), state_of(&addrs[1], "1").as_deref()),
+        (Some("suspect"), Some("up"))
+    );
     procs[0] = Proc::spawn(node_cmd(0, 3, port, &rank_dir(dir.path(), 0)));
     let line = procs[0].wait_for_line("listening rank=0", T);
     let master_addr = flight_addr(&line);
