@@ -14,10 +14,12 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::DFSchema;
+use datafusion::common::tree_node::TreeNode;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::ExecutionProps;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{DmlStatement, Expr, LogicalPlan, WriteOp};
+use datafusion::optimizer::analyzer::type_coercion::TypeCoercionRewriter;
 use datafusion::physical_expr::create_physical_expr;
 
 /// Where an INSERT's first unfit value is, and why it does not fit.
@@ -71,10 +73,22 @@ pub fn first_bad_value(plan: &LogicalPlan) -> Option<BadValue> {
     let (empty, props, planning) = (DFSchema::empty(), ExecutionProps::new(), PhysicalPlanningContext::default());
     for (i, row) in values.values.iter().enumerate() {
         for (j, cell) in row.iter().enumerate() {
-            // The cell as the insert checks it (see `crate::insert_exact`).
-            let cell = crate::insert_exact::strict_cast(cell.clone(), &empty).unwrap_or_else(|_| cell.clone());
-            let Ok(physical) = create_physical_expr(&cell, &empty, &props, &planning) else { continue };
-            if let Err(e) = physical.evaluate(&one_row) {
+            // The cell with its operands' types made to agree, as the analyzer does before the
+            // optimizer folds it (`2.0::double * 3` multiplies two DOUBLEs): the plan here has not
+            // been through it. A cell whose types cannot agree is the bad one.
+            let evaluated = cell
+                .clone()
+                .rewrite(&mut TypeCoercionRewriter::new(&empty))
+                .map(|t| t.data)
+                .map(|cell| {
+                    // The cell as the insert checks it (see `crate::insert_exact`).
+                    crate::insert_exact::strict_cast(cell.clone(), &empty).unwrap_or(cell)
+                })
+                .and_then(|cell| {
+                    let Ok(physical) = create_physical_expr(&cell, &empty, &props, &planning) else { return Ok(()) };
+                    physical.evaluate(&one_row).map(|_| ())
+                });
+            if let Err(e) = evaluated {
                 let column = values.schema.field(j).name().clone();
                 let column = projection.and_then(|p| target_column(p, &column)).unwrap_or(column);
                 let reason = match e.find_root() {
@@ -144,6 +158,16 @@ mod tests {
         let plan = planned("INSERT INTO t VALUES (1, '2020-01-01', 1), (2, NULL, 70000)").await;
         let bad = first_bad_value(&plan).expect("a bad value");
         assert_eq!((bad.row, bad.column.as_str()), (2, "x"), "{bad}");
+    }
+
+    #[tokio::test]
+    async fn a_good_row_holding_arithmetic_is_not_blamed() {
+        // Its operands' types agree only once coerced: evaluated raw, `2.0 * 3` multiplied a
+        // DOUBLE by a BIGINT and failed, and row 1 was named instead of row 2.
+        let plan = planned("INSERT INTO t VALUES (5 * 2.0, NULL, CAST(2.0 AS DOUBLE) * 3), (6, NULL, 'oops')").await;
+        let bad = first_bad_value(&plan).expect("a bad value");
+        assert_eq!((bad.row, bad.column.as_str()), (2, "x"), "{bad}");
+        assert!(bad.reason.contains("oops"), "{bad}");
     }
 
     #[tokio::test]
