@@ -143,7 +143,9 @@ fn unplanned(what: &str) -> String {
 /// fails with.
 const UNPLANNED_SUBQUERY: &str = "a correlated scalar subquery of this statement cannot be run: shardwise runs one \
      that refers to the outer row only in its own WHERE clause, and reads at most its first row (no OFFSET, \
-     no LIMIT above 1, no GROUP BY); rewrite it as a join";
+     no LIMIT above 1, no GROUP BY); an `x IN (subquery)` that refers to the outer row runs as a WHERE or \
+     HAVING condition, not in a SELECT list (there, write EXISTS (SELECT 1 FROM ... WHERE ... AND y = x)); \
+     rewrite it as a join";
 
 /// A parser error at the end of the statement says so: sqlparser gives a line and column for
 /// every token but the end (`Expected: an expression, found: EOF`).

@@ -1364,6 +1364,8 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
     }
     let e = c.sql_err(0, "SELECT k, (SELECT s FROM ev WHERE ev.k = sj.k ORDER BY ts LIMIT 1 OFFSET 1) FROM sj");
     assert!(e.contains("a correlated scalar subquery of this statement cannot be run") && e.contains("OFFSET"), "{e}");
+    let e = c.sql_err(0, "SELECT k, g IN (SELECT ts FROM ev WHERE ev.k = sj.k) FROM sj");
+    assert!(e.contains("not in a SELECT list") && e.contains("EXISTS (SELECT 1"), "{e}");
 }
 
 #[test]
