@@ -268,6 +268,9 @@ pub(crate) async fn connect(
     password: &str,
     timeout: Duration,
 ) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
+    if !crate::port_probe::has_port(addr) {
+        bail!("{addr} names no port: give HOST:PORT, with a node's flight= port (in its `listening` line)");
+    }
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let endpoint = Endpoint::from_shared(uri)
         .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?
@@ -280,7 +283,10 @@ pub(crate) async fn connect(
     let endpoint = shardwise_server::http2::client(endpoint);
     let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
-        Ok(Err(e)) => bail!("could not connect to {addr}: {}", error_chain(&e)),
+        Ok(Err(e)) => match crate::port_probe::wrong_port_hint(addr).await {
+            Some(hint) => bail!("could not connect to {addr}: {hint}"),
+            None => bail!("could not connect to {addr}: {}", error_chain(&e)),
+        },
         Err(_) => bail!("could not connect to {addr}: timed out after {} ms", timeout.as_millis()),
     };
     let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -289,7 +295,10 @@ pub(crate) async fn connect(
     // (stopped, hung) fails it within the connect timeout too.
     match tokio::time::timeout(timeout, handshake(&mut client, user, password)).await {
         Ok(Ok(())) => Ok(client),
-        Ok(Err(message)) => bail!("could not log in to {addr} as {user:?}: {message}"),
+        Ok(Err(message)) => match crate::port_probe::wrong_port_hint(addr).await {
+            Some(hint) => bail!("could not log in to {addr}: {hint}"),
+            None => bail!("could not log in to {addr} as {user:?}: {message}"),
+        },
         Err(_) => bail!(
             "could not connect to {addr}: it accepted the connection but did not answer within {} ms (a stopped or \
              hung node?)",

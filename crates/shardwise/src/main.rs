@@ -20,6 +20,7 @@ mod embedded;
 mod load;
 mod logging;
 mod malloc_tuning;
+mod port_probe;
 mod ports;
 mod proc_cluster;
 mod proc_stats;

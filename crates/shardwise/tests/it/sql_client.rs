@@ -17,8 +17,20 @@ fn sql(addr: &str, args: &[&str]) -> std::process::Output {
 fn formats_scripts_and_errors() {
     let dir = tempdir();
     let mut node = Proc::spawn(node_cmd(0, 1, free_port(), &rank_dir(dir.path(), 0)));
-    let addr = flight_addr(&node.wait_for_line("listening rank=0", T));
+    let listening = node.wait_for_line("listening rank=0", T);
+    let addr = flight_addr(&listening);
     let q = "SELECT * FROM (VALUES (1, 'a'), (2, NULL)) AS t(n, s) ORDER BY n";
+
+    // The node's other ports, or none, are named as such (they failed with transport errors).
+    for (other, says) in [
+        (listening_addr(&listening, "pg"), "answers as a PostgreSQL server (a node's pg= port?), not as Flight SQL"),
+        (listening_addr(&listening, "http"), "answers as an HTTP server (a node's http= port?), not as Flight SQL"),
+        ("127.0.0.1".to_string(), "names no port"),
+    ] {
+        let out = sql(&other, &["-e", "SELECT 1"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{other}: {err}");
+    }
 
     let out = sql(&addr, &["-e", q]);
     let table = String::from_utf8_lossy(&out.stdout);
