@@ -184,7 +184,14 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
                     let pid = spawn_node(&exe, &args, &env, rank, exit_tx.clone())?;
                     alive.insert(rank, pid);
                 } else {
-                    say!("[launch] rank {rank} exited with {}; stopping all nodes", describe(&status));
+                    match args.max_restarts {
+                        0 => say!("[launch] rank {rank} exited with {}; stopping all nodes", describe(&status)),
+                        max => say!(
+                            "[launch] rank {rank} exited with {}; it was restarted {max} times already \
+                             (--max-restarts {max}): stopping all nodes",
+                            describe(&status)
+                        ),
+                    }
                     stop = Some(Stop::Failed { rank, code });
                     kill_at = Some(signal_all(&alive, Signal::SIGTERM, args.stop_timeout_ms));
                 }
