@@ -50,15 +50,20 @@ def io_idle(tid):
         print(f"thread {tid}: ioprio_set failed: {os.strerror(ctypes.get_errno())}")
 
 
-def nodes():
-    """The running nodes as (pid, rank)."""
-    found = []
+def command_lines():
+    """Every running process as (pid, its arguments)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\x00")
+                yield pid, f.read().split(b"\x00")
         except OSError:
             continue
+
+
+def nodes():
+    """The running nodes as (pid, rank)."""
+    found = []
+    for pid, args in command_lines():
         if b"node" in args and b"--rank" in args[:-1]:
             rank = args[args.index(b"--rank") + 1]
             if rank.isdigit():
@@ -67,17 +72,8 @@ def nodes():
 
 
 def bench_clients():
-    """The running `shardwise bench` processes, whose client thread `fifo` raises too."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\x00")
-        except OSError:
-            continue
-        if b"bench" in args and b"insert" in args:
-            found.append((pid, -1))
-    return found
+    """The running `shardwise bench insert` processes (as rank -1), whose client thread `fifo` raises too."""
+    return [(pid, -1) for pid, args in command_lines() if b"bench" in args and b"insert" in args]
 
 
 def main():
