@@ -22,18 +22,24 @@ pub struct Float8(pub f64);
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Float4(pub f32);
 
-/// `extra_float_digits` of 1 and up asks for the shortest exact digits (PostgreSQL 12 and later).
-fn shortest(options: &FormatOptions) -> bool {
-    options.extra_float_digits >= 1
-}
-
-fn special(v: f64) -> Option<&'static str> {
-    match v {
-        v if v.is_nan() => Some("NaN"),
-        f64::INFINITY => Some("Infinity"),
-        f64::NEG_INFINITY => Some("-Infinity"),
-        _ => None,
-    }
+/// The text of a float: PostgreSQL's words for the special values, else `shortest` (the default)
+/// or `rounded` (`extra_float_digits` below 1).
+fn write_text(
+    v: f64,
+    options: &FormatOptions,
+    shortest: impl FnOnce() -> String,
+    rounded: impl FnOnce(ExtraFloatDigits) -> String,
+    out: &mut BytesMut,
+) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+    let text = match v {
+        v if v.is_nan() => "NaN".to_string(),
+        f64::INFINITY => "Infinity".to_string(),
+        f64::NEG_INFINITY => "-Infinity".to_string(),
+        _ if options.extra_float_digits >= 1 => shortest(),
+        _ => rounded(ExtraFloatDigits(options.extra_float_digits)),
+    };
+    out.put_slice(text.as_bytes());
+    Ok(IsNull::No)
 }
 
 impl ToSqlText for Float8 {
@@ -43,13 +49,8 @@ impl ToSqlText for Float8 {
         out: &mut BytesMut,
         options: &FormatOptions,
     ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
-        let text = match (special(self.0), shortest(options)) {
-            (Some(s), _) => s.to_string(),
-            (None, true) => float8_text(self.0),
-            (None, false) => ExtraFloatDigits(options.extra_float_digits).format_f64(self.0).to_string(),
-        };
-        out.put_slice(text.as_bytes());
-        Ok(IsNull::No)
+        let v = self.0;
+        write_text(v, options, || float8_text(v), |digits| digits.format_f64(v).to_string(), out)
     }
 }
 
@@ -60,13 +61,8 @@ impl ToSqlText for Float4 {
         out: &mut BytesMut,
         options: &FormatOptions,
     ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
-        let text = match (special(f64::from(self.0)), shortest(options)) {
-            (Some(s), _) => s.to_string(),
-            (None, true) => float4_text(self.0),
-            (None, false) => ExtraFloatDigits(options.extra_float_digits).format_f32(self.0).to_string(),
-        };
-        out.put_slice(text.as_bytes());
-        Ok(IsNull::No)
+        let v = self.0;
+        write_text(f64::from(v), options, || float4_text(v), |digits| digits.format_f32(v).to_string(), out)
     }
 }
 
