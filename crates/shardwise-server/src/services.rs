@@ -3,7 +3,7 @@
 //! start nodes through here, so they run the same code.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shardwise_cluster::{ClusterError, ClusterSecret, MetadataHandle, MetadataSnapshot, Node};
@@ -26,23 +26,51 @@ pub struct Listeners {
     pub pg: TcpListener,
 }
 
+/// The file in a node's data dir that records the ports it listens on, so that after a restart
+/// it listens on the same ones when they are free: its clients (and `shardwise load`'s retries)
+/// keep their address, as with a server configured with fixed ports.
+pub const PORTS_FILE: &str = "ports.json";
+
 impl Listeners {
     /// Binds the Flight SQL, data plane, HTTP and PostgreSQL ports (0: any free port) on `host`.
     pub async fn bind(host: &str, ports: Ports) -> std::io::Result<Listeners> {
-        let Ports { flight: flight_port, data: data_port, http: http_port, pg: pg_port } = ports;
-        let flight = TcpListener::bind((host, flight_port)).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen for Flight SQL on {host}:{flight_port}: {e}"))
-        })?;
-        let data = TcpListener::bind((host, data_port)).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen for the data plane on {host}:{data_port}: {e}"))
-        })?;
-        let http = TcpListener::bind((host, http_port))
-            .await
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for HTTP on {host}:{http_port}: {e}")))?;
-        let pg = TcpListener::bind((host, pg_port)).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen for PostgreSQL clients on {host}:{pg_port}: {e}"))
-        })?;
-        Ok(Listeners { flight, data, http, pg })
+        Listeners::bind_preferring(host, ports, Ports::default()).await
+    }
+
+    /// [`Listeners::bind`], where each port given as 0 is first tried as the one `data_dir`
+    /// recorded (any free port when it is taken); then records the ports bound. Failing to
+    /// record them is only a warning: the node runs, a restart may listen elsewhere.
+    pub async fn bind_keeping(host: &str, ports: Ports, data_dir: &Path) -> std::io::Result<Listeners> {
+        let last = match shardwise_cluster::datadir::read_json::<Ports>(data_dir, PORTS_FILE) {
+            Ok(last) => last.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!("ignoring the ports recorded last time: {e}");
+                Ports::default()
+            }
+        };
+        let listeners = Listeners::bind_preferring(host, ports, last).await?;
+        let bound = Ports {
+            flight: listeners.flight.local_addr()?.port(),
+            data: listeners.data.local_addr()?.port(),
+            http: listeners.http.local_addr()?.port(),
+            pg: listeners.pg.local_addr()?.port(),
+        };
+        let recorded = serde_json::to_vec(&bound).map_err(|e| e.to_string()).and_then(|json| {
+            shardwise_cluster::datadir::write_atomic(data_dir, PORTS_FILE, &json).map_err(|e| e.to_string())
+        });
+        if let Err(e) = recorded {
+            tracing::warn!("cannot record the ports in {}: {e}", data_dir.display());
+        }
+        Ok(listeners)
+    }
+
+    async fn bind_preferring(host: &str, ports: Ports, last: Ports) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            flight: bind_one(host, ports.flight, last.flight, "Flight SQL").await?,
+            data: bind_one(host, ports.data, last.data, "the data plane").await?,
+            http: bind_one(host, ports.http, last.http, "HTTP").await?,
+            pg: bind_one(host, ports.pg, last.pg, "PostgreSQL clients").await?,
+        })
     }
 
     /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
@@ -59,8 +87,21 @@ impl Listeners {
     }
 }
 
+/// Binds `port` on `host`; when it is 0, `last` first if that is free, else any free port.
+async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<TcpListener> {
+    if port == 0
+        && last != 0
+        && let Ok(listener) = TcpListener::bind((host, last)).await
+    {
+        return Ok(listener);
+    }
+    TcpListener::bind((host, port))
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {host}:{port}: {e}")))
+}
+
 /// The ports a node listens on; 0 picks any free port.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ports {
     pub flight: u16,
     pub data: u16,

@@ -58,7 +58,8 @@ pub struct NodeArgs {
     /// Host name other nodes and clients use to reach this node [default: the listen host].
     #[arg(long, env = "SHARDWISE_ADVERTISE_HOST")]
     pub advertise_host: Option<String>,
-    /// Port of the Arrow Flight SQL endpoint [default: 0 = any free port].
+    /// Port of the Arrow Flight SQL endpoint [default: 0 = the port this data dir's node had last
+    /// time if it is free, else any free port; likewise for the other ports].
     #[arg(long, env = "SHARDWISE_FLIGHT_PORT")]
     pub flight_port: Option<u16>,
     /// Port of the data plane other nodes ship rows and read shards through [default: 0 = any
@@ -325,7 +326,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let http_port = pick(args.http_port, file.http_port).unwrap_or(0);
     let pg_port = pick(args.pg_port, file.pg_port).unwrap_or(0);
     let ports = Ports { flight: flight_port, data: data_port, http: http_port, pg: pg_port };
-    let listeners = Listeners::bind(&listen_host, ports).await?;
+    // Ports given as 0 are the ones this data dir's node listened on last time, when free.
+    let listeners = Listeners::bind_keeping(&listen_host, ports, &data_dir).await?;
     let addrs = listeners.addrs(&advertise_host)?;
     let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
     let http_addr = addrs.get("http").cloned().unwrap_or_default();

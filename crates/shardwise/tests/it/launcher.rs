@@ -29,6 +29,8 @@ fn a_failed_node_is_restarted_alone_and_rejoins() {
     l.wait_for_line("[rank 0] listening rank=0", T);
     l.wait_for_line("[rank 1] listening rank=1", T);
     let master_addr = flight_addr(&l.wait_for_line("[rank 0] listening rank=0", T));
+    let addresses = "SELECT flight_addr, http_addr, pg_addr FROM system.nodes WHERE rank = 1";
+    let before = sql_csv(&master_addr, addresses).unwrap();
     let killed = node_pid(dir.path(), 1);
     std::process::Command::new("kill").args(["-9", &killed]).status().unwrap();
     l.wait_for_line("rank 1 exited with signal 9; restarting it (1 of 1)", T);
@@ -37,6 +39,8 @@ fn a_failed_node_is_restarted_alone_and_rejoins() {
         let back = rows.first()?[0] == "up" && rows[0][1] != "1" && node_pid(dir.path(), 1) != killed;
         back.then_some(())
     });
+    // Back on the ports it had (they were free): its clients keep their addresses.
+    assert_eq!(sql_csv(&master_addr, addresses).unwrap(), before);
     l.signal("TERM");
     let (code, out) = l.wait_exit(T);
     // Stopped by a signal, not finished: 128 + 15, as a shell reports it.
