@@ -178,6 +178,12 @@ fn user_text(e: &DataFusionError) -> String {
                  datafusion.sql_parser.recursion_limit = ... raises it)"
                 .to_string(),
         },
+        DataFusionError::NotImplemented(message) if message.starts_with(UNNEST_NOT_AN_ITEM) => {
+            "unnest (and ClickHouse's arrayJoin) runs only as an item of a SELECT list, not inside an \
+             aggregate, a WHERE or an ORDER BY: take it in a subquery (SELECT ... FROM (SELECT arrayJoin(a) \
+             AS x FROM t) WHERE x = ...)"
+                .to_string()
+        }
         DataFusionError::NotImplemented(message) if message.starts_with(UNSUPPORTED_AST_NODE) => {
             let node = &message[UNSUPPORTED_AST_NODE.len()..];
             let name = node.split([' ', '(', '{']).next().unwrap_or(node);
@@ -214,6 +220,10 @@ pub const DIVISION_BY_ZERO: &str = "division by zero";
 
 /// How DataFusion's SQL planner starts the message for a construct it does not plan.
 const UNSUPPORTED_AST_NODE: &str = "Unsupported ast node in sqltorel: ";
+
+/// DataFusion's words for an `unnest` left inside another expression (an aggregate's argument,
+/// a WHERE), which its planner cannot place.
+const UNNEST_NOT_AN_ITEM: &str = "Unnest should be rewritten to LogicalPlan::Unnest";
 
 /// DataFusion's words after an internal error's message.
 const DATAFUSION_BUG_TRAILER: &str = ".\nThis issue was likely caused by a bug in DataFusion's code. Please help us to \

@@ -268,6 +268,9 @@ pub(crate) async fn connect(
     password: &str,
     timeout: Duration,
 ) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
+    if let Some(why) = crate::port_probe::bad_port(addr) {
+        bail!("{addr}: {why}");
+    }
     if !crate::port_probe::has_port(addr) {
         bail!("{addr} names no port: give HOST:PORT, with a node's flight= port (in its `listening` line)");
     }

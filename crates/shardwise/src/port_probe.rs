@@ -23,6 +23,13 @@ fn host_port(addr: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
+/// Why `addr` is not `host:port` when its port is out of range (`host:99999`).
+pub fn bad_port(addr: &str) -> Option<String> {
+    let (host, port) = host_port(addr).rsplit_once(':')?;
+    let number: u64 = port.parse().ok()?;
+    (number > u64::from(u16::MAX) && !host.is_empty()).then(|| format!("port {number} is out of range (1 to 65535)"))
+}
+
 /// True when `addr` names a port (`host:port`, `[v6]:port`, with or without `http://`).
 pub fn has_port(addr: &str) -> bool {
     let hp = host_port(addr);
@@ -72,6 +79,8 @@ mod tests {
         for addr in ["127.0.0.1", "http://127.0.0.1", "localhost:", "::1", "[::1]", ":5", "host:http"] {
             assert!(!has_port(addr), "{addr}");
         }
+        assert_eq!(bad_port("127.0.0.1:99999").as_deref(), Some("port 99999 is out of range (1 to 65535)"));
+        assert_eq!(bad_port("127.0.0.1:5"), None);
     }
 
     #[tokio::test]

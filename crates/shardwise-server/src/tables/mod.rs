@@ -238,7 +238,17 @@ impl TablesNode {
             Some(current) => generation < *current,
             None => id < next_table_id,
         };
-        lock(&self.stores).retain(|k, _| live.contains(&(k.0, k.1)));
+        // The dropped stores themselves, locked below while their directories are deleted: a
+        // flush, merge or OPTIMIZE under way on one (each holds its store's lock) finishes first,
+        // rather than failing the store halfway and leaving files in a directory being removed.
+        let mut dropped_stores = Vec::new();
+        lock(&self.stores).retain(|k, store| {
+            let keep = live.contains(&(k.0, k.1));
+            if !keep {
+                dropped_stores.push(Arc::clone(store));
+            }
+            keep
+        });
         let tables_dir = self.tables_dir.clone();
         let outbox = Arc::clone(&self.outbox);
         let live_incarnations = live.clone();
@@ -253,6 +263,7 @@ impl TablesNode {
             for key in stale {
                 lock(&outbox).discard_table(&key).map_err(storage_error)?;
             }
+            let _writers_done: Vec<_> = dropped_stores.iter().map(|store| lock(store)).collect();
             let Ok(dirs) = std::fs::read_dir(&tables_dir) else { return Ok(()) };
             let mut unknown = Vec::new();
             for dir in dirs.flatten() {

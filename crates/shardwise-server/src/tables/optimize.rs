@@ -51,6 +51,11 @@ pub struct OptimizedReplica {
 }
 
 impl TablesNode {
+    /// Whether the table incarnation is in this node's current catalog.
+    fn is_live(&self, table_id: u64, generation: u64) -> bool {
+        self.catalog_now().1.by_id(table_id).is_some_and(|e| e.generation == generation)
+    }
+
     /// Optimizes this node's replicas of the table `req` names, one after another on the
     /// background threads (each holds its store's lock while it writes, as maintenance does).
     pub async fn optimize_local(&self, req: &OptimizeRequest) -> Result<OptimizeReply, QueryError> {
@@ -63,9 +68,16 @@ impl TablesNode {
                 ))
             })?;
         let mut reply = OptimizeReply::default();
+        let dropped = || {
+            QueryError::Rejected(format!("table {} was dropped or truncated while it was optimized", entry.def.name))
+        };
         for shard in 0..entry.def.shards {
             if !entry.def.replica_ranks(shard, self.world_size).contains(&self.rank) {
                 continue;
+            }
+            // Not for a table dropped meanwhile: opening its store would make its directory again.
+            if !self.is_live(req.table_id, req.generation) {
+                return Err(dropped());
             }
             let store = self.store(&entry, shard).await?;
             let all_parts = req.all_parts;
@@ -77,7 +89,8 @@ impl TablesNode {
                         .optimize(all_parts)
                         .map_err(|e| storage_error(format!("table {name} shard {shard}: {e}")))
                 })
-                .await?;
+                .await
+                .map_err(|e| if self.is_live(req.table_id, req.generation) { e } else { dropped() })?;
             reply.replicas.push(OptimizedReplica {
                 shard,
                 flushed_rows: outcome.flushed_rows,
@@ -112,7 +125,8 @@ impl TablesNode {
                     match tokio::time::timeout(timeout, self.optimize_local(req)).await {
                         Ok(r) => r.map(|_| ()),
                         Err(_) => Err(QueryError::Unavailable(format!(
-                            "rank {rank} did not finish within optimize_timeout_ms = {} ms",
+                            "rank {rank} had not finished within optimize_timeout_ms = {} ms (a merge under \
+                             way goes on)",
                             timeout.as_millis()
                         ))),
                     }
@@ -139,10 +153,15 @@ impl TablesNode {
         if failed.is_empty() {
             return Ok(());
         }
+        if !self.is_live(entry.id, entry.generation) {
+            return Err(QueryError::Rejected(format!(
+                "OPTIMIZE TABLE {table}: the table was dropped or truncated while it was optimized"
+            )));
+        }
         let reasons: Vec<String> = failed.iter().map(|(rank, e)| format!("rank {rank}: {e}")).collect();
         Err(QueryError::Unavailable(format!(
-            "OPTIMIZE TABLE {table}: the replicas on {} were not optimized ({}); the other nodes' were, and \
-             running it again finishes the job",
+            "OPTIMIZE TABLE {table}: the replicas on {} were not optimized, or not yet ({}); the other nodes' \
+             were, and running it again finishes the job",
             match failed.len() {
                 1 => format!("rank {}", failed[0].0),
                 _ => format!("ranks {}", failed.iter().map(|(r, _)| r.to_string()).collect::<Vec<_>>().join(", ")),

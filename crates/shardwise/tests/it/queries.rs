@@ -1366,6 +1366,8 @@ fn a_shuffled_group_by_under_a_join_an_in_or_a_union_answers() {
     assert!(e.contains("a correlated scalar subquery of this statement cannot be run") && e.contains("OFFSET"), "{e}");
     let e = c.sql_err(0, "SELECT k, g IN (SELECT ts FROM ev WHERE ev.k = sj.k) FROM sj");
     assert!(e.contains("not in a SELECT list") && e.contains("EXISTS (SELECT 1"), "{e}");
+    let e = c.sql_err(0, "SELECT sum(arrayJoin([1, 2, 3]))");
+    assert!(e.contains("runs only as an item of a SELECT list") && !e.contains("LogicalPlan"), "{e}");
 }
 
 #[test]

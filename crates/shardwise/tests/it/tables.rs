@@ -476,6 +476,34 @@ fn optimize_table_writes_and_merges_every_replica() {
 }
 
 #[test]
+fn optimize_racing_drop_fails_clearly_and_leaves_nothing_behind() {
+    let c = Cluster::start(2);
+    for round in 0..3 {
+        c.sql(0, "CREATE TABLE od (id BIGINT, v DOUBLE) WITH (shard_key = 'id', replicas = 2)");
+        c.sql(0, "INSERT INTO od SELECT value, 1.0 FROM generate_series(1, 300000)");
+        let addr = c.addrs[1].clone();
+        let optimize = std::thread::spawn(move || sql_csv(&addr, "OPTIMIZE TABLE od FINAL"));
+        std::thread::sleep(Duration::from_millis(5 * round));
+        c.sql(0, "DROP TABLE od");
+        match optimize.join().expect("the OPTIMIZE thread") {
+            Ok(_) => {}
+            Err(e) => assert!(e.contains("dropped") && !e.contains("os error"), "round {round}: {e}"),
+        }
+        // The dropped table's directories go once the merge under way has finished.
+        for rank in 0..2 {
+            let tables = c.data_dir(rank).join("tables");
+            eventually(Duration::from_secs(10), "the dropped table's directories removed", || {
+                let left = std::fs::read_dir(&tables).ok()?.count();
+                (left == 0).then_some(())
+            });
+        }
+    }
+    c.sql(1, "CREATE TABLE od (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(1, "INSERT INTO od VALUES (1), (2)");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM od")), vec!["2"]);
+}
+
+#[test]
 fn a_nan_from_arithmetic_is_stored_as_the_one_nan() {
     let c = Cluster::start(2);
     c.sql(0, "CREATE TABLE f (id BIGINT, x DOUBLE) WITH (shard_key = 'x')");
