@@ -56,6 +56,10 @@ pub async fn wrong_port_hint(addr: &str) -> Option<String> {
     let hp = host_port(addr);
     let what = match answer(hp, &PG_SSL_REQUEST).await.as_deref() {
         Some([b'S'] | [b'N']) => "a PostgreSQL server (a node's pg= port?)",
+        // The master greets every connection with the cluster's preamble.
+        Some(reply) if shardwise_cluster::wire::is_cluster_preamble(reply) => {
+            "the master's rendezvous port (MASTER_PORT), which nodes join through"
+        }
         _ => match answer(hp, HTTP_REQUEST).await {
             Some(reply) if reply.starts_with(b"HTTP/") => "an HTTP server (a node's http= port?)",
             _ => return None,
@@ -86,7 +90,9 @@ mod tests {
     #[tokio::test]
     async fn a_postgresql_or_http_server_is_named() {
         use tokio::net::TcpListener;
-        for (reply, want) in [(&b"N"[..], "PostgreSQL"), (b"HTTP/1.1 404 Not Found\r\n", "HTTP")] {
+        for (reply, want) in
+            [(&b"N"[..], "PostgreSQL"), (b"HTTP/1.1 404 Not Found\r\n", "HTTP"), (b"SHRDWS\x00\x02", "rendezvous")]
+        {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap().to_string();
             let server = tokio::spawn(async move {
@@ -96,7 +102,7 @@ mod tests {
                     let mut buf = [0u8; 64];
                     let n = s.read(&mut buf).await.unwrap();
                     let speaks_to_it = match want {
-                        "PostgreSQL" => buf[..n] == PG_SSL_REQUEST,
+                        "PostgreSQL" | "rendezvous" => buf[..n] == PG_SSL_REQUEST,
                         _ => buf[..n].starts_with(b"GET "),
                     };
                     if speaks_to_it {

@@ -115,6 +115,9 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
         let n = nodes(&addrs[0])?;
         (n.len() == 3 && n.iter().all(|m| m.2 == "up")).then_some(n)
     });
+    // A client given the master's rendezvous port is told what it reached.
+    let err = sql_csv(&format!("127.0.0.1:{port}"), "SELECT 1").unwrap_err();
+    assert!(err.contains("answers as the master's rendezvous port (MASTER_PORT)"), "{err}");
 
     // A paused worker (SIGSTOP) is suspect, then down; resumed, it is up again.
     procs[1].signal("STOP");
