@@ -62,16 +62,16 @@ pub struct NodeArgs {
     /// time if it is free, else any free port; likewise for the other ports].
     #[arg(long, env = "SHARDWISE_FLIGHT_PORT")]
     pub flight_port: Option<u16>,
-    /// Port of the data plane other nodes ship rows and read shards through [default: 0 = any
-    /// free port].
+    /// Port of the data plane other nodes ship rows and read shards through [default: 0, as for
+    /// --flight-port].
     #[arg(long, env = "SHARDWISE_DATA_PORT")]
     pub data_port: Option<u16>,
     /// Port of the HTTP API and status page (GET /, POST or PUT /query, GET /health, GET /metrics)
-    /// [default: 0 = any free port].
+    /// [default: 0, as for --flight-port].
     #[arg(long, env = "SHARDWISE_HTTP_PORT")]
     pub http_port: Option<u16>,
-    /// Port of the PostgreSQL protocol endpoint (database `shardwise`) [default: 0 = any free
-    /// port].
+    /// Port of the PostgreSQL protocol endpoint (database `shardwise`) [default: 0, as for
+    /// --flight-port].
     #[arg(long, env = "SHARDWISE_PG_PORT")]
     pub pg_port: Option<u16>,
     /// How long DDL waits for the master to apply it [default: 10000].

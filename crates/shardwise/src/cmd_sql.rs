@@ -268,12 +268,7 @@ pub(crate) async fn connect(
     password: &str,
     timeout: Duration,
 ) -> anyhow::Result<FlightSqlServiceClient<Channel>> {
-    if let Some(why) = crate::port_probe::bad_port(addr) {
-        bail!("{addr}: {why}");
-    }
-    if !crate::port_probe::has_port(addr) {
-        bail!("{addr} names no port: give HOST:PORT, with a node's flight= port (in its `listening` line)");
-    }
+    crate::port_probe::check_port(addr).map_err(|why| anyhow!(why))?;
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let endpoint = Endpoint::from_shared(uri)
         .map_err(|e| anyhow!("invalid address {addr:?}: {}", error_chain(&e)))?

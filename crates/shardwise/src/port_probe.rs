@@ -23,21 +23,20 @@ fn host_port(addr: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
-/// Why `addr` is not `host:port` when its port is out of range (`host:99999`).
-pub fn bad_port(addr: &str) -> Option<String> {
-    let (host, port) = host_port(addr).rsplit_once(':')?;
-    let number: u64 = port.parse().ok()?;
-    (number > u64::from(u16::MAX) && !host.is_empty()).then(|| format!("port {number} is out of range (1 to 65535)"))
-}
-
-/// True when `addr` names a port (`host:port`, `[v6]:port`, with or without `http://`).
-pub fn has_port(addr: &str) -> bool {
+/// `Ok` when `addr` names a port (`host:port`, `[v6]:port`, with or without `http://`); else
+/// what is wrong with it.
+pub fn check_port(addr: &str) -> Result<(), String> {
     let hp = host_port(addr);
-    match hp.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty() && port.parse::<u16>().is_ok() && (!host.contains(':') || host.ends_with(']'))
-        }
-        None => false,
+    let no_port =
+        || format!("{addr} names no port: give HOST:PORT, with a node's flight= port (in its `listening` line)");
+    let (host, port) = hp.rsplit_once(':').ok_or_else(no_port)?;
+    if host.is_empty() || (host.contains(':') && !host.ends_with(']')) {
+        return Err(no_port());
+    }
+    match port.parse::<u64>() {
+        Ok(n) if (1..=u64::from(u16::MAX)).contains(&n) => Ok(()),
+        Ok(n) => Err(format!("{addr}: port {n} is out of range (1 to 65535)")),
+        Err(_) => Err(no_port()),
     }
 }
 
@@ -78,13 +77,13 @@ mod tests {
     #[test]
     fn ports_are_found_in_every_form_of_address() {
         for addr in ["127.0.0.1:5", "http://127.0.0.1:5", "localhost:5/x", "[::1]:5", "http://[::1]:5"] {
-            assert!(has_port(addr), "{addr}");
+            assert_eq!(check_port(addr), Ok(()), "{addr}");
         }
         for addr in ["127.0.0.1", "http://127.0.0.1", "localhost:", "::1", "[::1]", ":5", "host:http"] {
-            assert!(!has_port(addr), "{addr}");
+            assert!(check_port(addr).unwrap_err().contains("names no port"), "{addr}");
         }
-        assert_eq!(bad_port("127.0.0.1:99999").as_deref(), Some("port 99999 is out of range (1 to 65535)"));
-        assert_eq!(bad_port("127.0.0.1:5"), None);
+        assert!(check_port("127.0.0.1:99999").unwrap_err().contains("port 99999 is out of range (1 to 65535)"));
+        assert!(check_port("127.0.0.1:0").unwrap_err().contains("port 0 is out of range"));
     }
 
     #[tokio::test]

@@ -19,10 +19,6 @@ use shardwise_storage::OptimizeOutcome;
 
 use super::{TablesNode, lock, storage_error};
 
-/// How much longer than `optimize_timeout_ms` the initiator waits for another node's answer:
-/// that node stops waiting at the same timeout, measured from when the request reached it.
-pub const OPTIMIZE_REPLY_GRACE_MS: u64 = 1_000;
-
 /// An optimize request between nodes: one table incarnation, as the initiator's catalog names it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,7 +112,6 @@ impl TablesNode {
             (0..entry.def.shards).flat_map(|s| entry.def.replica_ranks(s, self.world_size)).collect();
         let members = self.cluster.members().await;
         let down: Vec<u32> = members.iter().filter(|m| m.state == NodeState::Down).map(|m| m.rank).collect();
-        let wait = timeout + Duration::from_millis(OPTIMIZE_REPLY_GRACE_MS);
         let calls = ranks.into_iter().map(|rank| {
             let (body, req) = (body.clone(), &req);
             let known_down = down.contains(&rank);
@@ -131,19 +126,14 @@ impl TablesNode {
                         ))),
                     }
                 } else {
-                    match tokio::time::timeout(wait, self.peers.action(rank, "optimize", body, wait)).await {
-                        Ok(Ok(reply)) => serde_json::from_slice::<OptimizeReply>(&reply).map(|_| ()).map_err(|e| {
+                    let unknown = ", so whether its replicas were merged is unknown";
+                    let reply =
+                        self.ask_within(rank, "optimize", body, timeout, "optimize_timeout_ms", known_down, unknown);
+                    reply.await.and_then(|reply| {
+                        serde_json::from_slice::<OptimizeReply>(&reply).map(|_| ()).map_err(|e| {
                             QueryError::Unavailable(format!("rank {rank} answered with a malformed reply: {e}"))
-                        }),
-                        Err(_) | Ok(Err(QueryError::Unavailable(_))) if known_down => {
-                            Err(QueryError::Unavailable(format!("rank {rank} is down (so the membership says)")))
-                        }
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(QueryError::Unavailable(format!(
-                            "rank {rank} did not answer within optimize_timeout_ms + {OPTIMIZE_REPLY_GRACE_MS} ms \
-                             (it may still be merging)"
-                        ))),
-                    }
+                        })
+                    })
                 };
                 result.map_err(|e| (rank, e))
             }

@@ -43,9 +43,10 @@ pub struct LocalShardStats {
 /// are asked at once, and those the membership knows to be down are not asked.
 pub const PEER_STATS_TIMEOUT_MS: u64 = 5_000;
 
-/// How much longer than `flush_timeout_ms` the initiator of a flush waits for another node's
-/// answer: that node stops waiting at the same timeout, measured from when the request reached it.
-pub const FLUSH_REPLY_GRACE_MS: u64 = 1_000;
+/// How much longer than a statement's own timeout (`flush_timeout_ms`, `optimize_timeout_ms`)
+/// its initiator waits for another node's answer: that node stops at the same timeout, measured
+/// from when the request reached it.
+pub const PEER_REPLY_GRACE_MS: u64 = 1_000;
 
 /// A flush request between nodes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,25 +154,9 @@ impl TablesNode {
                 if rank == self.rank {
                     return self.flush_local(table, timeout).await.map(|r| r.pending);
                 }
-                // The node answers at its own deadline; a node that cannot answer by then (stopped,
-                // hung, unreachable) is named as such rather than making the flush wait longer. One
-                // the membership takes for down is asked all the same (it may be back already: the
-                // membership learns that late), and named as down if it does not answer.
-                let wait = timeout + Duration::from_millis(FLUSH_REPLY_GRACE_MS);
-                let call = self.peers.action(rank, "flush", body, wait + Duration::from_millis(FLUSH_REPLY_GRACE_MS));
-                match tokio::time::timeout(wait, call).await {
-                    Ok(Ok(reply)) => FlushReply::decode(rank, &reply).map(|r| r.pending),
-                    Err(_) | Ok(Err(QueryError::Unavailable(_))) if known_down => {
-                        Err(QueryError::Unavailable(format!(
-                            "rank {rank} is down (so the membership says), so what it holds for {table} is unknown"
-                        )))
-                    }
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(QueryError::Unavailable(format!(
-                        "rank {rank} did not answer within flush_timeout_ms + {FLUSH_REPLY_GRACE_MS} ms, so \
-                         what it holds for {table} is unknown (the node may be stopped or overloaded)"
-                    ))),
-                }
+                let unknown = format!(", so what it holds for {table} is unknown");
+                let reply = self.ask_within(rank, "flush", body, timeout, "flush_timeout_ms", known_down, &unknown);
+                FlushReply::decode(rank, &reply.await?).map(|r| r.pending)
             }
         });
         let mut still = Vec::new();
@@ -190,6 +175,38 @@ impl TablesNode {
             timeout.as_millis(),
             still.join("; ")
         )))
+    }
+
+    /// Asks `rank` for `kind` (a statement's share there, which that node bounds by `timeout`,
+    /// the statement's `setting`), waiting [`PEER_REPLY_GRACE_MS`] longer: a node that cannot
+    /// answer by then (stopped, hung, unreachable) is named as such rather than making the
+    /// statement wait longer. One the membership takes for down is asked all the same (it may be
+    /// back already: the membership learns that late), and named as down if it does not answer.
+    /// `unknown` (", so ... is unknown") follows either name.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn ask_within(
+        &self,
+        rank: u32,
+        kind: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+        setting: &str,
+        known_down: bool,
+        unknown: &str,
+    ) -> Result<Vec<u8>, QueryError> {
+        let wait = timeout + Duration::from_millis(PEER_REPLY_GRACE_MS);
+        let call = self.peers.action(rank, kind, body, wait + Duration::from_millis(PEER_REPLY_GRACE_MS));
+        match tokio::time::timeout(wait, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Err(_) | Ok(Err(QueryError::Unavailable(_))) if known_down => {
+                Err(QueryError::Unavailable(format!("rank {rank} is down (so the membership says){unknown}")))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(QueryError::Unavailable(format!(
+                "rank {rank} did not answer within {setting} + {PEER_REPLY_GRACE_MS} ms{unknown} (the node may be \
+                 stopped or overloaded)"
+            ))),
+        }
     }
 
     /// Figures of every shard replica stored here (opening stores of the catalog's tables).
