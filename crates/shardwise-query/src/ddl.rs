@@ -300,11 +300,19 @@ async fn create_table(mut create: CreateTable, state: &SessionState, world_size:
     if !cmd.column_defaults.is_empty() {
         return Err(QueryError::Rejected(format!("CREATE TABLE {name}: column DEFAULT values are not supported")));
     }
+    // A query's columns have the types its rows will have: those of the analyzed plan, where
+    // shardwise's rules have run (a DECIMAL average keeps 16 fractional digits,
+    // `crate::numeric_coercion`), not the types DataFusion first planned.
+    let input_schema = match query {
+        Some(_) => {
+            let input = Arc::unwrap_or_clone(Arc::clone(&cmd.input));
+            Arc::clone(state.analyzer().execute_and_check(input, state.config_options(), |_, _| {})?.schema())
+        }
+        None => Arc::clone(cmd.input.schema()),
+    };
     // DataFusion maps VARCHAR/TEXT to Utf8View by default; tables store plain Utf8. A query's
     // columns become nullable ones, as in PostgreSQL and DuckDB (tables have no NOT NULL).
-    let fields: Vec<Field> = cmd
-        .input
-        .schema()
+    let fields: Vec<Field> = input_schema
         .fields()
         .iter()
         .map(|f| {

@@ -532,6 +532,8 @@ impl QueryEngine {
         crate::set_returning::rows_of_set_returning_items(&mut statement);
         // `FETCH FIRST n ROWS ONLY` as `LIMIT n` (see `crate::fetch_clause`).
         crate::fetch_clause::fetch_as_limit(&mut statement);
+        // `'{a,b}'::text[]` as the array it writes (see `crate::array_literals`).
+        crate::array_literals::casts_as_arrays(&mut statement)?;
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement) {
             state.config_mut().options_mut().sql_parser.parse_float_as_decimal = true;

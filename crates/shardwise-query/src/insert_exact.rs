@@ -19,6 +19,11 @@
 //! other values fail as the source is read, and an insert writes nothing until its source is
 //! read whole.
 //!
+//! The same rule first gives every value of an `INSERT ... SELECT` its column's type
+//! ([`aligned_to_table`]): DataFusion's casts to the table's types are planned before
+//! shardwise's rules change a value's type (a DECIMAL average keeps 16 fractional digits), and
+//! the rows must reach the table in its own types.
+//!
 //! An integer for a DATE column is refused outright (a plan error): Arrow's cast reads it as days
 //! since 1970, so `20240101` became the year 57385, where PostgreSQL and DuckDB refuse it.
 
@@ -50,13 +55,52 @@ impl AnalyzerRule for StrictInsertCasts {
             LogicalPlan::Dml(dml @ DmlStatement { op: WriteOp::Insert(_), .. }) => dml,
             other => return Ok(other),
         };
-        dml.input = Arc::new(strict_source(Arc::unwrap_or_clone(dml.input))?);
+        let source = aligned_to_table(Arc::unwrap_or_clone(dml.input), &dml.target.schema())?;
+        dml.input = Arc::new(strict_source(source)?);
         Ok(LogicalPlan::Dml(dml))
     }
 
     fn name(&self) -> &str {
         "shardwise_strict_insert_casts"
     }
+}
+
+/// The insert's source (the projection DataFusion puts above it, one expression per table
+/// column) with every value of another type than its column's cast to the column's type.
+///
+/// DataFusion adds those casts as it plans the statement, from the types it sees then; rules that
+/// run later can change a value's type (`crate::numeric_coercion` gives a DECIMAL quotient or
+/// average 16 fractional digits: `avg(d)` of a DECIMAL(18, 4) planned as a DECIMAL(22, 8) is a
+/// DECIMAL(30, 16) once analyzed), and the rows would then reach the table in a type it does not
+/// have. Casting here stores them as an `INSERT` of that type stores any value: rounded to the
+/// column's scale, refused when out of its range.
+fn aligned_to_table(source: LogicalPlan, table: &datafusion::arrow::datatypes::SchemaRef) -> Result<LogicalPlan> {
+    let LogicalPlan::Projection(projection) = source else { return Ok(source) };
+    let fields = projection.schema.fields();
+    let same_columns = fields.len() == table.fields().len()
+        && fields.iter().zip(table.fields()).all(|(field, column)| field.name() == column.name());
+    if !same_columns {
+        return Ok(LogicalPlan::Projection(projection));
+    }
+    let input_schema = Arc::clone(projection.input.schema());
+    let types = projection.expr.iter().map(|e| e.get_type(&input_schema)).collect::<Result<Vec<_>>>()?;
+    if types.iter().zip(table.fields()).all(|(t, column)| t == column.data_type()) {
+        return Ok(LogicalPlan::Projection(projection));
+    }
+    let mut exprs = Vec::with_capacity(projection.expr.len());
+    for ((expr, column), from) in projection.expr.into_iter().zip(table.fields()).zip(types) {
+        let to = column.data_type();
+        if from == *to {
+            exprs.push(expr);
+            continue;
+        }
+        let (name, value) = match expr {
+            Expr::Alias(Alias { expr, name, .. }) => (name, *expr),
+            other => (column.name().clone(), other),
+        };
+        exprs.push(Expr::Cast(Cast::new(Box::new(value), to.clone())).alias(name));
+    }
+    Ok(LogicalPlan::Projection(datafusion::logical_expr::Projection::try_new(exprs, projection.input)?))
 }
 
 /// The insert's source with its casts checked: a projection's expressions (and the cells of a
@@ -167,11 +211,8 @@ impl ScalarUDFImpl for InsertFits {
         let to: DataType = target.parse()?;
         let array = value.to_array(1)?;
         if let Some(i) = first_lost(&array, &to) {
-            let shown = shown(&ScalarValue::try_from_array(&array, i)?);
-            let why = match to.is_integer() {
-                false => "it is beyond the type's range",
-                true => "it has a fraction (round() or CAST it to the column's type first)",
-            };
+            let value = ScalarValue::try_from_array(&array, i)?;
+            let (shown, why) = (shown(&value), why_lost(&to, &value));
             // Arrow's words for a value that does not fit, so the engine names the column.
             return exec_err!("Cast error: Can't cast value {shown} to type {target}: {why}");
         }
@@ -179,16 +220,37 @@ impl ScalarUDFImpl for InsertFits {
     }
 }
 
+/// Why `value`, which a cast to `to` would not keep, does not fit.
+pub fn why_lost(to: &DataType, value: &ScalarValue) -> &'static str {
+    match value {
+        _ if to.is_integer() => "it has a fraction (round() or CAST it to the column's type first)",
+        ScalarValue::Float64(Some(v)) if v.abs() < 1.0 => "it is too close to zero for the type (it would be 0)",
+        _ => "it is beyond the type's range",
+    }
+}
+
 /// The first value of `array` that Arrow's cast to `to` would not keep whole (a fraction for an
 /// integer, a DOUBLE beyond a REAL's range), for stores that cast batches themselves (bulk
 /// ingest); `None` when every value fits, or the cast cannot lose any.
-/// The value is shown as the INSERT's error shows it.
-pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<String> {
+/// The value is shown as the INSERT's error shows it, with the reason.
+pub fn first_unfit(array: &ArrayRef, to: &DataType) -> Option<Unfit> {
     if !may_lose(array.data_type(), to) {
         return None;
     }
     let i = first_lost(array, to)?;
-    ScalarValue::try_from_array(array, i).ok().map(|value| shown(&value))
+    let value = ScalarValue::try_from_array(array, i).ok()?;
+    Some(Unfit { row: i, shown: shown(&value), why: why_lost(to, &value) })
+}
+
+/// A value [`first_unfit`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfit {
+    /// Its index in the array.
+    pub row: usize,
+    /// The value, as an error shows it.
+    pub shown: String,
+    /// Why it does not fit ("it has a fraction ...", "it is beyond the type's range").
+    pub why: &'static str,
 }
 
 /// `value` as a message shows it: a float far from 1 with an exponent (`1e39`, where `Display`
@@ -201,12 +263,19 @@ fn shown(value: &ScalarValue) -> String {
     }
 }
 
+/// Whether the finite DOUBLE `v` is no REAL: infinite as one, or zero when it is not (PostgreSQL's
+/// "out of range" and "underflow"; a subnormal REAL is kept, as there).
+fn beyond_real(v: f64) -> bool {
+    let narrow = v as f32;
+    narrow.is_infinite() || (narrow == 0.0 && v != 0.0)
+}
+
 /// The index of the first value of `array` that a cast to `to` would not keep.
 fn first_lost(array: &ArrayRef, to: &DataType) -> Option<usize> {
     let to_float = matches!(to, DataType::Float16 | DataType::Float32);
     let lost = |i: usize, v: f64| {
         let lost = match to_float {
-            true => (v as f32).is_infinite(),
+            true => beyond_real(v),
             false => v.fract() != 0.0,
         };
         (!array.is_null(i) && v.is_finite() && lost).then_some(i)
@@ -315,13 +384,19 @@ mod tests {
     fn the_first_unfit_value_is_named() {
         use datafusion::arrow::array::{Decimal128Array, Float64Array};
         let floats: ArrayRef = Arc::new(Float64Array::from(vec![Some(1.0), None, Some(2.5), Some(3.5)]));
-        assert_eq!(first_unfit(&floats, &DataType::Int64), Some("2.5".to_string()));
-        assert_eq!(first_unfit(&floats, &DataType::Float32), None);
+        let shown = |array: &ArrayRef, to: &DataType| first_unfit(array, to).map(|u| (u.row, u.shown));
+        assert_eq!(shown(&floats, &DataType::Int64), Some((2, "2.5".to_string())));
+        assert_eq!(shown(&floats, &DataType::Float32), None);
         let decimals: ArrayRef =
             Arc::new(Decimal128Array::from(vec![100, 250]).with_precision_and_scale(5, 2).expect("a decimal"));
-        assert_eq!(first_unfit(&decimals, &DataType::Int32), Some("2.50".to_string()));
+        assert_eq!(shown(&decimals, &DataType::Int32), Some((1, "2.50".to_string())));
         let large: ArrayRef = Arc::new(Float64Array::from(vec![1e30, -1e39]));
-        assert_eq!(first_unfit(&large, &DataType::Float32), Some("-1e39".to_string()));
+        assert_eq!(shown(&large, &DataType::Float32), Some((1, "-1e39".to_string())));
+        // Too small for a REAL: 0 as one, which PostgreSQL calls an underflow; a subnormal REAL
+        // and a zero are kept.
+        let small: ArrayRef = Arc::new(Float64Array::from(vec![0.0, -0.0, 1e-40, 1e-50]));
+        let unfit = first_unfit(&small, &DataType::Float32).expect("1e-50");
+        assert_eq!((unfit.row, unfit.why), (3, "it is too close to zero for the type (it would be 0)"));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod access;
 pub mod age;
 pub mod any_nulls;
+pub mod array_literals;
 pub mod ast_limits;
 pub mod checked_integers;
 pub mod checked_sum;

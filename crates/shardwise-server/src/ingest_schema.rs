@@ -117,16 +117,14 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
                     };
                     // A fraction for an integer column is refused, not truncated, as an INSERT
                     // refuses it (so is a DOUBLE beyond a REAL's range).
-                    if let Some(value) = shardwise_query::insert_exact::first_unfit(column, field.data_type()) {
-                        let why = match field.data_type().is_integer() {
-                            true => "with a fraction",
-                            false => "beyond the type's range",
-                        };
+                    if let Some(unfit) = shardwise_query::insert_exact::first_unfit(column, field.data_type()) {
                         return Err(refuse(format!(
-                            "column {:?}: the {} value {value} ({why}) does not convert to the column's type {}",
+                            "column {:?}: the {} value {} does not convert to the column's type {}: {}",
                             field.name(),
                             column.data_type(),
-                            field.data_type()
+                            unfit.shown,
+                            field.data_type(),
+                            unfit.why
                         )));
                     }
                     match (column.data_type(), field.data_type()) {
@@ -244,7 +242,8 @@ mod tests {
         ])
         .unwrap();
         let message = conform("t", fraction, &table(), "-").unwrap_err().message().to_string();
-        assert!(message.contains("the Float64 value 18.7 (with a fraction)"), "{message}");
+        assert!(message.contains("the Float64 value 18.7 does not convert"), "{message}");
+        assert!(message.contains("it has a fraction"), "{message}");
         let decimal = RecordBatch::try_from_iter([
             ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
             (
@@ -256,7 +255,7 @@ mod tests {
         ])
         .unwrap();
         let message = conform("t", decimal, &table(), "-").unwrap_err().message().to_string();
-        assert!(message.contains("value 18.70 (with a fraction)"), "{message}");
+        assert!(message.contains("value 18.70 does not convert"), "{message}");
         let ts = Arc::new(Schema::new(vec![Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true)]));
         let epoch =
             RecordBatch::try_from_iter([("ts", Arc::new(Int64Array::from(vec![1_700_000_000])) as ArrayRef)]).unwrap();

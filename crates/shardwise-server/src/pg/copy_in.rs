@@ -11,13 +11,12 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, StringArray, new_null_array};
-use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::util::display::FormatOptions;
 use shardwise_query::{QueryEngine, QueryError, Session};
 
 use super::copy::CopyFormat;
+use super::text_values::text_column;
 
 /// Most bytes of COPY data one statement may send; the rows are held until the last arrives.
 pub const COPY_IN_MAX_BYTES: usize = 256 << 20;
@@ -112,26 +111,21 @@ impl PendingCopyIn {
         }
         let mut columns: Vec<ArrayRef> =
             self.table_schema.fields().iter().map(|f| new_null_array(f.data_type(), rows.len())).collect();
-        let options = CastOptions { safe: false, format_options: FormatOptions::default() };
         for (i, &column) in self.columns.iter().enumerate() {
             let field = self.table_schema.field(column);
             let text: StringArray = rows.iter().map(|(_, fields)| fields[i].as_deref()).collect();
-            columns[column] = cast_with_options(&text, field.data_type(), &options).map_err(|e| {
-                // Name the first value that does not convert.
-                let at = (0..text.len())
-                    .find(|&r| cast_with_options(&text.slice(r, 1), field.data_type(), &options).is_err());
-                match at {
-                    Some(r) => bad(format!(
-                        "{} {} line {}, column {}: {:?} is not a {} ({e})",
-                        self.verb,
-                        self.table,
-                        rows[r].0,
-                        field.name(),
-                        text.value(r),
-                        field.data_type()
-                    )),
-                    None => bad(format!("{} {}, column {}: {e}", self.verb, self.table, field.name())),
-                }
+            columns[column] = text_column(&text, field.data_type()).map_err(|e| match e.row {
+                Some(r) => bad(format!(
+                    "{} {} line {}, column {}: {:?} is not a {} ({})",
+                    self.verb,
+                    self.table,
+                    rows[r].0,
+                    field.name(),
+                    text.value(r),
+                    field.data_type(),
+                    e.why
+                )),
+                None => bad(format!("{} {}, column {}: {}", self.verb, self.table, field.name(), e.why)),
             })?;
         }
         RecordBatch::try_new(Arc::clone(&self.table_schema), columns)

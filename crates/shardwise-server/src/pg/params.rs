@@ -126,17 +126,27 @@ fn array_literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireR
     fn each<T: ToString>(values: Option<Vec<Option<T>>>) -> Option<Vec<Option<String>>> {
         values.map(|v| v.into_iter().map(|e| e.map(|e| e.to_string())).collect())
     }
-    let elements = match *ty {
-        Type::BOOL_ARRAY => each(portal.parameter::<Vec<Option<bool>>>(index, ty)?),
-        Type::INT2_ARRAY => each(portal.parameter::<Vec<Option<i16>>>(index, ty)?),
-        Type::INT4_ARRAY => each(portal.parameter::<Vec<Option<i32>>>(index, ty)?),
-        Type::INT8_ARRAY => each(portal.parameter::<Vec<Option<i64>>>(index, ty)?),
-        Type::FLOAT4_ARRAY => each(portal.parameter::<Vec<Option<f32>>>(index, ty)?),
-        Type::FLOAT8_ARRAY => each(portal.parameter::<Vec<Option<f64>>>(index, ty)?),
-        Type::NUMERIC_ARRAY => each(portal.parameter::<Vec<Option<Decimal>>>(index, ty)?),
-        Type::DATE_ARRAY => each(portal.parameter::<Vec<Option<NaiveDate>>>(index, ty)?),
-        Type::TIMESTAMP_ARRAY => each(portal.parameter::<Vec<Option<NaiveDateTime>>>(index, ty)?),
-        _ => portal.parameter::<Vec<Option<String>>>(index, ty)?,
+    // In text format, the elements as PostgreSQL reads them (`""` is the empty string, a quoted
+    // `"NULL"` the text NULL), each cast from its text below; in binary, as the type decodes.
+    let text = match portal.parameter_format.is_binary(index) {
+        true => None,
+        false => portal.parameters.get(index).cloned().flatten(),
+    };
+    let elements = match (text, ty.clone()) {
+        (Some(bytes), _) => {
+            let text = std::str::from_utf8(&bytes).map_err(|_| bad_parameter(index, ty, "is not UTF-8"))?;
+            Some(shardwise_query::array_literals::parse(text).map_err(|e| bad_parameter(index, ty, &e))?)
+        }
+        (None, Type::BOOL_ARRAY) => each(portal.parameter::<Vec<Option<bool>>>(index, ty)?),
+        (None, Type::INT2_ARRAY) => each(portal.parameter::<Vec<Option<i16>>>(index, ty)?),
+        (None, Type::INT4_ARRAY) => each(portal.parameter::<Vec<Option<i32>>>(index, ty)?),
+        (None, Type::INT8_ARRAY) => each(portal.parameter::<Vec<Option<i64>>>(index, ty)?),
+        (None, Type::FLOAT4_ARRAY) => each(portal.parameter::<Vec<Option<f32>>>(index, ty)?),
+        (None, Type::FLOAT8_ARRAY) => each(portal.parameter::<Vec<Option<f64>>>(index, ty)?),
+        (None, Type::NUMERIC_ARRAY) => each(portal.parameter::<Vec<Option<Decimal>>>(index, ty)?),
+        (None, Type::DATE_ARRAY) => each(portal.parameter::<Vec<Option<NaiveDate>>>(index, ty)?),
+        (None, Type::TIMESTAMP_ARRAY) => each(portal.parameter::<Vec<Option<NaiveDateTime>>>(index, ty)?),
+        (None, _) => portal.parameter::<Vec<Option<String>>>(index, ty)?,
     };
     let Some(elements) = elements else { return Ok("NULL".to_string()) };
     let element = array_element(ty).unwrap_or(Type::TEXT);

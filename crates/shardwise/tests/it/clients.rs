@@ -269,6 +269,19 @@ cur.execute("SELECT count(*) FROM sales WHERE id = ANY(%s)", ([1, 3, 99],))
 assert cur.fetchone()[0] == 2
 cur.execute("SELECT count(*) FROM sales WHERE region = ANY(%s)", (["eu", "nowhere"],))
 assert cur.fetchone()[0] == 2
+# The empty string and the text NULL in a list are themselves, not NULL; so are quotes and commas.
+cur.execute("SELECT %s = ANY(%s), 'NULL' = ANY(%s), 'x' = ANY(%s), ' s ' = ANY(%s), %s = ANY(%s)",
+            ("", ["", "a"], ["NULL"], [None, "x"], ['q"u', "a,b", " s "], "\\", ["\\"]))
+assert cur.fetchone() == (True, True, True, True, True), "list parameters"
+# PostgreSQL's array literals, in SQL as psycopg's client-side binding writes lists.
+cur.execute("SELECT 'a' = ANY('{{a,b}}'::text[]), cardinality('{{a,\"\",NULL}}'::text[]), CAST('{{1,2}}' AS INT[])")
+assert cur.fetchone() == (True, 3, [1, 2]), "array literals"
+try:
+    cur.execute("SELECT '{{a'::text[]")
+    raise SystemExit("a malformed array literal was read")
+except psycopg.Error as e:
+    assert "malformed array literal" in str(e), str(e)
+conn.rollback()
 cur.execute("SELECT length(%s), %s, CAST(%s AS VARCHAR)", (b"h\x00i", datetime.time(12, 30, 1), uuid.UUID(int=1)))
 assert cur.fetchone() == (3, datetime.time(12, 30, 1), "00000000-0000-0000-0000-000000000001")
 try:
@@ -589,6 +602,26 @@ fn every_http_route_with_curl() {
     let listed = "SELECT id, name, d FROM posted ORDER BY id FORMAT CSV";
     let (code, body) = curl(&[&sql_body[..], &[listed, &query]].concat());
     assert_eq!((code, body.as_str()), (200, "1,a,2024-01-01\n2,\"b,c\",\n3,d,\n4,,\n7,g,2024-02-03\n8,,\n"));
+    // A REAL out of range (or too close to zero to be one) is refused as an INSERT refuses it; a
+    // DECIMAL with an exponent, as JSON writers send it, is read.
+    let create = "CREATE TABLE nums (id BIGINT, r REAL, m DECIMAL(10, 3)) WITH (shard_key = 'id')";
+    assert_eq!(curl(&[&sql_body[..], &[create, &query]].concat()).0, 200);
+    for (rows, needle) in [
+        (
+            "INSERT INTO nums FORMAT CSV\n1,1.5,1\n2,3.5e38,1\n",
+            "line 2, column r: \\\"3.5e38\\\" is not a Float32 (it is beyond",
+        ),
+        ("INSERT INTO nums FORMAT TSV\n1\t1e-50\t1\n", "\\\"1e-50\\\" is not a Float32 (it is too close to zero"),
+        ("INSERT INTO nums FORMAT JSONEachRow\n{\"id\": 1, \"r\": -3.5e38}\n", "it is beyond the type's range"),
+    ] {
+        let (code, body) = curl(&[&sql_body[..], &[rows, &query]].concat());
+        assert!(code == 400 && body.contains(needle), "{rows}: {code} {body}");
+    }
+    let rows =
+        "INSERT INTO nums FORMAT JSONEachRow\n{\"id\": 1, \"r\": 3.25e38, \"m\": 1.5e-2}\n{\"id\": 2, \"m\": 2E2}\n";
+    assert_eq!(curl(&[&sql_body[..], &[rows, &query]].concat()), (200, "{\"count\":2}\n".to_string()));
+    let listed = "SELECT id, r, m FROM nums ORDER BY id FORMAT CSV";
+    assert_eq!(curl(&[&sql_body[..], &[listed, &query]].concat()), (200, "1,3.25e38,0.015\n2,,200.000\n".to_string()));
 
     // A query named by the client, as ClickHouse's query_id, found by that name.
     let (code, body) =

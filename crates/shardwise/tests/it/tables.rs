@@ -269,6 +269,29 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
             .to_vec()
     );
     assert_eq!(one(c.sql(1, "SELECT replicas FROM system.tables WHERE name = 'per_g'")), vec!["2".to_string()]);
+    // A DECIMAL average or quotient is typed as its rows are (16 fractional digits), in a new
+    // table and into a column of another DECIMAL type (rounded to its scale).
+    c.sql(0, "CREATE TABLE dd (g INT, d DECIMAL(18, 4)) WITH (shard_key = 'g')");
+    c.sql(0, "INSERT INTO dd VALUES (1, 1.5), (1, 2.25), (2, 1)");
+    c.sql(0, "CREATE TABLE dd_avg WITH (shard_key = 'g') AS SELECT g, avg(d) AS a, max(d) / 3 AS q FROM dd GROUP BY g");
+    assert_eq!(
+        c.sql(1, "SELECT g, a, q, arrow_typeof(a) = 'Decimal128(30, 16)' FROM dd_avg ORDER BY g"),
+        [
+            ["1", "1.8750000000000000", "0.7500000000000000", "true"],
+            ["2", "1.0000000000000000", "0.3333333333333333", "true"]
+        ]
+        .map(|r| r.map(String::from).to_vec())
+        .to_vec()
+    );
+    c.sql(0, "CREATE TABLE dd_into (g INT, a DECIMAL(22, 8), q DECIMAL(6, 2)) WITH (shard_key = 'g')");
+    c.sql(1, "INSERT INTO dd_into SELECT g, avg(d), max(d) / 3 FROM dd GROUP BY g");
+    assert_eq!(
+        c.sql(0, "SELECT g, a, q FROM dd_into ORDER BY g"),
+        [["1", "1.87500000", "0.75"], ["2", "1.00000000", "0.33"]].map(|r| r.map(String::from).to_vec()).to_vec()
+    );
+    for table in ["dd", "dd_avg", "dd_into"] {
+        c.sql(0, &format!("DROP TABLE {table}"));
+    }
     // Already there: IF NOT EXISTS runs nothing, without it an error.
     c.sql(0, "CREATE TABLE IF NOT EXISTS per_g WITH (shard_key = 'g') AS SELECT g, 0 AS n, 0.0 AS total FROM src");
     assert_eq!(one(c.sql(0, "SELECT count(*) FROM per_g")), vec!["3".to_string()]);

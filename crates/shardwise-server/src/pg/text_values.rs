@@ -1,0 +1,158 @@
+//! Text values to a column's type, for the paths that receive rows as text: `COPY ... FROM
+//! STDIN` and HTTP's `INSERT ... FORMAT CSV / TSV / JSONEachRow`.
+//!
+//! Why: Arrow's cast from text reads a REAL as an `f32` directly, so `3.5e38` became `inf` and
+//! `1e-50` became `0`, where an `INSERT`, bind parameters and bulk ingest refuse them, as
+//! PostgreSQL does ("out of range", "underflow"); and it refuses a DECIMAL written with an
+//! exponent (`1e-3`, what JSON writers emit), which PostgreSQL and ClickHouse read.
+//!
+//! How: a REAL (or half-float) column is read as DOUBLE first and checked with the `INSERT`'s
+//! check ([`shardwise_query::insert_exact::first_unfit`]) before it is narrowed; a DECIMAL value
+//! with an exponent is written out without it (`1e-3` as `0.001`) before the cast, which then
+//! rounds or refuses it as any DECIMAL text.
+
+use datafusion::arrow::array::{Array, ArrayRef, StringArray};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::util::display::FormatOptions;
+
+/// The most an exponent may shift a DECIMAL's point: DECIMAL holds at most 76 digits, so
+/// anything further is out of range or zero whatever the digits.
+const DECIMAL_EXPONENT_MAX: i64 = 100;
+
+/// Why a column of text did not convert.
+#[derive(Debug)]
+pub struct NotConverted {
+    /// The first value that does not, when known.
+    pub row: Option<usize>,
+    /// Why.
+    pub why: String,
+}
+
+/// `text` as a column of type `to`, every value checked (see the module doc).
+pub fn text_column(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotConverted> {
+    match to {
+        DataType::Float32 | DataType::Float16 => {
+            let wide = cast_text(text, &DataType::Float64)?;
+            if let Some(unfit) = shardwise_query::insert_exact::first_unfit(&wide, to) {
+                return Err(NotConverted { row: Some(unfit.row), why: unfit.why.to_string() });
+            }
+            cast_with_options(&wide, to, &options()).map_err(|e| NotConverted { row: None, why: e.to_string() })
+        }
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+            if text.iter().flatten().any(has_exponent) =>
+        {
+            let plain: StringArray = text
+                .iter()
+                .map(|v| v.map(|v| if has_exponent(v) { without_exponent(v) } else { v.to_string() }))
+                .collect();
+            cast_text(&plain, to)
+        }
+        _ => cast_text(text, to),
+    }
+}
+
+fn options() -> CastOptions<'static> {
+    CastOptions { safe: false, format_options: FormatOptions::default() }
+}
+
+/// Arrow's cast of `text` to `to`; on failure, the first value that fails.
+fn cast_text(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotConverted> {
+    cast_with_options(text, to, &options()).map_err(|e| {
+        let row = (0..text.len()).find(|&r| cast_with_options(&text.slice(r, 1), to, &options()).is_err());
+        NotConverted { row, why: e.to_string() }
+    })
+}
+
+fn has_exponent(value: &str) -> bool {
+    value.contains(['e', 'E'])
+}
+
+/// `value`, a number written with an exponent (`-1.5e-3`), written out without it (`-0.0015`);
+/// anything else unchanged, for the cast to refuse.
+fn without_exponent(value: &str) -> String {
+    let unchanged = || value.to_string();
+    let trimmed = value.trim();
+    let Some((mantissa, exponent)) = trimmed.split_once(['e', 'E']) else { return unchanged() };
+    let Ok(exponent) = exponent.parse::<i64>() else { return unchanged() };
+    if exponent.abs() > DECIMAL_EXPONENT_MAX {
+        return unchanged();
+    }
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() && fraction.is_empty() || !all_digits(whole) || !all_digits(fraction) {
+        return unchanged();
+    }
+    let digits = format!("{whole}{fraction}");
+    // Where the point goes, counted in digits from the left of `digits`.
+    let point = whole.len() as i64 + exponent;
+    let text = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat(point.unsigned_abs() as usize))
+    } else if point as usize >= digits.len() {
+        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
+    } else {
+        let (left, right) = digits.split_at(point as usize);
+        format!("{left}.{right}")
+    };
+    format!("{sign}{text}")
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{Decimal128Type, Float32Type};
+
+    use super::*;
+
+    fn one(value: &str, to: &DataType) -> Result<ArrayRef, NotConverted> {
+        text_column(&StringArray::from(vec![value]), to)
+    }
+
+    #[test]
+    fn exponents_are_written_out() {
+        for (given, want) in [
+            ("1e-3", "0.001"),
+            ("-1.5E-3", "-0.0015"),
+            ("+2.5e2", "250"),
+            ("1e2", "100"),
+            ("12.34e1", "123.4"),
+            (".5e1", "5"),
+            ("5.e-1", "0.5"),
+            ("e5", "e5"),
+            ("1e", "1e"),
+            ("1e999", "1e999"),
+            ("1.2.3e1", "1.2.3e1"),
+        ] {
+            assert_eq!(without_exponent(given), want, "{given}");
+        }
+    }
+
+    #[test]
+    fn decimals_with_exponents_convert_and_bad_ones_are_named() {
+        let got = one("1.25e1", &DataType::Decimal128(10, 2)).unwrap();
+        assert_eq!(got.as_primitive::<Decimal128Type>().value(0), 1250);
+        let column = StringArray::from(vec![Some("1"), None, Some("2e-2"), Some("x1e2")]);
+        let e = text_column(&column, &DataType::Decimal128(10, 2)).unwrap_err();
+        assert_eq!(e.row, Some(3), "{}", e.why);
+    }
+
+    #[test]
+    fn reals_beyond_range_or_too_small_are_refused() {
+        let got = one("3.25e38", &DataType::Float32).unwrap();
+        assert_eq!(got.as_primitive::<Float32Type>().value(0), 3.25e38);
+        for kept in ["inf", "-Infinity", "0", "-0", "1e-40", "NaN"] {
+            assert!(one(kept, &DataType::Float32).is_ok(), "{kept}");
+        }
+        let column = StringArray::from(vec![Some("1"), None, Some("3.5e38")]);
+        let e = text_column(&column, &DataType::Float32).unwrap_err();
+        assert_eq!(e.row, Some(2));
+        assert!(e.why.contains("beyond the type's range"), "{}", e.why);
+        let e = one("1e-50", &DataType::Float32).unwrap_err();
+        assert!(e.why.contains("too close to zero"), "{}", e.why);
+        assert_eq!(one("x", &DataType::Float32).unwrap_err().row, Some(0));
+    }
+}
