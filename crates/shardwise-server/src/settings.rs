@@ -8,6 +8,9 @@ pub struct StorageSettings {
     /// An insert is cut into chunks of at most this many input rows; each chunk is written (or
     /// queued) as a unit, so one WAL record or shipped message stays bounded.
     pub insert_chunk_rows: usize,
+    /// ... and at most this many bytes of rows, or less where a table's replicas must share one
+    /// outbox WAL record (`tables::chunks`).
+    pub insert_chunk_max_bytes: usize,
     /// How many chunks of one insert are placed and written at once.
     pub insert_pipeline_depth: usize,
     /// Most payload bytes a sender puts in one shipped message.
@@ -53,6 +56,7 @@ impl Default for StorageSettings {
     fn default() -> Self {
         StorageSettings {
             insert_chunk_rows: 262_144,
+            insert_chunk_max_bytes: 64 * 1024 * 1024,
             insert_pipeline_depth: 2,
             ship_max_bytes: 16 * 1024 * 1024,
             ship_max_items: 4096,

@@ -23,6 +23,7 @@ use shardwise_cluster::{ClusterView, MemberInfo, NodeState};
 use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
+use super::chunks::{chunk_max_bytes, chunks};
 use super::{TablesNode, outbox_key, run_locked_short, storage_error};
 use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
 use crate::ingest::client_insert_id;
@@ -108,7 +109,8 @@ impl TablesNode {
             true => in_value_order(&batches)?,
             false => batches,
         };
-        let chunk_list = chunks(&batches, self.settings.insert_chunk_rows);
+        let chunk_bytes = chunk_max_bytes(self.settings.insert_chunk_max_bytes, entry.def.replicas);
+        let chunk_list = chunks(&batches, self.settings.insert_chunk_rows, chunk_bytes)?;
         let (entry_ref, insert_id_ref) = (&entry, insert_id.as_str());
         let failed = AtomicBool::new(false);
         let failed_ref = &failed;
@@ -594,32 +596,6 @@ fn in_value_order(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, QueryErro
         .collect()
 }
 
-/// Cuts the rows into chunks of `chunk_rows` rows, counted from the first row, so the same
-/// input always gives the same chunks (which the dedup keys rely on).
-fn chunks(batches: &[RecordBatch], chunk_rows: usize) -> Vec<Vec<RecordBatch>> {
-    let chunk_rows = chunk_rows.max(1);
-    let mut out: Vec<Vec<RecordBatch>> = Vec::new();
-    let mut current: Vec<RecordBatch> = Vec::new();
-    let mut current_rows = 0;
-    for batch in batches {
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let take = (chunk_rows - current_rows).min(batch.num_rows() - offset);
-            current.push(batch.slice(offset, take));
-            current_rows += take;
-            offset += take;
-            if current_rows == chunk_rows {
-                out.push(std::mem::take(&mut current));
-                current_rows = 0;
-            }
-        }
-    }
-    if current_rows > 0 {
-        out.push(current);
-    }
-    out
-}
-
 fn with_retry_hint(e: QueryError, table: &str, insert_id: &str, chunk: usize) -> QueryError {
     let insert_id = client_insert_id(insert_id);
     let hint = format!(
@@ -641,17 +617,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunks_are_cut_by_row_count_from_the_start() {
-        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
-        let b =
-            |n: i64| RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..n))]).unwrap();
-        let out = chunks(&[b(5), b(7), b(1)], 4);
-        let sizes: Vec<usize> = out.iter().map(|c| c.iter().map(|b| b.num_rows()).sum()).collect();
-        assert_eq!(sizes, vec![4, 4, 4, 1]);
-        assert!(chunks(&[], 4).is_empty());
-    }
-
-    #[test]
     fn rows_in_value_order_make_the_same_chunks_whatever_order_they_came_in() {
         use datafusion::arrow::array::StringArray;
         let schema =
@@ -668,7 +633,8 @@ mod tests {
         let arrived_once = [batch(&rows[..400]), batch(&rows[400..])];
         let arrived_again = [batch(&reversed[..123]), batch(&reversed[123..700]), batch(&reversed[700..])];
         let text = |batches: &[RecordBatch]| {
-            chunks(&in_value_order(batches).unwrap(), 100)
+            chunks(&in_value_order(batches).unwrap(), 100, usize::MAX)
+                .unwrap()
                 .iter()
                 .map(|chunk| datafusion::arrow::util::pretty::pretty_format_batches(chunk).unwrap().to_string())
                 .collect::<Vec<_>>()
@@ -677,7 +643,10 @@ mod tests {
         assert_eq!(once.len(), 10);
         assert_eq!(once, again);
         // Position chunks differ with the order: what a retry of a query's insert made before.
-        assert_ne!(chunks(&arrived_once, 100)[0][0], chunks(&arrived_again, 100)[0][0]);
+        assert_ne!(
+            chunks(&arrived_once, 100, usize::MAX).unwrap()[0][0],
+            chunks(&arrived_again, 100, usize::MAX).unwrap()[0][0]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 mod apply;
 mod background;
+mod chunks;
 mod insert;
 mod locks;
 pub mod optimize;

@@ -551,6 +551,28 @@ fn a_nan_from_arithmetic_is_stored_as_the_one_nan() {
 }
 
 #[test]
+fn wide_rows_go_into_a_delayed_table_in_chunks_its_outbox_records_hold() {
+    // Two replicas of 4 rows of 10 MB: 80 MB, more than one outbox WAL record holds (64 MiB),
+    // which failed the insert whatever was retried. The chunks are now cut by bytes too.
+    let c = Cluster::start(2);
+    c.sql(
+        0,
+        "CREATE TABLE wide (id BIGINT, s VARCHAR) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed')",
+    );
+    c.sql(1, "INSERT INTO wide SELECT value, repeat('x', 10000000) FROM generate_series(1, 4)");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED wide");
+    for rank in 0..2 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*), sum(length(s)) FROM wide")), ["4", "40000000"]);
+    }
+    // One row larger than a chunk may be: refused before anything is written.
+    let err = c.sql_err(0, "INSERT INTO wide SELECT 9, repeat('y', 30000000)");
+    assert!(err.contains("row 1 holds 30000012 bytes") && err.contains("nothing was written"), "{err}");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED wide");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM wide")), ["4"]);
+}
+
+#[test]
 fn a_foreground_insert_into_a_delayed_table_is_on_its_replicas_when_acknowledged() {
     let c = Cluster::start(2);
     c.sql(

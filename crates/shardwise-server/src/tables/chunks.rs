@@ -1,0 +1,171 @@
+//! How an insert is cut into chunks: each chunk is placed, then written to the replicas or queued
+//! in the outbox, as a unit.
+//!
+//! Why a byte bound beside the row bound: a `delay_mode_distributed` chunk goes into the outbox
+//! as one WAL record holding every destination's copy of its rows (`replicas` copies), and a WAL
+//! record holds at most [`WAL_RECORD_MAX_BYTES`]. 262 144 rows of 130 bytes with two replicas
+//! passed it, so every large insert or `shardwise load` of wide rows into a delayed table failed
+//! (and its error said to retry, which failed the same way). A chunk now also ends before its
+//! rows pass [`chunk_max_bytes`] for the table's replica count.
+//!
+//! Chunks are counted from the first row, by each row's own size, never by how the input was
+//! cut into batches, so the same rows always make the same chunks: the dedup keys of an
+//! `insert_id` retry rely on it. A single row too large for a chunk is refused before anything
+//! is written.
+
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+use datafusion::arrow::datatypes::DataType;
+use shardwise_query::QueryError;
+use shardwise_storage::WAL_RECORD_MAX_BYTES;
+
+/// The share of a WAL record a chunk's copies may fill; the rest is left for the encoding's
+/// framing (message headers, buffer padding, one piece per shard and destination).
+const RECORD_FILL_PERCENT: usize = 75;
+
+/// The most row bytes (as [`row_sizes`] counts them) one chunk of a table with `replicas`
+/// copies may hold, within `setting` (`insert_chunk_max_bytes`).
+pub(crate) fn chunk_max_bytes(setting: usize, replicas: u32) -> usize {
+    let record_share = WAL_RECORD_MAX_BYTES / 100 * RECORD_FILL_PERCENT / (replicas.max(1) as usize);
+    setting.min(record_share).max(1)
+}
+
+/// Cuts the rows into chunks of at most `chunk_rows` rows and `chunk_bytes` row bytes, counted
+/// from the first row, so the same input always gives the same chunks (which the dedup keys rely
+/// on). A row larger than `chunk_bytes` is an error naming it (its number from 1).
+pub(crate) fn chunks(
+    batches: &[RecordBatch],
+    chunk_rows: usize,
+    chunk_bytes: usize,
+) -> Result<Vec<Vec<RecordBatch>>, QueryError> {
+    let chunk_rows = chunk_rows.max(1);
+    let mut out: Vec<Vec<RecordBatch>> = Vec::new();
+    let mut current: Vec<RecordBatch> = Vec::new();
+    let (mut current_rows, mut current_bytes, mut rows_before) = (0, 0, 0);
+    for batch in batches {
+        let sizes = row_sizes(batch);
+        let mut start = 0;
+        for (row, &size) in sizes.iter().enumerate() {
+            if size > chunk_bytes {
+                return Err(QueryError::Rejected(format!(
+                    "row {} holds {size} bytes, more than an insert chunk of this table may hold ({chunk_bytes} \
+                     bytes: one WAL record of at most {WAL_RECORD_MAX_BYTES} bytes carries every replica's copy); \
+                     nothing was written",
+                    rows_before + row + 1
+                )));
+            }
+            if current_rows == chunk_rows || current_bytes + size > chunk_bytes {
+                if row > start {
+                    current.push(batch.slice(start, row - start));
+                }
+                out.push(std::mem::take(&mut current));
+                (start, current_rows, current_bytes) = (row, 0, 0);
+            }
+            current_rows += 1;
+            current_bytes += size;
+        }
+        if sizes.len() > start {
+            current.push(batch.slice(start, sizes.len() - start));
+        }
+        rows_before += sizes.len();
+    }
+    if current_rows > 0 {
+        out.push(current);
+    }
+    Ok(out)
+}
+
+/// The bytes each row of `batch` holds: its fixed-width values, and the bytes (and offset) of
+/// each string or binary value. The same for a row whatever batch holds it.
+pub(crate) fn row_sizes(batch: &RecordBatch) -> Vec<usize> {
+    let mut sizes = vec![0usize; batch.num_rows()];
+    for column in batch.columns() {
+        match column.data_type() {
+            DataType::Utf8 => add_lengths(&mut sizes, column.as_string::<i32>().offsets().windows(2), 4),
+            DataType::LargeUtf8 => add_lengths(&mut sizes, column.as_string::<i64>().offsets().windows(2), 8),
+            DataType::Binary => add_lengths(&mut sizes, column.as_binary::<i32>().offsets().windows(2), 4),
+            DataType::LargeBinary => add_lengths(&mut sizes, column.as_binary::<i64>().offsets().windows(2), 8),
+            DataType::Utf8View => {
+                for (size, view) in sizes.iter_mut().zip(column.as_string_view().views()) {
+                    *size += 16 + (*view as u32) as usize;
+                }
+            }
+            other => {
+                let width = other.primitive_width().unwrap_or(1);
+                sizes.iter_mut().for_each(|size| *size += width);
+            }
+        }
+    }
+    sizes
+}
+
+/// Adds each value's length (the difference of its offsets) plus the offset's own bytes.
+fn add_lengths<'a, T: Copy + Into<i128> + 'a>(
+    sizes: &mut [usize],
+    pairs: impl Iterator<Item = &'a [T]>,
+    offset_bytes: usize,
+) {
+    for (size, pair) in sizes.iter_mut().zip(pairs) {
+        let length = (pair[1].into() - pair[0].into()).max(0) as usize;
+        *size += offset_bytes + length;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn rows_of(out: &[Vec<RecordBatch>]) -> Vec<usize> {
+        out.iter().map(|c| c.iter().map(|b| b.num_rows()).sum()).collect()
+    }
+
+    #[test]
+    fn chunks_are_cut_by_row_count_from_the_start() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let b =
+            |n: i64| RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..n))]).unwrap();
+        let out = chunks(&[b(5), b(7), b(1)], 4, usize::MAX).unwrap();
+        assert_eq!(rows_of(&out), vec![4, 4, 4, 1]);
+        assert!(chunks(&[], 4, usize::MAX).unwrap().is_empty());
+        // By bytes: 8 a row, 20 a chunk.
+        let out = chunks(&[b(5), b(7), b(1)], 100, 20).unwrap();
+        assert_eq!(rows_of(&out), vec![2, 2, 2, 2, 2, 2, 1]);
+    }
+
+    #[test]
+    fn chunks_by_bytes_do_not_depend_on_the_batches() {
+        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true)]));
+        let values: Vec<Option<String>> = (0..200).map(|i| (i % 9 != 0).then(|| "x".repeat((i * 37) % 101))).collect();
+        let batch = |v: &[Option<String>]| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(v.to_vec()))]).unwrap()
+        };
+        let whole = chunks(&[batch(&values)], 1000, 600).unwrap();
+        let cut = chunks(&[batch(&values[..13]), batch(&values[13..150]), batch(&values[150..])], 1000, 600).unwrap();
+        let text = |out: &[Vec<RecordBatch>]| {
+            out.iter()
+                .map(|c| datafusion::arrow::util::pretty::pretty_format_batches(c).unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert!(whole.len() > 10);
+        assert_eq!(text(&whole), text(&cut));
+        for chunk in &whole {
+            let bytes: usize = chunk.iter().map(|b| row_sizes(b).iter().sum::<usize>()).sum();
+            assert!(bytes <= 600, "{bytes}");
+        }
+        // A row larger than a chunk is refused, named.
+        let big = vec![Some("y".repeat(10)), Some("z".repeat(700))];
+        let e = chunks(&[batch(&big)], 1000, 600).unwrap_err();
+        assert!(e.to_string().contains("row 2 holds 704 bytes"), "{e}");
+    }
+
+    #[test]
+    fn the_byte_bound_shares_a_record_among_the_replicas() {
+        assert_eq!(chunk_max_bytes(usize::MAX, 1), WAL_RECORD_MAX_BYTES / 100 * 75);
+        assert_eq!(chunk_max_bytes(usize::MAX, 3), WAL_RECORD_MAX_BYTES / 100 * 75 / 3);
+        assert_eq!(chunk_max_bytes(1000, 2), 1000);
+    }
+}
