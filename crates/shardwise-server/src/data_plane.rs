@@ -203,8 +203,9 @@ impl FlightService for DataPlane {
         match action.r#type.as_str() {
             "apply" => {
                 let req = ShipRequest::decode(&action.body).map_err(|e| Status::invalid_argument(e.to_string()))?;
-                let rows = self.tables.apply_ship(req).await.map_err(to_status)?;
-                Ok(one_result(json(&rows)?))
+                let outcome = self.tables.apply_ship(req).await.map_err(to_status)?;
+                let reply = outcome.encode().map_err(|e| Status::internal(format!("cannot encode the reply: {e}")))?;
+                Ok(one_result(reply))
             }
             "flush" => {
                 let req: FlushRequest = serde_json::from_slice(&action.body)

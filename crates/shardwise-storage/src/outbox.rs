@@ -56,7 +56,7 @@ mod record;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -303,7 +303,19 @@ impl Outbox {
     /// of payload, except that the first pending item is always returned (so a limit smaller than
     /// one item cannot stall a sender).
     pub fn pending(&self, dest: u32, max_items: usize, max_bytes: u64) -> Vec<PendingItem> {
-        self.queues.pending(dest, max_items, max_bytes)
+        self.queues.pending(dest, max_items, max_bytes, &BTreeSet::new())
+    }
+
+    /// [`Self::pending`] without the items of the tables (outbox table keys) in `skip`: those a
+    /// destination refused, held back while the others are shipped.
+    pub fn pending_except(
+        &self,
+        dest: u32,
+        max_items: usize,
+        max_bytes: u64,
+        skip: &BTreeSet<Arc<str>>,
+    ) -> Vec<PendingItem> {
+        self.queues.pending(dest, max_items, max_bytes, skip)
     }
 
     /// Marks `dest`'s items with seq <= `up_to_seq` as delivered: one WAL record (none if nothing
@@ -325,6 +337,25 @@ impl Outbox {
         self.queues.note_record(encoded.len());
         let delivered = Delivered { entries: self.queues.ack(dest, up_to_seq) };
         tracing::trace!(dest, up_to_seq, acked = delivered.items(), "outbox ack");
+        self.reclaim()?;
+        Ok(delivered)
+    }
+
+    /// Marks single items of `dest`, the seqs `seqs`, as delivered, as [`Self::ack`] does a
+    /// prefix (one WAL record, not fsynced; the delivered items returned to be freed after the
+    /// lock): for a shipment the destination took only part of, when some tables' replicas
+    /// there refused their items. Seqs not pending are ignored.
+    pub fn ack_items(&mut self, dest: u32, seqs: &[u64]) -> Result<Delivered, StorageError> {
+        if !self.queues.any_pending(dest, seqs) {
+            return Ok(Delivered::default());
+        }
+        self.check_usable()?;
+        let pairs: Vec<(u32, u64)> = seqs.iter().map(|&seq| (dest, seq)).collect();
+        let encoded = record::encode_acked_items(&pairs);
+        self.wal.append_unsynced(&[&encoded])?;
+        self.queues.note_record(encoded.len());
+        let delivered = Delivered { entries: self.queues.ack_items(dest, seqs) };
+        tracing::trace!(dest, acked = delivered.items(), "outbox ack of single items");
         self.reclaim()?;
         Ok(delivered)
     }

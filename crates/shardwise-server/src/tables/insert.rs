@@ -283,7 +283,11 @@ impl TablesNode {
                 let result = match payload {
                     Some(payload) => {
                         let req = ShipRequest { origin: None, items: vec![ShipItem { seq: None, payload }] };
-                        self.peers.ship(*rank, &req).await
+                        // An `immediate` write is applied whole or refused whole.
+                        self.peers.ship(*rank, &req).await.and_then(|outcome| match outcome.refused.first() {
+                            None => Ok(outcome.rows),
+                            Some(refused) => Err(QueryError::Storage(refused.error.clone())),
+                        })
                     }
                     None => self.apply_sets(None, vec![(None, set.clone())]).await,
                 };

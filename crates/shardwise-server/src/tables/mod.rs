@@ -12,7 +12,7 @@
 //! What fsyncs runs on the blocking pool, except an insert's outbox append, which runs in place
 //! on its runtime worker while the other workers serve the rest ([`locks`]).
 
-mod apply;
+pub mod apply;
 mod background;
 mod chunks;
 mod insert;

@@ -230,11 +230,11 @@ impl Peers {
     /// Ships piece sets to `rank`; returns the rows it applied. A delayed shipment (with an
     /// origin) goes on the shipments lane, whose channel is made by the first call, from the
     /// senders' background runtime; an `immediate` insert's replica write on the requests lane.
-    pub async fn ship(&self, rank: u32, req: &ShipRequest) -> Result<u64, QueryError> {
+    pub async fn ship(&self, rank: u32, req: &ShipRequest) -> Result<super::apply::ShipOutcome, QueryError> {
         let lane = if req.origin.is_some() { Lane::Shipments } else { Lane::Requests };
         let body = req.encode().map_err(|e| QueryError::Storage(e.to_string()))?;
         let reply = self.action_on(lane, rank, "apply", body, self.ship_timeout).await?;
-        serde_json::from_slice::<u64>(&reply).map_err(|e| unavailable(rank, "apply: bad reply", e))
+        super::apply::ShipOutcome::decode(&reply).map_err(|e| unavailable(rank, "apply: bad reply", e))
     }
 
     /// A node that restarted has new ports: when the cached channel fails and the membership

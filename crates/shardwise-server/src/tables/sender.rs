@@ -10,10 +10,18 @@
 //! for room that only shipping makes), or when an insert found it full. A failed send keeps the items, counts a retry, keeps
 //! the error for `system.sync_queues`, and backs off (doubling, capped at
 //! `sender_backoff_max_ms`, with jitter).
+//!
+//! When the destination takes a shipment but refuses some of its items (a replica there of their
+//! table cannot take writes: damaged files, a full disk; `apply.rs`), the items it took are acked
+//! one by one, and the refused items' tables are **held back**: the sender goes on shipping the
+//! other tables' items at once, and sends the held ones again, first in a shipment, after the
+//! same doubling backoff, until the destination takes them. So one broken replica delays its own
+//! table's rows to that node, not every table's.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tokio::sync::Notify;
@@ -45,6 +53,16 @@ struct Slot {
     /// small inserts do not each make it look at the queue (under the outbox lock).
     queued_rows: AtomicU64,
     queued_bytes: AtomicU64,
+    held: Mutex<Held>,
+}
+
+/// Tables (outbox keys) whose items the destination refused: left out of shipments until
+/// `retry_at`, then sent again first.
+#[derive(Debug, Default)]
+struct Held {
+    tables: BTreeSet<Arc<str>>,
+    retry_at: Option<Instant>,
+    backoff_ms: u64,
 }
 
 /// The senders' shared state, by destination rank.
@@ -162,27 +180,65 @@ impl TablesNode {
         let Some(slot) = self.senders.slots.get(dest as usize) else { return backoff_ms };
         slot.queued_rows.store(0, Ordering::Relaxed);
         slot.queued_bytes.store(0, Ordering::Relaxed);
-        let items =
-            lock_from_runtime(&self.outbox).pending(dest, self.settings.ship_max_items, self.settings.ship_max_bytes);
-        let Some(last_seq) = items.last().map(|i| i.seq) else { return backoff_ms };
+        // Tables held back, unless it is time to send them again (then every item goes, in order).
+        let (skip, retry_at) = {
+            let held = lock(&slot.held);
+            match held.retry_at {
+                Some(at) if Instant::now() < at => (held.tables.clone(), Some(at)),
+                _ => (BTreeSet::new(), None),
+            }
+        };
+        let items = lock_from_runtime(&self.outbox).pending_except(
+            dest,
+            self.settings.ship_max_items,
+            self.settings.ship_max_bytes,
+            &skip,
+        );
+        let Some(last_seq) = items.last().map(|i| i.seq) else {
+            // Only held-back items are pending: wait for their turn (or a poll).
+            if let Some(at) = retry_at {
+                let poll = Duration::from_millis(self.settings.sender_idle_poll_ms);
+                tokio::time::sleep(at.saturating_duration_since(Instant::now()).min(poll)).await;
+            }
+            return backoff_ms;
+        };
         let req = ShipRequest {
             origin: Some(self.origin_id.clone()),
             items: items.iter().map(|i| ShipItem { seq: Some(i.seq), payload: Arc::clone(&i.payload) }).collect(),
         };
         match self.deliver(dest, req).await {
-            Ok(_) => {
-                let outbox = Arc::clone(&self.outbox);
-                let acked = blocking(move || {
-                    let delivered = lock(&outbox).ack(dest, last_seq);
-                    // The lock is released: the delivered items are freed after it (`Delivered`).
-                    delivered.map_err(super::storage_error)
-                })
-                .await;
-                if let Err(e) = acked {
-                    tracing::error!(dest, "cannot record a delivery in the outbox (it will be resent): {e}");
-                    lock(&slot.status).last_error = Some(e.to_string());
-                    tokio::time::sleep(Duration::from_millis(self.settings.sender_backoff_max_ms)).await;
+            Ok(outcome) => {
+                let refused: BTreeMap<u64, String> = outcome.refused.into_iter().map(|r| (r.seq, r.error)).collect();
+                // All of a prefix of the queue: one ack up to its last seq; else the items taken.
+                let taken = match skip.is_empty() && refused.is_empty() {
+                    true => Taken::UpTo(last_seq),
+                    false => {
+                        Taken::Items(items.iter().map(|i| i.seq).filter(|seq| !refused.contains_key(seq)).collect())
+                    }
+                };
+                self.ack_taken(dest, slot, taken).await;
+                let mut held = lock(&slot.held);
+                if refused.is_empty() {
+                    if skip.is_empty() {
+                        *held = Held::default();
+                    }
+                    return 0;
                 }
+                // Hold the refused items' tables back; the others go on at once.
+                let tables = items.iter().filter(|i| refused.contains_key(&i.seq)).map(|i| Arc::clone(&i.table));
+                if skip.is_empty() {
+                    held.tables = tables.collect();
+                } else {
+                    held.tables.extend(tables);
+                }
+                held.backoff_ms = self.next_backoff_ms(held.backoff_ms);
+                held.retry_at = Some(Instant::now() + Duration::from_millis(with_jitter(held.backoff_ms)));
+                let error = refused.into_values().next().unwrap_or_default();
+                drop(held);
+                let mut status = lock(&slot.status);
+                status.retries += 1;
+                status.last_error = Some(error.clone());
+                tracing::debug!(dest, "items refused, their tables held back: {error}");
                 0
             }
             Err(e) => {
@@ -192,16 +248,56 @@ impl TablesNode {
                     status.last_error = Some(e.to_string());
                 }
                 tracing::debug!(dest, "send failed, will retry: {e}");
-                let next = if backoff_ms == 0 {
-                    self.settings.sender_backoff_initial_ms
-                } else {
-                    (backoff_ms * 2).min(self.settings.sender_backoff_max_ms)
-                };
-                let jitter = rand::rng().random_range(0..=next / 4);
+                let next = self.next_backoff_ms(backoff_ms);
                 // A flush or a new insert does not cut the backoff short: only time does.
-                tokio::time::sleep(Duration::from_millis(next + jitter)).await;
+                tokio::time::sleep(Duration::from_millis(with_jitter(next))).await;
                 next
             }
         }
     }
+
+    /// The backoff after one of `backoff_ms` (0: none yet): doubling, capped.
+    fn next_backoff_ms(&self, backoff_ms: u64) -> u64 {
+        match backoff_ms {
+            0 => self.settings.sender_backoff_initial_ms,
+            _ => (backoff_ms * 2).min(self.settings.sender_backoff_max_ms),
+        }
+    }
+
+    /// Records in the outbox that `dest` has `taken` durable.
+    async fn ack_taken(&self, dest: u32, slot: &Slot, taken: Taken) {
+        if matches!(&taken, Taken::Items(seqs) if seqs.is_empty()) {
+            return;
+        }
+        let outbox = Arc::clone(&self.outbox);
+        let acked = blocking(move || {
+            let mut outbox = lock(&outbox);
+            let delivered = match &taken {
+                Taken::UpTo(last_seq) => outbox.ack(dest, *last_seq),
+                Taken::Items(seqs) => outbox.ack_items(dest, seqs),
+            };
+            drop(outbox);
+            // The lock is released: the delivered items are freed after it (`Delivered`).
+            delivered.map(drop).map_err(super::storage_error)
+        })
+        .await;
+        if let Err(e) = acked {
+            tracing::error!(dest, "cannot record a delivery in the outbox (it will be resent): {e}");
+            lock(&slot.status).last_error = Some(e.to_string());
+            tokio::time::sleep(Duration::from_millis(self.settings.sender_backoff_max_ms)).await;
+        }
+    }
+}
+
+/// What a destination took of a shipment.
+enum Taken {
+    /// Every item up to this seq.
+    UpTo(u64),
+    /// These items.
+    Items(Vec<u64>),
+}
+
+/// `ms` and up to a quarter more, at random.
+fn with_jitter(ms: u64) -> u64 {
+    ms + rand::rng().random_range(0..=ms / 4)
 }

@@ -8,7 +8,7 @@
 //! the number of queues, not the number of items: senders read them under the outbox lock that
 //! inserts take, and a queue to an unreachable node holds many thousands of items.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::record::{self, Record};
@@ -102,6 +102,11 @@ impl Queues {
                     self.ack(dest, up_to_seq);
                 }
             }
+            Record::AckedItems { items } => {
+                for (dest, seq) in items {
+                    self.remove(dest, seq);
+                }
+            }
             Record::Discard { table } => {
                 self.discard(&table);
             }
@@ -189,6 +194,17 @@ impl Queues {
         acked
     }
 
+    /// Removes `dest`'s items of the seqs `seqs` that are pending and returns them (for the
+    /// caller to free when it likes, as [`Self::ack`]).
+    pub fn ack_items(&mut self, dest: u32, seqs: &[u64]) -> BTreeMap<u64, Entry> {
+        seqs.iter().filter_map(|&seq| self.remove(dest, seq).map(|entry| (seq, entry))).collect()
+    }
+
+    /// Whether any of `seqs` is pending for `dest`.
+    pub fn any_pending(&self, dest: u32, seqs: &[u64]) -> bool {
+        self.dests.get(&dest).is_some_and(|queue| seqs.iter().any(|seq| queue.contains_key(seq)))
+    }
+
     /// How many pending items belong to `table`.
     pub fn count_table(&self, table: &str) -> u64 {
         self.dests.values().flat_map(BTreeMap::values).filter(|e| &*e.table == table).count() as u64
@@ -209,13 +225,14 @@ impl Queues {
         doomed.len() as u64
     }
 
-    /// `dest`'s first pending items in seq order: at most `max_items`, and no more than
-    /// `max_bytes` of payload unless the first item alone is larger (at least one if any).
-    pub fn pending(&self, dest: u32, max_items: usize, max_bytes: u64) -> Vec<PendingItem> {
+    /// `dest`'s first pending items in seq order, those of the tables `skip` names left out: at
+    /// most `max_items`, and no more than `max_bytes` of payload unless the first item alone is
+    /// larger (at least one if any).
+    pub fn pending(&self, dest: u32, max_items: usize, max_bytes: u64, skip: &BTreeSet<Arc<str>>) -> Vec<PendingItem> {
         let Some(queue) = self.dests.get(&dest) else { return Vec::new() };
         let mut out = Vec::new();
         let mut bytes = 0u64;
-        for (&seq, entry) in queue {
+        for (&seq, entry) in queue.iter().filter(|(_, e)| !skip.contains(&e.table)) {
             let len = entry.payload.len() as u64;
             if !out.is_empty() && (out.len() >= max_items || bytes.saturating_add(len) > max_bytes) {
                 break;

@@ -7,10 +7,14 @@
 //! ack     = 0x02 | count u32 | (dest u32 | up_to_seq u64) × count
 //! discard = 0x03 | table str
 //! carry   = 0x04 | count u32 | (seq u64 | appended_unix_ms u64 | item) × count
+//! acked   = 0x05 | count u32 | (dest u32 | seq u64) × count
 //! item    = dest u32 | rows u64 | table str | payload_len u32 | payload
 //! ```
 //! An append's items share its seq. A carry record re-writes still-pending items under their
-//! original seqs so that old segments can be deleted (see the parent module).
+//! original seqs so that old segments can be deleted (see the parent module). An ack marks every
+//! item of a destination up to a seq delivered; an acked record marks single items delivered (a
+//! shipment of which some items could not be applied: their tables' replicas at the destination
+//! refused them, the others' went in).
 //! Decoding rejects anything that does not parse exactly: unknown tags, counts that do not fit the
 //! bytes, trailing bytes, invalid UTF-8, an append with no item or a destination twice.
 
@@ -24,6 +28,7 @@ const TAG_APPEND: u8 = 0x01;
 const TAG_ACK: u8 = 0x02;
 const TAG_DISCARD: u8 = 0x03;
 const TAG_CARRY: u8 = 0x04;
+const TAG_ACKED_ITEMS: u8 = 0x05;
 
 /// Encoded bytes of an item besides its table name and payload.
 const ITEM_FIXED_BYTES: usize = 4 + 8 + 4 + 4;
@@ -63,10 +68,24 @@ pub(super) struct CarriedItem {
 /// A decoded outbox record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Record {
-    Append { seq: u64, appended_unix_ms: u64, items: Vec<DecodedItem> },
-    Ack { acks: Vec<(u32, u64)> },
-    Discard { table: String },
-    Carry { items: Vec<CarriedItem> },
+    Append {
+        seq: u64,
+        appended_unix_ms: u64,
+        items: Vec<DecodedItem>,
+    },
+    Ack {
+        acks: Vec<(u32, u64)>,
+    },
+    /// Single items `(dest, seq)` delivered.
+    AckedItems {
+        items: Vec<(u32, u64)>,
+    },
+    Discard {
+        table: String,
+    },
+    Carry {
+        items: Vec<CarriedItem>,
+    },
 }
 
 /// The encoded size of one item inside an append record.
@@ -99,6 +118,18 @@ pub(super) fn encode_ack(acks: &[(u32, u64)]) -> Vec<u8> {
     for (dest, up_to_seq) in acks {
         out.extend_from_slice(&dest.to_le_bytes());
         out.extend_from_slice(&up_to_seq.to_le_bytes());
+    }
+    out
+}
+
+/// Encodes an acked record: the single items `(dest, seq)` delivered.
+pub(super) fn encode_acked_items(items: &[(u32, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + items.len() * 12);
+    out.push(TAG_ACKED_ITEMS);
+    put_len(&mut out, items.len());
+    for (dest, seq) in items {
+        out.extend_from_slice(&dest.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
     }
     out
 }
@@ -148,6 +179,11 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Record, String> {
             let acks = (0..count).map(|_| Ok((r.u32("dest")?, r.u64("up_to_seq")?))).collect::<Result<_, String>>()?;
             Record::Ack { acks }
         }
+        TAG_ACKED_ITEMS => {
+            let count = r.count("acked item count", 12)?;
+            let items = (0..count).map(|_| Ok((r.u32("dest")?, r.u64("seq")?))).collect::<Result<_, String>>()?;
+            Record::AckedItems { items }
+        }
         TAG_DISCARD => Record::Discard { table: r.str("table")? },
         TAG_CARRY => {
             let count = r.count("item count", CARRY_ITEM_EXTRA_BYTES + ITEM_FIXED_BYTES)?;
@@ -164,7 +200,8 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Record, String> {
         }
         tag => {
             return Err(format!(
-                "unknown record tag {tag:#04x} (expected 0x01 append, 0x02 ack, 0x03 discard, 0x04 carry)"
+                "unknown record tag {tag:#04x} (expected 0x01 append, 0x02 ack, 0x03 discard, 0x04 carry, 0x05 \
+                 acked items)"
             ));
         }
     };
@@ -312,7 +349,8 @@ mod tests {
         assert_eq!(decode(&bytes)?, want);
 
         let acks = vec![(1, 5), (u32::MAX, u64::MAX)];
-        assert_eq!(decode(&encode_ack(&acks))?, Record::Ack { acks });
+        assert_eq!(decode(&encode_ack(&acks))?, Record::Ack { acks: acks.clone() });
+        assert_eq!(decode(&encode_acked_items(&acks))?, Record::AckedItems { items: acks });
         assert_eq!(decode(&encode_discard("t"))?, Record::Discard { table: "t".to_string() });
 
         let carried = [(4, 9, items[0]), (5, 0, items[1])];

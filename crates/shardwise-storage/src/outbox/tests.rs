@@ -121,6 +121,39 @@ fn acks_remove_up_to_a_seq_for_one_destination_only() -> TestResult {
 }
 
 #[test]
+fn single_items_acked_leave_the_others_pending_across_a_reopen() -> TestResult {
+    let sim = SimFs::new();
+    let (mut outbox, _) = open_sim(&sim, &small())?;
+    let mut all = Vec::new();
+    for i in 0..5u8 {
+        let table = if i % 2 == 0 { "t" } else { "u" };
+        all.push(outbox.append(vec![item(table, 1, 1, &[i]), item(table, 2, 1, &[i])], 0)?);
+    }
+    let syncs = sim.sync_data_count();
+    assert_eq!(outbox.ack_items(1, &[all[4] + 10])?.items(), 0, "nothing pending of that seq");
+    assert_eq!(outbox.ack_items(3, &all)?.items(), 0, "nothing pending there");
+    assert_eq!(sim.sync_data_count(), syncs, "an ack of nothing writes nothing");
+    // The items of table u went in, those of t were refused: u's leave, t's stay, in order.
+    let delivered = outbox.ack_items(1, &[all[1], all[3]])?;
+    assert_eq!(delivered.items(), 2);
+    drop(delivered);
+    assert_eq!(sim.sync_data_count(), syncs, "an ack is not fsynced");
+    let kept = vec![all[0], all[2], all[4]];
+    assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)), kept);
+    assert_eq!(seqs(&outbox.pending(2, 10, u64::MAX)), all, "dest 2 untouched");
+    assert_eq!(outbox.pending_bytes(), 8);
+    // Made durable by the next fsync, and replayed.
+    outbox.append(vec![item("t", 2, 1, b"z")], 0)?;
+    drop(outbox);
+    let (mut outbox, _) = open_sim(&sim, &small())?;
+    assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)), kept);
+    // A prefix ack after them still takes what is left up to its seq.
+    outbox.ack(1, all[2])?;
+    assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)), vec![all[4]]);
+    Ok(())
+}
+
+#[test]
 fn pending_honours_max_items_and_max_bytes_but_returns_at_least_one() -> TestResult {
     let sim = SimFs::new();
     let (mut outbox, _) = open_sim(&sim, &small())?;
