@@ -148,6 +148,7 @@ const DESTS: u32 = 4;
 enum Uncertain {
     Append { items: Vec<OutboxItem>, now_unix_ms: u64 },
     Ack { dest: u32, up_to_seq: u64 },
+    AckItems { dest: u32, seqs: Vec<u64> },
     Discard { table: String },
 }
 
@@ -191,6 +192,13 @@ impl Model {
     fn acked(&mut self, dest: u32, up_to_seq: u64) {
         let (removed, kept): (State, State) =
             std::mem::take(&mut self.pending).into_iter().partition(|&((d, seq), _)| d == dest && seq <= up_to_seq);
+        self.pending = kept;
+        self.unsynced_acked.extend(removed);
+    }
+
+    fn acked_items(&mut self, dest: u32, seqs: &[u64]) {
+        let (removed, kept): (State, State) =
+            std::mem::take(&mut self.pending).into_iter().partition(|&((d, seq), _)| d == dest && seqs.contains(&seq));
         self.pending = kept;
         self.unsynced_acked.extend(removed);
     }
@@ -244,6 +252,7 @@ impl Model {
                     }
                 }
                 Some(Uncertain::Ack { dest, up_to_seq }) => with.retain(|&(d, s), _| d != *dest || s > *up_to_seq),
+                Some(Uncertain::AckItems { dest, seqs }) => with.retain(|&(d, s), _| d != *dest || !seqs.contains(&s)),
                 Some(Uncertain::Discard { table }) => with.retain(|_, (t, ..)| t != table),
             }
             assert_eq!(actual, with, "{context}: after reopen (uncertain: {uncertain:?})");
@@ -304,11 +313,21 @@ fn random_appends_acks_discards_crashes_and_power_cuts_keep_every_acknowledged_i
                         0 => u64::MAX,
                         _ => seqs.get(rng.below(seqs.len() + 1)).copied().unwrap_or(model.max_seq),
                     };
-                    let result = outbox.ack(dest, up_to_seq);
-                    if result.is_ok() {
-                        model.acked(dest, up_to_seq);
+                    if rng.below(2) == 0 {
+                        // Single items, as after a shipment the destination took only part of.
+                        let seqs: Vec<u64> = seqs.into_iter().filter(|_| rng.below(2) == 0).collect();
+                        let result = outbox.ack_items(dest, &seqs);
+                        if result.is_ok() {
+                            model.acked_items(dest, &seqs);
+                        }
+                        (result.map(|_| ()), Some(Uncertain::AckItems { dest, seqs }))
+                    } else {
+                        let result = outbox.ack(dest, up_to_seq);
+                        if result.is_ok() {
+                            model.acked(dest, up_to_seq);
+                        }
+                        (result.map(|_| ()), Some(Uncertain::Ack { dest, up_to_seq }))
                     }
-                    (result.map(|_| ()), Some(Uncertain::Ack { dest, up_to_seq }))
                 }
                 9 => {
                     let table = TABLES[rng.below(TABLES.len())].to_string();
