@@ -36,7 +36,6 @@ use axum::routing::{get, post};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use shardwise_query::error::Stopped;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
@@ -410,7 +409,8 @@ async fn query(
         let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
         let format = choose_format(param, headers.get(header::ACCEPT))?;
         let stored = crate::http_insert::store(&http.engine, insert, &settings).await?;
-        let body = Body::from_stream(encode(stored, format, true));
+        let encoder = Encoder::new(format, stored.schema());
+        let body = Body::from_stream(encode(stored, encoder));
         return Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response());
     }
     let sql = String::from_utf8(statement.to_vec())
@@ -438,16 +438,33 @@ async fn query(
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan_to_run(&sql, &session).await?;
     let mut stream = http.engine.execute(planned).await?;
-    // The status goes out with the first bytes: wait for the first batch (or the end), so that
-    // a query failing before it has produced a row (a division by zero, an unreachable shard,
-    // the time limit) answers with its error's status and JSON body, not 200 and an empty body.
-    let first = match stream.next().await {
-        Some(Err(e)) => return Err(QueryError::from(e).into()),
-        first => first,
+    // The status goes out with the first bytes: hold the answer until it ends or its encoding
+    // reaches HTTP_RESPONSE_BUFFER_BYTES, so that a query failing before then (a division by
+    // zero in a later batch, an unreachable shard, the time limit) answers with its error's
+    // status and JSON body, not 200 and a body cut short (or, when the batches before the error
+    // encoded to nothing, no reply at all).
+    let mut encoder = Encoder::new(format, stream.schema());
+    // Without a header row, as if it had been written.
+    encoder.header_written = !csv_header;
+    let mut held = Vec::new();
+    let mut ended = false;
+    while held.len() < HTTP_RESPONSE_BUFFER_BYTES {
+        match stream.next().await {
+            Some(Ok(batch)) => held.extend_from_slice(
+                &encoder.batch(&batch).map_err(|e| QueryError::from(datafusion::error::DataFusionError::from(e)))?,
+            ),
+            Some(Err(e)) => return Err(QueryError::from(e).into()),
+            None => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    let first = futures::stream::iter([Ok::<Bytes, std::io::Error>(Bytes::from(held))]);
+    let body = match ended {
+        true => Body::from_stream(first.chain(futures::stream::iter(encoder.finish().map(Ok)))),
+        false => Body::from_stream(first.chain(encode(stream, encoder))),
     };
-    let schema = stream.schema();
-    let rest = RecordBatchStreamAdapter::new(schema, futures::stream::iter(first).chain(stream));
-    let body = Body::from_stream(encode(Box::pin(rest), format, csv_header));
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
@@ -476,17 +493,17 @@ fn with_body(sql: &str, headers: &HeaderMap, body: &Bytes) -> Result<Bytes, Fail
     Ok(Bytes::from(joined))
 }
 
-/// The answer's bytes, batch by batch. An error after the first batch ends the body early (the
-/// status has been sent): the client sees the transfer cut short; the error is logged.
+/// How much of an answer's encoding is held before its status is sent: an error while it is
+/// held is the answer (4xx/5xx with the error), an error after it ends the body early.
+pub const HTTP_RESPONSE_BUFFER_BYTES: usize = 1024 * 1024;
+
+/// The rest of the answer's bytes, batch by batch, after what was held. An error ends the body
+/// early (the status has been sent): the client sees the transfer cut short; the error is
+/// logged.
 fn encode(
     stream: SendableRecordBatchStream,
-    format: Format,
-    csv_header: bool,
+    encoder: Encoder,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    let schema = stream.schema();
-    let mut encoder = Encoder::new(format, schema);
-    // Without a header row, as if it had been written.
-    encoder.header_written = !csv_header;
     futures::stream::unfold((stream, Some(encoder)), |(mut stream, encoder)| async move {
         let mut encoder = encoder?;
         match stream.next().await {

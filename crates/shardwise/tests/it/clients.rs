@@ -602,6 +602,20 @@ fn every_http_route_with_curl() {
     let listed = "SELECT id, name, d FROM posted ORDER BY id FORMAT CSV";
     let (code, body) = curl(&[&sql_body[..], &[listed, &query]].concat());
     assert_eq!((code, body.as_str()), (200, "1,a,2024-01-01\n2,\"b,c\",\n3,d,\n4,,\n7,g,2024-02-03\n8,,\n"));
+    // A query that fails after some of its batches came (rows from one node, then a division by
+    // zero on the other) answers with the error's status, whatever the format: the answer is
+    // held until it ends or passes HTTP_RESPONSE_BUFFER_BYTES.
+    let create = "CREATE TABLE zdiv (g BIGINT) WITH (shard_key = 'g')";
+    assert_eq!(curl(&[&sql_body[..], &[create, &query]].concat()).0, 200);
+    let fill = "INSERT INTO zdiv SELECT value FROM generate_series(1, 2000)";
+    assert_eq!(curl(&[&sql_body[..], &[fill, &query]].concat()).0, 200);
+    for format in ["csv", "tsv", "json", "arrow"] {
+        for _ in 0..3 {
+            let failing = "SELECT g, 100 / (g - 1500) FROM zdiv";
+            let (code, body) = curl(&[&sql_body[..], &[failing, &format!("{query}?format={format}")]].concat());
+            assert!(code == 400 && body.contains("division by zero"), "{format}: {code} {body}");
+        }
+    }
     // A REAL out of range (or too close to zero to be one) is refused as an INSERT refuses it; a
     // DECIMAL with an exponent, as JSON writers send it, is read.
     let create = "CREATE TABLE nums (id BIGINT, r REAL, m DECIMAL(10, 3)) WITH (shard_key = 'id')";
