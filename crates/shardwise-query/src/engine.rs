@@ -237,6 +237,8 @@ impl QueryEngine {
             .with_analyzer_rule(Arc::new(crate::recursive_terms::RecursiveTerms))
             // An insert stores no fraction into an integer (see `crate::insert_exact`).
             .with_analyzer_rule(Arc::new(crate::insert_exact::StrictInsertCasts))
+            // `count(DISTINCT x)` of floats takes -0.0 for 0.0 (see `crate::distinct_zero`).
+            .with_analyzer_rule(Arc::new(crate::distinct_zero::DistinctFloatZeros))
             // information_schema.columns.ordinal_position from 1 (see
             // `crate::information_schema_positions`).
             .with_analyzer_rule(Arc::new(crate::information_schema_positions::OrdinalFromOne))

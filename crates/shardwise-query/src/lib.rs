@@ -19,6 +19,7 @@ pub mod date_intervals;
 pub mod ddl;
 pub mod decimal_check;
 pub mod dist;
+pub mod distinct_zero;
 pub mod empty_grouping_sets;
 pub mod engine;
 pub mod error;

@@ -540,12 +540,22 @@ fn a_nan_from_arithmetic_is_stored_as_the_one_nan() {
         "INSERT INTO f VALUES (1, 1.0), (2, CAST('Infinity' AS DOUBLE) - CAST('Infinity' AS DOUBLE)), \
          (3, CAST('NaN' AS DOUBLE)), (4, -CAST('NaN' AS DOUBLE)), (5, 2.0)",
     );
+    // -0.0 is kept, and is the same value as 0.0 to DISTINCT aggregates as to everything else.
+    c.sql(0, "INSERT INTO f VALUES (6, CAST('-0' AS DOUBLE)), (7, CAST('0' AS DOUBLE))");
     let checks = [
-        ("SELECT min(x), max(x) FROM f", vec![vec!["1.0", "NaN"]]),
-        ("SELECT count(DISTINCT x) FROM f", vec![vec!["3"]]),
+        ("SELECT min(x), max(x) FROM f WHERE id <= 5", vec![vec!["1.0", "NaN"]]),
+        ("SELECT count(DISTINCT x) FROM f", vec![vec!["4"]]),
+        (
+            "SELECT count(*), count(DISTINCT x), avg(DISTINCT x) FILTER (WHERE x < 5) FROM f",
+            vec![vec!["7", "4", "1.0"]],
+        ),
+        ("SELECT count(*), count(DISTINCT x) FROM f WHERE x = 0", vec![vec!["2", "1"]]),
         ("SELECT count(*) FROM f WHERE x = CAST('NaN' AS DOUBLE)", vec![vec!["3"]]),
-        ("SELECT x, count(*) FROM f GROUP BY x ORDER BY x", vec![vec!["1.0", "1"], vec!["2.0", "1"], vec!["NaN", "3"]]),
-        ("SELECT id FROM f ORDER BY x, id LIMIT 1", vec![vec!["1"]]),
+        (
+            "SELECT x, count(*) FROM f WHERE id <= 5 GROUP BY x ORDER BY x",
+            vec![vec!["1.0", "1"], vec!["2.0", "1"], vec!["NaN", "3"]],
+        ),
+        ("SELECT id FROM f ORDER BY x, id LIMIT 1", vec![vec!["6"]]),
     ];
     for (sql, want) in checks {
         for rank in 0..2 {
