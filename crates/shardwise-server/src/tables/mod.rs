@@ -22,7 +22,7 @@ pub mod peers;
 mod sender;
 pub mod stats;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,6 +66,9 @@ pub struct TablesNode {
     stores: Mutex<HashMap<StoreKey, SharedStore>>,
     /// Held while a store is opened, so two first uses of a store cannot open it twice.
     opening: tokio::sync::Mutex<()>,
+    /// Shard replicas here that failed to open (damaged files), with the error: `/health` and
+    /// `system.shards` name them. Cleared when one opens.
+    open_failures: Mutex<BTreeMap<StoreKey, String>>,
     pub(crate) outbox: Arc<Mutex<Outbox>>,
     pub(crate) origin_id: String,
     pub(crate) peers: Peers,
@@ -119,6 +122,7 @@ impl TablesNode {
             tables_dir: data_dir.join("tables"),
             stores: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
+            open_failures: Mutex::new(BTreeMap::new()),
             outbox: Arc::new(Mutex::new(outbox)),
             origin_id,
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
@@ -187,11 +191,21 @@ impl TablesNode {
         let schema = Arc::clone(&entry.def.schema);
         let opts = self.settings.shard_store_options();
         let name = entry.def.name.clone();
-        let (store, recovery) = blocking(move || {
+        let opened = blocking(move || {
             ShardStore::open(dir, Arc::new(RealFs), schema, opts)
                 .map_err(|e| QueryError::Storage(format!("table {name} shard {shard}: {e}")))
         })
-        .await?;
+        .await;
+        let (store, recovery) = match opened {
+            Ok(opened) => {
+                lock(&self.open_failures).remove(&key);
+                opened
+            }
+            Err(e) => {
+                lock(&self.open_failures).insert(key, e.to_string());
+                return Err(e);
+            }
+        };
         for c in &recovery.wal.corruptions {
             tracing::error!(table = %entry.def.name, shard, "shard WAL corruption: {c:?}");
         }
@@ -216,6 +230,13 @@ impl TablesNode {
                 }
             }
         }
+    }
+
+    /// The replicas of the current catalog that failed to open, and why.
+    pub(crate) fn open_failures_now(&self) -> Vec<(StoreKey, String)> {
+        let (_, catalog) = self.catalog_now();
+        let current = |k: &StoreKey| catalog.by_id(k.0).is_some_and(|e| e.generation == k.1);
+        lock(&self.open_failures).iter().filter(|(k, _)| current(k)).map(|(k, e)| (*k, e.clone())).collect()
     }
 
     /// Open stores of the current catalog, for stats and maintenance.
@@ -400,6 +421,12 @@ impl TableAccess for TablesNode {
         let (_, catalog) = self.catalog_now();
         let mut failed = false;
         let mut problems = Vec::new();
+        // Replicas that cannot be opened take no writes: failing, as a store that failed.
+        for (key, error) in self.open_failures_now() {
+            let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");
+            problems.push(format!("table {table} shard {}: cannot be opened: {error}", key.2));
+            failed = true;
+        }
         for (key, store) in self.open_stores() {
             let guard = lock(&store);
             let Some(why) = guard.unreadable() else { continue };

@@ -30,11 +30,13 @@ pub struct LocalShardStats {
     pub table_id: u64,
     pub generation: u64,
     pub shard: u32,
-    pub rows: u64,
-    pub bytes: u64,
-    pub parts: u64,
-    pub verified_placement: bool,
-    /// Why the replica is not read, if it is not (`ShardStore::unreadable`).
+    /// `None` when the replica cannot be opened (`problem` says why).
+    pub rows: Option<u64>,
+    pub bytes: Option<u64>,
+    pub parts: Option<u64>,
+    pub verified_placement: Option<bool>,
+    /// Why the replica is not read, if it is not (`ShardStore::unreadable`, or why it cannot be
+    /// opened).
     #[serde(default)]
     pub problem: Option<String>,
 }
@@ -218,7 +220,22 @@ impl TablesNode {
                 if !entry.def.replica_ranks(shard, self.world_size).contains(&self.rank) {
                     continue;
                 }
-                let store = self.store(entry, shard).await?;
+                let store = match self.store(entry, shard).await {
+                    Ok(store) => store,
+                    Err(e) => {
+                        out.push(LocalShardStats {
+                            table_id: entry.id,
+                            generation: entry.generation,
+                            shard,
+                            rows: None,
+                            bytes: None,
+                            parts: None,
+                            verified_placement: None,
+                            problem: Some(format!("cannot be opened: {e}")),
+                        });
+                        continue;
+                    }
+                };
                 let (s, problem) = {
                     let guard = lock(&store);
                     (guard.stats(), guard.unreadable())
@@ -227,10 +244,10 @@ impl TablesNode {
                     table_id: entry.id,
                     generation: entry.generation,
                     shard,
-                    rows: s.rows,
-                    bytes: s.bytes,
-                    parts: s.parts as u64,
-                    verified_placement: s.verified_placement,
+                    rows: Some(s.rows),
+                    bytes: Some(s.bytes),
+                    parts: Some(s.parts as u64),
+                    verified_placement: Some(s.verified_placement),
                     problem,
                 });
             }
@@ -270,10 +287,10 @@ impl TablesNode {
                         replica: replica as u32,
                         rank,
                         node_state: node_state.to_string(),
-                        rows: s.map(|s| s.rows),
-                        bytes: s.map(|s| s.bytes),
-                        parts: s.map(|s| s.parts),
-                        verified_placement: s.map(|s| s.verified_placement),
+                        rows: s.and_then(|s| s.rows),
+                        bytes: s.and_then(|s| s.bytes),
+                        parts: s.and_then(|s| s.parts),
+                        verified_placement: s.and_then(|s| s.verified_placement),
                         placement: entry.def.placement.as_str().to_string(),
                         problem: s.and_then(|s| s.problem.clone()),
                     });

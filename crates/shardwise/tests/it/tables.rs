@@ -984,6 +984,18 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
     assert!(err.contains("rank 1"), "{err}");
     let errors = c.sql(0, "SELECT last_error FROM system.sync_queues WHERE \"table\" = 'broken' AND destination = 1");
     assert!(errors.iter().flatten().any(|e| e.contains("broken")), "{errors:?}");
+    // system.shards and /health name the replica that cannot be opened, and only it.
+    let shards =
+        c.sql(0, "SELECT \"table\", rows, substr(problem, 1, 17) FROM system.shards WHERE rank = 1 ORDER BY 1");
+    let want = [["broken", "", "cannot be opened:"], ["fine", "600", ""]];
+    assert_eq!(shards, want.map(|r| r.map(String::from).to_vec()).to_vec());
+    let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 1")).remove(0);
+    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
+    use std::io::{Read, Write};
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply");
+    assert!(reply.starts_with("HTTP/1.1 503") && reply.contains("table broken shard 0: cannot be opened"), "{reply}");
     // Repaired: the held rows go in, once.
     c.procs[1].kill9();
     std::fs::write(&manifest, kept).expect("repair");
