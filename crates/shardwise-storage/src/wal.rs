@@ -250,6 +250,27 @@ impl Wal {
         Ok(deleted)
     }
 
+    /// Starts a new, empty segment when a checkpoint at `lsn` covers every record of the log
+    /// (`lsn` is [`Wal::next_lsn`] or beyond) and the active segment holds at least `min_bytes`,
+    /// so that [`Wal::truncate_before`] can delete it: otherwise the records a checkpoint made
+    /// useless stay on disk until the segment fills (up to `wal_segment_max_bytes`), beside the
+    /// part that now holds their rows. Returns whether it rolled. An I/O error fails the WAL.
+    pub fn roll_if_covered(&mut self, lsn: Lsn, min_bytes: u64) -> Result<bool, StorageError> {
+        self.check_usable()?;
+        if lsn < self.next_lsn || self.active_len_bytes < min_bytes.max(1) {
+            return Ok(false);
+        }
+        // The active segment's records are durable (every append ends with an fsync); its
+        // preallocated zeros are cut first, as before any roll.
+        if let Err(error) = self.trim_active() {
+            return Err(self.fail(error));
+        }
+        if let Err(error) = self.roll_segment(self.next_lsn) {
+            return Err(self.fail(error));
+        }
+        Ok(true)
+    }
+
     /// Makes the next record get `lsn`, if that is ahead of [`Wal::next_lsn`], by starting a new,
     /// empty segment whose first LSN is `lsn` (the LSNs in between are never used). For a caller
     /// whose checkpoint is ahead of the log, because the log lost records the checkpoint already

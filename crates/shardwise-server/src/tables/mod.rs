@@ -332,6 +332,11 @@ impl TablesNode {
             tokio::time::sleep(interval).await;
             let Some(n) = node.upgrade() else { return };
             for (key, store) in n.open_stores() {
+                // A store that failed takes nothing until the node restarts; its failure was
+                // logged when it happened (and `/health` names it), not once a second after.
+                if lock(&store).failure().is_some() {
+                    continue;
+                }
                 let r = n.background.blocking(move || lock(&store).maintain().map_err(storage_error)).await;
                 // A store whose table was dropped (or truncated) meanwhile loses its directory
                 // under its maintenance: expected, not an error.

@@ -61,9 +61,16 @@ pub(super) fn write_durably_with<T>(
         _ => {}
     }
     let mut file = fs.create_append(&temp).map_err(StorageError::io("create", &temp))?;
-    let written = write(file.as_mut(), &temp)?;
-    file.sync_data().map_err(StorageError::io("fsync", &temp))?;
+    let written = write(file.as_mut(), &temp).and_then(|written| {
+        file.sync_data().map_err(StorageError::io("fsync", &temp))?;
+        Ok(written)
+    });
     drop(file);
+    // A temp file that failed (a full disk) goes at once: left until the next open, it held
+    // the space the node's other stores needed.
+    let written = written.inspect_err(|_| {
+        let _ = fs.remove_file(&temp);
+    })?;
     let path = dir.join(name);
     fs.rename(&temp, &path).map_err(StorageError::io("rename", &temp))?;
     fs.sync_dir(dir).map_err(StorageError::io("fsync dir", dir))?;
@@ -95,5 +102,24 @@ mod tests {
         }
         assert!(is_temp_name("MANIFEST.tmp") && is_temp_name("part-00000000000000000007.arrow.tmp"));
         assert!(!is_temp_name("MANIFEST") && !is_temp_name("notes.tmp") && !is_temp_name("wal"));
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temp_file() {
+        let sim = crate::fs::SimFs::new();
+        let dir = Path::new("/d");
+        let listed = |sim: &crate::fs::SimFs| sim.list_dir(dir).unwrap_or_default();
+        sim.create_dir_all(dir).expect("the directory");
+        sim.fail_next_fsync();
+        assert!(write_durably(&sim, dir, "MANIFEST", b"{}").is_err());
+        assert!(listed(&sim).is_empty(), "{:?}", listed(&sim));
+        let failed = write_durably_with(&sim, dir, "part", |file, temp| {
+            file.write_all(b"half").map_err(StorageError::io("write", temp))?;
+            Err::<(), _>(StorageError::io("write", temp)(std::io::Error::other("No space left on device")))
+        });
+        assert!(failed.is_err());
+        assert!(listed(&sim).is_empty(), "{:?}", listed(&sim));
+        write_durably(&sim, dir, "MANIFEST", b"{}").expect("then it works");
+        assert_eq!(listed(&sim), vec!["MANIFEST".to_string()]);
     }
 }

@@ -12,6 +12,11 @@ use super::manifest::Manifest;
 use super::part::{EncodedPart, Part};
 use crate::error::StorageError;
 
+/// A flush starts a new WAL segment (so the covered one can be deleted) when the active one holds
+/// at least this much: smaller ones are left to fill, as a new file and two directory fsyncs
+/// would cost more than the space.
+pub const WAL_ROLL_AT_CHECKPOINT_MIN_BYTES: u64 = 1024 * 1024;
+
 /// What [`ShardStore::optimize`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OptimizeOutcome {
@@ -56,6 +61,10 @@ impl ShardStore {
         self.manifest = manifest;
         self.buffer.clear();
         (self.buffer_rows, self.buffer_bytes) = (0, 0);
+        // Every record is in the part now: the segments that hold them go (the active one too,
+        // once it is worth a new file).
+        let rolled = self.wal.roll_if_covered(checkpoint, WAL_ROLL_AT_CHECKPOINT_MIN_BYTES);
+        self.guard(rolled)?;
         let truncated = self.wal.truncate_before(checkpoint);
         self.guard(truncated).map(|_| ())
     }

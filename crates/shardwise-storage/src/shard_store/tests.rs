@@ -256,6 +256,40 @@ fn flush_writes_a_part_checkpoints_and_reopen_replays_only_the_rest() -> TestRes
 }
 
 #[test]
+fn a_flush_that_covers_the_whole_log_deletes_its_segment() -> TestResult {
+    // One large segment (as by default): the flushed records would stay beside the part until
+    // it filled. A flush that covers them all starts a new segment and deletes the old one.
+    let sim = SimFs::new();
+    let opts = ShardStoreOptions { buffer_max_rows: 1_000_000, wal: WalOptions::default(), ..small_opts() };
+    let (mut store, _) = open_sim(&sim, opts.clone())?;
+    store.apply(&[piece(0..100_000, None, None, None)])?;
+    let wal = Path::new(DIR).join(files::WAL_DIR_NAME);
+    let wal_bytes = |sim: &SimFs| -> Result<usize, std::io::Error> {
+        let mut total = 0;
+        for name in sim.list_dir(&wal)? {
+            total += sim.read(&wal.join(name))?.iter().filter(|b| **b != 0).count();
+        }
+        Ok(total)
+    };
+    assert!(wal_bytes(&sim)? as u64 > maintenance::WAL_ROLL_AT_CHECKPOINT_MIN_BYTES);
+    let before = sim.list_dir(&wal)?;
+    store.flush()?;
+    let after = sim.list_dir(&wal)?;
+    assert_eq!((before.len(), after.len(), store.stats().wal_segments), (1, 1, 1));
+    assert_ne!(before, after, "a new segment");
+    assert_eq!(wal_bytes(&sim)?, 0, "the records the part holds are gone");
+    // A small flush leaves its segment to fill.
+    store.apply(&[piece(100_000..100_010, None, None, None)])?;
+    store.flush()?;
+    assert_eq!(sim.list_dir(&wal)?, after);
+    drop(store);
+    sim.power_loss();
+    let (store, recovery) = open_sim(&sim, opts)?;
+    assert_eq!((recovery.replayed_records, store.stats().rows), (0, 100_010));
+    Ok(())
+}
+
+#[test]
 fn compaction_merges_small_parts_keeps_rows_and_deletes_the_old_files() -> TestResult {
     let sim = SimFs::new();
     let (mut store, _) = open_sim(&sim, small_opts())?;
