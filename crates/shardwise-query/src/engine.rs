@@ -536,6 +536,8 @@ impl QueryEngine {
         crate::fetch_clause::fetch_as_limit(&mut statement);
         // `'{a,b}'::text[]` as the array it writes (see `crate::array_literals`).
         crate::array_literals::casts_as_arrays(&mut statement)?;
+        // `INTERVAL '1 day 02:00:00'` and ISO 8601 durations (see `crate::interval_text`).
+        crate::interval_text::interval_literals(&mut statement);
         // An INSERT's values go into DECIMAL columns exactly (see `crate::numeric_literals`).
         if crate::numeric_literals::is_insert_values(&statement) {
             state.config_mut().options_mut().sql_parser.parse_float_as_decimal = true;

@@ -38,6 +38,7 @@ pub mod insert_values;
 pub mod integer_timestamps;
 pub mod interval_order;
 pub mod interval_scaling;
+pub mod interval_text;
 pub mod like_escape;
 pub mod limit_by;
 pub mod many_groups;

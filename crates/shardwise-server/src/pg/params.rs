@@ -35,6 +35,7 @@ fn sql_type(ty: &Type) -> Option<&'static str> {
         Type::TIMESTAMP => "TIMESTAMP",
         Type::TIMESTAMPTZ => "TIMESTAMP",
         Type::TIME => "TIME",
+        Type::INTERVAL => "INTERVAL",
         _ => return None,
     })
 }
@@ -65,6 +66,11 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
                 None => "NULL".to_string(),
             });
         }
+        // Binary: microseconds (i64), days (i32), months (i32), big-endian.
+        Type::INTERVAL if portal.parameter_format.is_binary(index) => match &portal.parameters[index] {
+            Some(bytes) => Some(interval_text(bytes).ok_or_else(|| bad_parameter(index, ty, "not 16 bytes"))?),
+            None => None,
+        },
         Type::UUID if portal.parameter_format.is_binary(index) => match &portal.parameters[index] {
             Some(bytes) => Some(uuid_text(bytes).ok_or_else(|| bad_parameter(index, ty, "not 16 bytes"))?),
             None => None,
@@ -94,6 +100,17 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
 /// `22P02`: parameter `$index+1` of type `ty` cannot be read.
 fn bad_parameter(index: usize, ty: &Type, problem: &str) -> pgwire::error::PgWireError {
     error("22P02", format!("parameter ${} (type {}) {problem}", index + 1, ty.name()))
+}
+
+/// An interval's 16 binary bytes as text DataFusion reads (`1 months 2 days 3.000004 seconds`).
+fn interval_text(bytes: &[u8]) -> Option<String> {
+    let bytes: [u8; 16] = bytes.try_into().ok()?;
+    let micros = i64::from_be_bytes(bytes[..8].try_into().ok()?);
+    let days = i32::from_be_bytes(bytes[8..12].try_into().ok()?);
+    let months = i32::from_be_bytes(bytes[12..].try_into().ok()?);
+    let sign = if micros < 0 { "-" } else { "" };
+    let (seconds, fraction) = (micros.unsigned_abs() / 1_000_000, micros.unsigned_abs() % 1_000_000);
+    Some(format!("{months} months {days} days {sign}{seconds}.{fraction:06} seconds"))
 }
 
 /// A UUID's 16 bytes in its text form.
