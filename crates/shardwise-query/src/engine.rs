@@ -283,6 +283,7 @@ impl QueryEngine {
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
         ctx.register_udf(crate::insert_exact::insert_fits_udf().as_ref().clone());
+        ctx.register_udf(crate::cast_names::cast_named_udf().as_ref().clone());
         for udf in crate::checked_integers::checked_udfs() {
             ctx.register_udf(udf.as_ref().clone());
         }
@@ -568,6 +569,9 @@ impl QueryEngine {
             // by its text, as DuckDB names them.
             (Err(e), Some(mut named)) if repeated_items::is_name_collision(&e) => {
                 repeated_items::name_expressions_by_text(&mut named);
+                // Casts are named like what they cast (`max(x)`, `max(x::text)`): told apart
+                // by their type (see `crate::cast_names`).
+                crate::cast_names::name_casts(&mut named);
                 state.statement_to_plan(named).await
             }
             (planned, _) => planned,

@@ -10,6 +10,7 @@ pub mod age;
 pub mod any_nulls;
 pub mod array_literals;
 pub mod ast_limits;
+pub mod cast_names;
 pub mod checked_integers;
 pub mod checked_sum;
 pub mod clickhouse_functions;

@@ -154,6 +154,7 @@ pub fn is_query(statement: &DfStatement) -> bool {
 pub fn is_name_collision(e: &datafusion::error::DataFusionError) -> bool {
     let message = e.to_string();
     message.contains("Projections require unique expression names")
+        || message.contains("Schema contains duplicate unqualified field name")
         || (message.contains("Schema contains qualified field name") && message.contains("would be ambiguous"))
 }
 

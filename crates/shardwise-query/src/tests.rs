@@ -291,6 +291,15 @@ async fn repeated_select_items_are_answered() {
     let sql = "SELECT t.x, (SELECT max(u.x) AS x FROM (SELECT 5 AS x) u WHERE u.x = t.x) FROM (SELECT 5 AS x) t";
     let shown = pretty(&run(&engine, sql).await.expect("correlated subquery named as a column"));
     assert!(shown.contains("| 5 | 5 "), "{shown}");
+    // Aggregates of a value and of a cast of it: DataFusion names a cast as its value, so they
+    // collided inside the plan.
+    let values = "(VALUES (9, 1.5), (10, -0.5), (10, 1.5)) v(id, f)";
+    let sql = format!("SELECT max(id), max(id::text), count(DISTINCT f), count(DISTINCT f::text) FROM {values}");
+    let shown = pretty(&run(&engine, &sql).await.expect("casts inside aggregates"));
+    assert!(
+        shown.contains("| max(id) | max(id::TEXT) |") && shown.contains("| 10      | 9             | 2"),
+        "{shown}"
+    );
 }
 
 #[tokio::test]
