@@ -31,7 +31,8 @@ pub(crate) fn chunk_max_bytes(setting: usize, replicas: u32) -> usize {
 
 /// Cuts the rows into chunks of at most `chunk_rows` rows and `chunk_bytes` row bytes, counted
 /// from the first row, so the same input always gives the same chunks (which the dedup keys rely
-/// on). A row larger than `chunk_bytes` is an error naming it (its number from 1).
+/// on). A row larger than `chunk_bytes` is an error giving its size (not its number: an insert's
+/// rows may have been put in value order first).
 pub(crate) fn chunks(
     batches: &[RecordBatch],
     chunk_rows: usize,
@@ -40,17 +41,16 @@ pub(crate) fn chunks(
     let chunk_rows = chunk_rows.max(1);
     let mut out: Vec<Vec<RecordBatch>> = Vec::new();
     let mut current: Vec<RecordBatch> = Vec::new();
-    let (mut current_rows, mut current_bytes, mut rows_before) = (0, 0, 0);
+    let (mut current_rows, mut current_bytes) = (0, 0);
     for batch in batches {
         let sizes = row_sizes(batch);
         let mut start = 0;
         for (row, &size) in sizes.iter().enumerate() {
             if size > chunk_bytes {
                 return Err(QueryError::Rejected(format!(
-                    "row {} holds {size} bytes, more than an insert chunk of this table may hold ({chunk_bytes} \
+                    "a row of {size} bytes is more than an insert chunk of this table may hold ({chunk_bytes} \
                      bytes: one WAL record of at most {WAL_RECORD_MAX_BYTES} bytes carries every replica's copy); \
-                     nothing was written",
-                    rows_before + row + 1
+                     the insert holding it was refused before any of it was written"
                 )));
             }
             if current_rows == chunk_rows || current_bytes + size > chunk_bytes {
@@ -66,7 +66,6 @@ pub(crate) fn chunks(
         if sizes.len() > start {
             current.push(batch.slice(start, sizes.len() - start));
         }
-        rows_before += sizes.len();
     }
     if current_rows > 0 {
         out.push(current);
@@ -159,7 +158,7 @@ mod tests {
         // A row larger than a chunk is refused, named.
         let big = vec![Some("y".repeat(10)), Some("z".repeat(700))];
         let e = chunks(&[batch(&big)], 1000, 600).unwrap_err();
-        assert!(e.to_string().contains("row 2 holds 704 bytes"), "{e}");
+        assert!(e.to_string().contains("a row of 704 bytes"), "{e}");
     }
 
     #[test]

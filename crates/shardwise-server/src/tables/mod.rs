@@ -426,6 +426,11 @@ impl TableAccess for TablesNode {
         let (_, catalog) = self.catalog_now();
         let mut failed = false;
         let mut problems = Vec::new();
+        // A failed outbox takes no delayed insert until the node restarts: failing.
+        if let Some(failure) = lock_from_runtime(&self.outbox).failure() {
+            problems.push(format!("outbox: {failure}"));
+            failed = true;
+        }
         // Replicas that cannot be opened take no writes: failing, as a store that failed.
         for (key, error) in self.open_failures_now() {
             let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");

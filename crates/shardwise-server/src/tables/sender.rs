@@ -61,6 +61,8 @@ struct Slot {
 #[derive(Debug, Default)]
 struct Held {
     tables: BTreeSet<Arc<str>>,
+    /// The error each held table's items were refused with.
+    errors: BTreeMap<Arc<str>, String>,
     retry_at: Option<Instant>,
     backoff_ms: u64,
 }
@@ -97,6 +99,14 @@ impl Senders {
 
     pub(crate) fn status(&self, dest: u32) -> SenderStatus {
         self.slots.get(dest as usize).map(|s| lock(&s.status).clone()).unwrap_or_default()
+    }
+
+    /// The last error of `dest`'s queue of the table with outbox key `table`: why its items are
+    /// held back, if they are, else the last error of shipping to `dest`.
+    pub(crate) fn last_error(&self, dest: u32, table: &str) -> Option<String> {
+        let slot = self.slots.get(dest as usize)?;
+        let held = lock(&slot.held).errors.get(table).cloned();
+        held.or_else(|| lock(&slot.status).last_error.clone())
     }
 }
 
@@ -225,12 +235,16 @@ impl TablesNode {
                     return 0;
                 }
                 // Hold the refused items' tables back; the others go on at once.
-                let tables = items.iter().filter(|i| refused.contains_key(&i.seq)).map(|i| Arc::clone(&i.table));
+                let refused_tables: BTreeMap<Arc<str>, String> = items
+                    .iter()
+                    .filter_map(|i| refused.get(&i.seq).map(|error| (Arc::clone(&i.table), error.clone())))
+                    .collect();
                 if skip.is_empty() {
-                    held.tables = tables.collect();
-                } else {
-                    held.tables.extend(tables);
+                    held.tables.clear();
+                    held.errors.clear();
                 }
+                held.tables.extend(refused_tables.keys().cloned());
+                held.errors.extend(refused_tables);
                 held.backoff_ms = self.next_backoff_ms(held.backoff_ms);
                 held.retry_at = Some(Instant::now() + Duration::from_millis(with_jitter(held.backoff_ms)));
                 let error = refused.into_values().next().unwrap_or_default();

@@ -117,10 +117,11 @@ impl TablesNode {
             // The table's queued rows by its identity: some may have been queued under a name it
             // had before a rename (one queue per name), the same destination in each.
             let live = self.entry(table).ok().map(|(_, e)| (e.id, e.generation));
-            let mut pending: BTreeMap<u32, u64> = BTreeMap::new();
+            // By destination: the rows, and the outbox key of a queue holding them.
+            let mut pending: BTreeMap<u32, (u64, String)> = BTreeMap::new();
             for ((key, dest), q) in lock_from_runtime(&self.outbox).stats() {
                 if q.pending_items > 0 && live.is_some() && outbox_key_incarnation(&key) == live {
-                    *pending.entry(dest).or_default() += q.pending_rows;
+                    pending.entry(dest).or_insert_with(|| (0, key.clone())).0 += q.pending_rows;
                 }
             }
             if pending.is_empty() {
@@ -129,9 +130,9 @@ impl TablesNode {
             if Instant::now() >= deadline {
                 let pending = pending
                     .iter()
-                    .map(|(dest, rows)| {
-                        let status = self.senders.status(*dest);
-                        let last = status.last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default();
+                    .map(|(dest, (rows, key))| {
+                        let last_error = self.senders.last_error(*dest, key);
+                        let last = last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default();
                         format!("rank {} -> rank {dest}: {rows} rows{last}", self.rank)
                     })
                     .collect();
@@ -325,7 +326,7 @@ impl TablesNode {
                     pending_bytes: 0,
                     oldest_pending_age_ms,
                     retries: status.retries,
-                    last_error: status.last_error,
+                    last_error: self.senders.last_error(dest, &key),
                 }
             });
             row.pending_rows += q.pending_rows;

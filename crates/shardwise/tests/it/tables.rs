@@ -581,7 +581,7 @@ fn wide_rows_go_into_a_delayed_table_in_chunks_its_outbox_records_hold() {
     }
     // One row larger than a chunk may be: refused before anything is written.
     let err = c.sql_err(0, "INSERT INTO wide SELECT 9, repeat('y', 30000000)");
-    assert!(err.contains("row 1 holds 30000012 bytes") && err.contains("nothing was written"), "{err}");
+    assert!(err.contains("a row of 30000012 bytes") && err.contains("before any of it was written"), "{err}");
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED wide");
     assert_eq!(one(c.sql(0, "SELECT count(*) FROM wide")), ["4"]);
 }
@@ -955,24 +955,32 @@ fn a_replica_with_a_damaged_wal_is_not_read() {
 
 #[test]
 fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
-    // Rank 1's replica of one table cannot be opened (its MANIFEST is garbage): the delayed rows
-    // of that table wait for it, those of another table in the same shipments go in.
+    // Rank 1's replicas of two tables cannot be opened (their MANIFESTs are garbage): the delayed
+    // rows of those tables wait for them, each with its own error; those of another table in the
+    // same shipments go in.
     let mut c = Cluster::start(2);
     let options = "WITH (shard_key = 'id', shards = 1, replicas = 2, sync_mode = 'delay_mode_distributed')";
-    for table in ["broken", "fine"] {
+    let tables = ["broken", "other", "fine"];
+    for table in tables {
         c.sql(0, &format!("CREATE TABLE {table} (id BIGINT) {options}"));
         c.sql(0, &format!("INSERT INTO {table} SELECT value FROM generate_series(1, 100)"));
         c.sql(0, &format!("OPTIMIZE TABLE {table}"));
     }
-    let row = one(c.sql(0, "SELECT id, generation FROM system.tables WHERE name = 'broken'"));
-    let manifest = c.data_dir(1).join(format!("tables/t{}-g{}/shard-0/MANIFEST", row[0], row[1]));
+    let manifest = |c: &Cluster, table: &str| {
+        let row = one(c.sql(0, &format!("SELECT id, generation FROM system.tables WHERE name = '{table}'")));
+        c.data_dir(1).join(format!("tables/t{}-g{}/shard-0/MANIFEST", row[0], row[1]))
+    };
+    let damaged = [manifest(&c, "broken"), manifest(&c, "other")];
     c.procs[1].kill9();
-    let kept = std::fs::read(&manifest).expect("rank 1's replica of broken has a MANIFEST");
-    std::fs::write(&manifest, b"not a manifest").expect("damage it");
+    let kept: Vec<Vec<u8>> =
+        damaged.iter().map(|m| std::fs::read(m).expect("rank 1's replica has a MANIFEST")).collect();
+    for m in &damaged {
+        std::fs::write(m, b"not a manifest").expect("damage it");
+    }
     c.restart(1);
-    // Interleaved inserts through rank 0: each shipment to rank 1 holds items of both tables.
+    // Interleaved inserts through rank 0: each shipment to rank 1 holds items of every table.
     for i in 1..=5 {
-        for table in ["broken", "fine"] {
+        for table in tables {
             c.sql(
                 0,
                 &format!("INSERT INTO {table} SELECT value FROM generate_series({}, {})", i * 100 + 1, i * 100 + 100),
@@ -980,14 +988,20 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
         }
     }
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED fine SETTINGS flush_timeout_ms = 20000");
-    let err = c.sql_err(0, "SYSTEM FLUSH DISTRIBUTED broken SETTINGS flush_timeout_ms = 2000");
-    assert!(err.contains("rank 1"), "{err}");
-    let errors = c.sql(0, "SELECT last_error FROM system.sync_queues WHERE \"table\" = 'broken' AND destination = 1");
-    assert!(errors.iter().flatten().any(|e| e.contains("broken")), "{errors:?}");
-    // system.shards and /health name the replica that cannot be opened, and only it.
+    for table in ["broken", "other"] {
+        let err = c.sql_err(0, &format!("SYSTEM FLUSH DISTRIBUTED {table} SETTINGS flush_timeout_ms = 2000"));
+        assert!(err.contains("rank 1") && err.contains(&format!("table {table} shard 0")), "{err}");
+        let sql = format!("SELECT last_error FROM system.sync_queues WHERE \"table\" = '{table}' AND destination = 1");
+        let errors = c.sql(0, &sql);
+        assert!(
+            !errors.is_empty() && errors.iter().flatten().all(|e| e.contains(&format!("table {table} shard 0"))),
+            "{errors:?}"
+        );
+    }
+    // system.shards and /health name the replicas that cannot be opened, and only them.
     let shards =
         c.sql(0, "SELECT \"table\", rows, substr(problem, 1, 17) FROM system.shards WHERE rank = 1 ORDER BY 1");
-    let want = [["broken", "", "cannot be opened:"], ["fine", "600", ""]];
+    let want = [["broken", "", "cannot be opened:"], ["fine", "600", ""], ["other", "", "cannot be opened:"]];
     assert_eq!(shards, want.map(|r| r.map(String::from).to_vec()).to_vec());
     let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 1")).remove(0);
     let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
@@ -998,17 +1012,27 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
     assert!(reply.starts_with("HTTP/1.1 503") && reply.contains("table broken shard 0: cannot be opened"), "{reply}");
     // Repaired: the held rows go in, once.
     c.procs[1].kill9();
-    std::fs::write(&manifest, kept).expect("repair");
+    for (m, bytes) in damaged.iter().zip(kept) {
+        std::fs::write(m, bytes).expect("repair");
+    }
     c.restart(1);
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED broken SETTINGS flush_timeout_ms = 30000");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED other SETTINGS flush_timeout_ms = 30000");
     // Each node reads its own replica first (`load_balancing = 'nearest'`), and each holds all.
     for rank in 0..2 {
-        for table in ["broken", "fine"] {
+        for table in tables {
             let sql = format!("SELECT count(*), count(DISTINCT id), sum(id) FROM {table}");
             assert_eq!(one(c.sql(rank, &sql)), ["600", "600", "180300"], "{table} through rank {rank}");
         }
     }
     let rows = c.sql(1, "SELECT \"table\", rank, rows FROM system.shards ORDER BY \"table\", rank");
-    let want = [["broken", "0", "600"], ["broken", "1", "600"], ["fine", "0", "600"], ["fine", "1", "600"]];
+    let want = [
+        ["broken", "0", "600"],
+        ["broken", "1", "600"],
+        ["fine", "0", "600"],
+        ["fine", "1", "600"],
+        ["other", "0", "600"],
+        ["other", "1", "600"],
+    ];
     assert_eq!(rows, want.map(|r| r.map(String::from).to_vec()).to_vec());
 }
