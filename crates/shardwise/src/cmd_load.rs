@@ -135,6 +135,15 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
         read.as_secs_f64(),
         elapsed.saturating_sub(read).as_secs_f64()
     );
+    if let Some(id) = &args.insert_id {
+        // The count is of the rows sent and acknowledged: a part stored before under this id is
+        // not stored again, which is what a retry wants, and what a new file under an old id
+        // does not.
+        eprintln!(
+            "with --insert-id {id}: any part of this load stored before under the same id was not stored again \
+             (give each different load an id of its own)"
+        );
+    }
     Ok(())
 }
 

@@ -30,12 +30,30 @@ pub struct LocalArgs {
 
 pub async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     check_nodes(args.nodes, MAX_LOCAL_NODES)?;
+    // A signal stops the session, then the cluster, and the temporary data directory goes as at
+    // a normal exit (watched before the directory is made). The shell handles Ctrl-C itself (it
+    // cancels the running statement).
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let shell = args.script.wants_shell();
     let (_tmp, data_dir) = data_dir_or_temp(args.data_dir.as_deref())?;
     let cluster = EmbeddedCluster::start(args.nodes, &data_dir).await?;
-    let result = session(&cluster, &args, &data_dir).await;
+    let stopped = async {
+        tokio::select! {
+            _ = sigterm.recv() => ("SIGTERM", 143),
+            _ = sigint.recv(), if !shell => ("SIGINT", 130),
+        }
+    };
+    let result = tokio::select! {
+        result = session(&cluster, &args, &data_dir) => result.map(|()| ExitCode::SUCCESS),
+        (name, code) = stopped => {
+            eprintln!("stopped by {name}");
+            Ok(ExitCode::from(code))
+        }
+    };
     cluster.shutdown().await;
-    result?;
-    Ok(ExitCode::SUCCESS)
+    result
 }
 
 async fn session(cluster: &EmbeddedCluster, args: &LocalArgs, data_dir: &std::path::Path) -> anyhow::Result<()> {

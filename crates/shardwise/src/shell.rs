@@ -134,9 +134,15 @@ pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> an
     Ok(())
 }
 
+/// Runs one statement and prints its answer. Ctrl-C while it runs cancels it (the call is
+/// dropped, which stops the query on the server) and the shell goes on, as in psql.
 async fn execute(client: &mut SqlClient, sql: &str, format: OutputFormat, timing: bool) {
     let started = Instant::now();
-    match client.print_counted(sql, format).await {
+    let answer = tokio::select! {
+        answer = client.print_counted(sql, format) => answer,
+        _ = tokio::signal::ctrl_c() => Err("cancelled (Ctrl-C); the query was stopped".to_string()),
+    };
+    match answer {
         Ok(rows) if timing => println!("{rows} row{} in {:.1} ms", if rows == 1 { "" } else { "s" }, ms(started)),
         Ok(_) => {}
         Err(message) => eprintln!("error: {message}"),

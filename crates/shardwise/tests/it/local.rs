@@ -69,3 +69,40 @@ fn the_shell_reads_statements_over_lines_keeps_its_session_and_survives_errors()
     let after_timing_off = &out[out.find("timing is off").unwrap_or(0)..];
     assert!(!after_timing_off.contains(" rows in ") && !after_timing_off.contains("1 row in "), "{out}");
 }
+
+#[test]
+fn ctrl_c_cancels_the_running_statement_and_the_shell_goes_on() {
+    let mut cmd = shardwise();
+    cmd.args(["local", "--nodes", "1", "--interactive"]).env("SHARDWISE_HISTORY", "/dev/null");
+    let input = "SELECT 1 AS started;\n\
+                 SELECT count(*) FROM generate_series(1, 100000000000);\n\
+                 SELECT 7 AS seven;\n\
+                 \\q\n";
+    let mut shell = Proc::spawn_with_input(cmd, input);
+    shell.wait_for_line("1 row in ", Duration::from_secs(60));
+    // The long statement is running: Ctrl-C stops it, not the shell.
+    std::thread::sleep(Duration::from_millis(1500));
+    shell.signal("INT");
+    let (code, out) = shell.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("error: cancelled (Ctrl-C)") && out.contains("| seven |"), "{out}");
+}
+
+#[test]
+fn a_signal_stops_a_local_script_and_its_temporary_data_goes() {
+    let tmp = crate::support::tempdir();
+    let mut cmd = shardwise();
+    cmd.args(["local", "--nodes", "1", "-e", "SELECT count(*) FROM generate_series(1, 100000000000)"])
+        .env("TMPDIR", tmp.path());
+    let mut local = Proc::spawn(cmd);
+    crate::support::eventually(Duration::from_secs(60), "the temporary data directory", || {
+        (std::fs::read_dir(tmp.path()).ok()?.count() > 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    local.signal("INT");
+    let (code, out) = local.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(130), "{out}");
+    assert!(out.contains("stopped by SIGINT"), "{out}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmp").flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
