@@ -169,6 +169,8 @@ fn placed_at_end(e: DataFusionError) -> DataFusionError {
 fn user_text(e: &DataFusionError) -> String {
     use datafusion::sql::sqlparser::parser::ParserError;
     match e {
+        // DataFusion wraps some parser errors with a diagnostic (`select 1 1 1`): the error inside.
+        DataFusionError::Diagnostic(_, inner) => user_text(inner),
         DataFusionError::SQL(parser, _) => match parser.as_ref() {
             ParserError::ParserError(message) | ParserError::TokenizerError(message) => {
                 format!("syntax error: {message}")
@@ -331,6 +333,12 @@ mod tests {
         let parse = |e: ParserError| QueryError::from(DataFusionError::SQL(Box::new(e), None)).to_string();
         let text = parse(ParserError::ParserError("Expected: ), found: exclude at Line: 1, Column: 9".into()));
         assert_eq!(text, "syntax error: Expected: ), found: exclude at Line: 1, Column: 9");
+        let inner = DataFusionError::SQL(Box::new(ParserError::ParserError("Expected: end of statement".into())), None);
+        let wrapped = DataFusionError::Diagnostic(
+            Box::new(datafusion::common::Diagnostic::new_error("end of statement", None)),
+            Box::new(inner),
+        );
+        assert_eq!(QueryError::from(wrapped).to_string(), "syntax error: Expected: end of statement");
         assert!(parse(ParserError::RecursionLimitExceeded).contains("recursion_limit"));
         let e = QueryError::from(DataFusionError::NotImplemented(format!(
             "{UNSUPPORTED_AST_NODE}Collate {{ expr: Identifier(Ident {{ value: \"s\" }}) }}"

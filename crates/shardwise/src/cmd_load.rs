@@ -52,7 +52,7 @@ pub struct LoadArgs {
     /// File to load: CSV with a header row, Parquet, or NDJSON (one JSON object per line).
     pub file: PathBuf,
     /// Node's Flight SQL address, host:port.
-    #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = "SHARDWISE_CONNECT", default_value = crate::cmd_sql::DEFAULT_CONNECT)]
     pub connect: String,
     /// File format [default: from the extension: .csv, .parquet, or .ndjson, .jsonl and .json, all
     /// read as newline-delimited JSON].

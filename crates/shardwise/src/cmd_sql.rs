@@ -128,8 +128,8 @@ impl ScriptArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct SqlArgs {
-    /// Node's Flight SQL address, host:port.
-    #[arg(long, env = "SHARDWISE_CONNECT", default_value = "127.0.0.1:50051")]
+    /// Node's Flight SQL address, host:port (the `flight=` address of its `listening` line).
+    #[arg(long, env = "SHARDWISE_CONNECT", default_value = DEFAULT_CONNECT)]
     pub connect: String,
     #[command(flatten)]
     pub script: ScriptArgs,
@@ -235,12 +235,16 @@ async fn read_stdin() -> anyhow::Result<String> {
 /// A connected, authenticated Flight SQL client (also used by `demo`).
 pub struct SqlClient {
     inner: FlightSqlServiceClient<Channel>,
+    /// For logging in again when the node restarted (its sessions, and so the token, are gone).
+    user: String,
+    password: String,
 }
 
 impl SqlClient {
     /// Connects to `addr` (`host:port` or a URI) and logs in.
     pub async fn connect(addr: &str, user: &str, password: &str, timeout: Duration) -> anyhow::Result<SqlClient> {
-        connect(addr, user, password, timeout).await.map(|inner| SqlClient { inner })
+        let inner = connect(addr, user, password, timeout).await?;
+        Ok(SqlClient { inner, user: user.to_string(), password: password.to_string() })
     }
 
     /// Runs one statement and returns its rows; `Err` carries the server's message.
@@ -255,9 +259,18 @@ impl SqlClient {
         run_statement(&mut self.inner, sql, format).await.map(|_| ()).map_err(|m| anyhow!("{m}"))
     }
 
-    /// Runs one statement, prints its result in `format` and returns its row count.
+    /// Runs one statement, prints its result in `format` and returns its row count. When the
+    /// node restarted since the log-in (it refuses the session's token before it runs
+    /// anything), logs in again, says so, and runs the statement then: a shell stays usable.
     pub async fn print_counted(&mut self, sql: &str, format: OutputFormat) -> Result<usize, String> {
-        run_statement(&mut self.inner, sql, format).await
+        match run_statement(&mut self.inner, sql, format).await {
+            Err(message) if message.contains(UNKNOWN_SESSION) => {
+                handshake(&mut self.inner, &self.user, &self.password).await?;
+                eprintln!("the node restarted: logged in again (settings made with SET are back to their defaults)");
+                run_statement(&mut self.inner, sql, format).await
+            }
+            other => other,
+        }
     }
 }
 
@@ -283,6 +296,12 @@ pub(crate) async fn connect(
         Ok(Ok(channel)) => channel,
         Ok(Err(e)) => match crate::port_probe::wrong_port_hint(addr).await {
             Some(hint) => bail!("could not connect to {addr}: {hint}"),
+            None if addr == DEFAULT_CONNECT => bail!(
+                "could not connect to {addr}, the default address: {}; nodes listen on the port their `listening` \
+                 line shows as flight= (shardwise launch prints them): give --connect HOST:PORT or set \
+                 SHARDWISE_CONNECT",
+                error_chain(&e)
+            ),
             None => bail!("could not connect to {addr}: {}", error_chain(&e)),
         },
         Err(_) => bail!("could not connect to {addr}: timed out after {} ms", timeout.as_millis()),
@@ -330,7 +349,15 @@ async fn handshake(client: &mut FlightSqlServiceClient<Channel>, user: &str, pas
     Ok(())
 }
 
-/// Runs one statement and prints its result; `Err` carries the server's message.
+/// `--connect` when not given: where a node listens when started with `--flight-port 50051`.
+pub const DEFAULT_CONNECT: &str = "127.0.0.1:50051";
+
+/// What a node answers to a token of a session it does not have (it restarted since the log-in).
+const UNKNOWN_SESSION: &str = "unknown session token";
+
+/// Runs one statement and prints its result; `Err` carries the server's message. An error that
+/// names [`UNKNOWN_SESSION`] comes only from the first call, before anything ran: a node that
+/// restarts while the rows are fetched fails the fetch with another error.
 async fn run_statement(
     client: &mut FlightSqlServiceClient<Channel>,
     sql: &str,
@@ -341,7 +368,12 @@ async fn run_statement(
     let format = clause.map(OutputFormat::of_clause).transpose()?.unwrap_or(format);
     format.check_destination(std::io::stdout().is_terminal())?;
     let info = client.execute(sql, None).await.map_err(flight_message)?;
-    crate::sql_print::print_result(client, info, format).await
+    crate::sql_print::print_result(client, info, format).await.map_err(|message| {
+        match message.contains(UNKNOWN_SESSION) {
+            true => format!("the node restarted while the rows were read: {message}"),
+            false => message,
+        }
+    })
 }
 
 /// Redeems every endpoint's ticket, in order, and hands each batch to `on_batch` as it arrives;

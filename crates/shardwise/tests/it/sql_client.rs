@@ -111,3 +111,24 @@ fn formats_scripts_and_errors() {
     let out = sql("127.0.0.1:1", &["-e", "SELECT 1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not connect to 127.0.0.1:1"));
 }
+
+#[test]
+fn the_shell_logs_in_again_after_its_node_restarted() {
+    use std::io::Write;
+    let mut c = crate::tables::Cluster::start(1);
+    let addr = c.addrs[0].clone();
+    let mut cmd = shardwise();
+    cmd.args(["sql", "--connect", &addr, "--interactive"]).env("SHARDWISE_HISTORY", "/dev/null");
+    let (mut shell, mut stdin) = Proc::spawn_with_stdin(cmd);
+    stdin.write_all(b"SET distributed_aggregation = 'shuffle';\nSELECT 1 AS a;\n").expect("write");
+    shell.wait_for_line("1 row in ", T);
+    // The node goes away and comes back (on the same port): its sessions are gone.
+    c.procs[0].kill9();
+    c.restart(0);
+    assert_eq!(c.addrs[0], addr, "the node keeps its port");
+    stdin.write_all(b"SELECT 2 AS b;\n\\q\n").expect("write");
+    drop(stdin);
+    let (code, out) = shell.wait_exit(T);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("the node restarted: logged in again") && out.contains("| b |"), "{out}");
+}

@@ -105,6 +105,14 @@ impl Proc {
         Proc::collect(child)
     }
 
+    /// Like [`Proc::spawn`], with its standard input returned, to write to as the test goes.
+    pub fn spawn_with_stdin(mut cmd: Command) -> (Proc, std::process::ChildStdin) {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn shardwise");
+        let stdin = child.stdin.take().expect("stdin");
+        (Proc::collect(child), stdin)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
