@@ -18,10 +18,7 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{
-    ArrayElemTypeDef, CastKind, DataType, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList,
-    FunctionArguments, Ident, ObjectName, Value, VisitorMut,
-};
+use datafusion::sql::sqlparser::ast::{ArrayElemTypeDef, CastKind, DataType, Expr, Value, VisitorMut};
 
 use crate::error::QueryError;
 
@@ -147,27 +144,18 @@ fn as_make_array(elements: Vec<Option<String>>, element: &DataType, kind: CastKi
         array: false,
         format: None,
     };
-    let args: Vec<FunctionArg> = elements
+    let args: Vec<Expr> = elements
         .into_iter()
         .map(|e| {
             let value = match e {
                 Some(text) => Value::SingleQuotedString(text),
                 None => Value::Null,
             };
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(cast(Expr::value(value), element.clone())))
+            cast(Expr::value(value), element.clone())
         })
         .collect();
     let empty = args.is_empty();
-    let call = Expr::Function(Function {
-        name: ObjectName::from(vec![Ident::new("make_array")]),
-        uses_odbc_syntax: false,
-        parameters: FunctionArguments::None,
-        args: FunctionArguments::List(FunctionArgumentList { duplicate_treatment: None, args, clauses: vec![] }),
-        filter: None,
-        null_treatment: None,
-        over: None,
-        within_group: vec![],
-    });
+    let call = crate::sql_ast::function_call("make_array", args);
     match empty {
         true => cast(call, DataType::Array(ArrayElemTypeDef::SquareBracket(Box::new(element.clone()), None))),
         false => call,

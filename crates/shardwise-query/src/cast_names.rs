@@ -19,10 +19,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Result, exec_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{
-    Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident, ObjectName, Value,
-    VisitorMut,
-};
+use datafusion::sql::sqlparser::ast::{Expr, Value, VisitorMut};
 
 /// The function's SQL name.
 pub const CAST_NAMED: &str = "shardwise_cast_named";
@@ -41,17 +38,7 @@ impl VisitorMut for NameCasts {
         let Expr::Cast { data_type, .. } = expr else { return ControlFlow::Continue(()) };
         let label = Expr::value(Value::SingleQuotedString(data_type.to_string()));
         let cast = std::mem::replace(expr, Expr::value(Value::Null));
-        let args = [cast, label].map(|e| FunctionArg::Unnamed(FunctionArgExpr::Expr(e))).to_vec();
-        *expr = Expr::Function(Function {
-            name: ObjectName::from(vec![Ident::new(CAST_NAMED)]),
-            uses_odbc_syntax: false,
-            parameters: FunctionArguments::None,
-            args: FunctionArguments::List(FunctionArgumentList { duplicate_treatment: None, args, clauses: vec![] }),
-            filter: None,
-            null_treatment: None,
-            over: None,
-            within_group: vec![],
-        });
+        *expr = crate::sql_ast::function_call(CAST_NAMED, vec![cast, label]);
         ControlFlow::Continue(())
     }
 }
