@@ -56,7 +56,9 @@ pub struct LaunchArgs {
     /// Run the cluster without a secret.
     #[arg(long)]
     pub insecure: bool,
-    /// Arguments passed to every `shardwise node` (after `--`).
+    /// Arguments passed to every `shardwise node` (after `--`). Not the flags the launcher sets
+    /// per node (--rank, --world-size, --master-addr, --master-port, --data-dir, --local-rank)
+    /// nor the secret's (--insecure, --secret-file: give those to the launcher).
     #[arg(last = true)]
     pub node_args: Vec<String>,
 }
@@ -85,6 +87,16 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
         bail!(
             "--insecure is given but {} is set: --insecure runs without a cluster secret; unset it or drop --insecure",
             shardwise_cluster::secret::SECRET_ENV
+        );
+    }
+    // The launcher makes the run's secret: a node told --insecure or given --secret-file after
+    // `--` would refuse it (or differ from the others), with a message about a secret the user
+    // never gave.
+    let mut secret_flags = args.node_args.iter().filter_map(|a| secret_flag(a));
+    if let Some(flag) = secret_flags.find(|flag| !(args.insecure && *flag == "--insecure")) {
+        bail!(
+            "{flag} is given after --: the launcher gives the nodes their cluster secret; give {flag} to the \
+             launcher instead (shardwise launch {flag} ...)"
         );
     }
     if let Some(flag) = args.node_args.iter().find_map(|a| launcher_owned_flag(a)) {
@@ -289,6 +301,12 @@ fn describe(s: &std::io::Result<ExitStatus>) -> String {
 }
 
 /// The flag of a node argument the launcher gives each node itself, if `arg` is one.
+/// The node flag about the cluster secret that `arg` is, if it is one.
+fn secret_flag(arg: &str) -> Option<&'static str> {
+    let name = arg.split('=').next().unwrap_or(arg);
+    ["--insecure", "--secret-file"].into_iter().find(|flag| *flag == name)
+}
+
 fn launcher_owned_flag(arg: &str) -> Option<&'static str> {
     const OWNED: [&str; 6] = ["--rank", "--world-size", "--master-addr", "--master-port", "--data-dir", "--local-rank"];
     let name = arg.split('=').next().unwrap_or(arg);

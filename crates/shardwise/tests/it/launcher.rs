@@ -127,13 +127,22 @@ fn nodes_die_with_a_killed_launcher() {
 #[test]
 fn flags_the_launcher_sets_per_node_are_refused_after_the_separator() {
     let dir = tempdir();
-    for flags in [&["--rank", "1"][..], &["--world-size=2"], &["--data-dir", "/tmp/x"]] {
+    // The secret flags too (without the launcher's --insecure): the launcher makes the run's
+    // secret, which a node told --insecure refused, naming a secret the user never gave.
+    for flags in
+        [&["--rank", "1"][..], &["--world-size=2"], &["--data-dir", "/tmp/x"], &["--insecure"], &["--secret-file=/f"]]
+    {
+        let secret = flags[0].contains("secure") || flags[0].contains("secret");
         let mut cmd = shardwise();
-        cmd.args(["launch", "--nproc", "2", "--insecure", "--data-dir"]).arg(dir.path()).arg("--").args(flags);
+        cmd.args(["launch", "--nproc", "2"]).args(if secret { &[][..] } else { &["--insecure"][..] });
+        cmd.arg("--data-dir").arg(dir.path()).arg("--").args(flags);
         let out = run_with_timeout(cmd, Duration::from_secs(20));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
         let flag = flags[0].split('=').next().unwrap_or_default();
         assert!(stderr.contains(&format!("{flag} is given after --")), "{flags:?}: {stderr}");
+        if secret {
+            assert!(stderr.contains(&format!("shardwise launch {flag}")), "{stderr}");
+        }
     }
 }
