@@ -537,10 +537,29 @@ pub(crate) fn status_message(status: &tonic::Status) -> String {
     }
     if let Some(source) = status.source() {
         let chain = error_chain(source);
-        message = if chain.starts_with(&message) { chain } else { format!("{message}: {chain}") };
+        let first = source.to_string();
+        message = if chain.starts_with(&message) {
+            chain
+        } else if message.ends_with(&first) {
+            // The message already ends with the first cause (`h2 protocol error: error reading
+            // a body from connection`): only what follows it.
+            format!("{message}{}", &chain[first.len()..])
+        } else {
+            format!("{message}: {chain}")
+        };
+    }
+    if LOST_CONNECTION.iter().any(|words| message.contains(words)) {
+        message.push_str(&format!(
+            " (the connection to the node was lost: it stopped or restarted, or did not answer keep-alive pings for \
+             {} s)",
+            (CLIENT_KEEPALIVE_INTERVAL_MS + CLIENT_KEEPALIVE_TIMEOUT_MS) / 1000
+        ));
     }
     message
 }
+
+/// Words of a transport error that says the connection went away during a call.
+const LOST_CONNECTION: [&str; 3] = ["error reading a body from connection", "broken pipe", "connection closed"];
 
 /// `error: cause: cause...`, for errors (tonic's transport errors) whose Display alone is vague.
 fn error_chain(e: &(dyn StdError + 'static)) -> String {
@@ -559,6 +578,34 @@ fn error_chain(e: &(dyn StdError + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_said_once_and_named() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl StdError for E {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                self.1.as_deref().map(|e| e as &(dyn StdError + 'static))
+            }
+        }
+        let cause = E(
+            "error reading a body from connection",
+            Some(Box::new(E("stream closed because of a broken pipe", None))),
+        );
+        let mut status = tonic::Status::internal("h2 protocol error: error reading a body from connection");
+        status.set_source(std::sync::Arc::new(cause));
+        let message = status_message(&status);
+        assert_eq!(
+            message,
+            "h2 protocol error: error reading a body from connection: stream closed because of a broken pipe (the \
+             connection to the node was lost: it stopped or restarted, or did not answer keep-alive pings for 15 s)"
+        );
+    }
 
     fn rendered(batches: &[RecordBatch], schema: SchemaRef, format: OutputFormat) -> String {
         let mut out = Vec::new();
