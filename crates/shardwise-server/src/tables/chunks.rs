@@ -42,8 +42,15 @@ pub(crate) fn chunks(
     let mut out: Vec<Vec<RecordBatch>> = Vec::new();
     let mut current: Vec<RecordBatch> = Vec::new();
     let (mut current_rows, mut current_bytes) = (0, 0);
+    // Most inserts (a load's 262 144-row segments of narrow rows among them) hold fewer bytes in
+    // all than one chunk may: no chunk can then end by bytes, and the rows are not sized one by
+    // one (each row counts 0 below).
+    let by_bytes = batches.iter().map(batch_bytes).sum::<usize>() > chunk_bytes;
     for batch in batches {
-        let sizes = row_sizes(batch);
+        let sizes = match by_bytes {
+            true => row_sizes(batch),
+            false => vec![0; batch.num_rows()],
+        };
         let mut start = 0;
         for (row, &size) in sizes.iter().enumerate() {
             if size > chunk_bytes {
@@ -95,6 +102,37 @@ pub(crate) fn row_sizes(batch: &RecordBatch) -> Vec<usize> {
         }
     }
     sizes
+}
+
+/// The sum of [`row_sizes`] of `batch`, from each column's offsets or width, without sizing its
+/// rows one by one.
+pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
+    let rows = batch.num_rows();
+    let span = |first: i128, last: i128| (last - first).max(0) as usize;
+    batch
+        .columns()
+        .iter()
+        .map(|column| match column.data_type() {
+            DataType::Utf8 => {
+                let o = column.as_string::<i32>().offsets();
+                4 * rows + span(i128::from(o[0]), i128::from(o[rows]))
+            }
+            DataType::LargeUtf8 => {
+                let o = column.as_string::<i64>().offsets();
+                8 * rows + span(i128::from(o[0]), i128::from(o[rows]))
+            }
+            DataType::Binary => {
+                let o = column.as_binary::<i32>().offsets();
+                4 * rows + span(i128::from(o[0]), i128::from(o[rows]))
+            }
+            DataType::LargeBinary => {
+                let o = column.as_binary::<i64>().offsets();
+                8 * rows + span(i128::from(o[0]), i128::from(o[rows]))
+            }
+            DataType::Utf8View => column.as_string_view().views().iter().map(|v| 16 + (*v as u32) as usize).sum(),
+            other => other.primitive_width().unwrap_or(1) * rows,
+        })
+        .sum()
 }
 
 /// Adds each value's length (the difference of its offsets) plus the offset's own bytes.
@@ -154,7 +192,12 @@ mod tests {
         for chunk in &whole {
             let bytes: usize = chunk.iter().map(|b| row_sizes(b).iter().sum::<usize>()).sum();
             assert!(bytes <= 600, "{bytes}");
+            // Sized at once, sliced batches included, as row by row.
+            assert_eq!(chunk.iter().map(batch_bytes).sum::<usize>(), bytes);
         }
+        // All of it within one chunk's bytes: cut by rows only, as when sized row by row.
+        let total: usize = [batch(&values)].iter().map(batch_bytes).sum();
+        assert_eq!(rows_of(&chunks(&[batch(&values)], 64, total).unwrap()), vec![64, 64, 64, 8]);
         // A row larger than a chunk is refused, named.
         let big = vec![Some("y".repeat(10)), Some("z".repeat(700))];
         let e = chunks(&[batch(&big)], 1000, 600).unwrap_err();

@@ -112,22 +112,20 @@ pub(super) fn encode_append(seq: u64, appended_unix_ms: u64, items: &[ItemRef<'_
 }
 
 pub(super) fn encode_ack(acks: &[(u32, u64)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + acks.len() * 12);
-    out.push(TAG_ACK);
-    put_len(&mut out, acks.len());
-    for (dest, up_to_seq) in acks {
-        out.extend_from_slice(&dest.to_le_bytes());
-        out.extend_from_slice(&up_to_seq.to_le_bytes());
-    }
-    out
+    encode_pairs(TAG_ACK, acks)
 }
 
 /// Encodes an acked record: the single items `(dest, seq)` delivered.
 pub(super) fn encode_acked_items(items: &[(u32, u64)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + items.len() * 12);
-    out.push(TAG_ACKED_ITEMS);
-    put_len(&mut out, items.len());
-    for (dest, seq) in items {
+    encode_pairs(TAG_ACKED_ITEMS, items)
+}
+
+/// `tag | count u32 | (u32 | u64) × count`: the layout of an ack and an acked record.
+fn encode_pairs(tag: u8, pairs: &[(u32, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + pairs.len() * 12);
+    out.push(tag);
+    put_len(&mut out, pairs.len());
+    for (dest, seq) in pairs {
         out.extend_from_slice(&dest.to_le_bytes());
         out.extend_from_slice(&seq.to_le_bytes());
     }
