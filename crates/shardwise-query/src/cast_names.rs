@@ -1,6 +1,5 @@
 //! Casts that DataFusion names like the value they cast: `SELECT max(id), max(id::text)`,
-//! `count(DISTINCT f), count(DISTINCT f::text)`. (`GROUP BY f, f::text` is still refused: the
-//! names collide in a projection planned after this.)
+//! `count(DISTINCT f), count(DISTINCT f::text)`, `SELECT f::text ... GROUP BY f, f::text`.
 //!
 //! Why: DataFusion names `CAST(x AS T)` as `x`, so `max(id)` and `max(CAST(id AS TEXT))` are both
 //! `max(t.id)`, and the aggregate (or projection) holding both is refused ("Schema contains
@@ -10,14 +9,21 @@
 //! How: when DataFusion refused a query so, it is planned again ([`crate::engine`]) with every
 //! cast written as `shardwise_cast_named(CAST(x AS T), 'T')`, a function that returns its first
 //! argument as it is; its name holds the type, so the two are told apart. Only that second
-//! planning does it, so other queries keep DataFusion's plans and names.
+//! planning does it, so other queries keep DataFusion's plans and names. A value and its cast
+//! grouped by are planned, and refused only as the plan is optimized: [`grouping_names_collide`]
+//! finds them right after planning, while the query can still be planned again.
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err};
-use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
+use datafusion::logical_expr::{
+    ColumnarValue, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{Expr, Value, VisitorMut};
 
@@ -41,6 +47,22 @@ impl VisitorMut for NameCasts {
         *expr = crate::sql_ast::function_call(CAST_NAMED, vec![cast, label]);
         ControlFlow::Continue(())
     }
+}
+
+/// Whether an aggregate of `plan` (subqueries included) groups by two expressions DataFusion
+/// names alike, a value and a cast of it (`GROUP BY f, f::text`): the aggregate takes them (one
+/// is a qualified column, the other an unqualified name that reads the same), a projection built
+/// as the plan is optimized does not.
+pub fn grouping_names_collide(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Aggregate(aggregate) = node {
+            let mut names = HashSet::new();
+            found = !aggregate.group_expr.iter().all(|e| names.insert(e.schema_name().to_string()));
+        }
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
 }
 
 /// The function, ready to register.

@@ -23,6 +23,7 @@ use shardwise_cluster::ClusterView;
 use shardwise_storage::{CatalogOp, TableDef};
 
 use crate::access::{InsertOptions, TableAccess};
+use crate::cast_names;
 use crate::ddl::{self, Classified, Command};
 use crate::dist::estimate::GroupEstimates;
 use crate::dist::{
@@ -283,7 +284,7 @@ impl QueryEngine {
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
         ctx.register_udf(crate::insert_exact::insert_fits_udf().as_ref().clone());
-        ctx.register_udf(crate::cast_names::cast_named_udf().as_ref().clone());
+        ctx.register_udf(cast_names::cast_named_udf().as_ref().clone());
         for udf in crate::checked_integers::checked_udfs() {
             ctx.register_udf(udf.as_ref().clone());
         }
@@ -563,15 +564,22 @@ impl QueryEngine {
         };
         // Kept for a second planning only for a query (an INSERT's VALUES can be large).
         let retry = repeated_items::is_query(&statement).then(|| statement.clone());
-        let plan = match (state.statement_to_plan(statement).await, retry) {
+        let first = state.statement_to_plan(statement).await;
+        let collides = match &first {
+            Err(e) => repeated_items::is_name_collision(e),
+            // A value and a cast of it grouped by (`GROUP BY f, f::text`) have one name to
+            // DataFusion, which refuses the plan only as it optimizes it: planned again now.
+            Ok(plan) => cast_names::grouping_names_collide(plan),
+        };
+        let plan = match (first, retry) {
             // Items whose DataFusion names collide though their texts differ (`x, CAST(x AS
             // DOUBLE)` are both `x` to it): planned again with each unaliased expression named
             // by its text, as DuckDB names them.
-            (Err(e), Some(mut named)) if repeated_items::is_name_collision(&e) => {
+            (_, Some(mut named)) if collides => {
                 repeated_items::name_expressions_by_text(&mut named);
                 // Casts are named like what they cast (`max(x)`, `max(x::text)`): told apart
                 // by their type (see `crate::cast_names`).
-                crate::cast_names::name_casts(&mut named);
+                cast_names::name_casts(&mut named);
                 state.statement_to_plan(named).await
             }
             (planned, _) => planned,

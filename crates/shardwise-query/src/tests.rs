@@ -300,6 +300,11 @@ async fn repeated_select_items_are_answered() {
         shown.contains("| max(id) | max(id::TEXT) |") && shown.contains("| 10      | 9             | 2"),
         "{shown}"
     );
+    // A float's cast to text beside the float in GROUP BY: the analyzer's rewrite of the cast
+    // (PostgreSQL's float text) keeps the cast's name, which is the float's.
+    let sql = format!("SELECT f::text, count(*) FROM {values} GROUP BY f, f::text ORDER BY 1");
+    let shown = pretty(&run(&engine, &sql).await.expect("a value and its cast to text grouped"));
+    assert!(shown.contains("| -0.5    | 1        |") && shown.contains("| 1.5     | 2        |"), "{shown}");
 }
 
 #[tokio::test]
