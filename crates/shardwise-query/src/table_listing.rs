@@ -1,9 +1,14 @@
 //! Every table a query can name, with its columns: what Flight SQL's metadata calls
 //! (`GetCatalogs`, `GetDbSchemas`, `GetTables`, what ADBC's `get_objects` and
 //! `get_table_schema` and JDBC's `DatabaseMetaData` send) list. Read from the same catalogs the
-//! SQL planner resolves names in, so what is listed is what a query finds.
+//! SQL planner resolves names in, so what is listed is what a query finds: `information_schema`
+//! too, which DataFusion answers outside the catalogs' own schemas.
+
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::SchemaProvider;
+use datafusion::catalog::information_schema::{INFORMATION_SCHEMA, InformationSchemaProvider};
 use datafusion::logical_expr::TableType;
 use datafusion::prelude::SessionContext;
 
@@ -26,8 +31,15 @@ pub async fn list_tables(ctx: &SessionContext) -> Vec<ListedTable> {
     let mut tables = Vec::new();
     for catalog_name in ctx.catalog_names() {
         let Some(catalog) = ctx.catalog(&catalog_name) else { continue };
-        for schema_name in catalog.schema_names() {
-            let Some(schema) = catalog.schema(&schema_name) else { continue };
+        let mut schemas: Vec<(String, Arc<dyn SchemaProvider>)> = catalog
+            .schema_names()
+            .into_iter()
+            .filter_map(|name| catalog.schema(&name).map(|schema| (name, schema)))
+            .collect();
+        if let Some(information_schema) = information_schema(ctx, &schemas) {
+            schemas.push((INFORMATION_SCHEMA.to_string(), information_schema));
+        }
+        for (schema_name, schema) in schemas {
             for name in schema.table_names() {
                 // A table dropped since the names were read is skipped.
                 let Ok(Some(table)) = schema.table(&name).await else { continue };
@@ -50,14 +62,29 @@ pub async fn list_tables(ctx: &SessionContext) -> Vec<ListedTable> {
     tables
 }
 
-/// Every `(catalog, schema)` of `ctx`, sorted.
+/// `information_schema`, when the session answers it and no catalog schema has its name.
+fn information_schema(
+    ctx: &SessionContext,
+    schemas: &[(String, Arc<dyn SchemaProvider>)],
+) -> Option<Arc<dyn SchemaProvider>> {
+    let state = ctx.state();
+    let answered = state.config().information_schema() && schemas.iter().all(|(name, _)| name != INFORMATION_SCHEMA);
+    answered.then(|| Arc::new(InformationSchemaProvider::new(Arc::clone(state.catalog_list()))) as _)
+}
+
+/// Every `(catalog, schema)` of `ctx`, `information_schema` included when the session answers
+/// it, sorted.
 pub fn list_schemas(ctx: &SessionContext) -> Vec<(String, String)> {
-    let mut schemas: Vec<(String, String)> = ctx
-        .catalog_names()
-        .into_iter()
-        .filter_map(|c| ctx.catalog(&c).map(|catalog| (c, catalog)))
-        .flat_map(|(c, catalog)| catalog.schema_names().into_iter().map(move |s| (c.clone(), s)))
-        .collect();
+    let answered = ctx.state().config().information_schema();
+    let mut schemas: Vec<(String, String)> = Vec::new();
+    for catalog_name in ctx.catalog_names() {
+        let Some(catalog) = ctx.catalog(&catalog_name) else { continue };
+        let names = catalog.schema_names();
+        if answered && !names.iter().any(|name| name == INFORMATION_SCHEMA) {
+            schemas.push((catalog_name.clone(), INFORMATION_SCHEMA.to_string()));
+        }
+        schemas.extend(names.into_iter().map(|name| (catalog_name.clone(), name)));
+    }
     schemas.sort();
     schemas
 }

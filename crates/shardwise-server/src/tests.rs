@@ -295,6 +295,21 @@ async fn metadata_calls_list_what_queries_can_name() {
     let info = client.get_db_schemas(schemas).await.expect("schemas");
     let text = rows(&mut client, info).await;
     assert!(text.contains("| system ") && !text.contains("public"), "{text}");
+    // information_schema, which DataFusion answers outside the catalog's schemas, with its views.
+    let schemas = CommandGetDbSchemas { catalog: None, db_schema_filter_pattern: Some("info%".into()) };
+    let info = client.get_db_schemas(schemas).await.expect("schemas");
+    let text = rows(&mut client, info).await;
+    assert!(text.contains("| information_schema "), "{text}");
+    let tables = CommandGetTables {
+        catalog: None,
+        db_schema_filter_pattern: Some("information_schema".into()),
+        table_name_filter_pattern: Some("col%".into()),
+        table_types: vec![],
+        include_schema: false,
+    };
+    let info = client.get_tables(tables).await.expect("tables");
+    let text = rows(&mut client, info).await;
+    assert!(text.contains("| information_schema ") && text.contains("| columns "), "{text}");
     // The system tables, filtered by pattern, with their Arrow schemas.
     let tables = CommandGetTables {
         catalog: None,
