@@ -18,7 +18,7 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
-use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::server::{DoPutError, FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
     CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
@@ -520,6 +520,27 @@ impl FlightSqlService for FlightSqlEndpoint {
     ) -> Result<i64, Status> {
         self.authorize(request.metadata())?;
         crate::ingest::ingest(&self.engine, command, request.into_inner()).await
+    }
+
+    /// A `DoPut` whose first message carries no command: said so, in words a user can act on.
+    /// ADBC's bulk ingest of zero rows sends no message at all, so the server never learns the
+    /// table or the mode, and nothing can be done (a table to create included).
+    async fn do_put_error_callback(
+        &self,
+        request: Request<PeekableFlightDataStream>,
+        error: DoPutError,
+    ) -> Result<Response<<Self as FlightService>::DoPutStream>, Status> {
+        self.authorize(request.metadata())?;
+        Err(Status::invalid_argument(match error {
+            DoPutError::MissingCommand => {
+                "the upload was empty: no command and no rows arrived, so nothing was done (an ADBC \
+                 bulk ingest of zero rows sends nothing; to create an empty table, send CREATE TABLE)"
+                    .to_string()
+            }
+            DoPutError::MissingFlightDescriptor => {
+                "the upload's first message has no flight descriptor naming the command; nothing was done".to_string()
+            }
+        }))
     }
 
     async fn do_action_create_prepared_statement(

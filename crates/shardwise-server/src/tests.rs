@@ -332,3 +332,16 @@ async fn metadata_calls_list_what_queries_can_name() {
 
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_empty_upload_is_refused_in_words() {
+    // What ADBC's bulk ingest of zero rows sends: a DoPut with no message at all.
+    let server = Running::start().await;
+    let channel =
+        Channel::from_shared(format!("http://{}", server.addr)).expect("uri").connect().await.expect("connect");
+    let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    let err = raw.do_put(futures::stream::empty::<arrow_flight::FlightData>()).await.expect_err("an empty upload");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("the upload was empty") && err.message().contains("nothing was done"), "{err}");
+    server.stop().await;
+}
