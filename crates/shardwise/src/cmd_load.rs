@@ -47,7 +47,8 @@ const BYTES_PER_MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(clap::Args, Debug)]
 pub struct LoadArgs {
-    /// Table to load into: its name as the server stores it (case-sensitive; dots are part of the name).
+    /// Table to load into: its name as the server stores it (case-sensitive, and `CREATE TABLE
+    /// Trips` stores `trips`; dots are part of the name).
     pub table: String,
     /// File to load: CSV with a header row, Parquet, or NDJSON (one JSON object per line).
     pub file: PathBuf,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use arrow::datatypes::SchemaRef;
 use arrow_flight::error::FlightError;
 use arrow_flight::sql::client::FlightSqlServiceClient;
@@ -19,27 +19,41 @@ pub async fn table_schema(
     addr: &str,
     table: &str,
 ) -> anyhow::Result<SchemaRef> {
-    let sql = format!("SELECT * FROM {} LIMIT 0", quote_identifier(table));
-    let info = client.execute(sql, None).await.map_err(|e| match &e {
-        FlightError::Tonic(status)
+    let info = match client.execute(select_none(table), None).await {
+        Ok(info) => info,
+        Err(FlightError::Tonic(status))
             if matches!(status.code(), Code::InvalidArgument | Code::NotFound)
                 && status.message().contains("not found") =>
         {
-            anyhow!(
-                "table {} does not exist on {addr} (the server says: {})",
+            // `CREATE TABLE Trips` made `trips`: the name as SQL folded it is pointed to.
+            let folded = table.to_lowercase();
+            let hint = if folded != table && client.execute(select_none(&folded), None).await.is_ok() {
+                format!(
+                    "; there is a table {folded} (SQL folds unquoted names to lower case, and this name is taken \
+                     as written): load into {folded}"
+                )
+            } else {
+                String::new()
+            };
+            bail!(
+                "table {} does not exist on {addr} (the server says: {}){hint}",
                 quote_identifier(table),
                 status.message()
             )
         }
-        _ => {
-            anyhow!("cannot learn the columns of table {} from {addr}: {}", quote_identifier(table), flight_message(e))
+        Err(e) => {
+            bail!("cannot learn the columns of table {} from {addr}: {}", quote_identifier(table), flight_message(e))
         }
-    })?;
+    };
     let schema = info.try_decode_schema().with_context(|| format!("{addr} sent a schema that cannot be decoded"))?;
     if schema.fields().is_empty() {
         bail!("table {} has no columns", quote_identifier(table));
     }
     Ok(Arc::new(schema))
+}
+
+fn select_none(table: &str) -> String {
+    format!("SELECT * FROM {} LIMIT 0", quote_identifier(table))
 }
 
 #[cfg(test)]

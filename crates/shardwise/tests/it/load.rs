@@ -55,6 +55,11 @@ fn load_checks_everything_and_is_exactly_once() {
     let out = load(&c.addrs[0], "nope", &good, &[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    // The name as written in CREATE TABLE (which SQL folded to `t`): pointed to the table.
+    let out = load(&c.addrs[0], "T", &good, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("table \"T\" does not exist") && stderr.contains("load into t"), "{stderr}");
 
     let json = dir.path().join("rows.ndjson");
     std::fs::write(&json, "{\"id\": 20, \"name\": \"j\"}\n{\"id\": 21, \"qty\": 3}\n").unwrap();
