@@ -20,8 +20,8 @@
 //!   there at all: `(SELECT count(*) FROM (...)) > 0`, a scalar subquery (the `IN` as above,
 //!   with such counts for its `EXISTS`).
 //!
-//! `IN` as a condition of its own and an uncorrelated `NOT IN` keep DataFusion's plans, which
-//! are right.
+//! `IN` as a condition of its own and an uncorrelated `NOT IN` of a column keep DataFusion's
+//! plans, which are right.
 
 use std::ops::Not;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ impl AnalyzerRule for PredicateSubqueries {
             for condition in split_conjunction_owned(filter.predicate) {
                 let rewritten = match condition {
                     Expr::InSubquery(InSubquery { expr, subquery, negated: true })
-                        if !subquery.outer_ref_columns.is_empty() =>
+                        if !subquery.outer_ref_columns.is_empty() || is_constant(&expr)? =>
                     {
                         match not_in_as_not_exists(&expr, &subquery, &schema)? {
                             Some(e) => Transformed::yes(e),
@@ -129,6 +129,17 @@ fn one_row(e: Expr) -> Result<Transformed<Expr>> {
         }
         other => Ok(Transformed::no(other)),
     }
+}
+
+/// Whether `x` reads no column (`3`, `$1`, `CAST(NULL AS INT)`): DataFusion's null-aware anti
+/// join for `3 NOT IN (SELECT y ...)` took the comparison as a filter of the subquery's rows, so
+/// a NULL `y` no longer reached it (DataFusion issue 25340).
+fn is_constant(x: &Expr) -> Result<bool> {
+    let reads = x.exists(|e| {
+        Ok(matches!(e, Expr::Column(_) | Expr::OuterReferenceColumn(..) | Expr::ScalarSubquery(_))
+            || matches!(e, Expr::InSubquery(_) | Expr::Exists(_)))
+    })?;
+    Ok(!reads)
 }
 
 /// `x` as the subquery sees it: its columns (of the outer row, `schema`) as outer references;

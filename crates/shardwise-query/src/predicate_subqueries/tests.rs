@@ -92,6 +92,24 @@ async fn in_and_uncorrelated_not_in_keep_datafusions_plans() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_value_that_reads_no_column_not_in_a_subquery_with_a_null_is_never_true() -> Result<()> {
+    // mi.x is 1, NULL, 3: `5 NOT IN` is NULL, `1 NOT IN` FALSE; without the NULL, `5` passes.
+    assert!(ids("SELECT id FROM mo WHERE 5 NOT IN (SELECT x FROM mi)").await?.is_empty());
+    assert!(ids("SELECT id FROM mo WHERE 1 NOT IN (SELECT x FROM mi)").await?.is_empty());
+    assert!(ids("SELECT id FROM mo WHERE 1 NOT IN (SELECT CAST(NULL AS BIGINT))").await?.is_empty());
+    assert!(ids("SELECT id FROM mo WHERE ts > 0 AND 2 + 3 NOT IN (SELECT x FROM mi)").await?.is_empty());
+    let all = vec![None, Some(1), Some(2)];
+    assert_eq!(ids("SELECT id FROM mo WHERE 5 NOT IN (SELECT x FROM mi WHERE x IS NOT NULL)").await?, all);
+    assert!(ids("SELECT id FROM mo WHERE 3 NOT IN (SELECT x FROM mi WHERE x IS NOT NULL)").await?.is_empty());
+    // An empty subquery: TRUE, even for a NULL value.
+    assert_eq!(ids("SELECT id FROM mo WHERE CAST(NULL AS BIGINT) NOT IN (SELECT x FROM mi WHERE false)").await?, all);
+    assert!(
+        ids("SELECT id FROM mo WHERE CAST(NULL AS BIGINT) NOT IN (SELECT x FROM mi WHERE x = 1)").await?.is_empty()
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn exists_and_in_in_a_select_list() -> Result<()> {
     let sql = "SELECT CASE WHEN EXISTS (SELECT 1 FROM mi WHERE mi.x = mo.id) THEN 1 ELSE 0 END FROM mo ORDER BY id";
     assert_eq!(ids(sql).await?, [Some(0), Some(0), Some(1)]);
