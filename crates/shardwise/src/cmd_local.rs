@@ -48,6 +48,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     let result = tokio::select! {
         result = session(&cluster, &args, &data_dir) => result.map(|()| ExitCode::SUCCESS),
         (name, code) = stopped => {
+            crate::line_reader::restore_terminal();
             eprintln!("stopped by {name}");
             Ok(ExitCode::from(code))
         }

@@ -17,6 +17,7 @@ mod cmd_sql;
 mod cpu_steal;
 mod demo_data;
 mod embedded;
+mod line_reader;
 mod load;
 mod logging;
 mod malloc_tuning;
@@ -107,6 +108,10 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<line_reader::StoppedBySigint>().is_some() => {
+            eprintln!("{e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE

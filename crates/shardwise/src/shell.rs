@@ -11,6 +11,7 @@ use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
 use crate::cmd_sql::{OutputFormat, SqlClient};
+use crate::line_reader::{LineReader, StoppedBySigint};
 use shardwise_query::sql_split::{is_complete, split_statements};
 
 /// Lines of history kept.
@@ -81,12 +82,20 @@ pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> an
     if let Some(path) = &history {
         let _ = editor.load_history(path); // none yet is fine
     }
+    let editor = LineReader::start(editor).context("cannot start the line editor")?;
     println!("shardwise {} on {addr}; statements end with ;  \\? for help, \\q to quit", env!("CARGO_PKG_VERSION"));
     let mut timing = true;
     let mut buffer = String::new();
     loop {
         let prompt = if buffer.is_empty() { PROMPT } else { CONTINUATION };
-        let line = match tokio::task::block_in_place(|| editor.readline(prompt)) {
+        let read = tokio::select! {
+            line = editor.read(prompt) => line,
+            _ = tokio::signal::ctrl_c() => {
+                crate::line_reader::restore_terminal();
+                return Err(StoppedBySigint.into());
+            }
+        };
+        let line = match read {
             Ok(line) => line,
             Err(ReadlineError::Interrupted) => {
                 buffer.clear();
@@ -96,7 +105,7 @@ pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> an
             Err(e) => return Err(e).context("cannot read the next line"),
         };
         if buffer.is_empty() && line.trim_start().starts_with('\\') {
-            let _ = editor.add_history_entry(line.trim());
+            editor.add_history(line.trim());
             match command(line.trim()) {
                 Command::Quit => break,
                 Command::Help => println!("{HELP}"),
@@ -117,7 +126,7 @@ pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> an
         if !is_complete(&buffer) {
             continue;
         }
-        let _ = editor.add_history_entry(buffer.trim_end());
+        editor.add_history(buffer.trim_end());
         for piece in split_statements(&buffer) {
             match piece {
                 Ok(statement) => execute(client, &statement.text, format, timing).await,
@@ -127,7 +136,7 @@ pub async fn run(client: &mut SqlClient, addr: &str, format: OutputFormat) -> an
         buffer.clear();
     }
     if let Some(path) = &history
-        && let Err(e) = editor.save_history(path)
+        && let Err(e) = editor.save_history(path.clone()).await
     {
         eprintln!("could not save the history to {}: {e}", path.display());
     }

@@ -106,3 +106,25 @@ fn a_signal_stops_a_local_script_and_its_temporary_data_goes() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmp").flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn a_signal_stops_a_shell_waiting_at_its_prompt_and_its_temporary_data_goes() {
+    for (signal, code) in [("TERM", 143), ("INT", 130)] {
+        let tmp = crate::support::tempdir();
+        let mut cmd = shardwise();
+        cmd.args(["local", "--nodes", "1", "--interactive"])
+            .env("SHARDWISE_HISTORY", "/dev/null")
+            .env("TMPDIR", tmp.path());
+        // Its input stays open: the shell waits for a line.
+        let (mut shell, stdin) = Proc::spawn_with_stdin(cmd);
+        shell.wait_for_line("statements end with ;", Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(500));
+        shell.signal(signal);
+        let (exit, out) = shell.wait_exit(Duration::from_secs(60));
+        drop(stdin);
+        assert_eq!(exit, Some(code), "SIG{signal}: {out}");
+        assert!(out.contains(&format!("stopped by SIG{signal}")), "{out}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmp").flatten().map(|e| e.path()).collect();
+        assert!(left.is_empty(), "SIG{signal} left behind: {left:?}");
+    }
+}
