@@ -43,6 +43,8 @@ static NODES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("state", DataType::Utf8, false),
         Field::new("epoch", DataType::UInt64, false),
         Field::new("last_heartbeat", DataType::Timestamp(TimeUnit::Millisecond, utc), true),
+        // The data plane's address, which nodes ship rows and fragments to (not for clients).
+        Field::new("data_addr", DataType::Utf8, true),
     ]))
 });
 
@@ -109,6 +111,8 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
                 .collect::<TimestampMillisecondArray>()
                 .with_timezone("UTC"),
         ),
+        // The key the server publishes its data plane under (`tables::peers::DATA_ADDR_KEY`).
+        addr("data"),
     ];
     Ok(RecordBatch::try_new(Arc::clone(&NODES_SCHEMA), columns)?)
 }

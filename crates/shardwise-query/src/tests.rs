@@ -18,6 +18,7 @@ struct FakeCluster;
 fn member(rank: u32, state: NodeState, heartbeat: Option<u64>) -> MemberInfo {
     let mut addrs = BTreeMap::new();
     addrs.insert("flight".to_string(), format!("10.0.0.{rank}:50051"));
+    addrs.insert("data".to_string(), format!("10.0.0.{rank}:50052"));
     if rank == 0 {
         addrs.insert("pg".to_string(), "10.0.0.0:5432".to_string());
     }
@@ -152,13 +153,13 @@ async fn set_is_allowed_and_takes_effect() {
 async fn system_nodes_lists_members() {
     let batches = run(&engine(), "SELECT * FROM system.nodes ORDER BY rank").await.expect("run");
     let expected = "\
-+------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+
-| rank | node_id | role   | flight_addr   | pg_addr      | http_addr | state | epoch | last_heartbeat       |
-+------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+
-| 0    | node-0  | master | 10.0.0.0:50051 | 10.0.0.0:5432 |           | up    | 1     | 2023-11-14T22:13:20Z |
-| 1    | node-1  | worker | 10.0.0.1:50051 |              |           | up    | 2     | 2023-11-14T22:13:21Z |
-| 2    | node-2  | worker | 10.0.0.2:50051 |              |           | down  | 3     |                      |
-+------+---------+--------+---------------+--------------+-----------+-------+-------+----------------------+";
++------+---------+--------+----------------+---------------+-----------+-------+-------+----------------------+----------------+
+| rank | node_id | role   | flight_addr    | pg_addr       | http_addr | state | epoch | last_heartbeat       | data_addr      |
++------+---------+--------+----------------+---------------+-----------+-------+-------+----------------------+----------------+
+| 0    | node-0  | master | 10.0.0.0:50051 | 10.0.0.0:5432 |           | up    | 1     | 2023-11-14T22:13:20Z | 10.0.0.0:50052 |
+| 1    | node-1  | worker | 10.0.0.1:50051 |               |           | up    | 2     | 2023-11-14T22:13:21Z | 10.0.0.1:50052 |
+| 2    | node-2  | worker | 10.0.0.2:50051 |               |           | down  | 3     |                      | 10.0.0.2:50052 |
++------+---------+--------+----------------+---------------+-----------+-------+-------+----------------------+----------------+";
     let got = pretty(&batches);
     // Compare cell contents, not column widths.
     let cells = |s: &str| -> Vec<Vec<String>> {
@@ -189,11 +190,12 @@ async fn system_nodes_schema_types() {
     use datafusion::arrow::datatypes::{DataType, TimeUnit};
     let planned = engine().plan("SELECT * FROM system.nodes", &Arc::default()).await.expect("plan");
     let schema = planned.schema();
-    assert_eq!(schema.fields().len(), 9);
+    assert_eq!(schema.fields().len(), 10);
     assert_eq!(schema.field(0).data_type(), &DataType::UInt32);
     assert_eq!(schema.field(7).data_type(), &DataType::UInt64);
     assert_eq!(schema.field(8).data_type(), &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())));
     assert!(schema.field(3).is_nullable());
+    assert!(schema.field(9).is_nullable());
     assert!(!schema.field(1).is_nullable());
 }
 
