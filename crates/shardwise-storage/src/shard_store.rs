@@ -233,6 +233,9 @@ pub struct ShardStore {
     /// Why the replica misses rows it acknowledged (a damaged WAL), if it does; see
     /// [`ShardStore::unreadable`].
     damage: Option<String>,
+    /// What this open's recovery cut off the WAL's end that may have been acknowledged; see
+    /// [`ShardStore::warning`].
+    tail_cut: Option<String>,
 }
 
 impl std::fmt::Debug for ShardStore {
@@ -367,6 +370,15 @@ impl ShardStore {
             (None, Some(damage)) => Some(format!("damaged: {damage}")),
             (None, None) => None,
         }
+    }
+
+    /// What an operator should know though the replica is read: the recovery that opened it cut
+    /// a last WAL record that was whole but failed its checksum. A crash while the record was
+    /// written explains that (it was not acknowledged, nothing is missing), but so does damage to
+    /// a record that was (its rows are then missing here; the other replicas have them). A
+    /// record cut short, the usual mark of a crash mid-write, is no warning.
+    pub fn warning(&self) -> Option<String> {
+        self.tail_cut.clone()
     }
 
     /// Checks every piece before anything is written; returns their batches with the store's

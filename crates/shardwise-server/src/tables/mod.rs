@@ -439,7 +439,7 @@ impl TableAccess for TablesNode {
         }
         for (key, store) in self.open_stores() {
             let guard = lock(&store);
-            let Some(why) = guard.unreadable() else { continue };
+            let Some(why) = guard.unreadable().or_else(|| guard.warning()) else { continue };
             failed |= guard.failure().is_some();
             let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");
             problems.push(format!("table {table} shard {}: {why}", key.2));

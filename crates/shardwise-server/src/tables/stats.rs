@@ -239,7 +239,7 @@ impl TablesNode {
                 };
                 let (s, problem) = {
                     let guard = lock(&store);
-                    (guard.stats(), guard.unreadable())
+                    (guard.stats(), guard.unreadable().or_else(|| guard.warning()))
                 };
                 out.push(LocalShardStats {
                     table_id: entry.id,

@@ -15,7 +15,7 @@ use super::manifest::Manifest;
 use super::{ShardRecovery, ShardStore, ShardStoreOptions, part, record};
 use crate::error::StorageError;
 use crate::fs::Fs;
-use crate::wal::{Lsn, Recovery, Wal, parse_segment_name};
+use crate::wal::{Lsn, RecordDefect, Recovery, Wal, parse_segment_name};
 
 pub(super) fn open(
     dir: PathBuf,
@@ -71,6 +71,7 @@ pub(super) fn open(
         next_part_number,
         failure: None,
         damage,
+        tail_cut: tail_cut(&report),
     };
     let mut replayed_records = 0;
     for wal_record in records.into_iter().filter(|r| r.lsn >= checkpoint) {
@@ -89,6 +90,20 @@ pub(super) fn open(
         "shard store opened"
     );
     Ok((store, ShardRecovery { wal: report, replayed_records, orphan_parts_removed }))
+}
+
+/// The recovery's cut of a whole last record that failed its checksum, in words (see
+/// [`ShardStore::warning`]).
+fn tail_cut(report: &Recovery) -> Option<String> {
+    let cut = report.truncated_tail.as_ref()?;
+    matches!(cut.defect, RecordDefect::ChecksumMismatch { .. }).then(|| {
+        format!(
+            "the node's start cut the WAL's last record ({} bytes at offset {} of {}): it was whole but \
+             failed its checksum ({}); a crash while it was written explains that, but if it had been \
+             acknowledged its rows are missing from this replica (the other replicas have them)",
+            cut.dropped_bytes, cut.offset_bytes, cut.segment, cut.defect
+        )
+    })
 }
 
 /// Why the replica must not be read, if it must not: its WAL found corrupt by this recovery

@@ -86,6 +86,40 @@ fn a_torn_wal_tail_is_cut_and_the_acknowledged_pieces_replayed() -> TestResult {
 }
 
 #[test]
+fn a_whole_last_record_that_fails_its_checksum_is_cut_and_said() -> TestResult {
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, small_opts())?;
+    store.apply(&[piece(0..3, Some("o"), Some(1), None)])?;
+    store.apply(&[piece(3..6, Some("o"), Some(2), None)])?;
+    assert!(store.warning().is_none());
+    drop(store);
+    // A flipped bit in the last record, which is whole: a torn write, or damage.
+    let wal_dir = Path::new(DIR).join(WAL_DIR_NAME);
+    let segment = wal_dir.join(sim.list_dir(&wal_dir)?.last().ok_or("no segment")?);
+    let len = sim.read(&segment)?.len() as u64;
+    sim.flip_bit(&segment, len as usize - 20, 2)?;
+    let (store, recovery) = open_sim(&sim, small_opts())?;
+    assert!(recovery.wal.truncated_tail.is_some());
+    assert_eq!(ids(&store), (0..3).collect::<Vec<_>>());
+    // Read (nothing says rows are missing), but said.
+    assert!(store.unreadable().is_none());
+    let warning = store.warning().ok_or("no warning")?;
+    assert!(warning.contains("failed its checksum") && warning.contains("missing from this replica"), "{warning}");
+    // A record cut short, the mark of a crash mid-write, is no warning.
+    drop(store);
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, small_opts())?;
+    store.apply(&[piece(0..3, Some("o"), Some(1), None)])?;
+    drop(store);
+    let segment = wal_dir.join(sim.list_dir(&wal_dir)?.last().ok_or("no segment")?);
+    let len = sim.read(&segment)?.len() as u64;
+    sim.truncate(&segment, len - 10)?;
+    let (store, recovery) = open_sim(&sim, small_opts())?;
+    assert!(recovery.wal.truncated_tail.is_some() && store.warning().is_none());
+    Ok(())
+}
+
+#[test]
 fn a_replica_whose_wal_was_damaged_is_not_read_and_says_so_after_every_open() -> TestResult {
     let sim = SimFs::new();
     let (mut store, _) = open_sim(&sim, small_opts())?;

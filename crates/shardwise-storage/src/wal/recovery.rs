@@ -185,7 +185,24 @@ impl Recoverer<'_> {
         }
         if is_last && defect.is_torn_tail() {
             let dropped_bytes = (bytes.len() - defect.offset) as u64;
-            tracing::info!(segment = name, offset_bytes, dropped_bytes, "truncating torn WAL tail: {}", defect.defect);
+            // A whole record that fails its checksum may also be damage to an acknowledged one.
+            if matches!(defect.defect, RecordDefect::ChecksumMismatch { .. }) {
+                tracing::warn!(
+                    segment = name,
+                    offset_bytes,
+                    dropped_bytes,
+                    "cutting the WAL's last record, whole but failing its checksum: a write torn by a crash, or damage: {}",
+                    defect.defect
+                );
+            } else {
+                tracing::info!(
+                    segment = name,
+                    offset_bytes,
+                    dropped_bytes,
+                    "truncating torn WAL tail: {}",
+                    defect.defect
+                );
+            }
             self.truncate_durably(name, offset_bytes)?;
             self.report.truncated_tail =
                 Some(TailTruncation { segment, offset_bytes, dropped_bytes, defect: defect.defect });
