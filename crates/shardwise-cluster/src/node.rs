@@ -171,8 +171,8 @@ impl Prepared {
                         reason: "missing, though this cluster has run and this data dir holds shard replicas \
                                  (tables/): the catalog of the cluster's tables is lost. Starting without it would \
                                  make an empty catalog, whose new tables would reuse the ids of the existing ones. \
-                                 Restore master/metadata.json from a backup of this data dir (the workers' logs name \
-                                 the version they hold)"
+                                 Restore master/metadata.json from a backup of this data dir, even an older one: \
+                                 the master takes the newer version the workers hold when they rejoin"
                             .into(),
                     });
                 }
@@ -805,23 +805,26 @@ mod tests {
         assert_eq!(on_disk(tmp.path()), v3);
         master.shutdown().await;
 
-        // A master that lost its metadata.json comes back at version 0: the worker keeps the
-        // newer version it has (versions only move forward) rather than going back.
+        // A master whose metadata.json went back to an older version (restored from an older
+        // backup; here, none at all): the worker keeps its newer version (versions only move
+        // forward), and the master takes it from the worker, so that the next change builds on
+        // it (the same names are not handed out again).
         std::fs::remove_file(tmp.path().join("rank-0/master").join(crate::metadata::METADATA_FILE)).unwrap();
         let master =
             init_distributed_mode(meta_opts(0, 2, port, tmp.path(), propose_timeout_ms), addrs(0)).await.unwrap();
-        assert_eq!(master.metadata().borrow().version, 0);
-        let rejoined = async {
-            while master.view().members().await[1].state != NodeState::Up {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(5), rejoined).await.expect("worker rejoined");
+        assert_eq!(seen(&master, 3).await, v3, "taken from the worker");
+        assert_eq!(on_disk(tmp.path()), v3, "and stored");
         assert_eq!(*worker.metadata().borrow(), v3);
+        let v4 = master.propose(create("d")).await.unwrap();
+        assert_eq!((v4.version, table_names(&v4)), (4, vec!["a".into(), "b".into(), "c".into(), "d".into()]));
+        assert_eq!(seen(&worker, 4).await, v4);
+        let err = master.propose(create("a")).await.unwrap_err().to_string();
+        assert!(err.contains("table a already exists"), "{err}");
         master.shutdown().await;
 
         // But not beside shard replicas: their catalog is lost, and an empty one would hand their
         // table ids out again. The master refuses to start, naming the file.
+        std::fs::remove_file(tmp.path().join("rank-0/master").join(crate::metadata::METADATA_FILE)).unwrap();
         std::fs::create_dir_all(tmp.path().join("rank-0/tables/t0-g0")).unwrap();
         let err = init_distributed_mode(meta_opts(0, 2, port, tmp.path(), propose_timeout_ms), addrs(0))
             .await

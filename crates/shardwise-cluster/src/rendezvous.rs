@@ -142,6 +142,9 @@ enum ProposalReply {
     Local(oneshot::Sender<Result<MetadataSnapshot>>),
     /// A node's `Propose { req }` on connection `conn_id`.
     Remote { rank: u32, conn_id: u64, req: u64 },
+    /// Not a change: rank `rank`'s newer snapshot (`NodeMsg::NewerMetadata`), the proposal's
+    /// `op`, for the master to take ([`Master::adopt`]), in turn with the changes.
+    Adopt { rank: u32 },
 }
 
 /// The running master.
@@ -423,15 +426,64 @@ impl Master {
         }
     }
 
+    /// Takes a node's newer snapshot as the master's own: stored, then sent to every node, as a
+    /// change is. For a master whose `metadata.json` was restored from an older backup (the
+    /// node kept every version since); an older or equal one, or one that cannot be sent, is
+    /// left.
+    async fn adopt(&self, rank: u32, op: Value) {
+        let current_version = self.metadata.borrow().version;
+        let snapshot = match serde_json::from_value::<MetadataSnapshot>(op) {
+            Ok(snapshot) if snapshot.version > current_version => snapshot,
+            Ok(_) => return,
+            Err(e) => {
+                warn!("rank {rank} sent metadata that cannot be read: {e}");
+                return;
+            }
+        };
+        let frame = match metadata::encode_frame(&snapshot) {
+            Ok(frame) => frame,
+            Err(e) => {
+                warn!("rank {rank}'s metadata version {} cannot be taken: {e}", snapshot.version);
+                return;
+            }
+        };
+        let dir = self.settings.state_dir.clone();
+        let stored = snapshot.clone();
+        let persisted = tokio::task::spawn_blocking(move || metadata::persist(&dir, &stored)).await;
+        if let Err(e) = persisted.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            warn!("cannot store rank {rank}'s metadata version {}: {e}", snapshot.version);
+            return;
+        }
+        let version = snapshot.version;
+        {
+            let out = Outgoing { payload: Arc::new(frame), last: false };
+            let mut s = self.lock();
+            s.metadata_frame = out.clone();
+            s.metadata_version = version;
+            broadcast_locked(&mut s, &out);
+        }
+        metadata::advance(&self.metadata, snapshot);
+        warn!(
+            "took metadata version {version} from rank {rank}: master/{} held only version {current_version} \
+             (restored from an older backup?)",
+            metadata::METADATA_FILE
+        );
+    }
+
     /// Applies proposals one at a time, in arrival order. A proposal's caller may give up (time
     /// out) while it runs; the change still completes, so what is stored is what is announced.
     async fn metadata_loop(self: Arc<Self>, mut proposals: mpsc::Receiver<Proposal>) {
         while let Some(Proposal { op, reply }) = proposals.recv().await {
+            if let ProposalReply::Adopt { rank } = reply {
+                self.adopt(rank, op).await;
+                continue;
+            }
             let result = self.commit(op, &reply).await;
             match reply {
                 ProposalReply::Local(tx) => {
                     let _ = tx.send(result);
                 }
+                ProposalReply::Adopt { .. } => {}
                 ProposalReply::Remote { rank, conn_id, req } => {
                     if let Err(e) = &result {
                         let outcome = ProposeOutcome::from_error(e);
@@ -449,6 +501,28 @@ impl Master {
     /// answers the proposer right behind it.
     async fn commit(&self, op: Value, reply: &ProposalReply) -> Result<MetadataSnapshot> {
         let current = self.metadata.borrow().clone();
+        // A node runs with a newer version than this master's: a change made now would build on
+        // a catalog that misses what that node has (ids handed out again). The node's snapshot
+        // is on its way (`adopt`); until it is taken, changes are refused.
+        let newer = {
+            let s = self.lock();
+            s.slots
+                .iter()
+                .map(|(rank, slot)| (slot.metadata_applied, *rank))
+                .filter(|(v, _)| *v > current.version)
+                .max()
+        };
+        if let Some((version, rank)) = newer {
+            return Err(ClusterError::MetadataRejected {
+                reason: format!(
+                    "rank {rank} runs with metadata version {version}, newer than the master's {} (was the \
+                     master's master/{} restored from an older backup?); the master takes rank {rank}'s \
+                     version first: retry in a moment",
+                    current.version,
+                    metadata::METADATA_FILE
+                ),
+            });
+        }
         let machine = self.settings.metadata_machine.clone();
         let dir = self.settings.state_dir.clone();
         // The machine is the caller's code and the write fsyncs: both stay off the runtime.
@@ -783,6 +857,17 @@ impl Master {
                     let view = snapshot(&s);
                     if let Some(slot) = s.slots.get_mut(&rank) {
                         send(slot, MasterMsg::Members { req, view });
+                    }
+                }
+                NodeMsg::NewerMetadata { snapshot } => {
+                    let newer = snapshot.version > s.metadata_version;
+                    drop(s);
+                    if newer {
+                        let op = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+                        let adopt = Proposal { op, reply: ProposalReply::Adopt { rank } };
+                        if self.proposals.try_send(adopt).is_err() {
+                            warn!("cannot queue rank {rank}'s newer metadata; it sends it again when it rejoins");
+                        }
                     }
                 }
                 NodeMsg::MetadataApplied { version } => {

@@ -167,6 +167,12 @@ pub enum NodeMsg {
     MetadataApplied {
         version: u64,
     },
+    /// This node holds a newer metadata version than the one the master just sent it: the
+    /// master's `metadata.json` was restored from an older backup. The master takes this one
+    /// (it refuses changes until it has), so that the cluster keeps one catalog.
+    NewerMetadata {
+        snapshot: MetadataSnapshot,
+    },
     /// Graceful shutdown.
     Leave,
 }

@@ -676,7 +676,7 @@ impl WorkerLink {
         if !metadata::advance(&self.metadata, snapshot) && welcome && offered < held {
             warn!(
                 "the master's metadata is at version {offered}, older than this node's {held}; keeping \
-                 version {held} (did the master lose its master/{}?)",
+                 version {held} and sending it to the master (was its master/{} restored from an older backup?)",
                 metadata::METADATA_FILE
             );
         }
@@ -711,8 +711,15 @@ impl WorkerLink {
     async fn serve(&self, session: Session) -> Result<()> {
         let Session { mut reader, mut writer, view, metadata: welcomed, heartbeat_interval_ms, down_after_ms, .. } =
             session;
+        let welcomed_version = welcomed.version;
         self.receive_metadata(welcomed, true);
         let (tx, mut rx) = mpsc::channel::<NodeMsg>(LINK_QUEUE_LEN);
+        // A master behind this node (its metadata.json restored from an older backup) takes
+        // this node's version.
+        let held = self.metadata.borrow().clone();
+        if held.version > welcomed_version {
+            let _ = tx.try_send(NodeMsg::NewerMetadata { snapshot: held });
+        }
         {
             let mut st = self.lock();
             st.tx = Some(tx.clone());
@@ -763,10 +770,17 @@ impl WorkerLink {
                     }
                 }
                 MasterMsg::Metadata { snapshot } => {
+                    let offered = snapshot.version;
                     self.receive_metadata(snapshot, false);
+                    let held = self.metadata.borrow().clone();
+                    let version = held.version;
+                    // A master behind this node (restored from an older backup) takes this
+                    // node's version.
+                    if version > offered {
+                        let _ = applied_tx.try_send(NodeMsg::NewerMetadata { snapshot: held });
+                    }
                     // Tells the master this node runs with it (it waits for that to answer a
                     // change); a full queue only makes the master wait out its timeout.
-                    let version = self.metadata.borrow().version;
                     let _ = applied_tx.try_send(NodeMsg::MetadataApplied { version });
                 }
                 MasterMsg::Proposed { req, outcome } => {
