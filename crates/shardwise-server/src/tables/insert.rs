@@ -24,7 +24,7 @@ use shardwise_query::{InsertOptions, QueryError};
 use shardwise_storage::{CatalogEntry, OutboxItem, StorageError, SyncMode};
 
 use super::chunks::{chunk_max_bytes, chunks};
-use super::{TablesNode, outbox_key, run_locked_short, storage_error};
+use super::{TablesNode, outbox_holders, outbox_key, run_locked_short, storage_error};
 use crate::codec::{PieceSet, PieceSetHeader, ShipItem, ShipRequest};
 use crate::ingest::client_insert_id;
 
@@ -406,7 +406,10 @@ impl TablesNode {
             let now_ms = unix_ms();
             let r = run_locked_short(&self.outbox, move |outbox| outbox.append(attempt, now_ms)).await?;
             match r {
-                Ok(_) => break,
+                Ok(_) => {
+                    self.outbox_refused.store(false, std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
                 // No shipping ever makes room for a chunk larger than the whole outbox.
                 Err(StorageError::OutboxFull { append_bytes, max_bytes, .. }) if append_bytes > max_bytes => {
                     return Err(QueryError::Rejected(format!(
@@ -421,8 +424,10 @@ impl TablesNode {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e @ StorageError::OutboxFull { .. }) => {
+                    self.outbox_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let holders = run_locked_short(&self.outbox, |outbox| outbox_holders(outbox)).await?;
                     return Err(QueryError::Unavailable(format!(
-                        "{e}; waited {} ms (outbox_full_wait_ms) for the senders to make room",
+                        "{e}; waited {} ms (outbox_full_wait_ms) for the senders to make room; pending for: {holders}",
                         self.settings.outbox_full_wait_ms
                     )));
                 }

@@ -43,6 +43,10 @@ pub use sender::SenderStatus;
 
 use crate::settings::StorageSettings;
 
+/// How full the outbox may be (percent of `outbox_max_bytes` pending) before `/health` says
+/// `degraded`: delayed inserts then soon wait for room, and fail after `outbox_full_wait_ms`.
+pub const OUTBOX_NEARLY_FULL_PERCENT: u64 = 90;
+
 /// How DDL reaches the master and how the catalog comes back: implemented over the cluster
 /// crate's replicated metadata.
 pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
@@ -70,6 +74,9 @@ pub struct TablesNode {
     /// `system.shards` name them. Cleared when one opens.
     open_failures: Mutex<BTreeMap<StoreKey, String>>,
     pub(crate) outbox: Arc<Mutex<Outbox>>,
+    /// Whether the last delayed insert that waited for room in the outbox was refused (set by
+    /// that refusal, cleared by the next append): `/health` says `degraded` while it is.
+    pub(crate) outbox_refused: std::sync::atomic::AtomicBool,
     pub(crate) origin_id: String,
     pub(crate) peers: Peers,
     pub(crate) senders: sender::Senders,
@@ -81,6 +88,16 @@ pub struct TablesNode {
     pub(crate) recent_members: insert::RecentMembers,
     /// This node, for the tasks it starts that must outlive a request (an insert's replica writes).
     me: std::sync::Weak<TablesNode>,
+}
+
+/// The destinations that hold the outbox's pending bytes: `rank 1 123456 bytes, ...`.
+pub(crate) fn outbox_holders(outbox: &Outbox) -> String {
+    let holders: Vec<String> = outbox
+        .destinations()
+        .into_iter()
+        .map(|dest| format!("rank {dest} {} bytes", outbox.dest_stats(dest).pending_bytes))
+        .collect();
+    holders.join(", ")
 }
 
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
@@ -124,6 +141,7 @@ impl TablesNode {
             opening: tokio::sync::Mutex::new(()),
             open_failures: Mutex::new(BTreeMap::new()),
             outbox: Arc::new(Mutex::new(outbox)),
+            outbox_refused: std::sync::atomic::AtomicBool::new(false),
             origin_id,
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
             recent_members: insert::RecentMembers::default(),
@@ -427,10 +445,25 @@ impl TableAccess for TablesNode {
         let mut failed = false;
         let mut problems = Vec::new();
         // A failed outbox takes no delayed insert until the node restarts: failing.
-        if let Some(failure) = lock_from_runtime(&self.outbox).failure() {
+        let outbox = lock_from_runtime(&self.outbox);
+        if let Some(failure) = outbox.failure() {
             problems.push(format!("outbox: {failure}"));
             failed = true;
         }
+        // A full or nearly full one makes delayed inserts wait, then fail: degraded, naming the
+        // destinations that hold it.
+        let max_bytes = self.settings.outbox_max_bytes;
+        let pending_bytes = outbox.pending_bytes();
+        let refused = self.outbox_refused.load(std::sync::atomic::Ordering::Relaxed);
+        if refused || pending_bytes.saturating_mul(100) >= max_bytes.saturating_mul(OUTBOX_NEARLY_FULL_PERCENT) {
+            problems.push(format!(
+                "outbox: {pending_bytes} of {max_bytes} bytes (--outbox-max-bytes) pending{}, until the \
+                 destinations take them ({})",
+                if refused { ", and the last delayed insert that waited for room was refused" } else { "" },
+                outbox_holders(&outbox)
+            ));
+        }
+        drop(outbox);
         // Replicas that cannot be opened take no writes: failing, as a store that failed.
         for (key, error) in self.open_failures_now() {
             let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");

@@ -827,11 +827,21 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
         err.contains("is full") && err.contains("outbox_max_bytes") && err.contains("outbox_full_wait_ms"),
         "{err}"
     );
+    assert!(err.contains("pending for: rank 1 "), "the error names the destination that holds the rows: {err}");
     // Nothing of the refused insert was kept: only the accepted ones are queued.
     let queued =
         sql_csv(&addrs[0], "SELECT sum(pending_rows) FROM system.sync_queues WHERE destination = 1 AND table = 'f'")
             .unwrap();
     assert_eq!(queued, vec![vec![(accepted * 200).to_string()]]);
+    // The node says so on /health: degraded, naming the destination that holds the rows.
+    let http = sql_csv(&addrs[0], "SELECT http_addr FROM system.nodes WHERE rank = 0").unwrap().remove(0).remove(0);
+    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
+    use std::io::{Read, Write};
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply");
+    assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"status\":\"degraded\""), "{reply}");
+    assert!(reply.contains("--outbox-max-bytes") && reply.contains("rank 1 "), "{reply}");
 }
 
 /// A statement sent to any node after a TRUNCATE returned sees the new generation: an INSERT
