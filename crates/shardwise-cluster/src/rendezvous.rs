@@ -568,7 +568,14 @@ impl Master {
                 let s = self.lock();
                 s.slots
                     .iter()
-                    .filter(|(rank, slot)| **rank != 0 && slot.conn.is_some() && slot.metadata_applied < version)
+                    // A node known to be down (heartbeats missed, though its connection is
+                    // still open: a hung process) is not waited for.
+                    .filter(|(rank, slot)| {
+                        **rank != 0
+                            && slot.conn.is_some()
+                            && slot.info.state != NodeState::Down
+                            && slot.metadata_applied < version
+                    })
                     .map(|(rank, _)| *rank)
                     .collect()
             };

@@ -1011,6 +1011,12 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
         "{err}"
     );
     assert!(err.contains("still pending: rank 0 -> rank 2: ") && err.matches("still pending").count() == 1, "{err}");
+    // DDL does not wait for it either (metadata_applied_timeout_ms, 5 s, is for a node not yet
+    // known to be down).
+    let started = std::time::Instant::now();
+    c.sql(0, "CREATE TABLE while_down (k BIGINT) WITH (shard_key = 'k')");
+    let ddl = started.elapsed();
+    assert!(ddl < Duration::from_secs(3), "DDL with rank 2 known down took {ddl:?}");
     c.procs[2].signal("CONT");
     // Two reads at most one keep-alive timeout each (15 s), a write that did not wait for rank 2.
     assert!(reads < Duration::from_secs(45) && write < Duration::from_secs(10), "{reads:?} {write:?}");
