@@ -20,7 +20,7 @@ pub mod wire;
 pub mod worker;
 
 pub use error::ClusterError;
-pub use membership::{BoxFuture, ClusterView, MemberInfo, NodeState, Role};
+pub use membership::{BoxFuture, ClusterView, DATA_ADDR_KEY, MemberInfo, NodeState, Role};
 pub use metadata::{MetadataMachine, MetadataSnapshot};
 pub use node::{InitOptions, MetadataHandle, Node, Prepared, check, init_distributed_mode, prepare};
 pub use secret::ClusterSecret;

@@ -53,6 +53,10 @@ impl NodeState {
     }
 }
 
+/// The [`MemberInfo::addrs`] key of a node's data plane (rows and query fragments between
+/// nodes), which the server publishes and `system.nodes` shows as `data_addr`.
+pub const DATA_ADDR_KEY: &str = "data";
+
 /// One row of `system.nodes`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberInfo {

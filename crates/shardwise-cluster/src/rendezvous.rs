@@ -455,19 +455,25 @@ impl Master {
             return;
         }
         let version = snapshot.version;
-        {
-            let out = Outgoing { payload: Arc::new(frame), last: false };
-            let mut s = self.lock();
-            s.metadata_frame = out.clone();
-            s.metadata_version = version;
-            broadcast_locked(&mut s, &out);
-        }
-        metadata::advance(&self.metadata, snapshot);
+        self.publish(frame, snapshot);
         warn!(
             "took metadata version {version} from rank {rank}: master/{} held only version {current_version} \
              (restored from an older backup?)",
             metadata::METADATA_FILE
         );
+    }
+
+    /// Makes a stored snapshot the current one: sent to every connected node (and to each node
+    /// that joins later, first after its welcome), then seen here.
+    fn publish(&self, frame: Vec<u8>, snapshot: MetadataSnapshot) {
+        {
+            let out = Outgoing { payload: Arc::new(frame), last: false };
+            let mut s = self.lock();
+            s.metadata_frame = out.clone();
+            s.metadata_version = snapshot.version;
+            broadcast_locked(&mut s, &out);
+        }
+        metadata::advance(&self.metadata, snapshot);
     }
 
     /// Applies proposals one at a time, in arrival order. A proposal's caller may give up (time
@@ -535,14 +541,7 @@ impl Master {
         .await
         .map_err(|e| ClusterError::MetadataStore { detail: format!("the metadata task failed: {e}") })??;
         let version = staged.snapshot.version;
-        {
-            let out = Outgoing { payload: Arc::new(staged.frame), last: false };
-            let mut s = self.lock();
-            s.metadata_frame = out.clone();
-            s.metadata_version = version;
-            broadcast_locked(&mut s, &out);
-        }
-        metadata::advance(&self.metadata, staged.snapshot.clone());
+        self.publish(staged.frame, staged.snapshot.clone());
         self.await_applied(version).await;
         if let ProposalReply::Remote { rank, conn_id, req } = *reply {
             let mut s = self.lock();

@@ -20,7 +20,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use shardwise_cluster::{ClusterView, MemberInfo};
+use shardwise_cluster::{ClusterView, DATA_ADDR_KEY, MemberInfo};
 
 use crate::query_log::{QueryLog, queries_batch, queries_schema};
 
@@ -111,8 +111,7 @@ fn nodes_batch(members: &[MemberInfo]) -> Result<RecordBatch> {
                 .collect::<TimestampMillisecondArray>()
                 .with_timezone("UTC"),
         ),
-        // The key the server publishes its data plane under (`tables::peers::DATA_ADDR_KEY`).
-        addr("data"),
+        addr(DATA_ADDR_KEY),
     ];
     Ok(RecordBatch::try_new(Arc::clone(&NODES_SCHEMA), columns)?)
 }

@@ -27,8 +27,7 @@ use super::lock;
 use crate::codec::ShipRequest;
 use crate::settings::StorageSettings;
 
-/// The membership `addrs` key of a node's data plane.
-pub const DATA_ADDR_KEY: &str = "data";
+pub use shardwise_cluster::DATA_ADDR_KEY;
 
 /// The data plane credential of this cluster run.
 #[derive(Clone)]
