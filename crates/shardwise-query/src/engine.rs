@@ -526,6 +526,8 @@ impl QueryEngine {
         // `a IS DISTINCT FROM b AND c` and `a ^ b` as PostgreSQL reads them (see
         // `crate::postgres_operators`).
         crate::postgres_operators::bind_as_postgres(&mut statement);
+        // `(a, b) IN ((-1, 'x'))`: row values DataFusion refused (see `crate::tuples`).
+        crate::tuples::as_structs(&mut statement);
         // `OVER (w ORDER BY x)` with the clauses of `w` (see `crate::named_windows`).
         crate::named_windows::copy_named_windows(&mut statement);
         // A NATURAL join as USING over the columns its tables share (see `crate::natural_joins`).

@@ -91,6 +91,7 @@ pub mod system_tables;
 pub mod table_listing;
 pub mod time_literals;
 pub mod to_utf8view;
+pub mod tuples;
 mod udaf_wrapper;
 mod udf_wrapper;
 pub mod unplanned_clauses;

@@ -375,3 +375,15 @@ async fn a_statement_that_fails_to_plan_is_logged_under_the_id_its_client_gave()
     assert!(states.contains("running") && states.contains("failed"), "{states}");
     drop(running);
 }
+
+#[tokio::test]
+async fn row_values_that_start_with_an_expression_are_answered() {
+    // DataFusion planned `(x, y)` only when x was a column or a literal: `(-100, '')` was refused.
+    let values = "(VALUES (5, 'x'), (-100, ''), (2, '')) v(a, b)";
+    let sql = format!("SELECT count(*) AS n FROM {values} WHERE (a, b) IN ((-100, ''), (1 + 1, ''))");
+    let shown = pretty(&run(&engine(), &sql).await.expect("row values"));
+    assert!(shown.contains("| 2 |"), "{shown}");
+    let sql = format!("SELECT count(*) AS n FROM {values} WHERE (a, b) = (-100, '')");
+    let shown = pretty(&run(&engine(), &sql).await.expect("a row value compared"));
+    assert!(shown.contains("| 1 |"), "{shown}");
+}
