@@ -49,14 +49,11 @@ impl VisitorMut for FetchAsLimit {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::sql::parser::DFParser;
 
     use super::*;
 
     fn rewritten(sql: &str) -> String {
-        let mut statement = DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
-        fetch_as_limit(&mut statement);
-        statement.to_string()
+        crate::sql_ast::rewritten_by(sql, fetch_as_limit)
     }
 
     #[test]

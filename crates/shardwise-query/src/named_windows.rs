@@ -107,14 +107,11 @@ impl VisitorMut for CopyInto<'_> {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::sql::parser::DFParser;
 
     use super::*;
 
     fn rewritten(sql: &str) -> String {
-        let mut statement = DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
-        copy_named_windows(&mut statement);
-        statement.to_string()
+        crate::sql_ast::rewritten_by(sql, copy_named_windows)
     }
 
     #[test]

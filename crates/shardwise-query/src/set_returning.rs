@@ -41,12 +41,9 @@ fn rows_of(item: &mut SelectItem) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::sql::parser::DFParser;
 
     fn rewritten(sql: &str) -> String {
-        let mut statement = DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
-        rows_of_set_returning_items(&mut statement);
-        statement.to_string()
+        crate::sql_ast::rewritten_by(sql, rows_of_set_returning_items)
     }
 
     #[test]

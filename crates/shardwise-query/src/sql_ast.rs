@@ -81,3 +81,13 @@ pub(crate) fn function_call(name: &str, args: Vec<Expr>) -> Expr {
         within_group: vec![],
     })
 }
+
+/// `sql` parsed, given to `rewrite`, and written back as SQL: what the tests of the statement
+/// rewrites compare.
+#[cfg(test)]
+pub(crate) fn rewritten_by(sql: &str, rewrite: impl FnOnce(&mut DfStatement)) -> String {
+    let parsed = datafusion::sql::parser::DFParser::parse_sql(sql).expect("parse").pop_front();
+    let mut statement = parsed.expect("one statement");
+    rewrite(&mut statement);
+    statement.to_string()
+}

@@ -37,14 +37,11 @@ impl VisitorMut for AsStructs {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::sql::parser::DFParser;
 
     use super::*;
 
     fn rewritten(sql: &str) -> String {
-        let mut statement = DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
-        as_structs(&mut statement);
-        statement.to_string()
+        crate::sql_ast::rewritten_by(sql, as_structs)
     }
 
     #[test]

@@ -278,9 +278,7 @@ mod tests {
     use super::*;
 
     fn rewritten(sql: &str) -> String {
-        let mut statement = DFParser::parse_sql(sql).expect("parse").pop_front().expect("statement");
-        merge_using_columns(&mut statement);
-        statement.to_string()
+        crate::sql_ast::rewritten_by(sql, merge_using_columns)
     }
 
     #[test]
