@@ -941,15 +941,26 @@ impl Master {
 
     async fn failure_detector(self: Arc<Self>) {
         let t = self.settings.timeouts.clone();
-        let mut tick = tokio::time::interval(Duration::from_millis((t.heartbeat_interval_ms / 2).max(10)));
+        let period = Duration::from_millis((t.heartbeat_interval_ms / 2).max(10));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_tick = Instant::now();
         loop {
             tick.tick().await;
+            let now = Instant::now();
+            // Time the master itself could not observe (it was stopped with SIGSTOP, its VM was
+            // paused, or it got no CPU): the nodes' heartbeats of that time are still in its
+            // sockets, so that silence is the master's, and it is not counted against them.
+            let stalled = stalled_for(now.duration_since(last_tick), period, t.heartbeat_interval_ms);
+            last_tick = now;
             let mut s = self.lock();
             if !s.formed {
                 continue;
             }
-            let now = Instant::now();
             for slot in s.slots.values_mut().filter(|sl| sl.info.rank != 0) {
+                if !stalled.is_zero() {
+                    slot.last_seen = slot.last_seen.map(|seen| (seen + stalled).min(now));
+                }
                 let Some(seen) = slot.last_seen else { continue };
                 let silent_ms = now.duration_since(seen).as_millis() as u64;
                 let next = if silent_ms >= t.down_after_ms {
@@ -971,6 +982,13 @@ impl Master {
             }
         }
     }
+}
+
+/// How much of the `elapsed` time between two of the failure detector's ticks, `period` apart,
+/// the master was not running: the part beyond one heartbeat interval of lateness (a tick a few
+/// hundred milliseconds late is ordinary scheduling, and is counted as silence as usual).
+fn stalled_for(elapsed: Duration, period: Duration, heartbeat_interval_ms: u64) -> Duration {
+    elapsed.saturating_sub(period + Duration::from_millis(heartbeat_interval_ms))
 }
 
 /// Decodes a peer's nonce: hex of exactly [`NONCE_BYTES`] bytes (a short or empty nonce would
@@ -1200,5 +1218,20 @@ mod hello_proof_tests {
             assert!(!seen.contains(&parts), "two hellos with the same proof parts: {parts:?}");
             seen.push(parts);
         }
+    }
+}
+
+#[cfg(test)]
+mod failure_detector_tests {
+    use super::*;
+
+    /// A tick on time or a little late credits nothing; a master stopped for 20 s is credited the
+    /// 20 s less one period and one heartbeat interval of ordinary lateness.
+    #[test]
+    fn only_the_masters_own_stall_is_credited() {
+        let period = Duration::from_millis(250);
+        assert_eq!(stalled_for(Duration::from_millis(250), period, 500), Duration::ZERO);
+        assert_eq!(stalled_for(Duration::from_millis(700), period, 500), Duration::ZERO);
+        assert_eq!(stalled_for(Duration::from_millis(20_000), period, 500), Duration::from_millis(19_250));
     }
 }

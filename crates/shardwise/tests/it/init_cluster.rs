@@ -125,6 +125,20 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
     procs[1].signal("CONT");
     eventually(Duration::from_secs(10), "resumed rank 1 up", || (state_of(&addrs[0], "1")? == "up").then_some(()));
 
+    // A paused master (2.5 s, past down_after_ms) does not count its own pause as the workers'
+    // silence: resumed, it marks no one down.
+    let before_pause = procs[0].drain(Duration::from_millis(300));
+    procs[0].signal("STOP");
+    std::thread::sleep(Duration::from_millis(2_500));
+    procs[0].signal("CONT");
+    eventually(Duration::from_secs(10), "all up after the master's pause", || {
+        nodes(&addrs[0])?.iter().all(|m| m.2 == "up").then_some(())
+    });
+    let after_pause = procs[0].drain(Duration::from_millis(1_500));
+    let downs: Vec<&String> =
+        procs[0].seen[before_pause..after_pause].iter().filter(|l| l.contains("is down")).collect();
+    assert!(downs.is_empty(), "the resumed master marked workers down: {downs:?}");
+
     // A worker killed with SIGKILL is `down` within down_after_ms (1 s) plus slack.
     procs[2].kill9();
     eventually(Duration::from_secs(10), "rank 2 down", || (state_of(&addrs[0], "2")? == "down").then_some(()));

@@ -158,6 +158,14 @@ impl Proc {
         }
     }
 
+    /// Takes in the lines printed so far, waiting `quiet` for more; returns how many were seen.
+    pub fn drain(&mut self, quiet: Duration) -> usize {
+        while let Ok((_, l)) = self.lines.recv_timeout(quiet) {
+            self.seen.push(l);
+        }
+        self.seen.len()
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
