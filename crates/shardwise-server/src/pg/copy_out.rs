@@ -15,6 +15,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use pgwire::error::PgWireResult;
 use pgwire::messages::copy::CopyData;
 use shardwise_query::QueryError;
+use shardwise_query::postgres_text::text_of;
 
 use super::copy::CopyFormat;
 use super::errors::pg_error;
@@ -114,8 +115,8 @@ impl CopyFormat {
     }
 }
 
-/// A column's values as PostgreSQL writes them in text: booleans `t`/`f`, timestamps with a
-/// space, lists as arrays, the rest as Arrow displays them; NULLs stay NULL.
+/// A column's values as PostgreSQL writes them in text: booleans `t`/`f`, floats and timestamps
+/// by [`text_of`], lists as arrays, the rest as Arrow displays them; NULLs stay NULL.
 fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
     let len = column.len();
     if let DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) = column.data_type() {
@@ -123,20 +124,31 @@ fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
             .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
         return pg_array_text(list.as_list::<i32>());
     }
+    match column.data_type() {
+        // Floats and timestamps as PostgreSQL's output functions write them (`1`, `1e+20`,
+        // `Infinity`, `2024-01-31 10:00:00.5`, `...+00`), not as Arrow displays them.
+        DataType::Float32 | DataType::Float64 | DataType::Timestamp(..) => return text_of(column).map_err(to_pg),
+        DataType::Float16 => {
+            let f32s = datafusion::arrow::compute::cast(column, &DataType::Float32).map_err(|e| to_pg(e.into()))?;
+            return text_of(&f32s).map_err(to_pg);
+        }
+        _ => {}
+    }
     if let DataType::Boolean = column.data_type() {
         let b = column.as_boolean();
         return Ok((0..len).map(|i| b.is_valid(i).then(|| if b.value(i) { "t" } else { "f" })).collect());
     }
-    let options = FormatOptions::default()
-        .with_timestamp_format(Some("%Y-%m-%d %H:%M:%S%.f"))
-        .with_timestamp_tz_format(Some("%Y-%m-%d %H:%M:%S%.f%:z"))
-        .with_datetime_format(Some("%Y-%m-%d %H:%M:%S%.f"));
+    let options = FormatOptions::default().with_datetime_format(Some("%Y-%m-%d %H:%M:%S%.f"));
     let formatter = ArrayFormatter::try_new(column.as_ref(), &options)
         .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
     // Logical nulls: a column of untyped NULLs (`SELECT NULL`) has no validity buffer.
     let nulls = column.logical_nulls();
     let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
     Ok((0..len).map(|i| (!is_null(i)).then(|| formatter.value(i).to_string())).collect())
+}
+
+fn to_pg(e: DataFusionError) -> pgwire::error::PgWireError {
+    pg_error(QueryError::from(e))
 }
 
 /// The element type of a list column.
@@ -223,6 +235,35 @@ mod tests {
         assert_eq!(text, vec!["1\ta\\tb,\"c\"\tt\n", "\\N\t\t\\N\n"]);
         let csv = copy("COPY t TO STDOUT CSV").lines(&batch).unwrap();
         assert_eq!(csv, vec!["1,\"a\tb,\"\"c\"\"\",t\n", ",\"\",\n"]);
+    }
+
+    /// Floats and timestamps as PostgreSQL writes them, so that PostgreSQL reads them back
+    /// (Arrow's display wrote `10262.0`, `1e20`, `inf` and `2024-01-31T10:00:00.500`).
+    #[test]
+    fn floats_and_timestamps_are_written_as_postgresql_writes_them() {
+        use datafusion::arrow::array::{Float32Array, Float64Array, TimestampMicrosecondArray};
+        let batch = RecordBatch::try_from_iter([
+            ("d", Arc::new(Float64Array::from(vec![10262.0, 1e20, f64::INFINITY, f64::NAN, 0.5])) as ArrayRef),
+            ("r", Arc::new(Float32Array::from(vec![1.5f32, 1e7, f32::NEG_INFINITY, 2.0, 1e-5])) as ArrayRef),
+            (
+                "ts",
+                Arc::new(TimestampMicrosecondArray::from(vec![1_706_695_200_500_000, 1_706_695_200_000_000, 0, 1, -1]))
+                    as ArrayRef,
+            ),
+            ("tz", Arc::new(TimestampMicrosecondArray::from(vec![0, 1, 2, 3, 4]).with_timezone("+00:00")) as ArrayRef),
+        ])
+        .unwrap();
+        let text = copy("COPY t TO STDOUT").lines(&batch).unwrap();
+        assert_eq!(
+            text,
+            vec![
+                "10262\t1.5\t2024-01-31 10:00:00.5\t1970-01-01 00:00:00+00\n",
+                "1e+20\t1e+07\t2024-01-31 10:00:00\t1970-01-01 00:00:00.000001+00\n",
+                "Infinity\t-Infinity\t1970-01-01 00:00:00\t1970-01-01 00:00:00.000002+00\n",
+                "NaN\t2\t1970-01-01 00:00:00.000001\t1970-01-01 00:00:00.000003+00\n",
+                "0.5\t1e-05\t1969-12-31 23:59:59.999999\t1970-01-01 00:00:00.000004+00\n",
+            ]
+        );
     }
 
     #[test]
