@@ -5,15 +5,15 @@
 //! statements come from `-e`, from `-f FILE`, or from standard input. Scripts are split into
 //! statements client-side with the SQL tokenizer DataFusion uses (so `;` inside strings and
 //! comments is not a separator) and run in order; the first failure stops the script and names
-//! the statement and the line it starts on. A script from a file or a pipe may also hold the
-//! shell's backslash commands (`crate::script`).
+//! the statement and the line it starts on (`crate::script_run`). A script from a file or a pipe
+//! may also hold the shell's backslash commands (`crate::script`).
 
 use std::error::Error as StdError;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow_flight::error::FlightError;
@@ -23,11 +23,8 @@ use arrow_flight::{FlightInfo, HandshakeRequest};
 use base64::Engine as _;
 use futures::TryStreamExt;
 use shardwise_query::format_clause::{ClauseFormat, split_format_clause};
-use shardwise_query::sql_split::split_statements;
 use shardwise_server::csv_text::TextFormat;
 
-use crate::script::Step;
-use crate::shell::Command;
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest gRPC message the client accepts (matches the server's limit).
@@ -156,80 +153,7 @@ pub async fn run_on(mut client: SqlClient, addr: &str, script: &ScriptArgs) -> a
     if script.wants_shell() {
         return crate::shell::run(&mut client, addr, script.format).await;
     }
-    run_script(client, &script.execute, &script.file, script.format).await
-}
-
-/// Runs the statements of `-e`, of `-f`, or of standard input, stopping at the first error.
-async fn run_script(
-    client: SqlClient,
-    execute: &Option<String>,
-    file: &Option<PathBuf>,
-    format: OutputFormat,
-) -> anyhow::Result<()> {
-    let mut client = client.inner;
-    let (source, label) = match (execute, file) {
-        (Some(sql), _) => (sql.clone(), None),
-        (None, Some(path)) => {
-            let text =
-                tokio::fs::read_to_string(path).await.with_context(|| format!("cannot read {}", path.display()))?;
-            (text, Some(path.display().to_string()))
-        }
-        (None, None) => (read_stdin().await?, Some("stdin".to_string())),
-    };
-    // `-e` is SQL only; a file or a pipe may hold the shell's backslash commands too.
-    let steps: Vec<(u64, Result<Step, String>)> = match execute {
-        Some(sql) => split_statements(sql)
-            .into_iter()
-            .map(|piece| match piece {
-                Ok(statement) => (statement.line, Ok(Step::Sql(statement.text))),
-                Err(e) => (e.line, Err(e.message)),
-            })
-            .collect(),
-        None => crate::script::steps(&source),
-    };
-    let single = steps.len() == 1 && label.is_none();
-    for (index, (line, step)) in steps.into_iter().enumerate() {
-        let outcome = match step {
-            Ok(Step::Sql(sql)) => run_statement(&mut client, &sql, format).await.map(drop),
-            Ok(Step::Command(text)) => match crate::shell::command(&text) {
-                Command::Quit => return Ok(()),
-                Command::Help => {
-                    println!("{}", crate::shell::HELP);
-                    Ok(())
-                }
-                // Scripts print no times.
-                Command::Timing => Ok(()),
-                Command::Sql(sql) => run_statement(&mut client, &sql, format).await.map(drop),
-                Command::Unknown(word) => Err(format!("unknown command {word}; \\? lists them")),
-            },
-            Err(message) => Err(message),
-        };
-        let Err(message) = outcome else { continue };
-        if single {
-            bail!("{message}");
-        }
-        let place = match &label {
-            Some(label) => format!("{label} line {line}"),
-            None => format!("line {line}"),
-        };
-        bail!("statement {} ({place}): {message}", index + 1);
-    }
-    Ok(())
-}
-
-async fn read_stdin() -> anyhow::Result<String> {
-    use std::io::{IsTerminal, Read};
-    if std::io::stdin().is_terminal() {
-        eprintln!("reading SQL from standard input; end with Ctrl-D");
-    }
-    // Blocking read on a blocking thread (tokio's async stdin is not enabled in this build).
-    tokio::task::spawn_blocking(|| {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map(|_| text)
-    })
-    .await
-    .context("standard input reader stopped")?
-    .context("cannot read standard input")
+    crate::script_run::run_script(client, &script.execute, &script.file, script.format).await
 }
 
 /// A connected, authenticated Flight SQL client (also used by `demo`).

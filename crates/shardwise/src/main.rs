@@ -26,6 +26,7 @@ mod ports;
 mod proc_cluster;
 mod proc_stats;
 mod script;
+mod script_run;
 mod shell;
 mod sql_print;
 

@@ -20,23 +20,60 @@ pub enum Step {
 /// The steps of `src`, each with the line it starts on (1-based); `Err` for a statement that does
 /// not split (an unterminated string, say), with what is wrong.
 pub fn steps(src: &str) -> Vec<(u64, Result<Step, String>)> {
-    let mut out = Vec::new();
-    let (mut buffer, mut buffer_line) = (String::new(), 1u64);
-    for (index, line) in src.lines().enumerate() {
-        let number = index as u64 + 1;
-        if line.trim_start().starts_with('\\') && at_statement_start(&buffer) {
-            flush(&mut buffer, buffer_line, &mut out);
-            out.push((number, Ok(Step::Command(line.trim().to_string()))));
-            continue;
-        }
-        if buffer.is_empty() {
-            buffer_line = number;
-        }
-        buffer.push_str(line);
-        buffer.push('\n');
-    }
-    flush(&mut buffer, buffer_line, &mut out);
+    let mut splitter = Splitter::default();
+    let mut out: Vec<_> = src.lines().flat_map(|line| splitter.push_line(line)).collect();
+    out.extend(splitter.finish());
     out
+}
+
+/// Splits a script read line by line, handing out each step as soon as its last line is in, as
+/// psql runs a statement from a pipe once its `;` arrives (a script fed by another program runs
+/// as it is written, not at the end of its input).
+#[derive(Debug, Default)]
+pub struct Splitter {
+    /// Lines of statements not yet ended.
+    buffer: String,
+    /// The line `buffer` starts on.
+    buffer_line: u64,
+    /// Lines taken so far.
+    lines: u64,
+}
+
+impl Splitter {
+    /// Takes the script's next line (without its line break); returns the steps it completes.
+    pub fn push_line(&mut self, line: &str) -> Vec<(u64, Result<Step, String>)> {
+        self.lines += 1;
+        let mut out = Vec::new();
+        if line.trim_start().starts_with('\\') && at_statement_start(&self.buffer) {
+            flush(&mut self.buffer, self.buffer_line, &mut out);
+            out.push((self.lines, Ok(Step::Command(line.trim().to_string()))));
+            return out;
+        }
+        if self.buffer.is_empty() {
+            self.buffer_line = self.lines;
+        }
+        self.buffer.push_str(line);
+        self.buffer.push('\n');
+        // Only a line with a `;` can end a statement: a long statement is not tokenized again
+        // for each of its lines.
+        if line.contains(';') && is_complete(&self.buffer) {
+            flush(&mut self.buffer, self.buffer_line, &mut out);
+        }
+        out
+    }
+
+    /// How many lines were taken.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// The end of the script: the steps of what is left (a last statement without `;`, or an
+    /// error for one that does not split).
+    pub fn finish(&mut self) -> Vec<(u64, Result<Step, String>)> {
+        let mut out = Vec::new();
+        flush(&mut self.buffer, self.buffer_line, &mut out);
+        out
+    }
 }
 
 /// True when `buffer` holds only whole statements (or nothing but whitespace and comments).
@@ -87,6 +124,19 @@ mod tests {
                 (7, "cmd \\q".to_string()),
             ]
         );
+    }
+
+    /// A statement is handed out with the line that ends it, not at the end of the script.
+    #[test]
+    fn steps_come_out_as_their_last_line_arrives() {
+        let mut s = Splitter::default();
+        assert!(s.push_line("SELECT").is_empty());
+        assert_eq!(s.push_line("  1;"), vec![(1, Ok(Step::Sql("SELECT\n  1".into())))]);
+        assert!(s.push_line("SELECT 'a;").is_empty(), "a string left open is not the end");
+        assert_eq!(s.push_line("b';"), vec![(3, Ok(Step::Sql("SELECT 'a;\nb'".into())))]);
+        assert_eq!(s.push_line("\\nodes"), vec![(5, Ok(Step::Command("\\nodes".into())))]);
+        assert!(s.push_line("SELECT 2").is_empty());
+        assert_eq!(s.finish(), vec![(6, Ok(Step::Sql("SELECT 2".into())))]);
     }
 
     #[test]

@@ -68,9 +68,26 @@ fn formats_scripts_and_errors() {
     let out = sql(&addr, &["-f", script.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && stderr.contains("statement 2 (") && stderr.contains("unknown command \\nope"),
+        !out.status.success()
+            && stderr.contains("command \\nope (")
+            && stderr.contains("line 2)")
+            && stderr.contains("unknown command \\nope"),
         "{stderr}"
     );
+
+    // From a pipe each statement runs once its `;` is read, before the input ends; `\timing`
+    // turns on the time; statements are counted without the commands between them.
+    let mut c = shardwise();
+    c.args(["sql", "--connect", &addr, "--format", "csv"]);
+    let (mut piped, mut stdin) = Proc::spawn_with_stdin(c);
+    std::io::Write::write_all(&mut stdin, b"SELECT 41 + 1 AS x;\n").expect("write");
+    piped.wait_for_line("42", T);
+    std::io::Write::write_all(&mut stdin, b"\\timing\nSELECT 2 AS y;\n").expect("write");
+    piped.wait_for_line("1 row in ", T);
+    std::io::Write::write_all(&mut stdin, b"SELECT nope;\nSELECT 'not run';\n").expect("write");
+    drop(stdin);
+    let (code, out) = piped.wait_exit(T);
+    assert!(code != Some(0) && out.contains("statement 3 (stdin line 4)") && !out.contains("not run"), "{out}");
 
     // CSV is written as it arrives: a reader that stops after three lines of an endless result
     // ends the query (the failed write cancels it) instead of waiting for all of it.
