@@ -39,6 +39,9 @@ impl InsertCasts {
             .iter()
             .zip(projection.schema.fields())
             .filter_map(|(expr, field)| match expr.clone().unalias() {
+                // A column the insert leaves out is filled with a cast NULL, which always fits.
+                Expr::Cast(cast) if is_null_literal(&cast.expr) => None,
+                Expr::TryCast(cast) if is_null_literal(&cast.expr) => None,
                 Expr::Cast(cast) => Some((field.name().clone(), cast.field.data_type().clone())),
                 Expr::TryCast(cast) => Some((field.name().clone(), cast.field.data_type().clone())),
                 _ => None,
@@ -72,6 +75,10 @@ impl InsertCasts {
         });
         Box::pin(RecordBatchStreamAdapter::new(schema, mapped))
     }
+}
+
+fn is_null_literal(expr: &Expr) -> bool {
+    matches!(expr, Expr::Literal(value, _) if value.is_null())
 }
 
 /// Whether a cast error's `message` is about a cast to `data_type`: Arrow's words for a value
@@ -124,9 +131,18 @@ mod tests {
     #[tokio::test]
     async fn only_an_insert_from_a_query_has_casts() {
         assert!(casts("SELECT * FROM s").await.is_none());
-        // Columns of the table's own types are not cast; the NULL is.
+        // Columns of the table's own types are not cast; the selected NULL is.
         let same_types = "INSERT INTO t SELECT id, CAST(v AS TINYINT) AS a, CAST(v AS TINYINT) AS b, NULL FROM s";
         let casts = casts(same_types).await.expect("casts");
         assert_eq!(casts.columns, vec![("d".to_string(), DataType::Decimal128(5, 2))]);
+    }
+
+    /// Columns an insert leaves out (filled with NULLs) are not named by its errors.
+    #[tokio::test]
+    async fn columns_left_out_are_not_named() {
+        let casts = casts("INSERT INTO t (id, small) SELECT id, v * 100 FROM s").await.expect("casts");
+        assert_eq!(casts.columns, vec![("small".to_string(), DataType::Int8)]);
+        let err = "Arrow error: Cast error: Can't cast value 200 to type Int8";
+        assert_eq!(casts.explain(err), Some(format!("INSERT INTO t: column small: {err}")));
     }
 }

@@ -69,8 +69,9 @@ extensions_options! {
         /// ... for a key column of a sharded table with at least this many distinct values
         /// (estimated from a sample); 0: every string key.
         pub string_group_keys_as_views_min_distinct: u64, default = 10_000
-        /// Partial aggregation by one integer or string key with only count, sum, avg, min and
-        /// max by direct indexing instead of DataFusion's hash table; 0 uses DataFusion's.
+        /// Partial aggregation by one to four integer or string keys with only count, sum, avg,
+        /// min, max, corr, the variances and median by direct indexing instead of DataFusion's
+        /// hash table; 0 uses DataFusion's.
         pub small_group_aggregation: Flag, default = Flag(true)
         /// ... for at most this many groups per partition (string keys: at most 4096); past it,
         /// the rest of the partition goes to DataFusion's aggregation.

@@ -237,13 +237,18 @@ async fn store_text(engine: &QueryEngine, session: &Arc<Session>, insert: HttpIn
         }
         RowsFormat::JsonEachRow => {
             let (keys, rows) = json_rows::rows(table, data)?;
-            if let Some(key) = keys.iter().find(|k| !stated.is_empty() && !stated.contains(k)) {
+            if let Some((key, line)) = keys.iter().find(|(k, _)| !stated.is_empty() && !stated.contains(k)) {
                 return Err(bad(format!(
-                    "INSERT INTO {table}: the rows have {key:?}, which the statement's columns ({}) leave out",
+                    "INSERT INTO {table} line {line}: the rows have {key:?}, which the statement's columns ({}) \
+                     leave out",
                     stated.join(", ")
                 )));
             }
-            (keys, Some(rows))
+            let (schema, _) = target_columns(engine, session, table, &[], "INSERT INTO").await?;
+            if let Some((key, line)) = keys.iter().find(|(k, _)| schema.index_of(k).is_err()) {
+                return Err(bad(format!("INSERT INTO {table} line {line}: no column {key:?} in {table}")));
+            }
+            (keys.into_iter().map(|(k, _)| k).collect(), Some(rows))
         }
         RowsFormat::Text(_) | RowsFormat::Typed(_) => (stated.clone(), None),
     };

@@ -19,11 +19,15 @@ use shardwise_query::QueryError;
 
 use crate::pg::copy_in::Row;
 
+/// A key the rows name, and the line it first appears on.
+pub type Key = (String, u64);
+
 /// The columns the rows name (each object's new keys in the order written, after those of the
-/// objects before it) and the rows, their fields in that order.
-pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryError> {
+/// objects before it), each with the line it first appears on, and the rows, their fields in
+/// that order.
+pub fn rows(table: &str, data: &str) -> Result<(Vec<Key>, Vec<Row>), QueryError> {
     let bad = |line: u64, what: String| QueryError::Rejected(format!("INSERT INTO {table} line {line}{what}"));
-    let mut names: Vec<String> = Vec::new();
+    let mut names: Vec<Key> = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut lines: Vec<(u64, &str)> = Vec::new();
     for (i, line) in data.lines().enumerate() {
@@ -44,7 +48,7 @@ pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryErr
             }
             if !seen.contains_key(key) {
                 seen.insert(key.clone(), names.len());
-                names.push(key.clone());
+                names.push((key.clone(), number));
             }
         }
         lines.push((number, line));
@@ -52,7 +56,8 @@ pub fn rows(table: &str, data: &str) -> Result<(Vec<String>, Vec<Row>), QueryErr
     if lines.is_empty() {
         return Ok((names, Vec::new()));
     }
-    let schema = Arc::new(Schema::new(names.iter().map(|n| Field::new(n, DataType::Utf8, true)).collect::<Vec<_>>()));
+    let schema =
+        Arc::new(Schema::new(names.iter().map(|n| Field::new(&n.0, DataType::Utf8, true)).collect::<Vec<_>>()));
     let internal = |e: datafusion::arrow::error::ArrowError| QueryError::Rejected(format!("INSERT INTO {table}: {e}"));
     let mut decoder = ReaderBuilder::new(schema)
         .with_batch_size(lines.len())
@@ -120,7 +125,7 @@ mod tests {
     fn values_keep_their_text_and_missing_keys_are_null() {
         let data = "{\"id\": 1, \"v\": 12345678901234567890.12, \"s\": \"a\\\"b\"}\n\n{\"s\": true, \"id\": 2}\n{\"v\": null}\n";
         let (names, rows) = rows("t", data).expect("rows");
-        assert_eq!(names, vec!["id", "v", "s"]);
+        assert_eq!(names, vec![("id".into(), 1), ("v".into(), 1), ("s".into(), 1)]);
         let text = |r: &Row| r.1.iter().map(|f| f.clone().unwrap_or_else(|| "NULL".into())).collect::<Vec<_>>();
         assert_eq!((rows[0].0, text(&rows[0])), (1, vec!["1".into(), "12345678901234567890.12".into(), "a\"b".into()]));
         assert_eq!((rows[1].0, text(&rows[1])), (3, vec!["2".into(), "NULL".into(), "true".into()]));

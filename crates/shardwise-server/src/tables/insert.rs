@@ -111,6 +111,9 @@ impl TablesNode {
         };
         let chunk_bytes = chunk_max_bytes(self.settings.insert_chunk_max_bytes, entry.def.replicas);
         let chunk_list = chunks(&batches, self.settings.insert_chunk_rows, chunk_bytes)?;
+        // A delayed insert of one chunk that fails stored nothing: its outbox append is refused
+        // whole, and nothing else writes.
+        let all_or_nothing = chunk_list.len() == 1 && !writes_replicas;
         let (entry_ref, insert_id_ref) = (&entry, insert_id.as_str());
         let failed = AtomicBool::new(false);
         let failed_ref = &failed;
@@ -134,7 +137,10 @@ impl TablesNode {
                 Ok(()) => {}
                 Err(e) if first_error.is_none() => {
                     failed.store(true, Ordering::Release);
-                    first_error = Some(with_retry_hint(e, table, &insert_id, index));
+                    first_error = Some(match all_or_nothing {
+                        true => nothing_stored(e, table),
+                        false => with_retry_hint(e, table, &insert_id, index),
+                    });
                 }
                 Err(_) => {}
             }
@@ -603,6 +609,15 @@ fn in_value_order(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, QueryErro
             interleave_record_batch(&sources, &indices).map_err(storage_error)
         })
         .collect()
+}
+
+fn nothing_stored(e: QueryError, table: &str) -> QueryError {
+    let said = "nothing of the insert was stored, so it can be sent again as it is";
+    match e {
+        QueryError::Unavailable(m) => QueryError::Unavailable(format!("insert into {table} failed: {m}; {said}")),
+        QueryError::Storage(m) => QueryError::Storage(format!("insert into {table} failed: {m}; {said}")),
+        other => other,
+    }
 }
 
 fn with_retry_hint(e: QueryError, table: &str, insert_id: &str, chunk: usize) -> QueryError {

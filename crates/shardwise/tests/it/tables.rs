@@ -828,6 +828,7 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
         "{err}"
     );
     assert!(err.contains("pending for: rank 1 "), "the error names the destination that holds the rows: {err}");
+    assert!(err.contains("nothing of the insert was stored") && !err.contains("may already be stored"), "{err}");
     // Nothing of the refused insert was kept: only the accepted ones are queued.
     let queued =
         sql_csv(&addrs[0], "SELECT sum(pending_rows) FROM system.sync_queues WHERE destination = 1 AND table = 'f'")
