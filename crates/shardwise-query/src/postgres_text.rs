@@ -151,8 +151,10 @@ pub fn text_of(array: &ArrayRef) -> Result<StringArray> {
 
 /// Nanoseconds since 1970 as `YYYY-MM-DD HH:MM:SS[.fraction]`, the fraction without trailing zeros.
 fn timestamp_text(ns: i64) -> String {
-    let fraction = ns.rem_euclid(1_000_000_000);
-    let Some(moment) = datafusion::arrow::temporal_conversions::timestamp_ns_to_datetime(ns - fraction) else {
+    // Whole seconds and the nanoseconds after them, without `ns - fraction`, which passes
+    // i64::MIN in the first second of the range (1677-09-21 00:12:43.145224192 and after).
+    let (seconds, fraction) = (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000));
+    let Some(moment) = chrono::DateTime::from_timestamp(seconds, 0).map(|m| m.naive_utc()) else {
         return ns.to_string();
     };
     let mut text = moment.format("%Y-%m-%d %H:%M:%S").to_string();
@@ -225,6 +227,9 @@ mod tests {
         assert_eq!(timestamp_text(1_704_103_200_500_000_000), "2024-01-01 10:00:00.5");
         assert_eq!(timestamp_text(1_704_103_200_000_000_000), "2024-01-01 10:00:00");
         assert_eq!(timestamp_text(-1), "1969-12-31 23:59:59.999999999");
+        // The first second of the range (whole seconds below i64::MIN nanoseconds).
+        assert_eq!(timestamp_text(i64::MIN), "1677-09-21 00:12:43.145224192");
+        assert_eq!(timestamp_text(i64::MAX), "2262-04-11 23:47:16.854775807");
     }
 
     #[tokio::test]

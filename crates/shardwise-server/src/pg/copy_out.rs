@@ -11,14 +11,49 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
-use futures::{StreamExt, TryStreamExt, stream};
-use pgwire::error::PgWireResult;
-use pgwire::messages::copy::CopyData;
+use futures::{Sink, SinkExt, StreamExt, TryStreamExt, stream};
+use pgwire::api::results::Tag;
+use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::copy::{CopyData, CopyDone, CopyOutResponse};
 use shardwise_query::QueryError;
 use shardwise_query::postgres_text::text_of;
 
 use super::copy::CopyFormat;
 use super::errors::pg_error;
+
+/// Sends a `COPY ... TO STDOUT`'s response and rows to `client` and returns its `COPY n` tag.
+///
+/// Why not pgwire's `Response::CopyOut`: its sender ends a copy whose rows fail part-way (a
+/// division by zero in row 150 000) with `CopyFail`, a message only clients send, so psql
+/// reported a protocol error and psycopg the wrong exception. Here a failure returns the error,
+/// which the caller answers with an `ErrorResponse` in the middle of the copy, as PostgreSQL does.
+pub async fn send<C>(
+    client: &mut C,
+    columns: usize,
+    data: impl futures::Stream<Item = PgWireResult<CopyData>>,
+) -> PgWireResult<Tag>
+where
+    C: Sink<PgWireBackendMessage> + Unpin,
+    C::Error: std::fmt::Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    // Text formats: every column's format code is 0.
+    let column_formats = vec![0i16; columns];
+    let width = i16::try_from(columns).map_err(|_| pg_error(QueryError::Rejected("too many columns".into())))?;
+    client.send(PgWireBackendMessage::CopyOutResponse(CopyOutResponse::new(0, width, column_formats))).await?;
+    let mut data = std::pin::pin!(data);
+    let mut messages = 0;
+    while let Some(message) = data.next().await {
+        let message = message?;
+        if !message.data.is_empty() {
+            messages += 1;
+            client.feed(PgWireBackendMessage::CopyData(message)).await?;
+        }
+    }
+    client.send(PgWireBackendMessage::CopyDone(CopyDone::new())).await?;
+    Ok(Tag::new("COPY").with_rows(messages))
+}
 
 impl CopyFormat {
     /// The rows of `results` as COPY data: one message per row, after the header if asked for.

@@ -386,6 +386,24 @@ impl Handler {
         }
     }
 
+    /// A `COPY ... TO STDOUT` sent here ([`copy_out::send`]); `None` for another statement.
+    async fn copy_out_here<C>(&self, client: &mut C, sql: &str) -> PgWireResult<Option<Response>>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if kind_of(sql) != Kind::Copy {
+            return Ok(None);
+        }
+        let Some(copy::Copy::Out { query, format }) = copy::parse(sql)? else { return Ok(None) };
+        let planned = self.engine.plan_to_run(&query, &self.session).await.map_err(pg_error)?;
+        let columns = planned.schema().fields().len();
+        let results = self.engine.execute(planned).await.map_err(pg_error)?;
+        let tag = copy_out::send(client, columns, format.data(results)).await?;
+        Ok(Some(Response::Execution(tag)))
+    }
+
     fn take_copy_in(&self) -> Option<copy_in::PendingCopyIn> {
         self.copy_in.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
@@ -592,8 +610,20 @@ impl SimpleQueryHandler for Handler {
                     if kind_of(&statement.text) == Kind::Deallocate {
                         deallocate(client.portal_store(), &statement.text);
                     }
-                    let signal = self.cancel_signal(client);
-                    self.run_with(client, &statement.text, &encode::text_format(), i == last, signal).await
+                    // A COPY TO first in the query streams here; after other statements (whose
+                    // answers pgwire sends once this returns) it goes through pgwire.
+                    let here = match responses.is_empty() {
+                        true => self.copy_out_here(client, &statement.text).await,
+                        false => Ok(None),
+                    };
+                    match here {
+                        Ok(Some(response)) => Ok(response),
+                        Err(e) => Err(e),
+                        Ok(None) => {
+                            let signal = self.cancel_signal(client);
+                            self.run_with(client, &statement.text, &encode::text_format(), i == last, signal).await
+                        }
+                    }
                 }
                 Err(e) => Err(syntax_error(format!("line {}: {}", e.line, e.message))),
             };
@@ -680,6 +710,9 @@ impl ExtendedQueryHandler for Handler {
     {
         if kind_of(&portal.statement.statement.sql) == Kind::Deallocate {
             deallocate(client.portal_store(), &portal.statement.statement.sql);
+        }
+        if let Some(response) = self.copy_out_here(client, &portal.statement.statement.sql).await? {
+            return Ok(response);
         }
         if portal.statement.statement.parameters || portal.parameter_len() > 0 {
             let sql = params::bind(portal)?;

@@ -179,10 +179,20 @@ fn psql_and_psycopg_end_to_end() {
     let out = run_with_timeout(c, T);
     let (stdout, stderr) = text(&out);
     assert!(stdout.starts_with("COPY 3\nCOPY 3\n") && stderr.contains("server files"), "{stdout} {stderr}");
-    assert_eq!(std::fs::read_to_string(&csv).unwrap(), "id,region,amount\n1,eu,10.5\n2,us,20.0\n3,eu,\n");
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), "id,region,amount\n1,eu,10.5\n2,us,20\n3,eu,\n");
     let mut lines: Vec<String> = std::fs::read_to_string(&txt).unwrap().lines().map(String::from).collect();
     lines.sort();
     assert_eq!(lines, ["1\t2024-01-01", "2\t2024-01-02", "3\t\\N"]);
+    // A copy whose rows fail part-way ends with the error (an ErrorResponse in the copy, as
+    // PostgreSQL sends), not with CopyFail, which psql took for a protocol error; the
+    // connection goes on.
+    let mut c = psql(&pg0, "default", "shardwise");
+    let failing = "SELECT 10 / (150000 - value) AS x FROM generate_series(1, 200000) AS g(value)";
+    c.args(["-v", "ON_ERROR_STOP=0", "-c", &format!("\\copy ({failing}) TO '{}'", txt.display())])
+        .args(["-c", "SELECT 1 AS after"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert!(stderr.contains("division by zero") && !stderr.contains("unexpected response"), "{stderr}");
+    assert!(stdout.ends_with("1\n"), "{stdout} {stderr}");
     // ... and back: \copy from a file (COPY ... FROM STDIN), checked whole before it is stored.
     std::fs::write(&csv, "id,region,amount\n7,\"asia, east\",1.5\n8,,\n").unwrap();
     std::fs::write(&txt, "9\tbad\tnot a number\n").unwrap();
