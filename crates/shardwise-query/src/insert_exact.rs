@@ -161,7 +161,39 @@ fn may_lose(from: &DataType, to: &DataType) -> bool {
     let from_fraction = from_float || decimal_scale(from).is_some_and(|scale| scale > 0);
     (from_fraction && to.is_integer())
         || (matches!(from, DataType::Float64) && matches!(to, DataType::Float32 | DataType::Float16))
+        || (is_text(from) && to.is_floating())
 }
+
+fn is_text(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// Whether the number `text` would not be kept by a cast to the float type `to`: a finite
+/// number made infinite (`'3.5e38'` for a REAL, `'1e400'` for a DOUBLE), or one other than zero
+/// made 0 (`'1e-50'` for a REAL). Text that is no number is left to the cast to refuse.
+fn text_lost(text: &str, to: &DataType) -> Option<&'static str> {
+    let text = text.trim();
+    let wide: f64 = text.parse().ok()?;
+    let unsigned = text.trim_start_matches(['+', '-']).to_ascii_lowercase();
+    if wide.is_nan() || unsigned.starts_with("inf") {
+        return None;
+    }
+    let narrow = match to {
+        DataType::Float64 => wide,
+        _ => f64::from(wide as f32),
+    };
+    let mantissa = unsigned.split('e').next().unwrap_or_default();
+    if narrow.is_infinite() {
+        Some(BEYOND_RANGE)
+    } else if narrow == 0.0 && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9')) {
+        Some(TOO_CLOSE_TO_ZERO)
+    } else {
+        None
+    }
+}
+
+const BEYOND_RANGE: &str = "it is beyond the type's range";
+const TOO_CLOSE_TO_ZERO: &str = "it is too close to zero for the type (it would be 0)";
 
 fn decimal_scale(data_type: &DataType) -> Option<i8> {
     match data_type {
@@ -224,8 +256,11 @@ impl ScalarUDFImpl for InsertFits {
 pub fn why_lost(to: &DataType, value: &ScalarValue) -> &'static str {
     match value {
         _ if to.is_integer() => "it has a fraction (round() or CAST it to the column's type first)",
-        ScalarValue::Float64(Some(v)) if v.abs() < 1.0 => "it is too close to zero for the type (it would be 0)",
-        _ => "it is beyond the type's range",
+        ScalarValue::Float64(Some(v)) if v.abs() < 1.0 => TOO_CLOSE_TO_ZERO,
+        ScalarValue::Utf8(Some(t)) | ScalarValue::LargeUtf8(Some(t)) | ScalarValue::Utf8View(Some(t)) => {
+            text_lost(t, to).unwrap_or(BEYOND_RANGE)
+        }
+        _ => BEYOND_RANGE,
     }
 }
 
@@ -281,6 +316,10 @@ fn first_lost(array: &ArrayRef, to: &DataType) -> Option<usize> {
         (!array.is_null(i) && v.is_finite() && lost).then_some(i)
     };
     match array.data_type() {
+        data_type if is_text(data_type) => {
+            let text = cast(array, &DataType::Utf8).ok()?;
+            text.as_string::<i32>().iter().position(|t| t.is_some_and(|t| text_lost(t, to).is_some()))
+        }
         DataType::Float64 => {
             array.as_primitive::<Float64Type>().values().iter().enumerate().find_map(|(i, v)| lost(i, *v))
         }
@@ -356,6 +395,26 @@ mod tests {
         assert!(e.to_string().contains("Can't cast value 1e39 to type Float32"), "{e}");
         let text = run(&ctx, "SELECT count(*) AS n FROM t").await.expect("counted");
         assert!(text.contains("| 1 |"), "{text}");
+    }
+
+    /// A number written as a string is checked as a number is ('3.5e38' was stored as inf).
+    #[tokio::test]
+    async fn numbers_in_strings_are_checked_too() {
+        let ctx = context().await;
+        for (sql, why) in [
+            ("INSERT INTO t (r) VALUES ('3.5e38')", "Can't cast value 3.5e38 to type Float32: it is beyond"),
+            ("INSERT INTO t (r) VALUES (' -1e39 ')", "to type Float32: it is beyond the type's range"),
+            ("INSERT INTO t (r) VALUES ('1e-50')", "to type Float32: it is too close to zero"),
+            ("INSERT INTO t (d) VALUES ('1e400')", "to type Float64: it is beyond the type's range"),
+        ] {
+            let e = run(&ctx, sql).await.expect_err(sql);
+            assert!(e.to_string().contains(why), "{sql}: {e}");
+        }
+        run(&ctx, "INSERT INTO t (r, d) VALUES ('inf', '-Infinity'), ('0e-99', 'NaN'), ('1.5', '1e300')")
+            .await
+            .expect("these fit");
+        let text = run(&ctx, "SELECT count(*) AS n FROM t").await.expect("counted");
+        assert!(text.contains("| 3 |"), "{text}");
     }
 
     #[tokio::test]

@@ -89,6 +89,7 @@ pub mod system_settings;
 pub mod system_storage;
 pub mod system_tables;
 pub mod table_listing;
+pub mod text_values;
 pub mod time_literals;
 pub mod to_utf8view;
 pub mod tuples;

@@ -11,7 +11,7 @@
 //!   column the table lacks is an error, a nullable table column the batch lacks is NULL, and a
 //!   column of another type is cast to the table's with Arrow's checked cast (a value that does
 //!   not fit fails the ingest, naming the column), except that, as `shardwise load` reads them, a
-//!   whole number for a timestamp is seconds since 1970 and a fraction for an integer (or a DOUBLE
+//!   number for a timestamp is seconds since 1970 (a float's fraction a part of one) and a fraction for an integer (or a DOUBLE
 //!   beyond a REAL's range) is refused, as an `INSERT` refuses it ([`shardwise_query::insert_exact`]).
 
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
 use datafusion::arrow::array::{ArrayRef, new_null_array};
 use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::util::display::FormatOptions;
 use tonic::Status;
@@ -127,15 +127,14 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
                             unfit.why
                         )));
                     }
-                    match (column.data_type(), field.data_type()) {
-                        // A whole number for a timestamp is seconds since 1970, as `CAST` and
-                        // `shardwise load` read it (Arrow's cast reads the column's unit).
-                        (from, DataType::Timestamp(_, zone)) if from.is_integer() => {
-                            let seconds = DataType::Timestamp(TimeUnit::Second, zone.clone());
-                            let seconds = cast_with_options(column, &seconds, &options).map_err(failed)?;
-                            cast_with_options(&seconds, field.data_type(), &options).map_err(failed)?
+                    // A number for a timestamp is seconds since 1970 (a float's fraction a part
+                    // of one), as `CAST` and `shardwise load` read it (Arrow's cast reads the
+                    // column's unit).
+                    match shardwise_query::integer_timestamps::seconds_as_timestamps(column, field.data_type()) {
+                        Some(converted) => {
+                            converted.map_err(|e| refuse(format!("column {:?}: {}", field.name(), e.message)))?
                         }
-                        _ => cast_with_options(column, field.data_type(), &options).map_err(failed)?,
+                        None => cast_with_options(column, field.data_type(), &options).map_err(failed)?,
                     }
                 } else {
                     return Err(refuse(format!(
@@ -162,7 +161,7 @@ fn describe(schema: &Schema) -> String {
 mod tests {
     use arrow_flight::sql::TableDefinitionOptions;
     use datafusion::arrow::array::{AsArray, Int32Array, Int64Array, StringArray};
-    use datafusion::arrow::datatypes::Field;
+    use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
 
     use super::*;
 
@@ -262,6 +261,15 @@ mod tests {
         let out = conform("t", epoch, &ts, "-").unwrap();
         let nanos = out.column(0).as_primitive::<datafusion::arrow::datatypes::TimestampNanosecondType>().value(0);
         assert_eq!(nanos, 1_700_000_000_000_000_000);
+        // A float is seconds with its fraction (Arrow's cast read 1700000000.5 as 1.7 s).
+        let float = RecordBatch::try_from_iter([(
+            "ts",
+            Arc::new(datafusion::arrow::array::Float64Array::from(vec![1_700_000_000.5])) as ArrayRef,
+        )])
+        .unwrap();
+        let out = conform("t", float, &ts, "-").unwrap();
+        let nanos = out.column(0).as_primitive::<datafusion::arrow::datatypes::TimestampNanosecondType>().value(0);
+        assert_eq!(nanos, 1_700_000_000_500_000_000);
         let missing =
             RecordBatch::try_from_iter([("name", Arc::new(StringArray::from(vec!["a"])) as ArrayRef)]).unwrap();
         assert!(conform("t", missing, &table(), "-").unwrap_err().message().contains("lack column \"id\""));

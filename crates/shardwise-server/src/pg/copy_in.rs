@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use shardwise_query::{QueryEngine, QueryError, Session};
 
 use super::copy::CopyFormat;
-use super::text_values::text_column;
+use shardwise_query::text_values::text_column;
 
 /// Most bytes of COPY data one statement may send; the rows are held until the last arrives.
 pub const COPY_IN_MAX_BYTES: usize = 256 << 20;

@@ -28,7 +28,6 @@ mod numeric;
 mod params;
 mod show;
 mod startup;
-mod text_values;
 
 use std::fmt::Debug;
 use std::sync::Arc;

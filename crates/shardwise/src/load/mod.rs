@@ -111,8 +111,27 @@ pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, 
     if source.data_type() == &DataType::Null {
         return Ok(arrow::array::new_null_array(target, source.len()));
     }
+    // A DECIMAL written with an exponent (`1e-10`, as JSON writers and pandas write small
+    // numbers) is written out without it first: Arrow's cast reads no exponent.
+    if matches!(
+        target,
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+    ) && let Some(text) = source.as_string_opt::<i32>()
+        && let Some(plain) = shardwise_query::text_values::decimals_without_exponents(text)
+    {
+        let plain: ArrayRef = std::sync::Arc::new(plain);
+        // Errors show the value as the file has it.
+        return cast_checked(&plain, target).map_err(|bad| match bad.row {
+            Some(row) => BadValue {
+                message: bad.message.replacen(&shown_value(&plain, row), &shown_value(source, row), 1),
+                ..bad
+            },
+            None => bad,
+        });
+    }
     // A number for a timestamp is seconds since 1970, as `CAST(1700000000 AS TIMESTAMP)` reads
-    // it (Arrow's cast would read it in the column's unit, nanoseconds for TIMESTAMP).
+    // it, a float's fraction a part of one (Arrow's cast would read it in the column's unit,
+    // nanoseconds for TIMESTAMP).
     if source.data_type().is_integer()
         && let DataType::Timestamp(_, zone) = target
     {
@@ -126,9 +145,12 @@ pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, 
             ..bad
         });
     }
+    if let Some(converted) = shardwise_query::integer_timestamps::seconds_as_timestamps(source, target) {
+        return converted.map_err(|e| BadValue { row: e.row, message: e.message });
+    }
     // The same for a number written as text (a CSV field, a JSON number read as its text).
     if let DataType::Timestamp(..) = target
-        && let Some(converted) = integer_texts_as_timestamps(source, target)
+        && let Some(converted) = number_texts_as_timestamps(source, target)
     {
         return converted;
     }
@@ -164,16 +186,49 @@ fn cast_checked(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadVal
     {
         return Err(BadValue { row: Some(row), message: describe(source, row, target, true) });
     }
+    if target.is_floating()
+        && let Some(row) = first_underflow_to_zero(source, &converted)
+    {
+        let message = format!("{} is too close to zero for {target} (it would be 0)", shown_value(source, row));
+        return Err(BadValue { row: Some(row), message });
+    }
     Ok(converted)
 }
 
-/// `source` (text) converted to the timestamp column `target` with each value that is a whole
-/// number read as seconds since 1970; `None` when no value is one.
-fn integer_texts_as_timestamps(source: &ArrayRef, target: &DataType) -> Option<Result<ArrayRef, BadValue>> {
-    let number = |row: usize| string_value(source, row).and_then(|t| t.trim().parse::<i64>().ok());
+/// First row that is zero after the conversion to a float type but was a number other than
+/// zero before (`1e-50` for a REAL), which PostgreSQL refuses as an underflow.
+fn first_underflow_to_zero(source: &ArrayRef, converted: &ArrayRef) -> Option<usize> {
+    let as_f64 = cast_with_options(converted, &DataType::Float64, &CastOptions::default()).ok()?;
+    let values = as_f64.as_primitive::<Float64Type>();
+    let mut zeros = (0..values.len()).filter(|&row| values.is_valid(row) && values.value(row) == 0.0);
+    let first = zeros.next()?;
+    let source_f64 = cast_with_options(source, &DataType::Float64, &CastOptions::default()).ok();
+    std::iter::once(first).chain(zeros).find(|&row| match string_value(source, row) {
+        Some(text) => names_nonzero(text),
+        None => source_f64.as_ref().is_some_and(|before| before.as_primitive::<Float64Type>().value(row) != 0.0),
+    })
+}
+
+/// Whether `text` is a number with a digit other than 0 before its exponent (`1e-400`, which
+/// reads as 0.0 even as a DOUBLE).
+fn names_nonzero(text: &str) -> bool {
+    let text = text.trim();
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    text.parse::<f64>().is_ok() && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9'))
+}
+
+/// `source` (text) converted to the timestamp column `target` with each value that is a number
+/// read as seconds since 1970 (`1700000000`, `1700000000.5`, `-1`); `None` when no value is one.
+fn number_texts_as_timestamps(source: &ArrayRef, target: &DataType) -> Option<Result<ArrayRef, BadValue>> {
+    let number = |row: usize| {
+        let text = string_value(source, row)?.trim();
+        let numeric = text.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
+        text.bytes().any(|b| b.is_ascii_digit()).then_some(())?;
+        numeric.then(|| text.parse::<f64>().ok()).flatten()
+    };
     // Usually no value is a number (timestamps written as text): nothing is built then.
     (0..source.len()).find(|&row| number(row).is_some())?;
-    let seconds: arrow::array::Int64Array = (0..source.len()).map(number).collect();
+    let seconds: arrow::array::Float64Array = (0..source.len()).map(number).collect();
     let numbers: arrow::array::BooleanArray = (0..seconds.len()).map(|row| Some(seconds.is_valid(row))).collect();
     let seconds: ArrayRef = std::sync::Arc::new(seconds);
     Some((|| {

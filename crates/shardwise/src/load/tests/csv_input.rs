@@ -278,6 +278,8 @@ fn wrong_types_are_named_with_the_value() {
         ("i32", "1.5", "\"1.5\" is not an integer (column type Int32)"),
         ("f64", "1.2.3", "\"1.2.3\" is not a number (column type Float64)"),
         ("f32", "1e39", "\"1e39\" is out of range for Float32"),
+        ("f32", "1e-50", "\"1e-50\" is too close to zero for Float32 (it would be 0)"),
+        ("f64", "-1e-400", "\"-1e-400\" is too close to zero for Float64 (it would be 0)"),
         ("ok", "maybe", "\"maybe\" is not a boolean (column type Boolean: true or false)"),
         ("day", "2024-13-01", "\"2024-13-01\" is not a date (column type Date32: YYYY-MM-DD)"),
         ("day", "2023-02-29", "\"2023-02-29\" is not a date (column type Date32: YYYY-MM-DD)"),
@@ -293,6 +295,8 @@ fn wrong_types_are_named_with_the_value() {
             "123456789.5",
             "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)",
         ),
+        ("dec", "1e9", "\"1e9\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)"),
+        ("dec", "1e2x", "\"1e2x\" is not a decimal number (column type Decimal128(10, 2))"),
     ];
     for (column, value, message) in cases {
         let err = csv_error(&format!("{column}\n{value}\n"), &all_types());
@@ -304,6 +308,25 @@ fn wrong_types_are_named_with_the_value() {
 fn infinity_spelled_out_is_a_float() {
     let batches = read_csv(b"f32,f64\ninf,-Infinity\n", &all_types(), 2).expect("read");
     assert_eq!(batches[0].column(8).null_count(), 0);
+}
+
+/// A number for a timestamp is seconds since 1970, a fraction a part of one.
+#[test]
+fn numbers_for_timestamps_are_seconds() {
+    let batches = read_csv(b"ts_us\n1700000000.5\n-1\n2024-01-31 12:00:00\n", &all_types(), 5).expect("read");
+    let shown = table(&batches);
+    for expected in ["2023-11-14T22:13:20.500", "1969-12-31T23:59:59", "2024-01-31T12:00:00"] {
+        assert!(shown.contains(expected), "missing {expected} in\n{shown}");
+    }
+}
+
+/// Zeros stay zeros (only a number other than zero that would become 0 is refused), and a
+/// DECIMAL may be written with an exponent, as JSON writers write small numbers.
+#[test]
+fn zeros_and_decimals_with_exponents() {
+    let batches = read_csv(b"f32,f64,dec\n0,-0.0e5,1.25e1\n0e-50,0,-5E-2\n", &all_types(), 2).expect("read");
+    let shown = table(&batches);
+    assert!(shown.contains("| 12.50 ") && shown.contains("| -0.05 "), "{shown}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Text values to a column's type, for the paths that receive rows as text: `COPY ... FROM
-//! STDIN` and HTTP's `INSERT ... FORMAT CSV / TSV / JSONEachRow`.
+//! STDIN` and HTTP's `INSERT ... FORMAT CSV / TSV / JSONEachRow` on the server, and
+//! `shardwise load`'s CSV and NDJSON on the client (DECIMALs with exponents).
 //!
 //! Why: Arrow's cast from text reads a REAL as an `f32` directly, so `3.5e38` became `inf` and
 //! `1e-50` became `0`, where an `INSERT`, bind parameters and bulk ingest refuse them, as
@@ -7,7 +8,7 @@
 //! exponent (`1e-3`, what JSON writers emit), which PostgreSQL and ClickHouse read.
 //!
 //! How: a REAL (or half-float) column is read as DOUBLE first and checked with the `INSERT`'s
-//! check ([`shardwise_query::insert_exact::first_unfit`]) before it is narrowed; a DECIMAL value
+//! check ([`crate::insert_exact::first_unfit`]) before it is narrowed; a DECIMAL value
 //! with an exponent is written out without it (`1e-3` as `0.001`) before the cast, which then
 //! rounds or refuses it as any DECIMAL text.
 
@@ -34,22 +35,28 @@ pub fn text_column(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotCon
     match to {
         DataType::Float32 | DataType::Float16 => {
             let wide = cast_text(text, &DataType::Float64)?;
-            if let Some(unfit) = shardwise_query::insert_exact::first_unfit(&wide, to) {
+            if let Some(unfit) = crate::insert_exact::first_unfit(&wide, to) {
                 return Err(NotConverted { row: Some(unfit.row), why: unfit.why.to_string() });
             }
             cast_with_options(&wide, to, &options()).map_err(|e| NotConverted { row: None, why: e.to_string() })
         }
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
-            if text.iter().flatten().any(has_exponent) =>
-        {
-            let plain: StringArray = text
-                .iter()
-                .map(|v| v.map(|v| if has_exponent(v) { without_exponent(v) } else { v.to_string() }))
-                .collect();
-            cast_text(&plain, to)
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
+            match decimals_without_exponents(text) {
+                Some(plain) => cast_text(&plain, to),
+                None => cast_text(text, to),
+            }
         }
         _ => cast_text(text, to),
     }
+}
+
+/// `text` with each number written with an exponent written out without it (`1e-3` as
+/// `0.001`), for a cast to DECIMAL, which reads no exponent; `None` when no value has one.
+pub fn decimals_without_exponents(text: &StringArray) -> Option<StringArray> {
+    if !text.iter().flatten().any(has_exponent) {
+        return None;
+    }
+    Some(text.iter().map(|v| v.map(|v| if has_exponent(v) { without_exponent(v) } else { v.to_string() })).collect())
 }
 
 fn options() -> CastOptions<'static> {
