@@ -77,7 +77,7 @@ fn has_exponent(value: &str) -> bool {
 
 /// `value`, a number written with an exponent (`-1.5e-3`), written out without it (`-0.0015`);
 /// anything else unchanged, for the cast to refuse.
-fn without_exponent(value: &str) -> String {
+pub fn without_exponent(value: &str) -> String {
     let unchanged = || value.to_string();
     let trimmed = value.trim();
     let Some((mantissa, exponent)) = trimmed.split_once(['e', 'E']) else { return unchanged() };

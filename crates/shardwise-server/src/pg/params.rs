@@ -49,7 +49,7 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
         Type::INT8 => portal.parameter::<i64>(index, ty)?.map(|v| v.to_string()),
         Type::FLOAT4 => portal.parameter::<f32>(index, ty)?.map(|v| v.to_string()),
         Type::FLOAT8 => portal.parameter::<f64>(index, ty)?.map(|v| v.to_string()),
-        Type::NUMERIC => portal.parameter::<Decimal>(index, ty)?.map(|v| v.to_string()),
+        Type::NUMERIC => return numeric_literal(portal, index, ty),
         Type::DATE => portal.parameter::<NaiveDate>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMP => portal.parameter::<NaiveDateTime>(index, ty)?.map(|v| v.to_string()),
         Type::TIMESTAMPTZ => portal.parameter::<DateTime<FixedOffset>>(index, ty)?.map(|v| v.naive_utc().to_string()),
@@ -94,6 +94,83 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
         (None, _) => "NULL".to_string(),
         (Some(v), Some(cast)) => format!("CAST({} AS {cast})", string_literal(&v)),
         (Some(v), None) => string_literal(&v),
+    })
+}
+
+/// A NUMERIC parameter as a DECIMAL literal of its own digits, read from its text (`1E-7` too)
+/// or its binary form by shardwise: pgwire reads both through a 96-bit decimal, which rounded a
+/// binary value past 28 digits without a word and refused such text.
+fn numeric_literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<String> {
+    let Some(bytes) = portal.parameters.get(index).cloned().flatten() else { return Ok("NULL".to_string()) };
+    let text = match portal.parameter_format.is_binary(index) {
+        true => numeric_binary_text(&bytes).ok_or_else(|| bad_parameter(index, ty, "is not a binary numeric"))?,
+        false => String::from_utf8(bytes.to_vec()).map_err(|_| bad_parameter(index, ty, "is not UTF-8"))?,
+    };
+    decimal_literal(&text).map_err(|why| bad_parameter(index, ty, &why))
+}
+
+/// The most digits a DECIMAL holds.
+const DECIMAL_DIGITS_MAX: usize = 38;
+
+/// `text`, a number (`-12.50`, `1E+5`), as `CAST('...' AS DECIMAL(p, s))` with the precision and
+/// scale its digits need (scale cut so that the precision stays within 38 digits); `Err` says why
+/// it is none.
+fn decimal_literal(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let plain = shardwise_query::text_values::without_exponent(text);
+    let unsigned = plain.strip_prefix(['-', '+']).unwrap_or(&plain);
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+        return Err(match text.to_ascii_lowercase().trim_start_matches(['-', '+']) {
+            "nan" | "infinity" | "inf" => format!("is {text}, which a DECIMAL cannot hold"),
+            _ => format!("{text:?} is not a number"),
+        });
+    }
+    let whole_digits = whole.trim_start_matches('0').len();
+    if whole_digits > DECIMAL_DIGITS_MAX {
+        return Err(format!(
+            "has {whole_digits} digits before the point; a DECIMAL holds at most {DECIMAL_DIGITS_MAX}"
+        ));
+    }
+    let scale = fraction.len().min(DECIMAL_DIGITS_MAX - whole_digits);
+    let precision = (whole_digits + scale).max(1);
+    Ok(format!("CAST({} AS DECIMAL({precision}, {scale}))", string_literal(&plain)))
+}
+
+/// PostgreSQL's binary NUMERIC (digit count, weight, sign, display scale, then base-10000
+/// digits, all 16-bit big-endian) as decimal text; `None` when the bytes are not one.
+fn numeric_binary_text(bytes: &[u8]) -> Option<String> {
+    let word = |at: usize| bytes.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
+    let (count, weight, sign, scale) = (word(0)? as usize, i32::from(word(2)? as i16), word(4)?, word(6)? as usize);
+    if bytes.len() != 8 + 2 * count || weight > 1000 || scale > 1000 {
+        return None;
+    }
+    let negative = match sign {
+        0x0000 => false,
+        0x4000 => true,
+        0xC000 => return Some("NaN".to_string()),
+        0xD000 => return Some("Infinity".to_string()),
+        0xF000 => return Some("-Infinity".to_string()),
+        _ => return None,
+    };
+    let groups: Vec<u16> = (0..count).map(|i| word(8 + 2 * i)).collect::<Option<_>>()?;
+    if groups.iter().any(|&g| g > 9999) {
+        return None;
+    }
+    // Group i is worth 10000^(weight - i); groups outside the ones sent are zero.
+    let group = |i: i32| usize::try_from(i).ok().and_then(|i| groups.get(i)).copied().unwrap_or(0);
+    let whole: String = (0..=weight).map(|i| format!("{:04}", group(i))).collect();
+    let whole = match whole.trim_start_matches('0') {
+        "" => "0",
+        digits => digits,
+    };
+    let mut fraction: String = (0..scale.div_ceil(4) as i32).map(|j| format!("{:04}", group(weight + 1 + j))).collect();
+    fraction.truncate(scale);
+    let sign = if negative { "-" } else { "" };
+    Some(match fraction.is_empty() {
+        true => format!("{sign}{whole}"),
+        false => format!("{sign}{whole}.{fraction}"),
     })
 }
 
@@ -283,6 +360,32 @@ mod tests {
     fn any_operands_are_found() {
         assert_eq!(any_operands("SELECT 1 WHERE a = ANY($1) AND b = all ( $3 ) OR c = $2").unwrap(), vec![1, 3]);
         assert!(any_operands("SELECT ANY_VALUE($1)").unwrap().is_empty());
+    }
+
+    /// NUMERIC parameters keep every digit, whichever form they come in.
+    #[test]
+    fn numerics_keep_their_digits() {
+        // 1234567890123456789012345678.0123456789 in PostgreSQL's binary form: weight 6, scale 10.
+        let groups: [u16; 10] = [1234, 5678, 9012, 3456, 7890, 1234, 5678, 123, 4567, 8900];
+        let mut bytes = vec![0, 10, 0, 6, 0x40, 0, 0, 10];
+        bytes.extend(groups.iter().flat_map(|g| g.to_be_bytes()));
+        assert_eq!(numeric_binary_text(&bytes).as_deref(), Some("-1234567890123456789012345678.0123456789"));
+        // 0.0000001: weight -2, one group 10 (0.0000|0010), scale 7; 100000: weight 1, one group 10.
+        assert_eq!(numeric_binary_text(&[0, 1, 0xFF, 0xFE, 0, 0, 0, 7, 0, 10]).as_deref(), Some("0.0000001"));
+        assert_eq!(numeric_binary_text(&[0, 1, 0, 1, 0, 0, 0, 0, 0, 10]).as_deref(), Some("100000"));
+        assert_eq!(numeric_binary_text(&[0, 0, 0, 0, 0, 0, 0, 2]).as_deref(), Some("0.00"));
+        assert_eq!(numeric_binary_text(&[0, 0, 0, 0, 0xC0, 0, 0, 0]).as_deref(), Some("NaN"));
+        assert_eq!(numeric_binary_text(&[0, 2, 0, 0, 0, 0, 0, 0, 0, 1]), None, "cut short");
+
+        assert_eq!(decimal_literal("1E-7").unwrap(), "CAST('0.0000001' AS DECIMAL(7, 7))");
+        assert_eq!(decimal_literal("1E+5").unwrap(), "CAST('100000' AS DECIMAL(6, 0))");
+        assert_eq!(
+            decimal_literal("-1234567890123456789012345678.0123456789").unwrap(),
+            "CAST('-1234567890123456789012345678.0123456789' AS DECIMAL(38, 10))"
+        );
+        assert!(decimal_literal("NaN").unwrap_err().contains("which a DECIMAL cannot hold"));
+        assert!(decimal_literal("1.2.3").unwrap_err().contains("is not a number"));
+        assert!(decimal_literal(&"9".repeat(39)).unwrap_err().contains("39 digits before the point"));
     }
 
     #[test]

@@ -273,6 +273,19 @@ for c in (cur, b):
     lists = c.fetchone()
     want = ([1, 2, 3, 4], [datetime.date(2024, 1, 1), datetime.date(2024, 1, 2), None, datetime.date(2024, 2, 29)], ["x", None])
     assert lists == want, lists
+# NUMERIC parameters keep every digit, sent as text (psycopg's default, exponents included) or
+# in binary (%b); pgwire's 96-bit decimal rounded past 28 digits and refused `1E-7`.
+D = decimal.Decimal
+for mark in ("%s", "%b"):
+    cur.execute(f"SELECT CAST({{mark}} AS DECIMAL(38, 10)), {{mark}}, {{mark}}",
+                (D("1234567890123456789012345678.0123456789"), D("0.0000001"), D("1E+5")))
+    assert cur.fetchone() == (D("1234567890123456789012345678.0123456789"), D("1E-7"), D("100000")), mark
+try:
+    cur.execute("SELECT %s", (D("NaN"),))
+    raise SystemExit("a NaN decimal was taken")
+except psycopg.Error as e:
+    assert "which a DECIMAL cannot hold" in str(e), str(e)
+conn.rollback()
 # Parameters psycopg sends in binary (bytes, uuid, time) and lists (as arrays: `= ANY(%s)`).
 import uuid
 cur.execute("SELECT count(*) FROM sales WHERE id = ANY(%s)", ([1, 3, 99],))
