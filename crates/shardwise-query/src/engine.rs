@@ -114,6 +114,15 @@ impl Planned {
         }
     }
 
+    /// The types of parameters `$1` to `$count`, as far as the plan says
+    /// ([`crate::parameter_types`]).
+    pub fn parameter_types(&self, count: usize) -> Vec<Option<datafusion::arrow::datatypes::DataType>> {
+        match &self.action {
+            Action::Plan(plan) => crate::parameter_types::of_plan(plan, count),
+            Action::Command(_) => vec![None; count],
+        }
+    }
+
     /// The DataFusion logical plan, if the statement has one (for `EXPLAIN`-like tooling and
     /// tests).
     pub fn logical_plan(&self) -> Option<&LogicalPlan> {

@@ -18,6 +18,8 @@
 //! - `current_setting(name)`: see `crate::pg_settings`.
 //! - `gen_random_uuid()`: DataFusion's `uuid()` under PostgreSQL's name (a version-4 UUID, as
 //!   text).
+//! - `pg_advisory_unlock_all()`: NULL (PostgreSQL's void), releasing nothing, since no advisory
+//!   lock can be taken; asyncpg's pool calls it when a connection comes back to it.
 //! - `version()`: `PostgreSQL 16.6 on x86_64-linux (shardwise 0.1.0, Apache DataFusion 55.2.0)`,
 //!   the form other engines that speak PostgreSQL's protocol use (Redshift, Materialize), since
 //!   client libraries read the PostgreSQL version from it (SQLAlchemy refuses to connect without
@@ -212,6 +214,14 @@ pub fn register(ctx: &SessionContext) {
     // PostgreSQL's name for a random UUID (as text: shardwise has no UUID type), DataFusion's `uuid()`.
     let uuid = datafusion::functions::string::uuid();
     ctx.register_udf(uuid.as_ref().clone().with_aliases(["gen_random_uuid"]));
+    let nothing = |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)));
+    ctx.register_udf(create_udf(
+        "pg_advisory_unlock_all",
+        vec![],
+        DataType::Utf8,
+        Volatility::Volatile,
+        Arc::new(nothing),
+    ));
     // `version()` replaces DataFusion's.
     let version = |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(version_text()))));
     ctx.register_udf(create_udf("version", vec![], DataType::Utf8, Volatility::Stable, Arc::new(version)));

@@ -111,7 +111,12 @@ impl Handler {
                 if schema.fields().is_empty() {
                     return Err(error("42P11", format!("cannot open a cursor for {query:?}: it returns no rows")));
                 }
-                let statement = Statement { sql: query, schema: Some(Arc::clone(&schema)), parameters: false };
+                let statement = Statement {
+                    sql: query,
+                    schema: Some(Arc::clone(&schema)),
+                    parameters: false,
+                    parameter_types: Vec::new(),
+                };
                 let stored = Arc::new(StoredStatement::new(name.clone(), statement, Vec::new()));
                 portals.put_portal(Arc::new(Portal::new_cursor(name.clone(), stored)));
                 self.open_cursors().insert(name, CursorInfo { schema, hold, failed: None });

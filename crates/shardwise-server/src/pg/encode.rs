@@ -28,6 +28,11 @@ use pgwire::messages::data::DataRow;
 use super::float::{Float4, Float8};
 use super::numeric::Numeric;
 
+/// The PostgreSQL type a parameter of Arrow type `data_type` is described as.
+pub fn parameter_type(data_type: &DataType) -> Type {
+    pg_type(data_type).0
+}
+
 /// The PostgreSQL type an Arrow column is sent as, and the Arrow type it is cast to first.
 fn pg_type(data_type: &DataType) -> (Type, DataType) {
     use DataType as D;

@@ -246,6 +246,9 @@ pub struct Statement {
     schema: Option<SchemaRef>,
     /// True when the SQL has bind parameters (`$1`).
     parameters: bool,
+    /// The parameters' types as planning inferred them (`id > $1`: the column's), for the
+    /// clients that declare none (asyncpg); text where nothing says.
+    parameter_types: Vec<Type>,
 }
 
 /// What a statement is, as far as the protocol cares.
@@ -261,6 +264,8 @@ enum Kind {
     Savepoint,
     /// `DEALLOCATE [PREPARE] name | ALL` (psycopg sends it on rollback).
     Deallocate,
+    /// `UNLISTEN channel | *` (asyncpg's pool sends it when it takes a connection back).
+    Unlisten,
     /// `COPY ... TO STDOUT` or `FROM STDIN` ([`copy`]; psql's `\copy`).
     Copy,
     /// `DECLARE`, `FETCH`, `MOVE`, `CLOSE` ([`cursor`]).
@@ -323,6 +328,7 @@ fn kind_of(sql: &str) -> Kind {
         "COPY" => Kind::Copy,
         "DECLARE" | "FETCH" | "MOVE" | "CLOSE" => Kind::Cursor,
         "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
+        "UNLISTEN" => Kind::Unlisten,
         _ => Kind::Sql,
     }
 }
@@ -417,10 +423,15 @@ impl Handler {
                 Some(Err(message)) => return Err(syntax_error(message)),
                 None => None,
             };
-            return Ok(Statement { sql: sql.to_string(), schema, parameters: false });
+            return Ok(Statement { sql: sql.to_string(), schema, parameters: false, parameter_types: Vec::new() });
         }
         if kind_of(sql) != Kind::Sql {
-            return Ok(Statement { sql: sql.to_string(), schema: None, parameters: false });
+            return Ok(Statement {
+                sql: sql.to_string(),
+                schema: None,
+                parameters: false,
+                parameter_types: Vec::new(),
+            });
         }
         let rewritten = show::rewrite(sql).or_else(|| shardwise_query::pg_catalog::rewrite(sql));
         let sql = rewritten.as_deref().unwrap_or(sql);
@@ -432,10 +443,27 @@ impl Handler {
                 Ok(planned) => Some(planned.postgres_schema()),
                 Err(_) => None,
             };
-            return Ok(Statement { sql: sql.to_string(), schema, parameters: true });
+            let inferred = match self.engine.plan(sql, &self.session).await {
+                Ok(planned) => planned.parameter_types(nulls.len()),
+                Err(_) => vec![None; nulls.len()],
+            };
+            let parameter_types = inferred
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match declared.get(i).cloned().flatten() {
+                    Some(ty) => ty,
+                    None => t.as_ref().map_or(Type::TEXT, encode::parameter_type),
+                })
+                .collect();
+            return Ok(Statement { sql: sql.to_string(), schema, parameters: true, parameter_types });
         }
         let planned = self.engine.plan_to_run(sql, &self.session).await.map_err(pg_error)?;
-        Ok(Statement { sql: sql.to_string(), schema: Some(planned.postgres_schema()), parameters: false })
+        Ok(Statement {
+            sql: sql.to_string(),
+            schema: Some(planned.postgres_schema()),
+            parameters: false,
+            parameter_types: Vec::new(),
+        })
     }
 
     /// [`Handler::run`], with the connection: cursor statements use its portals, and the end
@@ -480,6 +508,8 @@ impl Handler {
             Kind::Commit => return Ok(Response::TransactionEnd(Tag::new("COMMIT"))),
             Kind::Rollback => return Ok(Response::TransactionEnd(Tag::new("ROLLBACK"))),
             Kind::IgnoredSet => return Ok(Response::Execution(Tag::new("SET"))),
+            // Nothing can be listened to (LISTEN is refused), so there is nothing to stop.
+            Kind::Unlisten => return Ok(Response::Execution(Tag::new("UNLISTEN"))),
             Kind::Savepoint => return Ok(Response::Execution(Tag::new(&savepoint_tag(sql)))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
             Kind::Copy => return self.copy(sql).await,
@@ -658,8 +688,8 @@ impl QueryParser for Handler {
         }
     }
 
-    fn get_parameter_types(&self, _stmt: &Statement) -> PgWireResult<Vec<Type>> {
-        Ok(Vec::new())
+    fn get_parameter_types(&self, stmt: &Statement) -> PgWireResult<Vec<Type>> {
+        Ok(stmt.parameter_types.clone())
     }
 
     fn get_result_schema(&self, stmt: &Statement, column_format: Option<&Format>) -> PgWireResult<Vec<FieldInfo>> {
@@ -741,7 +771,8 @@ impl ExtendedQueryHandler for Handler {
         }
         let sql = params::bind(portal)?;
         let planned = self.engine.plan(&sql, &self.session).await.map_err(pg_error)?;
-        let bound = Statement { sql, schema: Some(planned.postgres_schema()), parameters: false };
+        let bound =
+            Statement { sql, schema: Some(planned.postgres_schema()), parameters: false, parameter_types: Vec::new() };
         Ok(DescribePortalResponse::new(self.get_result_schema(&bound, Some(format))?))
     }
 }

@@ -76,6 +76,8 @@ fn literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireResult<
             None => None,
         },
         _ if array_element(ty).is_some() => return array_literal(portal, index, ty),
+        // Text in binary is its UTF-8 bytes.
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => portal.parameter::<String>(index, &Type::TEXT)?,
         // Another type in binary: its bytes are not text, and reading them as such would splice
         // garbage (or a zero byte) into the statement.
         _ if portal.parameter_format.is_binary(index) => {
@@ -287,9 +289,17 @@ pub fn bind(portal: &Portal<Statement>) -> PgWireResult<String> {
     let declared = &portal.statement.parameter_types;
     let sql = &portal.statement.statement.sql;
     let in_any = any_operands(sql)?;
+    let inferred = &portal.statement.statement.parameter_types;
     let literals = (0..portal.parameter_len())
         .map(|i| {
-            let ty = declared.get(i).cloned().flatten().unwrap_or(Type::UNKNOWN);
+            // A value the client sent as text without a type stays text, for the statement to
+            // read as its context needs; one sent in binary is read as the type the statement
+            // was described with (asyncpg encodes by it).
+            let ty = match declared.get(i).cloned().flatten() {
+                Some(ty) => ty,
+                None if portal.parameter_format.is_binary(i) => inferred.get(i).cloned().unwrap_or(Type::UNKNOWN),
+                None => Type::UNKNOWN,
+            };
             // An untyped `{a,b}` as the operand of ANY / ALL is a text array (psycopg sends a
             // list of strings so, as PostgreSQL infers it there).
             let text_array = matches!(ty, Type::UNKNOWN | Type::TEXT | Type::VARCHAR)

@@ -433,6 +433,27 @@ try:
     raise SystemExit("connected to another database")
 except psycopg.OperationalError as e:
     assert "does not exist" in str(e), e
+# asyncpg declares no parameter types: it encodes each value (in binary) by the type the
+# statement's description names, which shardwise infers as PostgreSQL does.
+import asyncio, asyncpg
+async def with_asyncpg():
+    c = await asyncpg.connect(host="{host}", port={port}, user="default", database="shardwise")
+    assert await c.fetchval("SELECT $1::bigint + 1", 41) == 42
+    rows = await c.fetch("SELECT id, region FROM sales WHERE id > $1 AND region <> $2 ORDER BY id", 1, "nowhere")
+    assert [r["id"] for r in rows] == [2, 3, 4], rows
+    await c.execute("INSERT INTO prices (id, price) VALUES ($1, $2)", 77, decimal.Decimal("12.25"))
+    statement = await c.prepare("SELECT price FROM prices WHERE id = $1")
+    assert await statement.fetchval(77) == decimal.Decimal("12.25")
+    assert await c.fetchval("SELECT $1", "text by default") == "text by default"
+    await c.close()
+    # A pool resets a connection it takes back (pg_advisory_unlock_all(), CLOSE ALL,
+    # UNLISTEN *, RESET ALL).
+    pool = await asyncpg.create_pool(host="{host}", port={port}, user="default", database="shardwise", min_size=1, max_size=1)
+    for _ in range(2):
+        async with pool.acquire() as pooled:
+            assert await pooled.fetchval("SELECT count(*) FROM sales WHERE id >= $1", 1) == 4
+    await pool.close()
+asyncio.run(with_asyncpg())
 print("ok")
 "#
     );
