@@ -28,6 +28,7 @@ mod numeric;
 mod params;
 mod show;
 mod startup;
+mod startup_options;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -203,7 +204,10 @@ impl PgWireServerHandlers for Connection {
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        Arc::clone(&self.startup)
+        Arc::new(startup_options::ConnectionStartup {
+            shared: Arc::clone(&self.startup),
+            handler: Arc::clone(&self.handler),
+        })
     }
 
     fn copy_handler(&self) -> Arc<impl CopyHandler> {
@@ -407,6 +411,18 @@ impl Handler {
         let results = self.engine.execute(planned).await.map_err(pg_error)?;
         let tag = copy_out::send(client, columns, format.data(results)).await?;
         Ok(Some(Response::Execution(tag)))
+    }
+
+    /// A setting of the startup packet's `options` ([`startup_options`]), applied as `SET`
+    /// applies it; PostgreSQL's client parameters that `SET` ignores are ignored.
+    async fn apply_startup_setting(&self, name: &str, value: &str) -> Result<(), QueryError> {
+        if IGNORED_CLIENT_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Ok(());
+        }
+        let sql = format!("SET {name} = {}", shardwise_query::sql_text::string_literal(value));
+        let planned = self.engine.plan(&sql, &self.session).await?;
+        let _: Vec<RecordBatch> = self.engine.execute(planned).await?.try_collect().await?;
+        Ok(())
     }
 
     fn take_copy_in(&self) -> Option<copy_in::PendingCopyIn> {

@@ -339,6 +339,23 @@ except psycopg.errors.QueryCanceled:
 assert time.time() - started < 15, time.time() - started
 assert slow.execute("SELECT 7").fetchone() == (7,)
 slow.close()
+# A timeout given in the startup packet's options (libpq's `options`, SQLAlchemy's connect_args)
+# applies, as `SET` would; a setting `SET` refuses refuses the connection.
+timed = psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True,
+                        options="-c statement_timeout=300 -c application_name=tests")
+started = time.time()
+try:
+    timed.execute("SELECT count(*) FROM generate_series(1, 100000000000)")
+    raise SystemExit("the startup option's timeout did not apply")
+except psycopg.errors.QueryCanceled:
+    pass
+assert time.time() - started < 15, time.time() - started
+timed.close()
+try:
+    psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", options="-c no_such_setting=1")
+    raise SystemExit("an unknown startup setting was taken")
+except psycopg.OperationalError as e:
+    assert "startup option no_such_setting=1" in str(e), str(e)
 # The extended protocol streams: the first rows of an endless result arrive at once (they were
 # collected whole before the first was sent), and closing the connection stops the statement.
 endless = psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", autocommit=True)
