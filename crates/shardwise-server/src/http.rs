@@ -11,6 +11,9 @@
 //!   an `INSERT INTO t ... FORMAT CSV` (or TSV, their `WithNames` forms, JSONEachRow, Parquet,
 //!   ArrowStream, Arrow) come the rows, in the body after the statement or as the body of
 //!   `?query=` (`crate::http_insert`).
+//! - `POST /` is `POST /query`, and `GET /?query=SELECT ...` runs a query that only reads (as
+//!   ClickHouse runs a GET read-only; anything else is a 405), so ClickHouse's `curl` habits
+//!   work; `GET /` without `query` is the status page.
 //! - `GET /health`: 200 and this node's rank while it serves.
 //! - `GET /metrics`: Prometheus text: queries by state, rows and bytes, running queries, node
 //!   states and sync queues (pending rows and lag).
@@ -72,7 +75,7 @@ pub async fn serve(
         tracing::info!(%addr, "http endpoint listening");
     }
     let routes = Router::new()
-        .route("/", get(status_page))
+        .route("/", get(root).post(query).put(query))
         .route("/query", post(query).put(query))
         .route("/health", get(health))
         .route("/metrics", get(metrics));
@@ -84,7 +87,8 @@ pub async fn serve(
 }
 
 /// The paths the API serves, for the 404 answer.
-const PATHS: &str = "POST (or PUT) /query, GET /health, GET /metrics and GET / (the status page)";
+const PATHS: &str = "POST (or PUT) /query (or /), GET /?query= (queries that only read), GET /health, GET /metrics \
+                     and GET / (the status page)";
 
 /// `routes` answering an unknown path (404) or a known path with another method (405) as every
 /// other error is answered, with a JSON body (axum's own answers have an empty one).
@@ -380,11 +384,52 @@ fn body_failure(rejection: BytesRejection) -> Failure {
     }
 }
 
+/// `GET /`: with `?query=`, the query, which may only read (ClickHouse runs a GET read-only);
+/// without, the status page.
+async fn root(
+    state: State<Http>,
+    params: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, Failure> {
+    let has_query = params.as_ref().is_ok_and(|Query(p)| p.keys().any(|name| name.eq_ignore_ascii_case(QUERY_PARAM)));
+    match has_query {
+        true => run(state, params, headers, Ok(Bytes::new()), Access::ReadOnly).await,
+        false => status_page(state, headers).await,
+    }
+}
+
+/// `POST /query` (or `PUT`, or `/`).
 async fn query(
+    state: State<Http>,
+    params: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Failure> {
+    run(state, params, headers, body, Access::ReadWrite).await
+}
+
+/// Whether a request may run statements that change something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// A GET: queries only (a link followed, or prefetched, changes nothing).
+    ReadOnly,
+    ReadWrite,
+}
+
+fn read_only_refusal() -> Failure {
+    Failure::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "read_only",
+        "a GET runs only statements that read; send one that changes something with POST /query",
+    )
+}
+
+async fn run(
     State(http): State<Http>,
     params: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    access: Access,
 ) -> Result<Response, Failure> {
     same_origin(&headers)?;
     authorize(&http.users, &headers)?;
@@ -406,6 +451,9 @@ async fn query(
     })?;
     settings.extend(body_settings);
     if let Some(insert) = crate::http_insert::parse(&statement)? {
+        if access == Access::ReadOnly {
+            return Err(read_only_refusal());
+        }
         let param = params.iter().find(|(name, _)| name.eq_ignore_ascii_case(FORMAT_PARAM)).map(|(_, v)| v);
         let format = choose_format(param, headers.get(header::ACCEPT))?;
         let stored = crate::http_insert::store(&http.engine, insert, &settings).await?;
@@ -437,6 +485,9 @@ async fn query(
     };
     let session: Arc<Session> = http.engine.session_with(&settings)?;
     let planned = http.engine.plan_to_run(&sql, &session).await?;
+    if access == Access::ReadOnly && planned.runs_for_effect() {
+        return Err(read_only_refusal());
+    }
     let mut stream = http.engine.execute(planned).await?;
     // The status goes out with the first bytes: hold the answer until it ends or its encoding
     // reaches HTTP_RESPONSE_BUFFER_BYTES, so that a query failing before then (a division by

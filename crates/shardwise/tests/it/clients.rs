@@ -578,6 +578,17 @@ fn every_http_route_with_curl() {
     assert_eq!((code, body.as_str()), (200, "n\ts\n1\ta\\tb\n2\t\\N\n"));
     let (code, body) = curl(&[&sql_body[..], &["SELECT 1 FORMAT Pretty", &query]].concat());
     assert!(code == 400 && body.contains("FORMAT Pretty"), "{code} {body}");
+    // ClickHouse's forms: POST /, and GET /?query= for a query that only reads.
+    let (code, body) = curl(&[&sql_body[..], &["SELECT 41 + 1 AS x FORMAT CSV", &format!("{base}/")]].concat());
+    assert_eq!((code, body.as_str()), (200, "42\n"));
+    let (code, body) = curl(&[&format!("{base}/?query=SELECT%2042%20AS%20x%20FORMAT%20CSV")]);
+    assert_eq!((code, body.as_str()), (200, "42\n"));
+    let (code, body) =
+        curl(&[&format!("{base}/?query=CREATE%20TABLE%20g%20(k%20BIGINT)%20WITH%20(shard_key%3D%27k%27)")]);
+    assert!(code == 405 && body.contains("a GET runs only statements that read"), "{code} {body}");
+    let (code, body) =
+        curl(&[&format!("{base}/?query=SELECT%20count(*)%20FROM%20system.tables%20WHERE%20name%3D%27g%27")]);
+    assert_eq!((code, body.as_str()), (200, "{\"count(*)\":0}\n"), "the GET created nothing");
     // Lists and structs as JSON (CSV has no nested values); an empty string quoted, NULL empty,
     // so the two read back apart.
     let nested = "SELECT [1, NULL] AS l, named_struct('a', 1) AS s, '' AS e, CAST(NULL AS VARCHAR) AS n";
