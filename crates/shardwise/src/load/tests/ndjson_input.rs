@@ -55,6 +55,13 @@ fn unknown_key_is_an_error_naming_the_line() {
     );
 }
 
+/// A key given twice refuses the object (Arrow's decoder kept the last value).
+#[test]
+fn a_key_given_twice_is_an_error() {
+    let err = ndjson_error("{\"id\":1}\n{\"id\":1,\"qty\":{\"a\":1,\"a\":2},\"id\":2}\n", &small());
+    assert_eq!(err, "data.ndjson line 2, key \"id\": given twice in one object");
+}
+
 #[test]
 fn syntax_errors_name_the_line() {
     let err = ndjson_error("{\"id\":1}\n{\"id\":tru}\n", &small());
