@@ -7,13 +7,19 @@
 //! PostgreSQL does ("out of range", "underflow"); and it refuses a DECIMAL written with an
 //! exponent (`1e-3`, what JSON writers emit), which PostgreSQL and ClickHouse read.
 //!
+//! A number for a TIMESTAMP (`1700000000.5`) is seconds since 1970, as an `INSERT` and
+//! `shardwise load` read it ([`numbers_among`]).
+//!
 //! How: a REAL (or half-float) column is read as DOUBLE first and checked with the `INSERT`'s
 //! check ([`crate::insert_exact::first_unfit`]) before it is narrowed; a DECIMAL value
 //! with an exponent is written out without it (`1e-3` as `0.001`) before the cast, which then
 //! rounds or refuses it as any DECIMAL text.
 
-use datafusion::arrow::array::{Array, ArrayRef, StringArray};
-use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array, StringArray};
+use datafusion::arrow::compute::kernels::zip::zip;
+use datafusion::arrow::compute::{CastOptions, cast_with_options, nullif};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::FormatOptions;
 
@@ -46,8 +52,38 @@ pub fn text_column(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotCon
                 None => cast_text(text, to),
             }
         }
+        DataType::Timestamp(..) => match numbers_among(text) {
+            None => cast_text(text, to),
+            Some((seconds, numbers)) => {
+                let from_numbers = match crate::integer_timestamps::seconds_as_timestamps(&seconds, to) {
+                    Some(converted) => converted.map_err(|e| NotConverted { row: e.row, why: e.message })?,
+                    None => return cast_text(text, to),
+                };
+                // The other values as text; the numbers' rows left out (NULL).
+                let others = nullif(text, &numbers).map_err(|e| NotConverted { row: None, why: e.to_string() })?;
+                let from_text = cast_text(others.as_string::<i32>(), to)?;
+                zip(&numbers, &from_numbers, &from_text).map_err(|e| NotConverted { row: None, why: e.to_string() })
+            }
+        },
         _ => cast_text(text, to),
     }
+}
+
+/// The values of `text` that are numbers (`1700000000`, `1700000000.5`, `-1`), as DOUBLEs (NULL
+/// elsewhere), and which rows they are; `None` when none is (timestamps written as text): a
+/// number for a TIMESTAMP is seconds since 1970 ([`crate::integer_timestamps`]).
+pub fn numbers_among(text: &StringArray) -> Option<(ArrayRef, BooleanArray)> {
+    let number = |value: Option<&str>| {
+        let value = value?.trim();
+        let numeric = value.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
+        (numeric && value.bytes().any(|b| b.is_ascii_digit())).then(|| value.parse::<f64>().ok()).flatten()
+    };
+    if !text.iter().any(|v| number(v).is_some()) {
+        return None;
+    }
+    let seconds: Float64Array = text.iter().map(number).collect();
+    let numbers: BooleanArray = (0..seconds.len()).map(|row| Some(seconds.is_valid(row))).collect();
+    Some((Arc::new(seconds), numbers))
 }
 
 /// `text` with each number written with an exponent written out without it (`1e-3` as
@@ -145,6 +181,20 @@ mod tests {
         let column = StringArray::from(vec![Some("1"), None, Some("2e-2"), Some("x1e2")]);
         let e = text_column(&column, &DataType::Decimal128(10, 2)).unwrap_err();
         assert_eq!(e.row, Some(3), "{}", e.why);
+    }
+
+    /// A number for a TIMESTAMP is seconds since 1970, beside timestamps written as text.
+    #[test]
+    fn numbers_for_timestamps_are_seconds() {
+        use datafusion::arrow::datatypes::{TimeUnit, TimestampMicrosecondType};
+        let to = DataType::Timestamp(TimeUnit::Microsecond, None);
+        let column = StringArray::from(vec![Some("1700000000.5"), None, Some("2024-01-31 12:00:00"), Some("-1")]);
+        let got = text_column(&column, &to).unwrap();
+        let got: Vec<Option<i64>> = got.as_primitive::<TimestampMicrosecondType>().iter().collect();
+        assert_eq!(got, vec![Some(1_700_000_000_500_000), None, Some(1_706_702_400_000_000), Some(-1_000_000)]);
+        let e = text_column(&StringArray::from(vec!["1", "1e12"]), &to).unwrap_err();
+        assert_eq!(e.row, Some(1), "{}", e.why);
+        assert_eq!(text_column(&StringArray::from(vec!["1", "soon"]), &to).unwrap_err().row, Some(1));
     }
 
     #[test]

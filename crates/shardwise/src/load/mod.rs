@@ -220,17 +220,7 @@ fn names_nonzero(text: &str) -> bool {
 /// `source` (text) converted to the timestamp column `target` with each value that is a number
 /// read as seconds since 1970 (`1700000000`, `1700000000.5`, `-1`); `None` when no value is one.
 fn number_texts_as_timestamps(source: &ArrayRef, target: &DataType) -> Option<Result<ArrayRef, BadValue>> {
-    let number = |row: usize| {
-        let text = string_value(source, row)?.trim();
-        let numeric = text.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
-        text.bytes().any(|b| b.is_ascii_digit()).then_some(())?;
-        numeric.then(|| text.parse::<f64>().ok()).flatten()
-    };
-    // Usually no value is a number (timestamps written as text): nothing is built then.
-    (0..source.len()).find(|&row| number(row).is_some())?;
-    let seconds: arrow::array::Float64Array = (0..source.len()).map(number).collect();
-    let numbers: arrow::array::BooleanArray = (0..seconds.len()).map(|row| Some(seconds.is_valid(row))).collect();
-    let seconds: ArrayRef = std::sync::Arc::new(seconds);
+    let (seconds, numbers) = shardwise_query::text_values::numbers_among(source.as_string_opt::<i32>()?)?;
     Some((|| {
         let from_numbers = convert_column(&seconds, target)?;
         // The other values as text; the numbers' rows left out (NULL), which text would not read.
