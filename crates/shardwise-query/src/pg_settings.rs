@@ -17,7 +17,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::config::ConfigOptions;
+use datafusion::common::config::{ConfigExtension, ConfigOptions};
 use datafusion::common::{ScalarValue, exec_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
@@ -54,9 +54,31 @@ pub fn setting(name: &str, options: &ConfigOptions) -> Option<String> {
     if let Some((_, value)) = POSTGRES_PARAMETERS.iter().find(|(known, _)| *known == lower) {
         return Some((*value).to_string());
     }
-    let key = crate::settings::option_key(name);
-    let entry = options.entries().into_iter().find(|e| e.key == key)?;
+    // PostgreSQL's name for `max_execution_time_ms`, in its units (`SET statement_timeout` sets it).
+    if lower == "statement_timeout" {
+        let ms = entry_value(options, &crate::settings::option_key("max_execution_time_ms"))?;
+        return Some(postgres_milliseconds(ms.parse().ok()?));
+    }
+    entry_value(options, &crate::settings::option_key(name))
+}
+
+/// The value of option `key` (`shardwise.max_threads`, `datafusion.execution.batch_size`):
+/// DataFusion lists an extension's options without its prefix.
+fn entry_value(options: &ConfigOptions, key: &str) -> Option<String> {
+    let unprefixed = key.strip_prefix(crate::settings::ShardwiseSettings::PREFIX).and_then(|k| k.strip_prefix('.'));
+    let entry = options.entries().into_iter().find(|e| e.key == key || Some(e.key.as_str()) == unprefixed)?;
     Some(entry.value.unwrap_or_default())
+}
+
+/// Milliseconds as PostgreSQL shows a setting in them: `0`, else in the largest unit that holds
+/// them whole (`1500ms`, `2s`, `5min`, `1h`, `1d`).
+fn postgres_milliseconds(ms: u64) -> String {
+    let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1_000, "s")];
+    match units.iter().find(|(size, _)| ms != 0 && ms.is_multiple_of(*size)) {
+        Some((size, unit)) => format!("{}{unit}", ms / size),
+        None if ms == 0 => "0".to_string(),
+        None => format!("{ms}ms"),
+    }
 }
 
 /// `current_setting`, to register with a session.
@@ -126,9 +148,17 @@ mod tests {
     use super::*;
     use datafusion::prelude::SessionContext;
 
+    #[test]
+    fn milliseconds_in_postgresql_units() {
+        let shown: Vec<String> = [0, 1500, 2000, 300_000, 3_600_000, 86_400_000].map(postgres_milliseconds).into();
+        assert_eq!(shown, ["0", "1500ms", "2s", "5min", "1h", "1d"]);
+    }
+
     #[tokio::test]
     async fn postgres_parameters_then_session_settings_then_an_error() -> Result<()> {
-        let ctx = SessionContext::new();
+        let config = datafusion::prelude::SessionConfig::new()
+            .with_option_extension(crate::settings::ShardwiseSettings::default());
+        let ctx = SessionContext::new_with_config(config);
         ctx.register_udf(current_setting_udf());
         let one = |sql: &'static str| {
             let ctx = ctx.clone();
@@ -143,6 +173,11 @@ mod tests {
         assert_eq!(one("SELECT current_setting('Search_Path')").await?, "public");
         ctx.sql("SET datafusion.execution.batch_size = 1234").await?.collect().await?;
         assert_eq!(one("SELECT current_setting('datafusion.execution.batch_size')").await?, "1234");
+        // shardwise's own settings (DataFusion lists them without their prefix), and
+        // PostgreSQL's name for one of them in its units.
+        ctx.sql("SET shardwise.max_execution_time_ms = 90000").await?.collect().await?;
+        assert_eq!(one("SELECT current_setting('max_execution_time_ms')").await?, "90000");
+        assert_eq!(one("SELECT current_setting('statement_timeout')").await?, "90s");
         assert_eq!(one("SELECT current_setting('no_such_thing', true)").await?, "NULL");
         let e = one("SELECT current_setting('no_such_thing')").await.expect_err("unknown");
         assert!(e.to_string().contains("unrecognized configuration parameter \"no_such_thing\""), "{e}");

@@ -25,6 +25,10 @@ pub fn rewrite(sql: &str) -> Option<String> {
         one if !one.contains(' ') => one.to_string(),
         _ => return None,
     };
+    // One column named as the parameter, in PostgreSQL's units, as PostgreSQL answers it.
+    if name == "statement_timeout" {
+        return Some("SELECT current_setting('statement_timeout') AS statement_timeout".to_string());
+    }
     let (name, value) = PARAMETERS.iter().find(|(known, _)| *known == name)?;
     Some(format!("SELECT '{value}' AS {name}"))
 }

@@ -350,6 +350,10 @@ try:
 except psycopg.errors.QueryCanceled:
     pass
 assert time.time() - started < 15, time.time() - started
+# SHOW and current_setting answer PostgreSQL's name in its units.
+assert timed.execute("SHOW statement_timeout").fetchall() == [("300ms",)]
+timed.execute("SET statement_timeout = '2s'")
+assert timed.execute("SELECT current_setting('statement_timeout')").fetchone() == ("2s",)
 timed.close()
 try:
     psycopg.connect(host="{host}", port={port}, user="default", dbname="shardwise", options="-c no_such_setting=1")
