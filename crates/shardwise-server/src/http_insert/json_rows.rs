@@ -30,6 +30,8 @@ pub fn rows(table: &str, data: &str) -> Result<(Vec<Key>, Vec<Row>), QueryError>
     let mut names: Vec<Key> = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut lines: Vec<(u64, &str)> = Vec::new();
+    // A byte order mark before the first object is skipped, as ClickHouse and `shardwise load` do.
+    let data = data.strip_prefix('\u{feff}').unwrap_or(data);
     for (i, line) in data.lines().enumerate() {
         let number = i as u64 + 1;
         let line = line.trim();
@@ -143,5 +145,6 @@ mod tests {
         let err = rows("t", "{\"id\": 1}\n{\"id\": 2, \"v\": 1, \"id\": 3}\n").unwrap_err().to_string();
         assert!(err.contains("line 2, column id: given twice in one object"), "{err}");
         assert_eq!(rows("t", "\n\n").expect("no rows").1.len(), 0);
+        assert_eq!(rows("t", "\u{feff}{\"id\": 1}\n").expect("a BOM first").1.len(), 1);
     }
 }
