@@ -182,14 +182,21 @@ fn text_lost(text: &str, to: &DataType) -> Option<&'static str> {
         DataType::Float64 => wide,
         _ => f64::from(wide as f32),
     };
-    let mantissa = unsigned.split('e').next().unwrap_or_default();
     if narrow.is_infinite() {
         Some(BEYOND_RANGE)
-    } else if narrow == 0.0 && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9')) {
+    } else if narrow == 0.0 && names_nonzero(text) {
         Some(TOO_CLOSE_TO_ZERO)
     } else {
         None
     }
+}
+
+/// Whether `text` is a number with a digit other than 0 before its exponent (`1e-400` is one,
+/// though it reads as 0.0 even as a DOUBLE).
+pub fn names_nonzero(text: &str) -> bool {
+    let text = text.trim();
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    text.parse::<f64>().is_ok() && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9'))
 }
 
 const BEYOND_RANGE: &str = "it is beyond the type's range";

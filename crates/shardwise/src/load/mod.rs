@@ -204,17 +204,9 @@ fn first_underflow_to_zero(source: &ArrayRef, converted: &ArrayRef) -> Option<us
     let first = zeros.next()?;
     let source_f64 = cast_with_options(source, &DataType::Float64, &CastOptions::default()).ok();
     std::iter::once(first).chain(zeros).find(|&row| match string_value(source, row) {
-        Some(text) => names_nonzero(text),
+        Some(text) => shardwise_query::insert_exact::names_nonzero(text),
         None => source_f64.as_ref().is_some_and(|before| before.as_primitive::<Float64Type>().value(row) != 0.0),
     })
-}
-
-/// Whether `text` is a number with a digit other than 0 before its exponent (`1e-400`, which
-/// reads as 0.0 even as a DOUBLE).
-fn names_nonzero(text: &str) -> bool {
-    let text = text.trim();
-    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
-    text.parse::<f64>().is_ok() && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9'))
 }
 
 /// `source` (text) converted to the timestamp column `target` with each value that is a number
