@@ -228,6 +228,14 @@ fn array_literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireR
         true => None,
         false => portal.parameters.get(index).cloned().flatten(),
     };
+    // A binary array's header says how many elements follow; the decoder reserves room for that
+    // many before it reads them, so a 20-byte parameter claiming 2^31 elements made the node
+    // ask for 32 GiB and abort. Each element takes at least its 4-byte length.
+    if portal.parameter_format.is_binary(index)
+        && let Some(Some(bytes)) = portal.parameters.get(index)
+    {
+        binary_array_fits(bytes).map_err(|why| bad_parameter(index, ty, &why))?;
+    }
     let elements = match (text, ty.clone()) {
         (Some(bytes), _) => {
             let text = std::str::from_utf8(&bytes).map_err(|_| bad_parameter(index, ty, "is not UTF-8"))?;
@@ -260,6 +268,28 @@ fn array_literal(portal: &Portal<Statement>, index: usize, ty: &Type) -> PgWireR
         true => format!("CAST(make_array() AS {cast}[])"),
         false => format!("make_array({})", literals.join(", ")),
     })
+}
+
+/// Checks a binary array (dimension count, null flag, element type, then a length and lower bound
+/// per dimension, then each element as a length and its bytes) claims no more elements than its
+/// bytes can hold; `Err` says what is wrong.
+fn binary_array_fits(bytes: &[u8]) -> Result<(), String> {
+    let int = |at: usize| bytes.get(at..at + 4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let dimensions = int(0).ok_or("is not a binary array (shorter than its header)")?;
+    let dimensions = usize::try_from(dimensions).map_err(|_| "has a negative dimension count".to_string())?;
+    let header = 12usize.checked_add(dimensions.checked_mul(8).ok_or("has too many dimensions")?);
+    let header = header.ok_or("has too many dimensions")?;
+    let mut elements: u64 = if dimensions == 0 { 0 } else { 1 };
+    for d in 0..dimensions {
+        let length = int(12 + 8 * d).ok_or("is cut short in its dimensions")?;
+        let length = u64::try_from(length).map_err(|_| "has a negative dimension length".to_string())?;
+        elements = elements.saturating_mul(length);
+    }
+    let room = (bytes.len().saturating_sub(header) / 4) as u64;
+    match elements <= room {
+        true => Ok(()),
+        false => Err(format!("claims {elements} elements, more than its {} bytes hold", bytes.len())),
+    }
 }
 
 /// A NULL of the parameter type the client declared, for planning a statement without its values.
@@ -396,6 +426,32 @@ mod tests {
         assert!(decimal_literal("NaN").unwrap_err().contains("which a DECIMAL cannot hold"));
         assert!(decimal_literal("1.2.3").unwrap_err().contains("is not a number"));
         assert!(decimal_literal(&"9".repeat(39)).unwrap_err().contains("39 digits before the point"));
+    }
+
+    /// A binary array claiming more elements than its bytes hold is refused before anything is
+    /// reserved for them.
+    #[test]
+    fn binary_arrays_claim_no_more_than_their_bytes() {
+        let header = |dims: &[i32]| {
+            let mut bytes: Vec<u8> = [dims.len() as i32, 0, 20].iter().flat_map(|v| v.to_be_bytes()).collect();
+            for d in dims {
+                bytes.extend(d.to_be_bytes());
+                bytes.extend(1i32.to_be_bytes());
+            }
+            bytes
+        };
+        let mut two = header(&[2]);
+        for v in [7i64, 8] {
+            two.extend(8i32.to_be_bytes());
+            two.extend(v.to_be_bytes());
+        }
+        assert_eq!(binary_array_fits(&two), Ok(()));
+        assert_eq!(binary_array_fits(&header(&[])), Ok(()), "an empty array");
+        let e = binary_array_fits(&header(&[i32::MAX])).unwrap_err();
+        assert!(e.contains("claims 2147483647 elements"), "{e}");
+        assert!(binary_array_fits(&header(&[65536, 65536])).unwrap_err().contains("claims 4294967296"));
+        assert!(binary_array_fits(&header(&[-1])).unwrap_err().contains("negative"));
+        assert!(binary_array_fits(&[0, 0]).is_err());
     }
 
     #[test]
