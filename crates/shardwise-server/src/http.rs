@@ -172,15 +172,57 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Failure> {
     let origin = origin.to_str().unwrap_or("");
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     let origin_host = origin.split_once("://").map(|(_, rest)| rest).unwrap_or("");
-    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
-        Ok(())
-    } else {
-        Err(Failure::new(
+    if host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
+        return Err(Failure::new(
             StatusCode::FORBIDDEN,
             "cross_origin",
             format!("requests from pages of other sites are refused (Origin {origin:?}, Host {host:?})"),
-        ))
+        ));
     }
+    // A page of another site whose name its DNS then points at this node ("DNS rebinding")
+    // sends its own name as both: a browser must reach the node by a name that is this node's.
+    if !names_this_machine(host) {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "cross_origin",
+            format!(
+                "a browser's request must reach the node by an IP address, localhost or this machine's \
+                 name ({}), not {host:?}: a page of another site whose name points here is refused",
+                machine_name().unwrap_or("unknown")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `host` (a `Host` header: a name or address, perhaps with a port) is an IP address,
+/// `localhost` (or a name under it), or this machine's host name.
+fn names_this_machine(host: &str) -> bool {
+    if host.starts_with('[') {
+        return true; // an IPv6 address
+    }
+    let name = host.rsplit_once(':').map_or(host, |(name, port)| match port.parse::<u16>() {
+        Ok(_) => name,
+        Err(_) => host,
+    });
+    let name = name.trim_end_matches('.');
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name.to_ascii_lowercase().ends_with(".localhost")
+        || machine_name().is_some_and(|machine| name.eq_ignore_ascii_case(machine))
+}
+
+/// This machine's host name (`gethostname`), read once.
+fn machine_name() -> Option<&'static str> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let mut buffer = [0u8; 256];
+        // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+        let done = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+        let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+        (done == 0 && end > 0).then(|| String::from_utf8_lossy(&buffer[..end]).into_owned())
+    })
+    .as_deref()
 }
 
 /// The live status page (`status.html`): its script polls `POST /query` for the system tables.
@@ -750,6 +792,30 @@ mod tests {
         assert_eq!(status("the query was stopped by KILL QUERY"), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(Failure::from(QueryError::Rejected("the query was stopped by KILL QUERY".into())).kind, "killed");
         assert_eq!(status("unknown table option \"x\""), StatusCode::BAD_REQUEST);
+    }
+
+    /// A browser's request must name this machine: a rebound name of another site is refused.
+    #[test]
+    fn browser_requests_must_name_this_machine() {
+        let request = |host: &str, origin: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_str(host).unwrap());
+            headers.insert(header::ORIGIN, HeaderValue::from_str(origin).unwrap());
+            same_origin(&headers).map_err(|f| f.message)
+        };
+        assert!(request("127.0.0.1:8123", "http://127.0.0.1:8123").is_ok());
+        assert!(request("[::1]:8123", "http://[::1]:8123").is_ok());
+        assert!(request("localhost:8123", "http://localhost:8123").is_ok());
+        if let Some(machine) = machine_name() {
+            assert!(request(&format!("{machine}:8123"), &format!("http://{machine}:8123")).is_ok());
+        }
+        let rebound = request("evil.example:8123", "http://evil.example:8123").unwrap_err();
+        assert!(rebound.contains("must reach the node by an IP address"), "{rebound}");
+        assert!(request("127.0.0.1:8123", "http://evil.example").unwrap_err().contains("other sites"));
+        // Without an Origin (curl, scripts) any Host is taken.
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("evil.example"));
+        assert!(same_origin(&headers).is_ok());
     }
 
     /// The raw HTTP/1.1 answer of `router` to `method path`.
