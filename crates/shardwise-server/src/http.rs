@@ -83,6 +83,8 @@ pub async fn serve(
         .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(Http { engine, users });
+    let listener =
+        crate::http_connections::CappedListener::new(listener, crate::http_connections::HTTP_MAX_CONNECTIONS);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::ServerError::Http)
 }
 

@@ -21,6 +21,7 @@ pub mod flight_sql;
 pub mod fragment_report;
 pub mod http;
 pub mod http2;
+pub mod http_connections;
 pub mod http_insert;
 pub mod ingest;
 pub mod ingest_schema;
