@@ -157,6 +157,9 @@ pub struct Users {
     configured: BTreeMap<String, Verifier>,
     /// SHA-256 of passwords that passed, per user.
     passed: Mutex<HashMap<String, [u8; 32]>>,
+    /// A key drawn when the node starts, from which an unknown user gets a verifier of its own
+    /// ([`Users::verifier_or_mock`]).
+    mock_key: [u8; 32],
 }
 
 impl Users {
@@ -179,7 +182,7 @@ impl Users {
                 Verifier::parse(text).map_err(|reason| AuthError::BadVerifier { user: user.clone(), reason })?;
             configured.insert(user.clone(), verifier);
         }
-        Ok(Users { configured, passed: Mutex::default() })
+        Ok(Users { configured, passed: Mutex::default(), mock_key: rand::random() })
     }
 
     /// True when the config names users (and `default` is no longer implied).
@@ -195,6 +198,28 @@ impl Users {
     /// The verifier of a configured user.
     pub fn verifier(&self, user: &str) -> Option<&Verifier> {
         self.configured.get(user)
+    }
+
+    /// The verifier of `user`, or, for a user that does not exist, a made-up one that no
+    /// password matches, with a salt of its own that stays the same while the node runs: an
+    /// unknown user then takes the same exchange, and as long to refuse, as a wrong password, as
+    /// in PostgreSQL (it was refused before any salt was sent, and without a key derivation, so
+    /// a client could tell which users exist).
+    pub fn verifier_or_mock(&self, user: &str) -> Verifier {
+        if let Some(verifier) = self.verifier(user) {
+            return verifier.clone();
+        }
+        let part = |what: &[u8]| -> Vec<u8> {
+            Sha256::new()
+                .chain_update(self.mock_key)
+                .chain_update(what)
+                .chain_update(user.as_bytes())
+                .finalize()
+                .to_vec()
+        };
+        let mut salt = part(b"salt");
+        salt.truncate(SCRAM_SALT_BYTES);
+        Verifier { iterations: SCRAM_ITERATIONS, salt, stored_key: part(b"stored"), server_key: part(b"server") }
     }
 
     /// Admits a client that sent no credentials only while no users are configured.
@@ -224,7 +249,9 @@ impl Users {
             };
         }
         let failed = || AuthError::Failed { user: user.to_string() };
-        let verifier = self.verifier(user).ok_or_else(failed)?;
+        // An unknown user's password is checked against a made-up verifier, which fails: the same
+        // work, and the same answer, as a wrong password.
+        let verifier = self.verifier_or_mock(user);
         let digest: [u8; 32] = Sha256::digest(password.as_bytes()).into();
         if self.lock().get(user).is_some_and(|d| constant_time_eq(d, &digest)) {
             return Ok(());
@@ -248,6 +275,28 @@ impl Users {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An unknown user has a verifier of its own (stable, unlike another user's) that no password
+    /// matches, and is refused as a wrong password is.
+    #[test]
+    fn an_unknown_user_is_refused_as_a_wrong_password_is() {
+        let alice = Verifier::generate("secret").to_string();
+        let users = Users::from_config(&[("alice".to_string(), alice)].into()).unwrap();
+        let (mallory, again, zoe) =
+            (users.verifier_or_mock("mallory"), users.verifier_or_mock("mallory"), users.verifier_or_mock("zoe"));
+        assert!(mallory == again && mallory.salt != zoe.salt && mallory.salt.len() == SCRAM_SALT_BYTES);
+        assert!(!mallory.matches("") && !mallory.matches("secret"));
+        let wrong = users.check_password("alice", "nope").unwrap_err();
+        let unknown = users.check_password("mallory", "nope").unwrap_err();
+        assert_eq!(
+            (wrong.to_string(), unknown.to_string()),
+            (
+                "password authentication failed for user \"alice\"".to_string(),
+                "password authentication failed for user \"mallory\"".to_string()
+            )
+        );
+        assert!(users.check_password("alice", "secret").is_ok());
+    }
 
     /// RFC 7677 section 3: user "user", password "pencil", salt and iterations of the example.
     #[test]

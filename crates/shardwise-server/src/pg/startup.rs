@@ -116,9 +116,8 @@ impl AuthSource for Verifiers {
 
     async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
         let user = login.user().unwrap_or_default();
-        match self.0.verifier(user) {
-            Some(verifier) => Ok((verifier.scram_secret(), None)),
-            None => Err(PgWireError::InvalidPassword(user.to_string())),
-        }
+        // An unknown user gets a made-up verifier (a salt of its own, no matching password), so
+        // the exchange fails at the proof, as for a wrong password (see `Users::verifier_or_mock`).
+        Ok((self.0.verifier_or_mock(user).scram_secret(), None))
     }
 }

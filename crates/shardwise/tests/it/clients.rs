@@ -553,6 +553,12 @@ fn configured_users_on_every_protocol() {
     let mut c = psql(&pg, "default", "shardwise");
     c.env("PGPASSWORD", "x").args(["-c", "SELECT 1"]);
     assert!(!run_with_timeout(c, T).status.success(), "default no longer exists");
+    // An unknown user goes through the same exchange and gets the same answer as a wrong
+    // password (it was refused before any salt, which told who exists).
+    let mut c = psql(&pg, "mallory", "shardwise");
+    c.env("PGPASSWORD", "wrong").args(["-c", "SELECT 1"]);
+    let out = run_with_timeout(c, T);
+    assert!(text(&out).1.contains("authentication failed for user \"mallory\""), "{}", text(&out).1);
 
     // HTTP: Basic.
     let url = format!("http://{http}/query");
