@@ -23,6 +23,56 @@ use crate::error::QueryError;
 /// runtime). Untouched pages cost no memory.
 pub const QUERY_THREAD_STACK_BYTES: usize = 32 << 20;
 
+/// `error`, a parse failure of `sql`, as the parser's recursion limit when that is what it is.
+///
+/// The parser reports nesting past `datafusion.sql_parser.recursion_limit` as such for
+/// parentheses, but a `CASE` nested that deep fails while the parser tries another reading, as
+/// a syntax error at a valid token (`found: 0 at Column 18`). So a syntax error in a statement
+/// whose `CASE`s and parentheses nest within a few levels of the limit is reported as the limit.
+pub fn explain_parse_failure(
+    error: datafusion::error::DataFusionError,
+    sql: &str,
+    recursion_limit: usize,
+) -> datafusion::error::DataFusionError {
+    use datafusion::error::DataFusionError;
+    use datafusion::sql::sqlparser::parser::ParserError;
+    // DataFusion wraps some parser errors with a diagnostic: the error inside.
+    let mut inner = &error;
+    while let DataFusionError::Diagnostic(_, wrapped) = inner {
+        inner = wrapped;
+    }
+    let syntax = matches!(inner, DataFusionError::SQL(e, _) if matches!(e.as_ref(), ParserError::ParserError(_)));
+    match syntax && nesting_depth(sql) + RECURSION_LIMIT_MARGIN >= recursion_limit {
+        true => DataFusionError::SQL(Box::new(ParserError::RecursionLimitExceeded), None),
+        false => error,
+    }
+}
+
+/// How close to the parser's recursion limit a statement's nesting must come for a syntax error
+/// in it to be taken as the limit (a level of `CASE` costs the parser about one of its levels,
+/// plus a few for the statement around it).
+const RECURSION_LIMIT_MARGIN: usize = 5;
+
+/// The deepest nesting of parentheses and `CASE ... END` in `sql`, from its tokens.
+fn nesting_depth(sql: &str) -> usize {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else { return 0 };
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    for token in tokens {
+        match token {
+            Token::LParen => depth += 1,
+            Token::Word(w) if w.keyword == Keyword::CASE => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            Token::Word(w) if w.keyword == Keyword::END => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        deepest = deepest.max(depth);
+    }
+    deepest
+}
+
 /// `Err` when a chain of operators or set operations in `statement` is deeper than `max_depth`.
 pub fn check_depth(statement: &DfStatement, max_depth: u64) -> Result<(), QueryError> {
     let mut visitor = Depth { max_depth, found: 0 };
@@ -116,6 +166,28 @@ mod tests {
     fn parsed(sql: &str) -> DfStatement {
         let mut statements = DFParser::parse_sql(sql).expect("parse");
         statements.pop_front().expect("a statement")
+    }
+
+    /// A `CASE` nested past the parser's limit is named as the limit, not as a syntax error at a
+    /// valid token; a real syntax error stays one.
+    #[test]
+    fn deeply_nested_case_is_the_recursion_limit() {
+        let nested = |depth: usize| {
+            let cases: String = (0..depth).map(|i| format!("CASE WHEN {i} = 1 THEN {i} ELSE ")).collect();
+            format!("SELECT {cases}0{} AS x", " END".repeat(depth))
+        };
+        let ctx = datafusion::prelude::SessionContext::new();
+        let limit: usize = ctx.state().config().options().sql_parser.recursion_limit.into();
+        let parse = |sql: &str| {
+            let state = ctx.state();
+            let dialect = state.config().options().sql_parser.dialect;
+            state.sql_to_statement(sql, &dialect).map(drop).map_err(|e| explain_parse_failure(e, sql, limit))
+        };
+        assert!(parse(&nested(10)).is_ok());
+        let e = parse(&nested(limit)).expect_err("past the limit").to_string();
+        assert!(e.contains("RecursionLimitExceeded"), "{e}");
+        let e = parse("SELECT CASE WHEN 1 THEN END").expect_err("no result").to_string();
+        assert!(!e.contains("RecursionLimit"), "{e}");
     }
 
     #[test]

@@ -514,7 +514,10 @@ impl QueryEngine {
             });
         }
         let dialect = state.config().options().sql_parser.dialect;
-        let mut statement = state.sql_to_statement(&body, &dialect)?;
+        let recursion_limit: usize = state.config().options().sql_parser.recursion_limit.into();
+        let mut statement = state
+            .sql_to_statement(&body, &dialect)
+            .map_err(|e| crate::ast_limits::explain_parse_failure(e, &body, recursion_limit))?;
         // A chain of operators deep enough to exhaust a thread's stack is refused here.
         let max_ast_depth = settings::current(state.config().options()).max_ast_depth;
         crate::ast_limits::check_depth(&statement, max_ast_depth)?;
