@@ -779,7 +779,9 @@ impl QueryEngine {
             return match self.log.kill(query_id) {
                 true => Ok(()),
                 false => Err(QueryError::Rejected(format!(
-                    "no query with query_id = '{query_id}' is running on this node (see system.queries)"
+                    "no query with query_id = '{query_id}' is running on this node (rank {}): KILL QUERY \
+                     goes to the node the query was sent to, whose system.queries lists it",
+                    self.rank
                 ))),
             };
         }
