@@ -198,9 +198,22 @@ fn user_text(e: &DataFusionError) -> String {
 /// `text` in PostgreSQL's words where clients and people search for them (a division by zero;
 /// also in the text of an error another node's fragment sent).
 fn postgres_words(text: &str) -> String {
-    text.replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
-        .replace("Divide by zero error", DIVISION_BY_ZERO)
+    let text = text
+        .replace("Arrow error: Divide by zero error", DIVISION_BY_ZERO)
+        .replace("Divide by zero error", DIVISION_BY_ZERO);
+    match text.contains(OFFSET_OVERFLOW) && !text.contains(OFFSET_OVERFLOW_EXPLAINED) {
+        true => format!("{text} ({OFFSET_OVERFLOW_EXPLAINED})"),
+        false => text,
+    }
 }
+
+/// Arrow's words when one array would hold more than 2 GiB of text, bytes or list items.
+const OFFSET_OVERFLOW: &str = "Offset overflow error";
+
+/// What [`OFFSET_OVERFLOW`] means to a user.
+const OFFSET_OVERFLOW_EXPLAINED: &str = "a column of the answer, or of a step of the query, would hold \
+     more than 2 GiB of text or list items in one batch, more than Arrow's arrays hold: aggregate less \
+     per group (array_agg or string_agg of long values over many rows), or split the query";
 
 /// How a query stopped by `KILL QUERY` fails (a fragment's failure carries it from its node).
 pub const KILLED: &str = "the query was stopped by KILL QUERY";
@@ -326,6 +339,18 @@ fn is_bad_pattern(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Arrow's "Offset overflow error" says what it means for the query, once.
+    #[test]
+    fn an_offset_overflow_is_explained() {
+        let e = QueryError::from(DataFusionError::ArrowError(
+            Box::new(datafusion::arrow::error::ArrowError::OffsetOverflowError(2_205_840_340)),
+            None,
+        ));
+        let text = e.to_string();
+        assert!(text.contains("Offset overflow") && text.contains("more than 2 GiB of text or list items"), "{text}");
+        assert_eq!(postgres_words(&text), text, "explained twice");
+    }
 
     #[test]
     fn parser_errors_read_as_syntax_errors() {
