@@ -195,6 +195,32 @@ impl ServerMemory {
     }
 }
 
+impl ServerMemory {
+    /// The node had room, but the operator asked past its share: the pool gives each operator
+    /// that can spill an even part of what the others that cannot spill leave, as DataFusion's
+    /// `FairSpillPool` does (an error that blamed the node's limit alone read as false, its own
+    /// figures adding up to less).
+    fn share_refusal(
+        &self,
+        reservation: &MemoryReservation,
+        additional: usize,
+        inner: &DataFusionError,
+    ) -> DataFusionError {
+        DataFusionError::ResourcesExhausted(format!(
+            "{SERVER_MEMORY_ERROR} {} hold {} bytes, and {} asks for {additional} more, past its share of \
+             max_server_memory_usage = {} bytes (shardwise node --max-server-memory-bytes): the operators that \
+             can spill to disk share what the others leave evenly, and many running at once (concurrent \
+             queries, several partitions each) make each share small ({}); run fewer queries at once, or \
+             raise it",
+            self.rank,
+            self.inner.reserved(),
+            reservation.consumer().name(),
+            self.limit_bytes,
+            inner.message(),
+        ))
+    }
+}
+
 impl std::fmt::Display for ServerMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -236,7 +262,7 @@ impl MemoryPool for ServerMemory {
                 return Err(self.refusal(reservation, additional));
             }
         }
-        self.inner.try_grow(reservation, additional).map_err(|_| self.refusal(reservation, additional))
+        self.inner.try_grow(reservation, additional).map_err(|e| self.share_refusal(reservation, additional, &e))
     }
 
     fn reserved(&self) -> usize {
@@ -323,6 +349,19 @@ mod tests {
         drop(a);
         b.try_grow(600).expect("room again once a is gone");
         assert_eq!(node.reserved(), 600);
+    }
+
+    /// An operator that can spill refused past its even share, with room left in the node, is
+    /// told so, not that the node's limit was passed.
+    #[test]
+    fn a_refusal_past_an_operators_share_says_so() {
+        let node: Arc<dyn MemoryPool> = Arc::new(ServerMemory::new(1000, 1));
+        let a = MemoryConsumer::new("a").with_can_spill(true).register(&node);
+        let b = MemoryConsumer::new("b").with_can_spill(true).register(&node);
+        a.try_grow(400).expect("within its share of 500");
+        b.try_grow(100).expect("fits");
+        let err = a.try_grow(200).expect_err("past its share").to_string();
+        assert!(err.contains("a asks for 200 more, past its share") && err.contains("hold 500 bytes"), "{err}");
     }
 
     /// A pool whose resident memory is what the test stores in the returned cell.
