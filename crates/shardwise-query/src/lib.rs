@@ -40,6 +40,7 @@ pub mod integer_timestamps;
 pub mod interval_order;
 pub mod interval_scaling;
 pub mod interval_text;
+pub mod json_keys;
 pub mod like_escape;
 pub mod limit_by;
 pub mod many_groups;

@@ -342,6 +342,15 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<(Bytes, Vec<(String, 
         "application/json" => {
             let value: serde_json::Value = serde_json::from_slice(body)
                 .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, "invalid", format!("the body is not JSON: {e}")))?;
+            // serde_json keeps the last of a key given twice: `{"sql": "SELECT 1", "sql": "DROP
+            // TABLE t"}` ran the second, where a proxy or a log that read the first saw the first.
+            if let Some(key) = shardwise_query::json_keys::key_given_twice(body) {
+                return Err(Failure::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid",
+                    format!("the JSON body gives {key:?} twice"),
+                ));
+            }
             if let Some(key) = value.as_object().and_then(|o| o.keys().find(|k| !JSON_BODY_KEYS.contains(&k.as_str())))
             {
                 return Err(Failure::new(

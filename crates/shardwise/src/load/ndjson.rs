@@ -179,37 +179,13 @@ impl Reader<'_> {
             feed_line(&mut decoder, line).map_err(|message| anyhow!("{label} line {number}: {message}"))?;
             // Arrow's decoder keeps the last of a key given twice; ClickHouse and the HTTP
             // API refuse the object.
-            if let Some(key) = key_given_twice(line) {
+            if let Some(key) = shardwise_query::json_keys::key_given_twice(line) {
                 bail!("{label} line {number}, key {}: given twice in one object", quote_short(&key));
             }
             pending.push(number, line);
         }
         Ok((decoder, pending))
     }
-}
-
-/// The first key `line`'s object gives twice (its values are skipped, not built); `None` when
-/// none is, or the line is no object (the decoder has said so already).
-fn key_given_twice(line: &[u8]) -> Option<String> {
-    struct Keys(Option<String>);
-    impl<'de> serde::de::Visitor<'de> for Keys {
-        type Value = Option<String>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut seen = std::collections::HashSet::new();
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                map.next_value::<serde::de::IgnoredAny>()?;
-                if self.0.is_none() && !seen.insert(key.to_string()) {
-                    self.0 = Some(key.into_owned());
-                }
-            }
-            Ok(self.0)
-        }
-    }
-    let mut reader = serde_json::Deserializer::from_slice(line);
-    serde::Deserializer::deserialize_map(&mut reader, Keys(None)).ok().flatten()
 }
 
 /// A line as read, without its line break (and, on line 1, a byte order mark).

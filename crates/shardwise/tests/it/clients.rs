@@ -637,6 +637,10 @@ fn every_http_route_with_curl() {
     let json = r#"{"sql": "SELECT 1 AS one", "settings": {"max_execution_time_ms": 5000}}"#;
     let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", json, &query]);
     assert_eq!((code, body.as_str()), (200, "{\"one\":1}\n"));
+    // A key given twice is refused (serde_json ran the last one).
+    let twice = r#"{"sql": "SELECT 1 AS one", "sql": "SELECT 2 AS two"}"#;
+    let (code, body) = curl(&["-H", "Content-Type: application/json", "--data-binary", twice, &query]);
+    assert!(code == 400 && body.contains("gives \\\"sql\\\" twice"), "{code} {body}");
 
     // Settings in the URL, as ClickHouse takes them; the body's and a SETTINGS clause's win.
     let changed = "SELECT name, value FROM system.settings WHERE changed ORDER BY name FORMAT CSV";
