@@ -459,9 +459,14 @@ impl Handler {
                 Ok(planned) => Some(planned.postgres_schema()),
                 Err(_) => None,
             };
-            let inferred = match self.engine.plan(sql, &self.session).await {
-                Ok(planned) => planned.parameter_types(nulls.len()),
-                Err(_) => vec![None; nulls.len()],
+            // Planned once more, with its placeholders, only when the client left a type out.
+            let all_declared = (0..nulls.len()).all(|i| declared.get(i).is_some_and(Option::is_some));
+            let inferred = match all_declared {
+                true => vec![None; nulls.len()],
+                false => match self.engine.plan(sql, &self.session).await {
+                    Ok(planned) => planned.parameter_types(nulls.len()),
+                    Err(_) => vec![None; nulls.len()],
+                },
             };
             let parameter_types = inferred
                 .iter()
