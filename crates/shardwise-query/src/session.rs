@@ -86,9 +86,12 @@ impl Session {
         Ok(())
     }
 
-    /// `RESET key`: back to the node's default.
+    /// `RESET key`: back to the node's default; `RESET ALL`: every setting the session changed.
     pub fn reset(&self, key: &str) {
-        self.lock().retain(|(k, _)| k != key);
+        match key.eq_ignore_ascii_case("all") {
+            true => self.lock().clear(),
+            false => self.lock().retain(|(k, _)| k != key),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
@@ -144,5 +147,8 @@ mod tests {
         assert_eq!(settings::current(&applied).max_memory_usage, 1000);
         session.reset("shardwise.max_memory_usage");
         assert_eq!(session.changed().len(), 1);
+        // RESET ALL (PostgreSQL's, and part of DISCARD ALL) forgets every change.
+        session.reset("ALL");
+        assert!(session.changed().is_empty());
     }
 }

@@ -270,6 +270,8 @@ enum Kind {
     Deallocate,
     /// `UNLISTEN channel | *` (asyncpg's pool sends it when it takes a connection back).
     Unlisten,
+    /// `DISCARD ALL | PLANS | SEQUENCES | TEMP` (PgBouncer's reset query).
+    Discard,
     /// `COPY ... TO STDOUT` or `FROM STDIN` ([`copy`]; psql's `\copy`).
     Copy,
     /// `DECLARE`, `FETCH`, `MOVE`, `CLOSE` ([`cursor`]).
@@ -333,6 +335,7 @@ fn kind_of(sql: &str) -> Kind {
         "DECLARE" | "FETCH" | "MOVE" | "CLOSE" => Kind::Cursor,
         "SET" if IGNORED_CLIENT_PARAMETERS.contains(&second.as_str()) => Kind::IgnoredSet,
         "UNLISTEN" => Kind::Unlisten,
+        "DISCARD" => Kind::Discard,
         _ => Kind::Sql,
     }
 }
@@ -510,6 +513,25 @@ impl Handler {
                     None => Err(syntax_error(format!("not a cursor statement: {sql}"))),
                 };
             }
+            // PgBouncer's reset query (its default `server_reset_query`): the session's cursors
+            // closed and its settings back to their defaults, as a new connection has them.
+            Kind::Discard => {
+                let words = leading_words(sql);
+                return match words.get(1).map(String::as_str) {
+                    Some("ALL") => {
+                        if let Some(Ok(close_all)) = cursor::parse("CLOSE ALL") {
+                            self.cursor(client, close_all, format, cancel.clone()).await?;
+                        }
+                        self.run("RESET ALL", format, false, cancel).await?;
+                        Ok(Response::Execution(Tag::new("DISCARD ALL")))
+                    }
+                    // No plans, sequences or temporary tables are kept: nothing to discard.
+                    Some(what @ ("PLANS" | "SEQUENCES" | "TEMP" | "TEMPORARY")) => {
+                        Ok(Response::Execution(Tag::new(&format!("DISCARD {what}"))))
+                    }
+                    _ => Err(syntax_error(format!("expected DISCARD ALL, PLANS, SEQUENCES or TEMP: {sql}"))),
+                };
+            }
             _ => {}
         }
         self.run(sql, format, stream, cancel).await
@@ -534,7 +556,9 @@ impl Handler {
             Kind::Savepoint => return Ok(Response::Execution(Tag::new(&savepoint_tag(sql)))),
             Kind::Deallocate => return Ok(Response::Execution(Tag::new("DEALLOCATE"))),
             Kind::Copy => return self.copy(sql).await,
-            Kind::Cursor => return Err(syntax_error("a cursor statement needs its connection's portals".into())),
+            Kind::Cursor | Kind::Discard => {
+                return Err(syntax_error("a cursor statement or DISCARD needs its connection's portals".into()));
+            }
             Kind::Sql => {}
         }
         // psql's `\d` and schema browsers read pg_catalog in PostgreSQL's own dialect; drivers

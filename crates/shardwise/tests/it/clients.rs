@@ -166,6 +166,24 @@ fn psql_and_psycopg_end_to_end() {
     assert_eq!(stdout, "BEGIN\nDECLARE CURSOR\n1\nMOVE 1\n3\nDECLARE CURSOR\nCOMMIT\n7\n", "{stderr}");
     assert!(stderr.contains("34000") && stderr.contains("cursor \"c\" does not exist"), "{stderr}");
 
+    // DISCARD ALL (PgBouncer's reset query) closes the session's cursors and resets its
+    // settings; DISCARD TEMP has nothing to discard.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-v", "ON_ERROR_STOP=0"]);
+    for sql in [
+        "SET statement_timeout = '2s'",
+        "DECLARE h CURSOR WITH HOLD FOR SELECT 7",
+        "DISCARD ALL",
+        "SHOW statement_timeout",
+        "DISCARD TEMP",
+        "FETCH h",
+    ] {
+        c.args(["-c", sql]);
+    }
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert_eq!(stdout, "SET\nDECLARE CURSOR\nDISCARD ALL\n0\nDISCARD TEMP\n", "{stderr}");
+    assert!(stderr.contains("cursor \"h\" does not exist"), "{stderr}");
+
     // psql's \copy to a file: COPY ... TO STDOUT, CSV with a header or PostgreSQL's text format.
     let csv = dir.path().join("sales.csv");
     let txt = dir.path().join("sales.txt");
