@@ -218,11 +218,7 @@ fn names_this_machine(host: &str) -> bool {
 fn machine_name() -> Option<&'static str> {
     static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     NAME.get_or_init(|| {
-        let mut buffer = [0u8; 256];
-        // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
-        let done = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
-        let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-        (done == 0 && end > 0).then(|| String::from_utf8_lossy(&buffer[..end]).into_owned())
+        nix::unistd::gethostname().ok().and_then(|name| name.into_string().ok()).filter(|n| !n.is_empty())
     })
     .as_deref()
 }

@@ -156,7 +156,7 @@ fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
     let len = column.len();
     if let DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) = column.data_type() {
         let list = datafusion::arrow::compute::cast(column, &DataType::new_list(list_element(column), true))
-            .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
+            .map_err(|e| to_pg(e.into()))?;
         return pg_array_text(list.as_list::<i32>());
     }
     match column.data_type() {
@@ -174,8 +174,7 @@ fn pg_text(column: &ArrayRef) -> PgWireResult<StringArray> {
         return Ok((0..len).map(|i| b.is_valid(i).then(|| if b.value(i) { "t" } else { "f" })).collect());
     }
     let options = FormatOptions::default().with_datetime_format(Some("%Y-%m-%d %H:%M:%S%.f"));
-    let formatter = ArrayFormatter::try_new(column.as_ref(), &options)
-        .map_err(|e| pg_error(QueryError::from(DataFusionError::from(e))))?;
+    let formatter = ArrayFormatter::try_new(column.as_ref(), &options).map_err(|e| to_pg(e.into()))?;
     // Logical nulls: a column of untyped NULLs (`SELECT NULL`) has no validity buffer.
     let nulls = column.logical_nulls();
     let is_null = |i: usize| nulls.as_ref().is_some_and(|n| n.is_null(i));
