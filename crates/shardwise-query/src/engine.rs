@@ -668,7 +668,11 @@ impl QueryEngine {
                 let plan_is_analyze = matches!(plan, LogicalPlan::Analyze(_));
                 let insert_casts = crate::insert_select::InsertCasts::of(&plan);
                 let started = std::time::Instant::now();
-                let physical = state.create_physical_plan(&plan).await.map_err(|e| {
+                // Physical planning is CPU work too (a million-item IN list is pushed down and
+                // compared for seconds): on a freed worker, as logical planning is, so that the
+                // node's heartbeats queued behind it go on. It ends by itself.
+                let physical = crate::query_runtime::with_worker_freed(state.create_physical_plan(&plan));
+                let physical = physical.await.map_err(|e| {
                     // A constant that does not fit its column fails as the optimizer folds it.
                     let e = QueryError::from(e);
                     let cast = insert_casts.as_ref().and_then(|casts| casts.explain(&e.to_string()));

@@ -8,6 +8,7 @@ mod demo;
 mod init_cluster;
 mod init_validation;
 mod launcher;
+mod liveness;
 mod load;
 mod local;
 mod queries;

@@ -1,0 +1,50 @@
+//! A node that works hard stays up: the statements it plans and runs must not hold back the
+//! heartbeats its peers judge it by (suspect after 400 ms, down after 1 s in these tests).
+
+use std::time::Duration;
+
+use crate::support::*;
+use crate::tables::Cluster;
+
+/// A `SELECT` whose 200 000-item `IN` list takes seconds to plan, logically and physically
+/// (about 4 s on a debug build), and whose answer is 1.
+fn long_planning_statement() -> String {
+    let items: Vec<String> = (0..200_000u64).map(|i| (i * 7).to_string()).collect();
+    format!("SELECT count(*) FROM (VALUES (7), (8)) v(n) WHERE n IN ({})", items.join(","))
+}
+
+/// The lines `proc` printed from `from` on that say a peer was taken for suspect or down, or
+/// the master lost.
+fn liveness_alarms(proc: &mut Proc, from: usize) -> Vec<String> {
+    proc.drain(Duration::from_millis(500));
+    proc.seen[from..]
+        .iter()
+        .filter(|l| l.contains("is suspect") || l.contains("is down") || l.contains("lost the master"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn planning_a_long_statement_does_not_stop_the_nodes_heartbeats() {
+    let mut cluster = Cluster::start(2);
+    // From a file: 1.3 MB is more than one command-line argument may hold.
+    let dir = tempdir();
+    let file = dir.path().join("in_list.sql");
+    std::fs::write(&file, long_planning_statement()).expect("write the statement");
+    // On a worker (the master must keep hearing it), then on the master (the worker must keep
+    // hearing from it). Before the physical plan was made on a freed runtime worker, the first
+    // had the master log `rank 1 is suspect`, the second had the worker rejoin.
+    for rank in [1usize, 0] {
+        let from: Vec<usize> = cluster.procs.iter_mut().map(|p| p.drain(Duration::from_millis(200))).collect();
+        let mut client = shardwise();
+        client.args(["sql", "--connect", &cluster.addrs[rank], "--format", "csv", "-f"]).arg(&file);
+        let out = run_with_timeout(client, Duration::from_secs(120));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(stdout.lines().collect::<Vec<_>>(), ["count(*)", "1"], "rank {rank}");
+        for (peer, proc) in cluster.procs.iter_mut().enumerate() {
+            let alarms = liveness_alarms(proc, from[peer]);
+            assert!(alarms.is_empty(), "while rank {rank} planned, rank {peer} logged: {alarms:?}");
+        }
+    }
+}
