@@ -491,7 +491,11 @@ impl Run {
                 Err(statement_error) => Err(statement_error),
             },
         };
-        futures::stream::iter(first).chain(rest).map(count).boxed()
+        // Reserved once a replica answers: a batch that does not fit here is this node's lack
+        // of memory, which another replica's rows would meet as well.
+        let consumer = format!("DistributedFragmentExec[{}] (rows from rank {rank})", self.shard);
+        let received = futures::stream::iter(first).chain(rest).boxed();
+        super::received::reserved(received, self.context.memory_pool(), consumer).map(count).boxed()
     }
 }
 

@@ -54,6 +54,7 @@ pub mod fragment;
 mod local_shuffle;
 pub mod planner;
 pub mod query_order;
+mod received;
 mod remote_start;
 pub mod scan;
 mod shard_reads;

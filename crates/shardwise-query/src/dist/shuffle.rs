@@ -29,6 +29,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::hash_utils::create_hashes;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -505,10 +506,11 @@ impl ExecutionPlan for ShuffleReaderExec {
         // fetcher, so reading the shards one after the other would run their stage 1s in turn.
         let reader = self.clone();
         let schema = Arc::clone(&self.schema);
+        let pool = Arc::clone(context.memory_pool());
         let opened = futures::stream::iter(self.sources.clone())
             .map(move |source| {
-                let reader = reader.clone();
-                async move { reader.open(&source, bucket, max_memory_usage).await }
+                let (reader, pool) = (reader.clone(), Arc::clone(&pool));
+                async move { reader.open(&source, bucket, max_memory_usage, &pool).await }
             })
             .buffer_unordered(self.sources.len().max(1))
             .try_flatten_unordered(None);
@@ -530,6 +532,7 @@ impl ShuffleReaderExec {
         source: &ShuffleSource,
         bucket: u32,
         max_memory_usage: u64,
+        pool: &Arc<dyn MemoryPool>,
     ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         let header = ShuffleHeader {
             exchange_id: self.exchange_id.clone(),
@@ -561,7 +564,7 @@ impl ShuffleReaderExec {
                     // Batches come back with stage 1's columns; give them the exact schema.
                     let schema = Arc::clone(&self.schema);
                     let shard = source.shard;
-                    return Ok(rows
+                    let rows = rows
                         .map(move |batch| match batch {
                             Ok(b) => super::with_schema(&schema, &b),
                             Err(e) => Err(classed(
@@ -569,7 +572,9 @@ impl ShuffleReaderExec {
                                 format!("shuffle: bucket {bucket} of shard {shard} from rank {rank} failed: {e}"),
                             )),
                         })
-                        .boxed());
+                        .boxed();
+                    let consumer = format!("ShuffleReaderExec[{bucket}] (shard {shard} from rank {rank})");
+                    return Ok(super::received::reserved(rows, pool, consumer));
                 }
                 Err(e) => errors.push(format!("rank {rank}: {e}")),
             }
