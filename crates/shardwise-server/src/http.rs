@@ -83,9 +83,11 @@ pub async fn serve(
         .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(Http { engine, users });
-    let listener =
-        crate::http_connections::CappedListener::new(listener, crate::http_connections::HTTP_MAX_CONNECTIONS);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::ServerError::Http)
+    use crate::http_connections::{CappedListener, HTTP_HEADER_READ_TIMEOUT_MS, HTTP_MAX_CONNECTIONS};
+    let listener = CappedListener::new(listener, HTTP_MAX_CONNECTIONS);
+    let header_read_timeout = std::time::Duration::from_millis(HTTP_HEADER_READ_TIMEOUT_MS);
+    crate::http_connections::serve(listener, app, header_read_timeout, shutdown).await;
+    Ok(())
 }
 
 /// The paths the API serves, for the 404 answer.

@@ -1,11 +1,20 @@
-//! A cap on the HTTP endpoint's open connections.
+//! The HTTP endpoint's connections: how many are open, and how long one may sit idle.
 //!
-//! Why: hyper keeps a connection that sends nothing open for as long as the client likes, and
-//! the endpoint took every connection offered, so about 20 000 idle ones (no credentials needed)
-//! used up the node's file descriptors, and the node stopped answering on every endpoint,
+//! Why a cap: hyper keeps a connection that sends nothing open for as long as the client likes,
+//! and the endpoint took every connection offered, so about 20 000 idle ones (no credentials
+//! needed) used up the node's file descriptors, and the node stopped answering on every endpoint,
 //! Flight SQL and PostgreSQL included, until they closed. With the cap, such a client fills the
 //! HTTP endpoint only: past [`HTTP_MAX_CONNECTIONS`] a new connection waits in the kernel's
 //! backlog until one closes, and the node's other endpoints keep their descriptors.
+//!
+//! Why a timeout: under the cap, 1024 connections that never send a request (or send its
+//! headers a byte a minute) still shut every other HTTP client out. hyper ends a connection
+//! whose request headers have not all arrived [`HTTP_HEADER_READ_TIMEOUT_MS`] after it began
+//! waiting for them, which is also how long a keep-alive connection may sit idle between
+//! requests (nginx's `client_header_timeout` and `keepalive_timeout`; ClickHouse's
+//! `http_receive_timeout`), but only with a timer, which `axum::serve` does not give it; so the
+//! connections are served here ([`serve`]). A request being answered is not timed: a query may
+//! take as long as its settings allow.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +29,43 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// HTTP connections a node keeps open at once.
 pub const HTTP_MAX_CONNECTIONS: usize = 1024;
+
+/// How long a connection may take to send a request's headers, counted from when the node
+/// starts waiting for them: on a new connection, or after the last answer on a kept-alive one.
+pub const HTTP_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
+
+/// Serves `app` on the connections `listener` accepts, each with the header-read timeout, until
+/// `shutdown` completes; then waits for the requests being answered (as `axum::serve`'s graceful
+/// shutdown does).
+pub async fn serve(
+    mut listener: CappedListener,
+    app: axum::Router,
+    header_read_timeout: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read_timeout);
+    let watcher = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let connection = watcher.watch(connection);
+        tokio::spawn(async move {
+            // A client that went away, or was timed out: nothing to answer, nothing to log above
+            // debug (hyper logged the timeout itself).
+            if let Err(e) = connection.await {
+                tracing::debug!("http connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    watcher.shutdown().await;
+}
 
 /// `TcpListener` that accepts a connection only while fewer than its cap are open.
 pub struct CappedListener {
@@ -125,5 +171,78 @@ mod tests {
         drop(first);
         let third = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await;
         assert!(third.is_ok(), "the third connection was not accepted once one closed");
+    }
+
+    async fn serving(timeout_ms: u64) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = inner.local_addr().expect("addr");
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let timeout = std::time::Duration::from_millis(timeout_ms);
+        tokio::spawn(serve(CappedListener::new(inner, 8), app, timeout, async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// Reads until the server closes the connection; what it sent.
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "the server did not close the connection");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// A connection that sends nothing, or only part of its headers, is closed after the
+    /// timeout; one that sends a request is answered.
+    #[tokio::test]
+    async fn silent_and_slow_connections_are_closed_and_requests_answered() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, _stop) = serving(300).await;
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+        let started = std::time::Instant::now();
+        assert_eq!(read_to_close(&mut silent).await, "");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(250), "closed before the timeout");
+        // hyper answers a header timeout with 408 when the request had begun.
+        let answered = read_to_close(&mut slow).await;
+        assert!(answered.is_empty() || answered.starts_with("HTTP/1.1 408"), "{answered}");
+
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let answer = read_to_close(&mut client).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"), "{answer}");
+    }
+
+    /// A kept-alive connection is answered, then closed once idle for the timeout.
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _stop) = serving(300).await;
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        let mut buf = [0u8; 512];
+        let n = client.read(&mut buf).await.expect("read");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        assert_eq!(read_to_close(&mut client).await, "");
+    }
+
+    /// Shutdown stops accepting and lets the open connections finish.
+    #[tokio::test]
+    async fn shutdown_stops_accepting() {
+        let (addr, stop) = serving(30_000).await;
+        let _ = stop.send(());
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                if TcpStream::connect(addr).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(refused.is_ok(), "still accepting after shutdown");
     }
 }
