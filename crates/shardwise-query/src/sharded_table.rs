@@ -118,7 +118,7 @@ impl TableProvider for ShardedTable {
         let catalog_version = self.access.catalog_version();
         let catalog = self.access.catalog();
         let entry = catalog.tables.get(&self.name).ok_or_else(|| {
-            DataFusionError::Plan(format!("table {} was dropped while the query was planned", self.name))
+            DataFusionError::Plan(format!("table {} was dropped while the query was planned; run it again", self.name))
         })?;
         let def = &entry.def;
         let table = ShardTableRef {
@@ -167,8 +167,12 @@ impl TableProvider for ShardedTable {
         self.schema.logically_equivalent_names_and_types(&input.schema())?;
         // A query's rows come in any order (its shards answer as they go, its partitions
         // interleave): chunked by value, so a retry with the same insert_id is applied once.
+        // Bound to this incarnation of the table: renamed while the rows are read, the insert
+        // follows it; dropped and created again, or truncated, it fails rather than write into
+        // the table that took the name.
         let opts = InsertOptions {
             order_may_vary: true,
+            incarnation: Some(self.incarnation),
             ..InsertOptions::from_settings(&settings::current(state.config_options()))?
         };
         let sink = InsertSink {

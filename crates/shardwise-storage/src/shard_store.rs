@@ -430,7 +430,17 @@ impl ShardStore {
     }
 
     fn fail(&mut self, error: &StorageError) {
-        tracing::error!(dir = %self.dir.display(), "shard store failed, refusing writes until reopened: {error}");
+        match self.dir.exists() {
+            true => {
+                tracing::error!(dir = %self.dir.display(), "shard store failed, refusing writes until reopened: {error}")
+            }
+            // The usual cause: its table was dropped or truncated, and its files removed, while a
+            // flush, merge or late write was on its way; a warning, not an alarm.
+            false => tracing::warn!(
+                dir = %self.dir.display(),
+                "shard store's directory is gone (its table dropped or truncated?); refusing writes: {error}"
+            ),
+        }
         self.failure.get_or_insert_with(|| error.to_string());
     }
 

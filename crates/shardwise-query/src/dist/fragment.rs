@@ -345,6 +345,9 @@ impl Run {
             let mut stream = match attempt {
                 Ok(stream) => stream,
                 Err(e) => {
+                    if let Some(dropped) = self.dropped_meanwhile() {
+                        return Err(dropped);
+                    }
                     out_of_memory |= is_server_memory(&e);
                     let failure = replica_failure(e)?;
                     failed_to_run |= !matches!(failure, QueryError::Unavailable(_));
@@ -356,6 +359,9 @@ impl Run {
             timer.done();
             match first {
                 Some(Err(e)) => {
+                    if let Some(dropped) = self.dropped_meanwhile() {
+                        return Err(dropped);
+                    }
                     out_of_memory |= is_server_memory(&e);
                     let failure = replica_failure(e)?;
                     failed_to_run |= !matches!(failure, QueryError::Unavailable(_));
@@ -368,6 +374,9 @@ impl Run {
         let table = &self.placement.table.name;
         let shard = self.shard;
         let unit = self.placement.unit;
+        if let Some(dropped) = self.dropped_meanwhile() {
+            return Err(dropped);
+        }
         // Busy, not gone: never a shard to answer without.
         if out_of_memory {
             return Err(external(QueryError::Rejected(format!(
@@ -397,6 +406,21 @@ impl Run {
             "table {table} {unit} {shard}: no node could run its fragment ({}){hint}",
             errors.join("; ")
         )))))
+    }
+
+    /// The query's error when the table it reads is no longer in this node's catalog: dropped
+    /// or truncated after the query was planned, which is why its replicas failed (their files
+    /// gone, or their catalog without it), not that they were unavailable.
+    fn dropped_meanwhile(&self) -> Option<DataFusionError> {
+        let table = &self.placement.table;
+        let catalog = self.access.catalog();
+        let live = catalog.by_id(table.table_id).is_some_and(|e| e.generation == table.generation);
+        (!live).then(|| {
+            external(QueryError::Rejected(format!(
+                "table {} was dropped or truncated while the query ran; run it again",
+                table.name
+            )))
+        })
     }
 
     /// Replica ranks to try, in the order `load_balancing` gives, and those the membership

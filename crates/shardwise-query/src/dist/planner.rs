@@ -441,7 +441,10 @@ impl Planner<'_> {
         let table = scan.table().clone();
         let catalog = self.rule.access.catalog();
         let entry = catalog.by_id(table.table_id).filter(|e| e.generation == table.generation).ok_or_else(|| {
-            DataFusionError::Plan(format!("table {} was dropped or truncated while the query was planned", table.name))
+            DataFusionError::Plan(format!(
+                "table {} was dropped or truncated while the query was planned; run it again",
+                table.name
+            ))
         })?;
         let world_size = self.rule.access.world_size();
         let replicas = (0..table.shards).map(|s| entry.def.replica_ranks(s, world_size)).collect();

@@ -50,6 +50,15 @@ pub fn check_insert_id(insert_id: &str) -> Result<(), String> {
     }
 }
 
+/// An insert's error when its table was dropped, or dropped and created again, or truncated,
+/// while it ran.
+fn gone_meanwhile(table: &str) -> QueryError {
+    QueryError::Rejected(format!(
+        "table {table} was dropped, or dropped and created again, or truncated, while this insert ran: rows it \
+         stored before that (if any) went with the table as it was; nothing more was written"
+    ))
+}
+
 /// One chunk of an insert, placed: the pieces each destination rank gets.
 struct PlacedChunk {
     index: u64,
@@ -66,15 +75,15 @@ impl TablesNode {
         batches: Vec<RecordBatch>,
         opts: InsertOptions,
     ) -> Result<u64, QueryError> {
-        let (catalog_version, entry) = self.entry(table)?;
-        if let Some((id, generation)) = opts.incarnation
-            && (entry.id, entry.generation) != (id, generation)
-        {
-            return Err(QueryError::Rejected(format!(
-                "table {table} was dropped and created again, or truncated, while this insert ran: rows it \
-                 stored before that (if any) went to the table as it was; nothing more was written"
-            )));
-        }
+        // An insert bound to the table it was planned against (`INSERT ... SELECT`, a load) goes
+        // there under whatever name it has now (renamed, exchanged), and never to another table
+        // that took its name.
+        let (catalog_version, entry) = match opts.incarnation {
+            Some((id, generation)) => self.entry_of_incarnation(id, generation).ok_or_else(|| gone_meanwhile(table))?,
+            None => self.entry(table)?,
+        };
+        let current_name = entry.def.name.clone();
+        let table = current_name.as_str();
         let batches = conform(&entry, batches)?;
         let insert_id = match opts.insert_id {
             Some(id) => {
@@ -145,7 +154,13 @@ impl TablesNode {
                 Err(_) => {}
             }
         }
-        first_error.map_or(Ok(total_rows), Err)
+        match first_error {
+            None => Ok(total_rows),
+            // Its replicas failed because the table went (its files removed under the write):
+            // said so, not as a node or disk fault to retry on; a retry would go elsewhere.
+            Some(_) if self.entry_of_incarnation(entry.id, entry.generation).is_none() => Err(gone_meanwhile(table)),
+            Some(e) => Err(e),
+        }
     }
 
     /// [`Self::write_immediate`] in a task of its own, so that it runs to its end (its hand-off

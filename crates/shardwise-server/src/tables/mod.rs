@@ -185,6 +185,13 @@ impl TablesNode {
         }
     }
 
+    /// The catalog entry of table incarnation `(id, generation)`, whatever its name now; `None`
+    /// once it was dropped or truncated.
+    pub(crate) fn entry_of_incarnation(&self, id: u64, generation: u64) -> Option<(u64, CatalogEntry)> {
+        let (version, catalog) = self.catalog_now();
+        catalog.by_id(id).filter(|e| e.generation == generation).map(|e| (version, e.clone()))
+    }
+
     fn store_dir(&self, key: StoreKey) -> PathBuf {
         self.tables_dir.join(format!("t{}-g{}", key.0, key.1)).join(format!("shard-{}", key.2))
     }
@@ -304,7 +311,7 @@ impl TablesNode {
                 lock(&outbox).discard_table(&key).map_err(storage_error)?;
             }
             let _writers_done: Vec<_> = dropped_stores.iter().map(|store| lock(store)).collect();
-            let Ok(dirs) = std::fs::read_dir(&tables_dir) else { return Ok(()) };
+            let Ok(dirs) = std::fs::read_dir(&tables_dir) else { return Ok(Vec::new()) };
             let mut unknown = Vec::new();
             for dir in dirs.flatten() {
                 let name = dir.file_name().to_string_lossy().to_string();
@@ -318,18 +325,38 @@ impl TablesNode {
                     None => {}
                 }
             }
-            if !unknown.is_empty() {
-                tracing::error!(
-                    catalog_version = version,
-                    "keeping table directories {unknown:?}: the catalog (version {version}) never made them, so \
-                     it is older than this node's data (did the master lose its master/metadata.json?)"
-                );
-            }
-            Ok(())
+            Ok(unknown)
         })
         .await;
-        if let Err(e) = result {
-            tracing::error!("cannot remove dropped tables: {e}");
+        match result {
+            Ok(unknown) => {
+                // A table created since this pass read the catalog has its directory already:
+                // only one that the catalog of now has not made either proves it old.
+                let (now, catalog) = self.catalog_now();
+                let unknown: Vec<String> = unknown
+                    .into_iter()
+                    .filter(|name| match parse_table_dir(name) {
+                        Some((id, generation)) => match catalog.tables.values().find(|e| e.id == id) {
+                            Some(entry) => generation > entry.generation,
+                            None => id >= catalog.next_table_id,
+                        },
+                        None => false,
+                    })
+                    .collect();
+                if !unknown.is_empty() {
+                    tracing::error!(
+                        catalog_version = now,
+                        "keeping table directories {unknown:?}: the catalog (version {now}) never made them, so \
+                         it is older than this node's data (did the master lose its master/metadata.json?)"
+                    );
+                }
+            }
+            // A late write into a dropped table's directory (a delivery or read that looked the
+            // table up just before the drop) can make its removal fail; the next pass retries.
+            Err(e) => tracing::warn!(
+                catalog_version = version,
+                "could not yet remove the files of dropped or truncated tables ({e}); retried at the next catalog change"
+            ),
         }
     }
 

@@ -80,24 +80,30 @@ impl FlushReply {
 impl TablesNode {
     /// This node's replica of a shard, with its placement flag, for a query fragment.
     pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
+        // A catalog as new as the initiator's without the table: it was dropped or truncated
+        // after the query was planned, on every node; not a replica to try past, nor a shard to
+        // skip.
+        let dropped = || {
+            QueryError::Rejected(format!(
+                "rank {}: table id {} generation {} was dropped or truncated while the query ran; run it again",
+                self.rank, ticket.table_id, ticket.generation
+            ))
+        };
         let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
-        let entry = catalog
-            .by_id(ticket.table_id)
-            .filter(|e| e.generation == ticket.generation)
-            .ok_or_else(|| {
-                QueryError::Unavailable(format!(
-                    "rank {}: table id {} generation {} is not in this node's catalog (dropped or truncated)",
-                    self.rank, ticket.table_id, ticket.generation
-                ))
-            })?
-            .clone();
+        let entry =
+            catalog.by_id(ticket.table_id).filter(|e| e.generation == ticket.generation).ok_or_else(dropped)?.clone();
         if !entry.def.replica_ranks(ticket.shard, self.world_size).contains(&self.rank) {
             return Err(QueryError::Unavailable(format!(
                 "rank {} holds no replica of table {} shard {}",
                 self.rank, entry.def.name, ticket.shard
             )));
         }
-        let store = self.store(&entry, ticket.shard).await?;
+        // Its files removed under the read (`No such file or directory`): said as what happened.
+        let store = match self.store(&entry, ticket.shard).await {
+            Ok(store) => store,
+            Err(_) if self.entry_of_incarnation(ticket.table_id, ticket.generation).is_none() => return Err(dropped()),
+            Err(e) => return Err(e),
+        };
         let guard = lock(&store);
         if let Some(why) = guard.unreadable() {
             // Unavailable: the fragment is tried on another replica (or the shard skipped).

@@ -1047,3 +1047,94 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
     ];
     assert_eq!(rows, want.map(|r| r.map(String::from).to_vec()).to_vec());
 }
+
+/// An `INSERT ... SELECT` is bound to the table it was planned against: while its `SELECT` runs,
+/// the table dropped and created again under its name makes it fail (the new table gets
+/// nothing), and the table renamed has it write under the new name. Before, the first wrote every
+/// row into the new table and the second failed with `unknown table`.
+#[test]
+fn an_insert_select_keeps_to_its_table_through_drop_and_rename() {
+    let cluster = Cluster::start(3);
+    cluster.sql(0, "CREATE TABLE src (id BIGINT, v BIGINT) WITH (shard_key = 'id')");
+    cluster.sql(0, "INSERT INTO src SELECT value, value FROM generate_series(1, 200000)");
+    // A SELECT of 1.6 M rows: seconds on a debug build, time enough for the DDL beside it.
+    let insert = |table: &str| {
+        let mut c = shardwise();
+        c.args(["sql", "--connect", &cluster.addrs[0], "--format", "csv", "-e"])
+            .arg(format!("INSERT INTO {table} SELECT s.id * 100 + g.value, s.v FROM src s, generate_series(1, 8) g"));
+        Proc::spawn(c)
+    };
+    let create =
+        |table: &str| format!("CREATE TABLE {table} (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    let still_running = |p: &mut Proc, what: &str| {
+        assert!(
+            p.child.try_wait().expect("try_wait").is_none(),
+            "the INSERT ended before {what}: the test needs a slower SELECT"
+        );
+    };
+
+    cluster.sql(0, &create("x"));
+    let mut running = insert("x");
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.sql(1, "DROP TABLE x");
+    cluster.sql(1, &create("x"));
+    still_running(&mut running, "the DROP and CREATE");
+    let (code, out) = running.wait_exit(Duration::from_secs(120));
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("table x was dropped, or dropped and created again, or truncated, while this insert ran"),
+        "{out}"
+    );
+    for rank in 0..3 {
+        assert_eq!(one(cluster.sql(rank, "SELECT count(*) FROM x")), ["0"], "rank {rank}: the new x got rows");
+    }
+
+    cluster.sql(0, &create("r"));
+    let mut running = insert("r");
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.sql(2, "RENAME TABLE r TO r2");
+    still_running(&mut running, "the RENAME");
+    let (code, out) = running.wait_exit(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(one(cluster.sql(1, "SELECT count(*), count(DISTINCT id) FROM r2")), ["1600000", "1600000"]);
+}
+
+/// Queries racing `TRUNCATE TABLE` see the table before or after it, or fail saying it was
+/// truncated under them; never as a node that was unavailable (whose hint, to skip its shard,
+/// would answer without rows) nor with a storage error about its removed files.
+#[test]
+fn queries_racing_truncate_fail_only_saying_so() {
+    let cluster = Cluster::start(3);
+    cluster.sql(0, "CREATE TABLE st (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|rank| {
+            let (addr, stop) = (cluster.addrs[rank].clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let (mut answered, mut failed) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match sql_csv(&addr, "SELECT v % 10, count(*) FROM st GROUP BY 1") {
+                        Ok(_) => answered += 1,
+                        Err(e) => failed.push(e),
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    for round in 0..12 {
+        cluster.sql(2, &format!("INSERT INTO st SELECT value, value FROM generate_series(1, {})", 1000 + round));
+        cluster.sql(round % 3, "TRUNCATE TABLE st");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        let (answered, failed) = reader.join().expect("reader");
+        eprintln!("a reader: {answered} answered, {} failed", failed.len());
+        assert!(answered > 0, "no query answered: {failed:?}");
+        for e in failed {
+            // As the query ran, or (caught earlier) as it was planned.
+            assert!(e.contains("was dropped or truncated while the query") && e.contains("run it again"), "{e}");
+            assert!(!e.contains("skip_unavailable_shards"), "{e}");
+        }
+    }
+}
