@@ -18,7 +18,7 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     AlterTableOperation, CreateTable, CreateTableOptions, ObjectName, ObjectType, RenameTableNameKind,
-    ShowCreateObject, SqlOption, Statement,
+    ShowCreateObject, ShowStatementFilter, ShowStatementFilterPosition, ShowStatementOptions, SqlOption, Statement,
 };
 use shardwise_storage::{CatalogOp, TableDef};
 
@@ -61,9 +61,47 @@ pub enum Classified {
     DataFusion(DfStatement),
 }
 
-/// The query `SHOW TABLES` runs: the user's tables, by name.
-pub const SHOW_TABLES_SQL: &str =
-    "SELECT table_name AS name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY name";
+/// The query `SHOW TABLES [FROM | IN schema] [LIKE 'p' | ILIKE 'p' | WHERE expr] [LIMIT n]` runs
+/// (MySQL's and ClickHouse's form): the tables of `schema` (`public`, the user's tables, by
+/// default; `system` lists the system tables), one column `name`. A schema that does not exist is
+/// an error, not an empty list.
+fn show_tables_sql(options: &ShowStatementOptions, state: &SessionState) -> Result<String, QueryError> {
+    let schema = match options.show_in.as_ref().and_then(|i| i.parent_name.as_ref()) {
+        None => "public".to_string(),
+        Some(name) => match name.0.as_slice() {
+            [part] => part.as_ident().map(|i| i.value.clone()).unwrap_or_else(|| part.to_string()),
+            _ => return Err(QueryError::Rejected(format!("SHOW TABLES FROM {name}: give one schema name"))),
+        },
+    };
+    let config = state.config_options();
+    let schemas = state.catalog_list().catalog(&config.catalog.default_catalog).map(|c| c.schema_names());
+    if let Some(schemas) = schemas.filter(|names| !names.contains(&schema)) {
+        let mut names = schemas;
+        names.sort();
+        return Err(QueryError::Rejected(format!(
+            "SHOW TABLES FROM {schema}: no such schema; there are {}",
+            names.join(", ")
+        )));
+    }
+    if options.starts_with.is_some() || options.limit_from.is_some() {
+        return Err(QueryError::Unsupported("SHOW TABLES: STARTS WITH and LIMIT ... FROM are not supported".into()));
+    }
+    let filter = match &options.filter_position {
+        None => String::new(),
+        Some(ShowStatementFilterPosition::Infix(f) | ShowStatementFilterPosition::Suffix(f)) => match f {
+            ShowStatementFilter::Like(p) => format!(" WHERE name LIKE {}", crate::sql_text::string_literal(p)),
+            ShowStatementFilter::ILike(p) => format!(" WHERE name ILIKE {}", crate::sql_text::string_literal(p)),
+            ShowStatementFilter::Where(e) => format!(" WHERE {e}"),
+            ShowStatementFilter::NoKeyword(p) => format!(" WHERE name LIKE {}", crate::sql_text::string_literal(p)),
+        },
+    };
+    let limit = options.limit.as_ref().map(|n| format!(" LIMIT {n}")).unwrap_or_default();
+    Ok(format!(
+        "SELECT name FROM (SELECT table_name AS name FROM information_schema.tables WHERE table_schema = {}){filter} \
+         ORDER BY name{limit}",
+        crate::sql_text::string_literal(&schema)
+    ))
+}
 
 /// Recognises `SYSTEM FLUSH DISTRIBUTED t` and `FLUSH TABLE t`, which no SQL parser knows.
 pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
@@ -150,7 +188,19 @@ pub async fn classify(statement: DfStatement, state: &SessionState, world_size: 
                 crate::sql_text::string_literal(&name)
             ))
         }
-        Statement::ShowTables { .. } => rewritten(SHOW_TABLES_SQL),
+        Statement::ShowTables {
+            terse: false,
+            history: false,
+            extended: false,
+            full: false,
+            external: false,
+            show_options,
+        } => rewritten(&show_tables_sql(&show_options, state)?),
+        Statement::ShowTables { .. } => Err(QueryError::Unsupported(
+            "SHOW TABLES takes FROM (or IN) a schema, LIKE, ILIKE or WHERE, and LIMIT; not TERSE, HISTORY, \
+             EXTENDED, FULL or EXTERNAL"
+                .into(),
+        )),
         Statement::RenameTable(renames) => {
             let renames = renames
                 .iter()

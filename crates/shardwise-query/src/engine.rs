@@ -716,8 +716,16 @@ impl QueryEngine {
                     true => with_fragment_reports(stream, Arc::clone(&physical)),
                     false => stream,
                 };
-                let stream =
-                    self.log.track(&sql, current.query_id.clone(), physical, stream, current.max_execution_time_ms)?;
+                let stream = match session.is_recorded() {
+                    true => self.log.track(
+                        &sql,
+                        current.query_id.clone(),
+                        physical,
+                        stream,
+                        current.max_execution_time_ms,
+                    )?,
+                    false => stream,
+                };
                 Ok(crate::stop::stop_on_drop(stream, stop))
             }
             Action::Command(command) => {

@@ -37,6 +37,9 @@ pub struct Session {
     /// The session runs one statement and ends (an HTTP request): its settings are that
     /// statement's, so `insert_id` may be one of them.
     one_statement: bool,
+    /// The node's own statements (the figures of `GET /metrics`): not recorded in
+    /// `system.queries` nor counted among the queries the node ran for its clients.
+    unrecorded: bool,
 }
 
 impl Session {
@@ -48,6 +51,17 @@ impl Session {
     /// A session for one statement only (an HTTP request), whose settings may name its insert.
     pub fn for_one_statement() -> Self {
         Session { one_statement: true, ..Self::default() }
+    }
+
+    /// A session for the node's own statements, left out of `system.queries` and its counters:
+    /// a Prometheus scrape every 15 s would otherwise push the clients' queries out of the log.
+    pub fn unrecorded() -> Self {
+        Session { unrecorded: true, ..Self::default() }
+    }
+
+    /// Whether its statements are recorded in `system.queries`.
+    pub fn is_recorded(&self) -> bool {
+        !self.unrecorded
     }
 
     /// What `SET` changed, in order.

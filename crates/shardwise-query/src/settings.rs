@@ -66,15 +66,16 @@ extensions_options! {
         /// Group `Utf8` keys as `Utf8View` (faster interning of short strings) and cast the groups
         /// back; 0 groups them as stored.
         pub string_group_keys_as_views: Flag, default = Flag(true)
-        /// ... for a key column of a sharded table with at least this many distinct values
-        /// (estimated from a sample); 0: every string key.
+        /// `string_group_keys_as_views` applies to a key column of a sharded table with at least
+        /// this many distinct values (estimated from a sample); 0: every string key.
         pub string_group_keys_as_views_min_distinct: u64, default = 10_000
         /// Partial aggregation by one to four integer or string keys with only count, sum, avg,
         /// min, max, corr, the variances and median by direct indexing instead of DataFusion's
         /// hash table; 0 uses DataFusion's.
         pub small_group_aggregation: Flag, default = Flag(true)
-        /// ... for at most this many groups per partition (string keys: at most 4096); past it,
-        /// the rest of the partition goes to DataFusion's aggregation.
+        /// `small_group_aggregation` runs for at most this many groups per partition (string
+        /// keys: at most 4096); past it, the rest of the partition goes to DataFusion's
+        /// aggregation.
         pub small_group_aggregation_max_groups: u64, default = 1_048_576
         /// Final aggregation by two to eight integer or string keys with only count, sum, avg,
         /// min and max through packed key ids cut into radix buckets instead of DataFusion's

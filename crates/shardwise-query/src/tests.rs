@@ -387,3 +387,29 @@ async fn row_values_that_start_with_an_expression_are_answered() {
     let shown = pretty(&run(&engine(), &sql).await.expect("a row value compared"));
     assert!(shown.contains("| 1 |"), "{shown}");
 }
+
+#[tokio::test]
+async fn show_tables_takes_a_schema_and_a_filter() {
+    let engine = engine();
+    let names = |batches: Vec<RecordBatch>| pretty(&batches);
+    let system = names(run(&engine, "SHOW TABLES FROM system").await.expect("system"));
+    assert!(system.contains("| nodes ") && system.contains("| settings ") && system.contains("| queries "), "{system}");
+    let like = names(run(&engine, "SHOW TABLES IN system LIKE 'n%'").await.expect("like"));
+    assert_eq!(like, "+-------+\n| name  |\n+-------+\n| nodes |\n+-------+");
+    let limited = run(&engine, "SHOW TABLES FROM system WHERE name <> 'nodes' LIMIT 1").await.expect("where");
+    assert_eq!(limited.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    let err = run(&engine, "SHOW TABLES FROM nosuch").await.expect_err("no such schema").to_string();
+    assert!(err.contains("SHOW TABLES FROM nosuch: no such schema; there are") && err.contains("system"), "{err}");
+    let err = run(&engine, "SHOW FULL TABLES").await.expect_err("FULL").to_string();
+    assert!(err.contains("not TERSE, HISTORY, EXTENDED, FULL or EXTERNAL"), "{err}");
+}
+
+#[tokio::test]
+async fn the_nodes_own_statements_are_not_recorded() {
+    let engine = engine();
+    let before = engine.query_totals().0.by_state;
+    run_in(&engine, "SELECT rank FROM system.nodes", &Arc::new(Session::unrecorded())).await.expect("unrecorded");
+    assert_eq!(engine.query_totals().0.by_state, before);
+    run(&engine, "SELECT rank FROM system.nodes").await.expect("recorded");
+    assert_ne!(engine.query_totals().0.by_state, before);
+}

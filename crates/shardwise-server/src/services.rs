@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use shardwise_cluster::{ClusterError, ClusterSecret, MetadataHandle, MetadataSnapshot, Node};
 use shardwise_query::{QueryEngine, QueryError};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -17,13 +17,28 @@ use crate::settings::StorageSettings;
 use crate::tables::{DataPlaneAuth, MetadataAccess, TablesNode};
 use crate::users::Users;
 
-/// The listeners a node serves on, bound before it joins so their addresses can be advertised.
+/// The ports a node serves on, bound before it joins so their addresses can be advertised, and
+/// listened on only once it has joined ([`Services::start`]): a client that connects while the
+/// node waits for the master (up to `join_timeout_ms`) is refused at once, not left connected to
+/// a port nobody answers (psql, curl and load balancers' health checks hung until their own
+/// timeouts, 2026-12-05).
 #[derive(Debug)]
 pub struct Listeners {
-    pub flight: TcpListener,
-    pub data: TcpListener,
-    pub http: TcpListener,
-    pub pg: TcpListener,
+    pub flight: TcpSocket,
+    pub data: TcpSocket,
+    pub http: TcpSocket,
+    pub pg: TcpSocket,
+}
+
+/// Connections the kernel holds for a port before the node accepts them (`listen`'s backlog).
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// The listeners of a joined node.
+struct Listening {
+    flight: TcpListener,
+    data: TcpListener,
+    http: TcpListener,
+    pg: TcpListener,
 }
 
 /// The file in a node's data dir that records the ports it listens on, so that after a restart
@@ -73,6 +88,16 @@ impl Listeners {
         })
     }
 
+    /// Starts listening on every port.
+    fn listen(self) -> std::io::Result<Listening> {
+        Ok(Listening {
+            flight: self.flight.listen(LISTEN_BACKLOG)?,
+            data: self.data.listen(LISTEN_BACKLOG)?,
+            http: self.http.listen(LISTEN_BACKLOG)?,
+            pg: self.pg.listen(LISTEN_BACKLOG)?,
+        })
+    }
+
     /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
     pub fn addrs(&self, advertise_host: &str) -> std::io::Result<BTreeMap<String, String>> {
         Ok(BTreeMap::from([
@@ -88,16 +113,32 @@ impl Listeners {
 }
 
 /// Binds `port` on `host`; when it is 0, `last` first if that is free, else any free port.
-async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<TcpListener> {
+async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<TcpSocket> {
     if port == 0
         && last != 0
-        && let Ok(listener) = TcpListener::bind((host, last)).await
+        && let Ok(socket) = bind_socket(host, last).await
     {
-        return Ok(listener);
+        return Ok(socket);
     }
-    TcpListener::bind((host, port))
+    bind_socket(host, port)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {host}:{port}: {e}")))
+}
+
+/// A socket bound to `host:port` (its first address that binds), not yet listening; with
+/// `SO_REUSEADDR`, as `TcpListener::bind` sets it, so a restart can take its port back while old
+/// connections linger in `TIME_WAIT`.
+async fn bind_socket(host: &str, port: u16) -> std::io::Result<TcpSocket> {
+    let mut last_error = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr) {
+            Ok(()) => return Ok(socket),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to bind")))
 }
 
 /// The ports a node listens on; 0 picks any free port.
@@ -161,6 +202,9 @@ impl Services {
         let max_message_bytes = opts.settings.data_plane_max_message_bytes;
         let max_server_memory_bytes = opts.settings.max_server_memory_bytes;
         let tables = TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings).await?;
+        let listeners = listeners
+            .listen()
+            .map_err(|e| QueryError::Unavailable(format!("cannot listen on the node's ports: {e}")))?;
         let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone(), max_server_memory_bytes)?);
         let (stop, rx) = watch::channel(false);
         let plane = DataPlane::new(Arc::clone(&tables), Arc::clone(&engine), auth);

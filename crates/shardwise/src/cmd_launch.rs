@@ -187,6 +187,15 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
                 }
                 if code == 0 {
                     done.insert(rank);
+                    // torchrun's rule: a node that exits 0 has finished (a SIGTERM asks a node to
+                    // stop so), and is not restarted; said, as the cluster goes on without it.
+                    if !alive.is_empty() {
+                        say!(
+                            "[launch] rank {rank} exited with code 0 (it was asked to stop, or finished); not restarted: \
+                             the other {} nodes go on without it",
+                            alive.len()
+                        );
+                    }
                     continue;
                 }
                 let used = restarts.entry(rank).or_insert(0);

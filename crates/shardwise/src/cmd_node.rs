@@ -347,8 +347,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             "role": node.role().as_str(),
             "node_id": node.node_id.to_string(),
             "init_ms": node.init_ms,
+            // The addresses it would have served on (it serves nothing): stdout is this one line.
+            "flight": flight_addr.to_string(),
+            "http": http_addr.to_string(),
+            "pg": pg_addr.to_string(),
         });
-        println!("listening rank={} flight={flight_addr} http={http_addr} pg={pg_addr}", node.rank);
         println!("{line}");
         node.shutdown().await;
         return Ok(ExitCode::SUCCESS);

@@ -106,8 +106,8 @@ pub struct ScriptArgs {
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
     /// Output format. A statement's trailing ClickHouse `FORMAT` clause (`CSV`, without a header,
-    /// `CSVWithNames`, `JSONEachRow`, `Pretty`, or `ArrowStream` when standard output is not a
-    /// terminal) overrides it for that statement.
+    /// `CSVWithNames`, `TabSeparated` (`TSV`), `TSVWithNames`, `JSONEachRow`, `Pretty`, or
+    /// `ArrowStream` when standard output is not a terminal) overrides it for that statement.
     #[arg(long, value_enum, default_value = "table")]
     pub format: OutputFormat,
     /// Run the interactive shell even when standard input is not a terminal (without `-e` or

@@ -82,10 +82,12 @@ impl StartupHandler for Startup {
         if self.users.is_configured() {
             // libpq leaves the user name out of its SCRAM messages (the server knows it from
             // the startup message), so name the user the connection started as.
+            // In PostgreSQL's words (pgwire capitalises them), which tools match on.
             self.scram.on_startup(client, message).await.map_err(|e| match e {
-                PgWireError::InvalidPassword(_) => PgWireError::InvalidPassword(
-                    client.metadata().get(pgwire::api::METADATA_USER).cloned().unwrap_or_default(),
-                ),
+                PgWireError::InvalidPassword(_) => {
+                    let user = client.metadata().get(pgwire::api::METADATA_USER).cloned().unwrap_or_default();
+                    fatal("28P01", format!("password authentication failed for user \"{user}\""))
+                }
                 other => other,
             })
         } else {

@@ -266,6 +266,7 @@ impl TablesNode {
         let (_, catalog) = self.catalog_now();
         let members = self.cluster.members().await;
         let mut by_rank: BTreeMap<u32, BTreeMap<(u64, u64, u32), LocalShardStats>> = BTreeMap::new();
+        let mut unreachable: BTreeMap<u32, String> = BTreeMap::new();
         for (rank, stats) in self.ask_every_node(&members, "shards").await {
             let stats = match stats {
                 None => self.local_shard_stats().await,
@@ -278,7 +279,10 @@ impl TablesNode {
                     let list: Vec<LocalShardStats> = list;
                     by_rank.insert(rank, list.into_iter().map(|s| ((s.table_id, s.generation, s.shard), s)).collect());
                 }
-                Err(e) => tracing::debug!(rank, "system.shards: rank not reachable: {e}"),
+                Err(e) => {
+                    tracing::debug!(rank, "system.shards: rank not reachable: {e}");
+                    unreachable.insert(rank, e.to_string());
+                }
             }
         }
         let mut rows = Vec::new();
@@ -299,7 +303,14 @@ impl TablesNode {
                         parts: s.and_then(|s| s.parts),
                         verified_placement: s.and_then(|s| s.verified_placement),
                         placement: entry.def.placement.as_str().to_string(),
-                        problem: s.and_then(|s| s.problem.clone()),
+                        // A replica on a node that was not asked (down) or did not answer is not
+                        // read either: said, with why.
+                        problem: match (s, unreachable.get(&rank)) {
+                            (Some(s), _) => s.problem.clone(),
+                            (None, _) if node_state == "down" => Some(format!("rank {rank} is down")),
+                            (None, Some(e)) => Some(format!("rank {rank} did not answer: {e}")),
+                            (None, None) => None,
+                        },
                     });
                 }
             }

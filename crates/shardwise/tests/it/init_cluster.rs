@@ -185,3 +185,23 @@ fn sigterm_stops_a_node_gracefully() {
     let (code, out) = p.wait_exit(Duration::from_secs(15));
     assert_eq!(code, Some(0), "{out}");
 }
+
+/// A worker waiting for its master has bound its ports (and recorded them in `ports.json`) but
+/// listens on none: a client is refused at once instead of left connected to a port nobody
+/// answers until the join timeout (psql, curl and health checks hung for its 120 s).
+#[test]
+fn a_worker_waiting_for_the_master_refuses_clients() {
+    let dir = tempdir();
+    let data = rank_dir(dir.path(), 1);
+    let mut worker = Proc::spawn(node_cmd(1, 2, free_port(), &data));
+    let ports: serde_json::Value = eventually(Duration::from_secs(10), "ports.json written", || {
+        serde_json::from_slice(&std::fs::read(data.join("ports.json")).ok()?).ok()
+    });
+    for name in ["flight", "http", "pg"] {
+        let port = ports[name].as_u64().unwrap_or_else(|| panic!("{name} in {ports}"));
+        let refused = std::net::TcpStream::connect(("127.0.0.1", port as u16)).map_err(|e| e.kind());
+        assert_eq!(refused.err(), Some(std::io::ErrorKind::ConnectionRefused), "{name} port {port} accepted");
+    }
+    assert!(worker.child.try_wait().expect("try_wait").is_none(), "the worker stopped waiting");
+    worker.kill9();
+}
