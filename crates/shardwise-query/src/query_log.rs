@@ -262,6 +262,24 @@ impl QueryLog {
         self.finish(record);
     }
 
+    /// Records a statement that ran outside a plan (rows inserted from an HTTP body or a
+    /// `COPY ... FROM STDIN`): one ended row, `finished` with the one row it answered (the
+    /// count, as a SQL `INSERT` answers) or `failed` with its error.
+    pub fn record_ended(&self, sql: &str, started: Instant, query_id: Option<String>, outcome: Result<(), String>) {
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let state = if outcome.is_ok() { QueryState::Finished } else { QueryState::Failed };
+        let mut record = QueryRecord {
+            duration_ms: Some(duration_ms),
+            result_rows: u64::from(outcome.is_ok()),
+            error: outcome.err(),
+            ..QueryRecord::new(sql, unix_ms().saturating_sub(duration_ms), state)
+        };
+        if let Some(id) = query_id.filter(|id| !id.is_empty() && id.len() <= QUERY_ID_MAX_BYTES) {
+            record.query_id = id;
+        }
+        self.finish(record);
+    }
+
     /// Stops the running query `query_id`; false if no such query is running.
     pub fn kill(&self, query_id: &str) -> bool {
         match lock(&self.running).get(query_id) {

@@ -98,7 +98,7 @@ pub fn show_settings_query(sql: &str) -> Result<Option<String>, QueryError> {
         }
     }
     let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
-    Ok(Some(format!("SELECT name, value, changed, description FROM system.{SETTINGS_TABLE}{filter}")))
+    Ok(Some(format!("SELECT name, value, \"default\", changed, description FROM system.{SETTINGS_TABLE}{filter}")))
 }
 
 #[cfg(test)]
@@ -112,7 +112,10 @@ mod tests {
         assert_eq!(q("SELECT 1"), None);
         assert_eq!(q("SHOW TABLES"), None);
         assert_eq!(q("SHOW ALL"), None);
-        assert_eq!(q("show settings").unwrap(), "SELECT name, value, changed, description FROM system.settings");
+        assert_eq!(
+            q("show settings").unwrap(),
+            "SELECT name, value, \"default\", changed, description FROM system.settings"
+        );
         assert!(q("SHOW SETTINGS LIKE '%merge%';").unwrap().ends_with(" WHERE name LIKE '%merge%'"));
         assert!(q("SHOW CHANGED SETTINGS ILIKE 'MAX%'").unwrap().ends_with(" WHERE changed AND name ILIKE 'MAX%'"));
         assert!(q("SHOW CHANGED SETTINGS").unwrap().ends_with(" WHERE changed"));

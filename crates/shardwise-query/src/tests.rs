@@ -234,6 +234,8 @@ async fn system_settings_shows_the_querys_values_and_the_word_settings_is_a_name
     assert!(shown.contains("| 7     | true"), "{shown}");
     let changed = pretty(&run_in(&engine, "SHOW CHANGED SETTINGS", &session).await.expect("show changed"));
     assert!(changed.contains("max_memory_usage") && !changed.contains("insert_quorum"), "{changed}");
+    // With the node's default beside the value, as the docs say.
+    assert!(changed.contains("| default ") && changed.contains("| 12345 | 0 "), "{changed}");
     let like = pretty(&run_in(&engine, "SHOW SETTINGS LIKE '%no_merge'", &session).await.expect("show like"));
     assert!(like.contains("distributed_group_by_no_merge") && like.contains("ClickHouse"), "{like}");
     // DataFusion's options, by their dotted names, in a SETTINGS clause too.

@@ -202,7 +202,8 @@ pub async fn store(
         RowsFormat::Typed(format) => {
             let (schema, _) = target_columns(engine, &session, table, &[], "INSERT INTO").await?;
             let batches = typed_rows::batches(*format, table, stated, &insert.data, &schema)?;
-            engine.insert_batches(table, batches, &session, &insert.settings).await?
+            let sql = format!("INSERT INTO {table} FORMAT ... (rows in the HTTP body)");
+            engine.insert_batches(table, batches, &session, &insert.settings, &sql).await?
         }
         _ => store_text(engine, &session, insert).await?,
     };
@@ -266,7 +267,8 @@ async fn store_text(engine: &QueryEngine, session: &Arc<Session>, insert: HttpIn
             pending.batch()?
         }
     };
-    engine.insert_batches(table, vec![batch], session, &pending.settings).await
+    let sql = format!("INSERT INTO {table} FORMAT ... (rows in the HTTP body)");
+    engine.insert_batches(table, vec![batch], session, &pending.settings, &sql).await
 }
 
 fn bad(message: String) -> QueryError {

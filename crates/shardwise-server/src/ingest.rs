@@ -95,7 +95,13 @@ pub async fn ingest(
     let mut request = request;
     request.opts.incarnation = Some((entry.id, entry.generation));
     let call = Ingest { access: access.as_ref(), request: &request, schema: &schema, started };
-    let outcome = if request.commit_marker { call.streamed(decoder).await? } else { call.whole(decoder).await? };
+    let outcome = if request.commit_marker { call.streamed(decoder).await } else { call.whole(decoder).await };
+    let sql = match &request.opts.insert_id {
+        Some(id) => format!("INSERT INTO {} (Flight SQL bulk ingest, insert_id {id:?})", request.table),
+        None => format!("INSERT INTO {} (Flight SQL bulk ingest)", request.table),
+    };
+    engine.record_statement(&sql, started, outcome.as_ref().map(|_| ()).map_err(|s| s.message().to_string()));
+    let outcome = outcome?;
     tracing::debug!(
         table = %request.table,
         insert_id = %request.opts.insert_id.as_deref().unwrap_or(""),

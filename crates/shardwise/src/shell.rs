@@ -54,7 +54,8 @@ pub(crate) fn command(line: &str) -> Command {
             Command::Sql("SELECT name, shard_key, shards, replicas, sync_mode FROM system.tables ORDER BY name".into())
         }
         "\\settings" => Command::Sql(
-            "SELECT name, value, changed FROM system.settings WHERE name NOT LIKE 'datafusion.%' ORDER BY name".into(),
+            "SELECT name, value, \"default\", changed FROM system.settings WHERE name NOT LIKE 'datafusion.%' ORDER BY name"
+                .into(),
         ),
         "\\queries" => Command::Sql(
             "SELECT query_id, state, strategy, duration_ms, result_rows, query FROM system.queries \

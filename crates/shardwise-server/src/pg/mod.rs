@@ -645,9 +645,10 @@ impl CopyHandler for Handler {
     {
         let pending = self.take_copy_in().ok_or_else(|| syntax_error("COPY data without a COPY FROM STDIN".into()))?;
         let batch = pending.batch().map_err(pg_error)?;
+        let sql = format!("COPY {} FROM STDIN", pending.table);
         let rows = self
             .engine
-            .insert_batches(&pending.table, vec![batch], &self.session, &pending.settings)
+            .insert_batches(&pending.table, vec![batch], &self.session, &pending.settings, &sql)
             .await
             .map_err(pg_error)?;
         let tag = Tag::new("COPY").with_rows(usize::try_from(rows).unwrap_or(usize::MAX));

@@ -23,7 +23,7 @@ pub async fn table_schema(
         Ok(info) => info,
         Err(FlightError::Tonic(status))
             if matches!(status.code(), Code::InvalidArgument | Code::NotFound)
-                && status.message().contains("not found") =>
+                && (status.message().contains("unknown table") || status.message().contains("not found")) =>
         {
             // `CREATE TABLE Trips` made `trips`: the name as SQL folded it is pointed to.
             let folded = table.to_lowercase();

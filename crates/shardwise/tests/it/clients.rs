@@ -700,6 +700,10 @@ fn every_http_route_with_curl() {
     let rows = "INSERT INTO posted FORMAT CSV\n1,a,2024-01-01\n2,\"b,c\",\n";
     let (code, body) = curl(&[&sql_body[..], &[rows, &query]].concat());
     assert_eq!((code, body.as_str()), (200, "{\"count\":2}\n"));
+    // Recorded in the query log, as a SQL INSERT is.
+    let logged = "SELECT state FROM system.queries WHERE query LIKE 'INSERT INTO posted FORMAT%' FORMAT CSV";
+    let (code, body) = curl(&[&sql_body[..], &[logged, &query]].concat());
+    assert_eq!((code, body.as_str()), (200, "finished\n"));
     let file = dir.path().join("rows.tsv");
     std::fs::write(&file, "name\tid\nd\t3\n\\N\t4\n").unwrap();
     let statement = "INSERT%20INTO%20posted%20SETTINGS%20insert_id%20%3D%20%27tsv-1%27%20FORMAT%20TSVWithNames";

@@ -34,6 +34,10 @@ fn load_checks_everything_and_is_exactly_once() {
         assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         assert!(stdout.starts_with("loaded 3 rows into t in "), "{stdout}");
     }
+    // Each load is in the query log of the node it went through.
+    let logged = "SELECT count(*) FROM system.queries \
+                  WHERE query = 'INSERT INTO t (Flight SQL bulk ingest, insert_id \"L1\")' AND state = 'finished'";
+    assert_eq!(c.sql(1, logged), vec![vec!["2"]]);
     c.sql(0, "SYSTEM FLUSH DISTRIBUTED t");
     assert_eq!(
         c.sql(0, "SELECT id, qty, replace(name, chr(10), '|'), amount, ts IS NULL FROM t ORDER BY id"),

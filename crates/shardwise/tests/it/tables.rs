@@ -138,7 +138,8 @@ fn inserts_through_every_node_in_both_modes_agree() {
     c.sql(1, "TRUNCATE TABLE imm");
     assert_eq!(one(c.sql(2, "SELECT count(*) FROM imm")), vec!["0".to_string()]);
     c.sql(2, "DROP TABLE del");
-    assert!(c.sql_err(0, "SELECT count(*) FROM del").contains("not found"));
+    let err = c.sql_err(0, "SELECT count(*) FROM del");
+    assert!(err.contains("unknown table \"del\"; tables: imm"), "{err}");
 }
 
 /// Several clients inserting into one node's `delay_mode_distributed` table at once: their
@@ -215,7 +216,8 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("INSERT INTO t SELECT id + 10, small * 200, name FROM t", "INSERT INTO t: column small: "),
         // A constant that does not fit fails as the optimizer folds it, before anything runs.
         ("INSERT INTO t (id, small) SELECT 'x', 1", "INSERT INTO t: column id: "),
-        ("INSERT INTO nope VALUES (1)", "not found"),
+        ("INSERT INTO nope VALUES (1)", "unknown table \"nope\"; tables: "),
+        ("INSERT INTO nope SELECT 1", "unknown table \"nope\"; tables: "),
         ("INSERT INTO t (id, nope) VALUES (1, 2)", "nope"),
         ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS insert_quorum = 5", "insert_quorum"),
         ("INSERT INTO t VALUES (4, 1, 'd') SETTINGS no_such_setting = 1", "no_such_setting"),
