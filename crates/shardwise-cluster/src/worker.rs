@@ -751,7 +751,7 @@ impl WorkerLink {
         });
         let silence = Duration::from_millis(down_after_ms);
         let result = loop {
-            let msg = match tokio::time::timeout(silence, reader.read::<MasterMsg>()).await {
+            let msg = match read_crediting_own_stalls(&mut reader, silence, interval).await {
                 Err(_) => {
                     break Err(ClusterError::Timeout {
                         op: "waiting for the master's heartbeat acknowledgement".into(),
@@ -799,6 +799,34 @@ impl WorkerLink {
         heartbeat.abort();
         writer_task.abort();
         result
+    }
+}
+
+/// The master's next message, or `Err` after `silence` of it, counted on this node's clock only
+/// while this node runs: the wait goes in steps of `step` (the heartbeat interval), and a step
+/// that took far longer (this process was paused by SIGSTOP, a frozen VM, a starved CPU) counts
+/// as two steps. So a worker that was itself paused does not blame the master for its own
+/// silence, drop its session and rejoin under a new epoch; its heartbeats resume on the session
+/// it has (the master's failure detector credits its own stalls the same way).
+async fn read_crediting_own_stalls(
+    reader: &mut FrameReader,
+    silence: Duration,
+    step: Duration,
+) -> std::result::Result<Result<MasterMsg>, tokio::time::error::Elapsed> {
+    let read = reader.read::<MasterMsg>();
+    tokio::pin!(read);
+    let mut silent = Duration::ZERO;
+    loop {
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(step, &mut read).await {
+            Ok(message) => return Ok(message),
+            Err(elapsed) => {
+                silent += started.elapsed().min(step * 2);
+                if silent >= silence {
+                    return Err(elapsed);
+                }
+            }
+        }
     }
 }
 

@@ -124,6 +124,12 @@ fn killed_nodes_go_down_and_rejoin_with_their_identity() {
     eventually(Duration::from_secs(10), "paused rank 1 down", || (state_of(&addrs[0], "1")? == "down").then_some(()));
     procs[1].signal("CONT");
     eventually(Duration::from_secs(10), "resumed rank 1 up", || (state_of(&addrs[0], "1")? == "up").then_some(()));
+    // Its own pause is not the master's silence: it keeps its session, blames no one, and
+    // keeps its epoch (it dropped the session and rejoined under a new one).
+    procs[1].drain(Duration::from_millis(1_500));
+    let lost: Vec<&String> = procs[1].seen.iter().filter(|l| l.contains("lost the master")).collect();
+    assert!(lost.is_empty(), "the resumed worker blamed the master: {lost:?}");
+    assert_eq!(nodes(&addrs[0]).map(|n| n[1].3), Some(before[1].3), "the resumed worker's epoch changed");
 
     // A paused master (2.5 s, past down_after_ms) does not count its own pause as the workers'
     // silence: resumed, it marks no one down.
