@@ -18,14 +18,14 @@ use std::ops::ControlFlow;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, VisitMut, VisitorMut};
 
-/// Gives repeated unaliased SELECT items distinct names, and items with a fraction literal their
-/// text, in every SELECT of `statement`.
+/// Gives repeated unaliased SELECT items distinct names, and items with a literal their text, in
+/// every SELECT of `statement`.
 pub fn name_repeated_items(statement: &mut DfStatement) {
     visit_statement_mut(
         statement,
         &mut EachSelectList(|items| {
             rename_items(items);
-            name_fraction_items(items);
+            name_literal_items(items);
         }),
     );
     visit_statement_mut(statement, &mut OrderByAliases);
@@ -89,10 +89,13 @@ impl VisitorMut for OrderByAliases {
     }
 }
 
-/// Names an unaliased item with a literal fraction by its text, as DuckDB names items: `SELECT
-/// 0.1 + 0.2` is the column `0.1 + 0.2`. DataFusion names it after the literals' types,
-/// `Decimal128(0.1,1,1) + Decimal128(0.2,1,1)`, which is what psql would show.
-fn name_fraction_items(items: &mut [SelectItem]) {
+/// Names an unaliased item with a literal in it by its text, as DuckDB and ClickHouse name items:
+/// `SELECT 1` is the column `1`, `SELECT 0.1 + 0.2` the column `0.1 + 0.2`, `SELECT 'x'` the
+/// column `'x'`, `count(*) + 1` the column `count(*) + 1`. DataFusion names them after the
+/// literals' types (`Int64(1)`, `Decimal128(0.1,1,1) + Decimal128(0.2,1,1)`, `Utf8("x")`), which
+/// is what Flight SQL and HTTP clients showed. (Over PostgreSQL such columns are `?column?`, as
+/// PostgreSQL names them: `crate::postgres_names`.)
+fn name_literal_items(items: &mut [SelectItem]) {
     let mut taken: HashSet<String> = items
         .iter()
         .filter_map(|item| match item {
@@ -102,7 +105,7 @@ fn name_fraction_items(items: &mut [SelectItem]) {
         .collect();
     for item in items.iter_mut() {
         if let SelectItem::UnnamedExpr(expr) = item
-            && has_fraction_literal(expr)
+            && has_typed_literal(expr)
             && taken.insert(expr.to_string())
         {
             let alias = Ident::with_quote('"', expr.to_string());
@@ -111,17 +114,23 @@ fn name_fraction_items(items: &mut [SelectItem]) {
     }
 }
 
-/// Whether `expr` has a numeric literal with a point (a DECIMAL to DataFusion).
-fn has_fraction_literal(expr: &Expr) -> bool {
+/// Whether `expr` has a number, string or boolean literal (which DataFusion names by its type).
+fn has_typed_literal(expr: &Expr) -> bool {
     use datafusion::sql::sqlparser::ast::{Value, ValueWithSpan, Visit, Visitor};
     struct Find;
     impl Visitor for Find {
         type Break = ();
         fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
             match expr {
-                Expr::Value(ValueWithSpan { value: Value::Number(text, _), .. }) if text.contains('.') => {
-                    ControlFlow::Break(())
-                }
+                Expr::Value(ValueWithSpan {
+                    value:
+                        Value::Number(..)
+                        | Value::SingleQuotedString(_)
+                        | Value::DoubleQuotedString(_)
+                        | Value::EscapedStringLiteral(_)
+                        | Value::Boolean(_),
+                    ..
+                }) => ControlFlow::Break(()),
                 _ => ControlFlow::Continue(()),
             }
         }
@@ -296,8 +305,13 @@ mod tests {
     }
 
     #[test]
-    fn items_with_fraction_literals_are_named_by_their_text() {
-        assert_eq!(renamed("SELECT 0.1 + 0.2, 1 + 2"), r#"SELECT 0.1 + 0.2 AS "0.1 + 0.2", 1 + 2"#);
+    fn items_with_literals_are_named_by_their_text() {
+        assert_eq!(renamed("SELECT 0.1 + 0.2, 1 + 2"), r#"SELECT 0.1 + 0.2 AS "0.1 + 0.2", 1 + 2 AS "1 + 2""#);
+        assert_eq!(renamed("SELECT 1"), r#"SELECT 1 AS "1""#);
+        assert_eq!(
+            renamed("SELECT 'x', true, count(*) + 1, a, NULL FROM t"),
+            r#"SELECT 'x' AS "'x'", true AS "true", count(*) + 1 AS "count(*) + 1", a, NULL FROM t"#
+        );
         assert_eq!(
             renamed("SELECT a * 1.5, a * 1.5 AS x FROM t"),
             r#"SELECT a * 1.5 AS "a * 1.5", a * 1.5 AS x FROM t"#
