@@ -303,6 +303,15 @@ impl MetadataHandle {
         }
     }
 
+    /// Makes sure this node's metadata is as new as the master's before a write relies on it
+    /// (at once on the master; see [`WorkerLink::ensure_metadata_current`]).
+    pub async fn ensure_current(&self) -> std::result::Result<(), String> {
+        match &self.view.inner {
+            Inner::Worker(w) => w.ensure_metadata_current().await,
+            Inner::Master(_) => Ok(()),
+        }
+    }
+
     /// See [`Node::propose`].
     pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
         match &self.view.inner {

@@ -401,6 +401,9 @@ struct LinkState {
     pending: HashMap<u64, oneshot::Sender<Vec<MemberInfo>>>,
     /// Proposals sent on the current session, waiting for the master's answer.
     proposals: HashMap<u64, oneshot::Sender<Result<MetadataSnapshot>>>,
+    /// When the last message from the master was read (every metadata version it published
+    /// before that message has been applied here: the channel is ordered).
+    last_heard: Option<std::time::Instant>,
 }
 
 /// The joined node's link to the master. Dropping it does not stop its task; call
@@ -446,6 +449,7 @@ impl WorkerLink {
                 view: joined.view.clone(),
                 pending: HashMap::new(),
                 proposals: HashMap::new(),
+                last_heard: None,
             }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
@@ -491,6 +495,49 @@ impl WorkerLink {
             self.lock().pending.remove(&req);
         }
         self.lock().view.clone()
+    }
+
+    /// Makes sure this node's metadata is as new as the master's before a write relies on it.
+    /// Heard from the master within a few heartbeat intervals: it is (a change the master
+    /// publishes is sent to every connected node before the DDL that made it returns, and waited
+    /// for up to `metadata_applied_timeout_ms`). Otherwise (this node was paused, starved of CPU,
+    /// or its connection stalled, while the master may have published a change, say a DROP and
+    /// CREATE of the table being written), a round trip to the master first: its answer comes
+    /// after every version it sent before, all applied here by then, ZooKeeper's `sync`. Without
+    /// it, a worker resumed from SIGSTOP acknowledged an insert into the table as it was before
+    /// the DROP, whose rows the other nodes then threw away with it. `Err` when the master does
+    /// not answer within the operation timeout. With no connection to the master at all (it is
+    /// down) the write goes on: no change can be made without it.
+    pub async fn ensure_metadata_current(&self) -> std::result::Result<(), String> {
+        let t = &self.settings.timeouts;
+        let fresh_ms = (t.heartbeat_interval_ms.saturating_mul(3)).min(t.metadata_applied_timeout_ms / 2).max(1);
+        let (heard, link) = {
+            let st = self.lock();
+            (st.last_heard, st.tx.clone())
+        };
+        let silent = heard.map(|h| h.elapsed());
+        if silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
+            return Ok(());
+        }
+        let Some(link) = link else { return Ok(()) };
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.lock().pending.insert(req, tx);
+        let answered = match link.try_send(NodeMsg::MembersQuery { req }) {
+            Ok(()) => matches!(tokio::time::timeout(t.op_timeout(), rx).await, Ok(Ok(_))),
+            Err(_) => false,
+        };
+        if answered {
+            return Ok(());
+        }
+        self.lock().pending.remove(&req);
+        let silent_ms = silent.map_or_else(|| "a while".to_string(), |d| format!("{} ms", d.as_millis()));
+        Err(format!(
+            "rank {} had not heard from the master for {silent_ms} and the master did not answer within {} ms, so its \
+             catalog may be out of date (a table dropped and created again meanwhile); nothing was written, retry",
+            self.settings.rank,
+            t.op_timeout().as_millis()
+        ))
     }
 
     /// The newest replicated metadata this node has received.
@@ -761,6 +808,7 @@ impl WorkerLink {
                 Ok(Err(e)) => break Err(e),
                 Ok(Ok(m)) => m,
             };
+            self.lock().last_heard = Some(std::time::Instant::now());
             match msg {
                 MasterMsg::Members { req, view } => {
                     let mut st = self.lock();

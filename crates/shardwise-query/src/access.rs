@@ -142,6 +142,13 @@ pub trait TableAccess: Send + Sync + Debug {
     /// The cluster's world size (a table's default shard count).
     fn world_size(&self) -> u32;
 
+    /// Makes sure [`TableAccess::catalog`] is as new as the master's before a statement is
+    /// planned against it: a node that was paused or cut off may have missed a DDL statement.
+    /// At once when this node heard from the master moments ago.
+    fn ensure_catalog_current(&self) -> BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Applies a DDL operation cluster-wide; returns once this node's catalog has it.
     fn ddl(&self, op: CatalogOp) -> BoxFuture<'_, Result<(), QueryError>>;
 

@@ -486,6 +486,10 @@ impl QueryEngine {
 
     /// [`Self::plan`], on the calling thread.
     async fn plan_here(&self, sql: &str, session: &Arc<Session>) -> Result<Planned, QueryError> {
+        // Planned against a catalog as new as the master's (see `TableAccess::ensure_catalog_current`).
+        if let Some(access) = &self.access {
+            access.ensure_catalog_current().await?;
+        }
         if let (_, Some(_)) = split_format_clause(sql)? {
             return Err(QueryError::Rejected(
                 "FORMAT: over PostgreSQL and Flight SQL the rows travel typed and the client formats them; \

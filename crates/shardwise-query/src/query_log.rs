@@ -106,6 +106,8 @@ impl QueryRecord {
 struct Running {
     record: QueryRecord,
     kill: Arc<Notify>,
+    /// Its plan, whose fragments' strategies and metrics a snapshot reads while it runs.
+    plan: Arc<dyn ExecutionPlan>,
 }
 
 /// See the module doc.
@@ -185,7 +187,7 @@ impl QueryLog {
                     "query_id {query_id:?} is the id of a query running on this node; give each query its own"
                 )));
             }
-            running.insert(query_id.clone(), Running { record, kill: Arc::clone(&kill) });
+            running.insert(query_id.clone(), Running { record, kill: Arc::clone(&kill), plan: Arc::clone(&plan) });
         }
         let guard = Arc::new(EndGuard {
             log: Arc::clone(self),
@@ -296,9 +298,12 @@ impl QueryLog {
         let now = unix_ms();
         let mut out: Vec<QueryRecord> = lock(&self.running)
             .values()
-            .map(|r| QueryRecord {
-                duration_ms: Some(now.saturating_sub(r.record.started_unix_ms)),
-                ..r.record.clone()
+            .map(|r| {
+                // What its fragments have done so far: a long query can be looked at as it runs.
+                let mut record =
+                    QueryRecord { duration_ms: Some(now.saturating_sub(r.record.started_unix_ms)), ..r.record.clone() };
+                add_fragments(&mut record, &r.plan);
+                record
             })
             .collect();
         out.sort_by_key(|r| std::cmp::Reverse(r.started_unix_ms));
@@ -361,30 +366,36 @@ impl Drop for EndGuard {
             result_rows: self.rows.load(Ordering::Relaxed),
             ..running
         };
-        let _ = self.plan.apply(|node| {
-            if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
-                record.strategies.push(fragment.strategy().kind.as_str().to_string());
-                record.fragments += fragment.targets().len() as u64;
-                record.warnings.extend(fragment.skipped());
-                if let Some(metrics) = fragment.metrics() {
-                    let count = |name: &str| metrics.sum_by_name(name).map(|v| v.as_usize()).unwrap_or(0) as u64;
-                    let (rows, bytes) = (metrics.output_rows().unwrap_or(0) as u64, count("bytes_received"));
-                    record.rows_moved += rows;
-                    record.bytes_moved += bytes;
-                    let kind = fragment.strategy().kind;
-                    if matches!(kind, crate::dist::fragment::StrategyKind::Shuffle) {
-                        let (rows, bytes) = (count("exchanged_rows"), count("exchanged_bytes"));
-                        record.stages.push(format!("shuffle exchange: {rows} rows, {bytes} bytes between the nodes"));
-                    }
-                    let n = fragment.targets().len();
-                    let kind = kind.as_str();
-                    record.stages.push(format!("{kind}: {n} fragments, {rows} rows, {bytes} bytes to this node"));
-                }
-            }
-            Ok(TreeNodeRecursion::Continue)
-        });
+        add_fragments(&mut record, &self.plan);
         self.log.finish(record);
     }
+}
+
+/// `plan`'s distributed fragments into `record`: their strategies, how many, what they sent back
+/// so far, and the shards they answered without.
+fn add_fragments(record: &mut QueryRecord, plan: &Arc<dyn ExecutionPlan>) {
+    let _ = plan.apply(|node| {
+        if let Some(fragment) = node.downcast_ref::<FragmentExec>() {
+            record.strategies.push(fragment.strategy().kind.as_str().to_string());
+            record.fragments += fragment.targets().len() as u64;
+            record.warnings.extend(fragment.skipped());
+            if let Some(metrics) = fragment.metrics() {
+                let count = |name: &str| metrics.sum_by_name(name).map(|v| v.as_usize()).unwrap_or(0) as u64;
+                let (rows, bytes) = (metrics.output_rows().unwrap_or(0) as u64, count("bytes_received"));
+                record.rows_moved += rows;
+                record.bytes_moved += bytes;
+                let kind = fragment.strategy().kind;
+                if matches!(kind, crate::dist::fragment::StrategyKind::Shuffle) {
+                    let (rows, bytes) = (count("exchanged_rows"), count("exchanged_bytes"));
+                    record.stages.push(format!("shuffle exchange: {rows} rows, {bytes} bytes between the nodes"));
+                }
+                let n = fragment.targets().len();
+                let kind = kind.as_str();
+                record.stages.push(format!("{kind}: {n} fragments, {rows} rows, {bytes} bytes to this node"));
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
 }
 
 /// `system.queries`' columns.

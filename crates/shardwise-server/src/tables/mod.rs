@@ -52,6 +52,11 @@ pub const OUTBOX_NEARLY_FULL_PERCENT: u64 = 90;
 pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
     fn watch(&self) -> watch::Receiver<MetadataSnapshot>;
     fn propose(&self, op: serde_json::Value) -> BoxFuture<'_, Result<MetadataSnapshot, QueryError>>;
+    /// Makes sure the metadata [`MetadataAccess::watch`] gives is as new as the master's before
+    /// a write relies on it (`MetadataHandle::ensure_current`).
+    fn ensure_current(&self) -> BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Key of one shard replica store: table id, generation, shard.
@@ -65,7 +70,7 @@ pub struct TablesNode {
     pub(crate) world_size: u32,
     pub(crate) settings: StorageSettings,
     pub(crate) cluster: Arc<dyn ClusterView>,
-    metadata: Arc<dyn MetadataAccess>,
+    pub(crate) metadata: Arc<dyn MetadataAccess>,
     tables_dir: PathBuf,
     stores: Mutex<HashMap<StoreKey, SharedStore>>,
     /// Held while a store is opened, so two first uses of a store cannot open it twice.
@@ -509,6 +514,10 @@ impl TableAccess for TablesNode {
 
     fn catalog_version(&self) -> u64 {
         self.catalog_now().0
+    }
+
+    fn ensure_catalog_current(&self) -> BoxFuture<'_, Result<(), QueryError>> {
+        self.metadata.ensure_current()
     }
 
     fn read_shard(

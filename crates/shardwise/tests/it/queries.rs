@@ -769,6 +769,10 @@ fn slow_queries_are_stopped_by_time_limit_and_kill_and_recorded() {
         let rows = c.sql(1, "SELECT query_id FROM system.queries WHERE state = 'running' AND query LIKE '%JOIN w b%'");
         rows.first().map(|r| r[0].clone())
     });
+    // While it runs, its fragments are shown (they were only at its end).
+    let shown =
+        c.sql(1, &format!("SELECT strategy IS NOT NULL, fragments > 0 FROM system.queries WHERE query_id = '{id}'"));
+    assert_eq!(shown, vec![vec!["true", "true"]]);
     c.sql(1, &format!("KILL QUERY WHERE query_id = '{id}'"));
     let (code, output) = running.wait_exit(Duration::from_secs(20));
     assert_ne!(code, Some(0), "{output}");

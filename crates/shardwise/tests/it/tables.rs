@@ -1140,3 +1140,30 @@ fn queries_racing_truncate_fail_only_saying_so() {
         }
     }
 }
+
+/// A worker paused (SIGSTOP) past `down_after_ms` while its table is dropped and created again
+/// takes inserts right after it resumes into the new table: it brings its catalog up to date
+/// with the master's first. Before, such an insert was acknowledged into the dropped table and
+/// its rows thrown away with it (3 times of 3, found by race testing).
+#[test]
+fn a_resumed_worker_inserts_into_the_table_as_it_is_now() {
+    let mut c = Cluster::start(3);
+    let create = "CREATE TABLE d (id BIGINT) WITH (shard_key = 'id', replicas = 2, \
+                  sync_mode = 'delay_mode_distributed', delay_max_ms = 50)";
+    c.sql(0, create);
+    c.sql(1, "INSERT INTO d VALUES (1), (2)");
+    c.procs[1].signal("STOP");
+    eventually(Duration::from_secs(10), "paused rank 1 down", || {
+        let rows = sql_csv(&c.addrs[0], "SELECT state FROM system.nodes WHERE rank = 1").ok()?;
+        (rows.first()?.first()? == "down").then_some(())
+    });
+    c.sql(0, "DROP TABLE d");
+    c.sql(0, create);
+    c.procs[1].signal("CONT");
+    c.sql(1, "INSERT INTO d SELECT value FROM generate_series(100, 149)");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED d");
+    for rank in 0..3 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*), min(id) FROM d")), ["50", "100"], "rank {rank}");
+    }
+    c.procs[1].drain(Duration::from_millis(100));
+}
