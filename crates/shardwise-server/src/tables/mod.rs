@@ -59,6 +59,9 @@ pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// How long after a failed removal of dropped tables' files the next one is tried.
+pub const DROPPED_FILES_RETRY_MS: u64 = 5_000;
+
 /// Key of one shard replica store: table id, generation, shard.
 pub(crate) type StoreKey = (u64, u64, u32);
 pub(crate) type SharedStore = Arc<Mutex<ShardStore>>;
@@ -279,7 +282,7 @@ impl TablesNode {
     /// one that it no longer lists), a truncated generation (below the table's current one). A
     /// directory the catalog has never made (a later id or generation) proves the catalog older
     /// than this node's data, as after a master lost its `metadata.json`: it is kept, and said.
-    async fn remove_dropped(&self) {
+    async fn remove_dropped(&self) -> bool {
         let (version, catalog) = self.catalog_now();
         let live: std::collections::HashSet<(u64, u64)> =
             catalog.tables.values().map(|e| (e.id, e.generation)).collect();
@@ -358,18 +361,36 @@ impl TablesNode {
             }
             // A late write into a dropped table's directory (a delivery or read that looked the
             // table up just before the drop) can make its removal fail; the next pass retries.
-            Err(e) => tracing::warn!(
-                catalog_version = version,
-                "could not yet remove the files of dropped or truncated tables ({e}); retried at the next catalog change"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    catalog_version = version,
+                    "could not yet remove the files of dropped or truncated tables ({e}); retried in \
+                     {DROPPED_FILES_RETRY_MS} ms"
+                );
+                return false;
+            }
         }
+        true
     }
 
     async fn watch_catalog(node: std::sync::Weak<TablesNode>) {
         let Some(mut rx) = node.upgrade().map(|n| n.metadata.watch()) else { return };
-        while rx.changed().await.is_ok() {
+        let mut retry = false;
+        loop {
+            // A pass that could not remove everything is tried again after a while, not only at
+            // the next catalog change, which a quiet cluster may never make.
+            match retry {
+                true => {
+                    let wait = Duration::from_millis(DROPPED_FILES_RETRY_MS);
+                    if let Ok(Err(_)) = tokio::time::timeout(wait, rx.changed()).await {
+                        return;
+                    }
+                }
+                false if rx.changed().await.is_err() => return,
+                false => {}
+            }
             let Some(node) = node.upgrade() else { return };
-            node.remove_dropped().await;
+            retry = !node.remove_dropped().await;
         }
     }
 
