@@ -125,6 +125,13 @@ impl TablesNode {
                             timeout.as_millis()
                         ))),
                     }
+                } else if known_down {
+                    // Not asked: a node the membership lists as down (a hung one included) would
+                    // hold the statement for optimize_timeout_ms (15 s) only to fail it then.
+                    Err(QueryError::Unavailable(format!(
+                        "rank {rank} is down (so the membership says): its replicas were not optimized; run OPTIMIZE \
+                         again once it is up"
+                    )))
                 } else {
                     let unknown = ", so whether its replicas were merged is unknown";
                     let reply =

@@ -1023,6 +1023,11 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
         "{err}"
     );
     assert!(err.contains("still pending: rank 0 -> rank 2: ") && err.matches("still pending").count() == 1, "{err}");
+    // OPTIMIZE does not ask it either (it waited out optimize_timeout_ms, 15 s, to fail then).
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, "OPTIMIZE TABLE later");
+    assert!(err.contains("rank 2 is down (so the membership says): its replicas were not optimized"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "OPTIMIZE took {:?}", started.elapsed());
     // DDL does not wait for it either (metadata_applied_timeout_ms, 5 s, is for a node not yet
     // known to be down).
     let started = std::time::Instant::now();
