@@ -476,25 +476,31 @@ impl WorkerLink {
     /// The membership from the master, or the last one received if the master does not answer
     /// within the operation timeout.
     pub async fn members(&self) -> Vec<MemberInfo> {
+        match self.ask_members().await {
+            Some(view) => view,
+            None => self.lock().view.clone(),
+        }
+    }
+
+    /// The membership as the master answers it now, within the operation timeout; `None` with no
+    /// connection to the master or no answer. The answer comes after every message the master
+    /// sent before it, all handled here by then.
+    async fn ask_members(&self) -> Option<Vec<MemberInfo>> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let sent = {
+        {
             let mut st = self.lock();
-            match st.tx.clone() {
-                Some(link) if link.try_send(NodeMsg::MembersQuery { req }).is_ok() => {
-                    st.pending.insert(req, tx);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if sent {
-            if let Ok(Ok(view)) = tokio::time::timeout(self.settings.timeouts.op_timeout(), rx).await {
-                return view;
-            }
-            self.lock().pending.remove(&req);
+            let link = st.tx.clone()?;
+            link.try_send(NodeMsg::MembersQuery { req }).ok()?;
+            st.pending.insert(req, tx);
         }
-        self.lock().view.clone()
+        match tokio::time::timeout(self.settings.timeouts.op_timeout(), rx).await {
+            Ok(Ok(view)) => Some(view),
+            _ => {
+                self.lock().pending.remove(&req);
+                None
+            }
+        }
     }
 
     /// Makes sure this node's metadata is as new as the master's before a write relies on it.
@@ -511,26 +517,17 @@ impl WorkerLink {
     pub async fn ensure_metadata_current(&self) -> std::result::Result<(), String> {
         let t = &self.settings.timeouts;
         let fresh_ms = (t.heartbeat_interval_ms.saturating_mul(3)).min(t.metadata_applied_timeout_ms / 2).max(1);
-        let (heard, link) = {
+        let (heard, connected) = {
             let st = self.lock();
-            (st.last_heard, st.tx.clone())
+            (st.last_heard, st.tx.is_some())
         };
         let silent = heard.map(|h| h.elapsed());
-        if silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
+        if !connected || silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
             return Ok(());
         }
-        let Some(link) = link else { return Ok(()) };
-        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.lock().pending.insert(req, tx);
-        let answered = match link.try_send(NodeMsg::MembersQuery { req }) {
-            Ok(()) => matches!(tokio::time::timeout(t.op_timeout(), rx).await, Ok(Ok(_))),
-            Err(_) => false,
-        };
-        if answered {
+        if self.ask_members().await.is_some() {
             return Ok(());
         }
-        self.lock().pending.remove(&req);
         let silent_ms = silent.map_or_else(|| "a while".to_string(), |d| format!("{} ms", d.as_millis()));
         Err(format!(
             "rank {} had not heard from the master for {silent_ms} and the master did not answer within {} ms, so its \
