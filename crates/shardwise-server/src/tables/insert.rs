@@ -161,7 +161,7 @@ impl TablesNode {
             None => Ok(total_rows),
             // Its replicas failed because the table went (its files removed under the write):
             // said so, not as a node or disk fault to retry on; a retry would go elsewhere.
-            Some(_) if self.entry_of_incarnation(entry.id, entry.generation).is_none() => Err(gone_meanwhile(table)),
+            Some(_) if !self.is_live(entry.id, entry.generation) => Err(gone_meanwhile(table)),
             Some(e) => Err(e),
         }
     }

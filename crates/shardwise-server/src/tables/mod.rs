@@ -193,6 +193,12 @@ impl TablesNode {
         }
     }
 
+    /// Whether table incarnation `(id, generation)` is still in the catalog (not dropped or
+    /// truncated since).
+    pub(crate) fn is_live(&self, id: u64, generation: u64) -> bool {
+        self.entry_of_incarnation(id, generation).is_some()
+    }
+
     /// The catalog entry of table incarnation `(id, generation)`, whatever its name now; `None`
     /// once it was dropped or truncated.
     pub(crate) fn entry_of_incarnation(&self, id: u64, generation: u64) -> Option<(u64, CatalogEntry)> {

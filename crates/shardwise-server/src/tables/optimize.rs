@@ -47,11 +47,6 @@ pub struct OptimizedReplica {
 }
 
 impl TablesNode {
-    /// Whether the table incarnation is in this node's current catalog.
-    fn is_live(&self, table_id: u64, generation: u64) -> bool {
-        self.catalog_now().1.by_id(table_id).is_some_and(|e| e.generation == generation)
-    }
-
     /// Optimizes this node's replicas of the table `req` names, one after another on the
     /// background threads (each holds its store's lock while it writes, as maintenance does).
     pub async fn optimize_local(&self, req: &OptimizeRequest) -> Result<OptimizeReply, QueryError> {

@@ -101,7 +101,7 @@ impl TablesNode {
         // Its files removed under the read (`No such file or directory`): said as what happened.
         let store = match self.store(&entry, ticket.shard).await {
             Ok(store) => store,
-            Err(_) if self.entry_of_incarnation(ticket.table_id, ticket.generation).is_none() => return Err(dropped()),
+            Err(_) if !self.is_live(ticket.table_id, ticket.generation) => return Err(dropped()),
             Err(e) => return Err(e),
         };
         let guard = lock(&store);
