@@ -16,14 +16,9 @@
 //! connections are served here ([`serve`]). A request being answered is not timed: a query may
 //! take as long as its settings allow.
 
-use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::serve::Listener;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -48,7 +43,7 @@ pub async fn serve(
     let watcher = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, open) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
@@ -56,6 +51,8 @@ pub async fn serve(
         let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         let connection = watcher.watch(connection);
         tokio::spawn(async move {
+            // Its place under the cap, held until the connection ends.
+            let _open = open;
             // A client that went away, or was timed out: nothing to answer, nothing to log above
             // debug (hyper logged the timeout itself).
             if let Err(e) = connection.await {
@@ -79,13 +76,10 @@ impl CappedListener {
     pub fn new(inner: TcpListener, max_connections: usize) -> Self {
         CappedListener { inner, open: Arc::new(Semaphore::new(max_connections)), warned: false }
     }
-}
 
-impl Listener for CappedListener {
-    type Io = CappedStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    /// The next connection, once fewer than the cap are open, with its place under the cap: the
+    /// connection counts until the permit is dropped.
+    pub async fn accept(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
         let permit = match Arc::clone(&self.open).try_acquire_owned() {
             Ok(permit) => {
                 self.warned = false;
@@ -105,50 +99,10 @@ impl Listener for CappedListener {
                 }
             }
         };
-        let (stream, addr) = Listener::accept(&mut self.inner).await;
-        (CappedStream { stream, _open: permit }, addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// An accepted connection, holding its place under the cap until it is dropped.
-pub struct CappedStream {
-    stream: TcpStream,
-    _open: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for CappedStream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for CappedStream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        // axum's accept of a `TcpListener`: errors such as running out of descriptors are
+        // logged and waited out, never returned.
+        let (stream, _) = Listener::accept(&mut self.inner).await;
+        (stream, permit)
     }
 }
 
@@ -164,8 +118,9 @@ mod tests {
         let mut listener = CappedListener::new(inner, 2);
         let _clients: Vec<TcpStream> =
             futures::future::join_all((0..3).map(|_| TcpStream::connect(addr))).await.into_iter().flatten().collect();
-        let first = listener.accept().await.0;
-        let _second = listener.accept().await.0;
+        // A connection and its place under the cap, kept together as the server keeps them.
+        let first = listener.accept().await;
+        let _second = listener.accept().await;
         let third = tokio::time::timeout(std::time::Duration::from_millis(200), listener.accept()).await;
         assert!(third.is_err(), "a third connection was accepted past a cap of 2");
         drop(first);
