@@ -588,12 +588,16 @@ mod tests {
     }
 
     /// A table catalog in miniature: `{"create": NAME}` adds a table (a second one of the same
-    /// name is refused); `{"blob_bytes": N}` stores an N-byte string alongside.
+    /// name is refused); `{"blob_bytes": N}` stores an N-byte string alongside. Either may carry
+    /// `"sleep_ms": N`: the change takes that long to apply (a slow disk, a busy master).
     #[derive(Debug)]
     struct Tables;
 
     impl MetadataMachine for Tables {
         fn apply(&self, state: &Value, op: &Value) -> std::result::Result<Value, String> {
+            if let Some(ms) = op.get("sleep_ms").and_then(Value::as_u64) {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
             let mut next = if state.is_null() { serde_json::json!({"tables": []}) } else { state.clone() };
             if let Some(name) = op.get("create").and_then(Value::as_str) {
                 let tables = next["tables"].as_array_mut().ok_or("state has no table list")?;
@@ -762,6 +766,61 @@ mod tests {
         for n in nodes.into_iter().rev() {
             n.shutdown().await;
         }
+    }
+
+    /// A proposal whose proposer gave up (here: it waited behind a slow change on the master;
+    /// in the wild, a master paused by SIGSTOP for longer than `propose_timeout_ms`) must not be
+    /// applied when the master gets to it: the proposer has already said it failed, and a
+    /// TRUNCATE applied 30 s later would remove rows acknowledged meanwhile. One the master has
+    /// started applying is waited for past the deadline instead.
+    #[tokio::test]
+    async fn a_proposal_given_up_by_its_proposer_is_not_applied_later() {
+        let tmp = tempfile::tempdir().unwrap();
+        let propose_timeout_ms = 1_000;
+        let mut nodes = start(2, free_port(), tmp.path(), propose_timeout_ms).await;
+        let worker = Arc::new(nodes.pop().unwrap());
+        let master = Arc::new(nodes.pop().unwrap());
+
+        // The master is busy with a slow change for 1.8 s; the worker's change waits behind it.
+        let slow = {
+            let master = Arc::clone(&master);
+            tokio::spawn(async move { master.propose(serde_json::json!({"create": "slow", "sleep_ms": 1_800})).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let started = Instant::now();
+        let err = worker.propose(create("late")).await.unwrap_err();
+        assert!(matches!(err, ClusterError::MetadataUnreachable { sent: false, .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("withdrawn") && text.contains("the change was not applied"), "{text}");
+        assert!(started.elapsed().as_millis() < u128::from(propose_timeout_ms) + 500);
+        slow.await.unwrap().unwrap();
+        // The next change comes after the withdrawn one in the master's queue: once it is
+        // applied, the withdrawn one has been dropped.
+        let next = worker.propose(create("next")).await.unwrap();
+        assert_eq!(table_names(&next), vec!["slow".to_string(), "next".to_string()]);
+        assert_eq!(on_disk(tmp.path()), next);
+
+        // A change that takes longer to apply than the proposer's timeout: the master confirmed
+        // it before applying it, so the proposer waits for the outcome and learns it.
+        let started = Instant::now();
+        let applied = worker.propose(serde_json::json!({"create": "long", "sleep_ms": 1_500})).await.unwrap();
+        assert!(started.elapsed().as_millis() >= 1_500);
+        assert_eq!(table_names(&applied), vec!["slow".to_string(), "next".to_string(), "long".to_string()]);
+
+        // The same on the master itself: its own change, queued behind the worker's slow one.
+        let slow = {
+            let worker = Arc::clone(&worker);
+            tokio::spawn(async move { worker.propose(serde_json::json!({"create": "slow2", "sleep_ms": 1_800})).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let err = master.propose(create("late2")).await.unwrap_err();
+        assert!(matches!(err, ClusterError::MetadataUnreachable { sent: false, .. }), "{err}");
+        assert!(err.to_string().contains("withdrawn"), "{err}");
+        slow.await.unwrap().unwrap();
+        let last = master.propose(create("last")).await.unwrap();
+        assert_eq!(table_names(&last), ["slow", "next", "long", "slow2", "last"].map(String::from).to_vec());
+        Arc::into_inner(worker).unwrap().shutdown().await;
+        Arc::into_inner(master).unwrap().shutdown().await;
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@
 //! same lock that admits new connections, so a node gets every version after the one it was
 //! welcomed with, in order.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -129,6 +129,8 @@ struct State {
     metadata_frame: Outgoing,
     /// The version `metadata_frame` carries.
     metadata_version: u64,
+    /// `Confirm` questions waiting for their node's answer, by (rank, connection id, req).
+    confirms: HashMap<(u32, u64, u64), oneshot::Sender<bool>>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -139,12 +141,28 @@ struct Proposal {
 
 enum ProposalReply {
     /// `propose` on the master itself.
-    Local(oneshot::Sender<Result<MetadataSnapshot>>),
+    Local(oneshot::Sender<Result<MetadataSnapshot>>, Arc<Claim>),
     /// A node's `Propose { req }` on connection `conn_id`.
     Remote { rank: u32, conn_id: u64, req: u64 },
     /// Not a change: rank `rank`'s newer snapshot (`NodeMsg::NewerMetadata`), the proposal's
     /// `op`, for the master to take ([`Master::adopt`]), in turn with the changes.
     Adopt { rank: u32 },
+}
+
+/// Who got to a local proposal first: the metadata task, to apply it, or its proposer, to give
+/// up on it (so a change its proposer reported as failed is never applied after the fact).
+#[derive(Debug, Default)]
+struct Claim(std::sync::atomic::AtomicU8);
+
+impl Claim {
+    const QUEUED: u8 = 0;
+    const APPLYING: u8 = 1;
+    const WITHDRAWN: u8 = 2;
+
+    fn take(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.0.compare_exchange(Self::QUEUED, to, SeqCst, SeqCst).is_ok()
+    }
 }
 
 /// The running master.
@@ -234,6 +252,7 @@ impl Master {
                 next_conn_id: 1,
                 metadata_frame,
                 metadata_version: snapshot.version,
+                confirms: HashMap::new(),
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -405,8 +424,9 @@ impl Master {
             detail,
             sent,
         };
-        let (tx, rx) = oneshot::channel();
-        let proposal = Proposal { op, reply: ProposalReply::Local(tx) };
+        let (tx, mut rx) = oneshot::channel();
+        let claim = Arc::new(Claim::default());
+        let proposal = Proposal { op, reply: ProposalReply::Local(tx, Arc::clone(&claim)) };
         match tokio::time::timeout_at(deadline, self.proposals.send(proposal)).await {
             Err(_) => {
                 return Err(unreachable(
@@ -419,9 +439,28 @@ impl Master {
             Ok(Err(_)) => return Err(unreachable("the master is shutting down".into(), false)),
             Ok(Ok(())) => {}
         }
-        match tokio::time::timeout_at(deadline, rx).await {
-            Err(_) => Err(unreachable(format!("no result within propose_timeout_ms ({timeout_ms} ms)"), true)),
-            Ok(Err(_)) => Err(unreachable("the master stopped before the change was done".into(), true)),
+        let stopped = || unreachable("the master stopped before the change was done".into(), true);
+        match tokio::time::timeout_at(deadline, &mut rx).await {
+            Err(_) => {}
+            Ok(Err(_)) => return Err(stopped()),
+            Ok(Ok(result)) => return result,
+        }
+        if claim.take(Claim::WITHDRAWN) {
+            return Err(unreachable(
+                format!(
+                    "no result within propose_timeout_ms ({timeout_ms} ms): it waited behind earlier changes and \
+                     was withdrawn before the master started applying it"
+                ),
+                false,
+            ));
+        }
+        // Being applied: wait for the outcome.
+        match tokio::time::timeout(self.settings.timeouts.propose_timeout(), rx).await {
+            Err(_) => Err(unreachable(
+                format!("no result within twice propose_timeout_ms ({timeout_ms} ms) after applying began"),
+                true,
+            )),
+            Ok(Err(_)) => Err(stopped()),
             Ok(Ok(result)) => result,
         }
     }
@@ -484,9 +523,17 @@ impl Master {
                 self.adopt(rank, op).await;
                 continue;
             }
+            let wanted = match &reply {
+                ProposalReply::Remote { rank, conn_id, req } => self.still_wanted(*rank, *conn_id, *req).await,
+                ProposalReply::Local(_, claim) => claim.take(Claim::APPLYING),
+                ProposalReply::Adopt { .. } => true,
+            };
+            if !wanted {
+                continue;
+            }
             let result = self.commit(op, &reply).await;
             match reply {
-                ProposalReply::Local(tx) => {
+                ProposalReply::Local(tx, _) => {
                     let _ = tx.send(result);
                 }
                 ProposalReply::Adopt { .. } => {}
@@ -499,6 +546,51 @@ impl Master {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Whether rank `rank` still waits for its proposal `req` (sent on connection `conn_id`):
+    /// asked right before it is applied, so that a change whose proposer gave up (it timed out
+    /// while this master was paused, or while the proposal queued behind others) is not applied
+    /// after its proposer said it failed. A proposer that does not answer within `op_timeout_ms`
+    /// is told its change was refused; one whose connection is gone, or that no longer waits,
+    /// learns nothing more (it already reported the outcome).
+    async fn still_wanted(&self, rank: u32, conn_id: u64, req: u64) -> bool {
+        let (answer_tx, answer) = oneshot::channel();
+        {
+            let mut s = self.lock();
+            let Some(slot) = current_slot(&mut s, rank, conn_id) else {
+                info!(rank, req, "dropped rank {rank}'s metadata change: its connection closed before it was applied");
+                return false;
+            };
+            send(slot, MasterMsg::Confirm { req });
+            s.confirms.insert((rank, conn_id, req), answer_tx);
+        }
+        let timeout = self.settings.timeouts.op_timeout();
+        let answer = tokio::time::timeout(timeout, answer).await;
+        self.lock().confirms.remove(&(rank, conn_id, req));
+        match answer {
+            Ok(Ok(true)) => true,
+            Ok(Ok(false)) => {
+                info!(rank, req, "dropped rank {rank}'s metadata change: its proposer had given up waiting");
+                false
+            }
+            Ok(Err(_)) => {
+                info!(rank, req, "dropped rank {rank}'s metadata change: its connection closed before it was applied");
+                false
+            }
+            Err(_) => {
+                let reason = format!(
+                    "rank {rank} did not confirm the change within op_timeout_ms ({} ms) before it was \
+                     applied; nothing changed, retry",
+                    timeout.as_millis()
+                );
+                info!(rank, req, "dropped rank {rank}'s metadata change: {reason}");
+                if let Some(slot) = current_slot(&mut self.lock(), rank, conn_id) {
+                    send(slot, MasterMsg::Proposed { req, outcome: ProposeOutcome::Rejected { reason } });
+                }
+                false
             }
         }
     }
@@ -886,6 +978,11 @@ impl Master {
                     drop(s);
                     self.bump();
                 }
+                NodeMsg::Confirmed { req, waiting } => {
+                    if let Some(answer) = s.confirms.remove(&(rank, conn_id, req)) {
+                        let _ = answer.send(waiting);
+                    }
+                }
                 NodeMsg::Propose { req, op } => {
                     let proposal = Proposal { op, reply: ProposalReply::Remote { rank, conn_id, req } };
                     if let Err(e) = self.proposals.try_send(proposal) {
@@ -921,6 +1018,8 @@ impl Master {
 
     fn disconnected(&self, rank: u32, conn_id: u64) {
         let mut s = self.lock();
+        // Questions to the node on this connection will not be answered: their proposals drop.
+        s.confirms.retain(|&(r, c, _), _| (r, c) != (rank, conn_id));
         let formed = s.formed;
         let ours = s.slots.get(&rank).is_some_and(|sl| sl.conn.as_ref().is_some_and(|c| c.id == conn_id));
         if !ours {

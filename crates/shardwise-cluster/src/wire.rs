@@ -23,8 +23,9 @@ use crate::membership::MemberInfo;
 use crate::metadata::{MetadataSnapshot, ProposeOutcome};
 use crate::secret::{Tag, tag_with_key, verify_with_key};
 
-/// Version of the control protocol; a node refuses a peer with another version.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version of the control protocol; a node refuses a peer with another version. (3: a node's
+/// proposal is confirmed with its proposer before it is applied, `Confirm` / `Confirmed`.)
+pub const PROTOCOL_VERSION: u16 = 3;
 const MAGIC: &[u8; 6] = b"SHRDWS";
 /// What a node's client endpoint (PostgreSQL) answers a cluster preamble with, followed by the
 /// endpoint's name in two bytes: the port a node was told to join is a client port of a node,
@@ -123,6 +124,12 @@ pub enum MasterMsg {
         req: u64,
         outcome: ProposeOutcome,
     },
+    /// Does this node still wait for the answer to its `Propose { req }`? Asked right before the
+    /// master applies it: a proposal its proposer gave up on (timed out while the master was
+    /// paused, or while the proposal waited behind others) is not applied after the fact.
+    Confirm {
+        req: u64,
+    },
 }
 
 /// Messages a node sends to the master.
@@ -172,6 +179,12 @@ pub enum NodeMsg {
     /// (it refuses changes until it has), so that the cluster keeps one catalog.
     NewerMetadata {
         snapshot: MetadataSnapshot,
+    },
+    /// The answer to `Confirm { req }`: `waiting` if the proposer still waits for it (it then
+    /// waits a while longer for the outcome); if not, the master drops the proposal.
+    Confirmed {
+        req: u64,
+        waiting: bool,
     },
     /// Graceful shutdown.
     Leave,

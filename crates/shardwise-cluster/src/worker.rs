@@ -400,10 +400,18 @@ struct LinkState {
     view: Vec<MemberInfo>,
     pending: HashMap<u64, oneshot::Sender<Vec<MemberInfo>>>,
     /// Proposals sent on the current session, waiting for the master's answer.
-    proposals: HashMap<u64, oneshot::Sender<Result<MetadataSnapshot>>>,
+    proposals: HashMap<u64, PendingProposal>,
     /// When the last message from the master was read (every metadata version it published
     /// before that message has been applied here: the channel is ordered).
     last_heard: Option<std::time::Instant>,
+}
+
+/// A proposal waiting for the master's answer.
+struct PendingProposal {
+    answer: oneshot::Sender<Result<MetadataSnapshot>>,
+    /// The master asked whether this node still waits (`MasterMsg::Confirm`) and was told yes:
+    /// it is applying the change, so the proposer waits for the outcome past its deadline.
+    confirmed: bool,
 }
 
 /// The joined node's link to the master. Dropping it does not stop its task; call
@@ -582,8 +590,8 @@ impl WorkerLink {
                 if let Some(link) = st.tx.clone() {
                     match link.try_send(msg) {
                         Ok(()) => {
-                            if let Some(tx) = answer_tx.take() {
-                                st.proposals.insert(req, tx);
+                            if let Some(answer) = answer_tx.take() {
+                                st.proposals.insert(req, PendingProposal { answer, confirmed: false });
                             }
                             break;
                         }
@@ -612,13 +620,47 @@ impl WorkerLink {
                 ));
             }
         }
-        match tokio::time::timeout_at(deadline, answer).await {
+        let lost = || unreachable("the connection to the master was lost before it answered".into(), true);
+        tokio::pin!(answer);
+        match tokio::time::timeout_at(deadline, &mut answer).await {
+            Ok(Ok(result)) => return result,
+            Ok(Err(_)) => return Err(lost()),
+            Err(_) => {}
+        }
+        // Out of time. Unless the master has already confirmed that it applies the change, it is
+        // withdrawn here: the master asks before applying, is told no, and drops it.
+        let confirmed = {
+            let mut st = self.lock();
+            match st.proposals.get(&req).map(|p| p.confirmed) {
+                Some(true) => true,
+                Some(false) => {
+                    st.proposals.remove(&req);
+                    false
+                }
+                None => true, // answered (or the session ended) just now: the answer decides
+            }
+        };
+        if !confirmed {
+            return Err(unreachable(
+                format!(
+                    "no answer within propose_timeout_ms ({} ms), and the master had not started applying it, \
+                     so it was withdrawn",
+                    timeouts.propose_timeout_ms
+                ),
+                false,
+            ));
+        }
+        // The master is applying it: its answer follows the new version to every node.
+        match tokio::time::timeout(timeouts.propose_timeout(), &mut answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(unreachable("the connection to the master was lost before it answered".into(), true)),
+            Ok(Err(_)) => Err(lost()),
             Err(_) => {
                 self.lock().proposals.remove(&req);
                 Err(unreachable(
-                    format!("no answer within propose_timeout_ms ({} ms)", timeouts.propose_timeout_ms),
+                    format!(
+                        "the master started applying it but gave no answer within twice propose_timeout_ms ({} ms)",
+                        timeouts.propose_timeout_ms
+                    ),
                     true,
                 ))
             }
@@ -702,7 +744,17 @@ impl WorkerLink {
         let mut st = self.lock();
         st.tx = None;
         st.pending.clear();
-        st.proposals.clear(); // their callers learn the outcome is unknown
+        // The master applies a node's change only after this node confirmed it, on the session
+        // that just ended: the changes not confirmed yet will never be applied.
+        for (_, p) in st.proposals.drain() {
+            if !p.confirmed {
+                let _ = p.answer.send(Err(ClusterError::MetadataUnreachable {
+                    master: self.settings.master.to_string(),
+                    detail: "the connection to the master was lost before it started applying it".into(),
+                    sent: false,
+                }));
+            } // else dropped: the caller learns the outcome is unknown
+        }
         for m in st.view.iter_mut() {
             match m.rank {
                 0 => m.state = NodeState::Down,
@@ -831,8 +883,20 @@ impl WorkerLink {
                 MasterMsg::Proposed { req, outcome } => {
                     let waiter = self.lock().proposals.remove(&req);
                     if let Some(waiter) = waiter {
-                        let _ = waiter.send(self.proposal_result(outcome));
+                        let _ = waiter.answer.send(self.proposal_result(outcome));
                     }
+                }
+                MasterMsg::Confirm { req } => {
+                    let waiting = match self.lock().proposals.get_mut(&req) {
+                        Some(p) => {
+                            p.confirmed = true;
+                            true
+                        }
+                        None => false,
+                    };
+                    // A full queue leaves the master without an answer: it drops the change
+                    // and says so to this node, if it still waits.
+                    let _ = applied_tx.try_send(NodeMsg::Confirmed { req, waiting });
                 }
                 MasterMsg::Fenced { reason, .. } => break Err(ClusterError::Fenced { reason }),
                 MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {

@@ -1,10 +1,11 @@
-//! A node that works hard stays up: the statements it plans and runs must not hold back the
-//! heartbeats its peers judge it by (suspect after 400 ms, down after 1 s in these tests).
+//! Nodes that work hard or are paused: the statements a node plans and runs must not hold back
+//! the heartbeats its peers judge it by (suspect after 400 ms, down after 1 s in these tests), and
+//! what a paused node had in flight must not take effect after its client was told it failed.
 
 use std::time::Duration;
 
 use crate::support::*;
-use crate::tables::Cluster;
+use crate::tables::{Cluster, one};
 
 /// A `SELECT` whose 200 000-item `IN` list takes seconds to plan, logically and physically
 /// (about 4 s on a debug build), and whose answer is 1.
@@ -47,4 +48,30 @@ fn planning_a_long_statement_does_not_stop_the_nodes_heartbeats() {
             assert!(alarms.is_empty(), "while rank {rank} planned, rank {peer} logged: {alarms:?}");
         }
     }
+}
+
+/// A DDL statement sent to a master paused by SIGSTOP times out and says it was not applied; it
+/// must then stay unapplied when the master resumes with it in its socket buffer. (Before, the
+/// master applied such a TRUNCATE on resume, removing rows acknowledged after the client was
+/// told it had failed.)
+#[test]
+fn a_ddl_that_timed_out_on_a_paused_master_is_not_applied_when_it_resumes() {
+    let mut c = Cluster::start_with_env(2, &[("SHARDWISE_PROPOSE_TIMEOUT_MS", "1500")]);
+    c.sql(0, "CREATE TABLE t (id BIGINT) WITH (shard_key = 'id')");
+    c.sql(1, "INSERT INTO t SELECT value FROM generate_series(1, 100)");
+    c.procs[0].signal("STOP");
+    let err = c.sql_err(1, "TRUNCATE TABLE t");
+    c.procs[0].signal("CONT");
+    // Withdrawn when its time was up, or when the worker gave the silent master up (after 1 s):
+    // either way the master never confirmed it, and says so.
+    assert!(err.contains("the change was not applied"), "{err}");
+    // The master has read the withdrawn TRUNCATE once it answers again; rows inserted since
+    // stay, and so do the ones before.
+    eventually(Duration::from_secs(20), "the resumed master answers", || sql_csv(&c.addrs[0], "SELECT 1").ok());
+    c.sql(1, "INSERT INTO t SELECT value FROM generate_series(101, 150)");
+    c.sql(0, "CREATE TABLE after_resume (id BIGINT) WITH (shard_key = 'id')");
+    for rank in 0..2 {
+        assert_eq!(one(c.sql(rank, "SELECT count(*) FROM t")), ["150"], "rank {rank}");
+    }
+    c.procs[0].drain(Duration::from_millis(100));
 }

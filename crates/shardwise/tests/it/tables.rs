@@ -16,10 +16,20 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn start(n: u32) -> Cluster {
+        Self::start_with_env(n, &[])
+    }
+
+    /// [`Cluster::start`] with extra environment variables (settings) for every node.
+    pub(crate) fn start_with_env(n: u32, env: &[(&str, &str)]) -> Cluster {
         let dir = tempdir();
         let port = free_port();
-        let mut procs: Vec<Proc> =
-            (0..n).map(|r| Proc::spawn(node_cmd(r, n, port, &rank_dir(dir.path(), r)))).collect();
+        let mut procs: Vec<Proc> = (0..n)
+            .map(|r| {
+                let mut cmd = node_cmd(r, n, port, &rank_dir(dir.path(), r));
+                cmd.envs(env.iter().copied());
+                Proc::spawn(cmd)
+            })
+            .collect();
         let addrs = procs
             .iter_mut()
             .map(|p| flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30))))
