@@ -88,6 +88,10 @@ pub struct ShardReplicaRow {
 
 /// One row of `system.sync_queues`: what one node still has to ship for one table to one
 /// destination. Serializable: nodes send their rows to the node that runs the query.
+///
+/// Or, with a `problem` ([`SyncQueueRow::unknown`]), a node whose queues could not be read (it
+/// is down or did not answer): its other figures are shown as NULL, so that "nothing pending"
+/// and "not known" do not look alike.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyncQueueRow {
     pub rank: u32,
@@ -99,6 +103,26 @@ pub struct SyncQueueRow {
     pub oldest_pending_age_ms: Option<u64>,
     pub retries: u64,
     pub last_error: Option<String>,
+    /// Why this node's queues are not known; `None` on a row of figures.
+    #[serde(default)]
+    pub problem: Option<String>,
+}
+
+impl SyncQueueRow {
+    /// The row for node `rank`, whose queues could not be read, and why.
+    pub fn unknown(rank: u32, problem: String) -> Self {
+        SyncQueueRow {
+            rank,
+            table: String::new(),
+            destination: 0,
+            pending_rows: 0,
+            pending_bytes: 0,
+            oldest_pending_age_ms: None,
+            retries: 0,
+            last_error: None,
+            problem: Some(problem),
+        }
+    }
 }
 
 /// One node's replica of one shard, as a fragment reads it.

@@ -82,13 +82,15 @@ static SHARDS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 static SYNC_QUEUES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("rank", DataType::UInt32, false),
-        Field::new("table", DataType::Utf8, false),
-        Field::new("destination", DataType::UInt32, false),
-        Field::new("pending_rows", DataType::UInt64, false),
-        Field::new("pending_bytes", DataType::UInt64, false),
+        // NULL, as the figures, on the row of a node whose queues are not known (`problem`).
+        Field::new("table", DataType::Utf8, true),
+        Field::new("destination", DataType::UInt32, true),
+        Field::new("pending_rows", DataType::UInt64, true),
+        Field::new("pending_bytes", DataType::UInt64, true),
         Field::new("oldest_pending_age_ms", DataType::UInt64, true),
-        Field::new("retries", DataType::UInt64, false),
+        Field::new("retries", DataType::UInt64, true),
         Field::new("last_error", DataType::Utf8, true),
+        Field::new("problem", DataType::Utf8, true),
     ]))
 });
 
@@ -157,15 +159,18 @@ fn shards_columns(rows: &[ShardReplicaRow]) -> Vec<ArrayRef> {
 }
 
 fn queue_columns(rows: &[SyncQueueRow]) -> Vec<ArrayRef> {
+    // A row with a problem stands for a node whose queues are unknown: no figures.
+    let known = |r: &SyncQueueRow| r.problem.is_none();
     vec![
         Arc::new(rows.iter().map(|r| r.rank).collect::<UInt32Array>()),
-        strings(rows.iter().map(|r| r.table.as_str())),
-        Arc::new(rows.iter().map(|r| r.destination).collect::<UInt32Array>()),
-        Arc::new(rows.iter().map(|r| r.pending_rows).collect::<UInt64Array>()),
-        Arc::new(rows.iter().map(|r| r.pending_bytes).collect::<UInt64Array>()),
+        Arc::new(rows.iter().map(|r| known(r).then_some(r.table.as_str())).collect::<StringArray>()),
+        Arc::new(rows.iter().map(|r| known(r).then_some(r.destination)).collect::<UInt32Array>()),
+        Arc::new(rows.iter().map(|r| known(r).then_some(r.pending_rows)).collect::<UInt64Array>()),
+        Arc::new(rows.iter().map(|r| known(r).then_some(r.pending_bytes)).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.oldest_pending_age_ms).collect::<UInt64Array>()),
-        Arc::new(rows.iter().map(|r| r.retries).collect::<UInt64Array>()),
+        Arc::new(rows.iter().map(|r| known(r).then_some(r.retries)).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.last_error.as_deref()).collect::<StringArray>()),
+        Arc::new(rows.iter().map(|r| r.problem.as_deref()).collect::<StringArray>()),
     ]
 }
 

@@ -757,7 +757,7 @@ async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Result<Respons
         let queues = rows(
             &http.engine,
             "SELECT rank, \"table\", destination, pending_rows, coalesce(oldest_pending_age_ms, 0) \
-             FROM system.sync_queues",
+             FROM system.sync_queues WHERE problem IS NULL",
         )
         .await?;
         let label = |r: &Vec<String>| format!("{{rank=\"{}\",table=\"{}\",destination=\"{}\"}}", r[0], r[1], r[2]);

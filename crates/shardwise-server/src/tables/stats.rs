@@ -3,7 +3,7 @@
 //! `system.sync_queues` (every node's local view). Each has a local half, which the data plane
 //! serves to the other nodes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -344,6 +344,7 @@ impl TablesNode {
                     oldest_pending_age_ms,
                     retries: status.retries,
                     last_error: self.senders.last_error(dest, &key),
+                    problem: None,
                 }
             });
             row.pending_rows += q.pending_rows;
@@ -353,19 +354,38 @@ impl TablesNode {
         rows.into_values().collect()
     }
 
+    /// Every node's queues; a node that is down, or did not answer, gets one row that says so
+    /// ([`SyncQueueRow::unknown`]).
     pub(crate) async fn queue_rows(&self) -> Result<Vec<SyncQueueRow>, QueryError> {
         let members = self.cluster.members().await;
         let mut rows = Vec::new();
+        let mut answered = BTreeSet::new();
         for (rank, reply) in self.ask_every_node(&members, "sync_queues").await {
+            answered.insert(rank);
             match reply {
                 None => rows.extend(self.local_queue_rows()),
                 Some(Ok(body)) => match serde_json::from_slice::<Vec<SyncQueueRow>>(&body) {
                     Ok(list) => rows.extend(list),
-                    Err(e) => tracing::warn!(rank, "system.sync_queues: bad reply: {e}"),
+                    Err(e) => {
+                        tracing::warn!(rank, "system.sync_queues: bad reply: {e}");
+                        rows.push(SyncQueueRow::unknown(
+                            rank,
+                            format!("rank {rank} sent a reply that does not decode: {e}"),
+                        ));
+                    }
                 },
-                Some(Err(e)) => tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}"),
+                Some(Err(e)) => {
+                    tracing::debug!(rank, "system.sync_queues: rank not reachable: {e}");
+                    let problem = format!("rank {rank} did not answer, so its queues are unknown: {e}");
+                    rows.push(SyncQueueRow::unknown(rank, problem));
+                }
             }
         }
+        // The nodes not asked: down in the membership.
+        for rank in (0..self.world_size).filter(|r| !answered.contains(r)) {
+            rows.push(SyncQueueRow::unknown(rank, format!("rank {rank} is down, so its queues are unknown")));
+        }
+        rows.sort_by_key(|r| r.rank);
         Ok(rows)
     }
 
