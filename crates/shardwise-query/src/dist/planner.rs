@@ -149,6 +149,21 @@ fn with_children(
     replace_children_if_necessary(node, children)
 }
 
+/// `repartition`, which restores the hash partitioning `old` had, made to keep `old`'s ordering
+/// too: the operators above were planned on it (a join keeps its probe side's order, and the
+/// ORDER BY or window above it then sorts nothing itself). A plain repartition interleaves the
+/// sorted streams of the fragment's shards, so rows came back out of order, or a window failed
+/// on rows it had been told were sorted. Merged in order where the input is sorted; sorted again
+/// within each partition where that is not enough.
+fn restore_ordering(old: &Arc<dyn ExecutionPlan>, repartition: RepartitionExec) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(ordering) = old.output_ordering().cloned() else { return Ok(Arc::new(repartition)) };
+    let restored: Arc<dyn ExecutionPlan> = Arc::new(repartition.with_preserve_order());
+    if restored.equivalence_properties().ordering_satisfy(ordering.clone())? {
+        return Ok(restored);
+    }
+    Ok(Arc::new(SortExec::new(ordering, restored).with_preserve_partitioning(true)))
+}
+
 /// Identity of a plan node within one optimization pass.
 fn node_id(plan: &Arc<dyn ExecutionPlan>) -> usize {
     Arc::as_ptr(plan) as *const () as usize
@@ -249,8 +264,8 @@ impl Planner<'_> {
                     if new_child.output_partitioning() != old.output_partitioning() =>
                 {
                     let n = old.output_partitioning().partition_count();
-                    Arc::new(RepartitionExec::try_new(new_child, Partitioning::Hash(exprs.clone(), n))?)
-                        as Arc<dyn ExecutionPlan>
+                    let repartition = RepartitionExec::try_new(new_child, Partitioning::Hash(exprs.clone(), n))?;
+                    restore_ordering(old, repartition)?
                 }
                 // With one partition per node (one core), DataFusion plans a global aggregate or
                 // sort straight over the scan; a fragment has a partition per shard or slice,
