@@ -32,6 +32,7 @@ use shardwise_query::{QueryEngine, QueryError, Session};
 use crate::pg::copy::{CopyFormat, table_name};
 use crate::pg::copy_in::{PendingCopyIn, target_columns};
 
+mod ipc_body;
 mod json_rows;
 mod typed_rows;
 

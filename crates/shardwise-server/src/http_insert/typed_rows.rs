@@ -16,7 +16,7 @@ use bytes::Bytes;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
-use datafusion::arrow::ipc::reader::{FileReader, StreamReader};
+use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use shardwise_query::QueryError;
 
@@ -66,10 +66,12 @@ pub fn batches(
                 .and_then(|b| b.build())
                 .map_err(|e| unreadable(e.into()))?,
         ),
-        TypedFormat::ArrowStream => {
-            Box::new(StreamReader::try_new(Cursor::new(data.clone()), None).map_err(unreadable)?)
+        // Not arrow's readers as they are: they allocate what the body claims (`ipc_body`).
+        TypedFormat::ArrowStream => Box::new(super::ipc_body::stream_batches(data)),
+        TypedFormat::ArrowFile => {
+            super::ipc_body::check_file_blocks(data).map_err(unreadable)?;
+            Box::new(FileReader::try_new(Cursor::new(data.clone()), None).map_err(unreadable)?)
         }
-        TypedFormat::ArrowFile => Box::new(FileReader::try_new(Cursor::new(data.clone()), None).map_err(unreadable)?),
     };
     let mut out = Vec::new();
     let mut decoded_bytes = 0usize;
