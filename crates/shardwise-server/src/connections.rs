@@ -5,6 +5,18 @@
 //! the peer's address and port). tonic hands the id to every call on the connection (its
 //! connect info, in the request's extensions), and dropping the connection's socket drops its
 //! session.
+//!
+//! The gRPC endpoints (Flight SQL, and the data plane between nodes, which keeps no sessions)
+//! take their connections from here, under two limits. Without them, about 20 000 connections
+//! that never sent a byte (no credentials needed) stayed open, used up the node's file
+//! descriptors, and shut out every client and peer (a replicated insert failed on `Too many
+//! open files`):
+//! - at most [`GRPC_MAX_CONNECTIONS`] open at once per endpoint: past it, a new connection waits
+//!   in the kernel's backlog until one closes;
+//! - a connection must send its first bytes (HTTP/2's preface) within
+//!   [`GRPC_FIRST_BYTES_TIMEOUT_MS`]. After that the server pings it over HTTP/2
+//!   (`crate::http2`), and one that does not answer is closed, so a live client's connection
+//!   (and its session's `SET`s) lasts as long as the client keeps it, however idle.
 
 use std::collections::HashMap;
 use std::io;
@@ -14,12 +26,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use futures::{Stream, TryStreamExt};
+use std::future::Future;
+use std::time::Duration;
+
+use futures::Stream;
 use shardwise_query::Session;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
+
+/// Connections one gRPC endpoint of a node keeps open at once.
+pub const GRPC_MAX_CONNECTIONS: usize = 1024;
+/// How long a new gRPC connection may take to send its first bytes.
+pub const GRPC_FIRST_BYTES_TIMEOUT_MS: u64 = 10_000;
+/// How long to wait before accepting again after `accept` failed (out of file descriptors,
+/// say): tonic asks again at once, which would spin.
+const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
 
 /// What tonic attaches to each call: which connection it came on.
 #[derive(Debug, Clone, Copy)]
@@ -64,11 +87,15 @@ impl Sessions {
     }
 }
 
-/// An accepted connection that ends its session when it is dropped.
+/// An accepted connection that ends its session when it is dropped, and gives its place under
+/// the endpoint's cap back.
 pub struct TrackedConnection {
     io: TcpStream,
     info: ConnectionInfo,
     sessions: Arc<Sessions>,
+    _open: OwnedSemaphorePermit,
+    /// Until the first bytes arrive: when the connection is closed if they have not.
+    first_bytes: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Drop for TrackedConnection {
@@ -87,7 +114,20 @@ impl Connected for TrackedConnection {
 
 impl AsyncRead for TrackedConnection {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        let Some(deadline) = self.first_bytes.as_mut() else { return read };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                self.first_bytes = None;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("nothing received within {GRPC_FIRST_BYTES_TIMEOUT_MS} ms of connecting"),
+            ))),
+            other => other,
+        }
     }
 }
 
@@ -117,16 +157,60 @@ impl AsyncWrite for TrackedConnection {
     }
 }
 
-/// Accepted connections, each with an id and Nagle's algorithm off (see [`crate::incoming`]).
-pub fn tracked(listener: TcpListener, sessions: Arc<Sessions>) -> impl Stream<Item = io::Result<TrackedConnection>> {
-    TcpListenerStream::new(listener).map_ok(move |io| {
-        if let Err(e) = io.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-        let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
-        let info = ConnectionInfo { id, remote: io.peer_addr().ok() };
-        TrackedConnection { io, info, sessions: Arc::clone(&sessions) }
+/// Accepted connections, each with an id and Nagle's algorithm off (tonic sets `TCP_NODELAY`
+/// only on sockets it accepts itself, and small replies held back until the peer's delayed ACK
+/// would cost 40 ms a call): at most `max_connections` open at once, each closed if it sends
+/// nothing within `first_bytes_timeout` (see the module doc).
+pub fn tracked(
+    listener: TcpListener,
+    sessions: Arc<Sessions>,
+    max_connections: usize,
+    first_bytes_timeout: Duration,
+) -> impl Stream<Item = io::Result<TrackedConnection>> {
+    let cap = Arc::new(Semaphore::new(max_connections));
+    let state = (listener, sessions, cap, false);
+    futures::stream::unfold(state, move |(listener, sessions, cap, mut warned)| async move {
+        let open = match Arc::clone(&cap).try_acquire_owned() {
+            Ok(open) => {
+                warned = false;
+                open
+            }
+            Err(_) => {
+                if !warned {
+                    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                    tracing::warn!("gRPC endpoint {addr}: {max_connections} connections open; new ones wait");
+                    warned = true;
+                }
+                // The cap's semaphore is never closed, so this waits for a place.
+                Arc::clone(&cap).acquire_owned().await.ok()?
+            }
+        };
+        let item = match listener.accept().await {
+            Ok((io, remote)) => {
+                if let Err(e) = io.set_nodelay(true) {
+                    tracing::debug!("cannot set TCP_NODELAY: {e}");
+                }
+                let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
+                let info = ConnectionInfo { id, remote: Some(remote) };
+                let first_bytes = Some(Box::pin(tokio::time::sleep(first_bytes_timeout)));
+                Ok(TrackedConnection { io, info, sessions: Arc::clone(&sessions), _open: open, first_bytes })
+            }
+            Err(e) => {
+                tracing::debug!("cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+                Err(e)
+            }
+        };
+        Some((item, (listener, sessions, cap, warned)))
     })
+}
+
+/// [`tracked`] with the gRPC endpoints' limits.
+pub fn tracked_grpc(
+    listener: TcpListener,
+    sessions: Arc<Sessions>,
+) -> impl Stream<Item = io::Result<TrackedConnection>> {
+    tracked(listener, sessions, GRPC_MAX_CONNECTIONS, Duration::from_millis(GRPC_FIRST_BYTES_TIMEOUT_MS))
 }
 
 /// The connection a call came on, if the transport says.
@@ -136,7 +220,37 @@ pub fn connection_id<T>(request: &tonic::Request<T>) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
+
+    #[tokio::test]
+    async fn the_cap_holds_and_a_connection_that_sends_nothing_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = Box::pin(tracked(listener, Arc::default(), 1, Duration::from_millis(300)));
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut first = accepted.next().await.unwrap().unwrap();
+        // Past the cap of one: not accepted while the first is open.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(200), accepted.next()).await.is_err());
+        // The first sends nothing: its read fails when the first-bytes timeout has passed.
+        let started = Instant::now();
+        let err = first.read(&mut [0u8; 8]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(first);
+        // Its place goes to the waiting one, which sends: it is not timed out after that.
+        let mut second = tokio::time::timeout(Duration::from_secs(2), accepted.next()).await.unwrap().unwrap().unwrap();
+        client.write_all(b"x").await.unwrap();
+        assert_eq!(second.read(&mut [0u8; 8]).await.unwrap(), 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let idle = tokio::time::timeout(Duration::from_millis(200), second.read(&mut [0u8; 8])).await;
+        assert!(idle.is_err(), "a connection that has sent is left open however idle: {idle:?}");
+    }
 
     #[test]
     fn a_connection_keeps_its_session_until_it_closes() {

@@ -59,6 +59,16 @@ fn to_status(e: QueryError) -> Status {
     }
 }
 
+/// Whether `req` carries this cluster's data plane credential.
+fn check_credential<T>(auth: &DataPlaneAuth, req: &Request<T>) -> Result<(), Status> {
+    let header = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+    if auth.check(header) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("data plane call without a valid cluster credential"))
+    }
+}
+
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, Status> {
     serde_json::to_vec(value).map_err(|e| Status::internal(format!("cannot encode reply: {e}")))
 }
@@ -74,12 +84,7 @@ impl DataPlane {
     }
 
     fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let header = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        if self.auth.check(header) {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated("data plane call without a valid cluster credential"))
-        }
+        check_credential(&self.auth, req)
     }
 
     /// Serves the data plane on `listener` until `shutdown` completes.
@@ -89,13 +94,20 @@ impl DataPlane {
         max_message_bytes: usize,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), crate::ServerError> {
+        let auth = self.auth.clone();
         let service = FlightServiceServer::new(self)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
+        // The credential is checked before a call's message is read: without it, anyone could
+        // make the node read and decode up to max_message_bytes (256 MiB) per call before it
+        // refused. (The handlers check again.)
+        let service = tonic::service::interceptor::InterceptedService::new(service, move |req: Request<()>| {
+            check_credential(&auth, &req).map(|()| req)
+        });
         crate::http2::server(tonic::transport::Server::builder())
             .tcp_nodelay(true)
             .add_service(service)
-            .serve_with_incoming_shutdown(crate::incoming(listener), shutdown)
+            .serve_with_incoming_shutdown(crate::connections::tracked_grpc(listener, Default::default()), shutdown)
             .await?;
         Ok(())
     }

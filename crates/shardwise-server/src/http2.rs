@@ -24,10 +24,19 @@ pub fn client(endpoint: Endpoint) -> Endpoint {
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
 }
 
-/// `server` with shardwise's frame and window sizes.
+/// How often a server pings each of its connections (HTTP/2 PING): a client that does not
+/// answer within [`SERVER_PING_TIMEOUT_MS`] is gone, or never was one, and its connection is
+/// closed (see `crate::connections`). Live clients answer without their application noticing.
+pub const SERVER_PING_INTERVAL_MS: u64 = 30_000;
+/// How long a server waits for the answer to its ping.
+pub const SERVER_PING_TIMEOUT_MS: u64 = 20_000;
+
+/// `server` with shardwise's frame and window sizes, and its pings.
 pub fn server<L>(server: Server<L>) -> Server<L> {
     server
         .max_frame_size(MAX_FRAME_BYTES)
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .http2_keepalive_interval(Some(std::time::Duration::from_millis(SERVER_PING_INTERVAL_MS)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_millis(SERVER_PING_TIMEOUT_MS)))
 }

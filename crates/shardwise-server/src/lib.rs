@@ -37,7 +37,6 @@ use std::sync::Arc;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use shardwise_query::QueryEngine;
-use tokio_stream::wrappers::TcpListenerStream;
 
 pub use catalog_machine::CatalogMachine;
 pub use error::ServerError;
@@ -66,24 +65,9 @@ pub async fn serve_flight(
     }
     http2::server(tonic::transport::Server::builder())
         .add_service(service)
-        .serve_with_incoming_shutdown(connections::tracked(listener, sessions), shutdown)
+        .serve_with_incoming_shutdown(connections::tracked_grpc(listener, sessions), shutdown)
         .await?;
     Ok(())
-}
-
-/// Accepted connections with Nagle's algorithm off: tonic sets `TCP_NODELAY` only on sockets it
-/// accepts itself, and small replies held back until the peer's delayed ACK (40 ms) would set
-/// the latency of every small insert and query.
-pub(crate) fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use futures::TryStreamExt;
-    TcpListenerStream::new(listener).map_ok(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-        stream
-    })
 }
 
 #[cfg(test)]
