@@ -13,12 +13,19 @@
 //! waiting for them, which is also how long a keep-alive connection may sit idle between
 //! requests (nginx's `client_header_timeout` and `keepalive_timeout`; ClickHouse's
 //! `http_receive_timeout`), but only with a timer, which `axum::serve` does not give it; so the
-//! connections are served here ([`serve`]). A request being answered is not timed: a query may
-//! take as long as its settings allow.
+//! connections are served here ([`serve`]). A request's body may not pause for longer than that
+//! either ([`TimedBody`]): a request that declared 100 bytes and sent 6 held its connection open
+//! for good, and 1024 of them shut every other client out. A request being answered is not
+//! timed: a query may take as long as its settings allow.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::serve::Listener;
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -26,7 +33,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub const HTTP_MAX_CONNECTIONS: usize = 1024;
 
 /// How long a connection may take to send a request's headers, counted from when the node
-/// starts waiting for them: on a new connection, or after the last answer on a kept-alive one.
+/// starts waiting for them: on a new connection, or after the last answer on a kept-alive one;
+/// and how long a request's body may pause ([`TimedBody`]).
 pub const HTTP_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
 
 /// Serves `app` on the connections `listener` accepts, each with the header-read timeout, until
@@ -40,6 +48,10 @@ pub async fn serve(
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read_timeout);
+    let app =
+        app.layer(axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+            next.run(request.map(|body| axum::body::Body::new(TimedBody::new(body, header_read_timeout))))
+        }));
     let watcher = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -62,6 +74,51 @@ pub async fn serve(
     }
     drop(listener);
     watcher.shutdown().await;
+}
+
+/// A request body that fails when nothing of it arrives for `idle` (counted from when the
+/// request was taken up, then from each piece).
+pub struct TimedBody {
+    inner: axum::body::Body,
+    idle: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl TimedBody {
+    pub fn new(inner: axum::body::Body, idle: Duration) -> Self {
+        TimedBody { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+    }
+}
+
+impl HttpBody for TimedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("nothing of the request body arrived for {} ms", this.idle.as_millis()),
+                ))))),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.deadline.as_mut().reset(next);
+                ready
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// `TcpListener` that accepts a connection only while fewer than its cap are open.
@@ -131,7 +188,10 @@ mod tests {
     async fn serving(timeout_ms: u64) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = inner.local_addr().expect("addr");
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async { "hello" }).post(|body: Bytes| async move { format!("{} bytes", body.len()) }),
+        );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let timeout = std::time::Duration::from_millis(timeout_ms);
         tokio::spawn(serve(CappedListener::new(inner, 8), app, timeout, async move {
@@ -147,6 +207,29 @@ mod tests {
         let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut got)).await;
         assert!(read.is_ok(), "the server did not close the connection");
         String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// A body that stops arriving fails the request after the timeout (400, and the connection
+    /// closes); one that arrives is read whole.
+    #[tokio::test]
+    async fn a_body_that_stops_arriving_is_timed_out() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, _stop) = serving(300).await;
+        let mut stalled = TcpStream::connect(addr).await.expect("connect");
+        stalled.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nsix by").await.expect("write");
+        let started = std::time::Instant::now();
+        let answered = read_to_close(&mut stalled).await;
+        assert!(answered.starts_with("HTTP/1.1 400"), "{answered}");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(250), "timed out early");
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        client
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsix")
+            .await
+            .expect("write");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        client.write_all(b" by").await.expect("write");
+        let answer = read_to_close(&mut client).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("6 bytes"), "{answer}");
     }
 
     /// A connection that sends nothing, or only part of its headers, is closed after the
