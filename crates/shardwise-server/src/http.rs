@@ -639,13 +639,7 @@ impl Encoder {
         let mut out = Vec::new();
         match self.format {
             Format::JsonLines => {
-                // Nulls written as `null`, as ClickHouse's JSONEachRow does, so every line has
-                // every column.
-                let mut writer = datafusion::arrow::json::WriterBuilder::new()
-                    .with_explicit_nulls(true)
-                    .build::<_, datafusion::arrow::json::writer::LineDelimited>(&mut out);
-                writer.write(batch)?;
-                writer.finish()?;
+                crate::json_lines::write(&mut out, [batch])?;
             }
             Format::Csv | Format::Tsv => {
                 let text = self.format.text().unwrap_or(TextFormat::Csv);

@@ -25,6 +25,7 @@ pub mod http_connections;
 pub mod http_insert;
 pub mod ingest;
 pub mod ingest_schema;
+pub mod json_lines;
 pub mod pg;
 pub mod services;
 pub mod settings;

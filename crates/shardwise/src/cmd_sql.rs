@@ -424,15 +424,7 @@ pub(crate) fn render(
                 shardwise_server::csv_text::write_rows_as(text, batch, out)?;
             }
         }
-        OutputFormat::Json => {
-            let mut writer = arrow::json::WriterBuilder::new()
-                .with_explicit_nulls(true)
-                .build::<_, arrow::json::writer::LineDelimited>(out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-        }
+        OutputFormat::Json => shardwise_server::json_lines::write(out, batches)?,
         OutputFormat::ArrowStream => {
             let mut writer = arrow::ipc::writer::StreamWriter::try_new(out, schema)?;
             for batch in batches {
