@@ -3,7 +3,8 @@
 //! with the same users.
 //!
 //! Each accepted connection gets its own handlers and its own [`Session`]: what `SET` changes
-//! lasts for the connection. The simple query protocol runs each `;`-separated statement in turn
+//! lasts for the connection. pgwire reads the connection's messages only once [`framing`] has
+//! checked each against its declared length. The simple query protocol runs each `;`-separated statement in turn
 //! and stops at the first error, as PostgreSQL does; the extended protocol (what drivers use)
 //! plans a statement when it is parsed, so a bad statement fails at `Parse` and `Describe` knows
 //! its columns. Results stream: rows reach the client as the plan produces them.
@@ -24,6 +25,7 @@ mod encode;
 mod errors;
 mod execute;
 mod float;
+mod framing;
 mod numeric;
 mod params;
 mod show;
@@ -129,8 +131,23 @@ pub async fn serve(
             let Some(socket) = answer_cluster_preamble(socket).await else { return };
             // A client that goes away cancels its running statement (see `cancel::hangups`).
             let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
+            // pgwire reads the client's messages only once they are checked (see `framing`).
+            let (relayed, pgwire_end) = match tokio::net::UnixStream::pair() {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(%peer, "postgres endpoint: cannot make a socket pair for a connection: {e}");
+                    return;
+                }
+            };
+            let served = async {
+                let (ended, ()) = tokio::join!(
+                    pgwire::tokio::process_socket_unix(pgwire_end, handlers),
+                    framing::relay(socket, relayed)
+                );
+                ended
+            };
             tokio::select! {
-                ended = pgwire::tokio::process_socket(socket, None, handlers) => {
+                ended = served => {
                     if let Err(e) = ended {
                         tracing::debug!(%peer, "postgres connection ended: {e}");
                     }
