@@ -22,9 +22,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::UnixStream;
 
-/// The request code of an SSLRequest, and of a GSSENCRequest.
+/// The request code of an SSLRequest, of a GSSENCRequest and of a CancelRequest.
 const SSL_REQUEST_CODE: i32 = 80_877_103;
 const GSSENC_REQUEST_CODE: i32 = 80_877_104;
+const CANCEL_REQUEST_CODE: i32 = 80_877_102;
 /// The longest startup packet (PostgreSQL's `MAX_STARTUP_PACKET_LENGTH`).
 pub const PG_STARTUP_MAX_BYTES: usize = 10_000;
 /// The longest message before login (pgwire's limit for small messages).
@@ -114,9 +115,36 @@ async fn negotiate(client: &mut TcpStream, pgwire: &mut UnixStream) -> Result<bo
             }
             continue;
         }
+        check_startup(code, &body[4..])?;
         let mut packet = len.to_be_bytes().to_vec();
         packet.extend_from_slice(&body);
         return Ok(pgwire.write_all(&packet).await.is_ok());
+    }
+}
+
+/// A startup packet's protocol version and parameters (name and value pairs, then a NUL byte
+/// that ends the packet), or a cancel request's key.
+fn check_startup(code: i32, rest: &[u8]) -> Result<(), String> {
+    if code == CANCEL_REQUEST_CODE {
+        return match rest.len() {
+            8 => Ok(()),
+            n => Err(format!("invalid length of cancel request: {} bytes", n + 8)),
+        };
+    }
+    let (major, minor) = (code >> 16, code & 0xffff);
+    if major != 3 {
+        return Err(format!("unsupported frontend protocol {major}.{minor}: server supports 3.0"));
+    }
+    let mut r = Reader(rest);
+    loop {
+        if r.cstring()?.is_empty() {
+            break;
+        }
+        r.cstring()?;
+    }
+    match r.0.len() {
+        0 => Ok(()),
+        n => Err(format!("invalid startup packet: {n} bytes follow the end of its parameters")),
     }
 }
 
@@ -399,6 +427,16 @@ mod tests {
         assert!(check(b'p', b"SCRAM-SHA-256\0xy", Asked::SaslInitial).unwrap_err().contains("early"));
         check(b'p', b"c=biws,r=abc", Asked::SaslResponse).unwrap();
         assert!(check(b'p', b"secret\0", logged_in).is_err());
+    }
+
+    #[test]
+    fn startup_packets_are_checked() {
+        check_startup(196_608, b"user\0x\0database\0shardwise\0\0").unwrap();
+        check_startup(196_610, b"user\0x\0\0").unwrap();
+        check_startup(CANCEL_REQUEST_CODE, &[0; 8]).unwrap();
+        assert!(check_startup(131_072, b"user\0x\0\0").unwrap_err().contains("unsupported frontend protocol 2.0"));
+        assert!(check_startup(196_608, b"user\0x\0").unwrap_err().contains("NUL"));
+        assert!(check_startup(196_608, b"user\0x\0\0Q").unwrap_err().contains("follow the end"));
     }
 
     /// Runs [`relay`] with `sent` from the client; what reached pgwire's end and what the
