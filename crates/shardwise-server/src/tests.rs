@@ -19,7 +19,7 @@ use crate::serve_flight;
 use crate::users::{Users, Verifier};
 
 #[derive(Debug)]
-struct TwoNodes;
+pub(crate) struct TwoNodes;
 
 impl ClusterView for TwoNodes {
     fn rank(&self) -> u32 {

@@ -351,9 +351,14 @@ async fn read_len(from: &mut (impl AsyncRead + Unpin)) -> Option<i32> {
 
 /// A `FATAL` ErrorResponse, protocol violation (08P01), with `message`.
 fn fatal(message: &str) -> Vec<u8> {
+    fatal_error("08P01", message)
+}
+
+/// A `FATAL` ErrorResponse with SQLSTATE `code` and `message`.
+pub fn fatal_error(code: &str, message: &str) -> Vec<u8> {
     let mut fields = Vec::new();
-    for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "08P01"), (b'M', message)] {
-        fields.push(code);
+    for (field, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', code), (b'M', message)] {
+        fields.push(field);
         fields.extend_from_slice(value.replace('\0', " ").as_bytes());
         fields.push(0);
     }

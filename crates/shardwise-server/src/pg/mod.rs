@@ -104,19 +104,37 @@ pub async fn serve(
     users: Arc<Users>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ServerError> {
+    serve_capped(listener, engine, users, shutdown, PG_MAX_CONNECTIONS).await
+}
+
+/// [`serve`] with at most `max_connections` open at once.
+async fn serve_capped(
+    listener: TcpListener,
+    engine: Arc<QueryEngine>,
+    users: Arc<Users>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    max_connections: usize,
+) -> Result<(), crate::ServerError> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "postgres endpoint listening");
     }
     let startup = Arc::new(startup::Startup::new(users));
     tokio::pin!(shutdown);
+    let mut last_warned: Option<std::time::Instant> = None;
+    let open = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
         let (socket, peer) = tokio::select! {
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
-                    tracing::warn!("postgres endpoint: cannot accept a connection: {e}");
+                    // Out of file descriptors and the like: wait a little rather than spin, and
+                    // say so once in a while, not every time (ten times a second).
+                    let quiet = std::time::Duration::from_millis(ACCEPT_WARNING_INTERVAL_MS);
+                    if last_warned.is_none_or(|at| at.elapsed() >= quiet) {
+                        tracing::warn!("postgres endpoint: cannot accept a connection: {e}");
+                        last_warned = Some(std::time::Instant::now());
+                    }
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
@@ -125,9 +143,22 @@ pub async fn serve(
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
+        // Past the cap the client is told so and the connection closes, as PostgreSQL does.
+        let Ok(place) = Arc::clone(&open).try_acquire_owned() else {
+            tracing::debug!(%peer, "postgres endpoint: {max_connections} connections open; refused one");
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut socket = socket;
+                let message = format!("sorry, too many clients already ({max_connections}, PG_MAX_CONNECTIONS)");
+                let _ = socket.write_all(&framing::fatal_error("53300", &message)).await;
+                let _ = socket.shutdown().await;
+            });
+            continue;
+        };
         let counter = Arc::new(tokio::sync::watch::Sender::new(0));
         let handlers = Connection::new(Arc::clone(&engine), Arc::clone(&startup), Arc::clone(&counter));
         tokio::spawn(async move {
+            let _place = place;
             let Some(socket) = answer_cluster_preamble(socket).await else { return };
             // A client that goes away cancels its running statement (see `cancel::hangups`).
             let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
@@ -159,6 +190,13 @@ pub async fn serve(
         });
     }
 }
+
+/// PostgreSQL connections a node keeps open at once (PostgreSQL's `max_connections`); one more
+/// is refused with `53300 sorry, too many clients already`.
+pub const PG_MAX_CONNECTIONS: usize = 1024;
+
+/// How often a failing `accept` (out of file descriptors, say) is logged as a warning at most.
+const ACCEPT_WARNING_INTERVAL_MS: u64 = 10_000;
 
 /// Longest wait for a connection's first bytes before it is handed to pgwire regardless.
 const FIRST_BYTES_WAIT_MS: u64 = 10_000;
@@ -850,6 +888,40 @@ mod tests {
         let client = tokio::net::TcpStream::connect(listener.local_addr().expect("an address"));
         let (client, accepted) = tokio::join!(client, listener.accept());
         (client.expect("connected"), accepted.expect("accepted").0)
+    }
+
+    /// Past the cap a client is refused with PostgreSQL's error, and one of the open ones
+    /// closing makes room.
+    #[tokio::test]
+    async fn past_the_cap_a_client_is_told_too_many_clients() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let engine = Arc::new(QueryEngine::new(Arc::new(crate::tests::TwoNodes)).expect("engine"));
+        let users = Arc::new(Users::default_only());
+        tokio::spawn(serve_capped(listener, engine, users, std::future::pending(), 1));
+        let first = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut second = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut answer = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(5), second.read_to_end(&mut answer))
+            .await
+            .expect("answered at once")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with(b"E") && text.contains("53300") && text.contains("too many clients"), "{text}");
+        drop(first);
+        // The first one's place is given back when its connection ends.
+        let refused = async {
+            loop {
+                let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                let mut byte = [0u8; 1];
+                match tokio::time::timeout(std::time::Duration::from_millis(300), third.read(&mut byte)).await {
+                    Err(_) => return, // kept open, waiting for a startup packet
+                    Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), refused).await.expect("a place freed");
     }
 
     #[tokio::test]
