@@ -303,11 +303,11 @@ impl MetadataHandle {
         }
     }
 
-    /// Makes sure this node's metadata is as new as the master's before a write relies on it
-    /// (at once on the master; see [`WorkerLink::ensure_metadata_current`]).
-    pub async fn ensure_current(&self) -> std::result::Result<(), String> {
+    /// Makes sure this node's metadata is as new as the master's before a statement (`writing`:
+    /// a write) relies on it (at once on the master; see [`WorkerLink::ensure_metadata_current`]).
+    pub async fn ensure_current(&self, writing: bool) -> std::result::Result<(), String> {
         match &self.view.inner {
-            Inner::Worker(w) => w.ensure_metadata_current().await,
+            Inner::Worker(w) => w.ensure_metadata_current(writing).await,
             Inner::Master(_) => Ok(()),
         }
     }
@@ -842,6 +842,14 @@ mod tests {
             }
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), noticed).await.expect("master loss noticed");
+        // Without the master, writes are refused (it may be alive and changing the catalog
+        // behind a partition); reads go on with the catalog this node has.
+        let refused = worker.metadata_handle().ensure_current(true).await.unwrap_err();
+        assert!(
+            refused.contains("no connection to the master") && refused.contains("nothing was written"),
+            "{refused}"
+        );
+        worker.metadata_handle().ensure_current(false).await.unwrap();
         let started = Instant::now();
         let err = worker.propose(create("c")).await.unwrap_err();
         let elapsed_ms = started.elapsed().as_millis() as u64;

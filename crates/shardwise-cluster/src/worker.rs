@@ -520,9 +520,15 @@ impl WorkerLink {
     /// after every version it sent before, all applied here by then, ZooKeeper's `sync`. Without
     /// it, a worker resumed from SIGSTOP acknowledged an insert into the table as it was before
     /// the DROP, whose rows the other nodes then threw away with it. `Err` when the master does
-    /// not answer within the operation timeout. With no connection to the master at all (it is
-    /// down) the write goes on: no change can be made without it.
-    pub async fn ensure_metadata_current(&self) -> std::result::Result<(), String> {
+    /// not answer within the operation timeout.
+    ///
+    /// With no connection to the master at all, a `writing` statement fails: this node cannot
+    /// tell a master that is down (no change can be made) from one it is cut off from, which
+    /// goes on without it once it counts it down, and applied a TRUNCATE, a DROP and CREATE or
+    /// a RENAME while inserts here were acknowledged into the table as it was, and lost
+    /// (ClickHouse's replicated tables turn read-only without their Keeper for the same reason).
+    /// Reads go on with the catalog this node has.
+    pub async fn ensure_metadata_current(&self, writing: bool) -> std::result::Result<(), String> {
         let t = &self.settings.timeouts;
         let fresh_ms = (t.heartbeat_interval_ms.saturating_mul(3)).min(t.metadata_applied_timeout_ms / 2).max(1);
         let (heard, connected) = {
@@ -530,7 +536,19 @@ impl WorkerLink {
             (st.last_heard, st.tx.is_some())
         };
         let silent = heard.map(|h| h.elapsed());
-        if !connected || silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
+        if !connected {
+            if !writing {
+                return Ok(());
+            }
+            let since = silent.map_or_else(String::new, |d| format!(" (last heard {} ms ago)", d.as_millis()));
+            return Err(format!(
+                "rank {} has no connection to the master{since}, so it cannot tell whether a table it writes \
+                 was truncated, dropped or renamed meanwhile; nothing was written; retry once the master is \
+                 reachable (reads go on)",
+                self.settings.rank
+            ));
+        }
+        if silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
             return Ok(());
         }
         if self.ask_members().await.is_some() {

@@ -168,8 +168,8 @@ impl MetadataAccess for NodeMetadata {
         self.0.metadata()
     }
 
-    fn ensure_current(&self) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
-        Box::pin(async move { self.0.ensure_current().await.map_err(QueryError::Unavailable) })
+    fn ensure_current(&self, writing: bool) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
+        Box::pin(async move { self.0.ensure_current(writing).await.map_err(QueryError::Unavailable) })
     }
 
     fn propose(&self, op: serde_json::Value) -> shardwise_cluster::BoxFuture<'_, Result<MetadataSnapshot, QueryError>> {

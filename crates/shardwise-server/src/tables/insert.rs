@@ -76,8 +76,8 @@ impl TablesNode {
         opts: InsertOptions,
     ) -> Result<u64, QueryError> {
         // The catalog as new as the master's first: a node that was paused or cut off may have
-        // missed a DROP and CREATE of this very table.
-        self.metadata.ensure_current().await?;
+        // missed a DROP and CREATE of this very table (and one with no master refuses).
+        self.metadata.ensure_current(true).await?;
         // An insert bound to the table it was planned against (`INSERT ... SELECT`, a load) goes
         // there under whatever name it has now (renamed, exchanged), and never to another table
         // that took its name.

@@ -53,8 +53,9 @@ pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
     fn watch(&self) -> watch::Receiver<MetadataSnapshot>;
     fn propose(&self, op: serde_json::Value) -> BoxFuture<'_, Result<MetadataSnapshot, QueryError>>;
     /// Makes sure the metadata [`MetadataAccess::watch`] gives is as new as the master's before
-    /// a write relies on it (`MetadataHandle::ensure_current`).
-    fn ensure_current(&self) -> BoxFuture<'_, Result<(), QueryError>> {
+    /// a statement (`writing`: a write) relies on it (`Node::ensure_current`).
+    fn ensure_current(&self, writing: bool) -> BoxFuture<'_, Result<(), QueryError>> {
+        let _ = writing;
         Box::pin(async { Ok(()) })
     }
 }
@@ -544,7 +545,7 @@ impl TableAccess for TablesNode {
     }
 
     fn ensure_catalog_current(&self) -> BoxFuture<'_, Result<(), QueryError>> {
-        self.metadata.ensure_current()
+        self.metadata.ensure_current(false)
     }
 
     fn read_shard(
