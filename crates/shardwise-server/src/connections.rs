@@ -13,10 +13,12 @@
 //! open files`):
 //! - at most [`GRPC_MAX_CONNECTIONS`] open at once per endpoint: past it, a new connection waits
 //!   in the kernel's backlog until one closes;
-//! - a connection must send its first bytes (HTTP/2's preface) within
-//!   [`GRPC_FIRST_BYTES_TIMEOUT_MS`]. After that the server pings it over HTTP/2
-//!   (`crate::http2`), and one that does not answer is closed, so a live client's connection
-//!   (and its session's `SET`s) lasts as long as the client keeps it, however idle.
+//! - a connection must send HTTP/2's connection preface and the header of its first frame
+//!   ([`GRPC_HANDSHAKE_BYTES`]) within [`GRPC_HANDSHAKE_TIMEOUT_MS`] (one byte was enough at
+//!   first, and 1 030 connections that sent one byte each held every place for good). After
+//!   that the server pings it over HTTP/2 (`crate::http2`), and one that does not answer is
+//!   closed, so a live client's connection (and its session's `SET`s) lasts as long as the
+//!   client keeps it, however idle.
 
 use std::collections::HashMap;
 use std::io;
@@ -38,8 +40,10 @@ use tonic::transport::server::Connected;
 
 /// Connections one gRPC endpoint of a node keeps open at once.
 pub const GRPC_MAX_CONNECTIONS: usize = 1024;
-/// How long a new gRPC connection may take to send its first bytes.
-pub const GRPC_FIRST_BYTES_TIMEOUT_MS: u64 = 10_000;
+/// How long a new gRPC connection may take to send its first [`GRPC_HANDSHAKE_BYTES`].
+pub const GRPC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// HTTP/2's connection preface (24 bytes) and a frame header (9): what every client sends first.
+pub const GRPC_HANDSHAKE_BYTES: usize = 24 + 9;
 /// How long to wait before accepting again after `accept` failed (out of file descriptors,
 /// say): tonic asks again at once, which would spin.
 const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
@@ -94,8 +98,10 @@ pub struct TrackedConnection {
     info: ConnectionInfo,
     sessions: Arc<Sessions>,
     _open: OwnedSemaphorePermit,
-    /// Until the first bytes arrive: when the connection is closed if they have not.
-    first_bytes: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until the handshake's bytes have arrived: when the connection is closed if they have not.
+    handshake: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes received so far, counted up to [`GRPC_HANDSHAKE_BYTES`].
+    received: usize,
 }
 
 impl Drop for TrackedConnection {
@@ -116,15 +122,19 @@ impl AsyncRead for TrackedConnection {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        let Some(deadline) = self.first_bytes.as_mut() else { return read };
+        let this = &mut *self;
+        let Some(deadline) = this.handshake.as_mut() else { return read };
         match read {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                self.first_bytes = None;
+            Poll::Ready(Ok(())) => {
+                this.received += buf.filled().len() - before;
+                if this.received >= GRPC_HANDSHAKE_BYTES {
+                    this.handshake = None;
+                }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("nothing received within {GRPC_FIRST_BYTES_TIMEOUT_MS} ms of connecting"),
+                format!("no HTTP/2 handshake within {GRPC_HANDSHAKE_TIMEOUT_MS} ms of connecting"),
             ))),
             other => other,
         }
@@ -159,13 +169,13 @@ impl AsyncWrite for TrackedConnection {
 
 /// Accepted connections, each with an id and Nagle's algorithm off (tonic sets `TCP_NODELAY`
 /// only on sockets it accepts itself, and small replies held back until the peer's delayed ACK
-/// would cost 40 ms a call): at most `max_connections` open at once, each closed if it sends
-/// nothing within `first_bytes_timeout` (see the module doc).
+/// would cost 40 ms a call): at most `max_connections` open at once, each closed if it has not
+/// sent its handshake within `handshake_timeout` (see the module doc).
 pub fn tracked(
     listener: TcpListener,
     sessions: Arc<Sessions>,
     max_connections: usize,
-    first_bytes_timeout: Duration,
+    handshake_timeout: Duration,
 ) -> impl Stream<Item = io::Result<TrackedConnection>> {
     let cap = Arc::new(Semaphore::new(max_connections));
     let state = (listener, sessions, cap, false);
@@ -192,8 +202,9 @@ pub fn tracked(
                 }
                 let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
                 let info = ConnectionInfo { id, remote: Some(remote) };
-                let first_bytes = Some(Box::pin(tokio::time::sleep(first_bytes_timeout)));
-                Ok(TrackedConnection { io, info, sessions: Arc::clone(&sessions), _open: open, first_bytes })
+                let handshake = Some(Box::pin(tokio::time::sleep(handshake_timeout)));
+                let sessions = Arc::clone(&sessions);
+                Ok(TrackedConnection { io, info, sessions, _open: open, handshake, received: 0 })
             }
             Err(e) => {
                 tracing::debug!("cannot accept a connection: {e}");
@@ -210,7 +221,7 @@ pub fn tracked_grpc(
     listener: TcpListener,
     sessions: Arc<Sessions>,
 ) -> impl Stream<Item = io::Result<TrackedConnection>> {
-    tracked(listener, sessions, GRPC_MAX_CONNECTIONS, Duration::from_millis(GRPC_FIRST_BYTES_TIMEOUT_MS))
+    tracked(listener, sessions, GRPC_MAX_CONNECTIONS, Duration::from_millis(GRPC_HANDSHAKE_TIMEOUT_MS))
 }
 
 /// The connection a call came on, if the transport says.
@@ -228,25 +239,32 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_cap_holds_and_a_connection_that_sends_nothing_is_closed() {
+    async fn the_cap_holds_and_a_connection_without_a_handshake_is_closed() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut accepted = Box::pin(tracked(listener, Arc::default(), 1, Duration::from_millis(300)));
-        let _silent = TcpStream::connect(addr).await.unwrap();
+        // It sends one byte, not the handshake's 33.
+        let mut one_byte = TcpStream::connect(addr).await.unwrap();
+        one_byte.write_all(b"P").await.unwrap();
         let mut first = accepted.next().await.unwrap().unwrap();
+        assert_eq!(first.read(&mut [0u8; 8]).await.unwrap(), 1);
         // Past the cap of one: not accepted while the first is open.
         let mut client = TcpStream::connect(addr).await.unwrap();
         assert!(tokio::time::timeout(Duration::from_millis(200), accepted.next()).await.is_err());
-        // The first sends nothing: its read fails when the first-bytes timeout has passed.
+        // Its next read fails when the handshake timeout has passed.
         let started = Instant::now();
         let err = first.read(&mut [0u8; 8]).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert!(started.elapsed() < Duration::from_secs(2));
         drop(first);
-        // Its place goes to the waiting one, which sends: it is not timed out after that.
+        // Its place goes to the waiting one, which sends the handshake (in two pieces): it is not
+        // timed out after that.
         let mut second = tokio::time::timeout(Duration::from_secs(2), accepted.next()).await.unwrap().unwrap().unwrap();
-        client.write_all(b"x").await.unwrap();
-        assert_eq!(second.read(&mut [0u8; 8]).await.unwrap(), 1);
+        let handshake = [7u8; GRPC_HANDSHAKE_BYTES];
+        client.write_all(&handshake[..10]).await.unwrap();
+        assert_eq!(second.read(&mut [0u8; 64]).await.unwrap(), 10);
+        client.write_all(&handshake[10..]).await.unwrap();
+        assert_eq!(second.read(&mut [0u8; 64]).await.unwrap(), GRPC_HANDSHAKE_BYTES - 10);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let idle = tokio::time::timeout(Duration::from_millis(200), second.read(&mut [0u8; 8])).await;
         assert!(idle.is_err(), "a connection that has sent is left open however idle: {idle:?}");

@@ -72,16 +72,44 @@ pub(crate) fn to_status(e: QueryError) -> Status {
 /// Serves Flight SQL on top of a [`QueryEngine`].
 pub struct FlightSqlEndpoint {
     engine: Arc<QueryEngine>,
-    /// Who may connect.
-    users: Arc<Users>,
-    /// Bearer tokens handed out by `Handshake`: one per user and process, token to user.
-    tokens: Mutex<HashMap<String, String>>,
+    /// Who may connect, and the session tokens handed out.
+    gate: Gate,
     sql_info: SqlInfoData,
     /// One per client connection (what `SET` changed).
     sessions: Arc<Sessions>,
     /// Results of statements run when submitted, until fetched.
     executed: ExecutedResults,
     planned: PlannedQueries,
+}
+
+/// Who may call: the configured users, and the bearer tokens `Handshake` handed out (one per
+/// user and process, token to user).
+#[derive(Clone)]
+pub struct Gate {
+    users: Arc<Users>,
+    tokens: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Gate {
+    /// Admits a call by its headers: a user and password, a bearer token from our handshake,
+    /// or no credentials while no users are configured. Returns the user.
+    pub fn authorize(&self, metadata: &MetadataMap) -> Result<String, Status> {
+        let refused = |e: AuthError| Status::unauthenticated(e.to_string());
+        match auth::credentials(metadata)? {
+            Credentials::Anonymous => self.users.check_anonymous().map(|()| DEFAULT_USER.to_string()).map_err(refused),
+            Credentials::Basic { user, password } => {
+                self.users.check_password(&user, &password).map_err(refused)?;
+                Ok(user)
+            }
+            Credentials::Bearer(token) => self.tokens().get(&token).cloned().ok_or_else(|| {
+                Status::unauthenticated("unknown session token (the server may have restarted): handshake again")
+            }),
+        }
+    }
+
+    fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl std::fmt::Debug for FlightSqlEndpoint {
@@ -100,8 +128,7 @@ impl FlightSqlEndpoint {
         let sql_info = info.build().map_err(ServerError::SqlInfo)?;
         Ok(FlightSqlEndpoint {
             engine,
-            users,
-            tokens: Mutex::default(),
+            gate: Gate { users, tokens: Arc::default() },
             sql_info,
             sessions,
             executed: crate::executed::executed_results(),
@@ -112,17 +139,12 @@ impl FlightSqlEndpoint {
     /// Admits a call: a user and password, a bearer token from our handshake, or no credentials
     /// while no users are configured. Returns the user.
     fn authorize(&self, metadata: &MetadataMap) -> Result<String, Status> {
-        let refused = |e: AuthError| Status::unauthenticated(e.to_string());
-        match auth::credentials(metadata)? {
-            Credentials::Anonymous => self.users.check_anonymous().map(|()| DEFAULT_USER.to_string()).map_err(refused),
-            Credentials::Basic { user, password } => {
-                self.users.check_password(&user, &password).map_err(refused)?;
-                Ok(user)
-            }
-            Credentials::Bearer(token) => self.tokens().get(&token).cloned().ok_or_else(|| {
-                Status::unauthenticated("unknown session token (the server may have restarted): handshake again")
-            }),
-        }
+        self.gate.authorize(metadata)
+    }
+
+    /// What admits calls, for a check before a call's message is read (`crate::serve_flight`).
+    pub fn gate(&self) -> Gate {
+        self.gate.clone()
     }
 
     /// The bearer token of `user`, made on first use.
@@ -137,7 +159,7 @@ impl FlightSqlEndpoint {
     }
 
     fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
+        self.gate.tokens()
     }
 
     /// The session of the connection `request` came on.

@@ -58,9 +58,16 @@ pub async fn serve_flight(
 ) -> Result<(), ServerError> {
     let sessions = Arc::new(connections::Sessions::default());
     let endpoint = FlightSqlEndpoint::new(engine, Arc::clone(&sessions), users)?;
+    let gate = endpoint.gate();
     let service = FlightServiceServer::new(endpoint)
         .max_decoding_message_size(MAX_FLIGHT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_FLIGHT_MESSAGE_BYTES);
+    // Credentials are checked before a call's message is read (each handler checks again, and
+    // learns the user): else anyone could make the node buffer up to MAX_FLIGHT_MESSAGE_BYTES
+    // per stream before it refused them.
+    let service = tonic::service::interceptor::InterceptedService::new(service, move |req: tonic::Request<()>| {
+        gate.authorize(req.metadata()).map(|_| req)
+    });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "flight sql endpoint listening");
     }
