@@ -167,12 +167,14 @@ async fn requests(
         if len < 4 || len as usize - 4 > max {
             return Err(format!("message '{}' has an invalid length, {len} (4 to {max} bytes)", kind as char));
         }
-        let mut message = Vec::with_capacity(len as usize + 1);
-        message.push(kind);
+        let mut message = vec![kind];
         message.extend_from_slice(&len.to_be_bytes());
-        message.resize(len as usize + 1, 0);
-        if client.read_exact(&mut message[5..]).await.is_err() {
-            return Ok(());
+        // Read as it arrives, never allocated ahead by the length the client claims (a logged-in
+        // client claiming 1 GiB and sending ten bytes would have had the node zero 1 GiB).
+        let body = (len - 4) as u64;
+        match (&mut *client).take(body).read_to_end(&mut message).await {
+            Ok(n) if n as u64 == body => {}
+            _ => return Ok(()),
         }
         check(kind, &message[5..], asked_now).map_err(|why| format!("malformed '{}' message: {why}", kind as char))?;
         if pgwire.write_all(&message).await.is_err() {
