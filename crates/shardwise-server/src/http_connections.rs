@@ -76,17 +76,26 @@ pub async fn serve(
     watcher.shutdown().await;
 }
 
+/// The slowest a request body may arrive, on average, beyond the first `idle` (Apache's
+/// `mod_reqtimeout` `MinRate`): a body trickled a byte a second held its connection for good,
+/// since each byte restarted the pause timer.
+pub const HTTP_BODY_MIN_BYTES_PER_S: u64 = 500;
+
 /// A request body that fails when nothing of it arrives for `idle` (counted from when the
-/// request was taken up, then from each piece).
+/// request was taken up, then from each piece), or when it arrives slower than
+/// [`HTTP_BODY_MIN_BYTES_PER_S`] on average after the first `idle`.
 pub struct TimedBody {
     inner: axum::body::Body,
     idle: Duration,
+    started: tokio::time::Instant,
+    received_bytes: u64,
     deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl TimedBody {
     pub fn new(inner: axum::body::Body, idle: Duration) -> Self {
-        TimedBody { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+        let started = tokio::time::Instant::now();
+        TimedBody { inner, idle, started, received_bytes: 0, deadline: Box::pin(tokio::time::sleep(idle)) }
     }
 }
 
@@ -100,12 +109,20 @@ impl HttpBody for TimedBody {
             Poll::Pending => match this.deadline.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("nothing of the request body arrived for {} ms", this.idle.as_millis()),
+                    format!(
+                        "the request body stopped arriving: nothing for {} ms, or under {HTTP_BODY_MIN_BYTES_PER_S} \
+                         bytes a second",
+                        this.idle.as_millis()
+                    ),
                 ))))),
                 Poll::Pending => Poll::Pending,
             },
             ready => {
-                let next = tokio::time::Instant::now() + this.idle;
+                if let Poll::Ready(Some(Ok(frame))) = &ready {
+                    this.received_bytes += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                let paced = Duration::from_millis(this.received_bytes * 1000 / HTTP_BODY_MIN_BYTES_PER_S);
+                let next = (tokio::time::Instant::now() + this.idle).min(this.started + this.idle + paced);
                 this.deadline.as_mut().reset(next);
                 ready
             }
@@ -230,6 +247,27 @@ mod tests {
         client.write_all(b" by").await.expect("write");
         let answer = read_to_close(&mut client).await;
         assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("6 bytes"), "{answer}");
+        // A body trickled a byte every 100 ms, never pausing for the timeout: too slow.
+        let trickle = TcpStream::connect(addr).await.expect("connect");
+        let (mut answer, mut body) = trickle.into_split();
+        body.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n").await.expect("write");
+        let started = std::time::Instant::now();
+        let writer = tokio::spawn(async move {
+            for _ in 0..100 {
+                if body.write_all(b"x").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+        let mut got = Vec::new();
+        use tokio::io::AsyncReadExt;
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), answer.read_to_end(&mut got)).await;
+        writer.abort();
+        let answered = String::from_utf8_lossy(&got);
+        assert!(read.is_ok() && answered.starts_with("HTTP/1.1 400"), "{answered}");
+        // The 100 bytes would have taken 10 s.
+        assert!(started.elapsed() < std::time::Duration::from_secs(3), "{:?}", started.elapsed());
     }
 
     /// A connection that sends nothing, or only part of its headers, is closed after the
