@@ -551,15 +551,21 @@ impl WorkerLink {
         if silent.is_some_and(|d| d <= Duration::from_millis(fresh_ms)) {
             return Ok(());
         }
+        let asked = std::time::Instant::now();
         if self.ask_members().await.is_some() {
             return Ok(());
         }
+        // Said as it happened: the connection may have ended before the operation timeout.
+        let waited = asked.elapsed();
+        let outcome = match waited >= t.op_timeout() {
+            true => format!("the master did not answer within {} ms", t.op_timeout().as_millis()),
+            false => format!("the connection to the master ended after {} ms without an answer", waited.as_millis()),
+        };
         let silent_ms = silent.map_or_else(|| "a while".to_string(), |d| format!("{} ms", d.as_millis()));
         Err(format!(
-            "rank {} had not heard from the master for {silent_ms} and the master did not answer within {} ms, so its \
-             catalog may be out of date (a table dropped and created again meanwhile); nothing was written, retry",
-            self.settings.rank,
-            t.op_timeout().as_millis()
+            "rank {} had not heard from the master for {silent_ms} and {outcome}, so its catalog may be out of date \
+             (a table dropped and created again meanwhile); nothing was written, retry",
+            self.settings.rank
         ))
     }
 
