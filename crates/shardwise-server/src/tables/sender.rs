@@ -41,6 +41,15 @@ pub struct SenderStatus {
     pub retries: u64,
     /// The last failure, kept after later successes so an operator can still see it.
     pub last_error: Option<String>,
+    /// When it happened.
+    pub last_error_at: Option<Instant>,
+}
+
+impl SenderStatus {
+    fn failed(&mut self, error: String) {
+        self.last_error = Some(error);
+        self.last_error_at = Some(Instant::now());
+    }
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +108,21 @@ impl Senders {
 
     pub(crate) fn status(&self, dest: u32) -> SenderStatus {
         self.slots.get(dest as usize).map(|s| lock(&s.status).clone()).unwrap_or_default()
+    }
+
+    /// [`Self::last_error`] for a message about rows pending now: whether the table's rows are
+    /// held back, or else how old the last error of shipping to `dest` is (it is kept after
+    /// later successes, and may be about another table: a flush that timed out showed a
+    /// three-minute-old error beside rows inserted a moment before, as if it were the reason).
+    pub(crate) fn last_error_noted(&self, dest: u32, table: &str) -> Option<String> {
+        let slot = self.slots.get(dest as usize)?;
+        if let Some(held) = lock(&slot.held).errors.get(table) {
+            return Some(format!("held back: {held}"));
+        }
+        let status = lock(&slot.status);
+        let error = status.last_error.as_ref()?;
+        let ago_s = status.last_error_at.map_or(0, |at| at.elapsed().as_secs());
+        Some(format!("last error shipping to it, {ago_s} s ago: {error}"))
     }
 
     /// The last error of `dest`'s queue of the table with outbox key `table`: why its items are
@@ -251,7 +275,7 @@ impl TablesNode {
                 drop(held);
                 let mut status = lock(&slot.status);
                 status.retries += 1;
-                status.last_error = Some(error.clone());
+                status.failed(error.clone());
                 tracing::debug!(dest, "items refused, their tables held back: {error}");
                 0
             }
@@ -259,7 +283,7 @@ impl TablesNode {
                 {
                     let mut status = lock(&slot.status);
                     status.retries += 1;
-                    status.last_error = Some(e.to_string());
+                    status.failed(e.to_string());
                 }
                 tracing::debug!(dest, "send failed, will retry: {e}");
                 let next = self.next_backoff_ms(backoff_ms);
@@ -297,7 +321,7 @@ impl TablesNode {
         .await;
         if let Err(e) = acked {
             tracing::error!(dest, "cannot record a delivery in the outbox (it will be resent): {e}");
-            lock(&slot.status).last_error = Some(e.to_string());
+            lock(&slot.status).failed(e.to_string());
             tokio::time::sleep(Duration::from_millis(self.settings.sender_backoff_max_ms)).await;
         }
     }
@@ -314,4 +338,21 @@ enum Taken {
 /// `ms` and up to a quarter more, at random.
 fn with_jitter(ms: u64) -> u64 {
     ms + rand::rng().random_range(0..=ms / 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_queue_names_its_held_error_or_the_age_of_the_last_one() {
+        let senders = Senders::new(2);
+        assert_eq!(senders.last_error_noted(1, "t"), None);
+        lock(&senders.slots[1].status).failed("rank 1: connection refused".into());
+        let noted = senders.last_error_noted(1, "t").unwrap_or_default();
+        assert_eq!(noted, "last error shipping to it, 0 s ago: rank 1: connection refused");
+        lock(&senders.slots[1].held).errors.insert(Arc::from("t"), "replica failed".into());
+        assert_eq!(senders.last_error_noted(1, "t").as_deref(), Some("held back: replica failed"));
+        assert!(senders.last_error_noted(1, "u").unwrap_or_default().starts_with("last error shipping"));
+    }
 }

@@ -137,8 +137,8 @@ impl TablesNode {
                 let pending = pending
                     .iter()
                     .map(|(dest, (rows, key))| {
-                        let last_error = self.senders.last_error(*dest, key);
-                        let last = last_error.map(|e| format!(" (last error: {e})")).unwrap_or_default();
+                        let last_error = self.senders.last_error_noted(*dest, key);
+                        let last = last_error.map(|e| format!(" ({e})")).unwrap_or_default();
                         format!("rank {} -> rank {dest}: {rows} rows{last}", self.rank)
                     })
                     .collect();

@@ -1028,6 +1028,10 @@ fn a_stopped_node_fails_reads_and_is_not_waited_for_by_writes() {
         "{err}"
     );
     assert!(err.contains("still pending: rank 0 -> rank 2: ") && err.matches("still pending").count() == 1, "{err}");
+    // A sender's last error, when there is one by then, is given with its age.
+    if err.contains(" rows (") {
+        assert!(err.contains("last error shipping to it, ") && err.contains(" s ago: "), "{err}");
+    }
     // OPTIMIZE does not ask it either (it waited out optimize_timeout_ms, 15 s, to fail then).
     let started = std::time::Instant::now();
     let err = c.sql_err(0, "OPTIMIZE TABLE later");
