@@ -44,9 +44,6 @@ pub const GRPC_MAX_CONNECTIONS: usize = 1024;
 pub const GRPC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// HTTP/2's connection preface (24 bytes) and a frame header (9): what every client sends first.
 pub const GRPC_HANDSHAKE_BYTES: usize = 24 + 9;
-/// How long to wait before accepting again after `accept` failed (out of file descriptors,
-/// say): tonic asks again at once, which would spin.
-const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
 
 /// What tonic attaches to each call: which connection it came on.
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +164,53 @@ impl AsyncWrite for TrackedConnection {
     }
 }
 
+/// `TcpListener` that accepts a connection only while fewer than its cap are open (the HTTP
+/// endpoint's, and each gRPC endpoint's): past the cap a new connection waits in the kernel's
+/// backlog until one closes, and the node warns once per episode.
+pub struct CappedListener {
+    inner: TcpListener,
+    open: Arc<Semaphore>,
+    max_connections: usize,
+    /// The endpoint's name, for the warning.
+    endpoint: &'static str,
+    /// Whether the cap was reached since it was last logged (one warning per episode).
+    warned: bool,
+}
+
+impl CappedListener {
+    pub fn new(inner: TcpListener, max_connections: usize, endpoint: &'static str) -> Self {
+        let open = Arc::new(Semaphore::new(max_connections));
+        CappedListener { inner, open, max_connections, endpoint, warned: false }
+    }
+
+    /// The next connection, once fewer than the cap are open, with its place under the cap: the
+    /// connection counts until the permit is dropped.
+    pub async fn accept(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
+        let permit = match Arc::clone(&self.open).try_acquire_owned() {
+            Ok(permit) => {
+                self.warned = false;
+                permit
+            }
+            Err(_) => {
+                if !self.warned {
+                    let (endpoint, max) = (self.endpoint, self.max_connections);
+                    tracing::warn!("{endpoint} endpoint: {max} connections open; new ones wait");
+                    self.warned = true;
+                }
+                // The semaphore is never closed, so this waits for a connection to end.
+                match Arc::clone(&self.open).acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        // axum's accept of a `TcpListener`: errors such as running out of descriptors are
+        // logged and waited out, never returned.
+        let (stream, _) = axum::serve::Listener::accept(&mut self.inner).await;
+        (stream, permit)
+    }
+}
+
 /// Accepted connections, each with an id and Nagle's algorithm off (tonic sets `TCP_NODELAY`
 /// only on sockets it accepts itself, and small replies held back until the peer's delayed ACK
 /// would cost 40 ms a call): at most `max_connections` open at once, each closed if it has not
@@ -177,42 +221,18 @@ pub fn tracked(
     max_connections: usize,
     handshake_timeout: Duration,
 ) -> impl Stream<Item = io::Result<TrackedConnection>> {
-    let cap = Arc::new(Semaphore::new(max_connections));
-    let state = (listener, sessions, cap, false);
-    futures::stream::unfold(state, move |(listener, sessions, cap, mut warned)| async move {
-        let open = match Arc::clone(&cap).try_acquire_owned() {
-            Ok(open) => {
-                warned = false;
-                open
-            }
-            Err(_) => {
-                if !warned {
-                    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                    tracing::warn!("gRPC endpoint {addr}: {max_connections} connections open; new ones wait");
-                    warned = true;
-                }
-                // The cap's semaphore is never closed, so this waits for a place.
-                Arc::clone(&cap).acquire_owned().await.ok()?
-            }
-        };
-        let item = match listener.accept().await {
-            Ok((io, remote)) => {
-                if let Err(e) = io.set_nodelay(true) {
-                    tracing::debug!("cannot set TCP_NODELAY: {e}");
-                }
-                let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
-                let info = ConnectionInfo { id, remote: Some(remote) };
-                let handshake = Some(Box::pin(tokio::time::sleep(handshake_timeout)));
-                let sessions = Arc::clone(&sessions);
-                Ok(TrackedConnection { io, info, sessions, _open: open, handshake, received: 0 })
-            }
-            Err(e) => {
-                tracing::debug!("cannot accept a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
-                Err(e)
-            }
-        };
-        Some((item, (listener, sessions, cap, warned)))
+    let listener = CappedListener::new(listener, max_connections, "gRPC");
+    futures::stream::unfold((listener, sessions), move |(mut listener, sessions)| async move {
+        let (io, open) = listener.accept().await;
+        if let Err(e) = io.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+        let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
+        let info = ConnectionInfo { id, remote: io.peer_addr().ok() };
+        let handshake = Some(Box::pin(tokio::time::sleep(handshake_timeout)));
+        let connection =
+            TrackedConnection { io, info, sessions: Arc::clone(&sessions), _open: open, handshake, received: 0 };
+        Some((Ok(connection), (listener, sessions)))
     })
 }
 
@@ -237,6 +257,24 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    /// Past the cap a connection is not served until an open one closes.
+    #[tokio::test]
+    async fn a_connection_past_the_cap_waits_for_one_to_close() {
+        let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = inner.local_addr().expect("addr");
+        let mut listener = CappedListener::new(inner, 2, "http");
+        let _clients: Vec<TcpStream> =
+            futures::future::join_all((0..3).map(|_| TcpStream::connect(addr))).await.into_iter().flatten().collect();
+        // A connection and its place under the cap, kept together as the server keeps them.
+        let first = listener.accept().await;
+        let _second = listener.accept().await;
+        let third = tokio::time::timeout(std::time::Duration::from_millis(200), listener.accept()).await;
+        assert!(third.is_err(), "a third connection was accepted past a cap of 2");
+        drop(first);
+        let third = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await;
+        assert!(third.is_ok(), "the third connection was not accepted once one closed");
+    }
 
     #[tokio::test]
     async fn the_cap_holds_and_a_connection_without_a_handshake_is_closed() {

@@ -19,15 +19,11 @@
 //! timed: a query may take as long as its settings allow.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::serve::Listener;
 use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// HTTP connections a node keeps open at once.
 pub const HTTP_MAX_CONNECTIONS: usize = 1024;
@@ -41,7 +37,7 @@ pub const HTTP_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
 /// `shutdown` completes; then waits for the requests being answered (as `axum::serve`'s graceful
 /// shutdown does).
 pub async fn serve(
-    mut listener: CappedListener,
+    mut listener: crate::connections::CappedListener,
     app: axum::Router,
     header_read_timeout: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -138,69 +134,11 @@ impl HttpBody for TimedBody {
     }
 }
 
-/// `TcpListener` that accepts a connection only while fewer than its cap are open.
-pub struct CappedListener {
-    inner: TcpListener,
-    open: Arc<Semaphore>,
-    /// Whether the cap was reached since it was last logged (one warning per episode).
-    warned: bool,
-}
-
-impl CappedListener {
-    pub fn new(inner: TcpListener, max_connections: usize) -> Self {
-        CappedListener { inner, open: Arc::new(Semaphore::new(max_connections)), warned: false }
-    }
-
-    /// The next connection, once fewer than the cap are open, with its place under the cap: the
-    /// connection counts until the permit is dropped.
-    pub async fn accept(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
-        let permit = match Arc::clone(&self.open).try_acquire_owned() {
-            Ok(permit) => {
-                self.warned = false;
-                permit
-            }
-            Err(_) => {
-                if !self.warned {
-                    tracing::warn!(
-                        "http endpoint: {HTTP_MAX_CONNECTIONS} connections open (HTTP_MAX_CONNECTIONS); new ones wait"
-                    );
-                    self.warned = true;
-                }
-                // The semaphore is never closed, so this waits for a connection to end.
-                match Arc::clone(&self.open).acquire_owned().await {
-                    Ok(permit) => permit,
-                    Err(_) => std::future::pending().await,
-                }
-            }
-        };
-        // axum's accept of a `TcpListener`: errors such as running out of descriptors are
-        // logged and waited out, never returned.
-        let (stream, _) = Listener::accept(&mut self.inner).await;
-        (stream, permit)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use tokio::net::{TcpListener, TcpStream};
 
-    /// Past the cap a connection is not served until an open one closes.
-    #[tokio::test]
-    async fn a_connection_past_the_cap_waits_for_one_to_close() {
-        let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = inner.local_addr().expect("addr");
-        let mut listener = CappedListener::new(inner, 2);
-        let _clients: Vec<TcpStream> =
-            futures::future::join_all((0..3).map(|_| TcpStream::connect(addr))).await.into_iter().flatten().collect();
-        // A connection and its place under the cap, kept together as the server keeps them.
-        let first = listener.accept().await;
-        let _second = listener.accept().await;
-        let third = tokio::time::timeout(std::time::Duration::from_millis(200), listener.accept()).await;
-        assert!(third.is_err(), "a third connection was accepted past a cap of 2");
-        drop(first);
-        let third = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await;
-        assert!(third.is_ok(), "the third connection was not accepted once one closed");
-    }
+    use super::*;
 
     async fn serving(timeout_ms: u64) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -211,7 +149,7 @@ mod tests {
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let timeout = std::time::Duration::from_millis(timeout_ms);
-        tokio::spawn(serve(CappedListener::new(inner, 8), app, timeout, async move {
+        tokio::spawn(serve(crate::connections::CappedListener::new(inner, 8, "http"), app, timeout, async move {
             let _ = stopped.await;
         }));
         (addr, stop)
