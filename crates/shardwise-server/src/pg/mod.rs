@@ -120,25 +120,14 @@ async fn serve_capped(
     }
     let startup = Arc::new(startup::Startup::new(users));
     tokio::pin!(shutdown);
-    let mut last_warned: Option<std::time::Instant> = None;
     let open = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut listener = listener;
     loop {
+        // axum's accept, as the other endpoints': errors such as running out of descriptors are
+        // logged and waited out (a second at a time), never a spin.
         let (socket, peer) = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin, and
-                    // say so once in a while, not every time (ten times a second).
-                    let quiet = std::time::Duration::from_millis(ACCEPT_WARNING_INTERVAL_MS);
-                    if last_warned.is_none_or(|at| at.elapsed() >= quiet) {
-                        tracing::warn!("postgres endpoint: cannot accept a connection: {e}");
-                        last_warned = Some(std::time::Instant::now());
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            accepted = axum::serve::Listener::accept(&mut listener) => accepted,
         };
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!("cannot set TCP_NODELAY: {e}");
@@ -194,9 +183,6 @@ async fn serve_capped(
 /// PostgreSQL connections a node keeps open at once (PostgreSQL's `max_connections`); one more
 /// is refused with `53300 sorry, too many clients already`.
 pub const PG_MAX_CONNECTIONS: usize = 1024;
-
-/// How often a failing `accept` (out of file descriptors, say) is logged as a warning at most.
-const ACCEPT_WARNING_INTERVAL_MS: u64 = 10_000;
 
 /// Longest wait for a connection's first bytes before it is handed to pgwire regardless.
 const FIRST_BYTES_WAIT_MS: u64 = 10_000;
