@@ -15,16 +15,21 @@
 //!   in the kernel's backlog until one closes;
 //! - a connection must send HTTP/2's connection preface and the header of its first frame
 //!   ([`GRPC_HANDSHAKE_BYTES`]) within [`GRPC_HANDSHAKE_TIMEOUT_MS`] (one byte was enough at
-//!   first, and 1 030 connections that sent one byte each held every place for good). After
-//!   that the server pings it over HTTP/2 (`crate::http2`), and one that does not answer is
-//!   closed, so a live client's connection (and its session's `SET`s) lasts as long as the
-//!   client keeps it, however idle.
+//!   first, and 1 030 connections that sent one byte each held every place for good);
+//! - a connection must make a call whose credentials are accepted ([`admit`], from the
+//!   endpoints' interceptors) within [`GRPC_LOGIN_TIMEOUT_MS`] of opening (PostgreSQL's
+//!   `authentication_timeout`): a client that sent the handshake and answered the server's pings
+//!   held its place for good without ever logging in, so 1024 of them shut every client out.
+//!
+//! After that the server pings a connection over HTTP/2 (`crate::http2`), and one that does not
+//! answer is closed, so a live client's connection (and its session's `SET`s) lasts as long as
+//! the client keeps it, however idle.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -44,12 +49,24 @@ pub const GRPC_MAX_CONNECTIONS: usize = 1024;
 pub const GRPC_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// HTTP/2's connection preface (24 bytes) and a frame header (9): what every client sends first.
 pub const GRPC_HANDSHAKE_BYTES: usize = 24 + 9;
+/// How long a new gRPC connection may take to make its first call with accepted credentials.
+pub const GRPC_LOGIN_TIMEOUT_MS: u64 = 60_000;
 
 /// What tonic attaches to each call: which connection it came on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnectionInfo {
     pub id: u64,
     pub remote: Option<SocketAddr>,
+    /// Set once a call on the connection has had its credentials accepted ([`admit`]).
+    admitted: Arc<AtomicBool>,
+}
+
+/// Notes that `request`'s credentials were accepted, so its connection is not closed for want
+/// of a login (see the module doc). Calls from in-process transports carry no connection.
+pub fn admit<T>(request: &tonic::Request<T>) {
+    if let Some(info) = request.extensions().get::<ConnectionInfo>() {
+        info.admitted.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The sessions of a node's live connections.
@@ -95,8 +112,12 @@ pub struct TrackedConnection {
     info: ConnectionInfo,
     sessions: Arc<Sessions>,
     _open: OwnedSemaphorePermit,
-    /// Until the handshake's bytes have arrived: when the connection is closed if they have not.
-    handshake: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until the connection is admitted: when it is closed if the handshake's bytes have not
+    /// arrived, or (once they have) if no call has been admitted.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the connection opened, and how long it may take to be admitted.
+    opened: tokio::time::Instant,
+    login_timeout: Duration,
     /// Bytes received so far, counted up to [`GRPC_HANDSHAKE_BYTES`].
     received: usize,
 }
@@ -111,7 +132,7 @@ impl Connected for TrackedConnection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        self.info
+        self.info.clone()
     }
 }
 
@@ -120,19 +141,35 @@ impl AsyncRead for TrackedConnection {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
         let this = &mut *self;
-        let Some(deadline) = this.handshake.as_mut() else { return read };
+        let Some(deadline) = this.deadline.as_mut() else { return read };
+        let handshaken = this.received >= GRPC_HANDSHAKE_BYTES;
+        if handshaken && this.info.admitted.load(Ordering::Relaxed) {
+            this.deadline = None;
+            return read;
+        }
         match read {
             Poll::Ready(Ok(())) => {
                 this.received += buf.filled().len() - before;
-                if this.received >= GRPC_HANDSHAKE_BYTES {
-                    this.handshake = None;
+                if !handshaken && this.received >= GRPC_HANDSHAKE_BYTES {
+                    deadline.as_mut().reset(this.opened + this.login_timeout);
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("no HTTP/2 handshake within {GRPC_HANDSHAKE_TIMEOUT_MS} ms of connecting"),
-            ))),
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                let why = if handshaken {
+                    if this.info.admitted.load(Ordering::Relaxed) {
+                        this.deadline = None;
+                        return Poll::Pending;
+                    }
+                    format!(
+                        "no call with accepted credentials within {} ms of connecting",
+                        this.login_timeout.as_millis()
+                    )
+                } else {
+                    format!("no HTTP/2 handshake within {GRPC_HANDSHAKE_TIMEOUT_MS} ms of connecting")
+                };
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)))
+            }
             other => other,
         }
     }
@@ -214,12 +251,13 @@ impl CappedListener {
 /// Accepted connections, each with an id and Nagle's algorithm off (tonic sets `TCP_NODELAY`
 /// only on sockets it accepts itself, and small replies held back until the peer's delayed ACK
 /// would cost 40 ms a call): at most `max_connections` open at once, each closed if it has not
-/// sent its handshake within `handshake_timeout` (see the module doc).
+/// sent its handshake within `timeouts.0`, or made a call with accepted credentials within
+/// `timeouts.1` (see the module doc).
 pub fn tracked(
     listener: TcpListener,
     sessions: Arc<Sessions>,
     max_connections: usize,
-    handshake_timeout: Duration,
+    (handshake_timeout, login_timeout): (Duration, Duration),
 ) -> impl Stream<Item = io::Result<TrackedConnection>> {
     let listener = CappedListener::new(listener, max_connections, "gRPC");
     futures::stream::unfold((listener, sessions), move |(mut listener, sessions)| async move {
@@ -228,10 +266,20 @@ pub fn tracked(
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
         let id = sessions.next_id.fetch_add(1, Ordering::Relaxed);
-        let info = ConnectionInfo { id, remote: io.peer_addr().ok() };
-        let handshake = Some(Box::pin(tokio::time::sleep(handshake_timeout)));
-        let connection =
-            TrackedConnection { io, info, sessions: Arc::clone(&sessions), _open: open, handshake, received: 0 };
+        let info = ConnectionInfo { id, remote: io.peer_addr().ok(), admitted: Arc::default() };
+        let opened = tokio::time::Instant::now();
+        let deadline = Some(Box::pin(tokio::time::sleep_until(opened + handshake_timeout)));
+        let sessions_of = Arc::clone(&sessions);
+        let connection = TrackedConnection {
+            io,
+            info,
+            sessions: sessions_of,
+            _open: open,
+            deadline,
+            opened,
+            login_timeout,
+            received: 0,
+        };
         Some((Ok(connection), (listener, sessions)))
     })
 }
@@ -241,7 +289,8 @@ pub fn tracked_grpc(
     listener: TcpListener,
     sessions: Arc<Sessions>,
 ) -> impl Stream<Item = io::Result<TrackedConnection>> {
-    tracked(listener, sessions, GRPC_MAX_CONNECTIONS, Duration::from_millis(GRPC_HANDSHAKE_TIMEOUT_MS))
+    let timeouts = (Duration::from_millis(GRPC_HANDSHAKE_TIMEOUT_MS), Duration::from_millis(GRPC_LOGIN_TIMEOUT_MS));
+    tracked(listener, sessions, GRPC_MAX_CONNECTIONS, timeouts)
 }
 
 /// The connection a call came on, if the transport says.
@@ -280,7 +329,8 @@ mod tests {
     async fn the_cap_holds_and_a_connection_without_a_handshake_is_closed() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(tracked(listener, Arc::default(), 1, Duration::from_millis(300)));
+        let timeouts = (Duration::from_millis(300), Duration::from_secs(60));
+        let mut accepted = Box::pin(tracked(listener, Arc::default(), 1, timeouts));
         // It sends one byte, not the handshake's 33.
         let mut one_byte = TcpStream::connect(addr).await.unwrap();
         one_byte.write_all(b"P").await.unwrap();
@@ -306,6 +356,41 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let idle = tokio::time::timeout(Duration::from_millis(200), second.read(&mut [0u8; 8])).await;
         assert!(idle.is_err(), "a connection that has sent is left open however idle: {idle:?}");
+    }
+
+    /// A connection that has sent its handshake but had no call admitted is closed when the
+    /// login timeout (counted from its opening) has passed; one with an admitted call is not.
+    #[tokio::test]
+    async fn a_connection_that_never_logs_in_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let timeouts = (Duration::from_millis(300), Duration::from_millis(600));
+        let mut accepted = Box::pin(tracked(listener, Arc::default(), 8, timeouts));
+        let handshake = [7u8; GRPC_HANDSHAKE_BYTES];
+        let mut clients = Vec::new();
+        let mut served = Vec::new();
+        for _ in 0..2 {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            client.write_all(&handshake).await.unwrap();
+            clients.push(client);
+            let mut connection = accepted.next().await.unwrap().unwrap();
+            assert_eq!(connection.read(&mut [0u8; 64]).await.unwrap(), GRPC_HANDSHAKE_BYTES);
+            served.push(connection);
+        }
+        let started = Instant::now();
+        // The second makes a call that is admitted.
+        let mut call = tonic::Request::new(());
+        call.extensions_mut().insert(served[1].connect_info());
+        admit(&call);
+        let err = served[0].read(&mut [0u8; 8]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("no call with accepted credentials within 600 ms"), "{err}");
+        let waited = started.elapsed();
+        assert!(waited > Duration::from_millis(400) && waited < Duration::from_secs(3), "{waited:?}");
+        let idle = tokio::time::timeout(Duration::from_millis(800), served[1].read(&mut [0u8; 8])).await;
+        assert!(idle.is_err(), "an admitted connection is left open however idle: {idle:?}");
+        clients[1].write_all(b"more").await.unwrap();
+        assert_eq!(served[1].read(&mut [0u8; 8]).await.unwrap(), 4);
     }
 
     #[test]

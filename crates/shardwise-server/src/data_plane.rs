@@ -102,7 +102,9 @@ impl DataPlane {
         // make the node read and decode up to max_message_bytes (256 MiB) per call before it
         // refused. (The handlers check again.)
         let service = tonic::service::interceptor::InterceptedService::new(service, move |req: Request<()>| {
-            check_credential(&auth, &req).map(|()| req)
+            check_credential(&auth, &req)?;
+            crate::connections::admit(&req);
+            Ok(req)
         });
         crate::http2::server(tonic::transport::Server::builder())
             .tcp_nodelay(true)

@@ -12,7 +12,7 @@
 //! transactions).
 
 use arrow::array::RecordBatch;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::decode::DecodedPayload;
 use arrow_flight::sql::server::PeekableFlightDataStream;
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Expr;
@@ -57,7 +57,7 @@ impl Handle {
 
 /// The rows of values a `DoPut` on a prepared statement carries.
 pub async fn bound_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
-    let mut decoder = FlightDataDecoder::new(stream.map_err(Into::into));
+    let mut decoder = crate::flight_decode::decoded(stream.map_err(Into::into));
     let mut batches = Vec::new();
     while let Some(message) = decoder.next().await {
         let message = message.map_err(|e| Status::invalid_argument(format!("the bound parameters: {e}")))?;

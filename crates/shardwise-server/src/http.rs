@@ -83,10 +83,9 @@ pub async fn serve(
         .layer(axum::extract::DefaultBodyLimit::max(HTTP_MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(Http { engine, users });
-    use crate::http_connections::{HTTP_HEADER_READ_TIMEOUT_MS, HTTP_MAX_CONNECTIONS};
+    use crate::http_connections::{HTTP_MAX_CONNECTIONS, Timeouts};
     let listener = crate::connections::CappedListener::new(listener, HTTP_MAX_CONNECTIONS, "http");
-    let header_read_timeout = std::time::Duration::from_millis(HTTP_HEADER_READ_TIMEOUT_MS);
-    crate::http_connections::serve(listener, app, header_read_timeout, shutdown).await;
+    crate::http_connections::serve(listener, app, Timeouts::default(), shutdown).await;
     Ok(())
 }
 

@@ -13,15 +13,23 @@ use tonic::transport::{Endpoint, Server};
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 /// Bytes one stream may have in flight towards this side before the sender waits.
 pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
-/// Bytes all streams of a connection may have in flight towards this side.
+/// Bytes all streams of a connection may have in flight towards a server (what clients send).
 pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+/// Bytes all streams of a connection may have in flight towards a client (the answers it reads):
+/// the most HTTP/2 allows. A connection's window does not bound its memory (each stream's unread
+/// bytes stay under [`STREAM_WINDOW_BYTES`]); it is shared by the connection's streams, and the
+/// bytes of a stream its reader has stopped reading hold their share of it. At 32 MiB two unread
+/// answers held the whole window of a node's connection to a peer, which every query of the node
+/// reads that peer's rows over, and its cross-node queries waited for minutes; at this size it
+/// takes 127 such streams.
+pub const CLIENT_CONNECTION_WINDOW_BYTES: u32 = (1 << 31) - 1;
 
 /// `endpoint` with shardwise's frame and window sizes.
 pub fn client(endpoint: Endpoint) -> Endpoint {
     endpoint
         .max_frame_size(MAX_FRAME_BYTES)
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .initial_connection_window_size(CLIENT_CONNECTION_WINDOW_BYTES)
 }
 
 /// How often a server pings each of its connections (HTTP/2 PING): a client that does not

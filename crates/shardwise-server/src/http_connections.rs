@@ -17,6 +17,13 @@
 //! either ([`TimedBody`]): a request that declared 100 bytes and sent 6 held its connection open
 //! for good, and 1024 of them shut every other client out. A request being answered is not
 //! timed: a query may take as long as its settings allow.
+//!
+//! Why a send timeout: an answer the client stops reading holds its query, and the query holds
+//! what it reads from other nodes (their streams' flow-control windows on the connection it
+//! shares with every other query of this node); five unread `SELECT *` answers held every
+//! cross-node query of their node for minutes. A connection whose socket takes no byte of the
+//! answer for [`HTTP_SEND_TIMEOUT_MS`] is closed, and its query cancelled (ClickHouse's
+//! `http_send_timeout`, also 30 s). A slow reader that keeps reading is never cut off.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -33,15 +40,38 @@ pub const HTTP_MAX_CONNECTIONS: usize = 1024;
 /// and how long a request's body may pause ([`TimedBody`]).
 pub const HTTP_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
 
-/// Serves `app` on the connections `listener` accepts, each with the header-read timeout, until
-/// `shutdown` completes; then waits for the requests being answered (as `axum::serve`'s graceful
-/// shutdown does).
+/// How long a connection's socket may take no byte of an answer before the connection is closed
+/// and the answer's query cancelled.
+pub const HTTP_SEND_TIMEOUT_MS: u64 = 30_000;
+
+/// How long [`serve`]'s connections may wait for the client.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// For a request's headers, and between the pieces of its body ([`TimedBody`]).
+    pub header_read: Duration,
+    /// For the socket to take a byte of an answer.
+    pub send: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header_read: Duration::from_millis(HTTP_HEADER_READ_TIMEOUT_MS),
+            send: Duration::from_millis(HTTP_SEND_TIMEOUT_MS),
+        }
+    }
+}
+
+/// Serves `app` on the connections `listener` accepts, each with `timeouts`, until `shutdown`
+/// completes; then waits for the requests being answered (as `axum::serve`'s graceful shutdown
+/// does).
 pub async fn serve(
     mut listener: crate::connections::CappedListener,
     app: axum::Router,
-    header_read_timeout: std::time::Duration,
+    timeouts: Timeouts,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    let header_read_timeout = timeouts.header_read;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read_timeout);
     let app =
@@ -56,13 +86,15 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(timeouts.send));
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(Box::pin(stream)), service);
         let connection = watcher.watch(connection);
         tokio::spawn(async move {
             // Its place under the cap, held until the connection ends.
             let _open = open;
             // A client that went away, or was timed out: nothing to answer, nothing to log above
-            // debug (hyper logged the timeout itself).
+            // debug (hyper logged a header timeout itself; a send timeout ends here).
             if let Err(e) = connection.await {
                 tracing::debug!("http connection ended: {e}");
             }
@@ -149,10 +181,85 @@ mod tests {
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let timeout = std::time::Duration::from_millis(timeout_ms);
-        tokio::spawn(serve(crate::connections::CappedListener::new(inner, 8, "http"), app, timeout, async move {
+        let timeouts = Timeouts { header_read: timeout, send: timeout };
+        tokio::spawn(serve(crate::connections::CappedListener::new(inner, 8, "http"), app, timeouts, async move {
             let _ = stopped.await;
         }));
         (addr, stop)
+    }
+
+    /// Set when the answer it is part of is dropped.
+    struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// An answer its client stops reading is dropped (its query cancelled) and the connection
+    /// closed after the send timeout; one its client reads slowly is sent whole.
+    #[tokio::test]
+    async fn an_answer_nobody_reads_is_given_up() {
+        use futures::StreamExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const ANSWER_BYTES: usize = 64 << 20;
+        let inner = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = inner.local_addr().expect("addr");
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&dropped);
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move || {
+                let guard = Dropped(std::sync::Arc::clone(&flag));
+                async move {
+                    let chunks = futures::stream::iter(0..ANSWER_BYTES / 65536).map(move |_| {
+                        let _held = &guard;
+                        Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 65536]))
+                    });
+                    axum::body::Body::from_stream(chunks)
+                }
+            }),
+        );
+        let timeouts = Timeouts { header_read: Duration::from_secs(30), send: Duration::from_millis(300) };
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(crate::connections::CappedListener::new(inner, 8, "http"), app, timeouts, async move {
+            let _ = stopped.await;
+        }));
+
+        let mut unread = TcpStream::connect(addr).await.expect("connect");
+        unread.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        let given_up = tokio::time::timeout(Duration::from_secs(10), async {
+            while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(given_up.is_ok(), "the unread answer was still held after 10 s");
+        // What the socket buffers held arrives, then the connection ends short of the answer.
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), unread.read_to_end(&mut got)).await;
+        assert!(got.len() < ANSWER_BYTES, "{} bytes", got.len());
+
+        // A reader that pauses for less than the timeout between reads gets it all.
+        dropped.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let mut total = 0usize;
+        let mut buf = vec![0u8; 8 << 20];
+        let mut reads = 0u32;
+        loop {
+            let n = slow.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            total += n;
+            reads += 1;
+            if reads.is_multiple_of(4) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        assert!(total > ANSWER_BYTES, "{total} bytes");
     }
 
     /// Reads until the server closes the connection; what it sent.

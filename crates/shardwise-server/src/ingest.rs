@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::decode::DecodedPayload;
 use arrow_flight::sql::CommandStatementIngest;
 use arrow_flight::sql::server::PeekableFlightDataStream;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -32,6 +32,7 @@ use futures::{StreamExt, TryStreamExt};
 use shardwise_query::{InsertOptions, QueryEngine, QueryError, TableAccess};
 use tonic::Status;
 
+use crate::flight_decode::Decoded;
 use crate::flight_sql::to_status;
 use crate::ingest_schema::conform;
 
@@ -89,7 +90,7 @@ pub async fn ingest(
         .get(&request.table)
         .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&request.table).to_string())))?;
     let started = Instant::now();
-    let decoder = FlightDataDecoder::new(stream.map_err(Into::into));
+    let decoder = crate::flight_decode::decoded(stream.map_err(Into::into));
     let schema = entry.def.schema.clone();
     // Every segment of a streamed load goes to this incarnation of the table or fails.
     let mut request = request;
@@ -172,7 +173,7 @@ struct Ingest<'a> {
 
 impl Ingest<'_> {
     /// The whole stream first, then one insert: for clients that send no commit marker.
-    async fn whole(&self, mut decoder: FlightDataDecoder) -> Result<Outcome, Status> {
+    async fn whole(&self, mut decoder: Decoded) -> Result<Outcome, Status> {
         let Ingest { access, request, schema, started } = *self;
         let table = &request.table;
         let mut batches: Vec<RecordBatch> = Vec::new();
@@ -196,7 +197,7 @@ impl Ingest<'_> {
     }
 
     /// Stores segments while the stream arrives: for clients that end it with a commit marker.
-    async fn streamed(&self, mut decoder: FlightDataDecoder) -> Result<Outcome, Status> {
+    async fn streamed(&self, mut decoder: Decoded) -> Result<Outcome, Status> {
         let Ingest { access, request, schema, started } = *self;
         let table = &request.table;
         let insert_id = request.opts.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());

@@ -12,6 +12,7 @@ pub mod csv_text;
 pub mod data_plane;
 pub mod error;
 pub mod executed;
+pub mod flight_decode;
 pub mod flight_metadata;
 pub mod flight_params;
 pub mod flight_plans;
@@ -66,7 +67,9 @@ pub async fn serve_flight(
     // learns the user): else anyone could make the node buffer up to MAX_FLIGHT_MESSAGE_BYTES
     // per stream before it refused them.
     let service = tonic::service::interceptor::InterceptedService::new(service, move |req: tonic::Request<()>| {
-        gate.authorize(req.metadata()).map(|_| req)
+        gate.authorize(req.metadata())?;
+        connections::admit(&req);
+        Ok(req)
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "flight sql endpoint listening");

@@ -59,11 +59,7 @@ pub fn batches(
     let decoded =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(format, table, stated, data, schema)));
     decoded.unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("the decoder failed");
+        let why = crate::flight_decode::panic_text(&*panic);
         Err(QueryError::Rejected(format!(
             "INSERT INTO {table} FORMAT {}: the body is not {} ({why})",
             format.name(),

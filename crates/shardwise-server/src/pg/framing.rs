@@ -36,6 +36,12 @@ pub const PG_MESSAGE_MAX_BYTES: usize = 0x3fff_fffe;
 const PG_STARTUP_TIMEOUT_MS: u64 = 60_000;
 /// How long pgwire may take to answer what it was sent once the client has gone or been cut off.
 const PG_DRAIN_TIMEOUT_MS: u64 = 5_000;
+/// How long a client's socket may take none of a [`PG_SEND_CHUNK_BYTES`] piece of its answers
+/// before the connection is closed and its query cancelled (ClickHouse's `send_timeout`): an
+/// answer nobody reads holds its query, and the query what it reads from other nodes.
+pub const PG_SEND_TIMEOUT_MS: u64 = 300_000;
+/// The most of pgwire's answers passed on to the client in one write.
+const PG_SEND_CHUNK_BYTES: usize = 64 << 10;
 
 /// What a password message (`p`) must be: what the server's last authentication request asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +66,9 @@ impl Asked {
     }
 }
 
-/// Relays `client` to pgwire's end of a socket pair (`pgwire`) until either side is done.
-pub async fn relay(mut client: TcpStream, mut pgwire: UnixStream) {
+/// Relays `client` to pgwire's end of a socket pair (`pgwire`) until either side is done, or
+/// until the client has taken nothing of an answer for `send_timeout`.
+pub async fn relay(mut client: TcpStream, mut pgwire: UnixStream, send_timeout: Duration) {
     let startup =
         tokio::time::timeout(Duration::from_millis(PG_STARTUP_TIMEOUT_MS), negotiate(&mut client, &mut pgwire)).await;
     match startup {
@@ -75,9 +82,10 @@ pub async fn relay(mut client: TcpStream, mut pgwire: UnixStream) {
     let asked = Arc::new(AtomicU8::new(Asked::Nothing as u8));
     let (mut client_in, client_out) = client.into_split();
     let (pgwire_in, mut pgwire_out) = pgwire.into_split();
-    let mut answers = tokio::spawn(answers(pgwire_in, client_out, Arc::clone(&asked)));
+    let mut answers = tokio::spawn(answers(pgwire_in, client_out, Arc::clone(&asked), send_timeout));
     let violation = tokio::select! {
-        // pgwire closed the connection (the client said goodbye, or it failed).
+        // pgwire closed the connection (the client said goodbye, or it failed), or the client
+        // stopped reading its answers.
         _ = &mut answers => return,
         ended = requests(&mut client_in, &mut pgwire_out, &asked) => ended.err(),
     };
@@ -189,6 +197,7 @@ async fn answers(
     mut pgwire: tokio::net::unix::OwnedReadHalf,
     mut client: tokio::net::tcp::OwnedWriteHalf,
     asked: Arc<AtomicU8>,
+    send_timeout: Duration,
 ) -> tokio::net::tcp::OwnedWriteHalf {
     let mut buf = BytesMut::new();
     'login: loop {
@@ -208,7 +217,7 @@ async fn answers(
                 asked.store(now as u8, Ordering::SeqCst);
             }
             let message = buf.split_to(len + 1);
-            if client.write_all(&message).await.is_err() {
+            if !sent(&mut client, &message, send_timeout).await {
                 return client;
             }
             if Asked::load(&asked) == Asked::LoggedIn {
@@ -220,10 +229,31 @@ async fn answers(
             Ok(_) => {}
         }
     }
-    if client.write_all(&buf).await.is_ok() {
-        let _ = tokio::io::copy(&mut pgwire, &mut client).await;
+    if !sent(&mut client, &buf, send_timeout).await {
+        return client;
     }
-    client
+    let mut chunk = vec![0u8; PG_SEND_CHUNK_BYTES];
+    loop {
+        match pgwire.read(&mut chunk).await {
+            Ok(0) | Err(_) => return client,
+            Ok(n) => {
+                if !sent(&mut client, &chunk[..n], send_timeout).await {
+                    return client;
+                }
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to the client; false if it failed, or took longer than `send_timeout`.
+async fn sent(client: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8], send_timeout: Duration) -> bool {
+    match tokio::time::timeout(send_timeout, client.write_all(bytes)).await {
+        Ok(written) => written.is_ok(),
+        Err(_) => {
+            tracing::debug!("postgres connection: the client took none of its answers for {send_timeout:?}: closed");
+            false
+        }
+    }
 }
 
 /// Whether `body` fits the layout of a message of type `kind` exactly.
@@ -455,7 +485,7 @@ mod tests {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         // pgwire's stand-in: logs the client in at once, as pgwire without users does.
         theirs.write_all(&msg(b'R', &0i32.to_be_bytes())).await.unwrap();
-        let relay = tokio::spawn(relay(server, ours));
+        let relay = tokio::spawn(relay(server, ours, Duration::from_secs(30)));
         client.write_all(&sent).await.unwrap();
         let mut received = Vec::new();
         let mut got = Vec::new();
@@ -489,5 +519,37 @@ mod tests {
         assert!(got.starts_with(b"N"), "{got:?}");
         let text = String::from_utf8_lossy(&got);
         assert!(text.contains("08P01") && text.contains("malformed 'B' message: it ends"), "{text}");
+    }
+
+    /// A client that stops reading its answers is cut off after the send timeout, and pgwire's
+    /// end sees the connection close (so the query behind the answers ends).
+    #[tokio::test]
+    async fn a_client_that_reads_no_answers_is_cut_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let relay = tokio::spawn(relay(server, ours, Duration::from_millis(300)));
+        let mut startup = 196_608i32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0x\0\0");
+        let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
+        startup_packet.extend_from_slice(&startup);
+        client.write_all(&startup_packet).await.unwrap();
+        client.write_all(&msg(b'Q', b"SELECT * FROM big\0")).await.unwrap();
+        // pgwire's stand-in logs the client in, then answers rows until its writes fail.
+        theirs.write_all(&msg(b'R', &0i32.to_be_bytes())).await.unwrap();
+        let row = msg(b'D', &[b'x'; 8192]);
+        let started = std::time::Instant::now();
+        let flooding = async {
+            let mut written = 0usize;
+            while theirs.write_all(&row).await.is_ok() {
+                written += row.len();
+                assert!(written < 1 << 30, "1 GiB written to a client that reads nothing");
+            }
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(10), flooding).await;
+        assert!(ended.is_ok(), "pgwire's end could still write after 10 s");
+        assert!(started.elapsed() >= Duration::from_millis(250), "cut off before the timeout");
+        let _ = tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the relay ended");
     }
 }

@@ -162,7 +162,7 @@ async fn serve_capped(
             let served = async {
                 let (ended, ()) = tokio::join!(
                     pgwire::tokio::process_socket_unix(pgwire_end, handlers),
-                    framing::relay(socket, relayed)
+                    framing::relay(socket, relayed, std::time::Duration::from_millis(framing::PG_SEND_TIMEOUT_MS))
                 );
                 ended
             };

@@ -1,9 +1,12 @@
 //! Calls to other nodes' data planes: lazily connected gRPC channels per rank, found through
 //! the membership's `data` address, every call carrying the cluster credential.
 //!
-//! Each rank gets two channels, one per [`Lane`]: delayed shipments travel on their own, made
+//! Each rank gets three channels, one per [`Lane`]: delayed shipments travel on their own, made
 //! from the background runtime that runs the senders (`background.rs`), so that their
-//! connection's I/O runs there and not on the workers that answer requests.
+//! connection's I/O runs there and not on the workers that answer requests; and the rows queries
+//! read from the rank travel apart from the other calls, so that answers a client has stopped
+//! reading, which hold their streams' share of the connection's flow-control window, never
+//! hold back an `immediate` insert, a flush or a DDL step.
 //!
 //! The credential is `HMAC-SHA256(secret, "shardwise-data-plane" ‖ run_id)` as a bearer token:
 //! only holders of the cluster secret can compute it, and it differs per cluster run. A cluster
@@ -13,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::decode::DecodedPayload;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Ticket};
@@ -68,8 +71,10 @@ impl DataPlaneAuth {
 /// Which channel to a rank a call travels on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Lane {
-    /// Queries, flushes, statistics, `immediate` replica writes.
+    /// Flushes, statistics, query and DDL steps, `immediate` replica writes.
     Requests,
+    /// The rows of query fragments and shuffle buckets.
+    Results,
     /// Delayed shipments (background work).
     Shipments,
 }
@@ -239,7 +244,7 @@ impl Peers {
     /// A node that restarted has new ports: when the cached channel fails and the membership
     /// now gives another address, the call is made once more there.
     pub async fn fragment(&self, rank: u32, ticket: Vec<u8>, report: FragmentReport) -> Result<RemoteRows, QueryError> {
-        self.once_more_if_moved(rank, Lane::Requests, || self.fragment_once(rank, ticket.clone(), Arc::clone(&report)))
+        self.once_more_if_moved(rank, Lane::Results, || self.fragment_once(rank, ticket.clone(), Arc::clone(&report)))
             .await
     }
 
@@ -251,10 +256,10 @@ impl Peers {
         ticket: Vec<u8>,
         report: FragmentReport,
     ) -> Result<RemoteRows, QueryError> {
-        let mut client = self.client(rank, Lane::Requests).await?;
+        let mut client = self.client(rank, Lane::Results).await?;
         let req = self.request(Ticket { ticket: ticket.into() }, None)?;
         let stream = client.do_get(req).await.map_err(|s| status_error(rank, "fragment", s))?.into_inner();
-        let messages = FlightDataDecoder::new(stream.map_err(Into::into));
+        let messages = crate::flight_decode::decoded(stream.map_err(Into::into));
         Ok(messages
             .filter_map(move |message| {
                 let row = match message {

@@ -99,3 +99,38 @@ fn a_worker_without_its_master_refuses_writes_until_it_is_back() {
     c.sql(1, "SYSTEM FLUSH DISTRIBUTED w");
     assert_eq!(one(c.sql(0, "SELECT count(*), sum(id) FROM w")), ["3", "6"]);
 }
+
+/// Answers a client has stopped reading hold their queries, and each query the streams it reads
+/// a peer's rows on; those streams share the node's connection to that peer, and their unread
+/// bytes held its whole flow-control window (32 MiB, two such answers), so every cross-node query
+/// of the node, and its `immediate` inserts, waited for minutes. Now rows travel on a connection
+/// of their own whose window takes 127 such streams, and no other call shares it.
+#[test]
+fn answers_nobody_reads_hold_back_no_other_query_or_insert() {
+    use std::io::Write;
+    let c = Cluster::start(2);
+    // About 24 MB of rows on each rank: more than a stream's 16 MiB window.
+    c.sql(0, "CREATE TABLE big (id BIGINT, pad VARCHAR) WITH (shard_key = 'id')");
+    c.sql(0, "INSERT INTO big SELECT value, repeat('x', 100) FROM generate_series(1, 440000)");
+    c.sql(0, "CREATE TABLE small (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 0")).remove(0);
+    let unread: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&http).expect("connect to rank 0's HTTP endpoint");
+            let sql = "SELECT * FROM big FORMAT CSV";
+            write!(stream, "POST /query HTTP/1.1\r\nHost: {http}\r\nContent-Length: {}\r\n\r\n{sql}", sql.len())
+                .expect("send the query");
+            stream
+        })
+        .collect();
+    // Let them fill every buffer and window they can.
+    std::thread::sleep(Duration::from_secs(3));
+    let within = Duration::from_secs(15);
+    let started = std::time::Instant::now();
+    let count = sql_csv_within(&c.addrs[0], "SELECT count(*) FROM big WHERE id % 2 = 0", within);
+    assert_eq!(count, Ok(vec![vec!["220000".to_string()]]), "after {:?}", started.elapsed());
+    let inserted = sql_csv_within(&c.addrs[0], "INSERT INTO small SELECT value FROM generate_series(1, 100)", within);
+    assert!(inserted.is_ok(), "{inserted:?}");
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM small")), ["100"]);
+    drop(unread);
+}
