@@ -249,12 +249,13 @@ impl Services {
         }
     }
 
-    /// Stops both servers, letting calls in flight finish.
+    /// Stops the servers, letting calls in flight finish, then closes the stores cleanly.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.flight.await;
         let _ = self.data.await;
         let _ = self.http.await;
         let _ = self.pg.await;
+        self.tables.close_cleanly().await;
     }
 }

@@ -405,6 +405,16 @@ impl Outbox {
         self.queues.destinations()
     }
 
+    /// Closes the outbox's log at a clean stop, recording where it ends ([`crate::wal::Wal::close_cleanly`]):
+    /// the next open reports records removed meanwhile. A failed outbox is left as it is. Every
+    /// later call fails.
+    pub fn close_cleanly(&mut self) -> Result<(), StorageError> {
+        if self.failure().is_some() {
+            return Ok(());
+        }
+        self.wal.close_cleanly()
+    }
+
     /// The first error that failed the outbox, if one did: then it must be reopened.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref().or_else(|| self.wal.failure())

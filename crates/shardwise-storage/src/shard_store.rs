@@ -353,6 +353,17 @@ impl ShardStore {
         &self.dir
     }
 
+    /// Closes the store's WAL at a clean stop, recording where it ends ([`Wal::close_cleanly`]):
+    /// the next open then reports records removed meanwhile, and keeps the replica out of reads.
+    /// A failed store is left as it is (its next open replays what its log holds). Every later
+    /// write fails.
+    pub fn close_cleanly(&mut self) -> Result<(), StorageError> {
+        if self.failure.is_some() {
+            return Ok(());
+        }
+        self.wal.close_cleanly()
+    }
+
     /// The first error that failed the store, if it has failed.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()

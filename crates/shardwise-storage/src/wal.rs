@@ -169,8 +169,19 @@ impl Wal {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs.sync_dir(parent).map_err(StorageError::io("fsync dir", parent))?;
         }
-        let recovered = recovery::recover(fs.as_ref(), &dir)?;
+        let closed_next_lsn = read_closed(fs.as_ref(), &dir)?;
+        let mut recovered = recovery::recover(fs.as_ref(), &dir)?;
         make_durable(fs.as_ref(), &dir, &recovered.segments)?;
+        if let Some(closed_next_lsn) = closed_next_lsn {
+            if recovered.next_lsn < closed_next_lsn {
+                let found_next_lsn = recovered.next_lsn;
+                recovered.report.corruptions.push(Corruption::EndsBeforeCleanClose { closed_next_lsn, found_next_lsn });
+            }
+            // The log is open again: a crash from now on leaves no claim about where it ends.
+            let path = dir.join(CLOSED_NAME);
+            fs.remove_file(&path).map_err(StorageError::io("remove", &path))?;
+            fs.sync_dir(&dir).map_err(StorageError::io("fsync dir", &dir))?;
+        }
         let mut segments: VecDeque<SegmentMeta> = recovered.segments.into();
         let next_lsn = recovered.next_lsn;
         let (active, active_len_bytes) = match segments.back() {
@@ -304,6 +315,34 @@ impl Wal {
         Ok(())
     }
 
+    /// Closes the log at a clean stop: records, durably, where it ends (the [`CLOSED_NAME`]
+    /// file), so that the next [`Wal::open`] can tell records removed while it was closed (a
+    /// segment cut short or deleted by hand, a restored backup) from a crash's torn tail, which
+    /// looks the same on disk; it reports them as [`Corruption::EndsBeforeCleanClose`]. Every
+    /// later call fails, as on a failed log. A crash leaves no such file, and then nothing tells
+    /// a cut at a record's boundary from the log's end.
+    pub fn close_cleanly(&mut self) -> Result<(), StorageError> {
+        self.check_usable()?;
+        // Records appended without an fsync are made durable first: the file claims them.
+        if let Err(error) = self.sync_active() {
+            return Err(self.fail(error));
+        }
+        let path = self.dir.join(CLOSED_NAME);
+        let written = (|| {
+            match self.fs.remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+            let mut file = self.fs.create_append(&path)?;
+            file.write_all(format!("{CLOSED_PREFIX}{}\n", self.next_lsn.0).as_bytes())?;
+            file.sync_data()?;
+            self.fs.sync_dir(&self.dir)
+        })();
+        written.map_err(StorageError::io("write", &path))?;
+        self.failure = Some("the log was closed; reopen it to append".to_string());
+        Ok(())
+    }
+
     /// The LSN the next appended record will get.
     pub fn next_lsn(&self) -> Lsn {
         self.next_lsn
@@ -415,6 +454,28 @@ impl Wal {
         self.active_file_bytes = 0;
         Ok(())
     }
+}
+
+/// The file [`Wal::close_cleanly`] leaves in the log's directory, holding [`CLOSED_PREFIX`] and
+/// the LSN the next record would have got.
+pub const CLOSED_NAME: &str = "CLOSED";
+const CLOSED_PREFIX: &str = "next_lsn ";
+
+/// The next LSN a clean close recorded, if the log was closed cleanly. A file that does not read
+/// (a crash while it was written) is no claim, and is said so.
+fn read_closed(fs: &dyn Fs, dir: &Path) -> Result<Option<Lsn>, StorageError> {
+    let path = dir.join(CLOSED_NAME);
+    let bytes = match fs.read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(StorageError::io("read", &path)(error)),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lsn = text.trim_end().strip_prefix(CLOSED_PREFIX).and_then(|n| n.parse().ok()).map(Lsn);
+    if lsn.is_none() {
+        tracing::warn!(path = %path.display(), "the WAL's clean-close record does not read: ignored ({text:?})");
+    }
+    Ok(lsn)
 }
 
 /// Fsyncs every live segment and the directory before anything is appended or replayed.

@@ -387,6 +387,17 @@ impl TablesNode {
     ) -> Result<(), QueryError> {
         let key: Arc<str> = outbox_key(entry).into();
         let mut items = Vec::new();
+        for (rank, _) in failed {
+            let Some(set) = placed.by_rank.get(rank) else { continue };
+            let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
+            let payload = match payloads.get(rank) {
+                Some(p) => p.as_ref().clone(),
+                None => set.encode(&entry.def.schema).map_err(storage_error)?,
+            };
+            items.push(OutboxItem { table: Arc::clone(&key), dest: *rank, rows, payload });
+        }
+        // Said once queued: when queueing fails, the caller says that instead.
+        self.append_outbox(items, entry).await?;
         for (rank, missed) in failed {
             match missed {
                 // The normal path of an insert_quorum below the replica count, not a failure
@@ -398,15 +409,8 @@ impl TablesNode {
                     tracing::warn!(table = %entry.def.name, rank, "replica missed an immediate insert, queued: {e}")
                 }
             }
-            let Some(set) = placed.by_rank.get(rank) else { continue };
-            let rows = set.batches.iter().map(|b| b.num_rows() as u64).sum();
-            let payload = match payloads.get(rank) {
-                Some(p) => p.as_ref().clone(),
-                None => set.encode(&entry.def.schema).map_err(storage_error)?,
-            };
-            items.push(OutboxItem { table: Arc::clone(&key), dest: *rank, rows, payload });
         }
-        self.append_outbox(items, entry).await
+        Ok(())
     }
 
     async fn queue(&self, entry: &CatalogEntry, placed: PlacedChunk) -> Result<(), QueryError> {
@@ -453,6 +457,14 @@ impl TablesNode {
                     return Err(QueryError::Unavailable(format!(
                         "{e}; waited {} ms (outbox_full_wait_ms) for the senders to make room; pending for: {holders}",
                         self.settings.outbox_full_wait_ms
+                    )));
+                }
+                // This node's disk, not the insert: another node can take it (a 503, not a 500).
+                Err(
+                    e @ (StorageError::Io { .. } | StorageError::WalFailed { .. } | StorageError::OutboxFailed { .. }),
+                ) => {
+                    return Err(QueryError::Unavailable(format!(
+                        "{e}; this node cannot queue rows until it restarts, another node can take the insert"
                     )));
                 }
                 Err(e) => return Err(storage_error(e)),

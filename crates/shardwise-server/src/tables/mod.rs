@@ -253,6 +253,32 @@ impl TablesNode {
         Ok(Arc::clone(stores.entry(key).or_insert_with(|| Arc::new(Mutex::new(store)))))
     }
 
+    /// At a clean stop, once the endpoints have stopped: closes the WAL of every open shard
+    /// replica and the outbox's, each recording where it ends, so that the next start can tell
+    /// records removed while the node was down (a file cut short or deleted) from a crash's torn
+    /// tail, and keeps such a replica out of reads (`Wal::close_cleanly`). Writes after this
+    /// fail; the process is about to exit.
+    pub async fn close_cleanly(self: &Arc<Self>) {
+        let node = Arc::clone(self);
+        let closed = blocking(move || {
+            let stores: Vec<(StoreKey, SharedStore)> =
+                lock(&node.stores).iter().map(|(key, store)| (*key, Arc::clone(store))).collect();
+            for ((table, generation, shard), store) in stores {
+                if let Err(e) = lock(&store).close_cleanly() {
+                    tracing::warn!(table, generation, shard, "shard replica not closed cleanly: {e}");
+                }
+            }
+            if let Err(e) = lock(&node.outbox).close_cleanly() {
+                tracing::warn!("outbox not closed cleanly: {e}");
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(e) = closed {
+            tracing::warn!("the stores were not closed cleanly: {e}");
+        }
+    }
+
     /// Opens (and recovers) every shard replica this rank holds, in the background after start,
     /// as a database replays its logs on start: a WAL problem shows in the log now rather than at
     /// the first query, and the planner's estimate of groups (`sample`, which reads only open

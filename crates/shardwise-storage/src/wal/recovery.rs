@@ -76,6 +76,10 @@ pub enum Corruption {
     /// `segment` starts at `found_lsn`, below `expected_lsn`: it repeats LSNs and was renamed to
     /// `set_aside_as` without being replayed.
     LsnOverlap { segment: String, expected_lsn: Lsn, found_lsn: Lsn, set_aside_as: String },
+    /// The log ends before `closed_next_lsn`, where it ended when it was last closed cleanly
+    /// ([`super::Wal::close_cleanly`]): records it had acknowledged were removed while it was
+    /// closed (a file cut short or deleted), and the log now ends at `found_next_lsn`.
+    EndsBeforeCleanClose { closed_next_lsn: Lsn, found_next_lsn: Lsn },
 }
 
 /// A live segment. `end_lsn` and `len_bytes` are as of recovery or of the segment's close; the

@@ -463,3 +463,75 @@ fn real_fs_round_trip_torn_tail_and_corruption() -> TestResult {
     assert!(dir.join(format!("{}.corrupt", names[0])).exists());
     Ok(())
 }
+
+/// A log closed cleanly reopens clean, its `CLOSED` file gone; records removed while it was
+/// closed (the last segment cut at a record's boundary, which alone looks like a clean end, or
+/// deleted) are reported; a crash (no clean close) leaves nothing to compare with.
+#[test]
+fn records_removed_after_a_clean_close_are_reported() -> TestResult {
+    let sim = SimFs::new();
+    let (mut wal, _) = open_sim(&sim, 4096)?;
+    append_range(&mut wal, 1, 11, 3)?;
+    wal.close_cleanly()?;
+    assert!(matches!(wal.append(&[b"after"]), Err(StorageError::WalFailed { .. })), "a closed log takes nothing");
+    drop(wal);
+    let (mut wal, recovery) = open_sim(&sim, 4096)?;
+    assert!(recovery.is_clean(), "{:?}", recovery.corruptions);
+    assert_eq!(recovery.records.len(), 10);
+    assert!(!sim.list_dir(Path::new(DIR))?.contains(&CLOSED_NAME.to_string()), "the record is removed on open");
+    append_range(&mut wal, 11, 13, 1)?;
+    wal.close_cleanly()?;
+    drop(wal);
+
+    // Cut after record 7, at a frame's boundary.
+    let path = segment_path(&sim, 0)?;
+    let offsets = frame_offsets(&sim.read(&path)?);
+    sim.truncate(&path, offsets[7] as u64)?;
+    let (wal, recovery) = open_sim(&sim, 4096)?;
+    assert!(recovery.truncated_tail.is_none(), "the cut looks like a clean end");
+    let want = Corruption::EndsBeforeCleanClose { closed_next_lsn: Lsn(13), found_next_lsn: Lsn(8) };
+    assert_eq!(recovery.corruptions, vec![want]);
+    drop(wal);
+    // Nothing left to compare with on the next open: the store's DAMAGED file remembers.
+    let (mut wal, recovery) = open_sim(&sim, 4096)?;
+    assert!(recovery.is_clean());
+    wal.close_cleanly()?;
+    drop(wal);
+
+    // The only segment deleted.
+    sim.remove_file(&segment_path(&sim, 0)?)?;
+    let (wal, recovery) = open_sim(&sim, 4096)?;
+    assert!(matches!(
+        recovery.corruptions.as_slice(),
+        [Corruption::EndsBeforeCleanClose { closed_next_lsn: Lsn(8), .. }]
+    ));
+    drop(wal);
+
+    // A crash: records cut from a log that was not closed cleanly cannot be told from its end.
+    let (mut wal, _) = open_sim(&sim, 4096)?;
+    let from = wal.next_lsn().0;
+    append_range(&mut wal, from, from + 4, 1)?;
+    drop(wal);
+    let path = segment_path(&sim, 0)?;
+    let offsets = frame_offsets(&sim.read(&path)?);
+    sim.truncate(&path, offsets[1] as u64)?;
+    let (_, recovery) = open_sim(&sim, 4096)?;
+    assert!(recovery.is_clean(), "{:?}", recovery.corruptions);
+    Ok(())
+}
+
+/// A `CLOSED` file that does not read (a crash while it was written) is no claim.
+#[test]
+fn an_unreadable_clean_close_record_is_ignored() -> TestResult {
+    let sim = SimFs::new();
+    let (mut wal, _) = open_sim(&sim, 4096)?;
+    append_range(&mut wal, 1, 4, 1)?;
+    drop(wal);
+    let mut file = sim.create_append(&Path::new(DIR).join(CLOSED_NAME))?;
+    file.write_all(b"next_l")?;
+    file.sync_data()?;
+    let (_, recovery) = open_sim(&sim, 4096)?;
+    assert!(recovery.is_clean());
+    assert_eq!(recovery.records.len(), 3);
+    Ok(())
+}

@@ -981,6 +981,52 @@ fn a_replica_with_a_damaged_wal_is_not_read() {
     stream.read_to_string(&mut reply).expect("reply");
     assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"status\":\"degraded\""), "{reply}");
     assert!(reply.contains("table dmg shard"), "{reply}");
+
+    // Records removed from a WAL while its node was stopped cleanly, at a record's boundary or
+    // not, would look like the end of the log (or a crash's torn tail): the node's clean stop
+    // recorded where each log ended, so the cut is found and the replica kept out of reads.
+    // (Before, rank 1 opened its replicas short and served them.) A clean stop and start with
+    // nothing removed finds nothing.
+    c.sql(0, "CREATE TABLE cut (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    for i in 0..20 {
+        c.sql(i % 2, &format!("INSERT INTO cut SELECT value FROM generate_series({}, {})", i * 50, i * 50 + 49));
+    }
+    let ids = one(c.sql(0, "SELECT id, generation FROM system.tables WHERE name = 'cut'"));
+    let cut_dir = c.data_dir(1).join("tables").join(format!("t{}-g{}", ids[0], ids[1]));
+    let problems_of_cut =
+        "SELECT rank, substr(problem, 1, 34) FROM system.shards WHERE \"table\" = 'cut' AND problem IS NOT NULL";
+    for tamper in [false, true] {
+        c.procs[1].signal("TERM");
+        let (code, out) = c.procs[1].wait_exit(Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{out}");
+        let mut segments = Vec::new();
+        wal_segments(&cut_dir, &mut segments);
+        assert!(!segments.is_empty(), "rank 1 holds WAL segments of cut");
+        if tamper {
+            for segment in &segments {
+                let len = std::fs::metadata(segment).expect("segment").len();
+                let file = std::fs::OpenOptions::new().write(true).open(segment).expect("open segment");
+                file.set_len(len / 2).expect("cut the segment");
+            }
+        }
+        c.restart(1);
+        for rank in 0..3 {
+            assert_eq!(one(c.sql(rank, "SELECT count(*), sum(id) FROM cut")), want, "through rank {rank}");
+        }
+        let problems = eventually(Duration::from_secs(10), "rank 1's replicas opened", || {
+            let opened = "SELECT count(*) FROM system.shards WHERE \"table\" = 'cut' AND rank = 1 \
+                          AND (rows IS NOT NULL OR problem IS NOT NULL)";
+            (one(c.sql(0, opened))[0] == "2").then(|| c.sql(0, problems_of_cut))
+        });
+        if tamper {
+            assert_eq!(problems.len(), 2, "both of rank 1's replicas: {problems:?}");
+            for row in &problems {
+                assert_eq!(row, &["1", "damaged: its WAL was found damaged"], "{problems:?}");
+            }
+        } else {
+            assert!(problems.is_empty(), "a clean stop and start: {problems:?}");
+        }
+    }
 }
 
 #[test]
