@@ -17,12 +17,24 @@ pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
 pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
 /// Bytes all streams of a connection may have in flight towards a client (the answers it reads):
 /// the most HTTP/2 allows. A connection's window does not bound its memory (each stream's unread
-/// bytes stay under [`STREAM_WINDOW_BYTES`]); it is shared by the connection's streams, and the
-/// bytes of a stream its reader has stopped reading hold their share of it. At 32 MiB two unread
+/// bytes stay under its stream window); it is shared by the connection's streams, and the bytes
+/// of a stream its reader has stopped reading hold their share of it. At 32 MiB two unread
 /// answers held the whole window of a node's connection to a peer, which every query of the node
-/// reads that peer's rows over, and its cross-node queries waited for minutes; at this size it
-/// takes 127 such streams.
+/// reads that peer's rows over, and its cross-node queries waited for minutes; see
+/// [`RESULTS_STREAM_WINDOW_BYTES`] for how that connection keeps it from happening at all.
 pub const CLIENT_CONNECTION_WINDOW_BYTES: u32 = (1 << 31) - 1;
+
+/// The stream window of the connections a node reads other nodes' query rows on: the
+/// connection's window shared out among the most streams a node lets one connection open
+/// ([`SERVER_MAX_CONCURRENT_STREAMS`]), so that streams nobody reads (cursors left open, clients
+/// that stopped reading) can never hold the whole window and stall the other queries on the
+/// connection. With 16 MiB windows 128 such streams did (a tester's 150 open PostgreSQL
+/// cursors hung every cross-node query of the node); 2 MiB is still many round trips' worth
+/// of data between nodes on a LAN.
+pub const RESULTS_STREAM_WINDOW_BYTES: u32 = CLIENT_CONNECTION_WINDOW_BYTES / SERVER_MAX_CONCURRENT_STREAMS;
+const _: () = assert!(
+    RESULTS_STREAM_WINDOW_BYTES as u64 * SERVER_MAX_CONCURRENT_STREAMS as u64 <= CLIENT_CONNECTION_WINDOW_BYTES as u64
+);
 
 /// `endpoint` with shardwise's frame and window sizes.
 pub fn client(endpoint: Endpoint) -> Endpoint {

@@ -28,6 +28,9 @@ pub struct StorageSettings {
     pub catalog_wait_ms: u64,
     /// How often shard stores are flushed to parts and compacted when due.
     pub maintain_interval_ms: u64,
+    /// How often a shard replica that failed (a full disk, an I/O error) is reopened, until it
+    /// opens (`tables::reopen`).
+    pub store_reopen_interval_ms: u64,
     /// Total bytes the outbox may hold; an insert that would pass it waits.
     pub outbox_max_bytes: u64,
     /// How long an insert waits for room in a full outbox before failing.
@@ -66,6 +69,7 @@ impl Default for StorageSettings {
             sender_idle_poll_ms: 100,
             catalog_wait_ms: 5_000,
             maintain_interval_ms: 1_000,
+            store_reopen_interval_ms: 10_000,
             outbox_max_bytes: 1024 * 1024 * 1024,
             outbox_full_wait_ms: 10_000,
             data_plane_max_message_bytes: 256 * 1024 * 1024,

@@ -19,6 +19,7 @@ mod insert;
 mod locks;
 pub mod optimize;
 pub mod peers;
+mod reopen;
 mod sender;
 pub mod stats;
 
@@ -82,6 +83,9 @@ pub struct TablesNode {
     /// Shard replicas here that failed to open (damaged files), with the error: `/health` and
     /// `system.shards` name them. Cleared when one opens.
     open_failures: Mutex<BTreeMap<StoreKey, String>>,
+    /// Failed shard replicas and when they were last tried (or first seen failed): the
+    /// maintenance loop reopens them (`reopen.rs`).
+    reopen_attempts: Mutex<HashMap<StoreKey, std::time::Instant>>,
     pub(crate) outbox: Arc<Mutex<Outbox>>,
     /// Whether the last delayed insert that waited for room in the outbox was refused (set by
     /// that refusal, cleared by the next append): `/health` says `degraded` while it is.
@@ -149,6 +153,7 @@ impl TablesNode {
             stores: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             open_failures: Mutex::new(BTreeMap::new()),
+            reopen_attempts: Mutex::new(HashMap::new()),
             outbox: Arc::new(Mutex::new(outbox)),
             outbox_refused: std::sync::atomic::AtomicBool::new(false),
             origin_id,
@@ -436,9 +441,10 @@ impl TablesNode {
             tokio::time::sleep(interval).await;
             let Some(n) = node.upgrade() else { return };
             for (key, store) in n.open_stores() {
-                // A store that failed takes nothing until the node restarts; its failure was
-                // logged when it happened (and `/health` names it), not once a second after.
+                // A store that failed takes nothing until it is reopened; its failure was logged
+                // when it happened (and `/health` names it), not once a second after.
                 if lock(&store).failure().is_some() {
+                    n.reopen_if_due(key, &store).await;
                     continue;
                 }
                 let r = n.background.blocking(move || lock(&store).maintain().map_err(storage_error)).await;

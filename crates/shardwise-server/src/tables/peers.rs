@@ -6,7 +6,8 @@
 //! connection's I/O runs there and not on the workers that answer requests; and the rows queries
 //! read from the rank travel apart from the other calls, so that answers a client has stopped
 //! reading, which hold their streams' share of the connection's flow-control window, never
-//! hold back an `immediate` insert, a flush or a DDL step.
+//! hold back an `immediate` insert, a flush or a DDL step; that connection's stream window is
+//! small enough that such streams never hold all of it (`http2::RESULTS_STREAM_WINDOW_BYTES`).
 //!
 //! The credential is `HMAC-SHA256(secret, "shardwise-data-plane" ‖ run_id)` as a bearer token:
 //! only holders of the cluster secret can compute it, and it differs per cluster run. A cluster
@@ -142,7 +143,10 @@ impl Peers {
             .keep_alive_timeout(self.keepalive_timeout)
             .keep_alive_while_idle(false)
             .tcp_nodelay(true);
-        let endpoint = crate::http2::client(endpoint);
+        let mut endpoint = crate::http2::client(endpoint);
+        if lane == Lane::Results {
+            endpoint = endpoint.initial_stream_window_size(crate::http2::RESULTS_STREAM_WINDOW_BYTES);
+        }
         let channel = endpoint.connect_lazy();
         lock(&self.channels).insert((rank, lane), (addr, channel.clone()));
         Ok(channel)

@@ -1230,3 +1230,36 @@ fn a_resumed_worker_inserts_into_the_table_as_it_is_now() {
     }
     c.procs[1].drain(Duration::from_millis(100));
 }
+
+/// A shard replica that failed on a write error (here: its directory replaced by a file, so its
+/// flush cannot create a part; a full disk fails it the same way) takes writes again once the
+/// disk works, without a restart: the node reopens it every `store_reopen_interval_ms` (10 s).
+/// Before, it stayed failed until the node restarted, though space had been freed.
+#[test]
+fn a_failed_replica_is_reopened_once_its_disk_works() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE ro (id BIGINT) WITH (shard_key = 'id', shards = 1)");
+    c.sql(1, "INSERT INTO ro SELECT value FROM generate_series(1, 100)");
+    let ids = one(c.sql(0, "SELECT id, generation FROM system.tables WHERE name = 'ro'"));
+    let dir = c.data_dir(0).join("tables").join(format!("t{}-g{}", ids[0], ids[1])).join("shard-0");
+    let moved = dir.with_file_name("shard-0.moved");
+    std::fs::rename(&dir, &moved).expect("move the store away");
+    std::fs::write(&dir, b"not a directory").expect("a file in its place");
+    let err = c.sql_err(1, "OPTIMIZE TABLE ro");
+    assert!(err.contains("rank 0"), "{err}");
+    let problem = one(c.sql(0, "SELECT problem FROM system.shards WHERE \"table\" = 'ro'")).remove(0);
+    assert!(problem.contains("it failed"), "{problem}");
+    let refused = c.sql_err(1, "INSERT INTO ro VALUES (1000)");
+    assert!(refused.contains("unavailable"), "{refused}");
+    std::fs::remove_file(&dir).expect("remove the file");
+    std::fs::rename(&moved, &dir).expect("move the store back");
+    eventually(Duration::from_secs(30), "the replica takes writes again", || {
+        sql_csv(&c.addrs[1], "INSERT INTO ro SELECT value FROM generate_series(101, 200)").ok()
+    });
+    assert_eq!(one(c.sql(1, "SELECT count(*), sum(id) FROM ro")), ["200", &(1..=200).sum::<i64>().to_string()]);
+    assert_eq!(
+        c.sql(0, "SELECT problem FROM system.shards WHERE \"table\" = 'ro' AND problem IS NOT NULL"),
+        Vec::<Vec<String>>::new()
+    );
+    c.sql(1, "OPTIMIZE TABLE ro");
+}

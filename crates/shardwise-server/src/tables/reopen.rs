@@ -1,0 +1,64 @@
+//! Shard replicas that failed are reopened in place once their disk may be usable again.
+//!
+//! A store fails on any write or fsync error (a full disk, an I/O error) and takes nothing from
+//! then on: after fsyncgate a log whose fsync failed is not trusted again without a reopen, which
+//! reads what the disk really holds (docs/storage.md). It used to stay failed until the node
+//! restarted, even once space was freed. Now the maintenance loop reopens it every
+//! `store_reopen_interval_ms` until the open succeeds (as a restart would: recovery from its
+//! files, the same checks and reports), then swaps the new store in. Rows the replica missed
+//! meanwhile come as after a restart: delayed shipments held back for it, `immediate` pieces
+//! handed off to their initiators' outboxes. The failed store takes no write and answers no
+//! read while it is being replaced.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shardwise_storage::{RealFs, ShardStore};
+
+use super::{SharedStore, StoreKey, TablesNode, blocking, lock};
+
+impl TablesNode {
+    /// Reopens the failed `store` of `key` if its last attempt (or its failure, first seen now)
+    /// is at least `store_reopen_interval_ms` old; swaps the reopened store in.
+    pub(super) async fn reopen_if_due(&self, key: StoreKey, store: &SharedStore) {
+        let interval = Duration::from_millis(self.settings.store_reopen_interval_ms);
+        let due = {
+            let mut attempts = lock(&self.reopen_attempts);
+            let last = *attempts.entry(key).or_insert_with(Instant::now);
+            last.elapsed() >= interval
+        };
+        if !due {
+            return;
+        }
+        let (_, catalog) = self.catalog_now();
+        let Some(entry) = catalog.tables.values().find(|e| (e.id, e.generation) == (key.0, key.1)) else {
+            // Dropped or truncated meanwhile: `remove_dropped` deletes it.
+            lock(&self.reopen_attempts).remove(&key);
+            return;
+        };
+        let (name, shard) = (entry.def.name.clone(), key.2);
+        let _opening = self.opening.lock().await;
+        let (dir, schema, opts) =
+            (self.store_dir(key), Arc::clone(&entry.def.schema), self.settings.shard_store_options());
+        let opened =
+            blocking(move || ShardStore::open(dir, Arc::new(RealFs), schema, opts).map_err(super::storage_error)).await;
+        match opened {
+            Ok((reopened, recovery)) => {
+                for c in &recovery.wal.corruptions {
+                    tracing::error!(table = %name, shard, "shard WAL corruption: {c:?}");
+                }
+                let mut stores = lock(&self.stores);
+                // Only over the failed store: a drop may have removed it meanwhile.
+                if stores.get(&key).is_some_and(|current| Arc::ptr_eq(current, store)) {
+                    stores.insert(key, Arc::new(Mutex::new(reopened)));
+                    tracing::warn!(table = %name, shard, "shard replica reopened after its failure; it takes writes again");
+                }
+                lock(&self.reopen_attempts).remove(&key);
+            }
+            Err(e) => {
+                tracing::debug!(table = %name, shard, "the failed shard replica does not reopen yet: {e}");
+                lock(&self.reopen_attempts).insert(key, Instant::now());
+            }
+        }
+    }
+}
