@@ -731,7 +731,8 @@ impl QueryEngine {
                 // Plans that read tables run on the query runtime; the rest (an INSERT of VALUES,
                 // a SELECT of constants) are cheap, and a hop between runtimes would only add
                 // latency to them.
-                let stream = match reads_tables(&physical) {
+                let reads = reads_tables(&physical);
+                let stream = match reads {
                     true => self
                         .runtime
                         .drive(physical.schema(), move || datafusion::physical_plan::execute_stream(plan, context))?,
@@ -751,7 +752,7 @@ impl QueryEngine {
                     true => self.log.track(
                         &sql,
                         current.query_id.clone(),
-                        physical,
+                        (physical, reads),
                         stream,
                         current.max_execution_time_ms,
                     )?,
