@@ -29,8 +29,8 @@ pub const CLIENT_CONNECTION_WINDOW_BYTES: u32 = (1 << 31) - 1;
 /// ([`SERVER_MAX_CONCURRENT_STREAMS`]), so that streams nobody reads (cursors left open, clients
 /// that stopped reading) can never hold the whole window and stall the other queries on the
 /// connection. With 16 MiB windows 128 such streams did (a tester's 150 open PostgreSQL
-/// cursors hung every cross-node query of the node); 2 MiB is still many round trips' worth
-/// of data between nodes on a LAN.
+/// cursors hung every cross-node query of the node). What 2 MiB instead of 16 costs a large
+/// cross-node read has not been measured.
 pub const RESULTS_STREAM_WINDOW_BYTES: u32 = CLIENT_CONNECTION_WINDOW_BYTES / SERVER_MAX_CONCURRENT_STREAMS;
 const _: () = assert!(
     RESULTS_STREAM_WINDOW_BYTES as u64 * SERVER_MAX_CONCURRENT_STREAMS as u64 <= CLIENT_CONNECTION_WINDOW_BYTES as u64

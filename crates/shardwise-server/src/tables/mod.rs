@@ -232,10 +232,19 @@ impl TablesNode {
         if let Some(s) = lock(&self.stores).get(&key) {
             return Ok(Arc::clone(s));
         }
+        let store = self.open_store(entry, key).await?;
+        let mut stores = lock(&self.stores);
+        Ok(Arc::clone(stores.entry(key).or_insert_with(|| Arc::new(Mutex::new(store)))))
+    }
+
+    /// Opens (and recovers) the store of `key` from its files, logging what its recovery found;
+    /// a failure to open is kept in `open_failures` (for `/health` and `system.shards`) until an
+    /// open succeeds. The caller holds `opening`.
+    async fn open_store(&self, entry: &CatalogEntry, key: StoreKey) -> Result<ShardStore, QueryError> {
         let dir = self.store_dir(key);
         let schema = Arc::clone(&entry.def.schema);
         let opts = self.settings.shard_store_options();
-        let name = entry.def.name.clone();
+        let (name, shard) = (entry.def.name.clone(), key.2);
         let opened = blocking(move || {
             ShardStore::open(dir, Arc::new(RealFs), schema, opts)
                 .map_err(|e| QueryError::Storage(format!("table {name} shard {shard}: {e}")))
@@ -254,8 +263,7 @@ impl TablesNode {
         for c in &recovery.wal.corruptions {
             tracing::error!(table = %entry.def.name, shard, "shard WAL corruption: {c:?}");
         }
-        let mut stores = lock(&self.stores);
-        Ok(Arc::clone(stores.entry(key).or_insert_with(|| Arc::new(Mutex::new(store)))))
+        Ok(store)
     }
 
     /// At a clean stop, once the endpoints have stopped: closes the WAL of every open shard

@@ -13,9 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardwise_storage::{RealFs, ShardStore};
-
-use super::{SharedStore, StoreKey, TablesNode, blocking, lock};
+use super::{SharedStore, StoreKey, TablesNode, lock};
 
 impl TablesNode {
     /// Reopens the failed `store` of `key` if its last attempt (or its failure, first seen now)
@@ -38,15 +36,9 @@ impl TablesNode {
         };
         let (name, shard) = (entry.def.name.clone(), key.2);
         let _opening = self.opening.lock().await;
-        let (dir, schema, opts) =
-            (self.store_dir(key), Arc::clone(&entry.def.schema), self.settings.shard_store_options());
-        let opened =
-            blocking(move || ShardStore::open(dir, Arc::new(RealFs), schema, opts).map_err(super::storage_error)).await;
+        let opened = self.open_store(entry, key).await;
         match opened {
-            Ok((reopened, recovery)) => {
-                for c in &recovery.wal.corruptions {
-                    tracing::error!(table = %name, shard, "shard WAL corruption: {c:?}");
-                }
+            Ok(reopened) => {
                 let mut stores = lock(&self.stores);
                 // Only over the failed store: a drop may have removed it meanwhile.
                 if stores.get(&key).is_some_and(|current| Arc::ptr_eq(current, store)) {
@@ -56,6 +48,7 @@ impl TablesNode {
                 lock(&self.reopen_attempts).remove(&key);
             }
             Err(e) => {
+                // Kept in `open_failures` too, which `/health` and `system.shards` show.
                 tracing::debug!(table = %name, shard, "the failed shard replica does not reopen yet: {e}");
                 lock(&self.reopen_attempts).insert(key, Instant::now());
             }
