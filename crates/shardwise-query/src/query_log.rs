@@ -39,6 +39,23 @@ pub const QUERY_LOG_MAX_ENTRIES: usize = 1000;
 /// operator can still see and stop the ones running.
 pub const MAX_CONCURRENT_QUERIES: usize = 100;
 
+/// Most bytes of a statement's text `system.queries` keeps (ClickHouse's
+/// `log_queries_cut_to_length`, also 100 000): the log kept each statement whole, and 40
+/// statements of 16 MB held 671 MB of text.
+pub const QUERY_LOG_TEXT_MAX_BYTES: usize = 100_000;
+
+/// `sql`, cut to [`QUERY_LOG_TEXT_MAX_BYTES`] on a character boundary, saying how much was cut.
+fn cut_to_length(sql: &str) -> String {
+    if sql.len() <= QUERY_LOG_TEXT_MAX_BYTES {
+        return sql.to_string();
+    }
+    let mut end = QUERY_LOG_TEXT_MAX_BYTES;
+    while !sql.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} more bytes)", &sql[..end], sql.len() - end)
+}
+
 /// Longest `query_id` a client may choose (bytes).
 pub const QUERY_ID_MAX_BYTES: usize = 128;
 
@@ -95,7 +112,7 @@ impl QueryRecord {
     fn new(sql: &str, started_unix_ms: u64, state: QueryState) -> QueryRecord {
         QueryRecord {
             query_id: uuid::Uuid::new_v4().to_string(),
-            sql: sql.to_string(),
+            sql: cut_to_length(sql),
             started_unix_ms,
             duration_ms: None,
             state,
@@ -476,6 +493,15 @@ mod tests {
         let plan: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(Arc::clone(&schema)));
         let stream: SendableRecordBatchStream = Box::pin(EmptyRecordBatchStream::new(schema));
         log.track("SELECT * FROM t", None, (plan, reads_tables), stream, 0)
+    }
+
+    #[test]
+    fn long_statements_are_kept_cut() {
+        assert_eq!(cut_to_length("SELECT 1"), "SELECT 1");
+        let long = format!("SELECT '{}'", "é".repeat(QUERY_LOG_TEXT_MAX_BYTES));
+        let kept = cut_to_length(&long);
+        assert!(kept.len() < QUERY_LOG_TEXT_MAX_BYTES + 40, "{}", kept.len());
+        assert!(kept.starts_with("SELECT 'é") && kept.ends_with(" more bytes)"), "{}", &kept[kept.len() - 40..]);
     }
 
     /// Past MAX_CONCURRENT_QUERIES running statements that read tables, one more is refused, and
