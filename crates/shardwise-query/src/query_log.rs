@@ -32,7 +32,8 @@ use crate::error::QueryError;
 pub const QUERY_LOG_MAX_ENTRIES: usize = 1000;
 
 /// Most statements reading tables that a node runs at once as initiator (ClickHouse's
-/// `max_concurrent_queries`, also 100): one more is refused. Each holds memory and its
+/// `max_concurrent_queries`, whose own default is 0, no limit, and which ClickHouse's sample
+/// `config.xml` has set to 100): one more is refused. Each holds memory and its
 /// fragments' streams for as long as its client keeps it, reading or not (an open PostgreSQL
 /// cursor, a Flight stream nobody reads): 180 of them took a node to 5.5 GB. Statements that
 /// read no table (`system.queries`, `KILL QUERY`, `SELECT 1`) are not counted or refused, so an
