@@ -649,10 +649,20 @@ impl QueryEngine {
         Ok(Planned { action: Action::Plan(plan), state: Box::new(state), sql: sql.to_string(), session, names })
     }
 
-    /// Records in `system.queries` a statement that ran outside a plan (a Flight SQL bulk
-    /// ingest, as `shardwise load` sends): `finished` or `failed` with its error.
-    pub fn record_statement(&self, sql: &str, started: std::time::Instant, outcome: Result<(), String>) {
-        self.log.record_ended(sql, started, None, outcome);
+    /// Registers in `system.queries` a statement that runs outside a plan while its client sends
+    /// rows (a Flight SQL bulk ingest, as `shardwise load` sends): see [`QueryLog::begin`].
+    pub fn begin_statement(
+        &self,
+        sql: &str,
+        query_id: Option<String>,
+    ) -> Result<crate::query_log::RunningStatement, QueryError> {
+        self.log.begin(sql, query_id)
+    }
+
+    /// The node's memory pool (`max_server_memory_usage`), for memory held outside a plan, such
+    /// as a bulk ingest's rows held until its stream ends.
+    pub fn memory_pool(&self) -> Arc<dyn datafusion::execution::memory_pool::MemoryPool> {
+        Arc::clone(&self.ctx.runtime_env().memory_pool)
     }
 
     /// DataFusion's `table 'shardwise.public.x' not found`, as an `INSERT ... VALUES` into it

@@ -35,9 +35,11 @@ pub const QUERY_LOG_MAX_ENTRIES: usize = 1000;
 /// `max_concurrent_queries`, whose own default is 0, no limit, and which ClickHouse's sample
 /// `config.xml` has set to 100): one more is refused. Each holds memory and its
 /// fragments' streams for as long as its client keeps it, reading or not (an open PostgreSQL
-/// cursor, a Flight stream nobody reads): 180 of them took a node to 5.5 GB. Statements that
-/// read no table (`system.queries`, `KILL QUERY`, `SELECT 1`) are not counted or refused, so an
-/// operator can still see and stop the ones running.
+/// cursor, a Flight stream nobody reads): 180 of them took a node to 5.5 GB. Uploads still
+/// being received count too ([`QueryLog::begin`]: a bulk ingest, `COPY ... FROM STDIN`), as
+/// their client paces them. Statements that read no table (`system.queries`, `KILL QUERY`,
+/// `SELECT 1`) are not counted or refused, so an operator can still see and stop the ones
+/// running.
 pub const MAX_CONCURRENT_QUERIES: usize = 100;
 
 /// Most bytes of a statement's text `system.queries` keeps (ClickHouse's
@@ -132,10 +134,11 @@ impl QueryRecord {
 struct Running {
     record: QueryRecord,
     /// Whether it counts toward [`MAX_CONCURRENT_QUERIES`].
-    reads_tables: bool,
+    counted: bool,
     kill: Arc<Notify>,
-    /// Its plan, whose fragments' strategies and metrics a snapshot reads while it runs.
-    plan: Arc<dyn ExecutionPlan>,
+    /// Its plan, whose fragments' strategies and metrics a snapshot reads while it runs (none
+    /// for a statement that runs outside a plan).
+    plan: Option<Arc<dyn ExecutionPlan>>,
 }
 
 /// See the module doc.
@@ -197,35 +200,8 @@ impl QueryLog {
             }
             false => "",
         };
-        let mut record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
-        if let Some(id) = query_id {
-            if id.is_empty() || id.len() > QUERY_ID_MAX_BYTES {
-                return Err(QueryError::BadSetting(format!(
-                    "query_id {:?}: expected 1 to {QUERY_ID_MAX_BYTES} bytes (QUERY_ID_MAX_BYTES)",
-                    id.chars().take(40).collect::<String>()
-                )));
-            }
-            record.query_id = id;
-        }
-        let query_id = record.query_id.clone();
-        let kill = Arc::new(Notify::new());
-        {
-            let mut running = lock(&self.running);
-            if running.contains_key(&query_id) {
-                return Err(QueryError::Rejected(format!(
-                    "query_id {query_id:?} is the id of a query running on this node; give each query its own"
-                )));
-            }
-            if reads_tables && running.values().filter(|r| r.reads_tables).count() >= MAX_CONCURRENT_QUERIES {
-                return Err(QueryError::Unavailable(format!(
-                    "too many simultaneous queries: {MAX_CONCURRENT_QUERIES} reading tables are running on this node \
-                     (MAX_CONCURRENT_QUERIES; open cursors and answers not yet read count); see system.queries, \
-                     end some or KILL QUERY, or retry later"
-                )));
-            }
-            let plan_of = Arc::clone(&plan);
-            running.insert(query_id.clone(), Running { record, reads_tables, kill: Arc::clone(&kill), plan: plan_of });
-        }
+        let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
+        let (query_id, kill) = self.register(record, query_id, reads_tables, Some(Arc::clone(&plan)))?;
         let guard = Arc::new(EndGuard {
             log: Arc::clone(self),
             query_id,
@@ -284,6 +260,56 @@ impl QueryLog {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted.chain(tail))))
     }
 
+    /// Registers `record` as running, under the client's `query_id` if it gave one; refused when
+    /// that id is running, or when `counted` and [`MAX_CONCURRENT_QUERIES`] counted statements
+    /// are. Its id, and what [`QueryLog::kill`] notifies.
+    fn register(
+        &self,
+        mut record: QueryRecord,
+        query_id: Option<String>,
+        counted: bool,
+        plan: Option<Arc<dyn ExecutionPlan>>,
+    ) -> Result<(String, Arc<Notify>), QueryError> {
+        if let Some(id) = query_id {
+            if id.is_empty() || id.len() > QUERY_ID_MAX_BYTES {
+                return Err(QueryError::BadSetting(format!(
+                    "query_id {:?}: expected 1 to {QUERY_ID_MAX_BYTES} bytes (QUERY_ID_MAX_BYTES)",
+                    id.chars().take(40).collect::<String>()
+                )));
+            }
+            record.query_id = id;
+        }
+        let query_id = record.query_id.clone();
+        let kill = Arc::new(Notify::new());
+        let mut running = lock(&self.running);
+        if running.contains_key(&query_id) {
+            return Err(QueryError::Rejected(format!(
+                "query_id {query_id:?} is the id of a query running on this node; give each query its own"
+            )));
+        }
+        if counted && running.values().filter(|r| r.counted).count() >= MAX_CONCURRENT_QUERIES {
+            return Err(QueryError::Unavailable(format!(
+                "too many simultaneous queries: {MAX_CONCURRENT_QUERIES} reading tables or receiving rows are \
+                 running on this node (MAX_CONCURRENT_QUERIES; open cursors, answers not yet read and uploads not \
+                 yet ended count); see system.queries, end some or KILL QUERY, or retry later"
+            )));
+        }
+        running.insert(query_id.clone(), Running { record, counted, kill: Arc::clone(&kill), plan });
+        Ok((query_id, kill))
+    }
+
+    /// Registers a statement that runs outside a plan while it receives rows from its client (a
+    /// Flight SQL bulk ingest, `COPY ... FROM STDIN`): shown as `running` in `system.queries`,
+    /// stopped by `KILL QUERY` (the caller waits on [`RunningStatement::killed`]), and counted
+    /// toward [`MAX_CONCURRENT_QUERIES`], since a client that sends slowly holds its memory as
+    /// long as it likes. Recorded when it ends ([`RunningStatement::end`]), or as `cancelled` if
+    /// it is dropped first.
+    pub fn begin(self: &Arc<Self>, sql: &str, query_id: Option<String>) -> Result<RunningStatement, QueryError> {
+        let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
+        let (query_id, kill) = self.register(record, query_id, true, None)?;
+        Ok(RunningStatement { log: Arc::clone(self), query_id, started: Instant::now(), kill, ended: false })
+    }
+
     /// Records a statement that failed before it could run (a parse or planning error, a value
     /// that does not fit its column): one `failed` row, as ClickHouse's query log keeps
     /// exceptions raised before a query starts. Under the `query_id` the client gave it, if it
@@ -339,7 +365,9 @@ impl QueryLog {
                 // What its fragments have done so far: a long query can be looked at as it runs.
                 let mut record =
                     QueryRecord { duration_ms: Some(now.saturating_sub(r.record.started_unix_ms)), ..r.record.clone() };
-                add_fragments(&mut record, &r.plan);
+                if let Some(plan) = &r.plan {
+                    add_fragments(&mut record, plan);
+                }
                 record
             })
             .collect();
@@ -405,6 +433,56 @@ impl Drop for EndGuard {
         };
         add_fragments(&mut record, &self.plan);
         self.log.finish(record);
+    }
+}
+
+/// A statement registered by [`QueryLog::begin`]; recorded once, when it ends or is dropped.
+pub struct RunningStatement {
+    log: Arc<QueryLog>,
+    query_id: String,
+    started: Instant,
+    kill: Arc<Notify>,
+    ended: bool,
+}
+
+impl RunningStatement {
+    /// Its id in `system.queries`.
+    pub fn query_id(&self) -> &str {
+        &self.query_id
+    }
+
+    /// Resolves when `KILL QUERY` names it (at once if that happened already).
+    pub async fn killed(&self) {
+        self.kill.notified().await
+    }
+
+    /// Records it as `finished` having answered `result_rows` rows, or `failed` with the error.
+    pub fn end(mut self, outcome: Result<u64, String>) {
+        let (state, rows, error) = match outcome {
+            Ok(rows) => (QueryState::Finished, rows, None),
+            Err(error) => (QueryState::Failed, 0, Some(error)),
+        };
+        self.record(state, rows, error);
+    }
+
+    /// Records it as `killed` by `KILL QUERY`, with the error its client was answered with.
+    pub fn end_killed(mut self, error: String) {
+        self.record(QueryState::Killed, 0, Some(error));
+    }
+
+    fn record(&mut self, state: QueryState, result_rows: u64, error: Option<String>) {
+        self.ended = true;
+        let Some(running) = lock(&self.log.running).remove(&self.query_id).map(|r| r.record) else { return };
+        let duration_ms = Some(self.started.elapsed().as_millis() as u64);
+        self.log.finish(QueryRecord { duration_ms, state, error, result_rows, ..running });
+    }
+}
+
+impl Drop for RunningStatement {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.record(QueryState::Cancelled, 0, None);
+        }
     }
 }
 

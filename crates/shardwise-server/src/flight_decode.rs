@@ -6,8 +6,17 @@
 //! clients (`DoPut` bulk ingest, a prepared statement's parameters) and from peers (fragment
 //! rows), goes through [`decoded`], where such a panic becomes the stream's last item, an error,
 //! instead of ending the call's task with a reset stream and a panic message in the log.
+//!
+//! A panic caught that way is expected: the client sent what does not decode, and it is told so.
+//! [`install_panic_hook`] (called by the binary) keeps such panics, raised inside [`quietly`], out
+//! of the process's panic output (a message and, under `RUST_BACKTRACE`, a backtrace on stderr
+//! for every malformed upload, which a client could repeat at will); they are logged at debug
+//! level. Every other panic is printed as before.
 
 use std::any::Any;
+use std::cell::Cell;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use arrow_flight::FlightData;
 use arrow_flight::decode::{DecodedFlightData, FlightDataDecoder};
@@ -22,7 +31,7 @@ pub fn decoded<S>(stream: S) -> Decoded
 where
     S: Stream<Item = Result<FlightData, FlightError>> + Send + 'static,
 {
-    std::panic::AssertUnwindSafe(FlightDataDecoder::new(stream))
+    std::panic::AssertUnwindSafe(Quiet(FlightDataDecoder::new(stream)))
         .catch_unwind()
         .map(|message| {
             message.unwrap_or_else(|panic| {
@@ -30,6 +39,46 @@ where
             })
         })
         .boxed()
+}
+
+thread_local! {
+    /// How many [`quietly`] calls the thread is inside.
+    static QUIET: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f`, which may panic on purpose-built input and whose panic the caller catches: see the
+/// module doc.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(q.get().saturating_sub(1)));
+        }
+    }
+    QUIET.with(|q| q.set(q.get() + 1));
+    let _leave = Leave;
+    f()
+}
+
+/// Installs a panic hook that logs panics raised inside [`quietly`] at debug level and passes
+/// every other one to the hook there was before.
+pub fn install_panic_hook() {
+    let before = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| match QUIET.with(Cell::get) {
+        0 => before(info),
+        _ => tracing::debug!("a decoder panicked on malformed input (answered as an error): {info}"),
+    }));
+}
+
+/// A stream polled inside [`quietly`].
+struct Quiet<S>(S);
+
+impl<S: Stream + Unpin> Stream for Quiet<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        quietly(|| self.0.poll_next_unpin(cx))
+    }
 }
 
 /// What a caught panic said, if it said it in text.
@@ -57,6 +106,15 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int32, true)]));
         let batch = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![1, 2]))]).unwrap();
         FlightDataEncoderBuilder::new().build(futures::stream::iter([Ok(batch)])).try_collect().await.unwrap()
+    }
+
+    /// A panic inside [`quietly`] leaves the thread as it found it (the next panic is printed).
+    #[test]
+    fn a_caught_panic_leaves_the_thread_loud_again() {
+        let caught = std::panic::catch_unwind(|| quietly(|| quietly(|| panic!("on purpose"))));
+        assert!(caught.is_err());
+        assert_eq!(QUIET.with(Cell::get), 0);
+        assert_eq!(quietly(|| QUIET.with(Cell::get)), 1);
     }
 
     /// A schema whose Int32 column claims an absurd width (a tester's attack on the HTTP

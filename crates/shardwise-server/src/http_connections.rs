@@ -22,8 +22,9 @@
 //! what it reads from other nodes (their streams' flow-control windows on the connection it
 //! shares with every other query of this node); five unread `SELECT *` answers held every
 //! cross-node query of their node for minutes. A connection whose socket takes no byte of the
-//! answer for [`HTTP_SEND_TIMEOUT_MS`] is closed, and its query cancelled (ClickHouse's
-//! `http_send_timeout`, also 30 s). A slow reader that keeps reading is never cut off.
+//! answer for [`HTTP_SEND_TIMEOUT_MS`] is closed, and its query cancelled (after ClickHouse's
+//! `http_send_timeout`, whose default its older sources set to 1800 s, `Core/Defines.h`; 30 s
+//! here). A slow reader that keeps reading is never cut off.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

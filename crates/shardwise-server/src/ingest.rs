@@ -18,17 +18,30 @@
 //!   order). The same holds for a stream whose row count does not match its marker.
 //! - **no marker** (third-party Flight SQL clients such as ADBC): the whole stream is received and
 //!   checked (schema, `expected_rows` if given) before anything is written, then inserted as one
-//!   insert under the client's `insert_id`. A cleanly ended stream is complete.
+//!   insert under the client's `insert_id`. A cleanly ended stream is complete. The rows held
+//!   meanwhile are reserved from the node's memory pool (`max_server_memory_usage`): an upload
+//!   larger than the node can hold fails, with nothing written, instead of taking the node's
+//!   memory.
+//!
+//! Either way, an ingest is shown in `system.queries` while it runs (under the `query_id` option
+//! if the client gave one), counts toward `MAX_CONCURRENT_QUERIES`, and stops receiving when
+//! `KILL QUERY` names it or when its client sends nothing for [`INGEST_RECEIVE_TIMEOUT_MS`]: the
+//! stream's end decides the outcome, and a client that stops sending must not hold the node's
+//! memory and a query place for ever.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use arrow_flight::decode::DecodedPayload;
+use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
 use arrow_flight::sql::CommandStatementIngest;
 use arrow_flight::sql::server::PeekableFlightDataStream;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 use futures::stream::FuturesUnordered;
 use futures::{StreamExt, TryStreamExt};
+use shardwise_query::query_log::RunningStatement;
 use shardwise_query::{InsertOptions, QueryEngine, QueryError, TableAccess};
 use tonic::Status;
 
@@ -37,7 +50,11 @@ use crate::flight_sql::to_status;
 use crate::ingest_schema::conform;
 
 /// Options a client may give an ingest.
-pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum, commit";
+pub const INGEST_OPTIONS: &str = "insert_id, expected_rows, insert_quorum, commit, query_id";
+
+/// Longest wait for an ingest's next message, in milliseconds (ClickHouse's `receive_timeout`,
+/// 300 s): then the ingest fails as a stream cut off does.
+pub const INGEST_RECEIVE_TIMEOUT_MS: u64 = 300_000;
 
 /// Start of the `app_metadata` of the last message of a stream sent with `commit = marker`,
 /// followed by the number of rows sent.
@@ -74,6 +91,7 @@ struct IngestRequest {
     opts: InsertOptions,
     expected_rows: Option<u64>,
     commit_marker: bool,
+    query_id: Option<String>,
 }
 
 pub async fn ingest(
@@ -95,13 +113,27 @@ pub async fn ingest(
     // Every segment of a streamed load goes to this incarnation of the table or fails.
     let mut request = request;
     request.opts.incarnation = Some((entry.id, entry.generation));
-    let call = Ingest { access: access.as_ref(), request: &request, schema: &schema, started };
-    let outcome = if request.commit_marker { call.streamed(decoder).await } else { call.whole(decoder).await };
     let sql = match &request.opts.insert_id {
         Some(id) => format!("INSERT INTO {} (Flight SQL bulk ingest, insert_id {id:?})", request.table),
         None => format!("INSERT INTO {} (Flight SQL bulk ingest)", request.table),
     };
-    engine.record_statement(&sql, started, outcome.as_ref().map(|_| ()).map_err(|s| s.message().to_string()));
+    let statement = engine.begin_statement(&sql, request.query_id.clone()).map_err(to_status)?;
+    let killed = AtomicBool::new(false);
+    let call = Ingest {
+        access: access.as_ref(),
+        request: &request,
+        schema: &schema,
+        started,
+        statement: &statement,
+        killed: &killed,
+        memory: engine.memory_pool(),
+    };
+    let outcome = if request.commit_marker { call.streamed(decoder).await } else { call.whole(decoder).await };
+    match &outcome {
+        Ok(outcome) => statement.end(Ok(outcome.rows)),
+        Err(status) if killed.load(Ordering::Relaxed) => statement.end_killed(status.message().to_string()),
+        Err(status) => statement.end(Err(status.message().to_string())),
+    }
     let outcome = outcome?;
     tracing::debug!(
         table = %request.table,
@@ -124,6 +156,7 @@ fn parse_command(command: CommandStatementIngest) -> Result<IngestRequest, Statu
         opts: InsertOptions::default(),
         expected_rows: None,
         commit_marker: false,
+        query_id: None,
     };
     for (key, value) in &command.options {
         match key.as_str() {
@@ -138,6 +171,7 @@ fn parse_command(command: CommandStatementIngest) -> Result<IngestRequest, Statu
                 })?)
             }
             "commit" if value == "marker" => request.commit_marker = true,
+            "query_id" => request.query_id = Some(value.clone()),
             "commit" => {
                 return Err(Status::invalid_argument(format!("ingest option commit = {value:?}: expected \"marker\"")));
             }
@@ -163,24 +197,49 @@ struct Outcome {
 }
 
 /// One ingest call being served.
-#[derive(Clone, Copy)]
 struct Ingest<'a> {
     access: &'a dyn TableAccess,
     request: &'a IngestRequest,
     schema: &'a SchemaRef,
     started: Instant,
+    statement: &'a RunningStatement,
+    /// Set when `KILL QUERY` stopped it.
+    killed: &'a AtomicBool,
+    /// The node's pool, which the rows held by [`Ingest::whole`] are reserved from.
+    memory: Arc<dyn MemoryPool>,
 }
 
 impl Ingest<'_> {
+    /// The next message, or `None` at the stream's end (see [`next_message`]).
+    async fn next(&self, decoder: &mut Decoded, outcome: &str) -> Result<Option<DecodedFlightData>, Status> {
+        let receive_timeout = Duration::from_millis(INGEST_RECEIVE_TIMEOUT_MS);
+        let next = next_message(decoder, &self.request.table, outcome, receive_timeout, self.statement).await;
+        if let Err(NextError::Killed(_)) = &next {
+            self.killed.store(true, Ordering::Relaxed);
+        }
+        next.map_err(NextError::into_status)
+    }
+
     /// The whole stream first, then one insert: for clients that send no commit marker.
     async fn whole(&self, mut decoder: Decoded) -> Result<Outcome, Status> {
-        let Ingest { access, request, schema, started } = *self;
+        let Ingest { access, request, schema, started, .. } = self;
         let table = &request.table;
+        let nothing = "nothing was written";
         let mut batches: Vec<RecordBatch> = Vec::new();
-        while let Some(message) = decoder.next().await {
-            let message = message.map_err(|e| stream_failed(table, e, "nothing was written"))?;
+        let held = MemoryConsumer::new(format!("bulk ingest into {table}")).register(&self.memory);
+        while let Some(message) = self.next(&mut decoder, nothing).await? {
             if let DecodedPayload::RecordBatch(batch) = message.payload {
-                batches.push(conform(table, batch, schema, "nothing was written")?);
+                let batch = conform(table, batch, schema, nothing)?;
+                if let Err(e) = held.try_grow(batch.get_array_memory_size()) {
+                    return Err(Status::resource_exhausted(format!(
+                        "ingest into {table}: the {} bytes of rows received so far do not fit in this node's \
+                         memory ({e}); {nothing}. An upload without a commit marker is held whole until it ends: \
+                         send it with commit = marker (as shardwise load does), which stores rows as they arrive, \
+                         or in smaller uploads",
+                        held.size()
+                    )));
+                }
+                batches.push(batch);
             }
         }
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -193,12 +252,13 @@ impl Ingest<'_> {
         }
         let received_us = started.elapsed().as_micros() as u64;
         let rows = access.insert(table, batches, request.opts.clone()).await.map_err(to_status)?;
+        drop(held);
         Ok(Outcome { rows, received_us })
     }
 
     /// Stores segments while the stream arrives: for clients that end it with a commit marker.
     async fn streamed(&self, mut decoder: Decoded) -> Result<Outcome, Status> {
-        let Ingest { access, request, schema, started } = *self;
+        let Ingest { access, request, schema, started, .. } = *self;
         let table = &request.table;
         let insert_id = request.opts.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let unfinished = format!(
@@ -217,12 +277,12 @@ impl Ingest<'_> {
                     }
                     continue;
                 }
-                message = decoder.next(), if segments.in_flight.len() < INGEST_SEGMENTS_IN_FLIGHT => message,
+                message = self.next(&mut decoder, &unfinished), if segments.in_flight.len() < INGEST_SEGMENTS_IN_FLIGHT => message,
             };
-            let Some(message) = message else { break };
             let message = match message {
-                Ok(message) => message,
-                Err(e) => return Err(segments.drained(stream_failed(table, e, &unfinished)).await),
+                Ok(Some(message)) => message,
+                Ok(None) => break,
+                Err(e) => return Err(segments.drained(e).await),
             };
             last_metadata = message.inner.app_metadata.clone();
             if let DecodedPayload::RecordBatch(batch) = message.payload {
@@ -263,6 +323,50 @@ impl Ingest<'_> {
             }
         }
         Ok(Outcome { rows: received, received_us })
+    }
+}
+
+/// Why no message came.
+#[derive(Debug)]
+enum NextError {
+    /// The stream failed or went silent.
+    Failed(Status),
+    /// `KILL QUERY` named the ingest.
+    Killed(Status),
+}
+
+impl NextError {
+    fn into_status(self) -> Status {
+        match self {
+            NextError::Failed(status) | NextError::Killed(status) => status,
+        }
+    }
+}
+
+/// The next message of an ingest into `table`, or `None` at the stream's end; an error when the
+/// stream fails, when nothing comes for `receive_timeout`, or when `KILL QUERY` names
+/// `statement`. `outcome` says what became of the rows.
+async fn next_message(
+    decoder: &mut Decoded,
+    table: &str,
+    outcome: &str,
+    receive_timeout: Duration,
+    statement: &RunningStatement,
+) -> Result<Option<DecodedFlightData>, NextError> {
+    tokio::select! {
+        message = tokio::time::timeout(receive_timeout, decoder.next()) => match message {
+            Ok(Some(Ok(message))) => Ok(Some(message)),
+            Ok(Some(Err(e))) => Err(NextError::Failed(stream_failed(table, e, outcome))),
+            Ok(None) => Ok(None),
+            Err(_) => Err(NextError::Failed(Status::deadline_exceeded(format!(
+                "ingest into {table}: the client sent nothing for {} s (INGEST_RECEIVE_TIMEOUT_MS); {outcome}",
+                receive_timeout.as_secs_f64()
+            )))),
+        },
+        () = statement.killed() => {
+            let e = QueryError::Rejected(format!("{}; {outcome}", shardwise_query::error::KILLED));
+            Err(NextError::Killed(to_status(e)))
+        }
     }
 }
 
@@ -354,6 +458,29 @@ fn stream_failed(table: &str, e: arrow_flight::error::FlightError, outcome: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that sends nothing is given up after the receive timeout, and `KILL QUERY` stops
+    /// the wait at once; either way the error says what became of the rows.
+    #[tokio::test]
+    async fn a_silent_stream_times_out_and_a_killed_one_stops() {
+        let log = Arc::new(shardwise_query::query_log::QueryLog::default());
+        let statement = log.begin("INSERT INTO t (Flight SQL bulk ingest)", Some("q1".into())).unwrap();
+        let mut silent: Decoded = futures::stream::pending().boxed();
+        let started = Instant::now();
+        let waited = next_message(&mut silent, "t", "nothing was written", Duration::from_millis(200), &statement);
+        let Err(NextError::Failed(status)) = waited.await else { panic!("no timeout") };
+        assert!(started.elapsed() >= Duration::from_millis(190));
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+        assert!(status.message().contains("sent nothing for 0.2 s (INGEST_RECEIVE_TIMEOUT_MS); nothing was written"));
+        assert!(log.kill("q1"));
+        let waited = next_message(&mut silent, "t", "nothing was written", Duration::from_secs(60), &statement);
+        let Err(NextError::Killed(status)) = waited.await else { panic!("not stopped") };
+        assert_eq!(status.code(), tonic::Code::Cancelled);
+        assert!(status.message().contains("KILL QUERY; nothing was written"), "{}", status.message());
+        statement.end_killed(status.message().to_string());
+        let records = log.snapshot();
+        assert_eq!((records.len(), records[0].state.as_str()), (1, "killed"));
+    }
 
     #[test]
     fn segment_ids_retry_as_the_ingest_id() {

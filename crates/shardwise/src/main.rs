@@ -79,6 +79,8 @@ enum Command {
 fn main() -> ExitCode {
     malloc_tuning::configure();
     forget_empty_settings();
+    // A malformed upload's decoder panic is answered as an error; it is not printed.
+    shardwise_server::flight_decode::install_panic_hook();
     let cli = Cli::parse();
     // Statements are planned on this runtime's threads, recursing once per level of an
     // expression (see `shardwise_query::ast_limits`).

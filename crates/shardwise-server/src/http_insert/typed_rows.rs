@@ -56,8 +56,9 @@ pub fn batches(
 ) -> Result<Vec<RecordBatch>, QueryError> {
     // arrow's and parquet's decoders panic on some malformed input (an Arrow schema whose
     // integer is 0x7ffffff0 bits wide did): a 400, as for any other body that does not decode.
-    let decoded =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(format, table, stated, data, schema)));
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::flight_decode::quietly(|| decode(format, table, stated, data, schema))
+    }));
     decoded.unwrap_or_else(|panic| {
         let why = crate::flight_decode::panic_text(&*panic);
         Err(QueryError::Rejected(format!(

@@ -37,9 +37,19 @@ const PG_STARTUP_TIMEOUT_MS: u64 = 60_000;
 /// How long pgwire may take to answer what it was sent once the client has gone or been cut off.
 const PG_DRAIN_TIMEOUT_MS: u64 = 5_000;
 /// How long a client's socket may take none of a [`PG_SEND_CHUNK_BYTES`] piece of its answers
-/// before the connection is closed and its query cancelled (ClickHouse's `send_timeout`): an
+/// before the connection is closed and its query cancelled (ClickHouse's `send_timeout`, 300 s,
+/// `DBMS_DEFAULT_SEND_TIMEOUT_SEC` in its `Core/Defines.h`): an
 /// answer nobody reads holds its query, and the query what it reads from other nodes.
 pub const PG_SEND_TIMEOUT_MS: u64 = 300_000;
+/// How long a client may leave the node waiting, in milliseconds, for the rest of a message it
+/// began, or for the next message of a `COPY ... FROM STDIN` whose data it began sending
+/// (ClickHouse's `receive_timeout`, 300 s, `DBMS_DEFAULT_RECEIVE_TIMEOUT_SEC`): then the connection closes with an error, and what
+/// the COPY had sent is dropped. A COPY's data is held until its end (up to
+/// `COPY_IN_MAX_BYTES`), and a client that stops half-way would otherwise hold it for good.
+/// Between statements a connection may stay idle as long as the client likes, as in PostgreSQL
+/// (whose `idle_session_timeout` is off by default; shardwise accepts the setting and ignores
+/// it).
+pub const PG_RECEIVE_TIMEOUT_MS: u64 = 300_000;
 /// The most of pgwire's answers passed on to the client in one write.
 const PG_SEND_CHUNK_BYTES: usize = 64 << 10;
 
@@ -68,26 +78,31 @@ impl Asked {
 
 /// Relays `client` to pgwire's end of a socket pair (`pgwire`) until either side is done, or
 /// until the client has taken nothing of an answer for `send_timeout`.
-pub async fn relay(mut client: TcpStream, mut pgwire: UnixStream, send_timeout: Duration) {
+pub async fn relay(
+    mut client: TcpStream,
+    mut pgwire: UnixStream,
+    (send_timeout, receive_timeout): (Duration, Duration),
+) {
     let startup =
         tokio::time::timeout(Duration::from_millis(PG_STARTUP_TIMEOUT_MS), negotiate(&mut client, &mut pgwire)).await;
     match startup {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => return,
         Ok(Err(violation)) => {
-            let _ = client.write_all(&fatal(&violation)).await;
+            let _ = client.write_all(&fatal_error(PROTOCOL_VIOLATION, &violation)).await;
             return;
         }
     }
     let asked = Arc::new(AtomicU8::new(Asked::Nothing as u8));
-    let (mut client_in, client_out) = client.into_split();
+    let (client_in, client_out) = client.into_split();
     let (pgwire_in, mut pgwire_out) = pgwire.into_split();
     let mut answers = tokio::spawn(answers(pgwire_in, client_out, Arc::clone(&asked), send_timeout));
+    let client_in = std::pin::pin!(tokio_io_timeout::TimeoutReader::new(client_in));
     let violation = tokio::select! {
         // pgwire closed the connection (the client said goodbye, or it failed), or the client
         // stopped reading its answers.
         _ = &mut answers => return,
-        ended = requests(&mut client_in, &mut pgwire_out, &asked) => ended.err(),
+        ended = requests(client_in, &mut pgwire_out, &asked, receive_timeout) => ended.err(),
     };
     // The client has gone, or sent what cannot be passed on: pgwire answers what it was sent,
     // then closes its side.
@@ -97,9 +112,9 @@ pub async fn relay(mut client: TcpStream, mut pgwire: UnixStream, send_timeout: 
         answers.abort();
         return;
     };
-    if let Some(violation) = violation {
+    if let Some((code, violation)) = violation {
         tracing::debug!("postgres connection: {violation}");
-        let _ = client_out.write_all(&fatal(&violation)).await;
+        let _ = client_out.write_all(&fatal_error(code, &violation)).await;
     }
     let _ = client_out.shutdown().await;
 }
@@ -158,36 +173,69 @@ fn check_startup(code: i32, rest: &[u8]) -> Result<(), String> {
 
 /// Passes the client's messages on, each checked; returns when the client is done (or pgwire's
 /// end is gone), or with what was wrong.
-async fn requests(
-    client: &mut (impl AsyncRead + Unpin),
+async fn requests<R: AsyncRead>(
+    mut client: std::pin::Pin<&mut tokio_io_timeout::TimeoutReader<R>>,
     pgwire: &mut (impl AsyncWrite + Unpin),
     asked: &AtomicU8,
-) -> Result<(), String> {
+    receive_timeout: Duration,
+) -> Result<(), (&'static str, String)> {
+    // Inside a COPY's data (after a CopyData, until CopyDone or CopyFail).
+    let mut copying = false;
     loop {
+        client.as_mut().set_timeout_pinned(copying.then_some(receive_timeout));
         let mut kind = [0u8; 1];
-        if client.read_exact(&mut kind).await.is_err() {
-            return Ok(());
+        if let Err(e) = client.read_exact(&mut kind).await {
+            return ended(&e, receive_timeout, "the next message of a COPY's data");
         }
         let kind = kind[0];
-        let Some(len) = read_len(client).await else { return Ok(()) };
+        client.as_mut().set_timeout_pinned(Some(receive_timeout));
+        let mut len = [0u8; 4];
+        if let Err(e) = client.read_exact(&mut len).await {
+            return ended(&e, receive_timeout, "the rest of a message");
+        }
+        let len = i32::from_be_bytes(len);
         let asked_now = Asked::load(asked);
         let max = if asked_now == Asked::LoggedIn { PG_MESSAGE_MAX_BYTES } else { PG_BEFORE_LOGIN_MAX_BYTES };
         if len < 4 || len as usize - 4 > max {
-            return Err(format!("message '{}' has an invalid length, {len} (4 to {max} bytes)", kind as char));
+            let why = format!("message '{}' has an invalid length, {len} (4 to {max} bytes)", kind as char);
+            return Err((PROTOCOL_VIOLATION, why));
         }
         let mut message = vec![kind];
         message.extend_from_slice(&len.to_be_bytes());
         // Read as it arrives, never allocated ahead by the length the client claims (a logged-in
         // client claiming 1 GiB and sending ten bytes would have had the node zero 1 GiB).
         let body = (len - 4) as u64;
-        match (&mut *client).take(body).read_to_end(&mut message).await {
+        match client.as_mut().take(body).read_to_end(&mut message).await {
             Ok(n) if n as u64 == body => {}
-            _ => return Ok(()),
+            Ok(_) => return Ok(()),
+            Err(e) => return ended(&e, receive_timeout, "the rest of a message"),
         }
-        check(kind, &message[5..], asked_now).map_err(|why| format!("malformed '{}' message: {why}", kind as char))?;
+        check(kind, &message[5..], asked_now)
+            .map_err(|why| (PROTOCOL_VIOLATION, format!("malformed '{}' message: {why}", kind as char)))?;
+        copying = kind == b'd';
         if pgwire.write_all(&message).await.is_err() {
             return Ok(());
         }
+    }
+}
+
+/// SQLSTATE of a message that breaks the protocol.
+const PROTOCOL_VIOLATION: &str = "08P01";
+
+/// Reading from the client failed with `e`: it went away (`Ok`), or it sent nothing for
+/// `receive_timeout` while the node waited for `waiting_for` (an error for the client, SQLSTATE
+/// 08006, connection failure).
+fn ended(e: &std::io::Error, receive_timeout: Duration, waiting_for: &str) -> Result<(), (&'static str, String)> {
+    match e.kind() {
+        std::io::ErrorKind::TimedOut => Err((
+            "08006",
+            format!(
+                "the client sent nothing for {} s while the node waited for {waiting_for} (PG_RECEIVE_TIMEOUT_MS); \
+                 the connection is closed, and a COPY's data sent so far is dropped",
+                receive_timeout.as_secs_f64()
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -381,11 +429,6 @@ async fn read_len(from: &mut (impl AsyncRead + Unpin)) -> Option<i32> {
     Some(i32::from_be_bytes(len))
 }
 
-/// A `FATAL` ErrorResponse, protocol violation (08P01), with `message`.
-fn fatal(message: &str) -> Vec<u8> {
-    fatal_error("08P01", message)
-}
-
 /// A `FATAL` ErrorResponse with SQLSTATE `code` and `message`.
 pub fn fatal_error(code: &str, message: &str) -> Vec<u8> {
     let mut fields = Vec::new();
@@ -485,7 +528,7 @@ mod tests {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         // pgwire's stand-in: logs the client in at once, as pgwire without users does.
         theirs.write_all(&msg(b'R', &0i32.to_be_bytes())).await.unwrap();
-        let relay = tokio::spawn(relay(server, ours, Duration::from_secs(30)));
+        let relay = tokio::spawn(relay(server, ours, (Duration::from_secs(30), Duration::from_secs(30))));
         client.write_all(&sent).await.unwrap();
         let mut received = Vec::new();
         let mut got = Vec::new();
@@ -529,7 +572,7 @@ mod tests {
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
         let (ours, mut theirs) = UnixStream::pair().unwrap();
-        let relay = tokio::spawn(relay(server, ours, Duration::from_millis(300)));
+        let relay = tokio::spawn(relay(server, ours, (Duration::from_millis(300), Duration::from_secs(30))));
         let mut startup = 196_608i32.to_be_bytes().to_vec();
         startup.extend_from_slice(b"user\0x\0\0");
         let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
@@ -550,6 +593,49 @@ mod tests {
         let ended = tokio::time::timeout(Duration::from_secs(10), flooding).await;
         assert!(ended.is_ok(), "pgwire's end could still write after 10 s");
         assert!(started.elapsed() >= Duration::from_millis(250), "cut off before the timeout");
+        let _ = tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the relay ended");
+    }
+
+    /// A COPY whose data stops half-way is cut off after the receive timeout, with an error that
+    /// says why; a connection idle between statements is not (as in PostgreSQL), nor one whose
+    /// COPY ended.
+    #[tokio::test]
+    async fn a_copy_whose_data_stops_is_cut_off_and_an_idle_connection_is_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let relay = tokio::spawn(relay(server, ours, (Duration::from_secs(30), Duration::from_millis(300))));
+        let mut startup = 196_608i32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0x\0\0");
+        let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
+        startup_packet.extend_from_slice(&startup);
+        client.write_all(&startup_packet).await.unwrap();
+        theirs.write_all(&msg(b'R', &0i32.to_be_bytes())).await.unwrap();
+        // Idle for twice the timeout between statements, and after a whole COPY: still served.
+        let copy = [msg(b'Q', b"COPY t FROM STDIN\0"), msg(b'd', b"1\n"), msg(b'c', b"")].concat();
+        client.write_all(&copy).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let query = msg(b'Q', b"SELECT 1\0");
+        client.write_all(&query).await.unwrap();
+        let mut forwarded = vec![0u8; startup_packet.len() + copy.len() + query.len()];
+        let read = tokio::time::timeout(Duration::from_secs(5), theirs.read_exact(&mut forwarded)).await;
+        assert!(matches!(read, Ok(Ok(_))), "the idle connection's statement was not passed on: {read:?}");
+        assert_eq!(forwarded, [startup_packet, copy, query].concat());
+        // A COPY that sends one piece of data and then nothing.
+        let started = std::time::Instant::now();
+        client.write_all(&[msg(b'Q', b"COPY t FROM STDIN\0"), msg(b'd', b"1\n")].concat()).await.unwrap();
+        let mut got = Vec::new();
+        let answered = async {
+            let mut skipped = Vec::new();
+            let _ = theirs.read_to_end(&mut skipped).await;
+            drop(theirs);
+            let _ = client.read_to_end(&mut got).await;
+        };
+        assert!(tokio::time::timeout(Duration::from_secs(10), answered).await.is_ok(), "not cut off within 10 s");
+        assert!(started.elapsed() >= Duration::from_millis(250), "cut off before the timeout");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.contains("08006") && text.contains("PG_RECEIVE_TIMEOUT_MS"), "{text}");
         let _ = tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the relay ended");
     }
 }

@@ -34,6 +34,7 @@ mod startup_options;
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
@@ -162,7 +163,14 @@ async fn serve_capped(
             let served = async {
                 let (ended, ()) = tokio::join!(
                     pgwire::tokio::process_socket_unix(pgwire_end, handlers),
-                    framing::relay(socket, relayed, std::time::Duration::from_millis(framing::PG_SEND_TIMEOUT_MS))
+                    framing::relay(
+                        socket,
+                        relayed,
+                        (
+                            Duration::from_millis(framing::PG_SEND_TIMEOUT_MS),
+                            Duration::from_millis(framing::PG_RECEIVE_TIMEOUT_MS)
+                        ),
+                    )
                 );
                 ended
             };

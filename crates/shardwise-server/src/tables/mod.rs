@@ -86,6 +86,8 @@ pub struct TablesNode {
     /// Failed shard replicas and when they were last tried (or first seen failed): the
     /// maintenance loop reopens them (`reopen.rs`).
     reopen_attempts: Mutex<HashMap<StoreKey, std::time::Instant>>,
+    /// When the failed outbox was last reopened, or its failure first seen (see `reopen`).
+    outbox_reopen_attempt: Mutex<Option<std::time::Instant>>,
     pub(crate) outbox: Arc<Mutex<Outbox>>,
     /// Whether the last delayed insert that waited for room in the outbox was refused (set by
     /// that refusal, cleared by the next append): `/health` says `degraded` while it is.
@@ -154,6 +156,7 @@ impl TablesNode {
             opening: tokio::sync::Mutex::new(()),
             open_failures: Mutex::new(BTreeMap::new()),
             reopen_attempts: Mutex::new(HashMap::new()),
+            outbox_reopen_attempt: Mutex::new(None),
             outbox: Arc::new(Mutex::new(outbox)),
             outbox_refused: std::sync::atomic::AtomicBool::new(false),
             origin_id,
@@ -448,6 +451,9 @@ impl TablesNode {
             };
             tokio::time::sleep(interval).await;
             let Some(n) = node.upgrade() else { return };
+            if lock(&n.outbox).failure().is_some() {
+                n.reopen_outbox_if_due().await;
+            }
             for (key, store) in n.open_stores() {
                 // A store that failed takes nothing until it is reopened; its failure was logged
                 // when it happened (and `/health` names it), not once a second after.
@@ -544,7 +550,7 @@ impl TableAccess for TablesNode {
         let (_, catalog) = self.catalog_now();
         let mut failed = false;
         let mut problems = Vec::new();
-        // A failed outbox takes no delayed insert until the node restarts: failing.
+        // A failed outbox takes no delayed insert until it is reopened: failing.
         let outbox = lock_from_runtime(&self.outbox);
         if let Some(failure) = outbox.failure() {
             problems.push(format!("outbox: {failure}"));

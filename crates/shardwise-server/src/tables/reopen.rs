@@ -9,11 +9,20 @@
 //! meanwhile come as after a restart: delayed shipments held back for it, `immediate` pieces
 //! handed off to their initiators' outboxes. The failed store takes no write and answers no
 //! read while it is being replaced.
+//!
+//! The node's outbox is reopened the same way: a failed outbox refuses every delayed insert
+//! through this node (`unavailable`), and its senders cannot record deliveries. Once a reopen
+//! succeeds, the reopened outbox (its pending items recovered from its log, the same identity,
+//! sequence numbers leased past every one used) replaces the failed one under the outbox's lock,
+//! and the senders go on from what it holds: items they had shipped but not recorded as
+//! delivered are shipped again, and the receivers' high-water marks drop the copies.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{SharedStore, StoreKey, TablesNode, lock};
+use shardwise_storage::{Outbox, OutboxOptions, RealFs};
+
+use super::{SharedStore, StoreKey, TablesNode, lock, storage_error};
 
 impl TablesNode {
     /// Reopens the failed `store` of `key` if its last attempt (or its failure, first seen now)
@@ -51,6 +60,45 @@ impl TablesNode {
                 // Kept in `open_failures` too, which `/health` and `system.shards` show.
                 tracing::debug!(table = %name, shard, "the failed shard replica does not reopen yet: {e}");
                 lock(&self.reopen_attempts).insert(key, Instant::now());
+            }
+        }
+    }
+
+    /// Reopens the failed outbox if its last attempt (or its failure, first seen now) is at least
+    /// `store_reopen_interval_ms` old; swaps the reopened outbox in.
+    pub(super) async fn reopen_outbox_if_due(&self) {
+        let interval = Duration::from_millis(self.settings.store_reopen_interval_ms);
+        let due = {
+            let mut attempt = lock(&self.outbox_reopen_attempt);
+            attempt.get_or_insert_with(Instant::now).elapsed() >= interval
+        };
+        if !due {
+            return;
+        }
+        let dir = lock(&self.outbox).dir().to_path_buf();
+        let opts = OutboxOptions { outbox_max_bytes: self.settings.outbox_max_bytes, ..OutboxOptions::default() };
+        let opened =
+            self.background.blocking(move || Outbox::open(dir, Arc::new(RealFs), opts).map_err(storage_error)).await;
+        match opened {
+            Ok((reopened, recovery)) => {
+                for c in &recovery.wal.corruptions {
+                    tracing::error!("outbox WAL corruption: {c:?}");
+                }
+                let mut outbox = lock(&self.outbox);
+                // The failed outbox takes no write, so nothing was added to it meanwhile.
+                if outbox.failure().is_some() {
+                    *outbox = reopened;
+                    tracing::warn!(
+                        pending = recovery.pending_items,
+                        "outbox reopened after its failure; it takes delayed inserts again"
+                    );
+                }
+                *lock(&self.outbox_reopen_attempt) = None;
+            }
+            Err(e) => {
+                // `/health` and the inserts it refuses name the outbox's failure meanwhile.
+                tracing::debug!("the failed outbox does not reopen yet: {e}");
+                *lock(&self.outbox_reopen_attempt) = Some(Instant::now());
             }
         }
     }

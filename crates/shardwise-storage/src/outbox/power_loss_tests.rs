@@ -87,6 +87,38 @@ fn an_fsync_failure_fails_the_outbox_until_reopened() -> TestResult {
     Ok(())
 }
 
+/// What a node does once its outbox failed (`tables/reopen.rs`): it opens the outbox again while
+/// the failed one is still open, uses the new one, and drops the old one later. The new one holds
+/// every acknowledged item, hands out seqs above every one used, and dropping the failed one
+/// changes nothing on disk.
+#[test]
+fn a_failed_outbox_reopened_beside_itself_takes_over() -> TestResult {
+    let sim = SimFs::new();
+    let (mut failed, _) = open_sim(&sim, &small())?;
+    let kept = failed.append(vec![item("t", 1, 1, b"kept")], 0)?;
+    sim.fail_next_fsync();
+    assert!(failed.append(vec![item("t", 1, 1, b"lost?")], 0).is_err());
+    assert!(failed.failure().is_some());
+    let (mut reopened, _) = open_sim(&sim, &small())?;
+    assert!(reopened.failure().is_none());
+    let pending = seqs(&reopened.pending(1, 10, u64::MAX));
+    assert_eq!(pending.first(), Some(&kept), "{pending:?}");
+    let after = reopened.append(vec![item("t", 1, 1, b"after")], 0)?;
+    assert!(pending.iter().all(|&seq| seq < after), "{pending:?} then {after}");
+    drop(failed);
+    reopened.ack(1, kept)?;
+    drop(reopened);
+    let (outbox, _) = open_sim(&sim, &small())?;
+    let pending = seqs(&outbox.pending(1, 10, u64::MAX));
+    assert!(!pending.contains(&kept) && pending.last() == Some(&after), "{pending:?}");
+    drop(outbox);
+    // The append after the reopen was fsynced (an ack is not: lost, it is a resend).
+    sim.power_loss();
+    let (outbox, _) = open_sim(&sim, &small())?;
+    assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)).last(), Some(&after));
+    Ok(())
+}
+
 #[test]
 fn a_failed_seq_lease_extension_fails_the_outbox() -> TestResult {
     let sim = SimFs::new();

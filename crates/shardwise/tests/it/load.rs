@@ -141,6 +141,57 @@ fn flight_sql_ingest_matches_columns_and_honours_modes() {
     assert_eq!(rows, vec![vec!["4", "6", "30", "0"]]);
 }
 
+/// A Flight SQL ingest sent by hand, message by message, so a test can pause its stream: the
+/// messages of `command` carrying `batches` (one message per batch), and a task that sends what
+/// arrives on the returned sender to `addr` as one `DoPut` and yields the row count answered.
+type HandIngest = (
+    Vec<arrow_flight::FlightData>,
+    tokio::sync::mpsc::Sender<arrow_flight::FlightData>,
+    tokio::task::JoinHandle<Result<i64, String>>,
+);
+
+fn ingest_by_hand(
+    rt: &tokio::runtime::Runtime,
+    addr: &str,
+    command: arrow_flight::sql::CommandStatementIngest,
+    batches: Vec<arrow::array::RecordBatch>,
+) -> HandIngest {
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use arrow_flight::sql::ProstMessageExt;
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use arrow_flight::{FlightData, FlightDescriptor};
+    use futures::TryStreamExt;
+    use prost::Message;
+
+    let descriptor = FlightDescriptor::new_cmd(command.as_any().encode_to_vec());
+    let messages: Vec<FlightData> = rt
+        .block_on(
+            FlightDataEncoderBuilder::new()
+                .with_flight_descriptor(Some(descriptor))
+                .with_max_flight_data_size(usize::MAX)
+                .build(futures::stream::iter(batches.into_iter().map(Ok)))
+                .try_collect(),
+        )
+        .expect("encoded");
+    let (tx, rx) = tokio::sync::mpsc::channel::<FlightData>(4);
+    let addr = addr.to_string();
+    let put = rt.spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = FlightSqlServiceClient::new(channel);
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let mut reply = client.do_put(stream).await.map_err(|e| e.to_string())?;
+        let first = reply.message().await.map_err(|e| e.to_string())?.ok_or("no reply")?;
+        Ok::<i64, String>(
+            arrow_flight::sql::DoPutUpdateResult::decode(&*first.app_metadata).map_err(|e| e.to_string())?.record_count,
+        )
+    });
+    (messages, tx, put)
+}
+
 /// A streamed load stores its segments as they arrive; a DROP and CREATE of its table in the
 /// middle must fail the load, not send its first segments to the old table and the rest to the
 /// new one while reporting success.
@@ -150,12 +201,8 @@ fn a_load_spanning_a_drop_and_create_fails_instead_of_splitting() {
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, Int64Array, RecordBatch};
-    use arrow_flight::encode::FlightDataEncoderBuilder;
-    use arrow_flight::sql::client::FlightSqlServiceClient;
-    use arrow_flight::sql::{CommandStatementIngest, ProstMessageExt};
-    use arrow_flight::{FlightData, FlightDescriptor};
-    use futures::TryStreamExt;
-    use prost::Message;
+    use arrow_flight::FlightData;
+    use arrow_flight::sql::CommandStatementIngest;
 
     let c = Cluster::start(2);
     let create = "CREATE TABLE span (id BIGINT) WITH (shard_key = 'id')";
@@ -171,36 +218,12 @@ fn a_load_spanning_a_drop_and_create_fails_instead_of_splitting() {
         options: HashMap::from([("insert_id".into(), "span-1".into()), ("commit".into(), "marker".into())]),
         ..Default::default()
     };
-    let descriptor = FlightDescriptor::new_cmd(command.as_any().encode_to_vec());
     // One message per batch: the schema, a whole first segment, then the rest with the marker.
-    let mut messages: Vec<FlightData> = rt
-        .block_on(
-            FlightDataEncoderBuilder::new()
-                .with_flight_descriptor(Some(descriptor))
-                .with_max_flight_data_size(usize::MAX)
-                .build(futures::stream::iter([Ok(batch(0, segment)), Ok(batch(segment, segment + 10))]))
-                .try_collect(),
-        )
-        .expect("encoded");
+    let batches = vec![batch(0, segment), batch(segment, segment + 10)];
+    let (mut messages, tx, put) = ingest_by_hand(&rt, &c.addrs[0], command, batches);
     assert_eq!(messages.len(), 3);
     let last = messages.pop().expect("last");
     let last = FlightData { app_metadata: format!("shardwise-commit rows={}", segment + 10).into(), ..last };
-    let (tx, rx) = tokio::sync::mpsc::channel::<FlightData>(4);
-    let addr = c.addrs[0].clone();
-    let put = rt.spawn(async move {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut client = FlightSqlServiceClient::new(channel);
-        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-        let mut reply = client.do_put(stream).await.map_err(|e| e.to_string())?;
-        let first = reply.message().await.map_err(|e| e.to_string())?.ok_or("no reply")?;
-        Ok::<i64, String>(
-            arrow_flight::sql::DoPutUpdateResult::decode(&*first.app_metadata).map_err(|e| e.to_string())?.record_count,
-        )
-    });
     for message in messages {
         tx.blocking_send(message).expect("send");
     }
@@ -248,4 +271,44 @@ fn every_load_balancing_reads_a_sliced_shard_from_one_replica() {
             assert_eq!(c.sql(rank, &sql), want, "{balancing} through rank {rank}");
         }
     }
+}
+
+/// An ingest without a commit marker holds its rows until its stream ends: while its client
+/// keeps the stream open it is shown as running in `system.queries`, and `KILL QUERY` stops it
+/// with nothing written (before, it was invisible until it ended, and nothing could stop it).
+#[test]
+fn a_held_open_ingest_is_shown_and_can_be_killed() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use arrow_flight::sql::CommandStatementIngest;
+
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE held (id BIGINT) WITH (shard_key = 'id')");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let command = CommandStatementIngest {
+        table: "held".into(),
+        options: HashMap::from([("insert_id".into(), "held-1".into()), ("query_id".into(), "held-q".into())]),
+        ..Default::default()
+    };
+    let batch = RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef)])
+        .expect("batch");
+    let (messages, tx, put) = ingest_by_hand(&rt, &c.addrs[0], command, vec![batch]);
+    for message in messages {
+        tx.blocking_send(message).expect("send");
+    }
+    // (`c.sql` splits its rows at commas, and the statement's text has one.)
+    let running = "SELECT state FROM system.queries WHERE query_id = 'held-q' \
+                   AND query = 'INSERT INTO held (Flight SQL bulk ingest, insert_id \"held-1\")'";
+    eventually(Duration::from_secs(30), "the held ingest to be shown as running", || {
+        (c.sql(0, running) == [["running"]]).then_some(())
+    });
+    c.sql(0, "KILL QUERY WHERE query_id = 'held-q'");
+    let outcome = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), put).await }).expect("ended");
+    let err = outcome.expect("join").expect_err("a killed ingest fails");
+    assert!(err.contains("KILL QUERY") && err.contains("nothing was written"), "{err}");
+    assert_eq!(one(c.sql(0, running))[0], "killed");
+    drop(tx);
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM held")), ["0"]);
 }
