@@ -6,7 +6,8 @@
 //! statement's new handle, which Flight SQL lets a server return for exactly this, carries both
 //! the SQL as prepared and the spliced text ([`Handle`]): the client's `GetFlightInfo` runs the
 //! spliced text, and values bound again later are spliced into the SQL as prepared. The rows an
-//! `executemany` sends for `INSERT ... VALUES (?, ...)` become one insert of many rows
+//! `executemany` sends for `INSERT ... VALUES (?, ...)` become one insert of many rows (stored from
+//! their Arrow columns when the values are the placeholders alone: `crate::bound_insert`)
 //! ([`values_row`]); another update runs once per row sent, in order, and reports the rows
 //! affected in all, a row that fails stopping it with the rows before it applied (there are no
 //! transactions).

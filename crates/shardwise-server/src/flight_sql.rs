@@ -487,6 +487,25 @@ impl FlightSqlService for FlightSqlEndpoint {
         if rows.is_empty() {
             return self.run_update(handle.runnable(), &session).await;
         }
+        // Placeholders alone: the rows go in as the Arrow columns they came in (`bound_insert`).
+        let direct = self.engine.tables().and_then(|access| {
+            let catalog = access.catalog();
+            let insert = crate::bound_insert::bound_insert(&sql, &catalog)?;
+            let schema = catalog.tables.get(&insert.table)?.def.schema.clone();
+            Some((insert, schema))
+        });
+        if let Some((insert, schema)) = direct {
+            let statement = format!("INSERT INTO {}", insert.table);
+            let nothing = "nothing was written";
+            let batches = rows
+                .iter()
+                .map(|batch| crate::ingest_schema::conform_as(&statement, insert.rows(batch)?, &schema, nothing))
+                .collect::<Result<Vec<_>, Status>>()?;
+            let count: usize = batches.iter().map(|b| b.num_rows()).sum();
+            let described = format!("{sql} ({count} rows of bound parameters)");
+            let stored = self.engine.insert_batches(&insert.table, batches, &session, &[], &described).await;
+            return stored.map(|rows| i64::try_from(rows).unwrap_or(i64::MAX)).map_err(to_status);
+        }
         if let Some((before, row_text)) = crate::flight_params::values_row(&sql) {
             let mut bound = String::from(before);
             for (n, (batch, row)) in

@@ -62,6 +62,16 @@ pub fn check_definition_options(command: &CommandStatementIngest, exists: bool) 
 /// `batch` with the table's columns and types (see the module doc); `outcome` ends an error with
 /// what became of the rows.
 pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &str) -> Result<RecordBatch, Status> {
+    conform_as(&format!("ingest into {table}"), batch, schema, outcome)
+}
+
+/// [`conform`] for rows that `statement` (such as `INSERT INTO t`) stores: its errors begin so.
+pub fn conform_as(
+    statement: &str,
+    batch: RecordBatch,
+    schema: &SchemaRef,
+    outcome: &str,
+) -> Result<RecordBatch, Status> {
     let given = batch.schema();
     if given.fields().len() == schema.fields().len()
         && given
@@ -72,7 +82,7 @@ pub fn conform(table: &str, batch: RecordBatch, schema: &SchemaRef, outcome: &st
     {
         return Ok(batch);
     }
-    let refuse = |what: String| Status::invalid_argument(format!("ingest into {table}: {what}; {outcome}"));
+    let refuse = |what: String| Status::invalid_argument(format!("{statement}: {what}; {outcome}"));
     let mut source: Vec<Option<usize>> = vec![None; schema.fields().len()];
     for (position, field) in given.fields().iter().enumerate() {
         let found = schema.index_of(field.name()).ok().or_else(|| {

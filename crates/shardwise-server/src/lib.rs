@@ -5,6 +5,7 @@
 //! joined node.
 
 pub mod auth;
+pub mod bound_insert;
 pub mod catalog_machine;
 pub mod codec;
 pub mod connections;

@@ -141,23 +141,23 @@ fn flight_sql_ingest_matches_columns_and_honours_modes() {
     assert_eq!(rows, vec![vec!["4", "6", "30", "0"]]);
 }
 
-/// A Flight SQL ingest sent by hand, message by message, so a test can pause its stream: the
-/// messages of `command` carrying `batches` (one message per batch), and a task that sends what
-/// arrives on the returned sender to `addr` as one `DoPut` and yields the row count answered.
-type HandIngest = (
+/// A Flight SQL `DoPut` sent by hand, message by message, so a test can pause its stream: the
+/// messages of `command` (a bulk ingest, a prepared statement's update) carrying `batches` (one
+/// message per batch), and a task that sends what arrives on the returned sender to `addr` as
+/// one `DoPut` and yields the row count answered.
+type HandPut = (
     Vec<arrow_flight::FlightData>,
     tokio::sync::mpsc::Sender<arrow_flight::FlightData>,
     tokio::task::JoinHandle<Result<i64, String>>,
 );
 
-fn ingest_by_hand(
+fn put_by_hand(
     rt: &tokio::runtime::Runtime,
     addr: &str,
-    command: arrow_flight::sql::CommandStatementIngest,
+    command: impl arrow_flight::sql::ProstMessageExt,
     batches: Vec<arrow::array::RecordBatch>,
-) -> HandIngest {
+) -> HandPut {
     use arrow_flight::encode::FlightDataEncoderBuilder;
-    use arrow_flight::sql::ProstMessageExt;
     use arrow_flight::sql::client::FlightSqlServiceClient;
     use arrow_flight::{FlightData, FlightDescriptor};
     use futures::TryStreamExt;
@@ -220,7 +220,7 @@ fn a_load_spanning_a_drop_and_create_fails_instead_of_splitting() {
     };
     // One message per batch: the schema, a whole first segment, then the rest with the marker.
     let batches = vec![batch(0, segment), batch(segment, segment + 10)];
-    let (mut messages, tx, put) = ingest_by_hand(&rt, &c.addrs[0], command, batches);
+    let (mut messages, tx, put) = put_by_hand(&rt, &c.addrs[0], command, batches);
     assert_eq!(messages.len(), 3);
     let last = messages.pop().expect("last");
     let last = FlightData { app_metadata: format!("shardwise-commit rows={}", segment + 10).into(), ..last };
@@ -294,7 +294,7 @@ fn a_held_open_ingest_is_shown_and_can_be_killed() {
     };
     let batch = RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef)])
         .expect("batch");
-    let (messages, tx, put) = ingest_by_hand(&rt, &c.addrs[0], command, vec![batch]);
+    let (messages, tx, put) = put_by_hand(&rt, &c.addrs[0], command, vec![batch]);
     for message in messages {
         tx.blocking_send(message).expect("send");
     }
@@ -311,4 +311,58 @@ fn a_held_open_ingest_is_shown_and_can_be_killed() {
     assert_eq!(one(c.sql(0, running))[0], "killed");
     drop(tx);
     assert_eq!(one(c.sql(1, "SELECT count(*) FROM held")), ["0"]);
+}
+
+/// An `executemany` of `INSERT ... VALUES (?, ...)` (ADBC's and JDBC's prepared statement with
+/// rows of parameters) is stored from its Arrow columns, as one insert: values exact (NaN, a
+/// 19-digit integer), columns matched by the statement, casts checked, and a bad value anywhere
+/// refused with nothing written. A statement with an expression around a placeholder still runs.
+#[test]
+fn an_executemany_insert_is_stored_from_its_columns() {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+    use arrow_flight::sql::CommandPreparedStatementUpdate;
+
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE em (id BIGINT, name VARCHAR, x DOUBLE, small SMALLINT) WITH (shard_key = 'id')");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    // As ADBC sends it: the rows of parameters on the update's own `DoPut`.
+    let many = |sql: &str, params: RecordBatch| {
+        let command = CommandPreparedStatementUpdate { prepared_statement_handle: sql.to_string().into() };
+        let (messages, tx, put) = put_by_hand(&rt, &c.addrs[0], command, vec![params]);
+        for message in messages {
+            tx.blocking_send(message).expect("send");
+        }
+        drop(tx);
+        rt.block_on(put).expect("join")
+    };
+    let rows = 50_000i64;
+    let params = RecordBatch::try_from_iter([
+        ("a", Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("n{i}")))) as ArrayRef),
+        ("b", Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i + 1_000_000_000_000_000_000))) as ArrayRef),
+        ("c", Arc::new(Float64Array::from_iter_values((0..rows).map(|i| if i == 0 { f64::NAN } else { 0.5 })))),
+    ])
+    .expect("batch");
+    // The parameters in another order than the statement's columns, `small` not named (NULL).
+    let stored = many("INSERT INTO em (name, id, x) VALUES ($1, $2, $3)", params.clone());
+    assert_eq!(stored, Ok(rows));
+    let check =
+        "SELECT count(*), count(DISTINCT name), min(id), count(small), sum(CASE WHEN isnan(x) THEN 1 END) FROM em";
+    let want = vec![rows.to_string(), rows.to_string(), "1000000000000000000".into(), "0".into(), "1".into()];
+    assert_eq!(one(c.sql(1, check)), want);
+    let logged = "SELECT count(*) FROM system.queries WHERE query LIKE 'INSERT INTO em (name%(50000 rows of bound parameters)' \
+                  AND state = 'finished'";
+    assert_eq!(c.sql(0, logged), vec![vec!["1"]]);
+    // One value that does not fit (70 000 for a SMALLINT) refuses every row.
+    let bad = RecordBatch::try_from_iter([
+        ("p", Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef),
+        ("q", Arc::new(Int64Array::from(vec![1, 70_000, 3])) as ArrayRef),
+    ])
+    .expect("batch");
+    let err = many("INSERT INTO em (id, small) VALUES (?, ?)", bad.clone()).expect_err("out of range");
+    assert!(err.contains("small") && err.contains("nothing was written"), "{err}");
+    // An expression around a placeholder takes the SQL path, row by row spliced.
+    assert_eq!(many("INSERT INTO em (id, small) VALUES (? + 10, ? % 1000)", bad), Ok(3));
+    assert_eq!(one(c.sql(1, "SELECT count(*), sum(small) FROM em")), [(rows + 3).to_string(), "4".to_string()]);
 }
