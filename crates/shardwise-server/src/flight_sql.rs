@@ -487,10 +487,13 @@ impl FlightSqlService for FlightSqlEndpoint {
         if rows.is_empty() {
             return self.run_update(handle.runnable(), &session).await;
         }
+        // A trailing `SETTINGS` clause applies to the insert as a whole, however its rows go in.
+        let (body, settings) = shardwise_query::settings::split_settings_clause(&sql).map_err(to_status)?;
+        let settings_text = sql.get(body.len()..).unwrap_or_default();
         // Placeholders alone: the rows go in as the Arrow columns they came in (`bound_insert`).
         let direct = self.engine.tables().and_then(|access| {
             let catalog = access.catalog();
-            let insert = crate::bound_insert::bound_insert(&sql, &catalog)?;
+            let insert = crate::bound_insert::bound_insert(&body, &catalog)?;
             let schema = catalog.tables.get(&insert.table)?.def.schema.clone();
             Some((insert, schema))
         });
@@ -503,10 +506,10 @@ impl FlightSqlService for FlightSqlEndpoint {
                 .collect::<Result<Vec<_>, Status>>()?;
             let count: usize = batches.iter().map(|b| b.num_rows()).sum();
             let described = format!("{sql} ({count} rows of bound parameters)");
-            let stored = self.engine.insert_batches(&insert.table, batches, &session, &[], &described).await;
+            let stored = self.engine.insert_batches(&insert.table, batches, &session, &settings, &described).await;
             return stored.map(|rows| i64::try_from(rows).unwrap_or(i64::MAX)).map_err(to_status);
         }
-        if let Some((before, row_text)) = crate::flight_params::values_row(&sql) {
+        if let Some((before, row_text)) = crate::flight_params::values_row(&body) {
             let mut bound = String::from(before);
             for (n, (batch, row)) in
                 rows.iter().flat_map(|batch| (0..batch.num_rows()).map(move |row| (batch, row))).enumerate()
@@ -516,7 +519,16 @@ impl FlightSqlService for FlightSqlEndpoint {
                 }
                 bound.push_str(&crate::flight_params::bind_row(row_text, batch, row)?);
             }
+            bound.push_str(settings_text);
             return self.run_update(&bound, &session).await;
+        }
+        let count: usize = rows.iter().map(|b| b.num_rows()).sum();
+        if count > 1 && settings.iter().any(|(name, _)| name.eq_ignore_ascii_case("insert_id")) {
+            return Err(Status::invalid_argument(format!(
+                "this statement runs once per row of parameters ({count} rows), and one insert_id would make every \
+                 run after the first a retry of it, dropped: give each row its own statement and insert_id, or \
+                 write the insert as INSERT ... VALUES (?, ...), whose rows go in as one insert; nothing was run"
+            )));
         }
         let mut affected: i64 = 0;
         for batch in &rows {

@@ -689,7 +689,8 @@ impl Encoder {
 /// `ok`; `degraded` (200) when a shard replica here is not read (its WAL was found damaged:
 /// queries read other replicas), or its start cut a whole last WAL record that failed its
 /// checksum (`ShardStore::warning`); `failing` (503) when one failed (an I/O error such as a full
-/// disk): it takes no writes until the node restarts, so a load balancer should send none here.
+/// disk): it takes no writes until it is reopened (retried every `store_reopen_interval_ms`), so a
+/// load balancer should send none here meanwhile.
 async fn health(State(http): State<Http>) -> Response {
     let tables = http.engine.tables();
     let rank = tables.as_ref().map(|t| t.local_rank());

@@ -113,6 +113,11 @@ pub async fn ingest(
     // Every segment of a streamed load goes to this incarnation of the table or fails.
     let mut request = request;
     request.opts.incarnation = Some((entry.id, entry.generation));
+    // A streamed load is stored under an insert id, which its error gives for a retry; one the
+    // client did not give is made here, so that `system.queries` shows it too.
+    if request.commit_marker && request.opts.insert_id.is_none() {
+        request.opts.insert_id = Some(uuid::Uuid::new_v4().to_string());
+    }
     let sql = match &request.opts.insert_id {
         Some(id) => format!("INSERT INTO {} (Flight SQL bulk ingest, insert_id {id:?})", request.table),
         None => format!("INSERT INTO {} (Flight SQL bulk ingest)", request.table),
@@ -230,17 +235,20 @@ impl Ingest<'_> {
         let held = MemoryConsumer::new(format!("bulk ingest into {table}")).register(&self.memory);
         while let Some(message) = self.next(&mut decoder, nothing).await? {
             if let DecodedPayload::RecordBatch(batch) = message.payload {
-                let batch = conform(table, batch, schema, nothing)?;
-                if let Err(e) = held.try_grow(batch.get_array_memory_size()) {
+                // What arrived: the decoded columns are slices of the message's body. (Their
+                // `get_array_memory_size` counts that body once per buffer that points into it,
+                // three times over for a string column.)
+                let arrived = message.inner.data_body.len() + message.inner.data_header.len();
+                if let Err(e) = held.try_grow(arrived) {
                     return Err(Status::resource_exhausted(format!(
-                        "ingest into {table}: the {} bytes of rows received so far do not fit in this node's \
-                         memory ({e}); {nothing}. An upload without a commit marker is held whole until it ends: \
-                         send it with commit = marker (as shardwise load does), which stores rows as they arrive, \
-                         or in smaller uploads",
+                        "ingest into {table}: the rows received so far ({} bytes as sent) and the next message's {arrived} \
+                         bytes do not fit in this node's memory ({e}); {nothing}. An upload without a commit marker is \
+                         held whole until it ends: send it with commit = marker (as shardwise load does), which stores \
+                         rows as they arrive, or in smaller uploads",
                         held.size()
                     )));
                 }
-                batches.push(batch);
+                batches.push(conform(table, batch, schema, nothing)?);
             }
         }
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -262,6 +270,7 @@ impl Ingest<'_> {
         let Ingest { access, request, schema, started, .. } = *self;
         let table = &request.table;
         let insert_id = request.opts.insert_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        debug_assert!(request.opts.insert_id.is_some(), "made by `ingest` for a streamed load");
         let unfinished = format!(
             "segments received before it may be stored; re-send the same rows with insert id {insert_id} (shardwise \
              load --insert-id {insert_id}) to complete the load exactly once"

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arrow_flight::sql::{CommandStatementIngest, TableExistsOption, TableNotExistOption};
 use datafusion::arrow::array::{ArrayRef, new_null_array};
 use datafusion::arrow::compute::{CastOptions, can_cast_types, cast_with_options};
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::util::display::FormatOptions;
 use tonic::Status;
@@ -116,6 +116,17 @@ pub fn conform_as(
                 let column = batch.column(*position);
                 if column.data_type() == field.data_type() {
                     Arc::clone(column)
+                } else if column.data_type().is_integer()
+                    && matches!(field.data_type(), DataType::Date32 | DataType::Date64)
+                {
+                    // As an INSERT refuses it: a number is no date (Arrow's cast would read days
+                    // since 1970).
+                    return Err(refuse(format!(
+                        "column {:?}: a {} value cannot be stored in a DATE column; send dates as an Arrow date \
+                         type, or as text ('2024-01-31')",
+                        field.name(),
+                        column.data_type()
+                    )));
                 } else if can_cast_types(column.data_type(), field.data_type()) {
                     let failed = |e: datafusion::arrow::error::ArrowError| {
                         refuse(format!(
@@ -213,6 +224,18 @@ mod tests {
         assert!(check_definition_options(&CommandStatementIngest::default(), true).is_ok());
         let temporary = CommandStatementIngest { temporary: true, ..Default::default() };
         assert!(check_definition_options(&temporary, true).unwrap_err().message().contains("temporary"));
+    }
+
+    #[test]
+    fn an_integer_is_no_date() {
+        let schema = Arc::new(Schema::new(vec![Field::new("day", DataType::Date32, true)]));
+        let batch =
+            RecordBatch::try_from_iter([("day", Arc::new(Int32Array::from(vec![18_000])) as ArrayRef)]).unwrap();
+        let message = conform("t", batch, &schema, "-").unwrap_err().message().to_string();
+        assert!(message.contains("a Int32 value cannot be stored in a DATE column"), "{message}");
+        let dates = datafusion::arrow::array::Date32Array::from(vec![18_000]);
+        let batch = RecordBatch::try_from_iter([("day", Arc::new(dates) as ArrayRef)]).unwrap();
+        assert!(conform("t", batch, &schema, "-").is_ok());
     }
 
     #[test]

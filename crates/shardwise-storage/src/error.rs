@@ -23,7 +23,7 @@ pub enum StorageError {
     /// An earlier I/O error left the WAL in an unknown state; it refuses every call until it is
     /// reopened, and reopening recovers from what is really on disk.
     #[error(
-        "WAL in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
+        "WAL in {} has failed and accepts no more writes until it is reopened (a node retries every store_reopen_interval_ms, 10 s, and at its restart), which reads what is on disk; first error: {cause}",
         dir.display()
     )]
     WalFailed { dir: PathBuf, cause: String },
@@ -113,7 +113,7 @@ pub enum StorageError {
     /// An earlier I/O error left a shard store in an unknown state; it refuses every write until it
     /// is reopened, and reopening recovers from what is really on disk.
     #[error(
-        "shard store in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
+        "shard store in {} has failed and accepts no more writes until it is reopened (a node retries every store_reopen_interval_ms, 10 s, and at its restart), which reads what is on disk; first error: {cause}",
         dir.display()
     )]
     ShardStoreFailed { dir: PathBuf, cause: String },
@@ -148,7 +148,7 @@ pub enum StorageError {
     /// An earlier I/O error outside its WAL (writing `SEQ_LEASE`) left the outbox in an unknown
     /// state; it refuses every write until it is reopened.
     #[error(
-        "outbox in {} has failed and accepts no more writes until the node restarts (which reopens it from what is on disk); first error: {cause}",
+        "outbox in {} has failed and accepts no more writes until it is reopened (a node retries every store_reopen_interval_ms, 10 s, and at its restart), which reads what is on disk; first error: {cause}",
         dir.display()
     )]
     OutboxFailed { dir: PathBuf, cause: String },

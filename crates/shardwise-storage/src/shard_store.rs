@@ -370,14 +370,14 @@ impl ShardStore {
     }
 
     /// Why this replica must not answer reads, if it must not: it failed (an I/O error; rows
-    /// written to the other replicas since are missing here, until the node restarts and reopens
-    /// it), or its WAL was found damaged (rows it acknowledged are missing, for good: the
+    /// written to the other replicas since are missing here, until it is reopened), or its WAL was found damaged (rows it acknowledged are missing, for good: the
     /// replica stays out of reads, its `DAMAGED` file saying why). Queries read another replica.
     pub fn unreadable(&self) -> Option<String> {
         match (&self.failure, &self.damage) {
-            (Some(failure), _) => {
-                Some(format!("it failed and takes no writes until the node restarts (first error: {failure})"))
-            }
+            (Some(failure), _) => Some(format!(
+                "it failed and takes no writes until it is reopened (retried every store_reopen_interval_ms, \
+                     10 s) (first error: {failure})"
+            )),
             (None, Some(damage)) => Some(format!("damaged: {damage}")),
             (None, None) => None,
         }

@@ -363,6 +363,26 @@ fn an_executemany_insert_is_stored_from_its_columns() {
     let err = many("INSERT INTO em (id, small) VALUES (?, ?)", bad.clone()).expect_err("out of range");
     assert!(err.contains("small") && err.contains("nothing was written"), "{err}");
     // An expression around a placeholder takes the SQL path, row by row spliced.
-    assert_eq!(many("INSERT INTO em (id, small) VALUES (? + 10, ? % 1000)", bad), Ok(3));
+    assert_eq!(many("INSERT INTO em (id, small) VALUES (? + 10, ? % 1000)", bad.clone()), Ok(3));
     assert_eq!(one(c.sql(1, "SELECT count(*), sum(small) FROM em")), [(rows + 3).to_string(), "4".to_string()]);
+    // A trailing SETTINGS clause applies to the one insert of all the rows, on either path: an
+    // insert_id makes a retry a no-op. (Before, such a statement ran once per row, each run with
+    // the same insert_id, and every row after the first of each shard was dropped as a retry.)
+    let ids = |from: i64| {
+        RecordBatch::try_from_iter([("p", Arc::new(Int64Array::from_iter_values(from..from + 1000)) as ArrayRef)])
+            .expect("batch")
+    };
+    for sql in [
+        "INSERT INTO em (id) VALUES (?) SETTINGS insert_id = 'em-direct'",
+        "INSERT INTO em (id) VALUES (? + 0) SETTINGS insert_id = 'em-spliced', insert_quorum = 1",
+    ] {
+        let from = if sql.contains("direct") { 10_000_000 } else { 20_000_000 };
+        assert_eq!(many(sql, ids(from)), Ok(1000), "{sql}");
+        // A retry answers as the insert did, and stores nothing again (the count below).
+        assert_eq!(many(sql, ids(from)), Ok(1000), "the retry of {sql}");
+    }
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM em")), [(rows + 2003).to_string()]);
+    // A statement that runs once per row cannot carry one insert_id for all of them.
+    let err = many("UPDATE em SET small = 1 WHERE id = ? SETTINGS insert_id = 'x'", ids(0)).expect_err("refused");
+    assert!(err.contains("runs once per row") && err.contains("nothing was run"), "{err}");
 }
