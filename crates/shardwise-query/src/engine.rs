@@ -456,17 +456,51 @@ impl QueryEngine {
         statement: &[(String, String)],
         sql: &str,
     ) -> Result<u64, QueryError> {
-        let access = self.access("storing rows")?;
+        self.insert_batches_as(table, batches, session, statement, Recorded::Ended(sql)).await
+    }
+
+    /// [`QueryEngine::insert_batches`] for a statement registered while its rows arrived
+    /// ([`QueryEngine::begin_statement`]: a `COPY ... FROM STDIN`), ended here with the insert's
+    /// outcome.
+    pub async fn insert_batches_as(
+        &self,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        session: &Arc<Session>,
+        statement: &[(String, String)],
+        recorded: Recorded<'_>,
+    ) -> Result<u64, QueryError> {
+        let started = std::time::Instant::now();
+        let (query_id, stored) = match self.settings_of(session, statement) {
+            Ok(current) => {
+                let stored = match (self.access("storing rows"), InsertOptions::from_settings(&current)) {
+                    (Ok(access), Ok(opts)) => access.insert(table, batches, opts).await,
+                    (Err(e), _) => Err(e),
+                    (_, Err(e)) => Err(QueryError::from(e)),
+                };
+                (current.query_id, stored)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        // One row answered (the count), as for every insert in `system.queries`.
+        let outcome = stored.as_ref().map(|_| 1).map_err(ToString::to_string);
+        match recorded {
+            Recorded::Ended(sql) => self.log.record_ended(sql, started, query_id, outcome.map(|_| ())),
+            Recorded::Running(running) => running.end(outcome),
+        }
+        stored
+    }
+
+    /// The settings a statement runs under: `session`'s, then the statement's own.
+    fn settings_of(
+        &self,
+        session: &Arc<Session>,
+        statement: &[(String, String)],
+    ) -> Result<ShardwiseSettings, QueryError> {
         let mut state = self.ctx.state();
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), statement)?;
-        let current = settings::current(state.config_options());
-        let opts = InsertOptions::from_settings(&current)?;
-        let started = std::time::Instant::now();
-        let stored = access.insert(table, batches, opts).await;
-        let outcome = stored.as_ref().map(|_| ()).map_err(ToString::to_string);
-        self.log.record_ended(sql, started, current.query_id.clone(), outcome);
-        stored
+        Ok(settings::current(state.config_options()))
     }
 
     /// [`QueryEngine::plan`] for a statement about to be run (not a probe of its result schema):
@@ -881,6 +915,14 @@ impl Drop for DropIfAbandoned {
             }
         });
     }
+}
+
+/// How a statement that runs outside a plan is recorded in `system.queries`.
+pub enum Recorded<'a> {
+    /// One ended row, described as this text, written when it ends.
+    Ended(&'a str),
+    /// Registered while it received its rows; ended with its outcome.
+    Running(crate::query_log::RunningStatement),
 }
 
 /// True when `plan` reads a sharded table (or a fragment of one).

@@ -307,7 +307,14 @@ impl QueryLog {
     pub fn begin(self: &Arc<Self>, sql: &str, query_id: Option<String>) -> Result<RunningStatement, QueryError> {
         let record = QueryRecord::new(sql, unix_ms(), QueryState::Running);
         let (query_id, kill) = self.register(record, query_id, true, None)?;
-        Ok(RunningStatement { log: Arc::clone(self), query_id, started: Instant::now(), kill, ended: false })
+        Ok(RunningStatement {
+            log: Arc::clone(self),
+            query_id,
+            started: Instant::now(),
+            kill,
+            kill_seen: false,
+            ended: false,
+        })
     }
 
     /// Records a statement that failed before it could run (a parse or planning error, a value
@@ -442,7 +449,15 @@ pub struct RunningStatement {
     query_id: String,
     started: Instant,
     kill: Arc<Notify>,
+    /// Whether [`RunningStatement::killed_now`] has seen `KILL QUERY`.
+    kill_seen: bool,
     ended: bool,
+}
+
+impl std::fmt::Debug for RunningStatement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningStatement").field("query_id", &self.query_id).finish_non_exhaustive()
+    }
 }
 
 impl RunningStatement {
@@ -454,6 +469,15 @@ impl RunningStatement {
     /// Resolves when `KILL QUERY` names it (at once if that happened already).
     pub async fn killed(&self) {
         self.kill.notified().await
+    }
+
+    /// Whether `KILL QUERY` has named it, without waiting: for a caller that is handed its rows
+    /// piece by piece rather than awaiting them (a `COPY ... FROM STDIN`).
+    pub fn killed_now(&mut self) -> bool {
+        if !self.kill_seen {
+            self.kill_seen = futures::FutureExt::now_or_never(self.kill.notified()).is_some();
+        }
+        self.kill_seen
     }
 
     /// Records it as `finished` having answered `result_rows` rows, or `failed` with the error.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
 use datafusion::arrow::datatypes::SchemaRef;
+use shardwise_query::query_log::RunningStatement;
 use shardwise_query::{QueryEngine, QueryError, Session};
 
 use super::copy::CopyFormat;
@@ -41,6 +42,10 @@ pub struct PendingCopyIn {
     /// What errors call the statement: `COPY` (PostgreSQL's), or `INSERT INTO` for the same
     /// rows sent over HTTP (`crate::http_insert`).
     verb: &'static str,
+    /// A COPY's entry in `system.queries` while its data arrives; `KILL QUERY` drops the data
+    /// received and what follows, and the COPY fails at its end with nothing stored.
+    pub running: Option<RunningStatement>,
+    killed: bool,
 }
 
 impl PendingCopyIn {
@@ -60,7 +65,15 @@ impl PendingCopyIn {
             data: Vec::new(),
             too_large: false,
             verb: "COPY",
+            running: None,
+            killed: false,
         }
+    }
+
+    /// The same, shown in `system.queries` as `running` while its data arrives.
+    pub fn running(mut self, running: RunningStatement) -> Self {
+        self.running = Some(running);
+        self
     }
 
     /// The same, with errors that call the statement `verb` (`INSERT INTO`) instead of `COPY`.
@@ -71,6 +84,13 @@ impl PendingCopyIn {
 
     /// Takes one CopyData message.
     pub fn push(&mut self, bytes: &[u8]) {
+        if !self.killed && self.running.as_mut().is_some_and(RunningStatement::killed_now) {
+            self.killed = true;
+            self.data = Vec::new();
+        }
+        if self.killed {
+            return;
+        }
         if self.too_large || self.data.len() + bytes.len() > COPY_IN_MAX_BYTES {
             self.too_large = true;
             self.data = Vec::new();
@@ -80,7 +100,11 @@ impl PendingCopyIn {
     }
 
     /// The rows received, as one batch of the table's columns; or what is wrong with them.
-    pub fn batch(&self) -> Result<RecordBatch, QueryError> {
+    pub fn batch(&mut self) -> Result<RecordBatch, QueryError> {
+        if self.killed || self.running.as_mut().is_some_and(RunningStatement::killed_now) {
+            let killed = shardwise_query::error::KILLED;
+            return Err(QueryError::Rejected(format!("{} {}: {killed}; nothing was stored", self.verb, self.table)));
+        }
         if self.too_large {
             return Err(bad(format!(
                 "{} {}: more than {} MiB of data (COPY_IN_MAX_BYTES); load large files with `shardwise load`",

@@ -440,7 +440,13 @@ impl Handler {
                     .await
                     .map_err(pg_error)?;
                 let width = indices.len();
-                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings);
+                // Shown in `system.queries` while its data arrives, and counted toward
+                // MAX_CONCURRENT_QUERIES: the data is held until its end.
+                let query_id =
+                    settings.iter().find(|(k, _)| k.eq_ignore_ascii_case("query_id")).map(|(_, v)| v.clone());
+                let running =
+                    self.engine.begin_statement(&format!("COPY {table} FROM STDIN"), query_id).map_err(pg_error)?;
+                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings).running(running);
                 *self.copy_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
                 Ok(Response::CopyIn(CopyResponse::new(0, width, stream::empty())))
             }
@@ -692,12 +698,28 @@ impl CopyHandler for Handler {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let pending = self.take_copy_in().ok_or_else(|| syntax_error("COPY data without a COPY FROM STDIN".into()))?;
-        let batch = pending.batch().map_err(pg_error)?;
+        let mut pending =
+            self.take_copy_in().ok_or_else(|| syntax_error("COPY data without a COPY FROM STDIN".into()))?;
+        let batch = match pending.batch() {
+            Ok(batch) => batch,
+            Err(e) => {
+                if let Some(running) = pending.running.take() {
+                    match e.to_string().contains(shardwise_query::error::KILLED) {
+                        true => running.end_killed(e.to_string()),
+                        false => running.end(Err(e.to_string())),
+                    }
+                }
+                return Err(pg_error(e));
+            }
+        };
         let sql = format!("COPY {} FROM STDIN", pending.table);
+        let recorded = match pending.running.take() {
+            Some(running) => shardwise_query::engine::Recorded::Running(running),
+            None => shardwise_query::engine::Recorded::Ended(&sql),
+        };
         let rows = self
             .engine
-            .insert_batches(&pending.table, vec![batch], &self.session, &pending.settings, &sql)
+            .insert_batches_as(&pending.table, vec![batch], &self.session, &pending.settings, recorded)
             .await
             .map_err(pg_error)?;
         let tag = Tag::new("COPY").with_rows(usize::try_from(rows).unwrap_or(usize::MAX));
@@ -711,8 +733,13 @@ impl CopyHandler for Handler {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let table = self.take_copy_in().map(|p| p.table).unwrap_or_default();
-        pg_error(QueryError::Rejected(format!("COPY {table} stopped by the client, nothing stored: {}", fail.message)))
+        let pending = self.take_copy_in();
+        let table = pending.as_ref().map(|p| p.table.clone()).unwrap_or_default();
+        let e = QueryError::Rejected(format!("COPY {table} stopped by the client, nothing stored: {}", fail.message));
+        if let Some(running) = pending.and_then(|mut p| p.running.take()) {
+            running.end(Err(e.to_string()));
+        }
+        pg_error(e)
     }
 }
 

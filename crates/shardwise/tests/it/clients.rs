@@ -964,3 +964,51 @@ fn section<'a>(dom: &'a str, id: &str) -> &'a str {
     let end = dom[start..].find("</table>").map_or(dom.len(), |e| start + e);
     &dom[start..end]
 }
+
+/// psql's `\copy ... FROM pstdin` while its data is still coming: the COPY is `running` in
+/// `system.queries` from its start (it holds its data until the end), and `KILL QUERY` stops it,
+/// nothing stored, the client told why.
+#[test]
+fn a_copy_whose_data_is_arriving_is_shown_and_can_be_killed() {
+    use std::io::Write;
+
+    let dir = tempdir();
+    let (_nodes, lines) = two_nodes(dir.path(), None);
+    let pg0 = listening_addr(&lines[0], "pg");
+    let sql = |statement: &str| {
+        let mut c = psql(&pg0, "default", "shardwise");
+        c.args(["-c", statement]);
+        let out = run_with_timeout(c, T);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{statement}: {stderr}");
+        stdout.trim().to_string()
+    };
+    sql("CREATE TABLE cp (id BIGINT) WITH (shard_key = 'id')");
+    let mut copying = psql(&pg0, "default", "shardwise");
+    copying.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut copying = copying.spawn().expect("psql");
+    let mut data = copying.stdin.take().expect("stdin");
+    data.write_all(b"1\n2\n3\n").expect("write");
+    data.flush().expect("flush");
+    let running = "SELECT query_id FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'running'";
+    let id = eventually(T, "the COPY to be shown as running", || Some(sql(running)).filter(|id| !id.is_empty()));
+    sql(&format!("KILL QUERY WHERE query_id = '{id}'"));
+    drop(data);
+    let out = copying.wait_with_output().expect("psql ends");
+    let (_, stderr) = text(&out);
+    assert!(
+        !out.status.success() && stderr.contains("KILL QUERY") && stderr.contains("nothing was stored"),
+        "{stderr}"
+    );
+    assert_eq!(sql(&format!("SELECT state FROM system.queries WHERE query_id = '{id}'")), "killed");
+    assert_eq!(sql("SELECT count(*) FROM cp"), "0");
+    // A COPY that is not stopped is recorded as it ends, under the same entry.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped());
+    let mut c = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("psql");
+    c.stdin.take().expect("stdin").write_all(b"4\n5\n").expect("write");
+    let out = c.wait_with_output().expect("psql ends");
+    assert!(out.status.success(), "{}", text(&out).1);
+    let finished = "SELECT count(*) FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'finished'";
+    assert_eq!((sql(finished).as_str(), sql("SELECT count(*) FROM cp").as_str()), ("1", "2"));
+}
