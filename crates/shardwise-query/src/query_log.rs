@@ -11,7 +11,7 @@
 //! stream under it, which cancels the remote calls, so the nodes running fragments stop too.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -312,7 +312,7 @@ impl QueryLog {
             query_id,
             started: Instant::now(),
             kill,
-            kill_seen: false,
+            kill_seen: AtomicBool::new(false),
             ended: false,
         })
     }
@@ -449,8 +449,8 @@ pub struct RunningStatement {
     query_id: String,
     started: Instant,
     kill: Arc<Notify>,
-    /// Whether [`RunningStatement::killed_now`] has seen `KILL QUERY`.
-    kill_seen: bool,
+    /// Whether it has seen `KILL QUERY` ([`RunningStatement::killed`], `killed_now`).
+    kill_seen: AtomicBool,
     ended: bool,
 }
 
@@ -468,30 +468,31 @@ impl RunningStatement {
 
     /// Resolves when `KILL QUERY` names it (at once if that happened already).
     pub async fn killed(&self) {
-        self.kill.notified().await
+        if !self.kill_seen.load(Ordering::Relaxed) {
+            self.kill.notified().await;
+            self.kill_seen.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether `KILL QUERY` has named it, without waiting: for a caller that is handed its rows
     /// piece by piece rather than awaiting them (a `COPY ... FROM STDIN`).
-    pub fn killed_now(&mut self) -> bool {
-        if !self.kill_seen {
-            self.kill_seen = futures::FutureExt::now_or_never(self.kill.notified()).is_some();
+    pub fn killed_now(&self) -> bool {
+        if !self.kill_seen.load(Ordering::Relaxed) && futures::FutureExt::now_or_never(self.kill.notified()).is_some() {
+            self.kill_seen.store(true, Ordering::Relaxed);
         }
-        self.kill_seen
+        self.kill_seen.load(Ordering::Relaxed)
     }
 
-    /// Records it as `finished` having answered `result_rows` rows, or `failed` with the error.
+    /// Records it as `finished` having answered `result_rows` rows, or with its error: `killed`
+    /// if it saw `KILL QUERY` (through [`RunningStatement::killed`] or `killed_now`), else
+    /// `failed`.
     pub fn end(mut self, outcome: Result<u64, String>) {
         let (state, rows, error) = match outcome {
             Ok(rows) => (QueryState::Finished, rows, None),
+            Err(error) if self.kill_seen.load(Ordering::Relaxed) => (QueryState::Killed, 0, Some(error)),
             Err(error) => (QueryState::Failed, 0, Some(error)),
         };
         self.record(state, rows, error);
-    }
-
-    /// Records it as `killed` by `KILL QUERY`, with the error its client was answered with.
-    pub fn end_killed(mut self, error: String) {
-        self.record(QueryState::Killed, 0, Some(error));
     }
 
     fn record(&mut self, state: QueryState, result_rows: u64, error: Option<String>) {

@@ -30,7 +30,6 @@
 //! memory and a query place for ever.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
@@ -123,23 +122,17 @@ pub async fn ingest(
         None => format!("INSERT INTO {} (Flight SQL bulk ingest)", request.table),
     };
     let statement = engine.begin_statement(&sql, request.query_id.clone()).map_err(to_status)?;
-    let killed = AtomicBool::new(false);
     let call = Ingest {
         access: access.as_ref(),
         request: &request,
         schema: &schema,
         started,
         statement: &statement,
-        killed: &killed,
         memory: engine.memory_pool(),
     };
     let outcome = if request.commit_marker { call.streamed(decoder).await } else { call.whole(decoder).await };
-    match &outcome {
-        // One row answered (the count), as for every insert in `system.queries`.
-        Ok(_) => statement.end(Ok(1)),
-        Err(status) if killed.load(Ordering::Relaxed) => statement.end_killed(status.message().to_string()),
-        Err(status) => statement.end(Err(status.message().to_string())),
-    }
+    // One row answered (the count), as for every insert in `system.queries`.
+    statement.end(outcome.as_ref().map(|_| 1).map_err(|status| status.message().to_string()));
     let outcome = outcome?;
     tracing::debug!(
         table = %request.table,
@@ -209,8 +202,6 @@ struct Ingest<'a> {
     schema: &'a SchemaRef,
     started: Instant,
     statement: &'a RunningStatement,
-    /// Set when `KILL QUERY` stopped it.
-    killed: &'a AtomicBool,
     /// The node's pool, which the rows held by [`Ingest::whole`] are reserved from.
     memory: Arc<dyn MemoryPool>,
 }
@@ -219,11 +210,7 @@ impl Ingest<'_> {
     /// The next message, or `None` at the stream's end (see [`next_message`]).
     async fn next(&self, decoder: &mut Decoded, outcome: &str) -> Result<Option<DecodedFlightData>, Status> {
         let receive_timeout = Duration::from_millis(INGEST_RECEIVE_TIMEOUT_MS);
-        let next = next_message(decoder, &self.request.table, outcome, receive_timeout, self.statement).await;
-        if let Err(NextError::Killed(_)) = &next {
-            self.killed.store(true, Ordering::Relaxed);
-        }
-        next.map_err(NextError::into_status)
+        next_message(decoder, &self.request.table, outcome, receive_timeout, self.statement).await
     }
 
     /// The whole stream first, then one insert: for clients that send no commit marker.
@@ -336,23 +323,6 @@ impl Ingest<'_> {
     }
 }
 
-/// Why no message came.
-#[derive(Debug)]
-enum NextError {
-    /// The stream failed or went silent.
-    Failed(Status),
-    /// `KILL QUERY` named the ingest.
-    Killed(Status),
-}
-
-impl NextError {
-    fn into_status(self) -> Status {
-        match self {
-            NextError::Failed(status) | NextError::Killed(status) => status,
-        }
-    }
-}
-
 /// The next message of an ingest into `table`, or `None` at the stream's end; an error when the
 /// stream fails, when nothing comes for `receive_timeout`, or when `KILL QUERY` names
 /// `statement`. `outcome` says what became of the rows.
@@ -362,20 +332,19 @@ async fn next_message(
     outcome: &str,
     receive_timeout: Duration,
     statement: &RunningStatement,
-) -> Result<Option<DecodedFlightData>, NextError> {
+) -> Result<Option<DecodedFlightData>, Status> {
     tokio::select! {
         message = tokio::time::timeout(receive_timeout, decoder.next()) => match message {
             Ok(Some(Ok(message))) => Ok(Some(message)),
-            Ok(Some(Err(e))) => Err(NextError::Failed(stream_failed(table, e, outcome))),
+            Ok(Some(Err(e))) => Err(stream_failed(table, e, outcome)),
             Ok(None) => Ok(None),
-            Err(_) => Err(NextError::Failed(Status::deadline_exceeded(format!(
+            Err(_) => Err(Status::deadline_exceeded(format!(
                 "ingest into {table}: the client sent nothing for {} s (INGEST_RECEIVE_TIMEOUT_MS); {outcome}",
                 receive_timeout.as_secs_f64()
-            )))),
+            ))),
         },
         () = statement.killed() => {
-            let e = QueryError::Rejected(format!("{}; {outcome}", shardwise_query::error::KILLED));
-            Err(NextError::Killed(to_status(e)))
+            Err(to_status(QueryError::Rejected(format!("{}; {outcome}", shardwise_query::error::KILLED))))
         }
     }
 }
@@ -478,16 +447,16 @@ mod tests {
         let mut silent: Decoded = futures::stream::pending().boxed();
         let started = Instant::now();
         let waited = next_message(&mut silent, "t", "nothing was written", Duration::from_millis(200), &statement);
-        let Err(NextError::Failed(status)) = waited.await else { panic!("no timeout") };
+        let status = waited.await.expect_err("no timeout");
         assert!(started.elapsed() >= Duration::from_millis(190));
         assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
         assert!(status.message().contains("sent nothing for 0.2 s (INGEST_RECEIVE_TIMEOUT_MS); nothing was written"));
         assert!(log.kill("q1"));
         let waited = next_message(&mut silent, "t", "nothing was written", Duration::from_secs(60), &statement);
-        let Err(NextError::Killed(status)) = waited.await else { panic!("not stopped") };
+        let status = waited.await.expect_err("not stopped");
         assert_eq!(status.code(), tonic::Code::Cancelled);
         assert!(status.message().contains("KILL QUERY; nothing was written"), "{}", status.message());
-        statement.end_killed(status.message().to_string());
+        statement.end(Err(status.message().to_string()));
         let records = log.snapshot();
         assert_eq!((records.len(), records[0].state.as_str()), (1, "killed"));
     }

@@ -45,7 +45,6 @@ pub struct PendingCopyIn {
     /// A COPY's entry in `system.queries` while its data arrives; `KILL QUERY` drops the data
     /// received and what follows, and the COPY fails at its end with nothing stored.
     pub running: Option<RunningStatement>,
-    killed: bool,
 }
 
 impl PendingCopyIn {
@@ -66,7 +65,6 @@ impl PendingCopyIn {
             too_large: false,
             verb: "COPY",
             running: None,
-            killed: false,
         }
     }
 
@@ -84,11 +82,8 @@ impl PendingCopyIn {
 
     /// Takes one CopyData message.
     pub fn push(&mut self, bytes: &[u8]) {
-        if !self.killed && self.running.as_mut().is_some_and(RunningStatement::killed_now) {
-            self.killed = true;
+        if self.killed() {
             self.data = Vec::new();
-        }
-        if self.killed {
             return;
         }
         if self.too_large || self.data.len() + bytes.len() > COPY_IN_MAX_BYTES {
@@ -99,9 +94,14 @@ impl PendingCopyIn {
         self.data.extend_from_slice(bytes);
     }
 
+    /// Whether `KILL QUERY` stopped it.
+    fn killed(&self) -> bool {
+        self.running.as_ref().is_some_and(RunningStatement::killed_now)
+    }
+
     /// The rows received, as one batch of the table's columns; or what is wrong with them.
-    pub fn batch(&mut self) -> Result<RecordBatch, QueryError> {
-        if self.killed || self.running.as_mut().is_some_and(RunningStatement::killed_now) {
+    pub fn batch(&self) -> Result<RecordBatch, QueryError> {
+        if self.killed() {
             let killed = shardwise_query::error::KILLED;
             return Err(QueryError::Rejected(format!("{} {}: {killed}; nothing was stored", self.verb, self.table)));
         }

@@ -704,10 +704,7 @@ impl CopyHandler for Handler {
             Ok(batch) => batch,
             Err(e) => {
                 if let Some(running) = pending.running.take() {
-                    match e.to_string().contains(shardwise_query::error::KILLED) {
-                        true => running.end_killed(e.to_string()),
-                        false => running.end(Err(e.to_string())),
-                    }
+                    running.end(Err(e.to_string()));
                 }
                 return Err(pg_error(e));
             }
