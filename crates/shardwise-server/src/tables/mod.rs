@@ -115,6 +115,20 @@ pub(crate) fn outbox_holders(outbox: &Outbox) -> String {
     holders.join(", ")
 }
 
+/// Opens the node's outbox in `dir` (at start, and again after it failed: `reopen.rs`), logging
+/// what its recovery found.
+fn open_outbox(dir: PathBuf, outbox_max_bytes: u64) -> Result<Outbox, QueryError> {
+    let opts = OutboxOptions { outbox_max_bytes, ..OutboxOptions::default() };
+    let (outbox, recovery) = Outbox::open(dir, Arc::new(RealFs), opts).map_err(storage_error)?;
+    for c in &recovery.wal.corruptions {
+        tracing::error!("outbox WAL corruption: {c:?}");
+    }
+    if recovery.pending_items > 0 {
+        tracing::info!(pending = recovery.pending_items, "outbox recovered pending inserts");
+    }
+    Ok(outbox)
+}
+
 pub(crate) fn storage_error(e: impl std::fmt::Display) -> QueryError {
     QueryError::Storage(e.to_string())
 }
@@ -129,15 +143,8 @@ impl TablesNode {
         settings: StorageSettings,
     ) -> Result<Arc<TablesNode>, QueryError> {
         let outbox_dir = data_dir.join("outbox");
-        let outbox_opts = OutboxOptions { outbox_max_bytes: settings.outbox_max_bytes, ..OutboxOptions::default() };
-        let (outbox, recovery) =
-            blocking(move || Outbox::open(outbox_dir, Arc::new(RealFs), outbox_opts).map_err(storage_error)).await?;
-        for c in &recovery.wal.corruptions {
-            tracing::error!("outbox WAL corruption: {c:?}");
-        }
-        if recovery.pending_items > 0 {
-            tracing::info!(pending = recovery.pending_items, "outbox recovered pending inserts");
-        }
+        let max_bytes = settings.outbox_max_bytes;
+        let outbox = blocking(move || open_outbox(outbox_dir, max_bytes)).await?;
         let origin_id = outbox.origin_id().to_string();
         let snapshot = metadata.watch().borrow().clone();
         let catalog = Catalog::from_json(&snapshot.state).map_err(storage_error)?;

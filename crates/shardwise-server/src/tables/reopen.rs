@@ -20,9 +20,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardwise_storage::{Outbox, OutboxOptions, RealFs};
-
-use super::{SharedStore, StoreKey, TablesNode, lock, storage_error};
+use super::{SharedStore, StoreKey, TablesNode, lock};
 
 impl TablesNode {
     /// Reopens the failed `store` of `key` if its last attempt (or its failure, first seen now)
@@ -76,22 +74,15 @@ impl TablesNode {
             return;
         }
         let dir = lock(&self.outbox).dir().to_path_buf();
-        let opts = OutboxOptions { outbox_max_bytes: self.settings.outbox_max_bytes, ..OutboxOptions::default() };
-        let opened =
-            self.background.blocking(move || Outbox::open(dir, Arc::new(RealFs), opts).map_err(storage_error)).await;
+        let max_bytes = self.settings.outbox_max_bytes;
+        let opened = self.background.blocking(move || super::open_outbox(dir, max_bytes)).await;
         match opened {
-            Ok((reopened, recovery)) => {
-                for c in &recovery.wal.corruptions {
-                    tracing::error!("outbox WAL corruption: {c:?}");
-                }
+            Ok(reopened) => {
                 let mut outbox = lock(&self.outbox);
                 // The failed outbox takes no write, so nothing was added to it meanwhile.
                 if outbox.failure().is_some() {
                     *outbox = reopened;
-                    tracing::warn!(
-                        pending = recovery.pending_items,
-                        "outbox reopened after its failure; it takes delayed inserts again"
-                    );
+                    tracing::warn!("outbox reopened after its failure; it takes delayed inserts again");
                 }
                 *lock(&self.outbox_reopen_attempt) = None;
             }
