@@ -3,7 +3,8 @@
 //!
 //! ADBC and JDBC send an `executemany`'s rows as Arrow batches (`DoPut` on the prepared
 //! statement). Spliced into SQL text, as other statements' values are (`crate::flight_params`),
-//! a million rows made 9.8 MB of SQL that took 56 s to plan and 1.8 GB of memory. When the
+//! a million rows took 83 s through ADBC (`bench/executemany.py`; 0.16 s as columns, BENCHMARKS.md,
+//! "Prepared-statement inserts"). When the
 //! statement's one row of values is its placeholders alone, each used once, each parameter
 //! column is the column of the table it fills, so the rows go in as an ingest's do: matched to
 //! the table's columns, cast with checks (a fraction for an integer column or a value out of a
