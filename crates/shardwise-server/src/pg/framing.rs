@@ -521,6 +521,15 @@ mod tests {
 
     /// Runs [`relay`] with `sent` from the client; what reached pgwire's end and what the
     /// client got back. pgwire's end answers nothing and closes when the relay shuts it.
+    /// A protocol 3.0 startup packet for user `x`.
+    fn startup_packet() -> Vec<u8> {
+        let mut startup = 196_608i32.to_be_bytes().to_vec();
+        startup.extend_from_slice(b"user\0x\0\0");
+        let mut packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
+        packet.extend_from_slice(&startup);
+        packet
+    }
+
     async fn relayed(sent: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
@@ -546,10 +555,7 @@ mod tests {
 
     #[tokio::test]
     async fn good_messages_pass_unchanged_and_a_bad_one_ends_the_connection_with_an_error() {
-        let mut startup = 196_608i32.to_be_bytes().to_vec();
-        startup.extend_from_slice(b"user\0x\0\0");
-        let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
-        startup_packet.extend_from_slice(&startup);
+        let startup_packet = startup_packet();
         let ssl_request = [0, 0, 0, 8, 4, 210, 22, 47];
         let query = msg(b'Q', b"SELECT 1\0");
         let bad_bind = msg(b'B', &bind(&[(1000, b"42")]));
@@ -573,10 +579,7 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         let relay = tokio::spawn(relay(server, ours, (Duration::from_millis(300), Duration::from_secs(30))));
-        let mut startup = 196_608i32.to_be_bytes().to_vec();
-        startup.extend_from_slice(b"user\0x\0\0");
-        let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
-        startup_packet.extend_from_slice(&startup);
+        let startup_packet = startup_packet();
         client.write_all(&startup_packet).await.unwrap();
         client.write_all(&msg(b'Q', b"SELECT * FROM big\0")).await.unwrap();
         // pgwire's stand-in logs the client in, then answers rows until its writes fail.
@@ -606,10 +609,7 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         let relay = tokio::spawn(relay(server, ours, (Duration::from_secs(30), Duration::from_millis(300))));
-        let mut startup = 196_608i32.to_be_bytes().to_vec();
-        startup.extend_from_slice(b"user\0x\0\0");
-        let mut startup_packet = (startup.len() as i32 + 4).to_be_bytes().to_vec();
-        startup_packet.extend_from_slice(&startup);
+        let startup_packet = startup_packet();
         client.write_all(&startup_packet).await.unwrap();
         theirs.write_all(&msg(b'R', &0i32.to_be_bytes())).await.unwrap();
         // Idle for twice the timeout between statements, and after a whole COPY: still served.
