@@ -101,17 +101,8 @@ pub async fn ingest(
     let access = engine.tables().ok_or_else(|| Status::unimplemented("this node stores no tables"))?;
     let catalog = access.catalog();
     crate::ingest_schema::check_definition_options(&command, catalog.tables.contains_key(&command.table))?;
-    let request = parse_command(command)?;
-    let entry = catalog
-        .tables
-        .get(&request.table)
-        .ok_or_else(|| to_status(QueryError::Rejected(catalog.unknown_table(&request.table).to_string())))?;
+    let mut request = parse_command(command)?;
     let started = Instant::now();
-    let decoder = crate::flight_decode::decoded(stream.map_err(Into::into));
-    let schema = entry.def.schema.clone();
-    // Every segment of a streamed load goes to this incarnation of the table or fails.
-    let mut request = request;
-    request.opts.incarnation = Some((entry.id, entry.generation));
     // A streamed load is stored under an insert id, which its error gives for a retry; one the
     // client did not give is made here, so that `system.queries` shows it too.
     if request.commit_marker && request.opts.insert_id.is_none() {
@@ -122,6 +113,15 @@ pub async fn ingest(
         None => format!("INSERT INTO {} (Flight SQL bulk ingest)", request.table),
     };
     let statement = engine.begin_statement(&sql, request.query_id.clone()).map_err(to_status)?;
+    let Some(entry) = catalog.tables.get(&request.table) else {
+        let status = to_status(QueryError::Rejected(catalog.unknown_table(&request.table).to_string()));
+        statement.end(Err(status.message().to_string()));
+        return Err(status);
+    };
+    let decoder = crate::flight_decode::decoded(stream.map_err(Into::into));
+    let schema = entry.def.schema.clone();
+    // Every segment of a streamed load goes to this incarnation of the table or fails.
+    request.opts.incarnation = Some((entry.id, entry.generation));
     let call = Ingest {
         access: access.as_ref(),
         request: &request,

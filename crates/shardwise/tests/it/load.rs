@@ -311,6 +311,21 @@ fn a_held_open_ingest_is_shown_and_can_be_killed() {
     assert_eq!(one(c.sql(0, running))[0], "killed");
     drop(tx);
     assert_eq!(one(c.sql(1, "SELECT count(*) FROM held")), ["0"]);
+    // An ingest refused before its rows (no such table) is recorded too, as a failed statement is.
+    let command = CommandStatementIngest {
+        table: "nope".into(),
+        options: HashMap::from([("query_id".into(), "nope-q".into())]),
+        ..Default::default()
+    };
+    let batch = RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef)]).expect("batch");
+    let (messages, tx, put) = put_by_hand(&rt, &c.addrs[0], command, vec![batch]);
+    for message in messages {
+        tx.blocking_send(message).expect("send");
+    }
+    drop(tx);
+    let err = rt.block_on(put).expect("join").expect_err("no such table");
+    assert!(err.contains("nope"), "{err}");
+    assert_eq!(c.sql(0, "SELECT state FROM system.queries WHERE query_id = 'nope-q'"), [["failed"]]);
 }
 
 /// An `executemany` of `INSERT ... VALUES (?, ...)` (ADBC's and JDBC's prepared statement with
