@@ -471,17 +471,13 @@ impl QueryEngine {
         recorded: Recorded<'_>,
     ) -> Result<u64, QueryError> {
         let started = std::time::Instant::now();
-        let (query_id, stored) = match self.settings_of(session, statement) {
-            Ok(current) => {
-                let stored = match (self.access("storing rows"), InsertOptions::from_settings(&current)) {
-                    (Ok(access), Ok(opts)) => access.insert(table, batches, opts).await,
-                    (Err(e), _) => Err(e),
-                    (_, Err(e)) => Err(QueryError::from(e)),
-                };
-                (current.query_id, stored)
-            }
-            Err(e) => (None, Err(e)),
-        };
+        let current = self.settings_of(session, statement);
+        let query_id = current.as_ref().ok().and_then(|c| c.query_id.clone());
+        let stored = async {
+            let opts = InsertOptions::from_settings(&current?)?;
+            self.access("storing rows")?.insert(table, batches, opts).await
+        }
+        .await;
         // One row answered (the count), as for every insert in `system.queries`.
         let outcome = stored.as_ref().map(|_| 1).map_err(ToString::to_string);
         match recorded {
@@ -684,13 +680,19 @@ impl QueryEngine {
     }
 
     /// Registers in `system.queries` a statement that runs outside a plan while its client sends
-    /// rows (a Flight SQL bulk ingest, as `shardwise load` sends): see [`QueryLog::begin`].
+    /// rows (a Flight SQL bulk ingest, as `shardwise load` sends; a `COPY ... FROM STDIN`): see
+    /// [`QueryLog::begin`].
     pub fn begin_statement(
         &self,
         sql: &str,
         query_id: Option<String>,
     ) -> Result<crate::query_log::RunningStatement, QueryError> {
         self.log.begin(sql, query_id)
+    }
+
+    /// The `query_id` a statement runs under: its own `SETTINGS`, else its session's.
+    pub fn query_id_of(&self, session: &Arc<Session>, statement: &[(String, String)]) -> Option<String> {
+        self.settings_of(session, statement).ok().and_then(|current| current.query_id)
     }
 
     /// The node's memory pool (`max_server_memory_usage`), for memory held outside a plan, such

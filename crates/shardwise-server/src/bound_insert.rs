@@ -113,16 +113,19 @@ impl BoundInsert {
 /// or all `$n`, each parameter once.
 fn placeholder_positions(row: &[Expr]) -> Option<Vec<usize>> {
     let mut positions = Vec::with_capacity(row.len());
+    let mut question_marks = 0;
     for (i, value) in row.iter().enumerate() {
         let Expr::Value(value) = value else { return None };
         let Value::Placeholder(text) = &value.value else { return None };
         let position = match text.as_str() {
-            "?" => i,
+            "?" => {
+                question_marks += 1;
+                i
+            }
             numbered => numbered.strip_prefix('$')?.parse::<usize>().ok()?.checked_sub(1)?,
         };
         positions.push(position);
     }
-    let question_marks = row.iter().filter(|v| v.to_string() == "?").count();
     let mut sorted = positions.clone();
     sorted.sort_unstable();
     let each_once = sorted.iter().enumerate().all(|(i, &p)| i == p);

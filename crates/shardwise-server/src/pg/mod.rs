@@ -442,8 +442,7 @@ impl Handler {
                 let width = indices.len();
                 // Shown in `system.queries` while its data arrives, and counted toward
                 // MAX_CONCURRENT_QUERIES: the data is held until its end.
-                let query_id =
-                    settings.iter().find(|(k, _)| k.eq_ignore_ascii_case("query_id")).map(|(_, v)| v.clone());
+                let query_id = self.engine.query_id_of(&self.session, &settings);
                 let running =
                     self.engine.begin_statement(&format!("COPY {table} FROM STDIN"), query_id).map_err(pg_error)?;
                 let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings).running(running);
