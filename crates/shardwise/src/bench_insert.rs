@@ -82,6 +82,50 @@ pub struct InsertBenchArgs {
     /// cluster before the inserts.
     #[arg(long)]
     pub bare_alongside: bool,
+    /// Send the inserts at this many a second (open loop) instead of each right after the one
+    /// before (closed loop, the default: the node's and the client's most a second, where the
+    /// latency includes waiting for a CPU behind the benchmark's own load). An insert sent late,
+    /// because the one before it took longer than its share, is timed from when it was due, so
+    /// slow answers are not hidden by sending fewer requests. The bare fsyncs keep the same pace.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+}
+
+/// `--rate`: a positive, finite number of inserts a second.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!("`{text}` is not a positive number of inserts a second")),
+    }
+}
+
+/// When the calls of a series are sent: each right after the one before, or at a fixed rate.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    interval: Option<Duration>,
+    first: Instant,
+}
+
+impl Pace {
+    fn new(rate: Option<f64>) -> Pace {
+        Pace { interval: rate.map(|r| Duration::from_secs_f64(1.0 / r)), first: Instant::now() }
+    }
+
+    /// Waits (blocking the thread, for a wake-up finer than the runtime's 1 ms timer) until call
+    /// `i` is due, and returns when its time starts: when it was due if it is late (the call
+    /// before took longer than its share), else now.
+    fn wait_for(&self, i: usize) -> Instant {
+        let Some(interval) = self.interval else { return Instant::now() };
+        let due = self.first + interval.mul_f64(i as f64);
+        let now = Instant::now();
+        match due.checked_duration_since(now) {
+            Some(wait) if !wait.is_zero() => {
+                std::thread::sleep(wait);
+                Instant::now()
+            }
+            _ => due,
+        }
+    }
 }
 
 /// Where and how large the bare fsyncs timed alongside the inserts are (`--bare-alongside`).
@@ -309,13 +353,8 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
     };
     let mut bare = Vec::new();
     let mut first_timed: Option<Instant> = None;
+    let pace = Pace::new(args.rate);
     for i in 0..args.count + WARMUP_INSERTS {
-        if let Some(file) = bare_file.as_mut() {
-            let ms = file.time_one()?;
-            if i >= WARMUP_INSERTS {
-                bare.push(ms);
-            }
-        }
         let b = batch(args.rows, offset + (i * args.rows) as i64)?;
         let insert_id = format!("{table}-{offset}-{i}");
         let cmd = CommandStatementIngest {
@@ -323,7 +362,21 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
             options: HashMap::from([("insert_id".to_string(), insert_id.clone())]),
             ..Default::default()
         };
-        let started = Instant::now();
+        let due = pace.wait_for(i);
+        let mut probe_time = Duration::ZERO;
+        if let Some(file) = bare_file.as_mut() {
+            let ms = file.time_one()?;
+            probe_time = Duration::from_secs_f64(ms / 1000.0);
+            if i >= WARMUP_INSERTS {
+                bare.push(ms);
+            }
+        }
+        // Open loop: timed from when it was due (late if the insert before overran), less the
+        // probe's fsync. Closed loop: from now, as it is sent.
+        let started = match args.rate {
+            Some(_) => due + probe_time,
+            None => Instant::now(),
+        };
         ingest(&mut client, cmd, b).await.map_err(|e| anyhow!("insert into {table}: {e:#}"))?;
         if i >= WARMUP_INSERTS {
             let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -335,9 +388,15 @@ async fn time_inserts_here(run: &InsertRun, args: &InsertBenchArgs) -> anyhow::R
     Ok((times, bare))
 }
 
-fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize) -> anyhow::Result<Vec<f64>> {
+fn time_bare_fsync(dir: &std::path::Path, bytes: usize, count: usize, rate: Option<f64>) -> anyhow::Result<Vec<f64>> {
     let mut file = BareFsync::create(dir, "bare-fsync.bin", bytes)?;
-    let mut times = (0..count).map(|_| file.time_one()).collect::<anyhow::Result<Vec<f64>>>()?;
+    let pace = Pace::new(rate);
+    let mut times = (0..count)
+        .map(|i| {
+            pace.wait_for(i);
+            file.time_one()
+        })
+        .collect::<anyhow::Result<Vec<f64>>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times)
 }
@@ -402,7 +461,7 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         drop(w);
         buf.len()
     };
-    let bare = time_bare_fsync(&dir, payload_bytes, args.count)?;
+    let bare = time_bare_fsync(&dir, payload_bytes, args.count, args.rate)?;
     let probe = args.bare_alongside.then(|| BareProbe { dir: dir.clone(), bytes: payload_bytes });
     let run = |table: &'static str, offset: i64| InsertRun { addr: addr.clone(), table, offset, probe: probe.clone() };
     // The inserts of a series and their warm-up, for CPU per insert.
@@ -453,6 +512,10 @@ pub async fn run(args: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     );
     if args.others_idle {
         println!("ranks 1 and 2 under SCHED_IDLE (--others-idle)");
+    }
+    match args.rate {
+        Some(rate) => println!("open loop: {rate} inserts (and bare fsyncs) a second, each timed from when it was due"),
+        None => println!("closed loop: each insert sent when the one before it was answered"),
     }
     println!("{:<36} {:>9} {:>9} {:>22}", "what", "p50_ms", "p99_ms", "p99 - bare fsync p99");
     let line = |what: &str, t: &[f64]| {
@@ -532,6 +595,23 @@ mod tests {
             csv,
             "mode,insert_id,start_ms,ms,handler_ms\ndelay,t-0-20,0.000,0.500,0.300\ndelay,t-0-21,0.000,0.700,\n"
         );
+    }
+
+    #[test]
+    fn a_paced_call_is_timed_from_when_it_was_due_when_late_and_from_its_wake_up_otherwise() {
+        let interval = Duration::from_millis(20);
+        let first = Instant::now() - Duration::from_millis(100);
+        let pace = Pace { interval: Some(interval), first };
+        // Call 2 was due 60 ms ago: sent at once, timed from then.
+        assert_eq!(pace.wait_for(2), first + interval * 2);
+        // Call 6 is due in 20 ms: waited for, timed from the wake-up.
+        let woke = pace.wait_for(6);
+        assert!(woke >= first + interval * 6);
+        // Closed loop: now.
+        let before = Instant::now();
+        assert!(Pace::new(None).wait_for(1_000) >= before);
+        assert!(parse_rate("0").is_err() && parse_rate("nan").is_err() && parse_rate("-3").is_err());
+        assert_eq!(parse_rate("250"), Ok(250.0));
     }
 
     #[test]
