@@ -86,6 +86,24 @@ pub struct ShardReplicaRow {
     pub problem: Option<String>,
 }
 
+/// One row of `CHECK TABLE t`'s answer under `check_query_single_value_result = 0`: one replica
+/// of one shard, compared with the shard's other replicas by rows and content checksum
+/// (`shardwise_storage::checksum`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaCheckRow {
+    pub shard: u32,
+    /// 0 for the shard's primary replica.
+    pub replica: u32,
+    pub rank: u32,
+    /// `None` when the replica could not be read.
+    pub rows: Option<u64>,
+    pub checksum: Option<u64>,
+    /// Read, and the same as every other replica of its shard.
+    pub is_passed: bool,
+    /// Why not, or `""`.
+    pub message: String,
+}
+
 /// One row of `system.sync_queues`: what one node still has to ship for one table to one
 /// destination. Serializable: nodes send their rows to the node that runs the query.
 ///
@@ -237,6 +255,10 @@ pub trait TableAccess: Send + Sync + Debug {
 
     /// `system.sync_queues`.
     fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>>;
+
+    /// `CHECK TABLE table`: every replica of every shard read and compared with the shard's
+    /// other replicas, each node given `timeout` for its share.
+    fn check_table(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<Vec<ReplicaCheckRow>, QueryError>>;
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
 //! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, `SHOW CREATE
-//! TABLE t` (a query of `system.tables`), `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`) and
-//! `OPTIMIZE TABLE t [FINAL]`.
+//! TABLE t` (a query of `system.tables`), `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`),
+//! `OPTIMIZE TABLE t [FINAL]` and `CHECK TABLE t`.
 //! Each becomes a [`Command`] that does nothing until executed, or a statement for DataFusion.
 //!
 //! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its
@@ -46,6 +46,11 @@ pub enum Command {
     Optimize {
         table: String,
         all_parts: bool,
+    },
+    /// `CHECK TABLE t`: read every replica of every shard and compare it with the shard's other
+    /// replicas; answers rows.
+    Check {
+        table: String,
     },
     /// Stop a query this node is running.
     Kill {
@@ -120,6 +125,24 @@ pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
         _ => return Ok(None),
     };
     Ok(Some(Command::Flush { table: table.trim_matches('"').to_string() }))
+}
+
+/// `CHECK TABLE t` (ClickHouse's form, which no SQL parser here knows), if `sql` is one.
+pub fn check_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    if !crate::sql_text::mentions(sql, "check") {
+        return Ok(None);
+    }
+    let words = settings::leading_words(sql, 4)?;
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["check", "table", table] => Ok(Some(Command::Check { table: table.trim_matches('"').to_string() })),
+        ["check", "table", ..] => Err(QueryError::Rejected(
+            "expected CHECK TABLE <table> naming one table (PARTITION and PART are not supported: a table's only \
+             division is its shards, and CHECK TABLE reads them all)"
+                .into(),
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// `EXCHANGE TABLES a AND b` (ClickHouse's atomic swap, which no SQL parser knows), if `sql` is
@@ -413,6 +436,19 @@ mod tests {
         assert!(kill_command("SELECT 1").expect("parse").is_none());
         let err = kill_command("KILL QUERY 12").expect_err("bad form");
         assert!(err.to_string().contains("KILL QUERY WHERE query_id"), "{err}");
+    }
+
+    #[test]
+    fn check_table_is_recognised_and_checked() {
+        let cmd = check_command("check table Sales;").expect("parse");
+        assert!(matches!(cmd, Some(Command::Check { table }) if table == "sales"));
+        let cmd = check_command("CHECK TABLE \"Sales\"").expect("parse");
+        assert!(matches!(cmd, Some(Command::Check { table }) if table == "Sales"));
+        assert!(check_command("SELECT 'check table t'").expect("parse").is_none());
+        for bad in ["CHECK TABLE", "CHECK TABLE t PARTITION 1", "CHECK TABLE a, b"] {
+            let err = check_command(bad).expect_err(bad);
+            assert!(err.to_string().contains("expected CHECK TABLE <table>"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -87,6 +87,9 @@ impl Planned {
                     Err(_) => Arc::clone(plan.schema().inner()),
                 }
             }
+            Action::Command(Command::Check { .. }) => crate::check_table::schema(
+                settings::current(self.state.config_options()).check_query_single_value_result.0,
+            ),
             Action::Command(_) => Arc::new(Schema::empty()),
         }
     }
@@ -102,10 +105,12 @@ impl Planned {
     }
 
     /// True for a statement run for its effect rather than its rows: DDL, `INSERT`, `SET`,
-    /// `SYSTEM FLUSH`, `KILL QUERY`. Front ends whose protocol runs a query only when its
-    /// result is fetched (Flight SQL) run these at once instead.
+    /// `SYSTEM FLUSH`, `KILL QUERY` (not `CHECK TABLE`, which answers rows). Front ends whose
+    /// protocol runs a query only when its result is fetched (Flight SQL) run these at once
+    /// instead.
     pub fn runs_for_effect(&self) -> bool {
         match &self.action {
+            Action::Command(Command::Check { .. }) => false,
             Action::Command(_) => true,
             Action::Plan(plan) => matches!(
                 plan,
@@ -534,7 +539,8 @@ impl QueryEngine {
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;
         let session = Arc::clone(session);
-        // Statements no SQL parser knows: KILL QUERY, EXCHANGE TABLES, SYSTEM FLUSH DISTRIBUTED.
+        // Statements no SQL parser knows: KILL QUERY, EXCHANGE TABLES, SYSTEM FLUSH DISTRIBUTED,
+        // CHECK TABLE.
         let mut command = ddl::kill_command(&body)?;
         if command.is_none() {
             command = ddl::exchange_command(&body)?;
@@ -543,6 +549,12 @@ impl QueryEngine {
             command = ddl::flush_command(&body)?;
             if command.is_some() {
                 self.access("SYSTEM FLUSH DISTRIBUTED")?;
+            }
+        }
+        if command.is_none() {
+            command = ddl::check_command(&body)?;
+            if command.is_some() {
+                self.access("CHECK TABLE")?;
             }
         }
         if let Some(command) = command {
@@ -806,10 +818,14 @@ impl QueryEngine {
                 };
                 Ok(crate::stop::stop_on_drop(stream, stop))
             }
-            Action::Command(command) => {
-                self.run_command(command, state, sql, session).await?;
-                Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty()))))
-            }
+            Action::Command(command) => match self.run_command(command, state, sql, session).await? {
+                None => Ok(Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty())))),
+                Some(batch) => {
+                    let schema = batch.schema();
+                    let rows = futures::stream::iter([Ok(batch)]);
+                    Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, rows)))
+                }
+            },
         }
     }
 
@@ -858,16 +874,17 @@ impl QueryEngine {
         Err(e.prefixed(&format!("CREATE TABLE {name} AS SELECT: the insert failed ({outcome}): ")))
     }
 
+    /// Runs a statement shardwise executes itself; `CHECK TABLE` answers rows, the others none.
     async fn run_command(
         &self,
         command: Command,
         state: Box<SessionState>,
         sql: String,
         session: Arc<Session>,
-    ) -> Result<(), QueryError> {
+    ) -> Result<Option<RecordBatch>, QueryError> {
         if let Command::Kill { query_id } = &command {
             return match self.log.kill(query_id) {
-                true => Ok(()),
+                true => Ok(None),
                 false => Err(QueryError::Rejected(format!(
                     "no query with query_id = '{query_id}' is running on this node (rank {}): KILL QUERY \
                      goes to the node the query was sent to, whose system.queries lists it",
@@ -876,20 +893,24 @@ impl QueryEngine {
             };
         }
         let access = self.access("DDL")?;
+        let current = settings::current(state.config_options());
         match command {
-            Command::Ddl(op) => access.ddl(op).await,
+            Command::Ddl(op) => access.ddl(op).await.map(|()| None),
             Command::CreateTableAs { def, if_not_exists, insert } => {
-                self.create_table_as(def, if_not_exists, insert, state, sql, session).await
+                self.create_table_as(def, if_not_exists, insert, state, sql, session).await.map(|()| None)
             }
             Command::Flush { table } => {
-                let timeout_ms = settings::current(state.config_options()).flush_timeout_ms;
-                access.flush(&table, Duration::from_millis(timeout_ms)).await
+                access.flush(&table, Duration::from_millis(current.flush_timeout_ms)).await.map(|()| None)
             }
             Command::Optimize { table, all_parts } => {
-                let timeout_ms = settings::current(state.config_options()).optimize_timeout_ms;
-                access.optimize(&table, all_parts, Duration::from_millis(timeout_ms)).await
+                let timeout = Duration::from_millis(current.optimize_timeout_ms);
+                access.optimize(&table, all_parts, timeout).await.map(|()| None)
             }
-            Command::Kill { .. } => Ok(()),
+            Command::Check { table } => {
+                let rows = access.check_table(&table, Duration::from_millis(current.check_timeout_ms)).await?;
+                crate::check_table::answer(&rows, current.check_query_single_value_result.0).map(Some)
+            }
+            Command::Kill { .. } => Ok(None),
         }
     }
 }

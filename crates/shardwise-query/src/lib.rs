@@ -11,6 +11,7 @@ pub mod any_nulls;
 pub mod array_literals;
 pub mod ast_limits;
 pub mod cast_names;
+pub mod check_table;
 pub mod checked_integers;
 pub mod checked_sum;
 pub mod clickhouse_functions;
@@ -102,7 +103,8 @@ pub mod using_joins;
 pub mod view_keys;
 
 pub use access::{
-    FragmentOutcome, FragmentReport, InsertOptions, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess,
+    FragmentOutcome, FragmentReport, InsertOptions, RemoteRows, ReplicaCheckRow, ShardData, ShardReplicaRow,
+    SyncQueueRow, TableAccess,
 };
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;

@@ -37,6 +37,12 @@ extensions_options! {
         pub flush_timeout_ms: u64, default = 60_000
         /// How long `OPTIMIZE TABLE` waits for every node to write and merge its replicas.
         pub optimize_timeout_ms: u64, default = 600_000
+        /// ClickHouse's setting: 1 makes `CHECK TABLE` answer one row, `result` (1 when every
+        /// replica of every shard was read and agrees with the shard's other replicas); 0 answers
+        /// one row per replica, with its rows, checksum, `is_passed` and `message`.
+        pub check_query_single_value_result: Flag, default = Flag(true)
+        /// How long `CHECK TABLE` waits for each node to read and checksum its replicas.
+        pub check_timeout_ms: u64, default = 600_000
         /// ClickHouse's setting: 0 merges partial aggregates on the initiator; 1 runs the whole
         /// query on every shard and concatenates; 2 does as 1, then ORDER BY and LIMIT on the
         /// initiator. Other non-zero values act as 1.
@@ -100,6 +106,8 @@ pub const SETTING_NAMES: &[&str] = &[
     "distributed_foreground_insert",
     "flush_timeout_ms",
     "optimize_timeout_ms",
+    "check_query_single_value_result",
+    "check_timeout_ms",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
     "optimize_skip_unused_shards",

@@ -13,6 +13,8 @@
 //! - `DoAction("optimize")`: a JSON [`OptimizeRequest`]; writes and merges this node's replicas
 //!   of the table, then replies with what it did (a JSON
 //!   [`OptimizeReply`](crate::tables::optimize::OptimizeReply)).
+//! - `DoAction("check")`: a JSON [`CheckRequest`]; reads and checksums this node's replicas of
+//!   the table for `CHECK TABLE`, and counts its rows queued here.
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
 //!
 //! Every call must carry the cluster credential ([`DataPlaneAuth`]); a call without it, or from
@@ -35,6 +37,7 @@ use shardwise_query::{QueryEngine, QueryError};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec::ShipRequest;
+use crate::tables::check::CheckRequest;
 use crate::tables::optimize::OptimizeRequest;
 use crate::tables::stats::FlushRequest;
 use crate::tables::{DataPlaneAuth, TablesNode};
@@ -234,20 +237,26 @@ impl FlightService for DataPlane {
                 let reply = self.tables.optimize_local(&req).await.map_err(to_status)?;
                 Ok(one_result(json(&reply)?))
             }
+            "check" => {
+                let req: CheckRequest = serde_json::from_slice(&action.body)
+                    .map_err(|e| Status::invalid_argument(format!("bad check request: {e}")))?;
+                let reply = self.tables.check_local(&req).await.map_err(to_status)?;
+                Ok(one_result(json(&reply)?))
+            }
             "shards" => {
                 let stats = self.tables.local_shard_stats().await.map_err(to_status)?;
                 Ok(one_result(json(&stats)?))
             }
             "sync_queues" => Ok(one_result(json(&self.tables.local_queue_rows())?)),
             other => Err(Status::invalid_argument(format!(
-                "unknown data plane action {other:?}; known: apply, flush, optimize, shards, sync_queues"
+                "unknown data plane action {other:?}; known: apply, check, flush, optimize, shards, sync_queues"
             ))),
         }
     }
 
     async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
         self.check(&request)?;
-        let actions = ["apply", "flush", "optimize", "shards", "sync_queues"]
+        let actions = ["apply", "check", "flush", "optimize", "shards", "sync_queues"]
             .map(|a| Ok(ActionType { r#type: a.to_string(), description: String::new() }));
         Ok(Response::new(Box::pin(futures::stream::iter(actions))))
     }

@@ -19,6 +19,7 @@
 //!   and reported, never skipped silently.
 
 pub mod catalog;
+pub mod checksum;
 pub mod error;
 pub mod fs;
 pub mod ipc_size;
@@ -30,6 +31,7 @@ pub mod wal;
 mod xorshift;
 
 pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogOp};
+pub use checksum::{ContentChecksum, content_checksum};
 pub use error::StorageError;
 pub use fs::{AppendFile, Fs, RealFs, SimFs};
 pub use ipc_size::{ipc_size_estimate, row_bytes};

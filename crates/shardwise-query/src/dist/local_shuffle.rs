@@ -143,6 +143,14 @@ impl TableAccess for LocalShuffle {
     fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>> {
         self.inner.sync_queues()
     }
+
+    fn check_table(
+        &self,
+        table: &str,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<crate::access::ReplicaCheckRow>, QueryError>> {
+        self.inner.check_table(table, timeout)
+    }
 }
 
 #[cfg(test)]

@@ -107,4 +107,11 @@ impl TableAccess for OneShard {
     fn sync_queues(&self) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::SyncQueueRow>, QueryError>> {
         refused()
     }
+    fn check_table(
+        &self,
+        _: &str,
+        _: std::time::Duration,
+    ) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::ReplicaCheckRow>, QueryError>> {
+        refused()
+    }
 }

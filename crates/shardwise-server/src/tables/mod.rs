@@ -14,6 +14,7 @@
 
 pub mod apply;
 mod background;
+pub mod check;
 mod chunks;
 mod insert;
 mod locks;
@@ -32,7 +33,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot, NodeState};
 use shardwise_query::dist::TableSample;
 use shardwise_query::{
-    FragmentReport, InsertOptions, QueryError, RemoteRows, ShardData, ShardReplicaRow, SyncQueueRow, TableAccess,
+    FragmentReport, InsertOptions, QueryError, RemoteRows, ReplicaCheckRow, ShardData, ShardReplicaRow, SyncQueueRow,
+    TableAccess,
 };
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
@@ -199,6 +201,25 @@ impl TablesNode {
         let wait = Duration::from_millis(self.settings.catalog_wait_ms);
         let _ = tokio::time::timeout(wait, rx.wait_for(|s| s.version >= version)).await;
         self.catalog_now()
+    }
+
+    /// The catalog entry of table incarnation `(id, generation)` once this node's catalog is at
+    /// least version `catalog_version` (the one another node named it in); an error when it is
+    /// not there, dropped or truncated meanwhile.
+    pub(crate) async fn incarnation_at(
+        &self,
+        id: u64,
+        generation: u64,
+        catalog_version: u64,
+    ) -> Result<CatalogEntry, QueryError> {
+        let (_, catalog) = self.catalog_at_least(catalog_version).await;
+        catalog.by_id(id).filter(|e| e.generation == generation).cloned().ok_or_else(|| {
+            QueryError::Rejected(format!(
+                "rank {}: table id {id} generation {generation} is not in this node's catalog (dropped or truncated \
+                 meanwhile)",
+                self.rank
+            ))
+        })
     }
 
     pub(crate) fn entry(&self, table: &str) -> Result<(u64, CatalogEntry), QueryError> {
@@ -668,6 +689,11 @@ impl TableAccess for TablesNode {
 
     fn sync_queues(&self) -> BoxFuture<'_, Result<Vec<SyncQueueRow>, QueryError>> {
         Box::pin(async move { self.queue_rows().await })
+    }
+
+    fn check_table(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<Vec<ReplicaCheckRow>, QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.check_cluster(&table, timeout).await })
     }
 }
 

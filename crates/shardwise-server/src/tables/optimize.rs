@@ -50,14 +50,7 @@ impl TablesNode {
     /// Optimizes this node's replicas of the table `req` names, one after another on the
     /// background threads (each holds its store's lock while it writes, as maintenance does).
     pub async fn optimize_local(&self, req: &OptimizeRequest) -> Result<OptimizeReply, QueryError> {
-        let (_, catalog) = self.catalog_at_least(req.catalog_version).await;
-        let entry =
-            catalog.by_id(req.table_id).filter(|e| e.generation == req.generation).cloned().ok_or_else(|| {
-                QueryError::Rejected(format!(
-                    "rank {}: table id {} generation {} is not in this node's catalog (dropped or truncated meanwhile)",
-                    self.rank, req.table_id, req.generation
-                ))
-            })?;
+        let entry = self.incarnation_at(req.table_id, req.generation, req.catalog_version).await?;
         let mut reply = OptimizeReply::default();
         let dropped = || {
             QueryError::Rejected(format!("table {} was dropped or truncated while it was optimized", entry.def.name))

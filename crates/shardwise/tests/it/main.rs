@@ -3,6 +3,7 @@
 
 mod support;
 
+mod check_table;
 mod clients;
 mod demo;
 mod init_cluster;

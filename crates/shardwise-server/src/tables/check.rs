@@ -1,0 +1,158 @@
+//! `CHECK TABLE t`'s cluster half: every node reads and checksums its replicas of `t`
+//! (`shardwise_storage::content_checksum`, on the background threads) and says how many of `t`'s
+//! rows its outbox still holds for each destination; the initiator gathers the answers and
+//! `shardwise_query::check_table` compares the replicas shard by shard.
+//!
+//! Every node is asked at once (`DoAction("check")`), not only those holding replicas: any node
+//! may hold queued rows of the table. A node that does not answer within `check_timeout_ms`
+//! (plus [`super::stats::PEER_REPLY_GRACE_MS`]), or is down, has its replicas reported as not
+//! read, with why. A replica is read as it is at that moment (its parts and buffer, as a query
+//! would read it), so a table under inserts can show differences that are rows on their way.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shardwise_cluster::NodeState;
+use shardwise_query::QueryError;
+use shardwise_query::ReplicaCheckRow;
+use shardwise_query::check_table::{ReplicaRead, compare};
+use shardwise_storage::{ContentChecksum, content_checksum};
+
+use super::{TablesNode, lock, lock_from_runtime, outbox_key_incarnation, storage_error};
+
+/// A check request between nodes: one table incarnation, as the initiator's catalog names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    pub table_id: u64,
+    pub generation: u64,
+    /// The catalog version the initiator saw the table in.
+    pub catalog_version: u64,
+}
+
+/// A node's replicas of the table, and its queued rows of it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CheckReply {
+    /// By shard: the replica's content, or why it could not be read.
+    pub replicas: BTreeMap<u32, Result<ContentChecksum, String>>,
+    /// By destination rank: the table's rows in this node's outbox.
+    pub queued_rows: BTreeMap<u32, u64>,
+}
+
+impl TablesNode {
+    /// Reads and checksums this node's replicas of the table `req` names.
+    pub async fn check_local(&self, req: &CheckRequest) -> Result<CheckReply, QueryError> {
+        let entry = self.incarnation_at(req.table_id, req.generation, req.catalog_version).await?;
+        let mut reply = CheckReply::default();
+        for ((key, dest), q) in lock_from_runtime(&self.outbox).stats() {
+            if outbox_key_incarnation(&key) == Some((req.table_id, req.generation)) {
+                *reply.queued_rows.entry(dest).or_default() += q.pending_rows;
+            }
+        }
+        for shard in 0..entry.def.shards {
+            if !entry.def.replica_ranks(shard, self.world_size).contains(&self.rank) {
+                continue;
+            }
+            // Not for a table dropped meanwhile: opening its store would make its directory again.
+            if !self.is_live(req.table_id, req.generation) {
+                return Err(QueryError::Rejected(format!(
+                    "table {} was dropped or truncated while it was checked",
+                    entry.def.name
+                )));
+            }
+            let content = match self.store(&entry, shard).await {
+                Err(e) => Err(format!("rank {}: its replica cannot be opened: {e}", self.rank)),
+                Ok(store) => {
+                    let read = {
+                        let guard = lock(&store);
+                        match guard.unreadable() {
+                            Some(why) => Err(format!("rank {}: {why}", self.rank)),
+                            None => Ok(guard.snapshot()),
+                        }
+                    };
+                    match read {
+                        Err(why) => Err(why),
+                        Ok(batches) => {
+                            let name = entry.def.name.clone();
+                            let summed = self.background.blocking(move || {
+                                content_checksum(&batches)
+                                    .map_err(|e| storage_error(format!("table {name} shard {shard}: {e}")))
+                            });
+                            summed.await.map_err(|e| format!("rank {}: {e}", self.rank))
+                        }
+                    }
+                }
+            };
+            reply.replicas.insert(shard, content);
+        }
+        Ok(reply)
+    }
+
+    /// `CHECK TABLE`: every node's replicas of `table` read and compared, each node given
+    /// `timeout`.
+    pub(crate) async fn check_cluster(
+        &self,
+        table: &str,
+        timeout: Duration,
+    ) -> Result<Vec<ReplicaCheckRow>, QueryError> {
+        let (catalog_version, entry) = self.entry(table)?;
+        let req = CheckRequest { table_id: entry.id, generation: entry.generation, catalog_version };
+        let body = serde_json::to_vec(&req).map_err(storage_error)?;
+        let members = self.cluster.members().await;
+        let down: Vec<u32> = members.iter().filter(|m| m.state == NodeState::Down).map(|m| m.rank).collect();
+        let calls = (0..self.world_size).map(|rank| {
+            let (body, req) = (body.clone(), &req);
+            let known_down = down.contains(&rank);
+            async move {
+                let reply = if rank == self.rank {
+                    match tokio::time::timeout(timeout, self.check_local(req)).await {
+                        Ok(reply) => reply,
+                        Err(_) => Err(QueryError::Unavailable(format!(
+                            "rank {rank} had not read its replicas within check_timeout_ms = {} ms",
+                            timeout.as_millis()
+                        ))),
+                    }
+                } else {
+                    let unknown = ", so its replicas were not read";
+                    let reply = self.ask_within(rank, "check", body, timeout, "check_timeout_ms", known_down, unknown);
+                    reply.await.and_then(|reply| {
+                        serde_json::from_slice::<CheckReply>(&reply).map_err(|e| {
+                            QueryError::Unavailable(format!(
+                                "rank {rank} answered the check with a malformed reply: {e}"
+                            ))
+                        })
+                    })
+                };
+                (rank, reply)
+            }
+        });
+        let replies: BTreeMap<u32, Result<CheckReply, QueryError>> =
+            futures::future::join_all(calls).await.into_iter().collect();
+        if !self.is_live(entry.id, entry.generation) {
+            return Err(QueryError::Rejected(format!(
+                "CHECK TABLE {table}: the table was dropped or truncated while it was checked"
+            )));
+        }
+        let mut queued_rows: BTreeMap<u32, u64> = BTreeMap::new();
+        for reply in replies.values().flatten() {
+            for (dest, rows) in &reply.queued_rows {
+                *queued_rows.entry(*dest).or_default() += rows;
+            }
+        }
+        let mut reads = Vec::new();
+        for shard in 0..entry.def.shards {
+            for (replica, rank) in entry.def.replica_ranks(shard, self.world_size).into_iter().enumerate() {
+                let content = match replies.get(&rank) {
+                    Some(Ok(reply)) => reply.replicas.get(&shard).cloned().unwrap_or_else(|| {
+                        Err(format!("rank {rank} did not report its replica (its catalog places it elsewhere)"))
+                    }),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err(format!("rank {rank} was not asked")),
+                };
+                reads.push(ReplicaRead { shard, replica: replica as u32, rank, content });
+            }
+        }
+        Ok(compare(table, reads, &queued_rows))
+    }
+}
