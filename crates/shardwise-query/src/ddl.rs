@@ -132,10 +132,15 @@ pub fn check_command(sql: &str) -> Result<Option<Command>, QueryError> {
     if !crate::sql_text::mentions(sql, "check") {
         return Ok(None);
     }
-    let words = settings::leading_words(sql, 4)?;
+    let words = settings::leading_words(sql, 6)?;
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {
-        ["check", "table", table] => Ok(Some(Command::Check { table: table.trim_matches('"').to_string() })),
+        ["check", "table", table] | ["check", "table", "public", ".", table] => {
+            Ok(Some(Command::Check { table: table.trim_matches('"').to_string() }))
+        }
+        ["check", "table", schema, ".", _] => Err(QueryError::Rejected(format!(
+            "CHECK TABLE: tables live in the default schema, public; {schema} has no sharded tables"
+        ))),
         ["check", "table", ..] => Err(QueryError::Rejected(
             "expected CHECK TABLE <table> naming one table (PARTITION and PART are not supported: a table's only \
              division is its shards, and CHECK TABLE reads them all)"
@@ -444,6 +449,10 @@ mod tests {
         assert!(matches!(cmd, Some(Command::Check { table }) if table == "sales"));
         let cmd = check_command("CHECK TABLE \"Sales\"").expect("parse");
         assert!(matches!(cmd, Some(Command::Check { table }) if table == "Sales"));
+        let cmd = check_command("CHECK TABLE public.sales").expect("parse");
+        assert!(matches!(cmd, Some(Command::Check { table }) if table == "sales"));
+        let err = check_command("CHECK TABLE system.tables").expect_err("not sharded");
+        assert!(err.to_string().contains("system has no sharded tables"), "{err}");
         assert!(check_command("SELECT 'check table t'").expect("parse").is_none());
         for bad in ["CHECK TABLE", "CHECK TABLE t PARTITION 1", "CHECK TABLE a, b"] {
             let err = check_command(bad).expect_err(bad);

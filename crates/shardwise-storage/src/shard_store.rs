@@ -322,6 +322,29 @@ impl ShardStore {
         parts.chain(self.buffer.iter()).cloned().collect()
     }
 
+    /// The files this store has open or listed (its manifest, parts and live WAL segments) that
+    /// are no longer in its directory: removed from under a running node, whose memory still
+    /// holds their rows (they would be gone at its next start). Empty when all are there.
+    pub fn missing_files(&self) -> Result<Vec<String>, StorageError> {
+        let listed = |dir: &Path| -> Result<std::collections::HashSet<String>, StorageError> {
+            Ok(self.fs.list_dir(dir).map_err(StorageError::io("list", dir))?.into_iter().collect())
+        };
+        let here = listed(&self.dir)?;
+        // A store writes its manifest with its first part.
+        let mut missing: Vec<String> = std::iter::once(files::MANIFEST_NAME)
+            .filter(|_| !self.parts.is_empty())
+            .chain(self.parts.iter().map(|p| p.entry.name.as_str()))
+            .filter(|name| !here.contains(*name))
+            .map(str::to_string)
+            .collect();
+        let wal_dir = self.wal.dir();
+        let in_wal = listed(wal_dir)?;
+        missing.extend(
+            self.wal.segment_names().filter(|n| !in_wal.contains(*n)).map(|n| format!("{}/{n}", files::WAL_DIR_NAME)),
+        );
+        Ok(missing)
+    }
+
     /// Sizes and flags of the store.
     pub fn stats(&self) -> ShardStats {
         let part_rows: u64 = self.parts.iter().map(|p| p.entry.rows).sum();

@@ -348,6 +348,11 @@ impl Wal {
         self.next_lsn
     }
 
+    /// The file names of the live segments, oldest first.
+    pub fn segment_names(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().map(|s| s.name.as_str())
+    }
+
     /// The directory the log lives in.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -5,8 +5,10 @@
 //!
 //! Every node is asked at once (`DoAction("check")`), not only those holding replicas: any node
 //! may hold queued rows of the table. A node that does not answer within `check_timeout_ms`
-//! (plus [`super::stats::PEER_REPLY_GRACE_MS`]), or is down, has its replicas reported as not
-//! read, with why. A replica is read as it is at that moment (its parts and buffer, as a query
+//! plus [`PEER_REPLY_GRACE_MS`] (this one included), or that the membership lists as down (not
+//! asked), has its replicas reported as not read, with why. So does a replica whose files were
+//! removed from under its running node ([`shardwise_storage::ShardStore::missing_files`]): its
+//! node still holds its rows in memory, but would not find them at its next start. A replica is read as it is at that moment (its parts and buffer, as a query
 //! would read it), so a table under inserts can show differences that are rows on their way.
 
 use std::collections::BTreeMap;
@@ -19,6 +21,7 @@ use shardwise_query::ReplicaCheckRow;
 use shardwise_query::check_table::{ReplicaRead, compare};
 use shardwise_storage::{ContentChecksum, content_checksum};
 
+use super::stats::PEER_REPLY_GRACE_MS;
 use super::{TablesNode, lock, lock_from_runtime, outbox_key_incarnation, storage_error};
 
 /// A check request between nodes: one table incarnation, as the initiator's catalog names it.
@@ -66,9 +69,17 @@ impl TablesNode {
                 Ok(store) => {
                     let read = {
                         let guard = lock(&store);
-                        match guard.unreadable() {
-                            Some(why) => Err(format!("rank {}: {why}", self.rank)),
-                            None => Ok(guard.snapshot()),
+                        match (guard.unreadable(), guard.missing_files()) {
+                            (Some(why), _) => Err(format!("rank {}: {why}", self.rank)),
+                            (None, Err(e)) => Err(format!("rank {}: its files cannot be listed: {e}", self.rank)),
+                            (None, Ok(missing)) if !missing.is_empty() => Err(format!(
+                                "rank {}: files of its replica are gone from {} ({}): removed while the node runs, \
+                                 whose memory still holds their rows; it would not find them at its next start",
+                                self.rank,
+                                guard.dir().display(),
+                                missing.join(", ")
+                            )),
+                            (None, Ok(_)) => Ok(guard.snapshot()),
                         }
                     };
                     match read {
@@ -106,13 +117,22 @@ impl TablesNode {
             let known_down = down.contains(&rank);
             async move {
                 let reply = if rank == self.rank {
-                    match tokio::time::timeout(timeout, self.check_local(req)).await {
+                    // The same wait as for the other nodes (`ask_within`): the setting and a second.
+                    let wait = timeout + Duration::from_millis(PEER_REPLY_GRACE_MS);
+                    match tokio::time::timeout(wait, self.check_local(req)).await {
                         Ok(reply) => reply,
                         Err(_) => Err(QueryError::Unavailable(format!(
-                            "rank {rank} had not read its replicas within check_timeout_ms = {} ms",
+                            "rank {rank} had not read its replicas within check_timeout_ms = {} ms + \
+                             {PEER_REPLY_GRACE_MS} ms",
                             timeout.as_millis()
                         ))),
                     }
+                } else if known_down {
+                    // Not asked: a node the membership lists as down (a hung one included) would
+                    // hold the statement until its connection gave up, only to fail it then.
+                    Err(QueryError::Unavailable(format!(
+                        "rank {rank} is down (so the membership says), so its replicas were not read"
+                    )))
                 } else {
                     let unknown = ", so its replicas were not read";
                     let reply = self.ask_within(rank, "check", body, timeout, "check_timeout_ms", known_down, unknown);

@@ -33,6 +33,10 @@ use crate::settings::StorageSettings;
 
 pub use shardwise_cluster::DATA_ADDR_KEY;
 
+/// The longest timeout a call to another node carries (a year); a statement's longer timeout
+/// (`flush_timeout_ms = 18446744073709551615`) waits that long at most for one call.
+pub const PEER_CALL_TIMEOUT_MAX_MS: u64 = 365 * 24 * 3_600_000;
+
 /// The data plane credential of this cluster run.
 #[derive(Clone)]
 pub struct DataPlaneAuth {
@@ -174,7 +178,9 @@ impl Peers {
     fn request<T>(&self, body: T, timeout: Option<Duration>) -> Result<tonic::Request<T>, QueryError> {
         let mut req = tonic::Request::new(body);
         if let Some(timeout) = timeout {
-            req.set_timeout(timeout);
+            // gRPC's timeout header holds at most 10^8 hours, and tonic panics past that: a
+            // statement's timeout setting may be any u64 of milliseconds.
+            req.set_timeout(timeout.min(Duration::from_millis(PEER_CALL_TIMEOUT_MAX_MS)));
         }
         if let Some(h) = self.auth.header() {
             let value: MetadataValue<_> =

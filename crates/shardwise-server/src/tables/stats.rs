@@ -118,7 +118,8 @@ impl TablesNode {
     /// Waits until this node's outbox has nothing for `table`, up to `timeout`; returns what is
     /// still pending then, one line per destination (empty: flushed).
     pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<FlushReply, QueryError> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what an Instant holds (`flush_timeout_ms = 18446744073709551615`): none.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             // The table's queued rows by its identity: some may have been queued under a name it
             // had before a rename (one queue per name), the same destination in each.
@@ -133,7 +134,7 @@ impl TablesNode {
             if pending.is_empty() {
                 return Ok(FlushReply::default());
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 let pending = pending
                     .iter()
                     .map(|(dest, (rows, key))| {

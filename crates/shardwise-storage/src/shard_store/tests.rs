@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
-use super::files::parse_part_name;
+use super::files::{WAL_DIR_NAME, parse_part_name};
 use super::*;
 use crate::fs::SimFs;
 
@@ -413,4 +413,24 @@ fn invalid_options_are_rejected() {
         let err = open_sim(&SimFs::new(), opts).map(|_| ());
         assert!(matches!(err, Err(StorageError::InvalidOption { name: n, .. }) if n == name), "{err:?}");
     }
+}
+
+#[test]
+fn files_removed_from_under_an_open_store_are_named() -> TestResult {
+    let sim = SimFs::new();
+    let (mut store, _) = open_sim(&sim, small_opts())?;
+    assert_eq!(store.missing_files()?, Vec::<String>::new(), "a new store: no manifest expected yet");
+    store.apply(&[piece(0..5, None, None, None)])?;
+    store.flush()?;
+    store.apply(&[piece(5..8, None, None, None)])?;
+    assert_eq!(store.missing_files()?, Vec::<String>::new());
+    let part = part_paths(&sim)?.remove(0);
+    sim.remove_file(&part)?;
+    let segment = store.wal.segment_names().next().ok_or("a live segment")?.to_string();
+    sim.remove_file(&Path::new(DIR).join(WAL_DIR_NAME).join(&segment))?;
+    let part_name = part.file_name().and_then(|n| n.to_str()).ok_or("part name")?.to_string();
+    assert_eq!(store.missing_files()?, vec![part_name, format!("wal/{segment}")]);
+    // Its rows are still served from memory: only the files say what a restart would find.
+    assert_eq!(ids(&store), (0..8).collect::<Vec<_>>());
+    Ok(())
 }

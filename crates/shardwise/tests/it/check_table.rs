@@ -1,6 +1,7 @@
 //! `CHECK TABLE` on real node processes: replicas that agree pass; a replica whose files were
 //! lost fails, and so does the replica it is compared with (two replicas, no majority); a node
-//! that does not answer has its replicas reported as not read.
+//! that does not answer has its replicas reported as not read, and so does a running node whose
+//! files were removed from under it.
 
 use std::time::Duration;
 
@@ -60,6 +61,25 @@ fn check_table_compares_every_shards_replicas() {
         assert!(r[6..].join(",").contains("did not answer within check_timeout_ms"), "{rows:?}");
     }
     c.procs[2].signal("CONT");
+
+    // Timeouts as long as a u64 of milliseconds holds are waits, not a panic in the gRPC layer.
+    let huge = "18446744073709551615";
+    c.sql(0, &format!("SYSTEM FLUSH DISTRIBUTED ck SETTINGS flush_timeout_ms = {huge}"));
+    assert_eq!(c.sql(1, &format!("CHECK TABLE public.ck SETTINGS check_timeout_ms = {huge}")), [["0"]]);
+
+    // Rank 0's WAL files of the table removed while it runs: its memory still holds the rows,
+    // which it would not find at its next start; the check says so.
+    let table_dir = c.data_dir(0).join("tables").join(format!("t{}-g{}", ids[0], ids[1]));
+    for shard in std::fs::read_dir(&table_dir).expect("rank 0's replicas") {
+        for segment in std::fs::read_dir(shard.expect("a replica").path().join("wal")).expect("its WAL") {
+            std::fs::remove_file(segment.expect("a segment").path()).expect("remove a segment");
+        }
+    }
+    let rows = detailed(&c, 1, "");
+    for r in rows.iter().filter(|r| r[2] == "0") {
+        assert_eq!(r[5], "false", "{rows:?}");
+        assert!(r[6..].join(",").contains("files of its replica are gone"), "{rows:?}");
+    }
 
     let err = c.sql_err(0, "CHECK TABLE nosuch");
     assert!(err.contains("nosuch"), "{err}");
