@@ -320,7 +320,10 @@ fn a_held_open_ingest_is_shown_and_can_be_killed() {
     let batch = RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef)]).expect("batch");
     let (messages, tx, put) = put_by_hand(&rt, &c.addrs[0], command, vec![batch]);
     for message in messages {
-        tx.blocking_send(message).expect("send");
+        // The node may refuse at the first message and end the call before the rest is sent.
+        if tx.blocking_send(message).is_err() {
+            break;
+        }
     }
     drop(tx);
     let err = rt.block_on(put).expect("join").expect_err("no such table");
