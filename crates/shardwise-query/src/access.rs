@@ -100,7 +100,7 @@ pub struct ReplicaCheckRow {
     pub checksum: Option<u64>,
     /// Read, and the same as every other replica of its shard.
     pub is_passed: bool,
-    /// Why not, or `""`.
+    /// Why not, and rows still queued for its node; `""` when there is nothing to say.
     pub message: String,
 }
 

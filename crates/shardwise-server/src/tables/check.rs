@@ -19,7 +19,7 @@ use shardwise_cluster::NodeState;
 use shardwise_query::QueryError;
 use shardwise_query::ReplicaCheckRow;
 use shardwise_query::check_table::{ReplicaRead, compare};
-use shardwise_storage::{ContentChecksum, content_checksum};
+use shardwise_storage::{CatalogEntry, ContentChecksum, content_checksum};
 
 use super::stats::PEER_REPLY_GRACE_MS;
 use super::{TablesNode, lock, lock_from_runtime, outbox_key_incarnation, storage_error};
@@ -64,40 +64,36 @@ impl TablesNode {
                     entry.def.name
                 )));
             }
-            let content = match self.store(&entry, shard).await {
-                Err(e) => Err(format!("rank {}: its replica cannot be opened: {e}", self.rank)),
-                Ok(store) => {
-                    let read = {
-                        let guard = lock(&store);
-                        match (guard.unreadable(), guard.missing_files()) {
-                            (Some(why), _) => Err(format!("rank {}: {why}", self.rank)),
-                            (None, Err(e)) => Err(format!("rank {}: its files cannot be listed: {e}", self.rank)),
-                            (None, Ok(missing)) if !missing.is_empty() => Err(format!(
-                                "rank {}: files of its replica are gone from {} ({}): removed while the node runs, \
-                                 whose memory still holds their rows; it would not find them at its next start",
-                                self.rank,
-                                guard.dir().display(),
-                                missing.join(", ")
-                            )),
-                            (None, Ok(_)) => Ok(guard.snapshot()),
-                        }
-                    };
-                    match read {
-                        Err(why) => Err(why),
-                        Ok(batches) => {
-                            let name = entry.def.name.clone();
-                            let summed = self.background.blocking(move || {
-                                content_checksum(&batches)
-                                    .map_err(|e| storage_error(format!("table {name} shard {shard}: {e}")))
-                            });
-                            summed.await.map_err(|e| format!("rank {}: {e}", self.rank))
-                        }
-                    }
-                }
-            };
+            let content = self.replica_content(&entry, shard).await.map_err(|why| format!("rank {}: {why}", self.rank));
             reply.replicas.insert(shard, content);
         }
         Ok(reply)
+    }
+
+    /// This node's replica of `shard`: its content, or why it cannot be read.
+    async fn replica_content(&self, entry: &CatalogEntry, shard: u32) -> Result<ContentChecksum, String> {
+        let store = self.store(entry, shard).await.map_err(|e| format!("its replica cannot be opened: {e}"))?;
+        let batches = {
+            let guard = lock(&store);
+            if let Some(why) = guard.unreadable() {
+                return Err(why);
+            }
+            let missing = guard.missing_files().map_err(|e| format!("its files cannot be listed: {e}"))?;
+            if !missing.is_empty() {
+                return Err(format!(
+                    "files of its replica are gone from {} ({}): removed while the node runs, whose memory still \
+                     holds their rows; it would not find them at its next start",
+                    guard.dir().display(),
+                    missing.join(", ")
+                ));
+            }
+            guard.snapshot()
+        };
+        let name = entry.def.name.clone();
+        let summed = self.background.blocking(move || {
+            content_checksum(&batches).map_err(|e| storage_error(format!("table {name} shard {shard}: {e}")))
+        });
+        summed.await.map_err(|e| e.to_string())
     }
 
     /// `CHECK TABLE`: every node's replicas of `table` read and compared, each node given
