@@ -126,9 +126,10 @@ fn damage(fs: &dyn Fs, dir: &Path, report: &Recovery) -> Result<Option<String>, 
         // often) is in its report and the log, not appended to the file at every open.
         return Ok(Some(earlier));
     }
+    let found: Vec<String> = report.corruptions.iter().map(ToString::to_string).collect();
     let text = format!(
-        "its WAL was found damaged when the store was opened, so rows it had acknowledged may be missing: {:?}",
-        report.corruptions
+        "its WAL was found damaged when the store was opened, so rows it had acknowledged may be missing: {}",
+        found.join("; ")
     );
     write_durably(fs, dir, DAMAGED_NAME, text.as_bytes())?;
     tracing::error!(dir = %dir.display(), "shard replica marked damaged: it is not read until rebuilt: {text}");

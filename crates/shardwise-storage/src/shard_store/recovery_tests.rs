@@ -136,7 +136,12 @@ fn a_replica_whose_wal_was_damaged_is_not_read_and_says_so_after_every_open() ->
     let (store, recovery) = open_sim(&sim, small_opts())?;
     assert!(!recovery.wal.is_clean());
     let why = store.unreadable().ok_or("a damaged replica must not be read")?;
-    assert!(why.starts_with("damaged: its WAL was found damaged") && why.contains("MidLog"), "{why}");
+    assert!(
+        why.starts_with("damaged: its WAL was found damaged")
+            && why.contains("a damaged record at byte")
+            && !why.contains("MidLog"),
+        "{why}"
+    );
     assert!(dir_names(&sim)?.contains(&"DAMAGED".to_string()));
     drop(store);
     // The file remembers, whatever the next recovery finds (the damaged segment is set aside).

@@ -82,6 +82,35 @@ pub enum Corruption {
     EndsBeforeCleanClose { closed_next_lsn: Lsn, found_next_lsn: Lsn },
 }
 
+/// What an operator reads (`system.shards`, `CHECK TABLE`, the node's log): the segment, where,
+/// and what became of the records after the damage.
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Corruption::MidLog { segment, offset_bytes, defect, set_aside_as, highest_lsn_after } => {
+                write!(f, "{segment}: a damaged record at byte {offset_bytes} ({defect}); the records after it")?;
+                if let Some(lsn) = highest_lsn_after {
+                    write!(f, " (intact ones up to LSN {lsn} among them)")?;
+                }
+                write!(f, " were not replayed; the segment is kept as {set_aside_as}")
+            }
+            Corruption::LsnGap { segment, expected_lsn, found_lsn } => {
+                write!(f, "LSNs {expected_lsn} to {found_lsn} (not included) are missing before {segment}")
+            }
+            Corruption::LsnOverlap { segment, expected_lsn, found_lsn, set_aside_as } => write!(
+                f,
+                "{segment} starts at LSN {found_lsn}, below {expected_lsn}: it repeats records, was not replayed and \
+                 is kept as {set_aside_as}"
+            ),
+            Corruption::EndsBeforeCleanClose { closed_next_lsn, found_next_lsn } => write!(
+                f,
+                "the log ends at LSN {found_next_lsn}, but it ended at {closed_next_lsn} when it was last closed \
+                 cleanly: acknowledged records were removed while it was closed"
+            ),
+        }
+    }
+}
+
 /// A live segment. `end_lsn` and `len_bytes` are as of recovery or of the segment's close; the
 /// WAL does not keep them current for the segment it is appending to.
 #[derive(Debug, Clone)]
