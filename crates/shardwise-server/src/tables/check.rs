@@ -4,12 +4,12 @@
 //! `shardwise_query::check_table` compares the replicas shard by shard.
 //!
 //! Every node is asked at once (`DoAction("check")`), not only those holding replicas: any node
-//! may hold queued rows of the table. A node that does not answer within `check_timeout_ms`
-//! plus [`PEER_REPLY_GRACE_MS`] (this one included), or that the membership lists as down (not
-//! asked), has its replicas reported as not read, with why. So does a replica whose files were
-//! removed from under its running node ([`shardwise_storage::ShardStore::missing_files`]): its
-//! node still holds its rows in memory, but would not find them at its next start. A replica is read as it is at that moment (its parts and buffer, as a query
-//! would read it), so a table under inserts can show differences that are rows on their way.
+//! may hold queued rows of the table. A node that does not answer within `check_timeout_ms` plus
+//! a second (this one included), or that the membership lists as down (not asked), has its
+//! replicas reported as not read, with why ([`TablesNode::share_on`]). So does a replica whose
+//! files were removed from under its running node
+//! ([`shardwise_storage::ShardStore::missing_files`]): its node still holds its rows in memory,
+//! but would not find them at its next start.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use shardwise_query::ReplicaCheckRow;
 use shardwise_query::check_table::{ReplicaRead, compare};
 use shardwise_storage::{CatalogEntry, ContentChecksum, content_checksum};
 
-use super::stats::PEER_REPLY_GRACE_MS;
+use super::stats::PeerShare;
 use super::{TablesNode, lock, lock_from_runtime, outbox_key_incarnation, storage_error};
 
 /// A check request between nodes: one table incarnation, as the initiator's catalog names it.
@@ -112,34 +112,16 @@ impl TablesNode {
             let (body, req) = (body.clone(), &req);
             let known_down = down.contains(&rank);
             async move {
-                let reply = if rank == self.rank {
-                    // The same wait as for the other nodes (`ask_within`): the setting and a second.
-                    let wait = timeout + Duration::from_millis(PEER_REPLY_GRACE_MS);
-                    match tokio::time::timeout(wait, self.check_local(req)).await {
-                        Ok(reply) => reply,
-                        Err(_) => Err(QueryError::Unavailable(format!(
-                            "rank {rank} had not read its replicas within check_timeout_ms = {} ms + \
-                             {PEER_REPLY_GRACE_MS} ms",
-                            timeout.as_millis()
-                        ))),
-                    }
-                } else if known_down {
-                    // Not asked: a node the membership lists as down (a hung one included) would
-                    // hold the statement until its connection gave up, only to fail it then.
-                    Err(QueryError::Unavailable(format!(
-                        "rank {rank} is down (so the membership says), so its replicas were not read"
-                    )))
-                } else {
-                    let unknown = ", so its replicas were not read";
-                    let reply = self.ask_within(rank, "check", body, timeout, "check_timeout_ms", known_down, unknown);
-                    reply.await.and_then(|reply| {
-                        serde_json::from_slice::<CheckReply>(&reply).map_err(|e| {
-                            QueryError::Unavailable(format!(
-                                "rank {rank} answered the check with a malformed reply: {e}"
-                            ))
-                        })
-                    })
+                let share = PeerShare {
+                    kind: "check",
+                    body,
+                    timeout,
+                    setting: "check_timeout_ms",
+                    known_down,
+                    if_down: ", so its replicas were not read",
+                    unknown: ", so its replicas were not read",
                 };
+                let reply = self.share_on::<CheckReply>(rank, share, self.check_local(req)).await;
                 (rank, reply)
             }
         });

@@ -17,6 +17,7 @@ use shardwise_cluster::NodeState;
 use shardwise_query::QueryError;
 use shardwise_storage::OptimizeOutcome;
 
+use super::stats::PeerShare;
 use super::{TablesNode, lock, storage_error};
 
 /// An optimize request between nodes: one table incarnation, as the initiator's catalog names it.
@@ -104,32 +105,16 @@ impl TablesNode {
             let (body, req) = (body.clone(), &req);
             let known_down = down.contains(&rank);
             async move {
-                let result = if rank == self.rank {
-                    match tokio::time::timeout(timeout, self.optimize_local(req)).await {
-                        Ok(r) => r.map(|_| ()),
-                        Err(_) => Err(QueryError::Unavailable(format!(
-                            "rank {rank} had not finished within optimize_timeout_ms = {} ms (a merge under \
-                             way goes on)",
-                            timeout.as_millis()
-                        ))),
-                    }
-                } else if known_down {
-                    // Not asked: a node the membership lists as down (a hung one included) would
-                    // hold the statement for optimize_timeout_ms (15 s) only to fail it then.
-                    Err(QueryError::Unavailable(format!(
-                        "rank {rank} is down (so the membership says): its replicas were not optimized; run OPTIMIZE \
-                         again once it is up"
-                    )))
-                } else {
-                    let unknown = ", so whether its replicas were merged is unknown";
-                    let reply =
-                        self.ask_within(rank, "optimize", body, timeout, "optimize_timeout_ms", known_down, unknown);
-                    reply.await.and_then(|reply| {
-                        serde_json::from_slice::<OptimizeReply>(&reply).map(|_| ()).map_err(|e| {
-                            QueryError::Unavailable(format!("rank {rank} answered with a malformed reply: {e}"))
-                        })
-                    })
+                let share = PeerShare {
+                    kind: "optimize",
+                    body,
+                    timeout,
+                    setting: "optimize_timeout_ms",
+                    known_down,
+                    if_down: ": its replicas were not optimized; run OPTIMIZE again once it is up",
+                    unknown: ", so whether its replicas were merged is unknown",
                 };
+                let result = self.share_on::<OptimizeReply>(rank, share, self.optimize_local(req)).await.map(|_| ());
                 result.map_err(|e| (rank, e))
             }
         });

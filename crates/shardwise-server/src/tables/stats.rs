@@ -50,6 +50,22 @@ pub const PEER_STATS_TIMEOUT_MS: u64 = 5_000;
 /// from when the request reached it.
 pub const PEER_REPLY_GRACE_MS: u64 = 1_000;
 
+/// How [`TablesNode::share_on`] asks a node for its share of a statement.
+pub(crate) struct PeerShare<'a> {
+    /// The data plane action.
+    pub kind: &'a str,
+    pub body: Vec<u8>,
+    /// The statement's timeout, and the setting that gave it (for messages).
+    pub timeout: Duration,
+    pub setting: &'a str,
+    /// The membership lists the node as down.
+    pub known_down: bool,
+    /// What follows "rank N is down (so the membership says)".
+    pub if_down: &'a str,
+    /// What follows a "did not answer" or "had not finished": what is not known.
+    pub unknown: &'a str,
+}
+
 /// A flush request between nodes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FlushRequest {
@@ -217,6 +233,34 @@ impl TablesNode {
                  stopped or overloaded)"
             ))),
         }
+    }
+
+    /// A statement's share on `rank`, every node given the same wait (`share.timeout` plus
+    /// [`PEER_REPLY_GRACE_MS`]): `local` when `rank` is this node; not asked, and named at once,
+    /// when the membership lists it as down (a hung node would hold the statement until its
+    /// connection gave up); else asked ([`Self::ask_within`]) and its JSON reply decoded.
+    pub(crate) async fn share_on<T: serde::de::DeserializeOwned>(
+        &self,
+        rank: u32,
+        share: PeerShare<'_>,
+        local: impl std::future::Future<Output = Result<T, QueryError>>,
+    ) -> Result<T, QueryError> {
+        let PeerShare { kind, body, timeout, setting, known_down, if_down, unknown } = share;
+        if rank == self.rank {
+            let wait = timeout + Duration::from_millis(PEER_REPLY_GRACE_MS);
+            return tokio::time::timeout(wait, local).await.unwrap_or_else(|_| {
+                Err(QueryError::Unavailable(format!(
+                    "rank {rank} had not finished within {setting} = {} ms + {PEER_REPLY_GRACE_MS} ms{unknown}",
+                    timeout.as_millis()
+                )))
+            });
+        }
+        if known_down {
+            return Err(QueryError::Unavailable(format!("rank {rank} is down (so the membership says){if_down}")));
+        }
+        let reply = self.ask_within(rank, kind, body, timeout, setting, known_down, unknown).await?;
+        serde_json::from_slice(&reply)
+            .map_err(|e| QueryError::Unavailable(format!("rank {rank} answered with a malformed reply: {e}")))
     }
 
     /// Figures of every shard replica stored here (opening stores of the catalog's tables).
