@@ -110,6 +110,15 @@ pub enum StorageError {
     #[error("shard store {}: invalid piece {piece}: {problem}", dir.display())]
     InvalidPiece { dir: PathBuf, piece: usize, problem: String },
 
+    /// A replica image that cannot be installed (`REPAIR TABLE`): it does not decode, does not
+    /// match its checksum or the table's columns, or its target already holds a store.
+    #[error("replica image: {problem}")]
+    ImageInvalid { problem: String },
+
+    /// A shard store set aside on purpose ([`crate::ShardStore::retire`]): it takes no writes.
+    #[error("shard store {}: {why}", dir.display())]
+    ShardStoreRetired { dir: PathBuf, why: String },
+
     /// An earlier I/O error left a shard store in an unknown state; it refuses every write until it
     /// is reopened, and reopening recovers from what is really on disk.
     #[error(

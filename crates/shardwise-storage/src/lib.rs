@@ -41,7 +41,8 @@ pub use outbox::{
 };
 pub use placement::{PlacementVersion, hash_rows, shard_of_rows, split_by_shard};
 pub use shard_store::{
-    ApplyOutcome, OptimizeOutcome, OriginId, Piece, ShardRecovery, ShardStats, ShardStore, ShardStoreOptions,
+    ApplyOutcome, ImageHeader, OptimizeOutcome, OriginId, Piece, ReplicaImage, ShardRecovery, ShardStats, ShardStore,
+    ShardStoreOptions,
 };
 pub use table::{DelaySettings, MAX_SHARDS, SyncMode, TableDef, check_column_type};
 pub use wal::{

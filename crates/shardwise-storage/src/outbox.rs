@@ -380,6 +380,16 @@ impl Outbox {
         Ok(dropped)
     }
 
+    /// The seq the next append gets: every item appended so far has a lower one.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The lowest seq among `dest`'s pending items whose table key `table` accepts, if any.
+    pub fn first_pending_seq(&self, dest: u32, table: impl Fn(&str) -> bool) -> Option<u64> {
+        self.queues.entries().find(|(d, _, entry)| *d == dest && table(&entry.table)).map(|(_, seq, _)| seq)
+    }
+
     /// Pending items per (table, destination); only non-empty queues.
     pub fn stats(&self) -> BTreeMap<(String, u32), QueueStats> {
         self.queues.stats()

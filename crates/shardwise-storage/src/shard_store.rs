@@ -66,6 +66,8 @@
 
 mod dedup;
 mod files;
+mod image;
+pub use image::{ImageHeader, ReplicaImage};
 mod maintenance;
 pub use maintenance::OptimizeOutcome;
 mod manifest;
@@ -236,6 +238,8 @@ pub struct ShardStore {
     /// What this open's recovery cut off the WAL's end that may have been acknowledged; see
     /// [`ShardStore::warning`].
     tail_cut: Option<String>,
+    /// Why the store was set aside ([`ShardStore::retire`]), if it was.
+    retired: Option<String>,
 }
 
 impl std::fmt::Debug for ShardStore {
@@ -381,10 +385,18 @@ impl ShardStore {
     /// A failed store is left as it is (its next open replays what its log holds). Every later
     /// write fails.
     pub fn close_cleanly(&mut self) -> Result<(), StorageError> {
-        if self.failure.is_some() {
+        if self.failure.is_some() || self.retired.is_some() {
             return Ok(());
         }
         self.wal.close_cleanly()
+    }
+
+    /// Sets the store aside for good: from now on it takes no writes (applies, flushes, merges
+    /// and a clean close all refuse) and is not read, `why` saying so. A replica being rebuilt
+    /// (`REPAIR TABLE`) is retired first, so that nothing changes it, or its directory, while
+    /// its replacement is made. Reopening its files gives a store that takes writes again.
+    pub fn retire(&mut self, why: impl Into<String>) {
+        self.retired.get_or_insert_with(|| why.into());
     }
 
     /// The first error that failed the store, if it has failed.
@@ -396,6 +408,9 @@ impl ShardStore {
     /// written to the other replicas since are missing here, until it is reopened), or its WAL was found damaged (rows it acknowledged are missing, for good: the
     /// replica stays out of reads, its `DAMAGED` file saying why). Queries read another replica.
     pub fn unreadable(&self) -> Option<String> {
+        if let Some(why) = &self.retired {
+            return Some(why.clone());
+        }
         match (&self.failure, &self.damage) {
             (Some(failure), _) => Some(format!(
                 "it failed and takes no writes until it is reopened (retried every store_reopen_interval_ms, \
@@ -457,6 +472,9 @@ impl ShardStore {
     }
 
     fn check_usable(&self) -> Result<(), StorageError> {
+        if let Some(why) = &self.retired {
+            return Err(StorageError::ShardStoreRetired { dir: self.dir.clone(), why: why.clone() });
+        }
         match &self.failure {
             Some(cause) => Err(StorageError::ShardStoreFailed { dir: self.dir.clone(), cause: cause.clone() }),
             None => Ok(()),

@@ -32,13 +32,19 @@ impl ShardStore {
     /// Writes the memory buffer as a new immutable part if it is non-empty; then checkpoints:
     /// a new manifest, then the WAL segments it covers are deleted.
     pub fn flush(&mut self) -> Result<(), StorageError> {
+        self.checkpoint(false)
+    }
+
+    /// [`Self::flush`]; with `always`, a manifest is written even when nothing changed since the
+    /// last one (a store made from an image records its dedup state so).
+    pub(super) fn checkpoint(&mut self, always: bool) -> Result<(), StorageError> {
         self.check_usable()?;
         let encoded = match self.buffer_rows {
             0 => None,
             _ => Some(EncodedPart::new(self.next_part_number, &self.schema, &self.buffer)?),
         };
         let checkpoint = self.wal.next_lsn();
-        if encoded.is_none() && checkpoint.0 == self.manifest.wal_checkpoint_lsn {
+        if !always && encoded.is_none() && checkpoint.0 == self.manifest.wal_checkpoint_lsn {
             return Ok(());
         }
         let mut manifest = Manifest {

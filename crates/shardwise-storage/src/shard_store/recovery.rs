@@ -72,6 +72,7 @@ pub(super) fn open(
         failure: None,
         damage,
         tail_cut: tail_cut(&report),
+        retired: None,
     };
     let mut replayed_records = 0;
     for wal_record in records.into_iter().filter(|r| r.lsn >= checkpoint) {
