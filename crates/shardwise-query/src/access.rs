@@ -102,6 +102,26 @@ pub struct ReplicaCheckRow {
     pub is_passed: bool,
     /// Why not, and rows still queued for its node; `""` when there is nothing to say.
     pub message: String,
+    /// Not read because of the replica itself (damaged, failed, files gone), not its node.
+    pub replica_fault: bool,
+}
+
+/// What `REPAIR TABLE` did with one shard replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRepairRow {
+    pub shard: u32,
+    /// 0 for the shard's primary replica.
+    pub replica: u32,
+    pub rank: u32,
+    /// `none` (it passed the check), `rebuilt` (copied from `source_rank`), or `failed` (it did
+    /// not pass, and was not rebuilt: `message` says why).
+    pub action: String,
+    /// The rank whose replica was (or was to be) copied.
+    pub source_rank: Option<u32>,
+    /// Its rows now, when known.
+    pub rows: Option<u64>,
+    /// What the check found, and what went wrong; `""` when there is nothing to say.
+    pub message: String,
 }
 
 /// One row of `system.sync_queues`: what one node still has to ship for one table to one
@@ -259,6 +279,16 @@ pub trait TableAccess: Send + Sync + Debug {
     /// `CHECK TABLE table`: every replica of every shard read and compared with the shard's
     /// other replicas, each node given `timeout` for its share.
     fn check_table(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<Vec<ReplicaCheckRow>, QueryError>>;
+
+    /// `REPAIR TABLE table`: every replica `check_table` fails, rebuilt from one of its shard
+    /// that passed (or, where none did, the replicas on `rebuild_rank` from the others); each
+    /// step on each node given `timeout`.
+    fn repair_table(
+        &self,
+        table: &str,
+        timeout: Duration,
+        rebuild_rank: Option<u64>,
+    ) -> BoxFuture<'_, Result<Vec<ReplicaRepairRow>, QueryError>>;
 }
 
 #[cfg(test)]

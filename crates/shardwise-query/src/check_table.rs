@@ -1,4 +1,6 @@
-//! `CHECK TABLE t`: are the replicas of each shard the same? The node that runs the statement
+//! `CHECK TABLE t`: are the replicas of each shard the same? (And the answer of `REPAIR TABLE
+//! t`, which rebuilds those that are not from those that are: `shardwise-server`'s
+//! `tables/repair.rs`.) The node that runs the statement
 //! gathers every replica's rows and content checksum (`shardwise_storage::checksum`) from the
 //! nodes that hold them; this module compares them and writes the answer.
 //!
@@ -25,7 +27,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
 use shardwise_storage::ContentChecksum;
 
-use crate::access::ReplicaCheckRow;
+use crate::access::{ReplicaCheckRow, ReplicaRepairRow};
 use crate::error::QueryError;
 
 /// What reading one replica gave.
@@ -36,6 +38,9 @@ pub struct ReplicaRead {
     pub rank: u32,
     /// Its content, or why it could not be read.
     pub content: Result<ContentChecksum, String>,
+    /// It was not read because of the replica itself (damaged, failed, its files gone), as its
+    /// node said, not because its node did not answer.
+    pub replica_fault: bool,
 }
 
 /// The answer rows of `CHECK TABLE table`, in shard and replica order: `reads` compared shard by
@@ -87,6 +92,7 @@ pub fn compare(table: &str, mut reads: Vec<ReplicaRead>, queued_rows: &BTreeMap<
                 checksum: content.map(|c| c.checksum),
                 is_passed,
                 message,
+                replica_fault: read.replica_fault,
             });
         }
     }
@@ -127,12 +133,39 @@ pub fn answer(rows: &[ReplicaCheckRow], single_value: bool) -> Result<RecordBatc
     Ok(RecordBatch::try_new(schema(single_value), columns).map_err(DataFusionError::from)?)
 }
 
+/// The columns `REPAIR TABLE` answers: one row per replica.
+pub fn repair_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("shard", DataType::UInt32, false),
+        Field::new("replica", DataType::UInt32, false),
+        Field::new("rank", DataType::UInt32, false),
+        Field::new("action", DataType::Utf8, false),
+        Field::new("source_rank", DataType::UInt32, true),
+        Field::new("rows", DataType::UInt64, true),
+        Field::new("message", DataType::Utf8, false),
+    ]))
+}
+
+/// The rows `REPAIR TABLE` answers ([`repair_schema`]).
+pub fn repair_answer(rows: &[ReplicaRepairRow]) -> Result<RecordBatch, QueryError> {
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.shard))),
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.replica))),
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.rank))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.action.as_str()))),
+        Arc::new(UInt32Array::from_iter(rows.iter().map(|r| r.source_rank))),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.rows))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.message.as_str()))),
+    ];
+    Ok(RecordBatch::try_new(repair_schema(), columns).map_err(DataFusionError::from)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn read(shard: u32, replica: u32, rank: u32, rows: u64, checksum: u64) -> ReplicaRead {
-        ReplicaRead { shard, replica, rank, content: Ok(ContentChecksum { rows, checksum }) }
+        ReplicaRead { shard, replica, rank, content: Ok(ContentChecksum { rows, checksum }), replica_fault: false }
     }
 
     fn verdicts(rows: &[ReplicaCheckRow]) -> Vec<(u32, u32, bool)> {
@@ -174,7 +207,13 @@ mod tests {
                 read(0, 0, 0, 10, 1),
                 read(0, 1, 1, 10, 1),
                 read(0, 2, 2, 9, 5),
-                ReplicaRead { shard: 1, replica: 0, rank: 1, content: Err("rank 1 is down".into()) },
+                ReplicaRead {
+                    shard: 1,
+                    replica: 0,
+                    rank: 1,
+                    content: Err("rank 1 is down".into()),
+                    replica_fault: false,
+                },
                 read(1, 1, 2, 4, 4),
             ],
             &BTreeMap::new(),

@@ -52,6 +52,11 @@ pub enum Command {
     Check {
         table: String,
     },
+    /// `REPAIR TABLE t`: rebuild every replica `CHECK TABLE` fails from one that passes;
+    /// answers rows.
+    Repair {
+        table: String,
+    },
     /// Stop a query this node is running.
     Kill {
         query_id: String,
@@ -129,23 +134,35 @@ pub fn flush_command(sql: &str) -> Result<Option<Command>, QueryError> {
 
 /// `CHECK TABLE t` (ClickHouse's form, which no SQL parser here knows), if `sql` is one.
 pub fn check_command(sql: &str) -> Result<Option<Command>, QueryError> {
-    if !crate::sql_text::mentions(sql, "check") {
+    let table = one_table_command(sql, "check", "CHECK TABLE", "reads them all")?;
+    Ok(table.map(|table| Command::Check { table }))
+}
+
+/// `REPAIR TABLE t` (MySQL's name; no SQL parser here knows it), if `sql` is one.
+pub fn repair_command(sql: &str) -> Result<Option<Command>, QueryError> {
+    let table = one_table_command(sql, "repair", "REPAIR TABLE", "repairs them all")?;
+    Ok(table.map(|table| Command::Repair { table }))
+}
+
+/// The table of `<verb> TABLE [public.]t`, if `sql` is one; `all` ends the message refusing a
+/// PARTITION or PART ("reads them all").
+fn one_table_command(sql: &str, verb: &str, name: &str, all: &str) -> Result<Option<String>, QueryError> {
+    if !crate::sql_text::mentions(sql, verb) {
         return Ok(None);
     }
     let words = settings::leading_words(sql, 6)?;
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {
-        ["check", "table", table] | ["check", "table", "public", ".", table] => {
-            Ok(Some(Command::Check { table: table.trim_matches('"').to_string() }))
+        [v, "table", table] | [v, "table", "public", ".", table] if *v == verb => {
+            Ok(Some(table.trim_matches('"').to_string()))
         }
-        ["check", "table", schema, ".", _] => Err(QueryError::Rejected(format!(
-            "CHECK TABLE: tables live in the default schema, public; {schema} has no sharded tables"
+        [v, "table", schema, ".", _] if *v == verb => Err(QueryError::Rejected(format!(
+            "{name}: tables live in the default schema, public; {schema} has no sharded tables"
         ))),
-        ["check", "table", ..] => Err(QueryError::Rejected(
-            "expected CHECK TABLE <table> naming one table (PARTITION and PART are not supported: a table's only \
-             division is its shards, and CHECK TABLE reads them all)"
-                .into(),
-        )),
+        [v, "table", ..] if *v == verb => Err(QueryError::Rejected(format!(
+            "expected {name} <table> naming one table (PARTITION and PART are not supported: a table's only \
+             division is its shards, and {name} {all})"
+        ))),
         _ => Ok(None),
     }
 }
@@ -457,6 +474,23 @@ mod tests {
         for bad in ["CHECK TABLE", "CHECK TABLE t PARTITION 1", "CHECK TABLE a, b"] {
             let err = check_command(bad).expect_err(bad);
             assert!(err.to_string().contains("expected CHECK TABLE <table>"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn repair_table_is_recognised_and_checked() {
+        let cmd = repair_command("repair table Sales;").expect("parse");
+        assert!(matches!(cmd, Some(Command::Repair { table }) if table == "sales"));
+        let cmd = repair_command("REPAIR TABLE public.\"Sales\"").expect("parse");
+        assert!(matches!(cmd, Some(Command::Repair { table }) if table == "Sales"));
+        assert!(repair_command("CHECK TABLE t").expect("parse").is_none());
+        assert!(check_command("REPAIR TABLE t").expect("parse").is_none());
+        let err = repair_command("REPAIR TABLE system.tables").expect_err("not sharded");
+        assert!(err.to_string().starts_with("REPAIR TABLE: tables live in the default schema"), "{err}");
+        for bad in ["REPAIR TABLE", "REPAIR TABLE t PARTITION 1", "repair table a, b"] {
+            let err = repair_command(bad).expect_err(bad);
+            assert!(err.to_string().contains("expected REPAIR TABLE <table>"), "{bad}: {err}");
+            assert!(err.to_string().ends_with("REPAIR TABLE repairs them all)"), "{bad}: {err}");
         }
     }
 

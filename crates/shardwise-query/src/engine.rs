@@ -90,6 +90,7 @@ impl Planned {
             Action::Command(Command::Check { .. }) => crate::check_table::schema(
                 settings::current(self.state.config_options()).check_query_single_value_result.0,
             ),
+            Action::Command(Command::Repair { .. }) => crate::check_table::repair_schema(),
             Action::Command(_) => Arc::new(Schema::empty()),
         }
     }
@@ -105,12 +106,12 @@ impl Planned {
     }
 
     /// True for a statement run for its effect rather than its rows: DDL, `INSERT`, `SET`,
-    /// `SYSTEM FLUSH`, `KILL QUERY` (not `CHECK TABLE`, which answers rows). Front ends whose
+    /// `SYSTEM FLUSH`, `KILL QUERY` (not `CHECK TABLE` or `REPAIR TABLE`, which answer rows). Front ends whose
     /// protocol runs a query only when its result is fetched (Flight SQL) run these at once
     /// instead.
     pub fn runs_for_effect(&self) -> bool {
         match &self.action {
-            Action::Command(Command::Check { .. }) => false,
+            Action::Command(Command::Check { .. } | Command::Repair { .. }) => false,
             Action::Command(_) => true,
             Action::Plan(plan) => matches!(
                 plan,
@@ -539,22 +540,23 @@ impl QueryEngine {
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;
         let session = Arc::clone(session);
-        // Statements no SQL parser knows: KILL QUERY, EXCHANGE TABLES, SYSTEM FLUSH DISTRIBUTED,
-        // CHECK TABLE.
-        let mut command = ddl::kill_command(&body)?;
-        if command.is_none() {
-            command = ddl::exchange_command(&body)?;
-        }
-        if command.is_none() {
-            command = ddl::flush_command(&body)?;
+        // Statements no SQL parser knows, each with what it needs sharded tables for (if it does).
+        type Recognise = fn(&str) -> Result<Option<Command>, QueryError>;
+        let recognisers: [(Recognise, Option<&str>); 5] = [
+            (ddl::kill_command, None),
+            (ddl::exchange_command, None),
+            (ddl::flush_command, Some("SYSTEM FLUSH DISTRIBUTED")),
+            (ddl::check_command, Some("CHECK TABLE")),
+            (ddl::repair_command, Some("REPAIR TABLE")),
+        ];
+        let mut command = None;
+        for (recognise, needs_tables) in recognisers {
+            command = recognise(&body)?;
             if command.is_some() {
-                self.access("SYSTEM FLUSH DISTRIBUTED")?;
-            }
-        }
-        if command.is_none() {
-            command = ddl::check_command(&body)?;
-            if command.is_some() {
-                self.access("CHECK TABLE")?;
+                if let Some(what) = needs_tables {
+                    self.access(what)?;
+                }
+                break;
             }
         }
         if let Some(command) = command {
@@ -909,6 +911,11 @@ impl QueryEngine {
             Command::Check { table } => {
                 let rows = access.check_table(&table, Duration::from_millis(current.check_timeout_ms)).await?;
                 crate::check_table::answer(&rows, current.check_query_single_value_result.0).map(Some)
+            }
+            Command::Repair { table } => {
+                let timeout = Duration::from_millis(current.repair_timeout_ms);
+                let rows = access.repair_table(&table, timeout, current.repair_rebuild_rank).await?;
+                crate::check_table::repair_answer(&rows).map(Some)
             }
             Command::Kill { .. } => Ok(None),
         }

@@ -103,8 +103,8 @@ pub mod using_joins;
 pub mod view_keys;
 
 pub use access::{
-    FragmentOutcome, FragmentReport, InsertOptions, RemoteRows, ReplicaCheckRow, ShardData, ShardReplicaRow,
-    SyncQueueRow, TableAccess,
+    FragmentOutcome, FragmentReport, InsertOptions, RemoteRows, ReplicaCheckRow, ReplicaRepairRow, ShardData,
+    ShardReplicaRow, SyncQueueRow, TableAccess,
 };
 pub use engine::{Planned, QueryEngine};
 pub use error::QueryError;

@@ -43,6 +43,13 @@ extensions_options! {
         pub check_query_single_value_result: Flag, default = Flag(true)
         /// How long `CHECK TABLE` waits for each node to read and checksum its replicas.
         pub check_timeout_ms: u64, default = 600_000
+        /// How long each step of `REPAIR TABLE` may take on each node: delivering the table's
+        /// queued rows, reading the replicas, copying one replica to another.
+        pub repair_timeout_ms: u64, default = 600_000
+        /// The rank whose replicas `REPAIR TABLE` rebuilds from the other replicas of their
+        /// shards even where no majority shows them different (two replicas that differ): the
+        /// node whose disk was replaced or whose table files were lost.
+        pub repair_rebuild_rank: Option<u64>, default = None
         /// ClickHouse's setting: 0 merges partial aggregates on the initiator; 1 runs the whole
         /// query on every shard and concatenates; 2 does as 1, then ORDER BY and LIMIT on the
         /// initiator. Other non-zero values act as 1.
@@ -108,6 +115,8 @@ pub const SETTING_NAMES: &[&str] = &[
     "optimize_timeout_ms",
     "check_query_single_value_result",
     "check_timeout_ms",
+    "repair_timeout_ms",
+    "repair_rebuild_rank",
     "distributed_group_by_no_merge",
     "optimize_distributed_group_by_sharding_key",
     "optimize_skip_unused_shards",

@@ -15,6 +15,11 @@
 //!   [`OptimizeReply`](crate::tables::optimize::OptimizeReply)).
 //! - `DoAction("check")`: a JSON [`CheckRequest`]; reads and checksums this node's replicas of
 //!   the table for `CHECK TABLE`, and counts its rows queued here.
+//! - `DoAction("repair_fence" | "repair_drain" | "repair_install" | "repair_unfence")`: the steps
+//!   of rebuilding a replica for `REPAIR TABLE` (JSON requests and replies; `tables/repair.rs`).
+//! - `DoAction("repair_image")`: a JSON [`ReplicaRef`]; replies with this node's replica of it as
+//!   a stream of results: a JSON image header, then the rows as Arrow IPC in chunks of at most
+//!   [`REPAIR_IMAGE_CHUNK_BYTES`].
 //! - `DoAction("shards")`, `DoAction("sync_queues")`: this node's figures, as JSON.
 //!
 //! Every call must carry the cluster credential ([`DataPlaneAuth`]); a call without it, or from
@@ -39,8 +44,24 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::codec::ShipRequest;
 use crate::tables::check::CheckRequest;
 use crate::tables::optimize::OptimizeRequest;
+use crate::tables::repair::{DrainRequest, FenceRequest, REPAIR_IMAGE_CHUNK_BYTES, ReplicaRef};
 use crate::tables::stats::FlushRequest;
 use crate::tables::{DataPlaneAuth, TablesNode};
+
+/// The `DoAction` types this service knows.
+const ACTIONS: [&str; 11] = [
+    "apply",
+    "check",
+    "flush",
+    "optimize",
+    "repair_drain",
+    "repair_fence",
+    "repair_image",
+    "repair_install",
+    "repair_unfence",
+    "shards",
+    "sync_queues",
+];
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -243,21 +264,45 @@ impl FlightService for DataPlane {
                 let reply = self.tables.check_local(&req).await.map_err(to_status)?;
                 Ok(one_result(json(&reply)?))
             }
+            "repair_fence" | "repair_unfence" | "repair_install" => {
+                let req: FenceRequest = serde_json::from_slice(&action.body)
+                    .map_err(|e| Status::invalid_argument(format!("bad {} request: {e}", action.r#type)))?;
+                let reply = match action.r#type.as_str() {
+                    "repair_fence" => self.tables.repair_fence(&req).await,
+                    "repair_unfence" => self.tables.repair_unfence(&req).await,
+                    _ => self.tables.repair_install(&req).await,
+                };
+                Ok(one_result(json(&reply.map_err(to_status)?)?))
+            }
+            "repair_drain" => {
+                let req: DrainRequest = serde_json::from_slice(&action.body)
+                    .map_err(|e| Status::invalid_argument(format!("bad repair_drain request: {e}")))?;
+                Ok(one_result(json(&self.tables.repair_drain(&req).await.map_err(to_status)?)?))
+            }
+            "repair_image" => {
+                let req: ReplicaRef = serde_json::from_slice(&action.body)
+                    .map_err(|e| Status::invalid_argument(format!("bad repair_image request: {e}")))?;
+                let (header, rows) = self.tables.repair_image(&req).await.map_err(to_status)?;
+                let mut results = vec![json(&header)?];
+                results.extend(rows.chunks(REPAIR_IMAGE_CHUNK_BYTES).map(<[u8]>::to_vec));
+                let results = results.into_iter().map(|body| Ok(arrow_flight::Result { body: body.into() }));
+                Ok(Response::new(Box::pin(futures::stream::iter(results))))
+            }
             "shards" => {
                 let stats = self.tables.local_shard_stats().await.map_err(to_status)?;
                 Ok(one_result(json(&stats)?))
             }
             "sync_queues" => Ok(one_result(json(&self.tables.local_queue_rows())?)),
             other => Err(Status::invalid_argument(format!(
-                "unknown data plane action {other:?}; known: apply, check, flush, optimize, shards, sync_queues"
+                "unknown data plane action {other:?}; known: {}",
+                ACTIONS.join(", ")
             ))),
         }
     }
 
     async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
         self.check(&request)?;
-        let actions = ["apply", "check", "flush", "optimize", "shards", "sync_queues"]
-            .map(|a| Ok(ActionType { r#type: a.to_string(), description: String::new() }));
+        let actions = ACTIONS.map(|a| Ok(ActionType { r#type: a.to_string(), description: String::new() }));
         Ok(Response::new(Box::pin(futures::stream::iter(actions))))
     }
 

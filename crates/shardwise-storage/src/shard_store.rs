@@ -399,6 +399,11 @@ impl ShardStore {
         self.retired.get_or_insert_with(|| why.into());
     }
 
+    /// Whether the store was set aside ([`Self::retire`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired.is_some()
+    }
+
     /// The first error that failed the store, if it has failed.
     pub fn failure(&self) -> Option<&str> {
         self.failure.as_deref()

@@ -151,6 +151,15 @@ impl TableAccess for LocalShuffle {
     ) -> BoxFuture<'_, Result<Vec<crate::access::ReplicaCheckRow>, QueryError>> {
         self.inner.check_table(table, timeout)
     }
+
+    fn repair_table(
+        &self,
+        table: &str,
+        timeout: Duration,
+        rebuild_rank: Option<u64>,
+    ) -> BoxFuture<'_, Result<Vec<crate::access::ReplicaRepairRow>, QueryError>> {
+        self.inner.repair_table(table, timeout, rebuild_rank)
+    }
 }
 
 #[cfg(test)]

@@ -114,4 +114,12 @@ impl TableAccess for OneShard {
     ) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::ReplicaCheckRow>, QueryError>> {
         refused()
     }
+    fn repair_table(
+        &self,
+        _: &str,
+        _: std::time::Duration,
+        _: Option<u64>,
+    ) -> shardwise_cluster::BoxFuture<'_, Result<Vec<crate::access::ReplicaRepairRow>, QueryError>> {
+        refused()
+    }
 }

@@ -141,14 +141,18 @@ impl TablesNode {
         let mut reads = Vec::new();
         for shard in 0..entry.def.shards {
             for (replica, rank) in entry.def.replica_ranks(shard, self.world_size).into_iter().enumerate() {
-                let content = match replies.get(&rank) {
-                    Some(Ok(reply)) => reply.replicas.get(&shard).cloned().unwrap_or_else(|| {
-                        Err(format!("rank {rank} did not report its replica (its catalog places it elsewhere)"))
-                    }),
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Err(format!("rank {rank} was not asked")),
+                let (content, replica_fault) = match replies.get(&rank) {
+                    Some(Ok(reply)) => match reply.replicas.get(&shard) {
+                        Some(content) => (content.clone(), content.is_err()),
+                        None => (
+                            Err(format!("rank {rank} did not report its replica (its catalog places it elsewhere)")),
+                            false,
+                        ),
+                    },
+                    Some(Err(e)) => (Err(e.to_string()), false),
+                    None => (Err(format!("rank {rank} was not asked")), false),
                 };
-                reads.push(ReplicaRead { shard, replica: replica as u32, rank, content });
+                reads.push(ReplicaRead { shard, replica: replica as u32, rank, content, replica_fault });
             }
         }
         Ok(compare(table, reads, &queued_rows))

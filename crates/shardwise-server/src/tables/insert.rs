@@ -178,9 +178,12 @@ impl TablesNode {
     ) -> Result<(), QueryError> {
         let node = self.me.upgrade().ok_or_else(|| QueryError::Unavailable("the node is stopping".into()))?;
         let entry = entry.clone();
-        tokio::spawn(async move { node.write_immediate(&entry, placed, quorum).await })
-            .await
-            .map_err(|e| QueryError::Storage(format!("insert task failed: {e}")))?
+        tokio::spawn(async move {
+            let _writing = node.immediate_writes.read().await;
+            node.write_immediate(&entry, placed, quorum).await
+        })
+        .await
+        .map_err(|e| QueryError::Storage(format!("insert task failed: {e}")))?
     }
 
     /// Splits a chunk by shard and groups the shards by the ranks that hold them. Each shard's

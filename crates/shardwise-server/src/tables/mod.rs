@@ -21,6 +21,7 @@ mod locks;
 pub mod optimize;
 pub mod peers;
 mod reopen;
+pub mod repair;
 mod sender;
 pub mod stats;
 
@@ -33,8 +34,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use shardwise_cluster::{BoxFuture, ClusterView, MetadataSnapshot, NodeState};
 use shardwise_query::dist::TableSample;
 use shardwise_query::{
-    FragmentReport, InsertOptions, QueryError, RemoteRows, ReplicaCheckRow, ShardData, ShardReplicaRow, SyncQueueRow,
-    TableAccess,
+    FragmentReport, InsertOptions, QueryError, RemoteRows, ReplicaCheckRow, ReplicaRepairRow, ShardData,
+    ShardReplicaRow, SyncQueueRow, TableAccess,
 };
 use shardwise_storage::{Catalog, CatalogEntry, CatalogOp, Outbox, OutboxOptions, RealFs, ShardStore};
 use tokio::sync::watch;
@@ -105,6 +106,11 @@ pub struct TablesNode {
     pub(crate) recent_members: insert::RecentMembers,
     /// This node, for the tasks it starts that must outlive a request (an insert's replica writes).
     me: std::sync::Weak<TablesNode>,
+    /// Replicas being rebuilt (`REPAIR TABLE`), which take no reads or writes meanwhile.
+    fences: Mutex<HashMap<StoreKey, repair::Fence>>,
+    /// Held (shared) by each `immediate` insert's replica writes, hand-offs included: a repair
+    /// takes it alone for a moment to wait for those under way (`repair.rs`).
+    pub(crate) immediate_writes: tokio::sync::RwLock<()>,
 }
 
 /// The destinations that hold the outbox's pending bytes: `rank 1 123456 bytes, ...`.
@@ -172,6 +178,8 @@ impl TablesNode {
             catalog: Mutex::new((snapshot.version, Arc::new(catalog))),
             recent_members: insert::RecentMembers::default(),
             me: me.clone(),
+            fences: Mutex::new(HashMap::new()),
+            immediate_writes: tokio::sync::RwLock::new(()),
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));
@@ -256,10 +264,20 @@ impl TablesNode {
             )));
         }
         let key = (entry.id, entry.generation, shard);
+        // A replica being rebuilt: Unavailable, so a query reads another replica and a delayed
+        // shipment holds its rows back for later.
+        let fenced = |why| QueryError::Unavailable(why);
+        if let Some(why) = self.fenced(key) {
+            return Err(fenced(why));
+        }
         if let Some(s) = lock(&self.stores).get(&key) {
             return Ok(Arc::clone(s));
         }
         let _opening = self.opening.lock().await;
+        // Fenced while this call waited: it must not open a store that takes writes.
+        if let Some(why) = self.fenced(key) {
+            return Err(fenced(why));
+        }
         if let Some(s) = lock(&self.stores).get(&key) {
             return Ok(Arc::clone(s));
         }
@@ -277,6 +295,7 @@ impl TablesNode {
         let opts = self.settings.shard_store_options();
         let (name, shard) = (entry.def.name.clone(), key.2);
         let opened = blocking(move || {
+            repair::finish_swap(&dir)?;
             ShardStore::open(dir, Arc::new(RealFs), schema, opts)
                 .map_err(|e| QueryError::Storage(format!("table {name} shard {shard}: {e}")))
         })
@@ -485,7 +504,11 @@ impl TablesNode {
             for (key, store) in n.open_stores() {
                 // A store that failed takes nothing until it is reopened; its failure was logged
                 // when it happened (and `/health` names it), not once a second after.
-                if lock(&store).failure().is_some() {
+                let set_aside = {
+                    let guard = lock(&store);
+                    guard.failure().is_some() || guard.is_retired()
+                };
+                if set_aside {
                     n.reopen_if_due(key, &store).await;
                     continue;
                 }
@@ -694,6 +717,16 @@ impl TableAccess for TablesNode {
     fn check_table(&self, table: &str, timeout: Duration) -> BoxFuture<'_, Result<Vec<ReplicaCheckRow>, QueryError>> {
         let table = table.to_string();
         Box::pin(async move { self.check_cluster(&table, timeout).await })
+    }
+
+    fn repair_table(
+        &self,
+        table: &str,
+        timeout: Duration,
+        rebuild_rank: Option<u64>,
+    ) -> BoxFuture<'_, Result<Vec<ReplicaRepairRow>, QueryError>> {
+        let table = table.to_string();
+        Box::pin(async move { self.repair_cluster(&table, timeout, rebuild_rank).await })
     }
 }
 

@@ -195,6 +195,24 @@ impl Peers {
         self.action_on(Lane::Requests, rank, kind, body, timeout).await
     }
 
+    /// Runs a data plane action on `rank` whose reply is a stream of results (a replica image):
+    /// every result body, in order.
+    pub async fn action_all(
+        &self,
+        rank: u32,
+        kind: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<bytes::Bytes>, QueryError> {
+        let call = || async {
+            let mut client = self.client(rank, Lane::Requests).await?;
+            let req = self.request(Action { r#type: kind.to_string(), body: body.clone().into() }, Some(timeout))?;
+            let stream = client.do_action(req).await.map_err(|s| status_error(rank, kind, s))?.into_inner();
+            stream.map_ok(|r| r.body).try_collect().await.map_err(|s| status_error(rank, kind, s))
+        };
+        self.once_more_if_moved(rank, Lane::Requests, call).await
+    }
+
     /// [`Peers::action`] on `lane`.
     async fn action_on(
         &self,

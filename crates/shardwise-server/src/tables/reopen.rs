@@ -43,6 +43,11 @@ impl TablesNode {
         };
         let (name, shard) = (entry.def.name.clone(), key.2);
         let _opening = self.opening.lock().await;
+        // Being rebuilt: the repair reopens or replaces it. A fence that lapsed is forgotten.
+        if self.fenced(key).is_some() {
+            return;
+        }
+        self.forget_lapsed_fence(key);
         let opened = self.open_store(entry, key).await;
         match opened {
             Ok(reopened) => {

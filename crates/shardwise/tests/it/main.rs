@@ -13,5 +13,6 @@ mod liveness;
 mod load;
 mod local;
 mod queries;
+mod repair_table;
 mod sql_client;
 mod tables;

@@ -1,0 +1,748 @@
+//! `REPAIR TABLE t`: every replica that `CHECK TABLE` fails (damaged, its files gone, or
+//! different from a majority of its shard's replicas) is rebuilt from one that passed.
+//!
+//! # Exactly once
+//!
+//! A rebuilt replica B is given the rows and dedup state of a source replica A ([`ReplicaImage`]).
+//! Every delayed insert reaches both replicas under the same (origin, seq), and each origin
+//! delivers to each node in seq order, so B then drops, as duplicates, exactly the pieces A
+//! already holds: those with a seq at or below A's high-water mark for their origin. Nothing
+//! is lost if A holds everything B ever acknowledged, which the steps below make sure of:
+//!
+//! 1. **Fence B** (on B's node): its store is retired ([`ShardStore::retire`], under the lock
+//!    every apply holds, so one under way finishes first) and the replica refuses writes and
+//!    reads: delayed shipments for it are held back by their senders and sent again later, an
+//!    `immediate` insert counts it as a replica that failed, a query reads another replica. From
+//!    here on B acknowledges nothing.
+//! 2. **Drain to A** (on every node): each node notes its outbox's next seq and waits until it has
+//!    delivered to A's node every item of the table below it. Whatever B acknowledged was queued
+//!    before step 1, so A now has it too.
+//! 3. **Install** (on B's node): B's node fetches A's image (taken under A's lock, at one instant),
+//!    checks it against its content checksum, writes it as a new store beside the old one
+//!    (`shard-<s>.rebuild`: one part, then a manifest with the dedup state, each fsynced), and swaps
+//!    the directories (below). Then the fence is lifted: the held-back shipments arrive, and the
+//!    new store applies exactly those A did not hold.
+//!
+//! Any node that cannot do its step (down, not answering within `repair_timeout_ms`) stops the
+//! rebuild of that replica, and the fence is lifted with the old store reopened from its files,
+//! as it was. A fence also lapses by itself ([`fence_lease`]), so an initiator that died part-way
+//! does not keep a replica fenced; an install that comes after its fence lapsed is refused.
+//!
+//! # The directory swap, and a crash during it
+//!
+//! `shard-<s>.rebuild` is complete and durable before the swap starts. Then: `shard-<s>` is
+//! renamed to `shard-<s>.replaced`, `shard-<s>.rebuild` to `shard-<s>`, each followed by an fsync
+//! of the table's directory, and `shard-<s>.replaced` is deleted. [`finish_swap`], run before
+//! every open of a store, completes or undoes a swap a crash cut short: with `shard-<s>` in place
+//! the other two are leftovers to delete; without it, a `.replaced` beside a `.rebuild` means the
+//! crash came between the renames, and the (complete) rebuild is renamed into place.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use shardwise_cluster::NodeState;
+use shardwise_query::{QueryError, ReplicaCheckRow, ReplicaRepairRow};
+use shardwise_storage::{CatalogEntry, ImageHeader, RealFs, ReplicaImage, ShardStore};
+
+use super::stats::PeerShare;
+use super::{StoreKey, TablesNode, blocking, lock, lock_from_runtime, outbox_key_incarnation, storage_error};
+
+/// An image travels in results of at most this many bytes (far below the data plane's message
+/// limit, so that no single message is large).
+pub const REPAIR_IMAGE_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// How often a drain looks at the outbox again.
+const DRAIN_POLL_MS: u64 = 20;
+
+/// How long a fence lasts without being lifted: the two steps after it each get `timeout`, plus
+/// this much.
+const FENCE_LEASE_EXTRA_MS: u64 = 10_000;
+
+/// How long a fence set for a repair whose steps each take up to `timeout` lasts (`None`: no
+/// end that an `Instant` can hold).
+fn fence_lease(timeout: Duration) -> Option<Instant> {
+    let lease = timeout.checked_mul(2)?.checked_add(Duration::from_millis(FENCE_LEASE_EXTRA_MS))?;
+    Instant::now().checked_add(lease)
+}
+
+/// One shard replica of one table incarnation, as the initiator's catalog names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaRef {
+    pub table_id: u64,
+    pub generation: u64,
+    pub catalog_version: u64,
+    pub shard: u32,
+}
+
+/// `repair_fence`, `repair_unfence` and `repair_install` requests (the last with `source`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceRequest {
+    pub replica: ReplicaRef,
+    /// Names this repair's fence: only it lifts it or installs under it.
+    pub token: String,
+    pub timeout_ms: u64,
+    /// The rank whose replica to copy (install only).
+    #[serde(default)]
+    pub source: Option<u32>,
+}
+
+/// A `repair_drain` request: deliver every queued item of the table below this node's next seq
+/// to `dests` (every destination when `None`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    pub table_id: u64,
+    pub generation: u64,
+    pub dests: Option<Vec<u32>>,
+    pub timeout_ms: u64,
+}
+
+/// What a node that was asked did: `rows` of the replica (fence: before; install: after), or
+/// why it could not (drain: what is still pending).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RepairReply {
+    pub rows: Option<u64>,
+    pub pending: Option<String>,
+}
+
+/// A fenced replica on this node.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    token: String,
+    until: Option<Instant>,
+    why: String,
+}
+
+impl Fence {
+    fn live(&self) -> bool {
+        self.until.is_none_or(|until| Instant::now() < until)
+    }
+}
+
+/// The directory a rebuilt replica of `dir` (`.../shard-<s>`) is written in before the swap.
+fn rebuild_dir(dir: &Path) -> PathBuf {
+    dir.with_extension("rebuild")
+}
+
+/// Where the replaced replica of `dir` goes during the swap.
+fn replaced_dir(dir: &Path) -> PathBuf {
+    dir.with_extension("replaced")
+}
+
+fn io_error(what: &str, path: &Path, e: impl std::fmt::Display) -> QueryError {
+    QueryError::Storage(format!("{what} {}: {e}", path.display()))
+}
+
+fn sync_parent(dir: &Path) -> Result<(), QueryError> {
+    match dir.parent() {
+        Some(parent) => shardwise_cluster::datadir::sync_dir(parent).map_err(storage_error),
+        None => Ok(()),
+    }
+}
+
+fn remove_if_there(path: &Path) -> Result<bool, QueryError> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error("remove", path, e)),
+    }
+}
+
+/// Completes or undoes a swap of a rebuilt replica into `dir` that a crash cut short (see the
+/// module doc); does nothing when there is none. Blocking.
+pub(crate) fn finish_swap(dir: &Path) -> Result<(), QueryError> {
+    let (rebuild, replaced) = (rebuild_dir(dir), replaced_dir(dir));
+    if !dir.exists() && replaced.exists() {
+        // Between the renames: the rebuild was complete before the first.
+        let back = if rebuild.exists() { &rebuild } else { &replaced };
+        std::fs::rename(back, dir).map_err(|e| io_error("rename into place", back, e))?;
+        sync_parent(dir)?;
+        tracing::warn!(dir = %dir.display(), "finished the swap of a rebuilt shard replica that a crash interrupted");
+    }
+    let mut removed = remove_if_there(&replaced)?;
+    removed |= remove_if_there(&rebuild)?;
+    if removed {
+        sync_parent(dir)?;
+    }
+    Ok(())
+}
+
+/// Puts the complete, durable `rebuild_dir(dir)` in place of `dir` (see the module doc).
+/// Blocking.
+fn swap_in(dir: &Path) -> Result<(), QueryError> {
+    let (rebuild, replaced) = (rebuild_dir(dir), replaced_dir(dir));
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(|e| io_error("create", dir, e))?;
+        sync_parent(dir)?;
+    }
+    std::fs::rename(dir, &replaced).map_err(|e| io_error("rename", dir, e))?;
+    sync_parent(dir)?;
+    std::fs::rename(&rebuild, dir).map_err(|e| io_error("rename", &rebuild, e))?;
+    sync_parent(dir)?;
+    remove_if_there(&replaced)?;
+    sync_parent(dir)
+}
+
+impl TablesNode {
+    /// Why the replica of `key` takes no reads or writes now, if it is fenced for a rebuild.
+    pub(crate) fn fenced(&self, key: StoreKey) -> Option<String> {
+        lock(&self.fences).get(&key).filter(|f| f.live()).map(|f| f.why.clone())
+    }
+
+    /// Forgets the fence of `key` if it lapsed (its repair died part-way); the caller holds
+    /// `opening` and is about to reopen the store.
+    pub(crate) fn forget_lapsed_fence(&self, key: StoreKey) {
+        let mut fences = lock(&self.fences);
+        if fences.get(&key).is_some_and(|f| !f.live()) {
+            fences.remove(&key);
+        }
+    }
+
+    /// The table entry and store key a repair request names, checking this node holds it.
+    async fn replica_here(&self, r: &ReplicaRef) -> Result<(CatalogEntry, StoreKey), QueryError> {
+        let entry = self.incarnation_at(r.table_id, r.generation, r.catalog_version).await?;
+        if !entry.def.replica_ranks(r.shard, self.world_size).contains(&self.rank) {
+            return Err(QueryError::Rejected(format!(
+                "rank {} holds no replica of table {} shard {}",
+                self.rank, entry.def.name, r.shard
+            )));
+        }
+        Ok((entry, (r.table_id, r.generation, r.shard)))
+    }
+
+    /// Step 1 on the rebuilt replica's node: fence it and retire its store.
+    pub async fn repair_fence(&self, req: &FenceRequest) -> Result<RepairReply, QueryError> {
+        let (entry, key) = self.replica_here(&req.replica).await?;
+        let why = format!(
+            "rank {}: its replica of table {} shard {} is being rebuilt (REPAIR TABLE)",
+            self.rank, entry.def.name, key.2
+        );
+        let _opening = self.opening.lock().await;
+        {
+            let mut fences = lock(&self.fences);
+            if let Some(other) = fences.get(&key).filter(|f| f.live() && f.token != req.token) {
+                return Err(QueryError::Rejected(format!("{}; wait for it to end", other.why)));
+            }
+            let until = fence_lease(Duration::from_millis(req.timeout_ms));
+            fences.insert(key, Fence { token: req.token.clone(), until, why: why.clone() });
+        }
+        let Some(store) = lock(&self.stores).get(&key).cloned() else { return Ok(RepairReply::default()) };
+        let rows = blocking(move || {
+            let mut guard = lock(&store);
+            guard.retire(why);
+            Ok(guard.stats().rows)
+        })
+        .await?;
+        Ok(RepairReply { rows: Some(rows), pending: None })
+    }
+
+    /// Lifts this repair's fence (if it is still there) without installing anything: the old
+    /// store is reopened from its files, as it was before the fence.
+    pub async fn repair_unfence(&self, req: &FenceRequest) -> Result<RepairReply, QueryError> {
+        let (entry, key) = self.replica_here(&req.replica).await?;
+        let _opening = self.opening.lock().await;
+        {
+            let mut fences = lock(&self.fences);
+            if fences.get(&key).is_none_or(|f| f.token != req.token) {
+                return Ok(RepairReply::default());
+            }
+            fences.remove(&key);
+        }
+        self.reopen_retired(&entry, key).await
+    }
+
+    /// Reopens the store of `key` from its files in place of a retired one (the caller holds
+    /// `opening`).
+    async fn reopen_retired(&self, entry: &CatalogEntry, key: StoreKey) -> Result<RepairReply, QueryError> {
+        let current = lock(&self.stores).get(&key).cloned();
+        let retired = match &current {
+            Some(store) => lock(store).is_retired(),
+            None => true,
+        };
+        if !retired {
+            return Ok(RepairReply::default());
+        }
+        let reopened = self.open_store(entry, key).await?;
+        let rows = reopened.stats().rows;
+        lock(&self.stores).insert(key, Arc::new(std::sync::Mutex::new(reopened)));
+        lock(&self.reopen_attempts).remove(&key);
+        Ok(RepairReply { rows: Some(rows), pending: None })
+    }
+
+    /// Step 2 on every node: waits until the table's items queued here before now have reached
+    /// `req.dest` (every destination when `None`), up to the timeout; names what is left.
+    pub async fn repair_drain(&self, req: &DrainRequest) -> Result<RepairReply, QueryError> {
+        let incarnation = Some((req.table_id, req.generation));
+        let timeout = Duration::from_millis(req.timeout_ms);
+        let deadline = Instant::now().checked_add(timeout);
+        // `immediate` inserts under way finish first: one that wrote the fenced replica before
+        // its fence may still be queueing a hand-off for a replica that missed its piece.
+        if tokio::time::timeout(timeout, self.immediate_writes.write()).await.is_err() {
+            return Ok(RepairReply {
+                rows: None,
+                pending: Some(format!("rank {}: immediate inserts under way did not finish", self.rank)),
+            });
+        }
+        let below = lock_from_runtime(&self.outbox).next_seq();
+        let dests: Vec<u32> = match &req.dests {
+            Some(dests) => dests.clone(),
+            None => (0..self.world_size).collect(),
+        };
+        loop {
+            let waiting: Vec<u32> = {
+                let outbox = lock_from_runtime(&self.outbox);
+                let first = |dest| outbox.first_pending_seq(dest, |key| outbox_key_incarnation(key) == incarnation);
+                dests.iter().copied().filter(|dest| first(*dest).is_some_and(|seq| seq < below)).collect()
+            };
+            if waiting.is_empty() {
+                return Ok(RepairReply::default());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let lines: Vec<String> = waiting
+                    .iter()
+                    .map(|dest| {
+                        let key = lock_from_runtime(&self.outbox)
+                            .stats()
+                            .into_keys()
+                            .find(|(k, d)| d == dest && outbox_key_incarnation(k) == incarnation);
+                        let last = key.and_then(|(k, _)| self.senders.last_error_noted(*dest, &k));
+                        let last = last.map(|e| format!(" ({e})")).unwrap_or_default();
+                        format!(
+                            "rank {} -> rank {dest}: rows queued before the repair began are not delivered{last}",
+                            self.rank
+                        )
+                    })
+                    .collect();
+                return Ok(RepairReply { rows: None, pending: Some(lines.join("; ")) });
+            }
+            self.senders.hurry_all();
+            tokio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
+        }
+    }
+
+    /// On the source replica's node: its image, encoded (header, then the rows as Arrow IPC).
+    pub async fn repair_image(&self, r: &ReplicaRef) -> Result<(ImageHeader, Vec<u8>), QueryError> {
+        let (entry, key) = self.replica_here(r).await?;
+        let store = self.store(&entry, key.2).await?;
+        let image = {
+            let guard = lock(&store);
+            let not_read = |why: String| {
+                QueryError::Unavailable(format!(
+                    "rank {}: its replica of table {} shard {} cannot be copied: {why}",
+                    self.rank, entry.def.name, key.2
+                ))
+            };
+            if let Some(why) = guard.unreadable() {
+                return Err(not_read(why));
+            }
+            let missing = guard.missing_files().map_err(|e| not_read(e.to_string()))?;
+            if !missing.is_empty() {
+                return Err(not_read(format!("its files {} are gone", missing.join(", "))));
+            }
+            guard.image()
+        };
+        let schema = Arc::clone(&entry.def.schema);
+        self.background.blocking(move || image.encode(&schema).map_err(storage_error)).await
+    }
+
+    /// Step 3 on the rebuilt replica's node: copies the source's image, writes it beside the
+    /// fenced replica, swaps it in and lifts the fence.
+    pub async fn repair_install(&self, req: &FenceRequest) -> Result<RepairReply, QueryError> {
+        let (entry, key) = self.replica_here(&req.replica).await?;
+        let Some(source) = req.source else {
+            return Err(QueryError::Rejected("repair_install without a source rank".into()));
+        };
+        let lapsed = || {
+            QueryError::Unavailable(format!(
+                "rank {}: the fence of table {} shard {} lapsed or was lifted before its rebuild was installed \
+                 (repair_timeout_ms = {} ms); nothing was changed",
+                self.rank, entry.def.name, key.2, req.timeout_ms
+            ))
+        };
+        let holds_fence = || lock(&self.fences).get(&key).is_some_and(|f| f.token == req.token && f.live());
+        if !holds_fence() {
+            return Err(lapsed());
+        }
+        let body = serde_json::to_vec(&req.replica).map_err(storage_error)?;
+        let timeout = Duration::from_millis(req.timeout_ms);
+        let results = self.peers.action_all(source, "repair_image", body, timeout).await?;
+        let mut results = results.into_iter();
+        let header: ImageHeader = match results.next() {
+            Some(first) => serde_json::from_slice(&first).map_err(|e| {
+                QueryError::Unavailable(format!("rank {source} answered repair_image with a malformed header: {e}"))
+            })?,
+            None => return Err(QueryError::Unavailable(format!("rank {source}: repair_image: no reply"))),
+        };
+        let rows: Vec<u8> = results.flat_map(|chunk| chunk.to_vec()).collect();
+        let dir = self.store_dir(key);
+        let (schema, opts) = (Arc::clone(&entry.def.schema), self.settings.shard_store_options());
+        let rebuild = rebuild_dir(&dir);
+        let written = self.background.blocking(move || {
+            let image = ReplicaImage::decode(header, &rows, &schema).map_err(storage_error)?;
+            remove_if_there(&rebuild)?;
+            let store = ShardStore::create_from_image(&rebuild, Arc::new(RealFs), schema, opts, &image);
+            Ok(store.map_err(storage_error)?.stats().rows)
+        });
+        let rows = written.await?;
+        let _opening = self.opening.lock().await;
+        if !holds_fence() {
+            let rebuild = rebuild_dir(&dir);
+            blocking(move || remove_if_there(&rebuild)).await?;
+            return Err(lapsed());
+        }
+        lock(&self.fences).remove(&key);
+        let swap_dir = dir.clone();
+        if let Err(e) = blocking(move || swap_in(&swap_dir)).await {
+            // Whatever the swap left, the next open sorts it out (`finish_swap`).
+            let _ = self.reopen_retired(&entry, key).await;
+            return Err(e);
+        }
+        let reopened = self.reopen_retired(&entry, key).await?;
+        tracing::warn!(table = %entry.def.name, shard = key.2, source, rows, "shard replica rebuilt from another replica");
+        Ok(RepairReply { rows: reopened.rows.or(Some(rows)), pending: None })
+    }
+
+    /// `REPAIR TABLE`: delivers the table's queued rows, checks it, then rebuilds each replica
+    /// [`plan`] names, one at a time; every step bounded by `timeout` on each node.
+    pub(crate) async fn repair_cluster(
+        &self,
+        table: &str,
+        timeout: Duration,
+        rebuild_rank: Option<u64>,
+    ) -> Result<Vec<ReplicaRepairRow>, QueryError> {
+        let (catalog_version, entry) = self.entry(table)?;
+        let rebuild_rank = match rebuild_rank {
+            Some(rank) if rank >= u64::from(self.world_size) => {
+                return Err(QueryError::Rejected(format!(
+                    "repair_rebuild_rank = {rank}: the cluster's ranks are 0 to {}",
+                    self.world_size - 1
+                )));
+            }
+            rank => rank.map(|r| r as u32),
+        };
+        // Rows on their way are delivered first (by the nodes that are up, to those that are
+        // up), so that they do not count as differences.
+        let members = self.cluster.members().await;
+        let up: Vec<u32> = (0..self.world_size)
+            .filter(|rank| !members.iter().any(|m| m.rank == *rank && m.state == NodeState::Down))
+            .collect();
+        let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        let dests = Some(up.clone());
+        let drain = DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms };
+        self.drain_on(&up, &drain, timeout).await?;
+        let checked = self.check_cluster(table, timeout).await?;
+        let mut out = Vec::with_capacity(checked.len());
+        for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank)) {
+            let source = match decision {
+                Decision::Rebuild(source) => Some(source),
+                _ => None,
+            };
+            let outcome = match decision {
+                Decision::Keep => Ok(None),
+                Decision::Leave(why) => Err(why),
+                Decision::Rebuild(source) => {
+                    let replica = ReplicaRef {
+                        table_id: entry.id,
+                        generation: entry.generation,
+                        catalog_version,
+                        shard: row.shard,
+                    };
+                    let rebuilt = self.rebuild(&entry, replica, row.rank, source, timeout).await;
+                    rebuilt.map(Some).map_err(|e| e.to_string())
+                }
+            };
+            out.push(repair_row(row, source, outcome));
+        }
+        Ok(out)
+    }
+
+    /// Rebuilds the replica on `target` from the one on `source` (the module doc's steps).
+    async fn rebuild(
+        &self,
+        entry: &CatalogEntry,
+        replica: ReplicaRef,
+        target: u32,
+        source: u32,
+        timeout: Duration,
+    ) -> Result<u64, QueryError> {
+        let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let fence = FenceRequest { replica: replica.clone(), token, timeout_ms, source: None };
+        self.ask(target, "repair_fence", &fence, timeout, self.repair_fence(&fence)).await?;
+        let drain =
+            DrainRequest { table_id: entry.id, generation: entry.generation, dests: Some(vec![source]), timeout_ms };
+        let install = FenceRequest { source: Some(source), ..fence.clone() };
+        let all: Vec<u32> = (0..self.world_size).collect();
+        let result = match self.drain_on(&all, &drain, timeout).await {
+            Ok(()) => self.ask(target, "repair_install", &install, timeout, self.repair_install(&install)).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(reply) => Ok(reply.rows.unwrap_or_default()),
+            Err(e) => {
+                if let Err(lift) =
+                    self.ask(target, "repair_unfence", &fence, timeout, self.repair_unfence(&fence)).await
+                {
+                    tracing::warn!(table = %entry.def.name, shard = replica.shard, target, "could not lift the fence: {lift}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Step 2 on `ranks` at once; an error names each node that could not finish it.
+    async fn drain_on(&self, ranks: &[u32], req: &DrainRequest, timeout: Duration) -> Result<(), QueryError> {
+        let calls = ranks.iter().map(|rank| self.ask(*rank, "repair_drain", req, timeout, self.repair_drain(req)));
+        let mut left = Vec::new();
+        for reply in futures::future::join_all(calls).await {
+            match reply {
+                Ok(RepairReply { pending: Some(pending), .. }) => left.push(pending),
+                Ok(_) => {}
+                Err(e) => left.push(e.to_string()),
+            }
+        }
+        match left.is_empty() {
+            true => Ok(()),
+            false => Err(QueryError::Unavailable(format!(
+                "rows of the table queued before the repair began could not all be delivered within \
+                 repair_timeout_ms = {} ms: {}",
+                timeout.as_millis(),
+                left.join("; ")
+            ))),
+        }
+    }
+
+    /// A repair step on `rank` ([`TablesNode::share_on`]).
+    async fn ask<T: serde::de::DeserializeOwned>(
+        &self,
+        rank: u32,
+        kind: &str,
+        req: &impl Serialize,
+        timeout: Duration,
+        local: impl std::future::Future<Output = Result<T, QueryError>>,
+    ) -> Result<T, QueryError> {
+        let body = serde_json::to_vec(req).map_err(storage_error)?;
+        let members = self.cluster.members().await;
+        let known_down = members.iter().any(|m| m.rank == rank && m.state == NodeState::Down);
+        let share = PeerShare {
+            kind,
+            body,
+            timeout,
+            setting: "repair_timeout_ms",
+            known_down,
+            if_down: ", so the repair cannot go on",
+            unknown: ", so the repair cannot go on",
+        };
+        self.share_on(rank, share, local).await
+    }
+}
+
+/// What `REPAIR TABLE` does with one replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Decision {
+    /// It passed the check.
+    Keep,
+    /// Copy the replica on this rank over it.
+    Rebuild(u32),
+    /// It failed the check, and nothing says which replica to copy: why.
+    Leave(String),
+}
+
+/// The decision for each of `rows` (a check's answer, grouped by shard): a replica that failed
+/// is rebuilt from one of its shard that passed, one not on `rebuild_rank` first. Where none
+/// passed (two replicas that differ), the replicas on `rebuild_rank` are rebuilt from the
+/// shard's others that were read, if those agree; otherwise the replica is left as it is.
+fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
+    let content = |r: &ReplicaCheckRow| r.rows.zip(r.checksum);
+    rows.iter()
+        .map(|row| {
+            if row.is_passed {
+                return Decision::Keep;
+            }
+            // Unread because its node did not answer: what it holds is unknown, and it may be
+            // the only right copy (the one read may be a replica that lost its files).
+            if row.rows.is_none() && !row.replica_fault {
+                return Decision::Leave(format!(
+                    "its node did not let it be read, so what it holds is unknown; run REPAIR TABLE again when rank {} \
+                     answers",
+                    row.rank
+                ));
+            }
+            let shard: Vec<&ReplicaCheckRow> = rows.iter().filter(|o| o.shard == row.shard).collect();
+            let passed = shard.iter().filter(|o| o.is_passed && o.rank != row.rank);
+            let mut passed: Vec<u32> = passed.map(|o| o.rank).collect();
+            passed.sort_by_key(|rank| Some(*rank) == rebuild_rank);
+            if let Some(source) = passed.first() {
+                return Decision::Rebuild(*source);
+            }
+            let hint = format!(
+                "no replica of shard {} passed the check, so nothing says which is right: if the replicas on one \
+                 rank lost rows (its disk was replaced, its files removed), SETTINGS repair_rebuild_rank = <that \
+                 rank> rebuilds them from the others; if an insert failed part-way, retry it with its insert_id",
+                row.shard
+            );
+            if rebuild_rank != Some(row.rank) {
+                return Decision::Leave(hint);
+            }
+            let others: Vec<&&ReplicaCheckRow> =
+                shard.iter().filter(|o| o.rank != row.rank && content(o).is_some()).collect();
+            match others.first() {
+                Some(first) if others.iter().all(|o| content(o) == content(first)) => {
+                    match content(row) == content(first) {
+                        true => Decision::Keep,
+                        false => Decision::Rebuild(first.rank),
+                    }
+                }
+                Some(_) => Decision::Leave(format!(
+                    "the replicas of shard {} on other ranks than repair_rebuild_rank differ too, so none can be \
+                     copied",
+                    row.shard
+                )),
+                None => Decision::Leave(format!(
+                    "no other replica of shard {} was read, so there is nothing to copy",
+                    row.shard
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The answer row of one replica: what its check said and what the repair did.
+fn repair_row(row: &ReplicaCheckRow, source: Option<u32>, outcome: Result<Option<u64>, String>) -> ReplicaRepairRow {
+    let (action, source_rank, rows, message) = match outcome {
+        Ok(None) => ("none", None, row.rows, row.message.clone()),
+        Ok(Some(rows)) => ("rebuilt", source, Some(rows), format!("was: {}", check_said(row))),
+        Err(e) => ("failed", source, row.rows, format!("{e} (the check said: {})", check_said(row))),
+    };
+    ReplicaRepairRow {
+        shard: row.shard,
+        replica: row.replica,
+        rank: row.rank,
+        action: action.to_string(),
+        source_rank,
+        rows,
+        message,
+    }
+}
+
+fn check_said(row: &ReplicaCheckRow) -> String {
+    let rows = row.rows.map(|r| format!("{r} rows; ")).unwrap_or_default();
+    format!("{rows}{}", row.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn tree(root: &Path) -> BTreeMap<String, Vec<String>> {
+        let mut out = BTreeMap::new();
+        for dir in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let files = std::fs::read_dir(dir.path()).into_iter().flatten().flatten();
+            let names = files.map(|f| f.file_name().to_string_lossy().to_string()).collect();
+            out.insert(dir.file_name().to_string_lossy().to_string(), names);
+        }
+        out
+    }
+
+    fn make(dir: &Path, file: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(file), b"x").unwrap();
+    }
+
+    /// A checked replica; unread ones (`content` `None`) were damaged.
+    fn row(shard: u32, rank: u32, content: Option<(u64, u64)>, is_passed: bool) -> ReplicaCheckRow {
+        ReplicaCheckRow {
+            shard,
+            replica: 0,
+            rank,
+            rows: content.map(|c| c.0),
+            checksum: content.map(|c| c.1),
+            is_passed,
+            message: String::new(),
+            replica_fault: content.is_none(),
+        }
+    }
+
+    #[test]
+    fn failed_replicas_are_rebuilt_from_passed_ones_and_without_a_majority_only_when_told() {
+        use Decision::{Keep, Leave, Rebuild};
+        let leave = |d: &Decision| matches!(d, Leave(_));
+        // Shard 0: the majority passes, the odd one is copied over from one of it. Shard 1: an
+        // unread (damaged) replica beside one that passed.
+        let rows = [
+            row(0, 0, Some((5, 1)), true),
+            row(0, 1, Some((5, 1)), true),
+            row(0, 2, Some((4, 2)), false),
+            row(1, 1, None, false),
+            row(1, 2, Some((3, 3)), true),
+        ];
+        assert_eq!(plan(&rows, None), [Keep, Keep, Rebuild(0), Rebuild(2), Keep]);
+        // A source not on the rank named to rebuild comes first.
+        let rows = [row(0, 0, Some((5, 1)), true), row(0, 1, Some((5, 1)), true), row(0, 2, None, false)];
+        assert_eq!(plan(&rows, Some(0)), [Keep, Keep, Rebuild(1)]);
+        // Two replicas that differ: left, unless one's rank is named; then it is rebuilt from
+        // the other.
+        let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((0, 0)), false)];
+        let decided = plan(&rows, None);
+        assert!(decided.iter().all(leave), "{decided:?}");
+        let Leave(why) = &decided[0] else { unreachable!() };
+        assert!(why.contains("repair_rebuild_rank"), "{why}");
+        let decided = plan(&rows, Some(2));
+        assert!(leave(&decided[0]), "{decided:?}");
+        assert_eq!(decided[1], Rebuild(0));
+        // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
+        let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
+        assert!(plan(&rows, Some(2)).iter().all(leave));
+        // Nothing read: nothing to copy.
+        let rows = [row(0, 1, None, false), row(0, 2, None, false)];
+        let decided = plan(&rows, Some(2));
+        assert!(decided.iter().all(leave), "nothing read, nothing to copy: {decided:?}");
+        // A replica whose node did not answer is left, even beside one that passed: the one
+        // read may be the copy that lost rows.
+        let unanswered = ReplicaCheckRow { replica_fault: false, ..row(0, 0, None, false) };
+        let decided = plan(&[unanswered, row(0, 2, Some((0, 0)), true)], None);
+        assert!(leave(&decided[0]) && decided[1] == Keep, "{decided:?}");
+        let Leave(why) = &decided[0] else { unreachable!() };
+        assert!(why.contains("when rank 0 answers"), "{why}");
+    }
+
+    #[test]
+    fn a_swap_cut_short_at_any_point_is_completed_or_undone() {
+        let root = std::env::temp_dir().join(format!("shardwise-swap-{}", uuid::Uuid::new_v4().simple()));
+        let dir = root.join("shard-0");
+        let want_new = BTreeMap::from([("shard-0".to_string(), vec!["new".to_string()])]);
+        let want_old = BTreeMap::from([("shard-0".to_string(), vec!["old".to_string()])]);
+        // Before the first rename (rebuild written, maybe partly): the old replica stays.
+        make(&dir, "old");
+        make(&rebuild_dir(&dir), "new");
+        finish_swap(&dir).unwrap();
+        assert_eq!(tree(&root), want_old);
+        // Between the renames: the rebuild goes in.
+        std::fs::rename(&dir, replaced_dir(&dir)).unwrap();
+        make(&rebuild_dir(&dir), "new");
+        finish_swap(&dir).unwrap();
+        assert_eq!(tree(&root), want_new);
+        // After the second rename, before the old one was deleted.
+        make(&replaced_dir(&dir), "old");
+        finish_swap(&dir).unwrap();
+        assert_eq!(tree(&root), want_new);
+        // A whole swap, and one into a replica that never had a directory.
+        make(&rebuild_dir(&dir), "newer");
+        swap_in(&dir).unwrap();
+        assert_eq!(tree(&root), BTreeMap::from([("shard-0".to_string(), vec!["newer".to_string()])]));
+        std::fs::remove_dir_all(&dir).unwrap();
+        make(&rebuild_dir(&dir), "new");
+        swap_in(&dir).unwrap();
+        assert_eq!(tree(&root), want_new);
+        // Nothing to do.
+        finish_swap(&dir).unwrap();
+        assert_eq!(tree(&root), want_new);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
