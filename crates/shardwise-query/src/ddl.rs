@@ -1,7 +1,7 @@
 //! The statements shardwise runs itself instead of handing them to DataFusion: `CREATE TABLE ...
 //! WITH (...)` (also `... AS SELECT`), `DROP TABLE`, `TRUNCATE TABLE`, `SHOW TABLES`, `SHOW CREATE
 //! TABLE t` (a query of `system.tables`), `SYSTEM FLUSH DISTRIBUTED t` (also `FLUSH TABLE t`),
-//! `OPTIMIZE TABLE t [FINAL]` and `CHECK TABLE t`.
+//! `OPTIMIZE TABLE t [FINAL]`, `CHECK TABLE t` and `REPAIR TABLE t`.
 //! Each becomes a [`Command`] that does nothing until executed, or a statement for DataFusion.
 //!
 //! `CREATE TABLE` borrows DataFusion for the column list: the statement is planned without its

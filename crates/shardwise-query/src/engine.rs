@@ -876,7 +876,7 @@ impl QueryEngine {
         Err(e.prefixed(&format!("CREATE TABLE {name} AS SELECT: the insert failed ({outcome}): ")))
     }
 
-    /// Runs a statement shardwise executes itself; `CHECK TABLE` answers rows, the others none.
+    /// Runs a statement shardwise executes itself; `CHECK TABLE` and `REPAIR TABLE` answer rows, the others none.
     async fn run_command(
         &self,
         command: Command,
