@@ -106,12 +106,12 @@ impl Planned {
     }
 
     /// True for a statement run for its effect rather than its rows: DDL, `INSERT`, `SET`,
-    /// `SYSTEM FLUSH`, `KILL QUERY` (not `CHECK TABLE` or `REPAIR TABLE`, which answer rows). Front ends whose
-    /// protocol runs a query only when its result is fetched (Flight SQL) run these at once
-    /// instead.
+    /// `SYSTEM FLUSH`, `KILL QUERY`, `REPAIR TABLE` (not `CHECK TABLE`, which only reads).
+    /// Front ends whose protocol runs a query only when its result is fetched (Flight SQL) run
+    /// these at once instead, and a read-only request (an HTTP GET) refuses them.
     pub fn runs_for_effect(&self) -> bool {
         match &self.action {
-            Action::Command(Command::Check { .. } | Command::Repair { .. }) => false,
+            Action::Command(Command::Check { .. }) => false,
             Action::Command(_) => true,
             Action::Plan(plan) => matches!(
                 plan,

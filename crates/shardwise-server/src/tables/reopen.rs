@@ -47,6 +47,11 @@ impl TablesNode {
         if self.fenced(key).is_some() {
             return;
         }
+        // Replaced meanwhile (every swap holds `opening`): opening its files a second time, beside
+        // the store that now uses them, could remove a part that store is writing.
+        if !lock(&self.stores).get(&key).is_some_and(|current| Arc::ptr_eq(current, store)) {
+            return;
+        }
         self.forget_lapsed_fence(key);
         let opened = self.open_store(entry, key).await;
         match opened {

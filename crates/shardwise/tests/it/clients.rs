@@ -646,6 +646,9 @@ fn every_http_route_with_curl() {
     let (code, body) =
         curl(&[&format!("{base}/?query=SELECT%20count(*)%20FROM%20system.tables%20WHERE%20name%3D%27g%27")]);
     assert_eq!((code, body.as_str()), (200, "{\"count(*)\":0}\n"), "the GET created nothing");
+    // REPAIR TABLE answers rows but changes replicas: not through a GET either (CHECK TABLE is).
+    let (code, body) = curl(&[&format!("{base}/?query=REPAIR%20TABLE%20g")]);
+    assert!(code == 405 && body.contains("a GET runs only statements that read"), "{code} {body}");
     // Lists and structs as JSON (CSV has no nested values); an empty string quoted, NULL empty,
     // so the two read back apart.
     let nested = "SELECT [1, NULL] AS l, named_struct('a', 1) AS s, '' AS e, CAST(NULL AS VARCHAR) AS n";
