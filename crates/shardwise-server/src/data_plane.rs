@@ -283,9 +283,12 @@ impl FlightService for DataPlane {
                 let req: ReplicaRef = serde_json::from_slice(&action.body)
                     .map_err(|e| Status::invalid_argument(format!("bad repair_image request: {e}")))?;
                 let (header, rows) = self.tables.repair_image(&req).await.map_err(to_status)?;
-                let mut results = vec![json(&header)?];
-                results.extend(rows.chunks(REPAIR_IMAGE_CHUNK_BYTES).map(<[u8]>::to_vec));
-                let results = results.into_iter().map(|body| Ok(arrow_flight::Result { body: body.into() }));
+                // Slices of the one encoded buffer, not copies.
+                let rows = bytes::Bytes::from(rows);
+                let chunks = (0..rows.len()).step_by(REPAIR_IMAGE_CHUNK_BYTES);
+                let chunks = chunks.map(move |at| rows.slice(at..rows.len().min(at + REPAIR_IMAGE_CHUNK_BYTES)));
+                let results = std::iter::once(bytes::Bytes::from(json(&header)?)).chain(chunks);
+                let results = results.map(|body| Ok(arrow_flight::Result { body }));
                 Ok(Response::new(Box::pin(futures::stream::iter(results))))
             }
             "shards" => {

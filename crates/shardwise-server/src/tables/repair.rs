@@ -123,6 +123,24 @@ impl Fence {
     }
 }
 
+/// Reads the chunks of an image's rows one after the other.
+struct Chunks(std::collections::VecDeque<bytes::Bytes>);
+
+impl std::io::Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(front) = self.0.front_mut() {
+            if front.is_empty() {
+                self.0.pop_front();
+                continue;
+            }
+            let n = buf.len().min(front.len());
+            buf[..n].copy_from_slice(&front.split_to(n));
+            return Ok(n);
+        }
+        Ok(0)
+    }
+}
+
 /// The directory a rebuilt replica of `dir` (`.../shard-<s>`) is written in before the swap.
 fn rebuild_dir(dir: &Path) -> PathBuf {
     dir.with_extension("rebuild")
@@ -377,12 +395,13 @@ impl TablesNode {
             })?,
             None => return Err(QueryError::Unavailable(format!("rank {source}: repair_image: no reply"))),
         };
-        let rows: Vec<u8> = results.flat_map(|chunk| chunk.to_vec()).collect();
+        // Read in place, chunk after chunk: the image is not copied into one buffer first.
+        let rows = Chunks(results.collect());
         let dir = self.store_dir(key);
         let (schema, opts) = (Arc::clone(&entry.def.schema), self.settings.shard_store_options());
         let rebuild = rebuild_dir(&dir);
         let written = self.background.blocking(move || {
-            let image = ReplicaImage::decode(header, &rows, &schema).map_err(storage_error)?;
+            let image = ReplicaImage::decode(header, rows, &schema).map_err(storage_error)?;
             remove_if_there(&rebuild)?;
             let store = ShardStore::create_from_image(&rebuild, Arc::new(RealFs), schema, opts, &image);
             Ok(store.map_err(storage_error)?.stats().rows)
@@ -710,6 +729,35 @@ mod tests {
         assert!(leave(&decided[0]) && decided[1] == Keep, "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("when rank 0 answers"), "{why}");
+    }
+
+    #[test]
+    fn an_image_decodes_from_chunks_of_any_size() {
+        use datafusion::arrow::array::{Int64Array, RecordBatch};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let batches = (0..3)
+            .map(|i| {
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![Arc::new(Int64Array::from_iter_values(i * 100..i * 100 + 100))],
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let image = ReplicaImage {
+            batches,
+            hwm: BTreeMap::from([("o".into(), 7)]),
+            insert_ids: vec!["i".into()],
+            verified_placement: true,
+        };
+        let (header, rows) = image.encode(&schema).unwrap();
+        for size in [1, 7, 4096, rows.len()] {
+            let chunks = rows.chunks(size).map(bytes::Bytes::copy_from_slice).collect();
+            let decoded = ReplicaImage::decode(header.clone(), Chunks(chunks), &schema).unwrap();
+            let rows: usize = decoded.batches.iter().map(|b| b.num_rows()).sum();
+            assert_eq!((rows, decoded.hwm.get("o")), (300, Some(&7)), "chunks of {size}");
+        }
     }
 
     #[test]

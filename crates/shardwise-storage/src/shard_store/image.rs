@@ -78,8 +78,13 @@ impl ReplicaImage {
 
     /// An image from its header and IPC rows, which must have `schema`'s columns and the
     /// header's row count and checksum.
-    pub fn decode(header: ImageHeader, rows: &[u8], schema: &SchemaRef) -> Result<ReplicaImage, StorageError> {
-        let reader = StreamReader::try_new(rows, None).map_err(|e| invalid(format!("its rows do not decode: {e}")))?;
+    pub fn decode(
+        header: ImageHeader,
+        rows: impl std::io::Read,
+        schema: &SchemaRef,
+    ) -> Result<ReplicaImage, StorageError> {
+        let reader = StreamReader::try_new(std::io::BufReader::new(rows), None)
+            .map_err(|e| invalid(format!("its rows do not decode: {e}")))?;
         if reader.schema().fields() != schema.fields() {
             return Err(invalid(format!(
                 "its columns {:?} are not the table's {:?}",
@@ -180,7 +185,7 @@ mod tests {
         let store = source(&sim)?;
         let (header, rows) = store.image().encode(&schema())?;
         assert_eq!((header.content.rows, header.hwm.get("a"), header.hwm.get("b")), (40, Some(&4), Some(&9)));
-        let image = ReplicaImage::decode(header.clone(), &rows, &schema())?;
+        let image = ReplicaImage::decode(header.clone(), rows.as_slice(), &schema())?;
         let copy = ShardStore::create_from_image(COPY, Arc::new(sim.clone()), schema(), small_opts(), &image)?;
         assert_eq!(ids(&copy), (0..40).collect::<Vec<_>>());
         drop(copy);
@@ -209,7 +214,7 @@ mod tests {
         let (mut store, _) = ShardStore::open("/node/shards/t/0", Arc::new(sim.clone()), schema(), small_opts())?;
         store.apply(&[piece(0..0, Some("a"), Some(3), None)])?;
         let (header, rows) = store.image().encode(&schema())?;
-        let image = ReplicaImage::decode(header, &rows, &schema())?;
+        let image = ReplicaImage::decode(header, rows.as_slice(), &schema())?;
         drop(ShardStore::create_from_image(COPY, Arc::new(sim.clone()), schema(), small_opts(), &image)?);
         sim.power_loss();
         let (copy, _) = ShardStore::open(COPY, Arc::new(sim.clone()), schema(), small_opts())?;
@@ -224,7 +229,7 @@ mod tests {
         let (header, rows) = store.image().encode(&schema())?;
         let mut wrong = header.clone();
         wrong.content.checksum ^= 1;
-        let e = ReplicaImage::decode(wrong, &rows, &schema()).map(|_| ()).unwrap_err().to_string();
+        let e = ReplicaImage::decode(wrong, rows.as_slice(), &schema()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("damaged on the way"), "{e}");
         let e = ReplicaImage::decode(header.clone(), &rows[..rows.len() / 2], &schema()).map(|_| ());
         assert!(e.unwrap_err().to_string().contains("do not decode"));
@@ -233,10 +238,10 @@ mod tests {
             arrow::datatypes::DataType::Int64,
             true,
         )]));
-        let e = ReplicaImage::decode(header.clone(), &rows, &other).map(|_| ()).unwrap_err().to_string();
+        let e = ReplicaImage::decode(header.clone(), rows.as_slice(), &other).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("not the table's"), "{e}");
         // Into a directory that holds a store: refused, and the store is as it was.
-        let image = ReplicaImage::decode(header, &rows, &schema())?;
+        let image = ReplicaImage::decode(header, rows.as_slice(), &schema())?;
         drop(store);
         let target = "/node/shards/t/0";
         let e = ShardStore::create_from_image(target, Arc::new(sim.clone()), schema(), small_opts(), &image);
