@@ -461,8 +461,12 @@ impl TablesNode {
                 _ => None,
             };
             let outcome = match decision {
-                Decision::Keep => Ok(None),
-                Decision::Leave(why) => Err(why),
+                Decision::Keep => Outcome::Kept(row.message.clone()),
+                Decision::Reference(named) => Outcome::Kept(format!(
+                    "kept: the copy for rank {named}'s replica, named by repair_rebuild_rank (the check said: {})",
+                    check_said(row)
+                )),
+                Decision::Leave(why) => Outcome::Failed(why),
                 Decision::Rebuild(source) => {
                     let replica = ReplicaRef {
                         table_id: entry.id,
@@ -471,7 +475,7 @@ impl TablesNode {
                         shard: row.shard,
                     };
                     let rebuilt = self.rebuild(&entry, replica, row.rank, source, timeout).await;
-                    rebuilt.map(Some).map_err(|e| e.to_string())
+                    rebuilt.map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Rebuilt)
                 }
             };
             out.push(repair_row(row, source, outcome));
@@ -567,6 +571,9 @@ enum Decision {
     Keep,
     /// Copy the replica on this rank over it.
     Rebuild(u32),
+    /// It failed the check only by differing from the replica on `repair_rebuild_rank` (this
+    /// rank), which is made the same as it: kept.
+    Reference(u32),
     /// It failed the check, and nothing says which replica to copy: why.
     Leave(String),
 }
@@ -604,11 +611,19 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
                  rank> rebuilds them from the others; if an insert failed part-way, retry it with its insert_id",
                 row.shard
             );
-            if rebuild_rank != Some(row.rank) {
+            let Some(named) = rebuild_rank.filter(|r| shard.iter().any(|o| o.rank == *r)) else {
                 return Decision::Leave(hint);
-            }
+            };
             let others: Vec<&&ReplicaCheckRow> =
-                shard.iter().filter(|o| o.rank != row.rank && content(o).is_some()).collect();
+                shard.iter().filter(|o| o.rank != named && content(o).is_some()).collect();
+            if row.rank != named {
+                // One of the copies the named rank's replica is made the same as: kept.
+                let agree = others.iter().all(|o| content(o) == content(row));
+                return match agree && content(row).is_some() {
+                    true => Decision::Reference(named),
+                    false => Decision::Leave(hint),
+                };
+            }
             match others.first() {
                 Some(first) if others.iter().all(|o| content(o) == content(first)) => {
                     match content(row) == content(first) {
@@ -630,12 +645,22 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
         .collect()
 }
 
+/// What the repair did with one replica.
+enum Outcome {
+    /// Nothing; what there is to say.
+    Kept(String),
+    /// Rebuilt: its rows now.
+    Rebuilt(u64),
+    /// It failed the check and was not rebuilt: why.
+    Failed(String),
+}
+
 /// The answer row of one replica: what its check said and what the repair did.
-fn repair_row(row: &ReplicaCheckRow, source: Option<u32>, outcome: Result<Option<u64>, String>) -> ReplicaRepairRow {
+fn repair_row(row: &ReplicaCheckRow, source: Option<u32>, outcome: Outcome) -> ReplicaRepairRow {
     let (action, source_rank, rows, message) = match outcome {
-        Ok(None) => ("none", None, row.rows, row.message.clone()),
-        Ok(Some(rows)) => ("rebuilt", source, Some(rows), format!("was: {}", check_said(row))),
-        Err(e) => ("failed", source, row.rows, format!("{e} (the check said: {})", check_said(row))),
+        Outcome::Kept(message) => ("none", None, row.rows, message),
+        Outcome::Rebuilt(rows) => ("rebuilt", source, Some(rows), format!("was: {}", check_said(row))),
+        Outcome::Failed(e) => ("failed", source, row.rows, format!("{e} (the check said: {})", check_said(row))),
     };
     ReplicaRepairRow {
         shard: row.shard,
@@ -690,7 +715,7 @@ mod tests {
 
     #[test]
     fn failed_replicas_are_rebuilt_from_passed_ones_and_without_a_majority_only_when_told() {
-        use Decision::{Keep, Leave, Rebuild};
+        use Decision::{Keep, Leave, Rebuild, Reference};
         let leave = |d: &Decision| matches!(d, Leave(_));
         // Shard 0: the majority passes, the odd one is copied over from one of it. Shard 1: an
         // unread (damaged) replica beside one that passed.
@@ -712,9 +737,7 @@ mod tests {
         assert!(decided.iter().all(leave), "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("repair_rebuild_rank"), "{why}");
-        let decided = plan(&rows, Some(2));
-        assert!(leave(&decided[0]), "{decided:?}");
-        assert_eq!(decided[1], Rebuild(0));
+        assert_eq!(plan(&rows, Some(2)), [Reference(2), Rebuild(0)]);
         // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
         assert!(plan(&rows, Some(2)).iter().all(leave));

@@ -118,6 +118,12 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
     let done = rebuilt(&rows);
     assert_eq!(done.len(), 2, "{rows:?}");
     assert!(done.iter().all(|(_, rank, _)| rank == "1"), "{rows:?}");
+    // Their partners were the copies: kept, and said so.
+    let kept: Vec<&Vec<String>> =
+        rows.iter().filter(|r| r[6..].join(",").contains("kept: the copy for rank 1")).collect();
+    assert_eq!(kept.len(), 2, "{rows:?}");
+    assert!(kept.iter().all(|r| r[3] == "none"), "{rows:?}");
+    assert!(rows.iter().all(|r| r[3] != "failed"), "{rows:?}");
     assert_eq!(c.sql(0, "CHECK TABLE rp"), [["1"]]);
     counts(&c, "rp", 1000);
 
