@@ -108,9 +108,8 @@ pub struct TablesNode {
     me: std::sync::Weak<TablesNode>,
     /// Replicas being rebuilt (`REPAIR TABLE`), which take no reads or writes meanwhile.
     fences: Mutex<HashMap<StoreKey, repair::Fence>>,
-    /// Held (shared) by each `immediate` insert's replica writes, hand-offs included: a repair
-    /// takes it alone for a moment to wait for those under way (`repair.rs`).
-    pub(crate) immediate_writes: tokio::sync::RwLock<()>,
+    /// The `immediate` inserts whose replica writes are under way, for a repair to wait for.
+    pub(crate) immediate_writes: repair::ImmediateWrites,
 }
 
 /// The destinations that hold the outbox's pending bytes: `rank 1 123456 bytes, ...`.
@@ -179,7 +178,7 @@ impl TablesNode {
             recent_members: insert::RecentMembers::default(),
             me: me.clone(),
             fences: Mutex::new(HashMap::new()),
-            immediate_writes: tokio::sync::RwLock::new(()),
+            immediate_writes: repair::ImmediateWrites::default(),
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));

@@ -123,6 +123,46 @@ impl Fence {
     }
 }
 
+/// The `immediate` inserts of this node whose replica writes (hand-offs included) are under
+/// way, numbered as they start: a drain waits for those that started before it, without holding
+/// up those that start after.
+#[derive(Debug, Default)]
+pub(crate) struct ImmediateWrites {
+    next: std::sync::atomic::AtomicU64,
+    running: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+}
+
+/// One write under way; it ends when dropped.
+pub(crate) struct ImmediateWrite<'a> {
+    writes: &'a ImmediateWrites,
+    id: u64,
+}
+
+impl ImmediateWrites {
+    /// Notes a write that starts now.
+    pub(crate) fn start(&self) -> ImmediateWrite<'_> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        lock(&self.running).insert(id);
+        ImmediateWrite { writes: self, id }
+    }
+
+    /// The number the next write gets: every one started so far has a lower one.
+    fn next_id(&self) -> u64 {
+        self.next.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether a write numbered below `id` is still under way.
+    fn any_before(&self, id: u64) -> bool {
+        lock(&self.running).first().is_some_and(|first| *first < id)
+    }
+}
+
+impl Drop for ImmediateWrite<'_> {
+    fn drop(&mut self) {
+        lock(&self.writes.running).remove(&self.id);
+    }
+}
+
 /// Reads the chunks of an image's rows one after the other.
 struct Chunks(std::collections::VecDeque<bytes::Bytes>);
 
@@ -295,15 +335,19 @@ impl TablesNode {
     /// `req.dest` (every destination when `None`), up to the timeout; names what is left.
     pub async fn repair_drain(&self, req: &DrainRequest) -> Result<RepairReply, QueryError> {
         let incarnation = Some((req.table_id, req.generation));
-        let timeout = Duration::from_millis(req.timeout_ms);
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = Instant::now().checked_add(Duration::from_millis(req.timeout_ms));
         // `immediate` inserts under way finish first: one that wrote the fenced replica before
         // its fence may still be queueing a hand-off for a replica that missed its piece.
-        if tokio::time::timeout(timeout, self.immediate_writes.write()).await.is_err() {
-            return Ok(RepairReply {
-                rows: None,
-                pending: Some(format!("rank {}: immediate inserts under way did not finish", self.rank)),
-            });
+        let started_before = self.immediate_writes.next_id();
+        loop {
+            if !self.immediate_writes.any_before(started_before) {
+                break;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let pending = format!("rank {}: immediate inserts under way did not finish", self.rank);
+                return Ok(RepairReply { rows: None, pending: Some(pending) });
+            }
+            tokio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
         }
         let below = lock_from_runtime(&self.outbox).next_seq();
         let dests: Vec<u32> = match &req.dests {
@@ -752,6 +796,20 @@ mod tests {
         assert!(leave(&decided[0]) && decided[1] == Keep, "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("when rank 0 answers"), "{why}");
+    }
+
+    #[test]
+    fn a_drain_waits_for_the_immediate_writes_started_before_it_only() {
+        let writes = ImmediateWrites::default();
+        let first = writes.start();
+        let before = writes.next_id();
+        let second = writes.start();
+        assert!(writes.any_before(before));
+        drop(first);
+        assert!(!writes.any_before(before), "the one started later does not count");
+        assert!(writes.any_before(writes.next_id()));
+        drop(second);
+        assert!(!writes.any_before(writes.next_id()));
     }
 
     #[test]
