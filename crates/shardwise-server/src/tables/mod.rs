@@ -294,6 +294,7 @@ impl TablesNode {
         let opts = self.settings.shard_store_options();
         let (name, shard) = (entry.def.name.clone(), key.2);
         let opened = blocking(move || {
+            durable_parents(&dir)?;
             repair::finish_swap(&dir)?;
             ShardStore::open(dir, Arc::new(RealFs), schema, opts)
                 .map_err(|e| QueryError::Storage(format!("table {name} shard {shard}: {e}")))
@@ -550,6 +551,22 @@ pub(crate) fn outbox_key_incarnation(key: &str) -> Option<(u64, u64)> {
 pub(crate) fn outbox_key_entry<'a>(catalog: &'a Catalog, key: &str) -> Option<&'a CatalogEntry> {
     let (id, generation) = outbox_key_incarnation(key)?;
     catalog.by_id(id).filter(|e| e.generation == generation)
+}
+
+/// Makes the directories above a store's (`tables/t<id>-g<generation>/`, and `tables/`) exist
+/// durably: each is fsynced in its parent, so that a power cut after a store's first
+/// acknowledged write cannot take the whole table directory with it (the store itself fsyncs
+/// only its own entry in the table's directory). Blocking.
+fn durable_parents(store_dir: &Path) -> Result<(), QueryError> {
+    let Some(table_dir) = store_dir.parent() else { return Ok(()) };
+    std::fs::create_dir_all(table_dir).map_err(|e| storage_error(format!("create {}: {e}", table_dir.display())))?;
+    let mut dir = table_dir;
+    for _ in 0..2 {
+        let Some(parent) = dir.parent() else { break };
+        shardwise_cluster::datadir::sync_dir(parent).map_err(storage_error)?;
+        dir = parent;
+    }
+    Ok(())
 }
 
 fn parse_table_dir(name: &str) -> Option<(u64, u64)> {

@@ -447,8 +447,15 @@ impl TablesNode {
         let written = self.background.blocking(move || {
             let image = ReplicaImage::decode(header, rows, &schema).map_err(storage_error)?;
             remove_if_there(&rebuild)?;
-            let store = ShardStore::create_from_image(&rebuild, Arc::new(RealFs), schema, opts, &image);
-            Ok(store.map_err(storage_error)?.stats().rows)
+            match ShardStore::create_from_image(&rebuild, Arc::new(RealFs), schema, opts, &image) {
+                Ok(store) => Ok(store.stats().rows),
+                Err(e) => {
+                    // A full disk, say: what was written goes (a crash instead leaves it to the
+                    // next open of the replica, `finish_swap`).
+                    let _ = remove_if_there(&rebuild);
+                    Err(storage_error(e))
+                }
+            }
         });
         let rows = written.await?;
         let _opening = self.opening.lock().await;
