@@ -902,22 +902,82 @@ impl QueryEngine {
                 self.create_table_as(def, if_not_exists, insert, state, sql, session).await.map(|()| None)
             }
             Command::Flush { table } => {
-                access.flush(&table, Duration::from_millis(current.flush_timeout_ms)).await.map(|()| None)
+                let work = async { access.flush(&table, Duration::from_millis(current.flush_timeout_ms)).await };
+                let note = "; the queued rows are still delivered in the background";
+                self.tracked(&sql, &current, &session, note, async { work.await.map(|()| None) }).await
             }
             Command::Optimize { table, all_parts } => {
                 let timeout = Duration::from_millis(current.optimize_timeout_ms);
-                access.optimize(&table, all_parts, timeout).await.map(|()| None)
+                let work = async { access.optimize(&table, all_parts, timeout).await.map(|()| None) };
+                let note = "; nodes already writing or merging their replicas finish that";
+                self.tracked(&sql, &current, &session, note, work).await
             }
             Command::Check { table } => {
-                let rows = access.check_table(&table, Duration::from_millis(current.check_timeout_ms)).await?;
-                crate::check_table::answer(&rows, current.check_query_single_value_result.0).map(Some)
+                let work = async {
+                    let rows = access.check_table(&table, Duration::from_millis(current.check_timeout_ms)).await?;
+                    crate::check_table::answer(&rows, current.check_query_single_value_result.0).map(Some)
+                };
+                self.tracked(&sql, &current, &session, "", work).await
             }
             Command::Repair { table } => {
-                let timeout = Duration::from_millis(current.repair_timeout_ms);
-                let rows = access.repair_table(&table, timeout, current.repair_rebuild_rank).await?;
-                crate::check_table::repair_answer(&rows).map(Some)
+                let work = async {
+                    let timeout = Duration::from_millis(current.repair_timeout_ms);
+                    let rows = access.repair_table(&table, timeout, current.repair_rebuild_rank).await?;
+                    crate::check_table::repair_answer(&rows).map(Some)
+                };
+                let note = "; a replica being rebuilt then is rebuilt to the end in the background (CHECK TABLE \
+                            shows where the repair stopped)";
+                self.tracked(&sql, &current, &session, note, work).await
             }
             Command::Kill { .. } => Ok(None),
+        }
+    }
+
+    /// Runs a command that may take long (SYSTEM FLUSH DISTRIBUTED, OPTIMIZE, CHECK and REPAIR
+    /// TABLE) as queries run: listed in `system.queries` while it runs (when its session is
+    /// recorded), stopped by `KILL QUERY` or at `max_execution_time_ms`, and its end recorded.
+    /// `note` says what stopping it leaves behind.
+    async fn tracked(
+        &self,
+        sql: &str,
+        current: &settings::ShardwiseSettings,
+        session: &Arc<Session>,
+        note: &str,
+        work: impl std::future::Future<Output = Result<Option<RecordBatch>, QueryError>>,
+    ) -> Result<Option<RecordBatch>, QueryError> {
+        if !session.is_recorded() {
+            return work.await;
+        }
+        let running = self.log.begin(sql, current.query_id.clone())?;
+        let limit_ms = current.max_execution_time_ms;
+        let deadline = async {
+            match limit_ms {
+                0 => std::future::pending::<()>().await,
+                ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+            }
+        };
+        let outcome = tokio::select! {
+            outcome = work => Ok(outcome),
+            () = running.killed() => Err(QueryError::Rejected(format!("{}{note}", crate::error::KILLED))),
+            () = deadline => Err(QueryError::Rejected(format!(
+                "{} = {limit_ms} and was stopped{note}",
+                crate::error::TIMED_OUT
+            ))),
+        };
+        match outcome {
+            Ok(outcome) => {
+                let rows = outcome.as_ref().map(|batch| batch.as_ref().map_or(0, |b| b.num_rows() as u64));
+                running.end(rows.map_err(|e| e.to_string()));
+                outcome
+            }
+            Err(stopped) if running.killed_now() => {
+                running.end(Err(stopped.to_string()));
+                Err(stopped)
+            }
+            Err(timed_out) => {
+                running.end_timed_out(timed_out.to_string());
+                Err(timed_out)
+            }
         }
     }
 }

@@ -495,6 +495,11 @@ impl RunningStatement {
         self.record(state, rows, error);
     }
 
+    /// Records it as stopped at its `max_execution_time_ms`, with `error`.
+    pub fn end_timed_out(mut self, error: String) {
+        self.record(QueryState::TimedOut, 0, Some(error));
+    }
+
     fn record(&mut self, state: QueryState, result_rows: u64, error: Option<String>) {
         self.ended = true;
         let Some(running) = lock(&self.log.running).remove(&self.query_id).map(|r| r.record) else { return };

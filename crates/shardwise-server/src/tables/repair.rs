@@ -525,7 +525,15 @@ impl TablesNode {
                         catalog_version,
                         shard: row.shard,
                     };
-                    let rebuilt = self.rebuild(&entry, replica, row.rank, source, timeout).await;
+                    // In a task of its own: a statement stopped part-way (KILL QUERY, its client
+                    // gone) does not leave the replica fenced until the fence lapses.
+                    let node =
+                        self.me.upgrade().ok_or_else(|| QueryError::Unavailable("the node is stopping".into()))?;
+                    let (entry, target) = (entry.clone(), row.rank);
+                    let rebuilt =
+                        tokio::spawn(async move { node.rebuild(&entry, replica, target, source, timeout).await });
+                    let rebuilt =
+                        rebuilt.await.unwrap_or_else(|e| Err(QueryError::Storage(format!("the rebuild failed: {e}"))));
                     rebuilt.map_or_else(|e| Outcome::Failed(e.to_string()), Outcome::Rebuilt)
                 }
             };

@@ -188,3 +188,37 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
     c.procs[2].signal("CONT");
     c.procs[2].drain(Duration::from_millis(100));
 }
+
+/// The statements that may take long (a flush waiting for a stopped node here) run as queries
+/// do: listed in `system.queries` while they run, stopped by `KILL QUERY` or at
+/// `max_execution_time_ms`, their end recorded.
+#[test]
+fn long_commands_are_listed_killable_and_bounded() {
+    let c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE fk (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed')");
+    c.procs[2].signal("STOP");
+    c.sql(1, "INSERT INTO fk SELECT value FROM generate_series(1, 100)");
+    let state = |id: &str| c.sql(1, &format!("SELECT state FROM system.queries WHERE query_id = '{id}'"));
+    std::thread::scope(|scope| {
+        let addr = c.addrs[1].clone();
+        let flush = scope.spawn(move || sql_csv(&addr, "SYSTEM FLUSH DISTRIBUTED fk SETTINGS query_id = 'fl-1'"));
+        eventually(Duration::from_secs(10), "the flush listed as running", || {
+            (state("fl-1") == [["running"]]).then_some(())
+        });
+        c.sql(1, "KILL QUERY WHERE query_id = 'fl-1'");
+        let err = flush.join().expect("flush thread").expect_err("a killed flush fails");
+        assert!(err.contains("stopped by KILL QUERY") && err.contains("still delivered in the background"), "{err}");
+    });
+    assert_eq!(state("fl-1"), [["killed"]]);
+    let started = std::time::Instant::now();
+    let err = c.sql_err(1, "SYSTEM FLUSH DISTRIBUTED fk SETTINGS max_execution_time_ms = 300, query_id = 'fl-2'");
+    assert!(err.contains("ran longer than max_execution_time_ms = 300"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert_eq!(state("fl-2"), [["timed_out"]]);
+    c.procs[2].signal("CONT");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED fk SETTINGS query_id = 'fl-3'");
+    assert_eq!(state("fl-3"), [["finished"]]);
+    let rows = c.sql(1, "CHECK TABLE fk SETTINGS query_id = 'ck-1'");
+    assert_eq!(rows, [["1"]]);
+    assert_eq!(c.sql(1, "SELECT state, result_rows FROM system.queries WHERE query_id = 'ck-1'"), [["finished", "1"]]);
+}
