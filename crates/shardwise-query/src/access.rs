@@ -113,8 +113,9 @@ pub struct ReplicaRepairRow {
     /// 0 for the shard's primary replica.
     pub replica: u32,
     pub rank: u32,
-    /// `none` (it passed the check), `rebuilt` (copied from `source_rank`), or `failed` (it did
-    /// not pass, and was not rebuilt: `message` says why).
+    /// `none` (it passed the check), `rebuilt` (copied from `source_rank`), `left` (it did not
+    /// pass, and nothing said which replica to copy over it) or `failed` (its rebuild did not
+    /// finish); `message` says why.
     pub action: String,
     /// The rank whose replica was (or was to be) copied.
     pub source_rank: Option<u32>,

@@ -399,6 +399,13 @@ impl ShardStore {
         self.retired.get_or_insert_with(|| why.into());
     }
 
+    /// Puts a retired store back in service, as it was: its memory still holds every row it
+    /// had (even rows whose files were removed from under it), which reopening its files might
+    /// not give back.
+    pub fn unretire(&mut self) {
+        self.retired = None;
+    }
+
     /// Whether the store was set aside ([`Self::retire`]).
     pub fn is_retired(&self) -> bool {
         self.retired.is_some()

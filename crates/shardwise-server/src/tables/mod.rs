@@ -379,6 +379,9 @@ impl TablesNode {
     /// directory the catalog has never made (a later id or generation) proves the catalog older
     /// than this node's data, as after a master lost its `metadata.json`: it is kept, and said.
     async fn remove_dropped(&self) -> bool {
+        // No store is opened or swapped in (a rebuild's, `repair.rs`) while the files of dropped
+        // incarnations are found and deleted: either could make a directory again.
+        let _opening = self.opening.lock().await;
         let (version, catalog) = self.catalog_now();
         let live: std::collections::HashSet<(u64, u64)> =
             catalog.tables.values().map(|e| (e.id, e.generation)).collect();

@@ -53,6 +53,13 @@ impl TablesNode {
             return;
         }
         self.forget_lapsed_fence(key);
+        // A store retired for a repair that died part-way (its fence lapsed): back in service as
+        // it was, not reopened (its files may be what was wrong with it).
+        if lock(store).failure().is_none() {
+            self.unretire(key);
+            lock(&self.reopen_attempts).remove(&key);
+            return;
+        }
         let opened = self.open_store(entry, key).await;
         match opened {
             Ok(reopened) => {

@@ -37,6 +37,7 @@
 //! the other two are leftovers to delete; without it, a `.replaced` beside a `.rebuild` means the
 //! crash came between the renames, and the (complete) rebuild is renamed into place.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +53,10 @@ use super::{StoreKey, TablesNode, blocking, lock, lock_from_runtime, outbox_key_
 /// An image travels in results of at most this many bytes (far below the data plane's message
 /// limit, so that no single message is large).
 pub const REPAIR_IMAGE_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+/// How many times `REPAIR TABLE` checks a table whose replicas differ before it judges them
+/// (`settled_check`).
+pub const REPAIR_CHECK_ROUNDS: usize = 3;
 
 /// How often a drain looks at the outbox again.
 const DRAIN_POLL_MS: u64 = 20;
@@ -299,9 +304,11 @@ impl TablesNode {
     }
 
     /// Lifts this repair's fence (if it is still there) without installing anything: the old
-    /// store is reopened from its files, as it was before the fence.
+    /// store goes back in service as it was before the fence. Not reopened from its files: they
+    /// may be what was wrong with it (removed from under the node, whose memory still holds the
+    /// rows), and a reopen would serve it with fewer rows than before the repair.
     pub async fn repair_unfence(&self, req: &FenceRequest) -> Result<RepairReply, QueryError> {
-        let (entry, key) = self.replica_here(&req.replica).await?;
+        let (_, key) = self.replica_here(&req.replica).await?;
         let _opening = self.opening.lock().await;
         {
             let mut fences = lock(&self.fences);
@@ -310,7 +317,16 @@ impl TablesNode {
             }
             fences.remove(&key);
         }
-        self.reopen_retired(&entry, key).await
+        Ok(RepairReply { rows: self.unretire(key), pending: None })
+    }
+
+    /// Puts the retired store of `key` back in service, if there is one; its rows. The caller
+    /// holds `opening`.
+    pub(crate) fn unretire(&self, key: StoreKey) -> Option<u64> {
+        let store = lock(&self.stores).get(&key).cloned()?;
+        let mut guard = lock(&store);
+        guard.unretire();
+        Some(guard.stats().rows)
     }
 
     /// Reopens the store of `key` from its files in place of a retired one (the caller holds
@@ -431,7 +447,12 @@ impl TablesNode {
         }
         let body = serde_json::to_vec(&req.replica).map_err(storage_error)?;
         let timeout = Duration::from_millis(req.timeout_ms);
-        let results = self.peers.action_all(source, "repair_image", body, timeout).await?;
+        let results = self.peers.action_all(source, "repair_image", body, timeout).await.map_err(|e| {
+            e.prefixed(&format!(
+                "copying rank {source}'s replica (within repair_timeout_ms = {} ms) failed: ",
+                req.timeout_ms
+            ))
+        })?;
         let mut results = results.into_iter();
         let header: ImageHeader = match results.next() {
             Some(first) => serde_json::from_slice(&first).map_err(|e| {
@@ -459,16 +480,27 @@ impl TablesNode {
         });
         let rows = written.await?;
         let _opening = self.opening.lock().await;
-        if !holds_fence() {
+        // Dropped or truncated meanwhile: its files go (`remove_dropped`, which holds `opening`
+        // while it deletes them, so it cannot run between this and the swap); no replica is
+        // made again in their place.
+        let live = self.is_live(key.0, key.1);
+        if !holds_fence() || !live {
             let rebuild = rebuild_dir(&dir);
             blocking(move || remove_if_there(&rebuild)).await?;
-            return Err(lapsed());
+            return Err(match live {
+                true => lapsed(),
+                false => QueryError::Rejected(format!(
+                    "table {} was dropped or truncated while its replica was rebuilt; nothing was installed",
+                    entry.def.name
+                )),
+            });
         }
         lock(&self.fences).remove(&key);
         let swap_dir = dir.clone();
         if let Err(e) = blocking(move || swap_in(&swap_dir)).await {
-            // Whatever the swap left, the next open sorts it out (`finish_swap`).
-            let _ = self.reopen_retired(&entry, key).await;
+            // The old store goes back in service as it was (its files may be what was wrong with
+            // it); whatever the swap left on disk, the next open sorts out (`finish_swap`).
+            self.unretire(key);
             return Err(e);
         }
         let reopened = self.reopen_retired(&entry, key).await?;
@@ -484,6 +516,13 @@ impl TablesNode {
         timeout: Duration,
         rebuild_rank: Option<u64>,
     ) -> Result<Vec<ReplicaRepairRow>, QueryError> {
+        if timeout.is_zero() {
+            return Err(QueryError::Rejected(
+                "repair_timeout_ms = 0: each step of a rebuild (delivering the queued rows, copying the replica) \
+                 takes time; give it at least 1 ms (the default is 600000)"
+                    .into(),
+            ));
+        }
         let (catalog_version, entry) = self.entry(table)?;
         let rebuild_rank = match rebuild_rank {
             Some(rank) if rank >= u64::from(self.world_size) => {
@@ -503,8 +542,7 @@ impl TablesNode {
         let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
         let dests = Some(up.clone());
         let drain = DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms };
-        self.drain_on(&up, &drain, timeout).await?;
-        let checked = self.check_cluster(table, timeout).await?;
+        let checked = self.settled_check(table, &up, &drain, timeout).await?;
         let mut out = Vec::with_capacity(checked.len());
         for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank)) {
             let source = match decision {
@@ -517,7 +555,7 @@ impl TablesNode {
                     "kept: the copy for rank {named}'s replica, named by repair_rebuild_rank (the check said: {})",
                     check_said(row)
                 )),
-                Decision::Leave(why) => Outcome::Failed(why),
+                Decision::Leave(why) => Outcome::Left(why),
                 Decision::Rebuild(source) => {
                     let replica = ReplicaRef {
                         table_id: entry.id,
@@ -538,6 +576,55 @@ impl TablesNode {
                 }
             };
             out.push(repair_row(row, source, outcome));
+        }
+        Ok(out)
+    }
+
+    /// The check `REPAIR TABLE` judges by. While the table is written, replicas read a moment
+    /// apart can differ by rows on their way to one of them; a replica that lost rows, or
+    /// holds rows the others never get, differs every time. So the table's queued rows are
+    /// delivered and it is checked up to [`REPAIR_CHECK_ROUNDS`] times: a shard whose replicas
+    /// agreed in any round is taken as it was then, and only shards that differed in every
+    /// round (or had a replica that could not be read) are judged on the last.
+    async fn settled_check(
+        &self,
+        table: &str,
+        up: &[u32],
+        drain: &DrainRequest,
+        timeout: Duration,
+    ) -> Result<Vec<ReplicaCheckRow>, QueryError> {
+        let mut agreed: BTreeMap<u32, Vec<ReplicaCheckRow>> = BTreeMap::new();
+        let mut last = Vec::new();
+        for _ in 0..REPAIR_CHECK_ROUNDS {
+            self.drain_on(up, drain, timeout).await?;
+            last = self.check_cluster(table, timeout).await?;
+            let mut by_shard: BTreeMap<u32, Vec<ReplicaCheckRow>> = BTreeMap::new();
+            for row in &last {
+                by_shard.entry(row.shard).or_default().push(row.clone());
+            }
+            let mut unsettled = false;
+            for (shard, rows) in by_shard {
+                if rows.iter().all(|r| r.is_passed) {
+                    agreed.entry(shard).or_insert(rows);
+                } else if !agreed.contains_key(&shard) && rows.iter().all(|r| r.rows.is_some()) {
+                    // Every replica read, and they differ: maybe rows on their way.
+                    unsettled = true;
+                }
+            }
+            if !unsettled {
+                break;
+            }
+        }
+        let mut out: Vec<ReplicaCheckRow> = Vec::with_capacity(last.len());
+        for row in last {
+            match agreed.get(&row.shard) {
+                Some(rows) => {
+                    if !out.iter().any(|o| o.shard == row.shard) {
+                        out.extend(rows.iter().cloned());
+                    }
+                }
+                None => out.push(row),
+            }
         }
         Ok(out)
     }
@@ -665,9 +752,11 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
                 return Decision::Rebuild(*source);
             }
             let hint = format!(
-                "no replica of shard {} passed the check, so nothing says which is right: if the replicas on one \
-                 rank lost rows (its disk was replaced, its files removed), SETTINGS repair_rebuild_rank = <that \
-                 rank> rebuilds them from the others; if an insert failed part-way, retry it with its insert_id",
+                "no replica of shard {} passed the check (in any of {REPAIR_CHECK_ROUNDS} checks, each after the \
+                 table's queued rows were delivered, so not rows on their way), so nothing says which is right: if \
+                 the replicas on one rank lost rows (its disk was replaced, its files removed), SETTINGS \
+                 repair_rebuild_rank = <that rank> rebuilds them from the others; if an insert failed part-way, \
+                 retry it with its insert_id",
                 row.shard
             );
             let Some(named) = rebuild_rank.filter(|r| shard.iter().any(|o| o.rank == *r)) else {
@@ -710,7 +799,9 @@ enum Outcome {
     Kept(String),
     /// Rebuilt: its rows now.
     Rebuilt(u64),
-    /// It failed the check and was not rebuilt: why.
+    /// It failed the check, and nothing said which replica to copy over it: why.
+    Left(String),
+    /// Its rebuild was tried and did not finish: why.
     Failed(String),
 }
 
@@ -719,6 +810,7 @@ fn repair_row(row: &ReplicaCheckRow, source: Option<u32>, outcome: Outcome) -> R
     let (action, source_rank, rows, message) = match outcome {
         Outcome::Kept(message) => ("none", None, row.rows, message),
         Outcome::Rebuilt(rows) => ("rebuilt", source, Some(rows), format!("was: {}", check_said(row))),
+        Outcome::Left(why) => ("left", None, row.rows, format!("{why} (the check said: {})", check_said(row))),
         Outcome::Failed(e) => ("failed", source, row.rows, format!("{e} (the check said: {})", check_said(row))),
     };
     ReplicaRepairRow {
@@ -739,8 +831,6 @@ fn check_said(row: &ReplicaCheckRow) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     fn tree(root: &Path) -> BTreeMap<String, Vec<String>> {

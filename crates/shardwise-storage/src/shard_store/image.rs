@@ -261,6 +261,8 @@ mod tests {
         assert!(e.contains("being rebuilt"), "{e}");
         assert!(store.flush().is_err() && store.optimize(true).is_err());
         store.close_cleanly()?;
+        store.unretire();
+        assert!(store.unreadable().is_none());
         Ok(())
     }
 }

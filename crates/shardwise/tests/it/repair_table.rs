@@ -97,6 +97,26 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
     c.restart(2);
     assert_eq!(c.sql(2, "CHECK TABLE rp"), [["1"]]);
 
+    // Rank 0's files of one replica removed while it runs (its memory still holds the rows): a
+    // rebuild that cannot finish (a directory stands where the swap moves the old replica)
+    // leaves the replica as it was, served from memory, not reopened from what is left of its
+    // files; the next REPAIR rebuilds it.
+    let shard_dir = std::fs::read_dir(table_dir(&c, 0)).expect("rank 0's replicas").next().expect("one").expect("dir");
+    std::fs::remove_dir_all(shard_dir.path()).expect("remove a replica of rank 0");
+    let in_the_way = shard_dir.path().with_extension("replaced");
+    std::fs::create_dir_all(in_the_way.join("x")).expect("a directory in the way");
+    let rows = repair(&c, 1, "REPAIR TABLE rp");
+    let _ = std::fs::remove_dir_all(&in_the_way);
+    let tried: Vec<&Vec<String>> = rows.iter().filter(|r| r[2] == "0" && r[3] == "failed").collect();
+    assert_eq!(tried.len(), 1, "{rows:?}");
+    // Through rank 0, `nearest` (the default) reads rank 0's replicas.
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM rp")), ["1000"], "rank 0's replica still serves its rows");
+    let err = c.sql_err(1, "REPAIR TABLE rp SETTINGS repair_timeout_ms = 0");
+    assert!(err.contains("repair_timeout_ms = 0"), "{err}");
+    let rows = repair(&c, 1, "REPAIR TABLE rp");
+    assert_eq!(rebuilt(&rows).len(), 1, "{rows:?}");
+    assert_eq!(c.sql(0, "CHECK TABLE rp"), [["1"]]);
+
     // Rank 1 loses its table files (a replaced disk): its replicas come back empty, and with two
     // replicas nothing says which of a pair is right. Left as they are, unless rank 1 is named.
     c.procs[1].kill9();
@@ -104,9 +124,9 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
     c.restart(1);
     let rows = repair(&c, 0, "REPAIR TABLE rp");
     assert!(rebuilt(&rows).is_empty(), "{rows:?}");
-    let failed: Vec<&Vec<String>> = rows.iter().filter(|r| r[3] == "failed").collect();
-    assert_eq!(failed.len(), 4, "rank 1's two replicas and their partners: {rows:?}");
-    assert!(failed.iter().all(|r| r[6..].join(",").contains("repair_rebuild_rank")), "{rows:?}");
+    let left: Vec<&Vec<String>> = rows.iter().filter(|r| r[3] == "left").collect();
+    assert_eq!(left.len(), 4, "rank 1's two replicas and their partners: {rows:?}");
+    assert!(left.iter().all(|r| r[6..].join(",").contains("repair_rebuild_rank")), "{rows:?}");
     assert_eq!(c.sql(0, "CHECK TABLE rp"), [["0"]]);
     let err = c.sql_err(0, "REPAIR TABLE rp SETTINGS repair_rebuild_rank = 9");
     assert!(err.contains("repair_rebuild_rank = 9: the cluster's ranks are 0 to 2"), "{err}");
