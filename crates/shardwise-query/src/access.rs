@@ -104,6 +104,9 @@ pub struct ReplicaCheckRow {
     pub message: String,
     /// Not read because of the replica itself (damaged, failed, files gone), not its node.
     pub replica_fault: bool,
+    /// Read, but its last opening cut a WAL record that was whole and failed its checksum (a
+    /// torn write, or damage to rows it acknowledged): said in `message`.
+    pub suspect: bool,
 }
 
 /// What `REPAIR TABLE` did with one shard replica.

@@ -41,6 +41,9 @@ pub struct ReplicaRead {
     /// It was not read because of the replica itself (damaged, failed, its files gone), as its
     /// node said, not because its node did not answer.
     pub replica_fault: bool,
+    /// What its last opening found suspect, though it is read (its WAL's last record cut for
+    /// failing its checksum: a torn write, or damage to rows it acknowledged).
+    pub warning: Option<String>,
 }
 
 /// The answer rows of `CHECK TABLE table`, in shard and replica order: `reads` compared shard by
@@ -72,6 +75,14 @@ pub fn compare(table: &str, mut reads: Vec<ReplicaRead>, queued_rows: &BTreeMap<
                     (majority == Some(mine), format!("{verdict}{}", others.join(", ")))
                 }
             };
+            // Worth saying when the replica differs: it may be the one that lost rows.
+            if let Some(warning) = read.warning.as_ref().filter(|_| !is_passed) {
+                let suspect = format!("suspect: {warning}");
+                message = match message.is_empty() {
+                    true => suspect,
+                    false => format!("{message}; {suspect}"),
+                };
+            }
             if let Some(rows) = queued_rows.get(&read.rank).filter(|r| **r > 0) {
                 let queued = format!(
                     "{rows} rows of {table} are still queued for rank {} (system.sync_queues): a difference may be \
@@ -93,6 +104,7 @@ pub fn compare(table: &str, mut reads: Vec<ReplicaRead>, queued_rows: &BTreeMap<
                 is_passed,
                 message,
                 replica_fault: read.replica_fault,
+                suspect: read.warning.is_some(),
             });
         }
     }
@@ -165,7 +177,14 @@ mod tests {
     use super::*;
 
     fn read(shard: u32, replica: u32, rank: u32, rows: u64, checksum: u64) -> ReplicaRead {
-        ReplicaRead { shard, replica, rank, content: Ok(ContentChecksum { rows, checksum }), replica_fault: false }
+        ReplicaRead {
+            shard,
+            replica,
+            rank,
+            content: Ok(ContentChecksum { rows, checksum }),
+            replica_fault: false,
+            warning: None,
+        }
     }
 
     fn verdicts(rows: &[ReplicaCheckRow]) -> Vec<(u32, u32, bool)> {
@@ -213,6 +232,7 @@ mod tests {
                     rank: 1,
                     content: Err("rank 1 is down".into()),
                     replica_fault: false,
+                    warning: None,
                 },
                 read(1, 1, 2, 4, 4),
             ],

@@ -41,6 +41,10 @@ pub struct CheckReply {
     pub replicas: BTreeMap<u32, Result<ContentChecksum, String>>,
     /// By destination rank: the table's rows in this node's outbox.
     pub queued_rows: BTreeMap<u32, u64>,
+    /// By shard: what the replica's last opening found suspect though it is read (the WAL's
+    /// last record cut for failing its checksum: `ShardStore::warning`).
+    #[serde(default)]
+    pub warnings: BTreeMap<u32, String>,
 }
 
 impl TablesNode {
@@ -64,14 +68,23 @@ impl TablesNode {
                     entry.def.name
                 )));
             }
-            let content = self.replica_content(&entry, shard).await.map_err(|why| format!("rank {}: {why}", self.rank));
-            reply.replicas.insert(shard, content);
+            let content = self.replica_content(&entry, shard).await;
+            let content = content.map(|(content, warning)| {
+                reply.warnings.extend(warning.map(|w| (shard, format!("rank {}: {w}", self.rank))));
+                content
+            });
+            reply.replicas.insert(shard, content.map_err(|why| format!("rank {}: {why}", self.rank)));
         }
         Ok(reply)
     }
 
-    /// This node's replica of `shard`: its content, or why it cannot be read.
-    async fn replica_content(&self, entry: &CatalogEntry, shard: u32) -> Result<ContentChecksum, String> {
+    /// This node's replica of `shard`: its content and what its opening found suspect, or why
+    /// it cannot be read.
+    async fn replica_content(
+        &self,
+        entry: &CatalogEntry,
+        shard: u32,
+    ) -> Result<(ContentChecksum, Option<String>), String> {
         let store = self.store(entry, shard).await.map_err(|e| format!("its replica cannot be opened: {e}"))?;
         let batches = {
             let guard = lock(&store);
@@ -87,13 +100,14 @@ impl TablesNode {
                     missing.join(", ")
                 ));
             }
-            guard.snapshot()
+            (guard.snapshot(), guard.warning())
         };
+        let (batches, warning) = batches;
         let name = entry.def.name.clone();
         let summed = self.background.blocking(move || {
             content_checksum(&batches).map_err(|e| storage_error(format!("table {name} shard {shard}: {e}")))
         });
-        summed.await.map_err(|e| e.to_string())
+        summed.await.map(|content| (content, warning)).map_err(|e| e.to_string())
     }
 
     /// `CHECK TABLE`: every node's replicas of `table` read and compared, each node given
@@ -141,6 +155,10 @@ impl TablesNode {
         let mut reads = Vec::new();
         for shard in 0..entry.def.shards {
             for (replica, rank) in entry.def.replica_ranks(shard, self.world_size).into_iter().enumerate() {
+                let warning = match replies.get(&rank) {
+                    Some(Ok(reply)) => reply.warnings.get(&shard).cloned(),
+                    _ => None,
+                };
                 let (content, replica_fault) = match replies.get(&rank) {
                     Some(Ok(reply)) => match reply.replicas.get(&shard) {
                         Some(content) => (content.clone(), content.is_err()),
@@ -152,7 +170,7 @@ impl TablesNode {
                     Some(Err(e)) => (Err(e.to_string()), false),
                     None => (Err(format!("rank {rank} was not asked")), false),
                 };
-                reads.push(ReplicaRead { shard, replica: replica as u32, rank, content, replica_fault });
+                reads.push(ReplicaRead { shard, replica: replica as u32, rank, content, replica_fault, warning });
             }
         }
         Ok(compare(table, reads, &queued_rows))

@@ -759,6 +759,17 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
                  retry it with its insert_id",
                 row.shard
             );
+            // Replicas whose opening cut a WAL record that failed its checksum (damage, maybe, to
+            // rows they acknowledged) differ from the others, which agree: those are the copy.
+            let sound: Vec<&&ReplicaCheckRow> = shard.iter().filter(|o| !o.suspect && content(o).is_some()).collect();
+            let suspects_differ = shard.iter().any(|o| o.suspect && content(o).is_some());
+            let agreed = sound.first().filter(|f| sound.iter().all(|o| content(o) == content(f)));
+            if let Some(first) = agreed.filter(|_| rebuild_rank.is_none() && suspects_differ) {
+                return match row.suspect {
+                    true => Decision::Rebuild(first.rank),
+                    false => Decision::Keep,
+                };
+            }
             let Some(named) = rebuild_rank.filter(|r| shard.iter().any(|o| o.rank == *r)) else {
                 return Decision::Leave(hint);
             };
@@ -859,6 +870,7 @@ mod tests {
             is_passed,
             message: String::new(),
             replica_fault: content.is_none(),
+            suspect: false,
         }
     }
 
@@ -890,6 +902,13 @@ mod tests {
         // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
         assert!(plan(&rows, Some(2)).iter().all(leave));
+        // Two that differ, one of them suspect (its WAL's last record was cut for failing its
+        // checksum): it is rebuilt from the other without naming its rank.
+        let suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((0, 0)), false) };
+        assert_eq!(plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None), [Keep, Rebuild(0)]);
+        // Both suspect: nothing says.
+        let both = [ReplicaCheckRow { suspect: true, ..row(0, 0, Some((5, 1)), false) }, suspect];
+        assert!(plan(&both, None).iter().all(leave));
         // Nothing read: nothing to copy.
         let rows = [row(0, 1, None, false), row(0, 2, None, false)];
         let decided = plan(&rows, Some(2));
