@@ -24,9 +24,15 @@
 //!    new store applies exactly those A did not hold.
 //!
 //! Any node that cannot do its step (down, not answering within `repair_timeout_ms`) stops the
-//! rebuild of that replica, and the fence is lifted with the old store reopened from its files,
-//! as it was. A fence also lapses by itself ([`fence_lease`]), so an initiator that died part-way
-//! does not keep a replica fenced; an install that comes after its fence lapsed is refused.
+//! rebuild of that replica, and the fence is lifted with the old store back in service as it was
+//! (not reopened from its files, which may be what was wrong with it). A fence also lapses by
+//! itself ([`fence_lease`]), so an initiator that died part-way does not keep a replica fenced;
+//! an install that comes after its fence lapsed is refused, and so is one for a table dropped or
+//! truncated meanwhile.
+//!
+//! Which replicas are rebuilt, and from which, is [`plan`]'s decision on a check that has
+//! settled (`settled_check`: differences that do not last through [`REPAIR_CHECK_ROUNDS`]
+//! checks are rows on their way, not damage).
 //!
 //! # The directory swap, and a crash during it
 //!
