@@ -179,7 +179,7 @@ impl TablesNode {
         let node = self.me.upgrade().ok_or_else(|| QueryError::Unavailable("the node is stopping".into()))?;
         let entry = entry.clone();
         tokio::spawn(async move {
-            let _writing = node.immediate_writes.start();
+            let _writing = node.immediate_writes.start((entry.id, entry.generation));
             node.write_immediate(&entry, placed, quorum).await
         })
         .await

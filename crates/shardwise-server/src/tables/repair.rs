@@ -118,6 +118,9 @@ pub struct DrainRequest {
 pub struct RepairReply {
     pub rows: Option<u64>,
     pub pending: Option<String>,
+    /// Drain: how many `immediate` inserts into the table have started on the node.
+    #[serde(default)]
+    pub immediate_started: u64,
 }
 
 /// A fenced replica on this node.
@@ -141,6 +144,9 @@ impl Fence {
 pub(crate) struct ImmediateWrites {
     next: std::sync::atomic::AtomicU64,
     running: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    /// How many have started, by table incarnation: a repair that sees the count move while
+    /// it checks knows the table is being written.
+    started: std::sync::Mutex<std::collections::HashMap<(u64, u64), u64>>,
 }
 
 /// One write under way; it ends when dropped.
@@ -150,11 +156,17 @@ pub(crate) struct ImmediateWrite<'a> {
 }
 
 impl ImmediateWrites {
-    /// Notes a write that starts now.
-    pub(crate) fn start(&self) -> ImmediateWrite<'_> {
+    /// Notes a write into table incarnation `table` that starts now.
+    pub(crate) fn start(&self, table: (u64, u64)) -> ImmediateWrite<'_> {
+        *lock(&self.started).entry(table).or_default() += 1;
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         lock(&self.running).insert(id);
         ImmediateWrite { writes: self, id }
+    }
+
+    /// How many writes into `table` have started on this node.
+    fn started(&self, table: (u64, u64)) -> u64 {
+        lock(&self.started).get(&table).copied().unwrap_or_default()
     }
 
     /// The number the next write gets: every one started so far has a lower one.
@@ -306,7 +318,7 @@ impl TablesNode {
             Ok(guard.stats().rows)
         })
         .await?;
-        Ok(RepairReply { rows: Some(rows), pending: None })
+        Ok(RepairReply { rows: Some(rows), ..RepairReply::default() })
     }
 
     /// Lifts this repair's fence (if it is still there) without installing anything: the old
@@ -314,6 +326,12 @@ impl TablesNode {
     /// may be what was wrong with it (removed from under the node, whose memory still holds the
     /// rows), and a reopen would serve it with fewer rows than before the repair.
     pub async fn repair_unfence(&self, req: &FenceRequest) -> Result<RepairReply, QueryError> {
+        let r = &req.replica;
+        if !self.is_live(r.table_id, r.generation) {
+            // Dropped or truncated meanwhile: its replicas (and their fences) are gone with it.
+            lock(&self.fences).remove(&(r.table_id, r.generation, r.shard));
+            return Ok(RepairReply::default());
+        }
         let (_, key) = self.replica_here(&req.replica).await?;
         let _opening = self.opening.lock().await;
         {
@@ -323,7 +341,7 @@ impl TablesNode {
             }
             fences.remove(&key);
         }
-        Ok(RepairReply { rows: self.unretire(key), pending: None })
+        Ok(RepairReply { rows: self.unretire(key), ..RepairReply::default() })
     }
 
     /// Puts the retired store of `key` back in service, if there is one; its rows. The caller
@@ -350,7 +368,7 @@ impl TablesNode {
         let rows = reopened.stats().rows;
         lock(&self.stores).insert(key, Arc::new(std::sync::Mutex::new(reopened)));
         lock(&self.reopen_attempts).remove(&key);
-        Ok(RepairReply { rows: Some(rows), pending: None })
+        Ok(RepairReply { rows: Some(rows), ..RepairReply::default() })
     }
 
     /// Step 2 on every node: waits until the table's items queued here before now have reached
@@ -367,10 +385,11 @@ impl TablesNode {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let pending = format!("rank {}: immediate inserts under way did not finish", self.rank);
-                return Ok(RepairReply { rows: None, pending: Some(pending) });
+                return Ok(RepairReply { pending: Some(pending), ..RepairReply::default() });
             }
             tokio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
         }
+        let immediate_started = self.immediate_writes.started((req.table_id, req.generation));
         let below = lock_from_runtime(&self.outbox).next_seq();
         let dests: Vec<u32> = match &req.dests {
             Some(dests) => dests.clone(),
@@ -383,7 +402,7 @@ impl TablesNode {
                 dests.iter().copied().filter(|dest| first(*dest).is_some_and(|seq| seq < below)).collect()
             };
             if waiting.is_empty() {
-                return Ok(RepairReply::default());
+                return Ok(RepairReply { immediate_started, ..RepairReply::default() });
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let lines: Vec<String> = waiting
@@ -401,7 +420,7 @@ impl TablesNode {
                         )
                     })
                     .collect();
-                return Ok(RepairReply { rows: None, pending: Some(lines.join("; ")) });
+                return Ok(RepairReply { pending: Some(lines.join("; ")), ..RepairReply::default() });
             }
             self.senders.hurry_all();
             tokio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
@@ -492,7 +511,15 @@ impl TablesNode {
         let live = self.is_live(key.0, key.1);
         if !holds_fence() || !live {
             let rebuild = rebuild_dir(&dir);
-            blocking(move || remove_if_there(&rebuild)).await?;
+            blocking(move || {
+                remove_if_there(&rebuild)?;
+                // The table's directory, if the copy made it and nothing else is in it.
+                if let Some(table_dir) = rebuild.parent() {
+                    let _ = std::fs::remove_dir(table_dir);
+                }
+                Ok(())
+            })
+            .await?;
             return Err(match live {
                 true => lapsed(),
                 false => QueryError::Rejected(format!(
@@ -511,7 +538,7 @@ impl TablesNode {
         }
         let reopened = self.reopen_retired(&entry, key).await?;
         tracing::warn!(table = %entry.def.name, shard = key.2, source, rows, "shard replica rebuilt from another replica");
-        Ok(RepairReply { rows: reopened.rows.or(Some(rows)), pending: None })
+        Ok(RepairReply { rows: reopened.rows.or(Some(rows)), ..RepairReply::default() })
     }
 
     /// `REPAIR TABLE`: delivers the table's queued rows, checks it, then rebuilds each replica
@@ -548,9 +575,9 @@ impl TablesNode {
         let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
         let dests = Some(up.clone());
         let drain = DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms };
-        let checked = self.settled_check(table, &up, &drain, timeout).await?;
+        let (checked, writes_seen) = self.settled_check(table, &up, &drain, timeout).await?;
         let mut out = Vec::with_capacity(checked.len());
-        for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank)) {
+        for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank, writes_seen)) {
             let source = match decision {
                 Decision::Rebuild(source) => Some(source),
                 _ => None,
@@ -598,11 +625,16 @@ impl TablesNode {
         up: &[u32],
         drain: &DrainRequest,
         timeout: Duration,
-    ) -> Result<Vec<ReplicaCheckRow>, QueryError> {
+    ) -> Result<(Vec<ReplicaCheckRow>, bool), QueryError> {
         let mut agreed: BTreeMap<u32, Vec<ReplicaCheckRow>> = BTreeMap::new();
         let mut last = Vec::new();
+        let (mut first_started, mut writes_seen) = (None, false);
         for _ in 0..REPAIR_CHECK_ROUNDS {
-            self.drain_on(up, drain, timeout).await?;
+            let started = self.drain_on(up, drain, timeout).await?;
+            // `immediate` inserts started between two rounds: differences may be inserts that
+            // reached one replica and not yet the other when it was read.
+            writes_seen |= first_started.is_some_and(|first| started > first);
+            first_started.get_or_insert(started);
             last = self.check_cluster(table, timeout).await?;
             let mut by_shard: BTreeMap<u32, Vec<ReplicaCheckRow>> = BTreeMap::new();
             for row in &last {
@@ -632,7 +664,7 @@ impl TablesNode {
                 None => out.push(row),
             }
         }
-        Ok(out)
+        Ok((out, writes_seen))
     }
 
     /// Rebuilds the replica on `target` from the one on `source` (the module doc's steps).
@@ -653,7 +685,7 @@ impl TablesNode {
         let install = FenceRequest { source: Some(source), ..fence.clone() };
         let all: Vec<u32> = (0..self.world_size).collect();
         let result = match self.drain_on(&all, &drain, timeout).await {
-            Ok(()) => self.ask(target, "repair_install", &install, timeout, self.repair_install(&install)).await,
+            Ok(_) => self.ask(target, "repair_install", &install, timeout, self.repair_install(&install)).await,
             Err(e) => Err(e),
         };
         match result {
@@ -670,18 +702,20 @@ impl TablesNode {
     }
 
     /// Step 2 on `ranks` at once; an error names each node that could not finish it.
-    async fn drain_on(&self, ranks: &[u32], req: &DrainRequest, timeout: Duration) -> Result<(), QueryError> {
+    /// Returns how many `immediate` inserts into the table have started on those nodes.
+    async fn drain_on(&self, ranks: &[u32], req: &DrainRequest, timeout: Duration) -> Result<u64, QueryError> {
         let calls = ranks.iter().map(|rank| self.ask(*rank, "repair_drain", req, timeout, self.repair_drain(req)));
         let mut left = Vec::new();
+        let mut immediate_started = 0u64;
         for reply in futures::future::join_all(calls).await {
             match reply {
                 Ok(RepairReply { pending: Some(pending), .. }) => left.push(pending),
-                Ok(_) => {}
+                Ok(reply) => immediate_started = immediate_started.saturating_add(reply.immediate_started),
                 Err(e) => left.push(e.to_string()),
             }
         }
         match left.is_empty() {
-            true => Ok(()),
+            true => Ok(immediate_started),
             false => Err(QueryError::Unavailable(format!(
                 "rows of the table queued before the repair began could not all be delivered within \
                  repair_timeout_ms = {} ms: {}",
@@ -734,7 +768,7 @@ enum Decision {
 /// is rebuilt from one of its shard that passed, one not on `rebuild_rank` first. Where none
 /// passed (two replicas that differ), the replicas on `rebuild_rank` are rebuilt from the
 /// shard's others that were read, if those agree; otherwise the replica is left as it is.
-fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
+fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool) -> Vec<Decision> {
     let content = |r: &ReplicaCheckRow| r.rows.zip(r.checksum);
     rows.iter()
         .map(|row| {
@@ -754,8 +788,23 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
             let passed = shard.iter().filter(|o| o.is_passed && o.rank != row.rank);
             let mut passed: Vec<u32> = passed.map(|o| o.rank).collect();
             passed.sort_by_key(|rank| Some(*rank) == rebuild_rank);
+            // `immediate` inserts went on while the table was checked: a replica read that
+            // differs may be one an insert under way had not reached yet.
+            let under_way = format!(
+                "its shard's replicas differed in each of {REPAIR_CHECK_ROUNDS} checks, but immediate inserts into \
+                 the table went on meanwhile, so the difference may be inserts under way: run REPAIR TABLE again \
+                 when they pause (CHECK TABLE then shows whether it lasts)"
+            );
+            let maybe_under_way =
+                writes_seen && content(row).is_some() && !row.suspect && rebuild_rank != Some(row.rank);
             if let Some(source) = passed.first() {
-                return Decision::Rebuild(*source);
+                return match maybe_under_way {
+                    true => Decision::Leave(under_way),
+                    false => Decision::Rebuild(*source),
+                };
+            }
+            if writes_seen && rebuild_rank.is_none() && shard.iter().all(|o| !o.suspect) {
+                return Decision::Leave(under_way);
             }
             let hint = format!(
                 "no replica of shard {} passed the check (in any of {REPAIR_CHECK_ROUNDS} checks, each after the \
@@ -766,11 +815,14 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>) -> Vec<Decision> {
                 row.shard
             );
             // Replicas whose opening cut a WAL record that failed its checksum (damage, maybe, to
-            // rows they acknowledged) differ from the others, which agree: those are the copy.
+            // rows they acknowledged) differ from the others, which agree: those are the copy,
+            // when they hold more rows than every suspect one (a cut record can only have lost
+            // rows; a partner with fewer is the one that lost more, its files, say).
             let sound: Vec<&&ReplicaCheckRow> = shard.iter().filter(|o| !o.suspect && content(o).is_some()).collect();
-            let suspects_differ = shard.iter().any(|o| o.suspect && content(o).is_some());
+            let suspects: Vec<&&ReplicaCheckRow> = shard.iter().filter(|o| o.suspect && content(o).is_some()).collect();
             let agreed = sound.first().filter(|f| sound.iter().all(|o| content(o) == content(f)));
-            if let Some(first) = agreed.filter(|_| rebuild_rank.is_none() && suspects_differ) {
+            let fuller = |f: &&&ReplicaCheckRow| suspects.iter().all(|o| o.rows < f.rows);
+            if let Some(first) = agreed.filter(|f| rebuild_rank.is_none() && !suspects.is_empty() && fuller(f)) {
                 return match row.suspect {
                     true => Decision::Rebuild(first.rank),
                     false => Decision::Keep,
@@ -893,36 +945,53 @@ mod tests {
             row(1, 1, None, false),
             row(1, 2, Some((3, 3)), true),
         ];
-        assert_eq!(plan(&rows, None), [Keep, Keep, Rebuild(0), Rebuild(2), Keep]);
+        assert_eq!(plan(&rows, None, false), [Keep, Keep, Rebuild(0), Rebuild(2), Keep]);
         // A source not on the rank named to rebuild comes first.
         let rows = [row(0, 0, Some((5, 1)), true), row(0, 1, Some((5, 1)), true), row(0, 2, None, false)];
-        assert_eq!(plan(&rows, Some(0)), [Keep, Keep, Rebuild(1)]);
+        assert_eq!(plan(&rows, Some(0), false), [Keep, Keep, Rebuild(1)]);
         // Two replicas that differ: left, unless one's rank is named; then it is rebuilt from
         // the other.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((0, 0)), false)];
-        let decided = plan(&rows, None);
+        let decided = plan(&rows, None, false);
         assert!(decided.iter().all(leave), "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("repair_rebuild_rank"), "{why}");
-        assert_eq!(plan(&rows, Some(2)), [Reference(2), Rebuild(0)]);
+        assert_eq!(plan(&rows, Some(2), false), [Reference(2), Rebuild(0)]);
         // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
-        assert!(plan(&rows, Some(2)).iter().all(leave));
+        assert!(plan(&rows, Some(2), false).iter().all(leave));
         // Two that differ, one of them suspect (its WAL's last record was cut for failing its
         // checksum): it is rebuilt from the other without naming its rank.
         let suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((0, 0)), false) };
-        assert_eq!(plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None), [Keep, Rebuild(0)]);
+        assert_eq!(plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None, false), [Keep, Rebuild(0)]);
+        // A suspect replica beside one that holds fewer rows (it lost its files): that one lost
+        // more, and is not copied over the suspect one.
+        let fuller_suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((9, 3)), false) };
+        let decided = plan(&[row(0, 0, Some((0, 0)), false), fuller_suspect], None, false);
+        assert!(decided.iter().all(leave), "{decided:?}");
+        // Immediate inserts went on during the checks: a replica read that differs is not
+        // rebuilt (it may be an insert under way), a damaged one still is, and one named is.
+        let rows = [row(0, 0, Some((5, 1)), true), row(0, 1, Some((5, 1)), true), row(0, 2, Some((4, 2)), false)];
+        let decided = plan(&rows, None, true);
+        assert!(leave(&decided[2]), "{decided:?}");
+        let Leave(why) = &decided[2] else { unreachable!() };
+        assert!(why.contains("inserts under way"), "{why}");
+        assert_eq!(plan(&rows, Some(2), true)[2], Rebuild(0));
+        let rows = [row(0, 0, Some((5, 1)), true), row(0, 2, None, false)];
+        assert_eq!(plan(&rows, None, true), [Keep, Rebuild(0)]);
+        let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((4, 2)), false)];
+        assert!(plan(&rows, None, true).iter().all(leave));
         // Both suspect: nothing says.
         let both = [ReplicaCheckRow { suspect: true, ..row(0, 0, Some((5, 1)), false) }, suspect];
-        assert!(plan(&both, None).iter().all(leave));
+        assert!(plan(&both, None, false).iter().all(leave));
         // Nothing read: nothing to copy.
         let rows = [row(0, 1, None, false), row(0, 2, None, false)];
-        let decided = plan(&rows, Some(2));
+        let decided = plan(&rows, Some(2), false);
         assert!(decided.iter().all(leave), "nothing read, nothing to copy: {decided:?}");
         // A replica whose node did not answer is left, even beside one that passed: the one
         // read may be the copy that lost rows.
         let unanswered = ReplicaCheckRow { replica_fault: false, ..row(0, 0, None, false) };
-        let decided = plan(&[unanswered, row(0, 2, Some((0, 0)), true)], None);
+        let decided = plan(&[unanswered, row(0, 2, Some((0, 0)), true)], None, false);
         assert!(leave(&decided[0]) && decided[1] == Keep, "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("when rank 0 answers"), "{why}");
@@ -931,15 +1000,16 @@ mod tests {
     #[test]
     fn a_drain_waits_for_the_immediate_writes_started_before_it_only() {
         let writes = ImmediateWrites::default();
-        let first = writes.start();
+        let first = writes.start((1, 0));
         let before = writes.next_id();
-        let second = writes.start();
+        let second = writes.start((2, 0));
         assert!(writes.any_before(before));
         drop(first);
         assert!(!writes.any_before(before), "the one started later does not count");
         assert!(writes.any_before(writes.next_id()));
         drop(second);
         assert!(!writes.any_before(writes.next_id()));
+        assert_eq!((writes.started((1, 0)), writes.started((2, 0)), writes.started((3, 0))), (1, 1, 0));
     }
 
     #[test]
