@@ -64,6 +64,10 @@ pub const REPAIR_IMAGE_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 /// (`settled_check`).
 pub const REPAIR_CHECK_ROUNDS: usize = 3;
 
+/// How often a repair step waiting on another node looks whether the membership took it for
+/// down.
+const DOWN_POLL_MS: u64 = 500;
+
 /// How often a drain looks at the outbox again.
 const DRAIN_POLL_MS: u64 = 20;
 
@@ -391,6 +395,7 @@ impl TablesNode {
         }
         let immediate_started = self.immediate_writes.started((req.table_id, req.generation));
         let below = lock_from_runtime(&self.outbox).next_seq();
+        let mut last_membership_look = Instant::now();
         let dests: Vec<u32> = match &req.dests {
             Some(dests) => dests.clone(),
             None => (0..self.world_size).collect(),
@@ -403,6 +408,22 @@ impl TablesNode {
             };
             if waiting.is_empty() {
                 return Ok(RepairReply { immediate_started, ..RepairReply::default() });
+            }
+            // Rows for a node the membership takes for down cannot be delivered: said now, not
+            // at the end of the timeout.
+            if last_membership_look.elapsed() >= Duration::from_millis(DOWN_POLL_MS) {
+                last_membership_look = Instant::now();
+                let members = self.cluster.members().await;
+                let down: Vec<String> = waiting
+                    .iter()
+                    .filter(|dest| members.iter().any(|m| m.rank == **dest && m.state == NodeState::Down))
+                    .map(|dest| {
+                        format!("rank {} -> rank {dest}: rank {dest} is down (so the membership says)", self.rank)
+                    })
+                    .collect();
+                if !down.is_empty() {
+                    return Ok(RepairReply { pending: Some(down.join("; ")), ..RepairReply::default() });
+                }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let lines: Vec<String> = waiting
@@ -584,8 +605,8 @@ impl TablesNode {
             };
             let outcome = match decision {
                 Decision::Keep => Outcome::Kept(row.message.clone()),
-                Decision::Reference(named) => Outcome::Kept(format!(
-                    "kept: the copy for rank {named}'s replica, named by repair_rebuild_rank (the check said: {})",
+                Decision::Reference(target, why) => Outcome::Kept(format!(
+                    "kept: the copy for rank {target}'s replica, {why} (the check said: {})",
                     check_said(row)
                 )),
                 Decision::Leave(why) => Outcome::Left(why),
@@ -746,7 +767,30 @@ impl TablesNode {
             if_down: ", so the repair cannot go on",
             unknown: ", so the repair cannot go on",
         };
-        self.share_on(rank, share, local).await
+        let call = self.share_on(rank, share, local);
+        if rank == self.rank {
+            return call.await;
+        }
+        // A node that stops answering part-way is given up on as soon as the membership takes it
+        // for down, not only at the end of `repair_timeout_ms` (ten minutes by default).
+        tokio::select! {
+            reply = call => reply,
+            () = self.until_down(rank) => Err(QueryError::Unavailable(format!(
+                "rank {rank} went down (so the membership says) during the repair, so the repair cannot go on"
+            ))),
+        }
+    }
+
+    /// Resolves once the membership takes `rank` for down (looked at every
+    /// [`DOWN_POLL_MS`]).
+    async fn until_down(&self, rank: u32) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(DOWN_POLL_MS)).await;
+            let members = self.cluster.members().await;
+            if members.iter().any(|m| m.rank == rank && m.state == NodeState::Down) {
+                return;
+            }
+        }
     }
 }
 
@@ -759,7 +803,7 @@ enum Decision {
     Rebuild(u32),
     /// It failed the check only by differing from the replica on `repair_rebuild_rank` (this
     /// rank), which is made the same as it: kept.
-    Reference(u32),
+    Reference(u32, &'static str),
     /// It failed the check, and nothing says which replica to copy: why.
     Leave(String),
 }
@@ -825,7 +869,7 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool) 
             if let Some(first) = agreed.filter(|f| rebuild_rank.is_none() && !suspects.is_empty() && fuller(f)) {
                 return match row.suspect {
                     true => Decision::Rebuild(first.rank),
-                    false => Decision::Keep,
+                    false => Decision::Reference(suspects[0].rank, "which is suspect"),
                 };
             }
             let Some(named) = rebuild_rank.filter(|r| shard.iter().any(|o| o.rank == *r)) else {
@@ -837,7 +881,7 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool) 
                 // One of the copies the named rank's replica is made the same as: kept.
                 let agree = others.iter().all(|o| content(o) == content(row));
                 return match agree && content(row).is_some() {
-                    true => Decision::Reference(named),
+                    true => Decision::Reference(named, "named by repair_rebuild_rank"),
                     false => Decision::Leave(hint),
                 };
             }
@@ -956,14 +1000,15 @@ mod tests {
         assert!(decided.iter().all(leave), "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("repair_rebuild_rank"), "{why}");
-        assert_eq!(plan(&rows, Some(2), false), [Reference(2), Rebuild(0)]);
+        assert_eq!(plan(&rows, Some(2), false), [Reference(2, "named by repair_rebuild_rank"), Rebuild(0)]);
         // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
         assert!(plan(&rows, Some(2), false).iter().all(leave));
         // Two that differ, one of them suspect (its WAL's last record was cut for failing its
         // checksum): it is rebuilt from the other without naming its rank.
         let suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((0, 0)), false) };
-        assert_eq!(plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None, false), [Keep, Rebuild(0)]);
+        let decided = plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None, false);
+        assert_eq!(decided, [Reference(2, "which is suspect"), Rebuild(0)]);
         // A suspect replica beside one that holds fewer rows (it lost its files): that one lost
         // more, and is not copied over the suspect one.
         let fuller_suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((9, 3)), false) };

@@ -228,12 +228,20 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
         counts(&c, table, 1000 + written);
     }
 
-    // A node that does not answer: the repair stops within its timeout, naming it.
+    // A node that does not answer: the repair stops within its timeout, naming it; and as soon
+    // as the membership takes it for down, not at the end of the default ten minutes.
     c.procs[2].signal("STOP");
     let started = std::time::Instant::now();
     let err = c.sql_err(0, "REPAIR TABLE rp SETTINGS repair_timeout_ms = 500");
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
     assert!(err.contains("rank 2") && err.contains("repair_timeout_ms"), "{err}");
+    c.procs[2].signal("CONT");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED rp");
+    c.procs[2].signal("STOP");
+    let started = std::time::Instant::now();
+    let err = c.sql_err(0, "REPAIR TABLE rp");
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}: {err}", started.elapsed());
+    assert!(err.contains("rank 2") && err.contains("down"), "{err}");
     c.procs[2].signal("CONT");
     c.procs[2].drain(Duration::from_millis(100));
 }
