@@ -387,6 +387,7 @@ impl TablesNode {
             catalog.tables.values().map(|e| (e.id, e.generation)).collect();
         let current: std::collections::HashMap<u64, u64> =
             catalog.tables.values().map(|e| (e.id, e.generation)).collect();
+        self.immediate_writes.forget_except(&live);
         let next_table_id = catalog.next_table_id;
         let dropped = move |(id, generation): (u64, u64)| match current.get(&id) {
             Some(current) => generation < *current,

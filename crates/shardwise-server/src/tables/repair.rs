@@ -173,6 +173,11 @@ impl ImmediateWrites {
         lock(&self.started).get(&table).copied().unwrap_or_default()
     }
 
+    /// Forgets the counts of table incarnations not in `live` (dropped or truncated).
+    pub(crate) fn forget_except(&self, live: &std::collections::HashSet<(u64, u64)>) {
+        lock(&self.started).retain(|table, _| live.contains(table));
+    }
+
     /// The number the next write gets: every one started so far has a lower one.
     fn next_id(&self) -> u64 {
         self.next.load(std::sync::atomic::Ordering::SeqCst)
