@@ -925,8 +925,8 @@ impl QueryEngine {
                     let rows = access.repair_table(&table, timeout, current.repair_rebuild_rank).await?;
                     crate::check_table::repair_answer(&rows).map(Some)
                 };
-                let note = "; a replica being rebuilt then is rebuilt to the end in the background (CHECK TABLE \
-                            shows where the repair stopped)";
+                let note = "; a replica being rebuilt then, if one was, is rebuilt to the end in the background \
+                            (CHECK TABLE shows where the repair stopped)";
                 self.tracked(&sql, &current, &session, note, work).await
             }
             Command::Kill { .. } => Ok(None),
