@@ -558,11 +558,15 @@ pub(crate) fn outbox_key_entry<'a>(catalog: &'a Catalog, key: &str) -> Option<&'
 }
 
 /// Makes the directories above a store's (`tables/t<id>-g<generation>/`, and `tables/`) exist
-/// durably: each is fsynced in its parent, so that a power cut after a store's first
-/// acknowledged write cannot take the whole table directory with it (the store itself fsyncs
-/// only its own entry in the table's directory). Blocking.
-fn durable_parents(store_dir: &Path) -> Result<(), QueryError> {
+/// durably: when the table's directory is made here, it and `tables/` are fsynced in their
+/// parents, so that a power cut after a store's first acknowledged write cannot take the whole
+/// table directory with it (the store itself fsyncs only its own entry in the table's
+/// directory). One that is already there costs nothing (no fsyncs at every start). Blocking.
+pub(crate) fn durable_parents(store_dir: &Path) -> Result<(), QueryError> {
     let Some(table_dir) = store_dir.parent() else { return Ok(()) };
+    if table_dir.exists() {
+        return Ok(());
+    }
     std::fs::create_dir_all(table_dir).map_err(|e| storage_error(format!("create {}: {e}", table_dir.display())))?;
     let mut dir = table_dir;
     for _ in 0..2 {

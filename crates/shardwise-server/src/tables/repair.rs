@@ -518,6 +518,7 @@ impl TablesNode {
         let rebuild = rebuild_dir(&dir);
         let written = self.background.blocking(move || {
             let image = ReplicaImage::decode(header, rows, &schema).map_err(storage_error)?;
+            super::durable_parents(&rebuild)?;
             remove_if_there(&rebuild)?;
             match ShardStore::create_from_image(&rebuild, Arc::new(RealFs), schema, opts, &image) {
                 Ok(store) => Ok(store.stats().rows),
@@ -679,18 +680,12 @@ impl TablesNode {
                 break;
             }
         }
-        let mut out: Vec<ReplicaCheckRow> = Vec::with_capacity(last.len());
-        for row in last {
-            match agreed.get(&row.shard) {
-                Some(rows) => {
-                    if !out.iter().any(|o| o.shard == row.shard) {
-                        out.extend(rows.iter().cloned());
-                    }
-                }
-                None => out.push(row),
-            }
-        }
-        Ok((out, writes_seen))
+        // Each replica as the round its shard agreed in saw it, else as the last round did.
+        let settled = last.into_iter().map(|row| {
+            let agreed_then = agreed.get(&row.shard).and_then(|rows| rows.iter().find(|r| r.rank == row.rank));
+            agreed_then.cloned().unwrap_or(row)
+        });
+        Ok((settled.collect(), writes_seen))
     }
 
     /// Rebuilds the replica on `target` from the one on `source` (the module doc's steps).
