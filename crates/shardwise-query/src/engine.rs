@@ -921,7 +921,7 @@ impl QueryEngine {
             }
             Command::Repair { table } => {
                 let work = async {
-                    let timeout = Duration::from_millis(current.repair_timeout_ms);
+                    let timeout = current.repair_timeout_ms.duration();
                     let rows = access.repair_table(&table, timeout, current.repair_rebuild_rank).await?;
                     crate::check_table::repair_answer(&rows).map(Some)
                 };

@@ -45,7 +45,7 @@ extensions_options! {
         pub check_timeout_ms: u64, default = 600_000
         /// How long each step of `REPAIR TABLE` may take on each node: delivering the table's
         /// queued rows, reading the replicas, copying one replica to another.
-        pub repair_timeout_ms: u64, default = 600_000
+        pub repair_timeout_ms: PositiveMs, default = PositiveMs::default()
         /// The rank whose replicas `REPAIR TABLE` rebuilds from the other replicas of their
         /// shards even where no majority shows them different (two replicas that differ): the
         /// node whose disk was replaced or whose table files were lost.
@@ -221,6 +221,45 @@ impl std::str::FromStr for Flag {
 }
 
 parsed_config_field!(Flag);
+
+/// A duration in milliseconds that must be at least 1: a step that is given no time at all
+/// cannot succeed, so 0 is refused when it is set rather than when the statement runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositiveMs(pub u64);
+
+/// Ten minutes, as the other step timeouts (`check_timeout_ms`, `optimize_timeout_ms`).
+impl Default for PositiveMs {
+    fn default() -> Self {
+        PositiveMs(600_000)
+    }
+}
+
+impl PositiveMs {
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.0)
+    }
+}
+
+impl std::fmt::Display for PositiveMs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::str::FromStr for PositiveMs {
+    type Err = datafusion::error::DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().parse::<u64>() {
+            Ok(ms) if ms >= 1 => Ok(PositiveMs(ms)),
+            _ => Err(datafusion::error::DataFusionError::Configuration(format!(
+                "expected a whole number of milliseconds from 1 to {}",
+                u64::MAX
+            ))),
+        }
+    }
+}
+
+parsed_config_field!(PositiveMs);
 
 word_setting! {
     /// `distributed_aggregation`.
@@ -750,6 +789,16 @@ mod tests {
             apply_error("skip_unavailable_shards", "yes"),
             "skip_unavailable_shards = yes: \"yes\" is not one of 0, 1, true, false"
         );
+        // A step timeout refuses 0 and text alike, saying it starts at 1.
+        for value in ["0", "abc", "-5"] {
+            assert_eq!(
+                apply_error("repair_timeout_ms", value),
+                format!(
+                    "repair_timeout_ms = {value}: expected a whole number of milliseconds from 1 to {}",
+                    u64::MAX
+                )
+            );
+        }
         let batch_size = apply_error("datafusion.execution.batch_size", "x");
         assert_eq!(
             batch_size,

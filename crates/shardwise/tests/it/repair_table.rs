@@ -112,7 +112,7 @@ fn repair_table_rebuilds_damaged_and_lost_replicas_exactly_once() {
     // Through rank 0, `nearest` (the default) reads rank 0's replicas.
     assert_eq!(one(c.sql(0, "SELECT count(*) FROM rp")), ["1000"], "rank 0's replica still serves its rows");
     let err = c.sql_err(1, "REPAIR TABLE rp SETTINGS repair_timeout_ms = 0");
-    assert!(err.contains("repair_timeout_ms = 0"), "{err}");
+    assert!(err.contains("repair_timeout_ms = 0") && err.contains("from 1"), "{err}");
     let rows = repair(&c, 1, "REPAIR TABLE rp");
     assert_eq!(rebuilt(&rows).len(), 1, "{rows:?}");
     assert_eq!(c.sql(0, "CHECK TABLE rp"), [["1"]]);
