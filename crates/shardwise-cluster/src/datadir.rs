@@ -11,6 +11,8 @@
 //! IDENTITY       "shardwise data dir format 1" and "node_id <UUID>", one per line
 //! LOCK           locked while a node runs; holds its pid
 //! cluster.json   {"run_id", "rank", "world_size"} once the node has joined a cluster
+//! REPLACING      the node id of a lost data dir this (fresh) one takes the rank of
+//!                (`--replace-node`), until the node's tables have taken note
 //! master/        the master's membership.json and metadata.json (rank 0 only)
 //! ```
 //! Every file is written with [`write_atomic`]: temp file, fsync, rename, fsync of the directory.
@@ -33,6 +35,7 @@ const FORMAT_PREFIX: &str = "shardwise data dir format ";
 const NODE_ID_PREFIX: &str = "node_id ";
 const LOCK_FILE: &str = "LOCK";
 const CLUSTER_FILE: &str = "cluster.json";
+const REPLACING_FILE: &str = "REPLACING";
 
 /// What a data dir records about the cluster it joined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +52,8 @@ pub struct DataDir {
     _lock: File,
     node_id: Uuid,
     cluster: Option<ClusterRecord>,
+    /// The node id of the lost data dir whose rank this one takes ([`DataDir::mark_replacing`]).
+    replacing: Option<String>,
 }
 
 impl DataDir {
@@ -82,7 +87,14 @@ impl DataDir {
         let node_id = read_or_create_identity(path)?;
         remove_stale_temp_files(path)?;
         let cluster = read_json::<ClusterRecord>(path, CLUSTER_FILE)?;
-        Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster })
+        let replacing = match fs::read_to_string(path.join(REPLACING_FILE)) {
+            Ok(text) => Some(text.trim().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(ClusterError::DataDirIo { path: path.to_path_buf(), op: "read REPLACING", source });
+            }
+        };
+        Ok(DataDir { path: path.to_path_buf(), _lock: lock, node_id, cluster, replacing })
     }
 
     pub fn path(&self) -> &Path {
@@ -116,6 +128,19 @@ impl DataDir {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The node id of the lost data dir this one replaces, until [`DataDir::finish_replacing`].
+    pub fn replacing(&self) -> Option<&str> {
+        self.replacing.as_deref()
+    }
+
+    /// Records (durably, before the node asks the master for the rank) that this dir takes the
+    /// rank of node `old`, whose data dir was lost.
+    pub fn mark_replacing(&mut self, old: &str) -> Result<()> {
+        write_atomic(&self.path, REPLACING_FILE, format!("{old}\n").as_bytes())?;
+        self.replacing = Some(old.to_string());
         Ok(())
     }
 
@@ -177,6 +202,22 @@ fn read_or_create_identity(dir: &Path) -> Result<Uuid> {
         }
         Err(source) => Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "read IDENTITY", source }),
     }
+}
+
+/// Forgets the replacement a data dir at `dir` records ([`DataDir::mark_replacing`]) once the
+/// node's tables have recorded what it means for them (which replicas await their rebuild); the
+/// removal is made durable.
+pub fn finish_replacing(dir: &Path) -> Result<()> {
+    match fs::remove_file(dir.join(REPLACING_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(ClusterError::DataDirIo { path: dir.to_path_buf(), op: "remove REPLACING", source }),
+    }
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| ClusterError::DataDirIo {
+        path: dir.to_path_buf(),
+        op: "fsync",
+        source,
+    })
 }
 
 /// Reads `dir/name` as JSON; `None` when the file does not exist.

@@ -48,6 +48,9 @@ pub struct InitOptions {
     /// What a replicated metadata operation does. Only rank 0's is used; a master without one
     /// rejects every proposal.
     pub metadata_machine: Option<Arc<dyn MetadataMachine>>,
+    /// `--replace-node`: the node id of a worker whose data dir was lost, whose rank this node
+    /// takes with a fresh data dir.
+    pub replace_node: Option<String>,
 }
 
 /// A validated configuration with its data dir locked, ready to join.
@@ -85,6 +88,9 @@ pub fn prepare(opts: InitOptions) -> Result<Prepared> {
 /// runs it too, so that it approves only what a real start would accept.
 pub fn check(opts: &InitOptions) -> Result<Option<SocketAddr>> {
     opts.timeouts.validate()?;
+    if let Some(old) = &opts.replace_node {
+        replaced_id(opts, old)?;
+    }
     let d = &opts.detected;
     if d.world_size > 1 && opts.secret.is_none() && !opts.insecure && !opts.embedded {
         return Err(ClusterError::SecretRequired { world_size: d.world_size, min_bytes: MIN_SECRET_BYTES });
@@ -103,7 +109,62 @@ fn open_checked(opts: &InitOptions) -> Result<DataDir> {
             reason: format!("it belongs to run {}, but --run-id is {explicit}", rec.run_id),
         });
     }
+    if let Some(old) = &opts.replace_node {
+        return replacing(opts, dir, old);
+    }
     Ok(dir)
+}
+
+/// Checks `--replace-node old` and, on a fresh data dir, records it there (durably, before the
+/// node asks for the rank). On a data dir that has joined as itself since, the flag is moot
+/// (a restart with the same command line).
+fn replacing(opts: &InitOptions, mut dir: DataDir, old: &str) -> Result<DataDir> {
+    let old = replaced_id(opts, old)?;
+    let bad = |expected: &str| ClusterError::InvalidSetting {
+        name: "replace_node".into(),
+        value: old.to_string(),
+        expected: expected.into(),
+    };
+    if old == dir.node_id().to_string() {
+        return Err(bad("another node's id: this data dir is that node's own, so nothing is replaced; start it \
+                        without --replace-node"));
+    }
+    match (dir.cluster(), dir.replacing()) {
+        (_, Some(recorded)) if recorded == old => {}
+        (_, Some(recorded)) => {
+            return Err(bad(&format!(
+                "{recorded}, the node this data dir was started to replace (a replacement cannot change its mind)"
+            )));
+        }
+        (Some(rec), None) => {
+            info!(
+                rank = rec.rank,
+                "this data dir has joined as node {}; --replace-node {old} is ignored",
+                dir.node_id()
+            );
+        }
+        (None, None) => dir.mark_replacing(&old)?,
+    }
+    Ok(dir)
+}
+
+/// `--replace-node`'s node id, checked against what can be known before the data dir is opened.
+fn replaced_id(opts: &InitOptions, old: &str) -> Result<String> {
+    let bad = |expected: &str| ClusterError::InvalidSetting {
+        name: "replace_node".into(),
+        value: old.to_string(),
+        expected: expected.into(),
+    };
+    if opts.detected.rank == 0 {
+        return Err(bad("a worker's node id: rank 0, the master, keeps the cluster's catalog and membership in its \
+                        data dir, which cannot be rebuilt from the others; restore it from a backup"));
+    }
+    if opts.detected.world_size < 2 {
+        return Err(bad("a node of a cluster of several nodes: a single node has no replicas to rebuild from"));
+    }
+    Uuid::parse_str(old.trim())
+        .map(|id| id.to_string())
+        .map_err(|_| bad("the node id (a UUID) of the lost data dir, as the master's refusal or system.nodes names it"))
 }
 
 /// Resolves the master address, preferring IPv4 (what launchers hand out).
@@ -228,6 +289,7 @@ impl Prepared {
                 addrs,
                 secret: self.opts.secret.clone(),
                 timeouts: self.opts.timeouts.clone(),
+                replaces: self.data_dir.replacing().map(str::to_string),
             };
             let data_dir = &mut self.data_dir;
             let (rank, world_size) = (d.rank, d.world_size);
@@ -386,6 +448,18 @@ impl Node {
         }
     }
 
+    /// The node id of the lost data dir this node took the rank of (`--replace-node`), as its
+    /// data dir recorded it when the node started (and until [`Node::finish_replacing`]).
+    pub fn replacing(&self) -> Option<&str> {
+        self._data_dir.replacing()
+    }
+
+    /// Forgets the replacement: the node's tables have durably recorded which replicas await
+    /// their rebuild.
+    pub fn finish_replacing(&self) -> Result<()> {
+        crate::datadir::finish_replacing(self._data_dir.path())
+    }
+
     /// Graceful shutdown: a worker tells the master it leaves; the master stops serving (the
     /// workers keep running and rejoin when it returns).
     pub async fn shutdown(self) {
@@ -430,6 +504,7 @@ mod tests {
             timeouts: Timeouts { join_timeout_ms: 10_000, ..Timeouts::default() },
             embedded: true,
             metadata_machine: None,
+            replace_node: None,
         }
     }
 
@@ -504,6 +579,66 @@ mod tests {
         nodes.pop().unwrap().shutdown().await;
     }
 
+    /// A worker whose data dir was lost: an empty one is refused, naming the node id to give;
+    /// with `--replace-node` naming it the new node takes the rank (and says so until its tables
+    /// took note), the lost node's id is then refused, and a restart with the flag still given
+    /// is the new node again.
+    #[tokio::test]
+    async fn a_worker_whose_data_dir_was_lost_is_replaced_only_when_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = form(2, port, tmp.path(), Some("0123456789abcdef-secret")).await;
+        let w = nodes.pop().unwrap();
+        let old = w.node_id.to_string();
+        w.shutdown().await;
+        let lost = tmp.path().join("rank-1");
+        let kept = tmp.path().join("rank-1-old");
+        std::fs::rename(&lost, &kept).unwrap();
+        let fresh = |replace: Option<&str>| {
+            let mut o = opts(1, 2, port, tmp.path(), Some("0123456789abcdef-secret"));
+            o.timeouts.join_timeout_ms = 3_000;
+            o.replace_node = replace.map(str::to_string);
+            o
+        };
+        let err = init_distributed_mode(fresh(None), addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("--replace-node {old}")), "{err}");
+        let other = "22222222-2222-2222-2222-222222222222";
+        let err = init_distributed_mode(fresh(Some(other)), addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("rank 1 belongs to node {old}")), "{err}");
+        // The dir recorded that replacement: it cannot be pointed at another node now.
+        let err = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains("cannot change its mind"), "{err}");
+        std::fs::remove_dir_all(&lost).unwrap();
+        // Checked before the data dir is made.
+        let err = init_distributed_mode(fresh(Some("not-a-uuid")), addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains("node id (a UUID)"), "{err}");
+        let mut on_master = opts(0, 2, port, tmp.path(), None);
+        on_master.replace_node = Some(old.clone());
+        let err = prepare(on_master).unwrap_err().to_string();
+        assert!(err.contains("restore it from a backup"), "{err}");
+        assert!(!lost.exists());
+
+        let w = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap();
+        assert_ne!(w.node_id.to_string(), old);
+        assert_eq!(w.replacing(), Some(old.as_str()));
+        let members = nodes[0].view().members().await;
+        assert_eq!(members[1].node_id, w.node_id.to_string());
+        w.finish_replacing().unwrap();
+        let new_id = w.node_id;
+        w.shutdown().await;
+        // The lost node, back after all, is refused: its rank is the new node's.
+        let mut back = opts(1, 2, port, tmp.path(), Some("0123456789abcdef-secret"));
+        back.data_dir = kept;
+        back.timeouts.join_timeout_ms = 3_000;
+        let err = init_distributed_mode(back, addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("rank 1 belongs to node {new_id}")), "{err}");
+        // Restarted with the same command line, the new node is itself, not a replacement.
+        let w = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap();
+        assert_eq!((w.node_id, w.replacing()), (new_id, None));
+        w.shutdown().await;
+        nodes.pop().unwrap().shutdown().await;
+    }
+
     #[tokio::test]
     async fn a_secured_cluster_is_not_resumed_without_its_secret() {
         let tmp = tempfile::tempdir().unwrap();
@@ -532,6 +667,7 @@ mod tests {
             addrs: addrs(1),
             secret: None,
             timeouts: Timeouts::default(),
+            replaces: None,
         };
         let master = tokio::spawn(init_distributed_mode(opts(0, 2, port, tmp.path(), None), addrs(0)));
         let (old, joined) = WorkerLink::join(settings.clone()).await.unwrap();

@@ -755,6 +755,7 @@ impl Master {
             proof,
             epoch: held,
             incarnation,
+            replaces,
         } = hello
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
@@ -770,6 +771,7 @@ impl Master {
             proof: proof.as_deref(),
             held_epoch: held,
             incarnation: incarnation.as_deref(),
+            replaces: replaces.as_deref(),
         };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
@@ -818,6 +820,7 @@ impl Master {
                             metadata_applied,
                         },
                     );
+                    let replaced = old.as_ref().filter(|o| o.info.node_id != node_id).map(|o| o.info.node_id.clone());
                     if let Some(Slot { conn: Some(old), .. }) = old
                         && let Some(out) = Outgoing::new(&MasterMsg::Fenced {
                             reason: format!("rank {rank} rejoined with epoch {epoch}"),
@@ -831,11 +834,11 @@ impl Master {
                     }
                     // Before formation the view is sent with `Formed`, once for everyone.
                     let view = if s.formed { snapshot(&s) } else { Vec::new() };
-                    Ok((conn_id, epoch, s.formed, view))
+                    Ok((conn_id, epoch, s.formed, view, replaced))
                 }
             }
         };
-        let (conn_id, epoch, formed, view) = match admitted {
+        let (conn_id, epoch, formed, view, replaced) = match admitted {
             Err(refusal) => {
                 if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason, .. } = &refusal {
                     warn!(%peer, rank, "refused a node: {reason}");
@@ -846,6 +849,12 @@ impl Master {
             }
             Ok(a) => a,
         };
+        if let Some(old) = &replaced {
+            warn!(rank, %node_id, replaced = %old, "rank {rank} is taken by a new node in place of one whose data dir was lost");
+            // Recorded before the welcome: once the node has it, it takes no other answer, and
+            // a master restarted with the old node's id would refuse it.
+            self.persist()?;
+        }
         let welcome_proof = self.settings.secret.as_ref().map(|s| {
             hex::encode(
                 s.tag("welcome", &[&master_nonce, &node_nonce, self.settings.run_id.as_bytes(), &epoch.to_be_bytes()]),
@@ -927,6 +936,7 @@ impl Master {
                     addrs: h.addrs,
                     held_epoch: h.held_epoch,
                     incarnation: h.incarnation,
+                    replaces: h.replaces,
                 }
                 .parts();
                 let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -1115,6 +1125,7 @@ pub(crate) struct HelloProof<'a> {
     pub addrs: &'a BTreeMap<String, String>,
     pub held_epoch: Option<u64>,
     pub incarnation: Option<&'a str>,
+    pub replaces: Option<&'a str>,
 }
 
 impl HelloProof<'_> {
@@ -1140,6 +1151,7 @@ impl HelloProof<'_> {
             addrs,
             optional(self.held_epoch.map(u64::to_be_bytes).as_ref().map(|e| &e[..])),
             optional(self.incarnation.map(str::as_bytes)),
+            optional(self.replaces.map(str::as_bytes)),
         ]
     }
 }
@@ -1156,6 +1168,8 @@ struct HelloCheck<'a> {
     held_epoch: Option<u64>,
     /// The process's token (`NodeMsg::Hello::incarnation`).
     incarnation: Option<&'a str>,
+    /// The node whose lost data dir this one replaces (`NodeMsg::Hello::replaces`).
+    replaces: Option<&'a str>,
 }
 
 /// Why a rejoining process may not have its rank back: it held an older epoch, so a newer
@@ -1207,10 +1221,21 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
             slot.info.node_id,
             slot.info.addrs.values().next().map(String::as_str).unwrap_or("no address")
         )),
-        Some(slot) => Err(format!(
-            "rank {} belongs to node {}, which holds its data; restart that node with its data dir",
-            h.rank, slot.info.node_id
-        )),
+        // A fresh data dir taking the rank of a lost one, named by the operator.
+        Some(slot) if h.replaces == Some(slot.info.node_id.as_str()) => Ok(slot.info.epoch.saturating_add(1)),
+        Some(slot) => match h.replaces {
+            Some(named) => Err(format!(
+                "--replace-node names node {named}, but rank {} belongs to node {}: name the node whose data dir \
+                 was lost",
+                h.rank, slot.info.node_id
+            )),
+            None => Err(format!(
+                "rank {} belongs to node {}, which holds its data; restart that node with its data dir. If that \
+                 data dir is lost, start this node on an empty one with --replace-node {}: its replicas are then \
+                 rebuilt from the others",
+                h.rank, slot.info.node_id, slot.info.node_id
+            )),
+        },
     }
 }
 
@@ -1298,6 +1323,7 @@ mod hello_proof_tests {
             addrs: &addrs,
             held_epoch: Some(3),
             incarnation: Some("token"),
+            replaces: None,
         };
         let variants = [
             HelloProof { rank: 0, ..base },
@@ -1310,6 +1336,7 @@ mod hello_proof_tests {
             HelloProof { held_epoch: Some(4), ..base },
             HelloProof { incarnation: None, ..base },
             HelloProof { incarnation: Some("forged"), ..base },
+            HelloProof { replaces: Some("lost"), ..base },
         ];
         let mut seen = vec![base.parts()];
         for v in variants {

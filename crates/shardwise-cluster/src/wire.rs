@@ -155,6 +155,9 @@ pub enum NodeMsg {
         /// admitted it), not a stale one.
         #[serde(default)]
         incarnation: Option<String>,
+        /// The node id of the lost data dir whose rank this fresh one takes (`--replace-node`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replaces: Option<String>,
     },
     BarrierEnter,
     Heartbeat {

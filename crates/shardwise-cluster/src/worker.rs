@@ -58,6 +58,9 @@ pub struct WorkerSettings {
     pub addrs: BTreeMap<String, String>,
     pub secret: Option<ClusterSecret>,
     pub timeouts: Timeouts,
+    /// The node id of the lost data dir whose rank this one takes (`--replace-node`), said on
+    /// every attempt until the node's tables have taken note.
+    pub replaces: Option<String>,
 }
 
 /// An authenticated control connection, right after the master's welcome.
@@ -181,6 +184,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             addrs: &s.addrs,
             held_epoch,
             incarnation: Some(incarnation),
+            replaces: s.replaces.as_deref(),
         }
         .parts();
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -198,6 +202,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             proof,
             epoch: held_epoch,
             incarnation: Some(incarnation.to_string()),
+            replaces: s.replaces.clone(),
         })
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.

@@ -793,10 +793,7 @@ mod tests {
         for value in ["0", "abc", "-5"] {
             assert_eq!(
                 apply_error("repair_timeout_ms", value),
-                format!(
-                    "repair_timeout_ms = {value}: expected a whole number of milliseconds from 1 to {}",
-                    u64::MAX
-                )
+                format!("repair_timeout_ms = {value}: expected a whole number of milliseconds from 1 to {}", u64::MAX)
             );
         }
         let batch_size = apply_error("datafusion.execution.batch_size", "x");

@@ -205,7 +205,14 @@ impl Services {
         let metadata = Arc::new(NodeMetadata(node.metadata_handle()));
         let max_message_bytes = opts.settings.data_plane_max_message_bytes;
         let max_server_memory_bytes = opts.settings.max_server_memory_bytes;
-        let tables = TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings).await?;
+        let replacing = node.replacing();
+        let tables =
+            TablesNode::start(&opts.data_dir, node.view(), metadata, auth.clone(), opts.settings, replacing).await?;
+        // The replicas awaiting their rebuild are recorded: the data dir may forget it replaces.
+        if replacing.is_some() {
+            node.finish_replacing()
+                .map_err(|e| QueryError::Storage(format!("cannot record that the replacement is under way: {e}")))?;
+        }
         let listeners = listeners
             .listen()
             .map_err(|e| QueryError::Unavailable(format!("cannot listen on the node's ports: {e}")))?;

@@ -72,6 +72,7 @@ impl EmbeddedCluster {
                 timeouts: Timeouts::default(),
                 embedded: true,
                 metadata_machine: Some(Arc::new(CatalogMachine { world_size: n })),
+                replace_node: None,
             };
             let prepared = shardwise_cluster::prepare(opts)?;
             let listeners =

@@ -22,6 +22,7 @@ pub mod optimize;
 pub mod peers;
 mod reopen;
 pub mod repair;
+mod replaced;
 mod sender;
 pub mod stats;
 
@@ -110,6 +111,8 @@ pub struct TablesNode {
     fences: Mutex<HashMap<StoreKey, repair::Fence>>,
     /// The `immediate` inserts whose replica writes are under way, for a repair to wait for.
     pub(crate) immediate_writes: repair::ImmediateWrites,
+    /// Replicas of a node that replaced a lost data dir, fenced until rebuilt (`replaced.rs`).
+    awaiting: replaced::AwaitingRebuild,
 }
 
 /// The destinations that hold the outbox's pending bytes: `rank 1 123456 bytes, ...`.
@@ -148,6 +151,7 @@ impl TablesNode {
         metadata: Arc<dyn MetadataAccess>,
         auth: DataPlaneAuth,
         settings: StorageSettings,
+        replacing: Option<&str>,
     ) -> Result<Arc<TablesNode>, QueryError> {
         let outbox_dir = data_dir.join("outbox");
         let max_bytes = settings.outbox_max_bytes;
@@ -155,6 +159,18 @@ impl TablesNode {
         let origin_id = outbox.origin_id().to_string();
         let snapshot = metadata.watch().borrow().clone();
         let catalog = Catalog::from_json(&snapshot.state).map_err(storage_error)?;
+        let tables_dir = data_dir.join("tables");
+        let awaiting = replaced::AwaitingRebuild::load(&tables_dir)?;
+        if let Some(old) = replacing {
+            // Before anything is served: the replicas here are empty, not right.
+            let n = awaiting.note_replacement(old, &catalog, cluster.rank(), cluster.world_size())?;
+            tracing::warn!(
+                replaced = old,
+                replicas = n,
+                "this node took the rank of a lost data dir: its replicas \
+                are rebuilt from the others before they serve"
+            );
+        }
         let background = background::BackgroundPool::new()?;
         let node = Arc::new_cyclic(|me| TablesNode {
             rank: cluster.rank(),
@@ -165,7 +181,7 @@ impl TablesNode {
             settings,
             cluster,
             metadata,
-            tables_dir: data_dir.join("tables"),
+            tables_dir,
             stores: Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             open_failures: Mutex::new(BTreeMap::new()),
@@ -179,12 +195,16 @@ impl TablesNode {
             me: me.clone(),
             fences: Mutex::new(HashMap::new()),
             immediate_writes: repair::ImmediateWrites::default(),
+            awaiting,
         });
         node.remove_dropped().await;
         tokio::spawn(Self::open_local_stores(Arc::downgrade(&node)));
         sender::spawn_all(&node)?;
         tokio::spawn(Self::watch_catalog(Arc::downgrade(&node)));
         tokio::spawn(Self::maintain_loop(Arc::downgrade(&node)));
+        if !node.awaiting.keys().is_empty() {
+            tokio::spawn(Self::rebuild_replaced(Arc::downgrade(&node)));
+        }
         Ok(node)
     }
 

@@ -114,6 +114,11 @@ pub struct DrainRequest {
     pub generation: u64,
     pub dests: Option<Vec<u32>>,
     pub timeout_ms: u64,
+    /// Not waiting for a destination that refuses the table's items (their sender holds them
+    /// back: its replica there is fenced, awaiting a rebuild, or broken). For the checks before
+    /// a repair, which such a replica fails anyway; never for the drain to a rebuild's source.
+    #[serde(default)]
+    pub skip_held_back: bool,
 }
 
 /// What a node that was asked did: `rows` of the replica (fence: before; install: after), or
@@ -280,7 +285,8 @@ fn swap_in(dir: &Path) -> Result<(), QueryError> {
 impl TablesNode {
     /// Why the replica of `key` takes no reads or writes now, if it is fenced for a rebuild.
     pub(crate) fn fenced(&self, key: StoreKey) -> Option<String> {
-        lock(&self.fences).get(&key).filter(|f| f.live()).map(|f| f.why.clone())
+        let fence = lock(&self.fences).get(&key).filter(|f| f.live()).map(|f| f.why.clone());
+        fence.or_else(|| self.awaiting.why(key, self.rank))
     }
 
     /// Forgets the fence of `key` if it lapsed (its repair died part-way); the caller holds
@@ -409,7 +415,15 @@ impl TablesNode {
             let waiting: Vec<u32> = {
                 let outbox = lock_from_runtime(&self.outbox);
                 let first = |dest| outbox.first_pending_seq(dest, |key| outbox_key_incarnation(key) == incarnation);
-                dests.iter().copied().filter(|dest| first(*dest).is_some_and(|seq| seq < below)).collect()
+                let held = |dest| {
+                    req.skip_held_back
+                        && self.senders.holds_back(dest, |key| outbox_key_incarnation(key) == incarnation)
+                };
+                dests
+                    .iter()
+                    .copied()
+                    .filter(|dest| first(*dest).is_some_and(|seq| seq < below) && !held(*dest))
+                    .collect()
             };
             if waiting.is_empty() {
                 return Ok(RepairReply { immediate_started, ..RepairReply::default() });
@@ -563,6 +577,8 @@ impl TablesNode {
             self.unretire(key);
             return Err(e);
         }
+        // A replacement node's replica serves from now on (`replaced.rs`).
+        self.awaiting.done(key)?;
         let reopened = self.reopen_retired(&entry, key).await?;
         tracing::warn!(table = %entry.def.name, shard = key.2, source, rows, "shard replica rebuilt from another replica");
         Ok(RepairReply { rows: reopened.rows.or(Some(rows)), ..RepairReply::default() })
@@ -601,7 +617,8 @@ impl TablesNode {
             .collect();
         let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
         let dests = Some(up.clone());
-        let drain = DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms };
+        let drain =
+            DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms, skip_held_back: true };
         let (checked, writes_seen) = self.settled_check(table, &up, &drain, timeout).await?;
         let mut out = Vec::with_capacity(checked.len());
         for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank, writes_seen)) {
@@ -701,8 +718,13 @@ impl TablesNode {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let fence = FenceRequest { replica: replica.clone(), token, timeout_ms, source: None };
         self.ask(target, "repair_fence", &fence, timeout, self.repair_fence(&fence)).await?;
-        let drain =
-            DrainRequest { table_id: entry.id, generation: entry.generation, dests: Some(vec![source]), timeout_ms };
+        let drain = DrainRequest {
+            table_id: entry.id,
+            generation: entry.generation,
+            dests: Some(vec![source]),
+            timeout_ms,
+            skip_held_back: false,
+        };
         let install = FenceRequest { source: Some(source), ..fence.clone() };
         let all: Vec<u32> = (0..self.world_size).collect();
         let result = match self.drain_on(&all, &drain, timeout).await {

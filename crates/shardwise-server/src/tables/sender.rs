@@ -125,6 +125,12 @@ impl Senders {
         Some(format!("last error shipping to it, {ago_s} s ago: {error}"))
     }
 
+    /// Whether `dest`'s sender holds back the items of a table whose outbox key `is_table` takes
+    /// (the destination refused them).
+    pub(crate) fn holds_back(&self, dest: u32, is_table: impl Fn(&str) -> bool) -> bool {
+        self.slots.get(dest as usize).is_some_and(|slot| lock(&slot.held).tables.iter().any(|t| is_table(t)))
+    }
+
     /// The last error of `dest`'s queue of the table with outbox key `table`: why its items are
     /// held back, if they are, else the last error of shipping to `dest`.
     pub(crate) fn last_error(&self, dest: u32, table: &str) -> Option<String> {

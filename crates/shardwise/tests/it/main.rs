@@ -14,5 +14,6 @@ mod load;
 mod local;
 mod queries;
 mod repair_table;
+mod replace_node;
 mod sql_client;
 mod tables;

@@ -54,10 +54,22 @@ impl Cluster {
     }
 
     pub(crate) fn restart(&mut self, rank: u32) {
-        let n = self.procs.len() as u32;
-        let mut p = Proc::spawn(node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank)));
+        self.restart_with(rank, &[]);
+    }
+
+    /// [`Cluster::restart`] with extra arguments to `shardwise node`.
+    pub(crate) fn restart_with(&mut self, rank: u32, args: &[&str]) {
+        let mut p = self.spawn_node(rank, args);
         self.addrs[rank as usize] = flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30)));
         self.procs[rank as usize] = p;
+    }
+
+    /// Starts the node of `rank` again with extra arguments, without waiting for it.
+    pub(crate) fn spawn_node(&self, rank: u32, args: &[&str]) -> Proc {
+        let n = self.procs.len() as u32;
+        let mut cmd = node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank));
+        cmd.args(args);
+        Proc::spawn(cmd)
     }
 }
 

@@ -1,0 +1,228 @@
+//! A node that took the rank of one whose data dir was lost (`shardwise node --replace-node`):
+//! its replicas of the tables that existed then hold nothing, and must not serve as if they
+//! were right, empty. Each waits, fenced (no reads, which go to the other replicas; no writes,
+//! which wait in the senders' queues or fail an `immediate` insert that needs it), until
+//! `REPAIR TABLE` has rebuilt it from another replica of its shard, which the node starts by
+//! itself ([`TablesNode::rebuild_replaced`]) and retries until every one is done.
+//!
+//! Which replicas wait is written durably in `tables/AWAITING_REBUILD.json` before the data
+//! dir forgets that it is a replacement (`REPLACING`, in the cluster crate), so a crash at any
+//! point leaves either the file or the marker, and a restart picks up where it was. A replica
+//! leaves the file once its rebuild is swapped in. A table dropped or truncated meanwhile needs
+//! nothing; a shard whose only replica was here (`replicas = 1`) has nothing to be rebuilt from:
+//! its rows were lost with the data dir, which the node logs as an error before it serves the
+//! replica empty.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shardwise_query::QueryError;
+use shardwise_storage::Catalog;
+
+use super::{StoreKey, TablesNode, lock, storage_error};
+
+/// The file, in `tables/`, that lists the replicas awaiting their rebuild.
+const AWAITING_FILE: &str = "AWAITING_REBUILD.json";
+/// How long each step of an automatic rebuild may take on each node (`repair_timeout_ms`).
+pub const REPLACED_REBUILD_TIMEOUT_MS: u64 = 600_000;
+/// The first wait before an automatic rebuild is tried again (doubling after each failure).
+pub const REPLACED_REBUILD_RETRY_MS: u64 = 1_000;
+/// The longest wait between two tries.
+pub const REPLACED_REBUILD_RETRY_MAX_MS: u64 = 30_000;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct AwaitingFile {
+    /// The node whose lost data dir this node replaced.
+    replaced_node: String,
+    /// `(table id, generation, shard)` of each replica still to be rebuilt.
+    replicas: BTreeSet<StoreKey>,
+}
+
+/// The replicas on this node awaiting their rebuild, as `AWAITING_REBUILD.json` holds them.
+#[derive(Debug)]
+pub(crate) struct AwaitingRebuild {
+    dir: PathBuf,
+    state: Mutex<AwaitingFile>,
+    /// Whether any replica awaits: every store lookup asks, and almost always the answer is no.
+    any: AtomicBool,
+}
+
+impl AwaitingRebuild {
+    /// Reads the file in `tables_dir`, if there is one.
+    pub(crate) fn load(tables_dir: &Path) -> Result<AwaitingRebuild, QueryError> {
+        let file = tables_dir.join(AWAITING_FILE);
+        let state = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice::<AwaitingFile>(&bytes)
+                .map_err(|e| storage_error(format!("{} is not valid: {e}", file.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => AwaitingFile::default(),
+            Err(e) => return Err(storage_error(format!("cannot read {}: {e}", file.display()))),
+        };
+        let any = AtomicBool::new(!state.replicas.is_empty());
+        Ok(AwaitingRebuild { dir: tables_dir.to_path_buf(), state: Mutex::new(state), any })
+    }
+
+    /// Records that this node replaced `old`: every replica it holds of a table in `catalog`
+    /// awaits its rebuild (durably, when this returns).
+    pub(crate) fn note_replacement(
+        &self,
+        old: &str,
+        catalog: &Catalog,
+        rank: u32,
+        world_size: u32,
+    ) -> Result<usize, QueryError> {
+        let mut state = lock(&self.state);
+        state.replaced_node = old.to_string();
+        for entry in catalog.tables.values() {
+            for shard in 0..entry.def.shards {
+                if entry.def.replica_ranks(shard, world_size).contains(&rank) {
+                    state.replicas.insert((entry.id, entry.generation, shard));
+                }
+            }
+        }
+        self.write(&state)?;
+        self.any.store(!state.replicas.is_empty(), Ordering::SeqCst);
+        Ok(state.replicas.len())
+    }
+
+    /// Why the replica of `key` takes no reads or writes, if it awaits its rebuild.
+    pub(crate) fn why(&self, key: StoreKey, rank: u32) -> Option<String> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let state = lock(&self.state);
+        state.replicas.contains(&key).then(|| {
+            format!(
+                "rank {rank}: its replica of shard {} awaits its rebuild from the shard's other replicas (this node \
+                 took the rank of node {}, whose data dir was lost)",
+                key.2, state.replaced_node
+            )
+        })
+    }
+
+    /// The replicas awaiting, in order.
+    pub(crate) fn keys(&self) -> Vec<StoreKey> {
+        lock(&self.state).replicas.iter().copied().collect()
+    }
+
+    /// The replica of `key` needs no rebuild now (rebuilt, or its table gone): durably.
+    pub(crate) fn done(&self, key: StoreKey) -> Result<(), QueryError> {
+        let mut state = lock(&self.state);
+        if !state.replicas.remove(&key) {
+            return Ok(());
+        }
+        if let Err(e) = self.write(&state) {
+            state.replicas.insert(key);
+            return Err(e);
+        }
+        self.any.store(!state.replicas.is_empty(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn write(&self, state: &AwaitingFile) -> Result<(), QueryError> {
+        shardwise_cluster::datadir::create_dir_durably(&self.dir).map_err(storage_error)?;
+        let bytes = serde_json::to_vec_pretty(state).map_err(storage_error)?;
+        shardwise_cluster::datadir::write_atomic(&self.dir, AWAITING_FILE, &bytes).map_err(storage_error)
+    }
+}
+
+impl TablesNode {
+    /// Rebuilds every replica awaiting it (`REPAIR TABLE t SETTINGS repair_rebuild_rank = <this
+    /// rank>` for each of their tables, from this node), trying again, with a growing wait,
+    /// until none is left: a rebuild needs every node up.
+    pub(crate) async fn rebuild_replaced(node: std::sync::Weak<TablesNode>) {
+        let mut retry_ms = REPLACED_REBUILD_RETRY_MS;
+        loop {
+            let Some(n) = node.upgrade() else { return };
+            let tables = n.awaiting_tables();
+            if n.awaiting.keys().is_empty() {
+                tracing::warn!("every replica of the data dir this node replaced is rebuilt");
+                return;
+            }
+            for name in tables {
+                let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
+                match n.repair_cluster(&name, timeout, Some(u64::from(n.rank))).await {
+                    Ok(rows) => {
+                        for row in rows.iter().filter(|r| r.rank == n.rank && r.action != "rebuilt") {
+                            tracing::warn!(table = %name, shard = row.shard, action = %row.action,
+                                "a replica of this replacement node is not rebuilt yet: {}", row.message);
+                        }
+                    }
+                    Err(e) => tracing::warn!(table = %name, "rebuilding this replacement node's replicas: {e}"),
+                }
+            }
+            if n.awaiting.keys().is_empty() {
+                continue;
+            }
+            drop(n);
+            tokio::time::sleep(Duration::from_millis(retry_ms)).await;
+            retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
+        }
+    }
+
+    /// The names of the tables with replicas awaiting their rebuild; replicas that need none
+    /// any more (their table dropped or truncated, or nothing to rebuild them from) are let go.
+    fn awaiting_tables(&self) -> BTreeSet<String> {
+        let (_, catalog) = self.catalog_now();
+        let mut tables = BTreeSet::new();
+        for key in self.awaiting.keys() {
+            let entry = catalog.by_id(key.0).filter(|e| e.generation == key.1);
+            let release = match entry {
+                None => true,
+                Some(e) if e.def.replica_ranks(key.2, self.world_size).len() < 2 => {
+                    tracing::error!(table = %e.def.name, shard = key.2,
+                        "the shard's only replica was on the lost data dir this node replaced: its rows are lost, \
+                         and the replica here starts empty");
+                    true
+                }
+                Some(e) => {
+                    tables.insert(e.def.name.clone());
+                    false
+                }
+            };
+            if release && let Err(e) = self.awaiting.done(key) {
+                tracing::error!("cannot record that a replica needs no rebuild: {e}");
+            }
+        }
+        tables
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replicas_awaiting_survive_a_restart_and_leave_one_by_one() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("tables");
+        let awaiting = AwaitingRebuild::load(&dir)?;
+        assert!(awaiting.keys().is_empty() && awaiting.why((1, 1, 0), 2).is_none());
+        let mut catalog = Catalog::default();
+        let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "id",
+            arrow::datatypes::DataType::Int64,
+            true,
+        )]));
+        for (name, replicas) in [("a", "2"), ("b", "1")] {
+            let options = [("shard_key".to_string(), "id".to_string()), ("replicas".to_string(), replicas.to_string())];
+            let def = shardwise_storage::TableDef::from_options(name, schema.clone(), &options, 3)?;
+            let op = shardwise_storage::CatalogOp::CreateTable { def, if_not_exists: false };
+            catalog = catalog.apply(&op, 3)?.0;
+        }
+        // 3 shards on 3 ranks: rank 2 holds shard 2 of both (replica 0) and shard 1 of `a` (replica 1).
+        assert_eq!(awaiting.note_replacement("old-node", &catalog, 2, 3)?, 3);
+        let again = AwaitingRebuild::load(&dir)?;
+        assert_eq!(again.keys(), awaiting.keys());
+        let first = again.keys()[0];
+        let why = again.why(first, 2).ok_or("not fenced")?;
+        assert!(why.contains("old-node") && why.contains("awaits its rebuild"), "{why}");
+        again.done(first)?;
+        assert!(again.why(first, 2).is_none());
+        assert_eq!(AwaitingRebuild::load(&dir)?.keys().len(), 2);
+        Ok(())
+    }
+}

@@ -1,0 +1,110 @@
+//! A worker whose whole data dir was lost, replaced by a node on an empty one
+//! (`shardwise node --replace-node <id>`): refused without the flag, admitted with it, its
+//! replicas fenced until rebuilt (reads through it never answer from its empty replicas), then
+//! rebuilt by the node itself while a writer keeps inserting; the lost node, back, is refused.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::support::*;
+use crate::tables::{Cluster, one};
+
+#[test]
+fn a_node_on_an_empty_data_dir_takes_a_lost_nodes_rank_and_rebuilds_its_replicas() {
+    let mut c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE d (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 100)",
+    );
+    c.sql(0, "CREATE TABLE i (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(0, "CREATE TABLE solo (id BIGINT) WITH (shard_key = 'id')");
+    for table in ["d", "i", "solo"] {
+        c.sql(
+            1,
+            &format!(
+                "INSERT INTO {table} SELECT value{} FROM generate_series(1, 3000)",
+                match table {
+                    "solo" => "",
+                    _ => ", value * 2",
+                }
+            ),
+        );
+    }
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED d");
+    let old = one(c.sql(0, "SELECT node_id FROM system.nodes WHERE rank = 2"))[0].clone();
+    let solo_on_2: u64 = one(c.sql(2, "SELECT sum(rows) FROM system.shards WHERE \"table\" = 'solo' AND rank = 2"))[0]
+        .parse()
+        .expect("rows");
+    assert!(solo_on_2 > 0);
+
+    // Rank 2's disk is gone.
+    c.procs[2].kill9();
+    std::fs::remove_dir_all(c.data_dir(2)).expect("remove rank 2's data dir");
+    let (code, out) = c.spawn_node(2, &[]).wait_exit(Duration::from_secs(40));
+    assert_ne!(code, Some(0));
+    assert!(out.contains(&format!("--replace-node {old}")), "{out}");
+    std::fs::remove_dir_all(c.data_dir(2)).expect("remove the refused data dir");
+
+    // A writer into the delayed table all along, counting what was acknowledged.
+    let stop = AtomicBool::new(false);
+    let acked = AtomicU64::new(0);
+    /// Stops the writer however the scope ends (a failed assertion must not leave it running,
+    /// which would hold the scope open for ever).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    std::thread::scope(|scope| {
+        let _stop_writer = StopOnDrop(&stop);
+        let addr = c.addrs[0].clone();
+        let (stop, acked) = (&stop, &acked);
+        scope.spawn(move || {
+            let mut next = 100_000i64;
+            while !stop.load(Ordering::SeqCst) {
+                let rows: Vec<String> = (next..next + 20).map(|id| format!("({id}, 0)")).collect();
+                if sql_csv(&addr, &format!("INSERT INTO d VALUES {}", rows.join(", "))).is_ok() {
+                    acked.fetch_add(20, Ordering::SeqCst);
+                }
+                next += 20;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        c.restart_with(2, &["--replace-node", &old]);
+        // Until its replicas are rebuilt, reads through rank 2 come from the other replicas:
+        // never fewer rows than were there (its own replicas are empty).
+        eventually(Duration::from_secs(60), "rank 2's replicas rebuilt", || {
+            let counted = sql_csv(&c.addrs[2], "SELECT count(*) FROM i").ok().map(one);
+            if let Some(row) = &counted {
+                assert_eq!(row, &["3000".to_string()], "a read through rank 2 while it rebuilds");
+            }
+            let check = sql_csv(&c.addrs[0], "CHECK TABLE i").ok()?;
+            let awaiting = std::fs::read(c.data_dir(2).join("tables/AWAITING_REBUILD.json")).ok()?;
+            let awaiting = String::from_utf8_lossy(&awaiting).to_string();
+            (check == [["1"]] && awaiting.contains("\"replicas\": []")).then_some(())
+        });
+    });
+    c.sql(2, "SYSTEM FLUSH DISTRIBUTED d");
+    let acked = acked.load(Ordering::SeqCst);
+    let want = (3000 + acked).to_string();
+    for r in 0..3 {
+        for table in ["d", "i"] {
+            let expected = if table == "d" { want.clone() } else { "3000".to_string() };
+            let got = one(c.sql(
+                r,
+                &format!("SELECT count(*), count(DISTINCT id) FROM {table} SETTINGS load_balancing = 'in_order'"),
+            ));
+            assert_eq!(got, [expected.clone(), expected], "{table} through rank {r}");
+        }
+    }
+    assert_eq!(c.sql(0, "CHECK TABLE d"), [["1"]]);
+    assert_eq!(c.sql(0, "CHECK TABLE i"), [["1"]]);
+    // The shard only rank 2 held is lost with its disk; the others are all there.
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM solo")), [(3000 - solo_on_2).to_string()]);
+    // Restarted with the same command line, it is itself; the lost node's id is refused.
+    c.procs[2].kill9();
+    c.restart_with(2, &["--replace-node", &old]);
+    assert_eq!(one(c.sql(2, "SELECT count(*) FROM i")), ["3000"]);
+}
