@@ -18,6 +18,7 @@ pub mod clickhouse_functions;
 pub mod coalesce_types;
 pub mod correlated_windows;
 pub mod date_intervals;
+pub mod date_range;
 pub mod ddl;
 pub mod decimal_check;
 pub mod dist;

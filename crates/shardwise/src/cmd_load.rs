@@ -96,18 +96,29 @@ fn parse_insert_id(value: &str) -> Result<String, String> {
 struct Failure {
     error: anyhow::Error,
     sent: bool,
+    /// The server refused the rows for what they are (a row too large for the table, say), so
+    /// sending the same file again fails the same way.
+    refused: bool,
 }
 
 impl Failure {
     fn before_sending(error: anyhow::Error) -> Failure {
-        Failure { error, sent: false }
+        Failure { error, sent: false, refused: false }
     }
 
     /// The error as printed: the cause, then what became of the table. When rows may have been
     /// sent, also the insert id and how to finish the load; when nothing was sent there is
     /// nothing to finish, and any re-run (with or without the id) is a first load.
     fn into_error(self, insert_id: &str) -> anyhow::Error {
-        if self.sent {
+        if self.sent && self.refused {
+            anyhow!(
+                "{:#}\nthe server refused these rows, so sending the same file again fails the same way; rows \
+                 sent before them may be stored (insert id {insert_id}): correct the file and re-run with \
+                 --insert-id {insert_id}, which stores each row once as long as the rows before the refused \
+                 ones are unchanged",
+                self.error
+            )
+        } else if self.sent {
             anyhow!(
                 "{:#}\nthe server may have stored some or all of the rows (insert id {insert_id}); \
                  re-running with --insert-id {insert_id} completes the load exactly once",
@@ -207,6 +218,8 @@ struct Ingest<'a> {
 struct AttemptError {
     error: anyhow::Error,
     transient: bool,
+    /// The server refused the rows as they are (`InvalidArgument`).
+    refused: bool,
 }
 
 impl Ingest<'_> {
@@ -220,7 +233,7 @@ impl Ingest<'_> {
         loop {
             let Err(failed) = self.attempt(&mut client, progress).await else { return Ok(()) };
             if !failed.transient || retries_done >= self.args.retries {
-                return Err(Failure { error: failed.error, sent: true });
+                return Err(Failure { error: failed.error, sent: true, refused: failed.refused });
             }
             retries_done += 1;
             let delay = retry_delay(retries_done);
@@ -246,7 +259,7 @@ impl Ingest<'_> {
             Some(connected) => connected,
             None => connect(&args.connect, &args.user, &args.password, Duration::from_millis(args.connect_timeout_ms))
                 .await
-                .map_err(|error| AttemptError { error, transient: true })?,
+                .map_err(|error| AttemptError { error, transient: true, refused: false })?,
         };
         let total_bytes = self.batches.iter().map(|b| b.get_array_memory_size() as u64).sum();
         progress.start_phase("sending", total_bytes);
@@ -258,13 +271,17 @@ impl Ingest<'_> {
         let (connected, result) = call.await.map_err(|e| AttemptError {
             error: anyhow!("the server's reply to the ingest call could not be read: {e}"),
             transient: false,
+            refused: false,
         })?;
-        let inserted =
-            result.map_err(|e| AttemptError { transient: is_transient(&e), error: ingest_error(e, &args.connect) })?;
+        let inserted = result.map_err(|e| AttemptError {
+            transient: is_transient(&e),
+            refused: matches!(&e, FlightError::Tonic(status) if status.code() == Code::InvalidArgument),
+            error: ingest_error(e, &args.connect),
+        })?;
         *client = Some(connected);
         if u64::try_from(inserted).ok() != Some(self.rows) {
             let error = anyhow!("the server reported {inserted} rows inserted, but {} were sent", self.rows);
-            return Err(AttemptError { error, transient: false });
+            return Err(AttemptError { error, transient: false, refused: false });
         }
         Ok(())
     }
@@ -488,7 +505,10 @@ mod tests {
 
     #[test]
     fn failure_messages_name_the_insert_id_only_when_rows_may_have_been_sent() {
-        let sent = Failure { error: anyhow!("boom"), sent: true }.into_error("abc");
+        let refused =
+            format!("{:#}", Failure { error: anyhow!("too big"), sent: true, refused: true }.into_error("abc"));
+        assert!(refused.contains("fails the same way") && refused.contains("correct the file"), "{refused}");
+        let sent = Failure { error: anyhow!("boom"), sent: true, refused: false }.into_error("abc");
         let text = format!("{sent:#}");
         assert!(text.contains("boom"), "{text}");
         assert!(text.contains("re-running with --insert-id abc completes the load exactly once"), "{text}");

@@ -574,6 +574,17 @@ fn conform(entry: &CatalogEntry, batches: Vec<RecordBatch>) -> Result<Vec<Record
                     )));
                 }
             }
+            for (field, column) in schema.fields().iter().zip(batch.columns()) {
+                if let Some(bad) = shardwise_query::date_range::first_date_out_of_range(column) {
+                    return Err(QueryError::Rejected(format!(
+                        "table {} column {}, row {} of the rows sent: {}; nothing was stored",
+                        entry.def.name,
+                        field.name(),
+                        bad.row + 1,
+                        bad.message
+                    )));
+                }
+            }
             let columns = batch.columns().iter().map(one_nan).collect();
             RecordBatch::try_new(Arc::clone(schema), columns).map_err(storage_error)
         })
@@ -739,5 +750,22 @@ mod tests {
         assert!(check_insert_id(client_insert_id("/seg-0")).is_err());
         assert!(check_insert_id(client_insert_id("load-1/seg-0")).is_ok());
         assert!(check_insert_id("zz/seg-0").unwrap_err().contains("contains '/'"));
+    }
+
+    /// A date no client could read back (a Parquet DATE or an Arrow batch may carry any `i32` of
+    /// days) is refused, naming the table, column and row, whatever path the rows came by.
+    #[test]
+    fn a_date_beyond_what_can_be_read_back_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+        use datafusion::arrow::array::Date32Array;
+        let schema = Arc::new(Schema::new(vec![Field::new("day", DataType::Date32, true)]));
+        let options = [("shard_key".to_string(), "day".to_string())];
+        let def = shardwise_storage::TableDef::from_options("t", schema.clone(), &options, 1)?;
+        let entry = CatalogEntry { id: 1, generation: 0, def };
+        let fine = RecordBatch::try_new(schema.clone(), vec![Arc::new(Date32Array::from(vec![Some(19_723), None]))])?;
+        assert_eq!(conform(&entry, vec![fine])?.len(), 1);
+        let far = RecordBatch::try_new(schema, vec![Arc::new(Date32Array::from(vec![0, -99_999_999]))])?;
+        let err = conform(&entry, vec![far]).err().ok_or("accepted")?.to_string();
+        assert!(err.contains("table t column day, row 2") && err.contains("nothing was stored"), "{err}");
+        Ok(())
     }
 }

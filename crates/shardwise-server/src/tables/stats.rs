@@ -227,6 +227,14 @@ impl TablesNode {
             Err(_) | Ok(Err(QueryError::Unavailable(_))) if known_down => {
                 Err(QueryError::Unavailable(format!("rank {rank} is down (so the membership says){unknown}")))
             }
+            // The data plane's pings went unanswered (`peer_keepalive_interval_ms`, `peer_keepalive_timeout_ms`): the node is
+            // stopped or hung, as when the wait runs out, and said alike (not as HTTP/2's words).
+            Ok(Err(QueryError::Unavailable(m))) if m.contains("keep-alive timed out") => {
+                Err(QueryError::Unavailable(format!(
+                    "rank {rank} did not answer (its connection's keep-alive pings went unanswered){unknown} (the \
+                     node may be stopped or overloaded)"
+                )))
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(QueryError::Unavailable(format!(
                 "rank {rank} did not answer within {setting} + {PEER_REPLY_GRACE_MS} ms{unknown} (the node may be \

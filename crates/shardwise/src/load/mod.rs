@@ -102,6 +102,34 @@ pub struct BadValue {
 /// number with a fraction for an integer column is refused, and a number for a timestamp is
 /// seconds since 1970.
 pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadValue> {
+    if !matches!(target, DataType::Date32 | DataType::Date64) {
+        return convert_value_column(source, target);
+    }
+    // A number is no date (Arrow's cast would read days since 1970, so 20240101 became the year
+    // 57385), as an INSERT and a Flight SQL ingest refuse it.
+    if source.data_type().is_integer() || source.data_type().is_floating() {
+        let row = (0..source.len()).find(|i| source.is_valid(*i));
+        return match row {
+            None => Ok(arrow::array::new_null_array(target, source.len())),
+            Some(row) => Err(BadValue {
+                row: Some(row),
+                message: format!(
+                    "{} is a number, not a date (column type {target}): write dates as text, YYYY-MM-DD",
+                    shown_value(source, row)
+                ),
+            }),
+        };
+    }
+    let converted = convert_value_column(source, target)?;
+    // A date beyond what can be read back (a Parquet DATE of any i32 days).
+    match shardwise_query::date_range::first_date_out_of_range(&converted) {
+        Some(bad) => Err(BadValue { row: Some(bad.row), message: bad.message }),
+        None => Ok(converted),
+    }
+}
+
+/// [`convert_column`] for every type, dates without their checks.
+fn convert_value_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadValue> {
     if source.data_type() == target {
         return Ok(source.clone());
     }

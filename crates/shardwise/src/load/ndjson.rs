@@ -216,8 +216,11 @@ fn wire_schema(schema: &SchemaRef, label: &str) -> anyhow::Result<SchemaRef> {
     Ok(Arc::new(Schema::new(fields)))
 }
 
-/// Numbers, and timestamps (a number there is seconds since 1970, as for CSV and `CAST`; Arrow's
-/// JSON decoder would read it in the column's unit), are decoded as their text and converted.
+/// Numbers, timestamps (a number there is seconds since 1970, as for CSV and `CAST`; Arrow's
+/// JSON decoder would read it in the column's unit) and dates (a number there is read as the
+/// CSV loader reads its text, `20240101` as 2024-01-01; Arrow's decoder would take it for days
+/// since 1970, the year 57385) are decoded as their text and converted; so are booleans, so that
+/// `"true"` and `1` load as they do from a CSV (and HTTP's JSONEachRow).
 fn travels_as_text(data_type: &DataType) -> bool {
     data_type.is_integer()
         || data_type.is_floating()
@@ -228,6 +231,9 @@ fn travels_as_text(data_type: &DataType) -> bool {
                 | DataType::Decimal128(..)
                 | DataType::Decimal256(..)
                 | DataType::Timestamp(..)
+                | DataType::Date32
+                | DataType::Date64
+                | DataType::Boolean
         )
 }
 

@@ -256,6 +256,13 @@ fn bad_input_is_refused_and_changes_nothing() {
         assert!(err.contains(needle), "{sql}: {err:?} lacks {needle:?}");
         assert!(!err.contains("Optimizer rule"), "{sql}: {err:?} names an optimizer rule");
     }
+    // A date no client could read back (Arrow's DATE holds any 32-bit day count) is refused
+    // whatever path brings it; the table stays empty.
+    c.sql(0, "CREATE TABLE days (id BIGINT, day DATE) WITH (shard_key = 'id')");
+    let err = c.sql_err(1, "INSERT INTO days SELECT 1, CAST(-99999999 AS DATE)");
+    assert!(err.contains("column day") && err.contains("beyond the dates a DATE holds"), "{err}");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM days")), ["0"]);
+    c.sql(0, "DROP TABLE days");
     // Statements that failed before running are in system.queries with their error.
     let logged = c.sql(
         1,

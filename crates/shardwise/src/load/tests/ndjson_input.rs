@@ -156,7 +156,7 @@ fn other_wrong_types_name_line_column_and_value() {
     let err = ndjson_error(text, &all_types());
     assert_eq!(
         err,
-        "data.ndjson line 5, column \"ok\" (table column 12): 3 is not a valid Boolean (expected boolean got 3)"
+        "data.ndjson line 5, column \"ok\" (table column 12): \"3\" is not a boolean (column type Boolean: true or false)"
     );
     let err = ndjson_error("{\"s\":\"x\"}\n{\"s\":{\"a\":1}}\n", &all_types());
     assert_eq!(
@@ -166,7 +166,7 @@ fn other_wrong_types_name_line_column_and_value() {
     let err = ndjson_error("{\"day\":\"2024-13-01\"}\n", &all_types());
     assert_eq!(
         err,
-        "data.ndjson line 1, column \"day\" (table column 14): \"2024-13-01\" is not a valid Date32 (failed to parse \"2024-13-01\" as Date32)"
+        "data.ndjson line 1, column \"day\" (table column 14): \"2024-13-01\" is not a date (column type Date32: YYYY-MM-DD)"
     );
     let err = ndjson_error("{\"i8\":1,\"ts_us\":\"yesterday\"}\n", &all_types());
     assert_eq!(
@@ -264,4 +264,26 @@ fn a_column_no_line_gives_is_named_in_a_note() {
         Some("note: no line of data.ndjson gives column \"qty\" a value: every row gets NULL there")
     );
     assert_eq!(super::ndjson::never_given_note(&small(), &[], "data.ndjson"), None);
+}
+
+#[test]
+fn a_date_written_as_a_number_reads_as_the_csv_loader_reads_it() {
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("day", DataType::Date32, true)]));
+    // Arrow's decoder would take 20240101 for days since 1970 (the year 57385).
+    let batches = read_ndjson(b"{\"day\":20240101}\n{\"day\":\"2024-01-02\"}\n", &schema, 10).expect("read");
+    use arrow::array::AsArray;
+    let days = batches[0].column(0).as_primitive::<arrow::datatypes::Date32Type>();
+    assert_eq!(days.values().to_vec(), vec![19_723, 19_724]);
+    let err = ndjson_error("{\"day\":1}\n{\"day\":-99999999}\n", &schema);
+    assert!(err.starts_with("data.ndjson line 1, column \"day\""), "{err}");
+}
+
+#[test]
+fn booleans_as_words_or_numbers_load_as_from_a_csv() {
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("ok", DataType::Boolean, true)]));
+    let batches =
+        read_ndjson(b"{\"ok\":true}\n{\"ok\":\"false\"}\n{\"ok\":1}\n{\"ok\":null}\n", &schema, 10).expect("read");
+    use arrow::array::AsArray;
+    let oks = batches[0].column(0).as_boolean();
+    assert_eq!(oks.iter().collect::<Vec<_>>(), vec![Some(true), Some(false), Some(true), None]);
 }

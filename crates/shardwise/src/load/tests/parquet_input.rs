@@ -205,3 +205,21 @@ fn not_parquet_is_a_clear_error() {
     let err = error(parquet::read(file, 11, "data.parquet", &small(), 10, &Progress::hidden()));
     assert_eq!(err, "data.parquet is not a readable Parquet file: Parquet error: Invalid Parquet file. Corrupt footer");
 }
+
+#[test]
+fn a_number_for_a_date_and_a_date_no_client_could_read_are_errors() {
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("day", DataType::Date32, true)]));
+    // Arrow's cast would read 20240101 as days since 1970: the year 57385.
+    let numbers =
+        RecordBatch::try_from_iter([("day", Arc::new(Int32Array::from(vec![None, Some(20_240_101)])) as ArrayRef)])
+            .expect("batch");
+    let err = error(round_trip(&numbers, &schema, 10, 10));
+    assert!(err.contains("row 2") && err.contains("20240101 is a number, not a date"), "{err}");
+    let far = RecordBatch::try_from_iter([("day", Arc::new(Date32Array::from(vec![0, -99_999_999])) as ArrayRef)])
+        .expect("batch");
+    let err = error(round_trip(&far, &schema, 10, 10));
+    assert!(err.contains("row 2") && err.contains("beyond the dates a DATE holds"), "{err}");
+    let nulls =
+        RecordBatch::try_from_iter([("day", Arc::new(Int32Array::from(vec![None, None])) as ArrayRef)]).expect("batch");
+    assert_eq!(round_trip(&nulls, &schema, 10, 10).expect("all NULL")[0].column(0).null_count(), 2);
+}
