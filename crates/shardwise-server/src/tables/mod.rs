@@ -656,15 +656,31 @@ impl TableAccess for TablesNode {
         let max_bytes = self.settings.outbox_max_bytes;
         let pending_bytes = outbox.pending_bytes();
         let refused = self.outbox_refused.load(std::sync::atomic::Ordering::Relaxed);
-        if refused || pending_bytes.saturating_mul(100) >= max_bytes.saturating_mul(OUTBOX_NEARLY_FULL_PERCENT) {
+        if pending_bytes.saturating_mul(100) >= max_bytes.saturating_mul(OUTBOX_NEARLY_FULL_PERCENT) {
             problems.push(format!(
                 "outbox: {pending_bytes} of {max_bytes} bytes (--outbox-max-bytes) pending{}, until the \
                  destinations take them ({})",
                 if refused { ", and the last delayed insert that waited for room was refused" } else { "" },
                 outbox_holders(&outbox)
             ));
+        } else if refused {
+            // Drained since: said as what it is, until the next delayed insert goes in.
+            problems.push(format!(
+                "outbox: the last delayed insert that waited for room was refused (--outbox-max-bytes = \
+                 {max_bytes}); {pending_bytes} bytes are pending now, and this clears when the next delayed insert \
+                 goes in"
+            ));
         }
         drop(outbox);
+        // A replacement node's replicas out of service until rebuilt: degraded.
+        let awaiting = self.awaiting.keys();
+        if !awaiting.is_empty() {
+            problems.push(format!(
+                "{} shard replicas await their rebuild from the other replicas (this node replaced one whose data \
+                 dir was lost; it rebuilds them itself: REPAIR TABLE)",
+                awaiting.len()
+            ));
+        }
         // Replicas that cannot be opened take no writes: failing, as a store that failed.
         for (key, error) in self.open_failures_now() {
             let table = catalog.by_id(key.0).map(|e| e.def.name.as_str()).unwrap_or("(dropped)");
