@@ -371,7 +371,11 @@ impl TablesNode {
         let (_, catalog) = node.catalog_now();
         for entry in catalog.tables.values() {
             for shard in 0..entry.def.shards {
-                if !entry.def.replica_ranks(shard, node.world_size).contains(&node.rank) {
+                // Not held here, or awaiting its rebuild (`replaced.rs`, which logs its own).
+                let key = (entry.id, entry.generation, shard);
+                if !entry.def.replica_ranks(shard, node.world_size).contains(&node.rank)
+                    || node.awaiting.why(key, node.rank).is_some()
+                {
                     continue;
                 }
                 if let Err(e) = node.store(entry, shard).await {
