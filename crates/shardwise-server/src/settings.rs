@@ -59,7 +59,7 @@ impl Default for StorageSettings {
     fn default() -> Self {
         StorageSettings {
             insert_chunk_rows: 262_144,
-            insert_chunk_max_bytes: 64 * 1024 * 1024,
+            insert_chunk_max_bytes: shardwise_storage::chunk_size::INSERT_CHUNK_MAX_BYTES_DEFAULT,
             insert_pipeline_depth: 2,
             ship_max_bytes: 16 * 1024 * 1024,
             ship_max_items: 4096,

@@ -20,6 +20,7 @@
 
 pub mod catalog;
 pub mod checksum;
+pub mod chunk_size;
 pub mod error;
 pub mod fs;
 pub mod ipc_size;

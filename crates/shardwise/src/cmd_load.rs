@@ -185,6 +185,20 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
     .and_then(|read| read)
     .map_err(Failure::before_sending)?;
     let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    // A row no insert chunk of the table can hold fails the load now, not after the segments
+    // before it were stored.
+    if let Some((limit, replicas)) = load::client::row_max_bytes(&mut client, &args.table).await
+        && let Some((row, size)) = first_row_over(&batches, limit)
+    {
+        return Err(Failure::before_sending(anyhow!(
+            "{}: data row {row} holds {size} bytes, more than one insert chunk of table {} may hold ({limit} bytes: \
+             one WAL record of at most {} bytes carries every replica's copy, and the table has {replicas}); \
+             shorten that row or split it",
+            args.file.display(),
+            args.table,
+            shardwise_storage::WAL_RECORD_MAX_BYTES
+        )));
+    }
     let read = started.elapsed();
     if batches.is_empty() {
         // The server learns the schema (and the call its descriptor) from the first batch.
@@ -193,6 +207,23 @@ async fn load(args: &LoadArgs, insert_id: &str, progress: &Progress) -> Result<(
     let ingest = Ingest { args, insert_id, rows, batches };
     ingest.send_with_retries(client, progress).await?;
     Ok((rows, file_bytes, read))
+}
+
+/// The first row (1-based, over all batches) whose bytes, as the server counts them for chunks,
+/// are more than `limit`, with its size.
+fn first_row_over(batches: &[RecordBatch], limit: usize) -> Option<(u64, usize)> {
+    let mut before = 0u64;
+    for batch in batches {
+        // Most batches are far below the limit in all: not sized row by row.
+        if shardwise_storage::chunk_size::batch_bytes(batch) > limit {
+            let sizes = shardwise_storage::chunk_size::row_sizes(batch);
+            if let Some((i, size)) = sizes.into_iter().enumerate().find(|(_, size)| *size > limit) {
+                return Some((before + i as u64 + 1, size));
+            }
+        }
+        before += batch.num_rows() as u64;
+    }
+    None
 }
 
 /// `loaded N rows into TABLE in S s (R rows/s, M MiB/s)` (`1 row` for one), rates over the whole run.

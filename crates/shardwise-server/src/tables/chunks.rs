@@ -13,21 +13,10 @@
 //! `insert_id` retry rely on it. A single row too large for a chunk is refused before anything
 //! is written.
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::array::RecordBatch;
 use shardwise_query::QueryError;
 use shardwise_storage::WAL_RECORD_MAX_BYTES;
-
-/// The share of a WAL record a chunk's copies may fill; the rest is left for the encoding's
-/// framing (message headers, buffer padding, one piece per shard and destination).
-const RECORD_FILL_PERCENT: usize = 75;
-
-/// The most row bytes (as [`row_sizes`] counts them) one chunk of a table with `replicas`
-/// copies may hold, within `setting` (`insert_chunk_max_bytes`).
-pub(crate) fn chunk_max_bytes(setting: usize, replicas: u32) -> usize {
-    let record_share = WAL_RECORD_MAX_BYTES / 100 * RECORD_FILL_PERCENT / (replicas.max(1) as usize);
-    setting.min(record_share).max(1)
-}
+pub(crate) use shardwise_storage::chunk_size::{batch_bytes, chunk_max_bytes, row_sizes};
 
 /// Cuts the rows into chunks of at most `chunk_rows` rows and `chunk_bytes` row bytes, counted
 /// from the first row, so the same input always gives the same chunks (which the dedup keys rely
@@ -80,79 +69,12 @@ pub(crate) fn chunks(
     Ok(out)
 }
 
-/// The bytes each row of `batch` holds: its fixed-width values, and the bytes (and offset) of
-/// each string or binary value. The same for a row whatever batch holds it.
-pub(crate) fn row_sizes(batch: &RecordBatch) -> Vec<usize> {
-    let mut sizes = vec![0usize; batch.num_rows()];
-    for column in batch.columns() {
-        match column.data_type() {
-            DataType::Utf8 => add_lengths(&mut sizes, column.as_string::<i32>().offsets().windows(2), 4),
-            DataType::LargeUtf8 => add_lengths(&mut sizes, column.as_string::<i64>().offsets().windows(2), 8),
-            DataType::Binary => add_lengths(&mut sizes, column.as_binary::<i32>().offsets().windows(2), 4),
-            DataType::LargeBinary => add_lengths(&mut sizes, column.as_binary::<i64>().offsets().windows(2), 8),
-            DataType::Utf8View => {
-                for (size, view) in sizes.iter_mut().zip(column.as_string_view().views()) {
-                    *size += 16 + (*view as u32) as usize;
-                }
-            }
-            other => {
-                let width = other.primitive_width().unwrap_or(1);
-                sizes.iter_mut().for_each(|size| *size += width);
-            }
-        }
-    }
-    sizes
-}
-
-/// The sum of [`row_sizes`] of `batch`, from each column's offsets or width, without sizing its
-/// rows one by one.
-pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
-    let rows = batch.num_rows();
-    let span = |first: i128, last: i128| (last - first).max(0) as usize;
-    batch
-        .columns()
-        .iter()
-        .map(|column| match column.data_type() {
-            DataType::Utf8 => {
-                let o = column.as_string::<i32>().offsets();
-                4 * rows + span(i128::from(o[0]), i128::from(o[rows]))
-            }
-            DataType::LargeUtf8 => {
-                let o = column.as_string::<i64>().offsets();
-                8 * rows + span(i128::from(o[0]), i128::from(o[rows]))
-            }
-            DataType::Binary => {
-                let o = column.as_binary::<i32>().offsets();
-                4 * rows + span(i128::from(o[0]), i128::from(o[rows]))
-            }
-            DataType::LargeBinary => {
-                let o = column.as_binary::<i64>().offsets();
-                8 * rows + span(i128::from(o[0]), i128::from(o[rows]))
-            }
-            DataType::Utf8View => column.as_string_view().views().iter().map(|v| 16 + (*v as u32) as usize).sum(),
-            other => other.primitive_width().unwrap_or(1) * rows,
-        })
-        .sum()
-}
-
-/// Adds each value's length (the difference of its offsets) plus the offset's own bytes.
-fn add_lengths<'a, T: Copy + Into<i128> + 'a>(
-    sizes: &mut [usize],
-    pairs: impl Iterator<Item = &'a [T]>,
-    offset_bytes: usize,
-) {
-    for (size, pair) in sizes.iter_mut().zip(pairs) {
-        let length = (pair[1].into() - pair[0].into()).max(0) as usize;
-        *size += offset_bytes + length;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{Int64Array, StringArray};
-    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
 

@@ -52,6 +52,21 @@ pub async fn table_schema(
     Ok(Arc::new(schema))
 }
 
+/// The most row bytes one insert chunk of `table` may hold (`shardwise_storage::chunk_size`, by
+/// the table's replica count from `system.tables`), or `None` when the server does not say (a
+/// table it does not list there): the server then checks alone.
+pub async fn row_max_bytes(client: &mut FlightSqlServiceClient<Channel>, table: &str) -> Option<(usize, u32)> {
+    use arrow::array::AsArray;
+    let sql =
+        format!("SELECT CAST(replicas AS BIGINT) FROM system.tables WHERE name = '{}'", table.replace('\'', "''"));
+    let info = client.execute(sql, None).await.ok()?;
+    let (_, batches) = crate::cmd_sql::fetch(client, info).await.ok()?;
+    let column = batches.iter().find(|b| b.num_rows() > 0)?.column(0).clone();
+    let replicas = u32::try_from(column.as_primitive_opt::<arrow::datatypes::Int64Type>()?.value(0)).ok()?;
+    let setting = shardwise_storage::chunk_size::INSERT_CHUNK_MAX_BYTES_DEFAULT;
+    Some((shardwise_storage::chunk_size::chunk_max_bytes(setting, replicas), replicas))
+}
+
 fn select_none(table: &str) -> String {
     format!("SELECT * FROM {} LIMIT 0", quote_identifier(table))
 }

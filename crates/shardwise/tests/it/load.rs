@@ -78,6 +78,26 @@ fn load_checks_everything_and_is_exactly_once() {
     assert_eq!(one(c.sql(1, "SELECT count(*), sum(id) FROM t")), vec!["5".to_string(), "47".to_string()]);
 }
 
+/// A row too large for any insert chunk of the table (25 MB with two replicas) fails the load
+/// before anything is sent, naming the row: before, the segments ahead of it were stored and
+/// the error advised a re-run that failed the same way.
+#[test]
+fn a_row_too_large_for_the_table_fails_the_load_before_anything_is_sent() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE big (id BIGINT, s VARCHAR) WITH (shard_key = 'id', replicas = 2)");
+    let dir = tempdir();
+    let file = dir.path().join("huge.csv");
+    let mut text = String::from("id,s\n1,small\n2,small\n3,");
+    text.push_str(&"z".repeat(26 * 1024 * 1024));
+    text.push_str("\n4,small\n");
+    std::fs::write(&file, text).unwrap();
+    let out = load(&c.addrs[1], "big", &file, &["--insert-id", "H1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("data row 3 holds") && stderr.contains("nothing was sent"), "{stderr}");
+    assert_eq!(one(c.sql(0, "SELECT count(*) FROM big")), ["0"]);
+}
+
 /// A Flight SQL bulk ingest from a client that is not `shardwise load` (ADBC's `adbc_ingest`):
 /// columns matched by name and cast to the table's types; ADBC's modes honoured (append adds,
 /// create on an existing table and replace are refused, writing nothing).
