@@ -283,6 +283,12 @@ impl TablesNode {
                 let store = match self.store(entry, shard).await {
                     Ok(store) => store,
                     Err(e) => {
+                        // Fenced (being rebuilt, or awaiting a rebuild): said as such, not as a
+                        // replica that fails to open.
+                        let problem = match self.fenced((entry.id, entry.generation, shard)) {
+                            Some(why) => why,
+                            None => format!("cannot be opened: {e}"),
+                        };
                         out.push(LocalShardStats {
                             table_id: entry.id,
                             generation: entry.generation,
@@ -291,7 +297,7 @@ impl TablesNode {
                             bytes: None,
                             parts: None,
                             verified_placement: None,
-                            problem: Some(format!("cannot be opened: {e}")),
+                            problem: Some(problem),
                         });
                         continue;
                     }
