@@ -131,9 +131,12 @@ fn replacing(opts: &InitOptions, mut dir: DataDir, old: &str) -> Result<DataDir>
     }
     match (dir.cluster(), dir.replacing()) {
         (_, Some(recorded)) if recorded == old => {}
-        (_, Some(recorded)) => {
+        // Never admitted (a refused attempt: a wrong id, the old node still connected): the
+        // dir has joined nothing, and may name another node.
+        (None, Some(_)) => dir.mark_replacing(&old)?,
+        (Some(_), Some(recorded)) => {
             return Err(bad(&format!(
-                "{recorded}, the node this data dir was started to replace (a replacement cannot change its mind)"
+                "{recorded}, the node this data dir has replaced (it has joined the cluster in that node's place)"
             )));
         }
         (Some(rec), None) => {
@@ -602,12 +605,6 @@ mod tests {
         };
         let err = init_distributed_mode(fresh(None), addrs(1)).await.unwrap_err().to_string();
         assert!(err.contains(&format!("--replace-node {old}")), "{err}");
-        let other = "22222222-2222-2222-2222-222222222222";
-        let err = init_distributed_mode(fresh(Some(other)), addrs(1)).await.unwrap_err().to_string();
-        assert!(err.contains(&format!("rank 1 belongs to node {old}")), "{err}");
-        // The dir recorded that replacement: it cannot be pointed at another node now.
-        let err = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap_err().to_string();
-        assert!(err.contains("cannot change its mind"), "{err}");
         std::fs::remove_dir_all(&lost).unwrap();
         // Checked before the data dir is made.
         let err = init_distributed_mode(fresh(Some("not-a-uuid")), addrs(1)).await.unwrap_err().to_string();
@@ -617,6 +614,11 @@ mod tests {
         let err = prepare(on_master).unwrap_err().to_string();
         assert!(err.contains("restore it from a backup"), "{err}");
         assert!(!lost.exists());
+        let other = "22222222-2222-2222-2222-222222222222";
+        let err = init_distributed_mode(fresh(Some(other)), addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("rank 1 belongs to node {old}")), "{err}");
+        // A refused attempt leaves the dir free to name the right node.
+        assert_eq!(std::fs::read_to_string(lost.join("REPLACING")).unwrap().trim(), other);
 
         let w = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap();
         assert_ne!(w.node_id.to_string(), old);

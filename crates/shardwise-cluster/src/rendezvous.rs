@@ -1215,14 +1215,34 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         Some(slot) if slot.info.node_id == h.node_id => {
             Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)).saturating_add(1))
         }
-        Some(slot) if slot.conn.is_some() => Err(format!(
-            "rank {} is already held by live node {} ({})",
-            h.rank,
-            slot.info.node_id,
-            slot.info.addrs.values().next().map(String::as_str).unwrap_or("no address")
-        )),
-        // A fresh data dir taking the rank of a lost one, named by the operator.
-        Some(slot) if h.replaces == Some(slot.info.node_id.as_str()) => Ok(slot.info.epoch.saturating_add(1)),
+        // A fresh data dir taking the rank of a lost one, named by the operator: once that node
+        // is not connected, or is connected but taken for down (a process hung on its dead
+        // disk keeps its connection; it is fenced out when the new one is admitted).
+        Some(slot)
+            if h.replaces == Some(slot.info.node_id.as_str())
+                && (slot.conn.is_none() || slot.info.state == NodeState::Down) =>
+        {
+            Ok(slot.info.epoch.saturating_add(1))
+        }
+        Some(slot) if slot.conn.is_some() => {
+            let addr = slot.info.addrs.values().next().map(String::as_str).unwrap_or("no address");
+            match slot.info.state {
+                NodeState::Up => {
+                    Err(format!("rank {} is already held by live node {} ({addr})", h.rank, slot.info.node_id))
+                }
+                state => Err(format!(
+                    "rank {} is held by node {} ({addr}), which is {} (no recent heartbeat) but still connected to \
+                     the master: stop that process, or wait until the membership takes it for down{}",
+                    h.rank,
+                    slot.info.node_id,
+                    state.as_str(),
+                    match h.replaces {
+                        Some(_) => ", and start this node again",
+                        None => "",
+                    }
+                )),
+            }
+        }
         Some(slot) => match h.replaces {
             Some(named) => Err(format!(
                 "--replace-node names node {named}, but rank {} belongs to node {}: name the node whose data dir \

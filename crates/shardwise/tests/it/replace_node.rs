@@ -108,3 +108,29 @@ fn a_node_on_an_empty_data_dir_takes_a_lost_nodes_rank_and_rebuilds_its_replicas
     c.restart_with(2, &["--replace-node", &old]);
     assert_eq!(one(c.sql(2, "SELECT count(*) FROM i")), ["3000"]);
 }
+
+/// A node whose disk died often hangs rather than exits, holding its connection to the master:
+/// stopped (SIGSTOP) here. Its replacement is admitted once the membership takes it for down,
+/// and the stopped process is fenced out.
+#[test]
+fn a_hung_node_is_replaced_once_the_membership_takes_it_for_down() {
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE i (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(0, "INSERT INTO i SELECT value FROM generate_series(1, 1000)");
+    let old = one(c.sql(0, "SELECT node_id FROM system.nodes WHERE rank = 2"))[0].clone();
+    c.procs[2].signal("STOP");
+    eventually(Duration::from_secs(20), "rank 2 taken for down", || {
+        (one(c.sql(0, "SELECT state FROM system.nodes WHERE rank = 2"))[0] == "down").then_some(())
+    });
+    let new_dir = c.data_dir(2).with_extension("new");
+    let mut p = c.spawn_node_in(2, &new_dir, &["--replace-node", &old]);
+    c.addrs[2] = flight_addr(&p.wait_for_line("listening rank=", Duration::from_secs(30)));
+    c.procs[2] = p;
+    eventually(Duration::from_secs(60), "rank 2's replicas rebuilt", || {
+        let check = sql_csv(&c.addrs[0], "CHECK TABLE i").ok()?;
+        let through_2 = sql_csv(&c.addrs[2], "SELECT count(*) FROM i").ok()?;
+        (check == [["1"]] && through_2 == [["1000"]]).then_some(())
+    });
+    let id = one(c.sql(0, "SELECT node_id FROM system.nodes WHERE rank = 2"))[0].clone();
+    assert_ne!(id, old);
+}

@@ -66,8 +66,13 @@ impl Cluster {
 
     /// Starts the node of `rank` again with extra arguments, without waiting for it.
     pub(crate) fn spawn_node(&self, rank: u32, args: &[&str]) -> Proc {
+        self.spawn_node_in(rank, &rank_dir(self.dir.path(), rank), args)
+    }
+
+    /// [`Cluster::spawn_node`] on another data dir.
+    pub(crate) fn spawn_node_in(&self, rank: u32, data_dir: &std::path::Path, args: &[&str]) -> Proc {
         let n = self.procs.len() as u32;
-        let mut cmd = node_cmd(rank, n, self.port, &rank_dir(self.dir.path(), rank));
+        let mut cmd = node_cmd(rank, n, self.port, data_dir);
         cmd.args(args);
         Proc::spawn(cmd)
     }
