@@ -158,12 +158,12 @@ fn replaced_id(opts: &InitOptions, old: &str) -> Result<String> {
         value: old.to_string(),
         expected: expected.into(),
     };
+    if opts.detected.world_size < 2 {
+        return Err(bad("a node of a cluster of several nodes: a single node has no replicas to rebuild from"));
+    }
     if opts.detected.rank == 0 {
         return Err(bad("a worker's node id: rank 0, the master, keeps the cluster's catalog and membership in its \
                         data dir, which cannot be rebuilt from the others; restore it from a backup"));
-    }
-    if opts.detected.world_size < 2 {
-        return Err(bad("a node of a cluster of several nodes: a single node has no replicas to rebuild from"));
     }
     Uuid::parse_str(old.trim())
         .map(|id| id.to_string())

@@ -168,7 +168,8 @@ impl TablesNode {
                 replaced = old,
                 replicas = n,
                 "this node took the rank of a lost data dir: its replicas \
-                are rebuilt from the others before they serve"
+                are rebuilt from the others before they serve. Rows the lost node had acknowledged into \
+                delay_mode_distributed tables and not shipped yet were only in its outbox, and are lost"
             );
         }
         let background = background::BackgroundPool::new()?;

@@ -399,7 +399,10 @@ impl TablesNode {
                 break;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                let pending = format!("rank {}: immediate inserts under way did not finish", self.rank);
+                let pending = format!(
+                    "rank {}: immediate inserts under way did not finish within repair_timeout_ms = {} ms",
+                    self.rank, req.timeout_ms
+                );
                 return Ok(RepairReply { pending: Some(pending), ..RepairReply::default() });
             }
             tokio::time::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
@@ -455,8 +458,9 @@ impl TablesNode {
                         let last = key.and_then(|(k, _)| self.senders.last_error_noted(*dest, &k));
                         let last = last.map(|e| format!(" ({e})")).unwrap_or_default();
                         format!(
-                            "rank {} -> rank {dest}: rows queued before the repair began are not delivered{last}",
-                            self.rank
+                            "rank {} -> rank {dest}: rows queued before the repair began are not delivered within \
+                             repair_timeout_ms = {} ms{last}",
+                            self.rank, req.timeout_ms
                         )
                     })
                     .collect();
@@ -760,9 +764,7 @@ impl TablesNode {
         match left.is_empty() {
             true => Ok(immediate_started),
             false => Err(QueryError::Unavailable(format!(
-                "rows of the table queued before the repair began could not all be delivered within \
-                 repair_timeout_ms = {} ms: {}",
-                timeout.as_millis(),
+                "rows of the table queued before the repair began could not all be delivered: {}",
                 left.join("; ")
             ))),
         }

@@ -13,14 +13,14 @@
 //! its rows were lost with the data dir, which the node logs as an error before it serves the
 //! replica empty.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use shardwise_query::QueryError;
+use shardwise_query::{QueryError, ReplicaRepairRow};
 use shardwise_storage::Catalog;
 
 use super::{StoreKey, TablesNode, lock, storage_error};
@@ -33,6 +33,9 @@ pub const REPLACED_REBUILD_TIMEOUT_MS: u64 = 600_000;
 pub const REPLACED_REBUILD_RETRY_MS: u64 = 1_000;
 /// The longest wait between two tries.
 pub const REPLACED_REBUILD_RETRY_MAX_MS: u64 = 30_000;
+/// What the reason a replica awaiting its rebuild is fenced says, and so what `REPAIR TABLE`
+/// reports for it (on any node): a shard whose every replica says it holds nothing to copy.
+const AWAITING_MARK: &str = "awaits its rebuild from the shard's other replicas";
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct AwaitingFile {
@@ -96,11 +99,15 @@ impl AwaitingRebuild {
         let state = lock(&self.state);
         state.replicas.contains(&key).then(|| {
             format!(
-                "rank {rank}: its replica of shard {} awaits its rebuild from the shard's other replicas (this node \
-                 took the rank of node {}, whose data dir was lost)",
+                "rank {rank}: its replica of shard {} {AWAITING_MARK} (this node took the rank of node {}, whose data \
+                 dir was lost)",
                 key.2, state.replaced_node
             )
         })
+    }
+
+    pub(crate) fn contains(&self, key: StoreKey) -> bool {
+        self.any.load(Ordering::Relaxed) && lock(&self.state).replicas.contains(&key)
     }
 
     /// The replicas awaiting, in order.
@@ -142,15 +149,10 @@ impl TablesNode {
                 tracing::warn!("every replica of the data dir this node replaced is rebuilt");
                 return;
             }
-            for name in tables {
+            for (name, incarnation) in tables {
                 let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
                 match n.repair_cluster(&name, timeout, Some(u64::from(n.rank))).await {
-                    Ok(rows) => {
-                        for row in rows.iter().filter(|r| r.rank == n.rank && r.action != "rebuilt") {
-                            tracing::warn!(table = %name, shard = row.shard, action = %row.action,
-                                "a replica of this replacement node is not rebuilt yet: {}", row.message);
-                        }
-                    }
+                    Ok(rows) => n.after_repair(&name, incarnation, &rows),
                     Err(e) => tracing::warn!(table = %name, "rebuilding this replacement node's replicas: {e}"),
                 }
             }
@@ -163,11 +165,32 @@ impl TablesNode {
         }
     }
 
-    /// The names of the tables with replicas awaiting their rebuild; replicas that need none
-    /// any more (their table dropped or truncated, or nothing to rebuild them from) are let go.
-    fn awaiting_tables(&self) -> BTreeSet<String> {
+    /// What a repair left of this node's replicas awaiting their rebuild: a shard whose every
+    /// replica awaits one (two workers lost at once, each replaced) has nothing to copy from, its
+    /// rows lost: its replicas here are let go, said as an error, and serve empty; the others
+    /// are tried again.
+    fn after_repair(&self, name: &str, (id, generation): (u64, u64), rows: &[ReplicaRepairRow]) {
+        for row in rows.iter().filter(|r| r.rank == self.rank && self.awaiting.contains((id, generation, r.shard))) {
+            let mut shard = rows.iter().filter(|o| o.shard == row.shard);
+            if shard.all(|o| o.message.contains(AWAITING_MARK)) {
+                tracing::error!(table = %name, shard = row.shard,
+                    "every replica of the shard was on a lost data dir (this node's and other replacement nodes'): \
+                     its rows are lost, and the replica here starts empty");
+                if let Err(e) = self.awaiting.done((id, generation, row.shard)) {
+                    tracing::error!("cannot record that a replica needs no rebuild: {e}");
+                }
+            } else {
+                tracing::warn!(table = %name, shard = row.shard, action = %row.action,
+                    "a replica of this replacement node is not rebuilt yet: {}", row.message);
+            }
+        }
+    }
+
+    /// The tables (name, incarnation) with replicas awaiting their rebuild; replicas that need
+    /// none any more (their table dropped or truncated, or nothing to rebuild them from) are let go.
+    fn awaiting_tables(&self) -> BTreeMap<String, (u64, u64)> {
         let (_, catalog) = self.catalog_now();
-        let mut tables = BTreeSet::new();
+        let mut tables = BTreeMap::new();
         for key in self.awaiting.keys() {
             let entry = catalog.by_id(key.0).filter(|e| e.generation == key.1);
             let release = match entry {
@@ -179,7 +202,7 @@ impl TablesNode {
                     true
                 }
                 Some(e) => {
-                    tables.insert(e.def.name.clone());
+                    tables.insert(e.def.name.clone(), (e.id, e.generation));
                     false
                 }
             };

@@ -134,3 +134,40 @@ fn a_hung_node_is_replaced_once_the_membership_takes_it_for_down() {
     let id = one(c.sql(0, "SELECT node_id FROM system.nodes WHERE rank = 2"))[0].clone();
     assert_ne!(id, old);
 }
+
+/// Two workers lost at once, each replaced: the shard both held has nothing to be rebuilt from.
+/// Its rows are lost, and said so; the replicas of every other shard are rebuilt, and the
+/// table serves again (it did not stay out of service, retrying for ever).
+#[test]
+fn two_workers_lost_at_once_lose_only_the_shard_both_held_and_say_so() {
+    let mut c = Cluster::start(3);
+    c.sql(0, "CREATE TABLE i (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(0, "INSERT INTO i SELECT value FROM generate_series(1, 3000)");
+    // Shard s lives on ranks s and s + 1: shard 1 on ranks 1 and 2 only.
+    let shard_1: u64 = one(c.sql(0, "SELECT min(rows) FROM system.shards WHERE \"table\" = 'i' AND shard = 1"))[0]
+        .parse()
+        .expect("rows");
+    assert!(shard_1 > 0);
+    let ids = c.sql(0, "SELECT node_id FROM system.nodes WHERE rank > 0 ORDER BY rank");
+    for rank in [1, 2] {
+        c.procs[rank].kill9();
+        std::fs::remove_dir_all(c.data_dir(rank as u32)).expect("remove the data dir");
+    }
+    c.restart_with(1, &["--replace-node", &ids[0][0]]);
+    c.restart_with(2, &["--replace-node", &ids[1][0]]);
+    let left = (3000 - shard_1).to_string();
+    eventually(Duration::from_secs(60), "every replica rebuilt or let go", || {
+        let check = sql_csv(&c.addrs[0], "CHECK TABLE i").ok()?;
+        let counts: Vec<_> = (0..3).filter_map(|r| sql_csv(&c.addrs[r], "SELECT count(*) FROM i").ok()).collect();
+        (check == [["1"]] && counts.len() == 3 && counts.iter().all(|n| n == &[[left.clone()]])).then_some(())
+    });
+    // Whichever replacement found it first said so (the other then copied its empty replica).
+    let said: Vec<String> = [1, 2]
+        .iter()
+        .flat_map(|r| {
+            c.procs[*r].drain(Duration::from_millis(200));
+            c.procs[*r].seen.iter().filter(|l| l.contains("its rows are lost")).cloned().collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(said.iter().any(|l| l.contains("shard=1")), "{said:?}");
+}
