@@ -669,11 +669,15 @@ impl TableAccess for TablesNode {
                 outbox_holders(&outbox)
             ));
         } else if refused {
-            // Drained since: said as what it is, until the next delayed insert goes in.
+            // Drained since, maybe: said as what it is, until the next delayed insert goes in.
+            let holders = match pending_bytes {
+                0 => String::new(),
+                _ => format!(" ({})", outbox_holders(&outbox)),
+            };
             problems.push(format!(
                 "outbox: the last delayed insert that waited for room was refused (--outbox-max-bytes = \
-                 {max_bytes}); {pending_bytes} bytes are pending now, and this clears when the next delayed insert \
-                 goes in"
+                 {max_bytes}); {pending_bytes} bytes are pending now{holders}, and this clears when the next delayed \
+                 insert goes in"
             ));
         }
         drop(outbox);
