@@ -1224,23 +1224,17 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         {
             Ok(slot.info.epoch.saturating_add(1))
         }
-        Some(slot) if slot.conn.is_some() => {
+        // Connected and not taken for down: up, or suspect (a replacement may wait for down).
+        Some(slot) if slot.conn.is_some() && slot.info.state != NodeState::Down => {
             let addr = slot.info.addrs.values().next().map(String::as_str).unwrap_or("no address");
-            match slot.info.state {
-                NodeState::Up => {
-                    Err(format!("rank {} is already held by live node {} ({addr})", h.rank, slot.info.node_id))
-                }
-                state => Err(format!(
-                    "rank {} is held by node {} ({addr}), which is {} (no recent heartbeat) but still connected to \
-                     the master: stop that process, or wait until the membership takes it for down{}",
-                    h.rank,
-                    slot.info.node_id,
-                    state.as_str(),
-                    match h.replaces {
-                        Some(_) => ", and start this node again",
-                        None => "",
-                    }
+            match (slot.info.state, h.replaces) {
+                (NodeState::Suspect, Some(named)) if named == slot.info.node_id => Err(format!(
+                    "rank {} is held by node {} ({addr}), which is suspect (no recent heartbeat) but still \
+                     connected to the master: stop that process, or wait until the membership takes it for down, \
+                     and start this node again",
+                    h.rank, slot.info.node_id
                 )),
+                _ => Err(format!("rank {} is already held by live node {} ({addr})", h.rank, slot.info.node_id)),
             }
         }
         Some(slot) => match h.replaces {

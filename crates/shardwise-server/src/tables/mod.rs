@@ -203,7 +203,7 @@ impl TablesNode {
         sender::spawn_all(&node)?;
         tokio::spawn(Self::watch_catalog(Arc::downgrade(&node)));
         tokio::spawn(Self::maintain_loop(Arc::downgrade(&node)));
-        if !node.awaiting.keys().is_empty() {
+        if !node.awaiting.is_empty() {
             tokio::spawn(Self::rebuild_replaced(Arc::downgrade(&node)));
         }
         Ok(node)
@@ -374,8 +374,7 @@ impl TablesNode {
             for shard in 0..entry.def.shards {
                 // Not held here, or awaiting its rebuild (`replaced.rs`, which logs its own).
                 let key = (entry.id, entry.generation, shard);
-                if !entry.def.replica_ranks(shard, node.world_size).contains(&node.rank)
-                    || node.awaiting.why(key, node.rank).is_some()
+                if !entry.def.replica_ranks(shard, node.world_size).contains(&node.rank) || node.awaiting.contains(key)
                 {
                     continue;
                 }

@@ -106,6 +106,10 @@ impl AwaitingRebuild {
         })
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn contains(&self, key: StoreKey) -> bool {
         self.any.load(Ordering::Relaxed) && lock(&self.state).replicas.contains(&key)
     }
@@ -145,7 +149,7 @@ impl TablesNode {
         loop {
             let Some(n) = node.upgrade() else { return };
             let tables = n.awaiting_tables();
-            if n.awaiting.keys().is_empty() {
+            if n.awaiting.is_empty() {
                 tracing::warn!("every replica of the data dir this node replaced is rebuilt");
                 return;
             }
@@ -156,7 +160,7 @@ impl TablesNode {
                     Err(e) => tracing::warn!(table = %name, "rebuilding this replacement node's replicas: {e}"),
                 }
             }
-            if n.awaiting.keys().is_empty() {
+            if n.awaiting.is_empty() {
                 continue;
             }
             drop(n);
