@@ -10,7 +10,7 @@ set -u
 B=${1:-target/release/shardwise}; ROUNDS=${2:-3}; D=/tmp/rnbench; rm -rf $D; mkdir -p $D
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 node() { # rank, data dir, log, extra args
-  $B node --rank "$1" --world-size 3 --master-addr 127.0.0.1 --master-port "$PORT" --insecure --data-dir "$2" "${@:4}" > "$3" 2>&1 &
+  ($B node --rank "$1" --world-size 3 --master-addr 127.0.0.1 --master-port "$PORT" --insecure --data-dir "$2" "${@:4}" > "$3" 2>&1 &)
 }
 for r in 0 1 2; do node $r $D/rank-$r $D/node-$r.log; done
 for _ in $(seq 60); do [ "$(cat $D/node-*.log | grep -c 'listening rank=')" -ge 3 ] && break; sleep 1; done
@@ -36,4 +36,4 @@ for round in $(seq "$ROUNDS"); do
   rows=$(grep "shard replica rebuilt" $D/node-2.log | grep -o 'rows=[0-9]*' | cut -d= -f2 | paste -sd+ | bc)
   echo "round $round: the replacement joined and rebuilt $rows rows in $took s ($(echo "scale=2; $took / $ctas" | bc) of the CREATE TABLE AS SELECT); CHECK TABLE after: $(q "CHECK TABLE big" | tail -1); count: $(q "SELECT count(*) FROM big" | tail -1)"
 done
-pkill -f "data-dir $D"
+pkill -f "data-dir $D"; sleep 5; pkill -9 -f "data-dir $D"
