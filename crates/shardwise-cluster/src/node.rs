@@ -633,7 +633,7 @@ mod tests {
         back.data_dir = kept;
         back.timeouts.join_timeout_ms = 3_000;
         let err = init_distributed_mode(back, addrs(1)).await.unwrap_err().to_string();
-        assert!(err.contains(&format!("rank 1 belongs to node {new_id}")), "{err}");
+        assert!(err.contains(&format!("was replaced by node {new_id}")) && err.contains("stale"), "{err}");
         // Restarted with the same command line, the new node is itself, not a replacement.
         let w = init_distributed_mode(fresh(Some(&old)), addrs(1)).await.unwrap();
         assert_eq!((w.node_id, w.replacing()), (new_id, None));

@@ -56,6 +56,10 @@ pub struct PersistedMembership {
     /// files from before it was recorded.
     #[serde(default)]
     pub secured: Option<bool>,
+    /// Node ids replaced by another node (`--replace-node`), with the id that replaced them: a
+    /// replaced data dir that turns up again is told it is stale. Absent in older files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replaced: BTreeMap<String, String>,
 }
 
 impl PersistedMembership {
@@ -131,6 +135,8 @@ struct State {
     metadata_version: u64,
     /// `Confirm` questions waiting for their node's answer, by (rank, connection id, req).
     confirms: HashMap<(u32, u64, u64), oneshot::Sender<bool>>,
+    /// [`PersistedMembership::replaced`].
+    replaced: BTreeMap<String, String>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -209,6 +215,7 @@ impl Master {
         };
         let mut slots = BTreeMap::new();
         let formed = resumed.is_some();
+        let replaced = resumed.as_ref().map(|p| p.replaced.clone()).unwrap_or_default();
         if let Some(p) = resumed {
             for mut m in p.members {
                 if m.rank == 0 {
@@ -253,6 +260,7 @@ impl Master {
                 metadata_frame,
                 metadata_version: snapshot.version,
                 confirms: HashMap::new(),
+                replaced,
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -395,11 +403,13 @@ impl Master {
         // atomic), so a poisoned lock is still good.
         let _persisting = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
+        let replaced = self.lock().replaced.clone();
         let p = PersistedMembership {
             run_id: self.settings.run_id.clone(),
             world_size: self.settings.world_size,
             members,
             secured: Some(self.settings.secret.is_some()),
+            replaced,
         };
         let bytes = serde_json::to_vec_pretty(&p).map_err(|e| ClusterError::DataDir {
             path: self.settings.state_dir.clone(),
@@ -821,6 +831,9 @@ impl Master {
                         },
                     );
                     let replaced = old.as_ref().filter(|o| o.info.node_id != node_id).map(|o| o.info.node_id.clone());
+                    if let Some(old_id) = &replaced {
+                        s.replaced.insert(old_id.clone(), node_id.clone());
+                    }
                     if let Some(Slot { conn: Some(old), .. }) = old
                         && let Some(out) = Outgoing::new(&MasterMsg::Fenced {
                             reason: format!("rank {rank} rejoined with epoch {epoch}"),
@@ -1215,6 +1228,14 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         Some(slot) if slot.info.node_id == h.node_id => {
             Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)).saturating_add(1))
         }
+        // A data dir whose node was replaced, turning up again: what it holds is stale.
+        _ if s.replaced.contains_key(h.node_id) => Err(format!(
+            "this data dir's node {} was replaced by node {} (--replace-node), whose replicas were rebuilt \
+             from the others: what this data dir holds is stale; do not start it again (keep it aside, or \
+             remove it)",
+            h.node_id,
+            s.replaced.get(h.node_id).map(String::as_str).unwrap_or("?")
+        )),
         // A fresh data dir taking the rank of a lost one, named by the operator: once that node
         // is not connected, or is connected but taken for down (a process hung on its dead
         // disk keeps its connection; it is fenced out when the new one is admitted).
