@@ -15,7 +15,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::datadir::{ClusterRecord, DataDir};
@@ -161,9 +161,10 @@ fn replaced_id(opts: &InitOptions, old: &str) -> Result<String> {
     if opts.detected.world_size < 2 {
         return Err(bad("a node of a cluster of several nodes: a single node has no replicas to rebuild from"));
     }
-    if opts.detected.rank == 0 {
-        return Err(bad("a worker's node id: rank 0, the master, keeps the cluster's catalog and membership in its \
-                        data dir, which cannot be rebuilt from the others; restore it from a backup"));
+    if opts.detected.rank == 0 && opts.run_id.is_none() {
+        return Err(bad("given with --run-id on rank 0: a master on an empty data dir knows neither the cluster's \
+                        run nor its catalog, which it takes from the other ranks as they rejoin; give the run id \
+                        (\"run_id\" in any worker's data dir, cluster.json, or in the workers' logs)"));
     }
     Uuid::parse_str(old.trim())
         .map(|id| id.to_string())
@@ -201,7 +202,7 @@ impl Prepared {
         let recorded = self.data_dir.cluster().map(|r| r.run_id.clone());
         let (run_id, epoch, inner) = if d.rank == 0 {
             let state_dir = self.data_dir.path().join("master");
-            let resumed = PersistedMembership::load(&state_dir)?;
+            let mut resumed = PersistedMembership::load(&state_dir)?;
             let run_id = self
                 .opts
                 .run_id
@@ -209,6 +210,23 @@ impl Prepared {
                 .or(recorded)
                 .or_else(|| d.run_id.clone())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
+            // A master on an empty data dir in place of a lost one: the cluster has formed, and
+            // its ranks' nodes and catalog are taken from them as they rejoin, all of them before
+            // this node serves (a crash meanwhile resumes the same way: the data dir still
+            // records the replacement and not every rank).
+            let adopting = self.data_dir.replacing().is_some()
+                && resumed.as_ref().is_none_or(|p| p.members.len() < d.world_size as usize);
+            if adopting && resumed.is_none() {
+                let replaced = self.data_dir.replacing().map(|old| (old.to_string(), node_id.to_string()));
+                warn!(run_id, "this node replaces a master whose data dir was lost; waiting for every rank to rejoin");
+                resumed = Some(PersistedMembership {
+                    run_id: run_id.clone(),
+                    world_size: d.world_size,
+                    members: Vec::new(),
+                    secured: Some(self.opts.secret.is_some()),
+                    replaced: replaced.into_iter().collect(),
+                });
+            }
             if let Some(p) = &resumed {
                 if p.world_size != d.world_size || p.run_id != run_id {
                     return Err(ClusterError::DataDir {
@@ -229,7 +247,7 @@ impl Prepared {
                     });
                 }
                 let metadata_file = state_dir.join(crate::metadata::METADATA_FILE);
-                if !metadata_file.exists() && holds_table_data(self.data_dir.path()) {
+                if !adopting && !metadata_file.exists() && holds_table_data(self.data_dir.path()) {
                     return Err(ClusterError::DataDir {
                         path: metadata_file,
                         reason: "missing, though this cluster has run and this data dir holds shard replicas \
@@ -267,6 +285,7 @@ impl Prepared {
                 state_dir,
                 own,
                 metadata_machine: self.opts.metadata_machine.clone(),
+                adopting,
             };
             let master = Master::start(settings, listener, resumed)?;
             self.data_dir.record_cluster(ClusterRecord {
@@ -293,6 +312,7 @@ impl Prepared {
                 secret: self.opts.secret.clone(),
                 timeouts: self.opts.timeouts.clone(),
                 replaces: self.data_dir.replacing().map(str::to_string),
+                metadata_dir: Some(self.data_dir.path().to_path_buf()),
             };
             let data_dir = &mut self.data_dir;
             let (rank, world_size) = (d.rank, d.world_size);
@@ -612,7 +632,7 @@ mod tests {
         let mut on_master = opts(0, 2, port, tmp.path(), None);
         on_master.replace_node = Some(old.clone());
         let err = prepare(on_master).unwrap_err().to_string();
-        assert!(err.contains("restore it from a backup"), "{err}");
+        assert!(err.contains("given with --run-id on rank 0"), "{err}");
         assert!(!lost.exists());
         let other = "22222222-2222-2222-2222-222222222222";
         let err = init_distributed_mode(fresh(Some(other)), addrs(1)).await.unwrap_err().to_string();
@@ -670,6 +690,7 @@ mod tests {
             secret: None,
             timeouts: Timeouts::default(),
             replaces: None,
+            metadata_dir: None,
         };
         let master = tokio::spawn(init_distributed_mode(opts(0, 2, port, tmp.path(), None), addrs(0)));
         let (old, joined) = WorkerLink::join(settings.clone()).await.unwrap();
@@ -1046,6 +1067,71 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("metadata.json: missing, though this cluster has run"), "{text}");
         worker.shutdown().await;
+    }
+
+    /// A master whose data dir was lost: a node on an empty one, given `--replace-node` and the
+    /// run id, takes rank 0 once every worker has rejoined, with the newest catalog they hold,
+    /// here only in the copies the workers keep on disk (both restarted while the master was
+    /// gone). The next change builds on that catalog; a fresh worker data dir is refused meanwhile.
+    #[tokio::test]
+    async fn a_master_whose_data_dir_was_lost_takes_the_catalog_from_the_workers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = start(3, port, tmp.path(), 10_000).await;
+        let (w2, w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap(), nodes.pop().unwrap());
+        master.propose(create("a")).await.unwrap();
+        let v2 = w1.propose(create("b")).await.unwrap();
+        for (rank, w) in [(1, &w1), (2, &w2)] {
+            seen(w, 2).await;
+            let copy = tmp.path().join(format!("rank-{rank}"));
+            let kept = async {
+                while crate::metadata::load(&copy).unwrap().version < 2 {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(5), kept).await.expect("the worker's copy written");
+        }
+        let (old, run_id) = (master.node_id.to_string(), master.run_id.clone());
+        w1.shutdown().await;
+        w2.shutdown().await;
+        master.shutdown().await;
+        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+
+        let replacement = |run_id: Option<&str>| {
+            let mut o = meta_opts(0, 3, port, tmp.path(), 10_000);
+            o.replace_node = Some(old.clone());
+            o.run_id = run_id.map(str::to_string);
+            o
+        };
+        let err = prepare(replacement(None)).unwrap_err().to_string();
+        assert!(err.contains("--run-id") && err.contains("cluster.json"), "{err}");
+        assert!(!tmp.path().join("rank-0").exists(), "refused before the data dir is made");
+        let new_master = tokio::spawn(init_distributed_mode(replacement(Some(&run_id)), addrs(0)));
+        // A fresh data dir for a worker's rank is not taken for that rank's node.
+        let mut fresh = meta_opts(1, 3, port, &tmp.path().join("fresh"), 10_000);
+        fresh.timeouts.join_timeout_ms = 2_000;
+        let err = init_distributed_mode(fresh, addrs(1)).await.unwrap_err().to_string();
+        assert!(err.contains("does not know rank 1's node yet"), "{err}");
+        let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 10_000), addrs(1)).await.unwrap();
+        // Until rank 2 is back, no change: it might hold a newer catalog.
+        let err = w1.propose(create("x")).await.unwrap_err().to_string();
+        assert!(err.contains("ranks 2 have not yet"), "{err}");
+        let w2 = init_distributed_mode(meta_opts(2, 3, port, tmp.path(), 10_000), addrs(2)).await.unwrap();
+        let master = new_master.await.unwrap().unwrap();
+        assert_eq!((master.run_id.as_str(), master.replacing()), (run_id.as_str(), Some(old.as_str())));
+        assert_eq!(*master.metadata().borrow(), v2, "the catalog taken from the workers");
+        assert_eq!(on_disk(tmp.path()), v2, "and stored");
+        let members = w1.view().members().await;
+        assert_eq!(members[0].node_id, master.node_id.to_string());
+        let v3 = master.propose(create("c")).await.unwrap();
+        assert_eq!((v3.version, table_names(&v3)), (3, vec!["a".into(), "b".into(), "c".into()]));
+        assert_eq!(seen(&w2, 3).await, v3);
+        let err = w1.propose(create("a")).await.unwrap_err().to_string();
+        assert!(err.contains("table a already exists"), "{err}");
+        master.finish_replacing().unwrap();
+        for n in [w1, w2, master] {
+            n.shutdown().await;
+        }
     }
 
     #[tokio::test]

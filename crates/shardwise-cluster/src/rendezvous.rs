@@ -81,6 +81,10 @@ pub struct MasterSettings {
     pub own: MemberInfo,
     /// What a metadata operation does; `None` refuses every proposal.
     pub metadata_machine: Option<Arc<dyn MetadataMachine>>,
+    /// This master replaces one whose data dir was lost (`--replace-node` on rank 0), and has
+    /// not yet heard every rank: it knows neither their nodes nor the cluster's catalog, which it
+    /// takes from them as they rejoin ([`Master::form`] waits for all of them).
+    pub adopting: bool,
 }
 
 struct Conn {
@@ -120,6 +124,9 @@ struct Slot {
     /// The newest metadata version the node runs with (`NodeMsg::MetadataApplied`; on
     /// admission, the version its first message carries).
     metadata_applied: u64,
+    /// A heartbeat came on the current connection: whatever the node sent before it (its newer
+    /// metadata, right after the welcome) has been read.
+    heard: bool,
 }
 
 struct State {
@@ -137,6 +144,8 @@ struct State {
     confirms: HashMap<(u32, u64, u64), oneshot::Sender<bool>>,
     /// [`PersistedMembership::replaced`].
     replaced: BTreeMap<String, String>,
+    /// [`MasterSettings::adopting`], until every rank has rejoined and its metadata is taken.
+    adopting: bool,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -153,6 +162,8 @@ enum ProposalReply {
     /// Not a change: rank `rank`'s newer snapshot (`NodeMsg::NewerMetadata`), the proposal's
     /// `op`, for the master to take ([`Master::adopt`]), in turn with the changes.
     Adopt { rank: u32 },
+    /// Not a change: answered once everything queued before it is done.
+    Sync(oneshot::Sender<()>),
 }
 
 /// Who got to a local proposal first: the metadata task, to apply it, or its proposer, to give
@@ -226,12 +237,14 @@ impl Master {
                 m.last_heartbeat_unix_ms = None;
                 slots.insert(
                     m.rank,
-                    Slot { info: m, last_seen: None, conn: None, incarnation: None, metadata_applied: 0 },
+                    Slot { info: m, last_seen: None, conn: None, incarnation: None, metadata_applied: 0, heard: false },
                 );
             }
         }
         let own = settings.own.clone();
-        slots.insert(0, Slot { info: own, last_seen: None, conn: None, incarnation: None, metadata_applied: 0 });
+        let own_slot =
+            Slot { info: own, last_seen: None, conn: None, incarnation: None, metadata_applied: 0, heard: true };
+        slots.insert(0, own_slot);
         if settings.state_dir.is_dir() {
             let removed = remove_stale_temp_files(&settings.state_dir)?;
             if !removed.is_empty() {
@@ -249,6 +262,7 @@ impl Master {
                 reason,
             })?;
         let (proposals, proposal_rx) = mpsc::channel(PROPOSAL_QUEUE_LEN);
+        let adopting = settings.adopting;
         let master = Arc::new(Master {
             settings,
             state: Mutex::new(State {
@@ -261,6 +275,7 @@ impl Master {
                 metadata_version: snapshot.version,
                 confirms: HashMap::new(),
                 replaced,
+                adopting,
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -309,6 +324,9 @@ impl Master {
     /// Waits until every rank has joined and passed the barrier, printing progress. On timeout
     /// every waiting node is told why and the error names the missing ranks.
     pub async fn form(&self) -> Result<()> {
+        if self.lock().adopting {
+            return self.adopt_from_all().await;
+        }
         if self.lock().released {
             return Ok(()); // resumed from disk: the cluster formed before this restart
         }
@@ -379,6 +397,59 @@ impl Master {
         self.lock().released = true;
         self.broadcast(|| MasterMsg::Release);
         info!("all {world} ranks joined and passed the barrier");
+        Ok(())
+    }
+
+    /// A replacement master ([`MasterSettings::adopting`]): waits until every rank has rejoined
+    /// and been heard, so that the newest catalog any of them holds has been taken
+    /// ([`Master::adopt`]), then records the membership. Until then changes are refused. On
+    /// timeout the error names the ranks not heard; the rejoined nodes stay connected.
+    async fn adopt_from_all(&self) -> Result<()> {
+        let t = &self.settings.timeouts;
+        let world = self.settings.world_size;
+        let deadline = Instant::now() + t.join_timeout();
+        let mut rx = self.changed.subscribe();
+        let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
+        loop {
+            let missing = unheard_ranks(&self.lock(), world);
+            if missing.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClusterError::JoinTimeout {
+                    timeout_ms: t.join_timeout_ms,
+                    joined: world - missing.len() as u32,
+                    world_size: world,
+                    missing,
+                });
+            }
+            if now >= next_progress {
+                info!(
+                    "replacing the lost master: waiting for {} of {world} ranks to rejoin (their catalog is taken \
+                     from them): {}",
+                    missing.len(),
+                    format_ranks(&missing)
+                );
+                next_progress = now + Duration::from_millis(t.progress_interval_ms);
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(deadline.min(next_progress).into()) => {}
+            }
+        }
+        // Every rank's newer metadata was queued before its first heartbeat: once what is queued
+        // now is done, the newest of them is the master's.
+        let (done, synced) = oneshot::channel();
+        if self.proposals.send(Proposal { op: Value::Null, reply: ProposalReply::Sync(done) }).await.is_err()
+            || synced.await.is_err()
+        {
+            return Err(ClusterError::MetadataStore { detail: "the metadata task stopped".into() });
+        }
+        self.lock().adopting = false;
+        self.persist()?;
+        let version = self.metadata.borrow().version;
+        info!(version, "replaced the lost master: every rank rejoined, catalog version {version} taken from them");
         Ok(())
     }
 
@@ -529,14 +600,21 @@ impl Master {
     /// out) while it runs; the change still completes, so what is stored is what is announced.
     async fn metadata_loop(self: Arc<Self>, mut proposals: mpsc::Receiver<Proposal>) {
         while let Some(Proposal { op, reply }) = proposals.recv().await {
-            if let ProposalReply::Adopt { rank } = reply {
-                self.adopt(rank, op).await;
-                continue;
-            }
+            let reply = match reply {
+                ProposalReply::Adopt { rank } => {
+                    self.adopt(rank, op).await;
+                    continue;
+                }
+                ProposalReply::Sync(done) => {
+                    let _ = done.send(());
+                    continue;
+                }
+                other => other,
+            };
             let wanted = match &reply {
                 ProposalReply::Remote { rank, conn_id, req } => self.still_wanted(*rank, *conn_id, *req).await,
                 ProposalReply::Local(_, claim) => claim.take(Claim::APPLYING),
-                ProposalReply::Adopt { .. } => true,
+                ProposalReply::Adopt { .. } | ProposalReply::Sync(_) => true,
             };
             if !wanted {
                 continue;
@@ -546,7 +624,7 @@ impl Master {
                 ProposalReply::Local(tx, _) => {
                     let _ = tx.send(result);
                 }
-                ProposalReply::Adopt { .. } => {}
+                ProposalReply::Adopt { .. } | ProposalReply::Sync(_) => {}
                 ProposalReply::Remote { rank, conn_id, req } => {
                     if let Err(e) = &result {
                         let outcome = ProposeOutcome::from_error(e);
@@ -614,6 +692,16 @@ impl Master {
         // is on its way (`adopt`); until it is taken, changes are refused.
         let newer = {
             let s = self.lock();
+            if s.adopting {
+                let missing = unheard_ranks(&s, self.settings.world_size);
+                return Err(ClusterError::MetadataRejected {
+                    reason: format!(
+                        "this master replaces one whose data dir was lost and takes the cluster's catalog from \
+                         the other ranks as they rejoin; ranks {} have not yet: retry once they have",
+                        format_ranks(&missing)
+                    ),
+                });
+            }
             s.slots
                 .iter()
                 .map(|(rank, slot)| (slot.metadata_applied, *rank))
@@ -828,6 +916,7 @@ impl Master {
                             conn: Some(Conn { id: conn_id, tx }),
                             incarnation: incarnation.clone(),
                             metadata_applied,
+                            heard: false,
                         },
                     );
                     let replaced = old.as_ref().filter(|o| o.info.node_id != node_id).map(|o| o.info.node_id.clone());
@@ -968,11 +1057,16 @@ impl Master {
             match msg {
                 NodeMsg::Heartbeat { seq } => {
                     slot.last_seen = Some(Instant::now());
+                    let first = !std::mem::replace(&mut slot.heard, true);
                     if slot.info.state != NodeState::Up {
                         info!(rank, "rank {rank} is up");
                         slot.info.state = NodeState::Up;
                     }
                     send(slot, MasterMsg::HeartbeatAck { seq });
+                    if first {
+                        drop(s);
+                        self.bump(); // a replacement master waits for every rank's first one
+                    }
                 }
                 NodeMsg::MembersQuery { req } => {
                     let view = snapshot(&s);
@@ -1224,7 +1318,15 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         return Err(format!("run id mismatch: this node belongs to run {run_id}, the master runs {}", settings.run_id));
     }
     match s.slots.get(&h.rank) {
-        None => Ok(1),
+        // A replacement master learns the ranks' nodes as they rejoin: a node whose data dir
+        // has joined this run says so (its run id), a fresh one does not.
+        None if s.adopting && h.run_id.is_none() && h.replaces.is_none() => Err(format!(
+            "this master replaces one whose data dir was lost, and does not know rank {}'s node yet: only a \
+             node whose data dir has joined run {} rejoins it (if this rank's data dir was lost too, start this \
+             node with --replace-node <its old node id>)",
+            h.rank, settings.run_id
+        )),
+        None => Ok(h.held_epoch.unwrap_or(0).saturating_add(1)),
         Some(slot) if slot.info.node_id == h.node_id => {
             Ok(slot.info.epoch.max(h.held_epoch.unwrap_or(0)).saturating_add(1))
         }
@@ -1272,6 +1374,12 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
             )),
         },
     }
+}
+
+/// The ranks not connected, or not heard on their connection yet (see [`Slot::heard`]).
+fn unheard_ranks(s: &State, world_size: u32) -> Vec<u32> {
+    let heard = |r: &u32| s.slots.get(r).is_some_and(|slot| slot.conn.is_some() && slot.heard);
+    (1..world_size).filter(|r| !heard(r)).collect()
 }
 
 /// Queues `out` on every connection (a node that is not reading is disconnected).

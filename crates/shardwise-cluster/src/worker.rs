@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -61,6 +62,10 @@ pub struct WorkerSettings {
     /// The node id of the lost data dir whose rank this one takes (`--replace-node`), said on
     /// every attempt until the node's tables have taken note.
     pub replaces: Option<String>,
+    /// Where this node keeps its copy of the cluster's metadata (`metadata.json`, written
+    /// whenever a newer version arrives), so that the catalog outlives the master's data dir
+    /// ([`crate::rendezvous::MasterSettings::adopting`]); `None` keeps none.
+    pub metadata_dir: Option<PathBuf>,
 }
 
 /// An authenticated control connection, right after the master's welcome.
@@ -431,6 +436,8 @@ pub struct WorkerLink {
     leaving: std::sync::atomic::AtomicBool,
     /// The newest metadata snapshot received from the master.
     metadata: watch::Sender<MetadataSnapshot>,
+    /// The version of this node's copy on disk ([`WorkerSettings::metadata_dir`]).
+    persisted: Arc<Mutex<u64>>,
     /// Counts control sessions; changed (with `tx` set, under the state lock) when one starts.
     sessions: watch::Sender<u64>,
 }
@@ -455,6 +462,17 @@ impl WorkerLink {
         on_welcome: &mut OnWelcome<'_>,
     ) -> Result<(Arc<WorkerLink>, Joined)> {
         let (session, joined) = join(&settings, on_welcome).await?;
+        // Every rejoin says the run it joined (a fresh data dir learns it from the welcome): a
+        // master that replaces a lost one admits only nodes of its run.
+        let settings = WorkerSettings { run_id: Some(joined.run_id.clone()), ..settings };
+        let held = match &settings.metadata_dir {
+            Some(dir) => metadata::load(dir).unwrap_or_else(|e| {
+                warn!("cannot read this node's copy of the cluster's metadata: {e}");
+                MetadataSnapshot::default()
+            }),
+            None => MetadataSnapshot::default(),
+        };
+        let metadata = if held.version > session.metadata.version { held } else { session.metadata.clone() };
         let link = Arc::new(WorkerLink {
             settings,
             state: Mutex::new(LinkState {
@@ -468,9 +486,11 @@ impl WorkerLink {
             fatal: watch::channel(None).0,
             task: Mutex::new(None),
             leaving: std::sync::atomic::AtomicBool::new(false),
-            metadata: watch::channel(session.metadata.clone()).0,
+            metadata: watch::channel(metadata).0,
+            persisted: Arc::new(Mutex::new(0)),
             sessions: watch::channel(0).0,
         });
+        link.keep_copy();
         let runner = Arc::clone(&link);
         let handle = tokio::spawn(async move { runner.run(session).await });
         *link.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
@@ -798,13 +818,38 @@ impl WorkerLink {
     /// a warning.
     fn receive_metadata(&self, snapshot: MetadataSnapshot, welcome: bool) {
         let (offered, held) = (snapshot.version, self.metadata.borrow().version);
-        if !metadata::advance(&self.metadata, snapshot) && welcome && offered < held {
+        let advanced = metadata::advance(&self.metadata, snapshot);
+        if advanced {
+            self.keep_copy();
+        }
+        if !advanced && welcome && offered < held {
             warn!(
                 "the master's metadata is at version {offered}, older than this node's {held}; keeping \
                  version {held} and sending it to the master (was its master/{} restored from an older backup?)",
                 metadata::METADATA_FILE
             );
         }
+    }
+
+    /// Writes the newest metadata to this node's copy ([`WorkerSettings::metadata_dir`]), off
+    /// the runtime; a write that finds a newer one already there does nothing. A failure is
+    /// logged: the copy is for a master whose data dir is lost, and the node runs on without it.
+    fn keep_copy(&self) {
+        let Some(dir) = self.settings.metadata_dir.clone() else { return };
+        let snapshot = self.metadata.borrow().clone();
+        let persisted = Arc::clone(&self.persisted);
+        tokio::task::spawn_blocking(move || {
+            let mut written = persisted.lock().unwrap_or_else(|p| p.into_inner());
+            if snapshot.version <= *written {
+                return;
+            }
+            match metadata::persist(&dir, &snapshot) {
+                Ok(()) => *written = snapshot.version,
+                Err(e) => {
+                    warn!(version = snapshot.version, "cannot keep this node's copy of the cluster's metadata: {e}")
+                }
+            }
+        });
     }
 
     /// What `propose` returns for the master's answer. An applied version arrived just before

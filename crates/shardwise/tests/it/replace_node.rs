@@ -171,3 +171,73 @@ fn two_workers_lost_at_once_lose_only_the_shard_both_held_and_say_so() {
         .collect();
     assert!(said.iter().any(|l| l.contains("shard=1")), "{said:?}");
 }
+
+/// The master's data dir lost: a node on an empty one, given `--replace-node` and the run id,
+/// takes rank 0 once every worker has rejoined (one of them restarted meanwhile, so its catalog
+/// comes from the copy it keeps on disk), serves the catalog it took from them, rebuilds its own
+/// replicas, and takes new tables and rows.
+#[test]
+fn a_master_on_an_empty_data_dir_takes_the_lost_masters_rank_and_catalog() {
+    let mut c = Cluster::start(3);
+    c.sql(
+        1,
+        "CREATE TABLE d (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 100)",
+    );
+    c.sql(1, "CREATE TABLE i (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(1, "CREATE TABLE solo (id BIGINT) WITH (shard_key = 'id')");
+    for table in ["d", "i"] {
+        c.sql(1, &format!("INSERT INTO {table} SELECT value, value * 2 FROM generate_series(1, 3000)"));
+    }
+    c.sql(1, "INSERT INTO solo SELECT value FROM generate_series(1, 3000)");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED d");
+    let old = one(c.sql(1, "SELECT node_id FROM system.nodes WHERE rank = 0"))[0].clone();
+    let solo_on_0: u64 = one(c.sql(0, "SELECT sum(rows) FROM system.shards WHERE \"table\" = 'solo' AND rank = 0"))[0]
+        .parse()
+        .expect("rows");
+    assert!(solo_on_0 > 0);
+    let cluster_json = std::fs::read_to_string(c.data_dir(1).join("cluster.json")).expect("rank 1's cluster.json");
+    let run_id = cluster_json.split('"').nth(3).expect("the run id in cluster.json").to_string();
+
+    // Rank 0's disk is gone, and rank 2 restarts while there is no master.
+    c.procs[0].kill9();
+    std::fs::remove_dir_all(c.data_dir(0)).expect("remove rank 0's data dir");
+    c.procs[2].kill9();
+    let mut rank2 = c.spawn_node(2, &[]);
+    let (code, out) = c.spawn_node(0, &["--replace-node", &old]).wait_exit(Duration::from_secs(40));
+    assert_ne!(code, Some(0));
+    assert!(out.contains("--run-id"), "{out}");
+    c.restart_with(0, &["--replace-node", &old, "--run-id", &run_id]);
+    c.addrs[2] = flight_addr(&rank2.wait_for_line("listening rank=", Duration::from_secs(60)));
+    c.procs[2] = rank2;
+
+    eventually(Duration::from_secs(60), "rank 0's replicas rebuilt", || {
+        let counted = sql_csv(&c.addrs[0], "SELECT count(*) FROM i").ok().map(one);
+        if let Some(row) = &counted {
+            assert_eq!(row, &["3000".to_string()], "a read through rank 0 while it rebuilds");
+        }
+        let check = sql_csv(&c.addrs[0], "CHECK TABLE i").ok()?;
+        let awaiting = std::fs::read(c.data_dir(0).join("tables/AWAITING_REBUILD.json")).ok()?;
+        let awaiting = String::from_utf8_lossy(&awaiting).to_string();
+        (check == [["1"]] && awaiting.contains("\"replicas\": []")).then_some(())
+    });
+    assert_eq!(c.sql(0, "CHECK TABLE d"), [["1"]]);
+    // New tables and rows, through the new master and a worker.
+    c.sql(0, "CREATE TABLE later (id BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(2, "INSERT INTO later SELECT value FROM generate_series(1, 500)");
+    c.sql(0, "INSERT INTO d SELECT value, 0 FROM generate_series(3001, 4000)");
+    c.sql(0, "SYSTEM FLUSH DISTRIBUTED d");
+    for r in 0..3 {
+        for (table, rows) in [("d", "4000"), ("i", "3000"), ("later", "500")] {
+            let got = one(c.sql(
+                r,
+                &format!("SELECT count(*), count(DISTINCT id) FROM {table} SETTINGS load_balancing = 'in_order'"),
+            ));
+            assert_eq!(got, [rows, rows], "{table} through rank {r}");
+        }
+    }
+    // The shard only the lost master held is lost with its disk.
+    assert_eq!(one(c.sql(1, "SELECT count(*) FROM solo")), [(3000 - solo_on_0).to_string()]);
+    let id = one(c.sql(2, "SELECT node_id FROM system.nodes WHERE rank = 0"))[0].clone();
+    assert_ne!(id, old);
+}
