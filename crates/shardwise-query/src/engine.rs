@@ -299,6 +299,7 @@ impl QueryEngine {
         // Fragments that carry it are decoded by name on the node that runs them.
         ctx.register_udf(to_utf8view_udf().as_ref().clone());
         ctx.register_udf(crate::insert_exact::insert_fits_udf().as_ref().clone());
+        ctx.register_udf(crate::time_floor::floor_time_udf().as_ref().clone());
         ctx.register_udf(cast_names::cast_named_udf().as_ref().clone());
         for udf in crate::checked_integers::checked_udfs() {
             ctx.register_udf(udf.as_ref().clone());

@@ -29,7 +29,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Decimal128Type, Float16Type, Float32Type, Float64Type};
 use datafusion::common::config::ConfigOptions;
@@ -144,6 +144,11 @@ pub fn strict_cast(expr: Expr, schema: &DFSchema) -> Result<Expr> {
                      ('2024-01-01') or as make_date(year, month, day)"
                 );
             }
+            // A finer time keeps its instant's start, as text does (`crate::time_floor`).
+            if crate::time_floor::coarsening(&from, to).is_some() {
+                let floored = crate::time_floor::floor_time_udf().call(vec![*expr, lit(to.to_string())]);
+                return Ok(Expr::Cast(Cast { expr: Box::new(floored), field }));
+            }
             if !may_lose(&from, to) {
                 return Ok(Expr::Cast(Cast { expr, field }));
             }
@@ -189,6 +194,13 @@ fn text_lost(text: &str, to: &DataType) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// The first value of `text` (its row, and why) that a cast to the float type `to` would not
+/// keep ([`text_lost`]: `'1e400'` made infinite, `'1e-400'` made 0), for the paths that convert
+/// text themselves.
+pub fn first_text_lost(text: &StringArray, to: &DataType) -> Option<(usize, &'static str)> {
+    text.iter().enumerate().find_map(|(row, t)| Some((row, text_lost(t?, to)?)))
 }
 
 /// Whether `text` is a number with a digit other than 0 before its exponent (`1e-400` is one,
@@ -240,14 +252,7 @@ impl ScalarUDFImpl for InsertFits {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let [value, ColumnarValue::Scalar(target)] = args.args.as_slice() else {
-            return exec_err!("{INSERT_FITS} takes a value and a type name");
-        };
-        let target = match target {
-            ScalarValue::Utf8(Some(t)) | ScalarValue::Utf8View(Some(t)) | ScalarValue::LargeUtf8(Some(t)) => t,
-            other => return exec_err!("{INSERT_FITS}: the type name must be a string, got {other}"),
-        };
-        let to: DataType = target.parse()?;
+        let (value, to, target) = crate::time_floor::value_and_type(&args.args, INSERT_FITS)?;
         let array = value.to_array(1)?;
         if let Some(i) = first_lost(&array, &to) {
             let value = ScalarValue::try_from_array(&array, i)?;

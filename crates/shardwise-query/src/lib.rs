@@ -94,6 +94,7 @@ pub mod system_storage;
 pub mod system_tables;
 pub mod table_listing;
 pub mod text_values;
+pub mod time_floor;
 pub mod time_literals;
 pub mod to_utf8view;
 pub mod tuples;

@@ -39,6 +39,13 @@ pub struct NotConverted {
 /// `text` as a column of type `to`, every value checked (see the module doc).
 pub fn text_column(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotConverted> {
     match to {
+        // A number beyond the type's range, or too close to zero for it, is refused rather than
+        // stored as an infinity or 0 (the `inf` and `NaN` words are kept).
+        DataType::Float64 | DataType::Float32 | DataType::Float16
+            if let Some((row, why)) = crate::insert_exact::first_text_lost(text, to) =>
+        {
+            Err(NotConverted { row: Some(row), why: why.to_string() })
+        }
         DataType::Float32 | DataType::Float16 => {
             let wide = cast_text(text, &DataType::Float64)?;
             if let Some(unfit) = crate::insert_exact::first_unfit(&wide, to) {
@@ -211,5 +218,22 @@ mod tests {
         let e = one("1e-50", &DataType::Float32).unwrap_err();
         assert!(e.why.contains("too close to zero"), "{}", e.why);
         assert_eq!(one("x", &DataType::Float32).unwrap_err().row, Some(0));
+    }
+
+    /// A DOUBLE too: `1e400` was stored as `inf` and `1e-400` as 0 (COPY, HTTP CSV), where an
+    /// INSERT and `shardwise load` refuse them.
+    #[test]
+    fn doubles_beyond_range_or_too_small_are_refused() {
+        for kept in ["inf", "-Infinity", "1.7e308", "-0", "0e-400", "4.9e-324", "NaN"] {
+            assert!(one(kept, &DataType::Float64).is_ok(), "{kept}");
+        }
+        let column = StringArray::from(vec![Some("1"), None, Some("-1e400")]);
+        let e = text_column(&column, &DataType::Float64).unwrap_err();
+        assert_eq!(e.row, Some(2));
+        assert!(e.why.contains("beyond the type's range"), "{}", e.why);
+        let e = one("1e-400", &DataType::Float64).unwrap_err();
+        assert!(e.why.contains("too close to zero"), "{}", e.why);
+        // A REAL column's DOUBLE step no longer turns 1e400 into an infinity either.
+        assert!(one("1e400", &DataType::Float32).unwrap_err().why.contains("beyond the type's range"));
     }
 }

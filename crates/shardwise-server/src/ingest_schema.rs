@@ -155,7 +155,12 @@ pub fn conform_as(
                         Some(converted) => {
                             converted.map_err(|e| refuse(format!("column {:?}: {}", field.name(), e.message)))?
                         }
-                        None => cast_with_options(column, field.data_type(), &options).map_err(failed)?,
+                        // A finer time keeps its instant's start, as text does.
+                        None => match shardwise_query::time_floor::floored(column, field.data_type()) {
+                            Some(floored) => cast_with_options(&floored, field.data_type(), &options),
+                            None => cast_with_options(column, field.data_type(), &options),
+                        }
+                        .map_err(failed)?,
                     }
                 } else {
                     return Err(refuse(format!(
@@ -236,6 +241,28 @@ mod tests {
         let dates = datafusion::arrow::array::Date32Array::from(vec![18_000]);
         let batch = RecordBatch::try_from_iter([("day", Arc::new(dates) as ArrayRef)]).unwrap();
         assert!(conform("t", batch, &schema, "-").is_ok());
+    }
+
+    /// A finer time keeps its instant's start, as the same text does: `1969-12-31 23:59:59.5`
+    /// into a TIMESTAMP(0) is 23:59:59, not 1970-01-01 00:00:00 (Arrow's cast divides toward
+    /// zero); a DATE64 of -1 ms is 1969-12-31.
+    #[test]
+    fn finer_times_are_floored_to_the_column() {
+        use datafusion::arrow::array::{Date64Array, TimestampNanosecondArray};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("t0", DataType::Timestamp(TimeUnit::Second, None), true),
+            Field::new("day", DataType::Date32, true),
+        ]));
+        let batch = RecordBatch::try_from_iter([
+            ("t0", Arc::new(TimestampNanosecondArray::from(vec![-500_000_000, 1_500_000_000])) as ArrayRef),
+            ("day", Arc::new(Date64Array::from(vec![-1, 86_400_001])) as ArrayRef),
+        ])
+        .unwrap();
+        let out = conform("t", batch, &schema, "-").unwrap();
+        let seconds = out.column(0).as_primitive::<datafusion::arrow::datatypes::TimestampSecondType>();
+        assert_eq!(seconds.values().to_vec(), vec![-1, 1]);
+        let days = out.column(1).as_primitive::<datafusion::arrow::datatypes::Date32Type>();
+        assert_eq!(days.values().to_vec(), vec![-1, 1]);
     }
 
     #[test]

@@ -133,7 +133,13 @@ impl Column {
         if pg == Type::TEXT && !matches!(array.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) {
             return Ok(Column::Text(display_strings(array).map_err(|e| conversion_error(field, e))?));
         }
-        let cast = cast(array, &target).map_err(|e| conversion_error(field, e))?;
+        // Nanoseconds are cut to microseconds toward the past, as they are stored: Arrow's cast
+        // divides toward zero, and showed 1969-12-31 23:59:59.999999999 as 1970-01-01.
+        let cast = match shardwise_query::time_floor::floored(array, &target) {
+            Some(floored) => cast(&floored, &target),
+            None => cast(array, &target),
+        }
+        .map_err(|e| conversion_error(field, e))?;
         Ok(match target {
             DataType::Boolean => Column::Bool(cast.as_boolean().clone()),
             DataType::Int16 => Column::I16(cast.as_primitive().clone()),
@@ -323,6 +329,19 @@ mod tests {
         );
         assert_eq!(text_of(&rows[1]), vec![None, some("0"), some("-0.05"), None, some("1970-01-01"), None]);
         assert_eq!(fields[0].format(), pgwire::api::results::FieldFormat::Text);
+    }
+
+    /// Nanoseconds are cut to microseconds toward the past, before 1970 too (they were cut
+    /// toward zero: the last nanosecond of 1969 was shown as 1970-01-01).
+    #[test]
+    fn nanosecond_timestamps_are_cut_toward_the_past() {
+        use datafusion::arrow::array::TimestampNanosecondArray;
+        let ts = TimestampNanosecondArray::from(vec![-1, 1_999]);
+        let batch = RecordBatch::try_from_iter(vec![("t", Arc::new(ts) as ArrayRef)]).unwrap();
+        let fields = Arc::new(fields(&batch.schema(), &text_format()));
+        let rows = rows(&batch, &fields).unwrap();
+        let texts: Vec<_> = rows.iter().map(|r| text_of(r)[0].clone().unwrap()).collect();
+        assert_eq!(texts, ["1969-12-31 23:59:59.999999", "1970-01-01 00:00:00.000001"]);
     }
 
     #[test]

@@ -768,6 +768,8 @@ fn every_http_route_with_curl() {
             "line 2, column r: \\\"3.5e38\\\" is not a Float32 (it is beyond",
         ),
         ("INSERT INTO nums FORMAT TSV\n1\t1e-50\t1\n", "\\\"1e-50\\\" is not a Float32 (it is too close to zero"),
+        // Beyond a DOUBLE's range too (it was stored as an infinity).
+        ("INSERT INTO nums FORMAT CSV\n3,1e400,1\n", "\\\"1e400\\\" is not a Float32 (it is beyond"),
         ("INSERT INTO nums FORMAT JSONEachRow\n{\"id\": 1, \"r\": -3.5e38}\n", "it is beyond the type's range"),
     ] {
         let (code, body) = curl(&[&sql_body[..], &[rows, &query]].concat());

@@ -695,6 +695,31 @@ fn show_create_table_gives_the_statement_that_makes_the_same_table() {
     assert!(c.sql(0, "SHOW TABLES").concat().iter().all(|t| t != "sales"));
 }
 
+/// A time with finer digits than its column keeps its instant's start on every path: a
+/// TIMESTAMP value, INSERT ... SELECT and text alike (a TIMESTAMP before 1970 moved forward, to
+/// 1970-01-01 00:00:00, on the typed paths).
+#[test]
+fn finer_times_keep_their_instants_start_on_every_insert_path() {
+    let c = Cluster::start(2);
+    c.sql(0, "CREATE TABLE tp (id BIGINT, t0 TIMESTAMP(0), t3 TIMESTAMP(3)) WITH (shard_key = 'id')");
+    c.sql(0, "CREATE TABLE src (id BIGINT, t TIMESTAMP) WITH (shard_key = 'id')");
+    c.sql(1, "INSERT INTO src VALUES (3, TIMESTAMP '1969-12-31 23:59:59.5')");
+    c.sql(
+        1,
+        "INSERT INTO tp VALUES (1, '1969-12-31 23:59:59.5', '1969-12-31 23:59:59.9999'), \
+         (2, TIMESTAMP '1969-12-31 23:59:59.5', TIMESTAMP '1969-12-31 23:59:59.9999')",
+    );
+    c.sql(0, "INSERT INTO tp SELECT id, t, t FROM src");
+    assert_eq!(
+        c.sql(0, "SELECT id, t0, t3 FROM tp ORDER BY id"),
+        [
+            ["1", "1969-12-31T23:59:59", "1969-12-31T23:59:59.999"],
+            ["2", "1969-12-31T23:59:59", "1969-12-31T23:59:59.999"],
+            ["3", "1969-12-31T23:59:59", "1969-12-31T23:59:59.500"],
+        ]
+    );
+}
+
 #[test]
 fn a_down_node_queue_grows_then_drains() {
     let mut c = Cluster::start(3);
