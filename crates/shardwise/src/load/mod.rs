@@ -312,7 +312,10 @@ fn describe(source: &ArrayRef, row: usize, target: &DataType, overflowed: bool) 
                 Some(text) if !is_decimal_text(text) => format!("is not a decimal number (column type {target})"),
                 _ => {
                     let integer_digits = (i16::from(*precision) - i16::from(*scale)).max(0);
-                    format!("does not fit {target} (at most {integer_digits} digits before the decimal point)")
+                    // `999.995` in a DECIMAL(5, 2) has 3 such digits, and is rounded to 1000.00.
+                    let rounded =
+                        if *scale >= 0 { format!(", once rounded to {scale} decimals") } else { String::new() };
+                    format!("does not fit {target} (at most {integer_digits} digits before the decimal point{rounded})")
                 }
             },
             DataType::Boolean => "is not a boolean (column type Boolean: true or false)".to_string(),

@@ -293,9 +293,19 @@ fn wrong_types_are_named_with_the_value() {
         (
             "dec",
             "123456789.5",
-            "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)",
+            "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point, once rounded to 2 decimals)",
         ),
-        ("dec", "1e9", "\"1e9\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)"),
+        (
+            "dec",
+            "1e9",
+            "\"1e9\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point, once rounded to 2 decimals)",
+        ),
+        // Eight digits before the point, but nine once rounded.
+        (
+            "dec",
+            "99999999.995",
+            "\"99999999.995\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point, once rounded to 2 decimals)",
+        ),
         ("dec", "1e2x", "\"1e2x\" is not a decimal number (column type Decimal128(10, 2))"),
     ];
     for (column, value, message) in cases {

@@ -139,7 +139,7 @@ fn integer_overflow_and_fractions_are_errors() {
         (
             "dec",
             "123456789.5",
-            "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point)",
+            "\"123456789.5\" does not fit Decimal128(10, 2) (at most 8 digits before the decimal point, once rounded to 2 decimals)",
         ),
     ];
     for (column, value, message) in cases {

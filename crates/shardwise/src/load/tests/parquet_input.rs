@@ -119,7 +119,7 @@ fn other_lossy_casts_are_errors() {
     let err = error(round_trip(&file, &decimal, 10, 10));
     assert_eq!(
         err,
-        "data.parquet row 2, column \"d\" (file column 1): 123456.78 does not fit Decimal128(5, 2) (at most 3 digits before the decimal point)"
+        "data.parquet row 2, column \"d\" (file column 1): 123456.78 does not fit Decimal128(5, 2) (at most 3 digits before the decimal point, once rounded to 2 decimals)"
     );
 
     let text =
