@@ -9,6 +9,7 @@
 pub mod datadir;
 pub mod error;
 pub mod hostlist;
+pub mod master_ids;
 pub mod membership;
 pub mod metadata;
 pub mod node;

@@ -293,7 +293,11 @@ impl Prepared {
                 rank: d.rank,
                 world_size: d.world_size,
             })?;
-            master.form().await?;
+            if let Err(e) = master.form().await {
+                // Its rendezvous port is free again for the next attempt in this process.
+                master.shutdown().await;
+                return Err(e);
+            }
             let epoch = master.members().first().map(|m| m.epoch).unwrap_or(1);
             (run_id, epoch, Inner::Master(master))
         } else {
@@ -312,7 +316,7 @@ impl Prepared {
                 secret: self.opts.secret.clone(),
                 timeouts: self.opts.timeouts.clone(),
                 replaces: self.data_dir.replacing().map(str::to_string),
-                metadata_dir: Some(self.data_dir.path().to_path_buf()),
+                data_dir: Some(self.data_dir.path().to_path_buf()),
             };
             let data_dir = &mut self.data_dir;
             let (rank, world_size) = (d.rank, d.world_size);
@@ -690,7 +694,7 @@ mod tests {
             secret: None,
             timeouts: Timeouts::default(),
             replaces: None,
-            metadata_dir: None,
+            data_dir: None,
         };
         let master = tokio::spawn(init_distributed_mode(opts(0, 2, port, tmp.path(), None), addrs(0)));
         let (old, joined) = WorkerLink::join(settings.clone()).await.unwrap();
@@ -1070,58 +1074,74 @@ mod tests {
     }
 
     /// A master whose data dir was lost: a node on an empty one, given `--replace-node` and the
-    /// run id, takes rank 0 once every worker has rejoined, with the newest catalog they hold,
-    /// here only in the copies the workers keep on disk (both restarted while the master was
-    /// gone). The next change builds on that catalog; a fresh worker data dir is refused meanwhile.
+    /// run id, takes rank 0 once every worker has rejoined, with the newest catalog they hold
+    /// (rank 1 kept running; rank 2 restarted while the master was gone, with only the copy it
+    /// keeps on disk). The next change builds on that catalog; a fresh worker data dir is
+    /// refused meanwhile; an empty master data dir without `--replace-node` fails, naming the
+    /// way; the lost master's data dir, back after all, is refused by the workers.
     #[tokio::test]
     async fn a_master_whose_data_dir_was_lost_takes_the_catalog_from_the_workers() {
         let tmp = tempfile::tempdir().unwrap();
         let port = free_port();
-        let mut nodes = start(3, port, tmp.path(), 10_000).await;
+        let mut nodes = start(3, port, tmp.path(), 3_000).await;
         let (w2, w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap(), nodes.pop().unwrap());
         master.propose(create("a")).await.unwrap();
         let v2 = w1.propose(create("b")).await.unwrap();
-        for (rank, w) in [(1, &w1), (2, &w2)] {
-            seen(w, 2).await;
-            let copy = tmp.path().join(format!("rank-{rank}"));
-            let kept = async {
-                while crate::metadata::load(&copy).unwrap().version < 2 {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            };
-            tokio::time::timeout(std::time::Duration::from_secs(5), kept).await.expect("the worker's copy written");
-        }
+        seen(&w2, 2).await;
+        let copy = tmp.path().join("rank-2");
+        let kept = async {
+            while crate::metadata::load(&copy).unwrap().version < 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), kept).await.expect("rank 2's copy written");
         let (old, run_id) = (master.node_id.to_string(), master.run_id.clone());
-        w1.shutdown().await;
         w2.shutdown().await;
         master.shutdown().await;
-        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        let lost = tmp.path().join("rank-0");
+        let kept_aside = tmp.path().join("rank-0-lost");
+        std::fs::rename(&lost, &kept_aside).unwrap();
 
-        let replacement = |run_id: Option<&str>| {
-            let mut o = meta_opts(0, 3, port, tmp.path(), 10_000);
-            o.replace_node = Some(old.clone());
+        let replacement = |run_id: Option<&str>, replace: bool| {
+            let mut o = meta_opts(0, 3, port, tmp.path(), 3_000);
+            o.replace_node = replace.then(|| old.clone());
             o.run_id = run_id.map(str::to_string);
             o
         };
-        let err = prepare(replacement(None)).unwrap_err().to_string();
+        let err = prepare(replacement(None, true)).unwrap_err().to_string();
         assert!(err.contains("--run-id") && err.contains("cluster.json"), "{err}");
-        assert!(!tmp.path().join("rank-0").exists(), "refused before the data dir is made");
-        let new_master = tokio::spawn(init_distributed_mode(replacement(Some(&run_id)), addrs(0)));
+        assert!(!lost.exists(), "refused before the data dir is made");
+        // Without --replace-node, an empty master data dir would form a new cluster: rank 1,
+        // which has run in this one, tells it otherwise.
+        let err = init_distributed_mode(replacement(Some(&run_id), false), addrs(0)).await.unwrap_err().to_string();
+        assert!(err.contains("rank 1") && err.contains("--replace-node") && err.contains(&run_id), "{err}");
+        std::fs::remove_dir_all(&lost).unwrap();
+
+        let new_master = tokio::spawn(init_distributed_mode(replacement(Some(&run_id), true), addrs(0)));
         // A fresh data dir for a worker's rank is not taken for that rank's node.
-        let mut fresh = meta_opts(1, 3, port, &tmp.path().join("fresh"), 10_000);
+        let mut fresh = meta_opts(2, 3, port, &tmp.path().join("fresh"), 3_000);
         fresh.timeouts.join_timeout_ms = 2_000;
-        let err = init_distributed_mode(fresh, addrs(1)).await.unwrap_err().to_string();
-        assert!(err.contains("does not know rank 1's node yet"), "{err}");
-        let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 10_000), addrs(1)).await.unwrap();
+        let err = init_distributed_mode(fresh, addrs(2)).await.unwrap_err().to_string();
+        assert!(err.contains("does not know rank 2's node yet"), "{err}");
         // Until rank 2 is back, no change: it might hold a newer catalog.
-        let err = w1.propose(create("x")).await.unwrap_err().to_string();
-        assert!(err.contains("ranks 2 have not yet"), "{err}");
-        let w2 = init_distributed_mode(meta_opts(2, 3, port, tmp.path(), 10_000), addrs(2)).await.unwrap();
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                match w1.propose(create("x")).await {
+                    Err(ClusterError::MetadataRejected { reason }) => break reason,
+                    Err(ClusterError::MetadataUnreachable { sent: false, .. }) => continue, // still rejoining
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("rank 1 rejoined");
+        assert!(refused.contains("2 have not yet") && refused.contains("retry"), "{refused}");
+        let w2 = init_distributed_mode(meta_opts(2, 3, port, tmp.path(), 3_000), addrs(2)).await.unwrap();
         let master = new_master.await.unwrap().unwrap();
         assert_eq!((master.run_id.as_str(), master.replacing()), (run_id.as_str(), Some(old.as_str())));
         assert_eq!(*master.metadata().borrow(), v2, "the catalog taken from the workers");
         assert_eq!(on_disk(tmp.path()), v2, "and stored");
-        let members = w1.view().members().await;
+        let members = w2.view().members().await;
         assert_eq!(members[0].node_id, master.node_id.to_string());
         let v3 = master.propose(create("c")).await.unwrap();
         assert_eq!((v3.version, table_names(&v3)), (3, vec!["a".into(), "b".into(), "c".into()]));
@@ -1129,6 +1149,33 @@ mod tests {
         let err = w1.propose(create("a")).await.unwrap_err().to_string();
         assert!(err.contains("table a already exists"), "{err}");
         master.finish_replacing().unwrap();
+        master.shutdown().await;
+
+        // The lost master's data dir, started again while the new master is down: the workers
+        // do not rejoin it.
+        let mut stale = meta_opts(0, 3, port, tmp.path(), 3_000);
+        stale.data_dir = kept_aside;
+        let stale = init_distributed_mode(stale, addrs(0)).await.unwrap();
+        // Each worker tries to rejoin at least once a second (`BACKOFF_MAX_MS`): one that did
+        // would have handed the stale master its newer catalog (version 3).
+        tokio::time::sleep(std::time::Duration::from_millis(3_000)).await;
+        assert_eq!(*stale.metadata().borrow(), v2, "no worker rejoined the stale master");
+        let err = w1.propose(create("d")).await.unwrap_err();
+        assert!(matches!(err, ClusterError::MetadataUnreachable { .. }), "{err}");
+        stale.shutdown().await;
+        let master = init_distributed_mode(replacement(Some(&run_id), true), addrs(0)).await.unwrap();
+        let v4 = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                match w1.propose(create("d")).await {
+                    Ok(s) => break s,
+                    Err(ClusterError::MetadataUnreachable { .. }) => continue,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await
+        .expect("rank 1 rejoined the new master");
+        assert_eq!(v4.version, 4);
         for n in [w1, w2, master] {
             n.shutdown().await;
         }

@@ -146,6 +146,9 @@ struct State {
     replaced: BTreeMap<String, String>,
     /// [`MasterSettings::adopting`], until every rank has rejoined and its metadata is taken.
     adopting: bool,
+    /// A node that has passed a formation of this run rejoined a master that is forming one:
+    /// this master's data dir is not the cluster's (set by [`admit`]; [`Master::form`] fails).
+    formed_without_this_dir: Option<String>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -276,6 +279,7 @@ impl Master {
                 confirms: HashMap::new(),
                 replaced,
                 adopting,
+                formed_without_this_dir: None,
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -337,6 +341,11 @@ impl Master {
         let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
         // Phase 1: every rank joins.
         loop {
+            let refused = self.lock().formed_without_this_dir.clone();
+            if let Some(reason) = refused {
+                self.broadcast(|| MasterMsg::Abort { reason: reason.clone() });
+                return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
+            }
             let missing = self.missing_ranks();
             if missing.is_empty() {
                 break;
@@ -786,8 +795,11 @@ impl Master {
     /// Tells every node the master is going away (they will reconnect when it returns) and
     /// stops the master's tasks.
     pub async fn shutdown(&self) {
-        for h in std::mem::take(&mut *self.background.lock().unwrap_or_else(|p| p.into_inner())) {
+        let background = std::mem::take(&mut *self.background.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in background {
             h.abort();
+            // Until the task is dropped its listener holds the rendezvous port.
+            let _ = h.await;
         }
         {
             let mut s = self.lock();
@@ -945,6 +957,7 @@ impl Master {
                 if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason, .. } = &refusal {
                     warn!(%peer, rank, "refused a node: {reason}");
                 }
+                self.bump(); // a refusal may end the formation (`formed_without_this_dir`)
                 writer.write(&refusal).await?;
                 writer.shutdown().await;
                 return Ok(());
@@ -1311,6 +1324,22 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     }
     if h.rank == 0 {
         return Err("rank 0 is the master's rank, and the master is already running".into());
+    }
+    // Only a node that has passed a formation rejoins with an epoch: the cluster formed, with a
+    // master whose data dir is not this one (lost, or another).
+    if !s.formed
+        && let Some(held) = h.held_epoch
+    {
+        let run = h.run_id.unwrap_or("?");
+        let reason = format!(
+            "no cluster has formed with this data dir, but rank {} (node {}, epoch {held}) is already running in \
+             run {run}, whose master it lost: start the master on its own data dir; if that is lost, start \
+             this one on an empty data dir with --replace-node <the lost master's node id, in system.nodes> \
+             --run-id {run}",
+            h.rank, h.node_id
+        );
+        s.formed_without_this_dir.get_or_insert(reason.clone());
+        return Err(reason);
     }
     if let Some(run_id) = h.run_id
         && run_id != settings.run_id

@@ -62,10 +62,11 @@ pub struct WorkerSettings {
     /// The node id of the lost data dir whose rank this one takes (`--replace-node`), said on
     /// every attempt until the node's tables have taken note.
     pub replaces: Option<String>,
-    /// Where this node keeps its copy of the cluster's metadata (`metadata.json`, written
-    /// whenever a newer version arrives), so that the catalog outlives the master's data dir
-    /// ([`crate::rendezvous::MasterSettings::adopting`]); `None` keeps none.
-    pub metadata_dir: Option<PathBuf>,
+    /// The node's data dir, where it keeps what must outlive the master's: its copy of the
+    /// cluster's metadata (`metadata.json`, written whenever a newer version arrives; see
+    /// [`crate::rendezvous::MasterSettings::adopting`]) and the masters it served under
+    /// ([`crate::master_ids`]). `None` keeps neither.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// An authenticated control connection, right after the master's welcome.
@@ -262,6 +263,10 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
                 });
             }
         };
+    // A replaced master's data dir, started again, is refused (`master_ids`).
+    if let (Some(dir), Some(master)) = (&s.data_dir, view.iter().find(|m| m.rank == 0)) {
+        crate::master_ids::admit_master(dir, &master.node_id, &peer)?;
+    }
     // The metadata comes right after the welcome, in the first authenticated frame.
     match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's metadata snapshot").await? {
         MasterMsg::Metadata { snapshot: metadata } => Ok(Session {
@@ -436,7 +441,7 @@ pub struct WorkerLink {
     leaving: std::sync::atomic::AtomicBool,
     /// The newest metadata snapshot received from the master.
     metadata: watch::Sender<MetadataSnapshot>,
-    /// The version of this node's copy on disk ([`WorkerSettings::metadata_dir`]).
+    /// The version of this node's copy on disk ([`WorkerSettings::data_dir`]).
     persisted: Arc<Mutex<u64>>,
     /// Counts control sessions; changed (with `tx` set, under the state lock) when one starts.
     sessions: watch::Sender<u64>,
@@ -465,7 +470,10 @@ impl WorkerLink {
         // Every rejoin says the run it joined (a fresh data dir learns it from the welcome): a
         // master that replaces a lost one admits only nodes of its run.
         let settings = WorkerSettings { run_id: Some(joined.run_id.clone()), ..settings };
-        let held = match &settings.metadata_dir {
+        if let (Some(dir), Some(master)) = (&settings.data_dir, joined.view.iter().find(|m| m.rank == 0)) {
+            crate::master_ids::admit_master(dir, &master.node_id, &settings.master.to_string())?;
+        }
+        let held = match &settings.data_dir {
             Some(dir) => metadata::load(dir).unwrap_or_else(|e| {
                 warn!("cannot read this node's copy of the cluster's metadata: {e}");
                 MetadataSnapshot::default()
@@ -831,11 +839,11 @@ impl WorkerLink {
         }
     }
 
-    /// Writes the newest metadata to this node's copy ([`WorkerSettings::metadata_dir`]), off
+    /// Writes the newest metadata to this node's copy ([`WorkerSettings::data_dir`]), off
     /// the runtime; a write that finds a newer one already there does nothing. A failure is
     /// logged: the copy is for a master whose data dir is lost, and the node runs on without it.
     fn keep_copy(&self) {
-        let Some(dir) = self.settings.metadata_dir.clone() else { return };
+        let Some(dir) = self.settings.data_dir.clone() else { return };
         let snapshot = self.metadata.borrow().clone();
         let persisted = Arc::clone(&self.persisted);
         tokio::task::spawn_blocking(move || {

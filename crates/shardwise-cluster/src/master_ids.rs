@@ -1,0 +1,88 @@
+//! Which masters a worker has served under, so that a replaced master's data dir, started
+//! again, is refused by the workers.
+//!
+//! Why: the master refuses a replaced *worker's* data dir (it records the replacement in its
+//! membership), but nothing would refuse the lost *master's* data dir turning up after a new
+//! master took rank 0 (`--replace-node` on rank 0): it would resume its old membership, take the
+//! workers' newer catalog, and serve its stale replicas. Only the workers can tell: each keeps
+//! the node id of the master that welcomed it and the ids of the masters it saw replaced
+//! (`<data dir>/masters.json`), and refuses a master that is one of those. The refusal is retried
+//! like any other, so the worker rejoins once the right master is back.
+//!
+//! A master's node id changes only when rank 0 is taken by a new data dir, which only a
+//! replacement does: the first welcome from another id records the old one as replaced.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::datadir::{read_json, write_atomic};
+use crate::error::{ClusterError, Result};
+
+/// The file, in the worker's data dir.
+pub const MASTERS_FILE: &str = "masters.json";
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Masters {
+    /// The master that welcomed this node last.
+    current: Option<String>,
+    /// Masters replaced since (a new master took rank 0 while they were away).
+    replaced: BTreeSet<String>,
+}
+
+/// Checks the master `master_id`, which has just welcomed the worker whose data dir is `dir`,
+/// and records it: refused if it was replaced; the one before it recorded as replaced if it is
+/// another. Blocking (a small file, on a rejoin). A file that cannot be read or written is
+/// logged and does not keep the node from its master: the check is a guard against an
+/// operator's mistake, not what the node's data depends on.
+pub fn admit_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
+    let mut masters: Masters = read_json(dir, MASTERS_FILE)
+        .unwrap_or_else(|e| {
+            warn!("{e}; the masters this node served under are forgotten");
+            None
+        })
+        .unwrap_or_default();
+    if masters.replaced.contains(master_id) {
+        let current = masters.current.as_deref().unwrap_or("another node");
+        return Err(ClusterError::Refused {
+            reason: format!(
+                "the master at {peer} is node {master_id}, which node {current} replaced (--replace-node on \
+                 rank 0): what its data dir holds is stale; stop it, and start the master that replaced it"
+            ),
+        });
+    }
+    if masters.current.as_deref() == Some(master_id) {
+        return Ok(());
+    }
+    if let Some(previous) = masters.current.replace(master_id.to_string()) {
+        masters.replaced.insert(previous);
+    }
+    let written = serde_json::to_vec_pretty(&masters)
+        .map_err(|e| ClusterError::DataDir { path: dir.join(MASTERS_FILE), reason: e.to_string() })
+        .and_then(|bytes| write_atomic(dir, MASTERS_FILE, &bytes));
+    if let Err(e) = written {
+        warn!("cannot record the master this node serves under: {e}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_master_is_refused_and_the_one_that_replaced_it_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        admit_master(tmp.path(), "a", "m").unwrap();
+        admit_master(tmp.path(), "a", "m").unwrap();
+        admit_master(tmp.path(), "b", "m").unwrap();
+        let err = admit_master(tmp.path(), "a", "127.0.0.1:1").unwrap_err().to_string();
+        assert!(err.contains("node a, which node b replaced") && err.contains("stale"), "{err}");
+        admit_master(tmp.path(), "b", "m").unwrap();
+        // Replaced again: both earlier ones are refused.
+        admit_master(tmp.path(), "c", "m").unwrap();
+        assert!(admit_master(tmp.path(), "b", "m").is_err() && admit_master(tmp.path(), "a", "m").is_err());
+    }
+}
