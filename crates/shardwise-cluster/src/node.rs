@@ -288,15 +288,19 @@ impl Prepared {
                 adopting,
             };
             let master = Master::start(settings, listener, resumed)?;
-            self.data_dir.record_cluster(ClusterRecord {
-                run_id: run_id.clone(),
-                rank: d.rank,
-                world_size: d.world_size,
-            })?;
+            let record = ClusterRecord { run_id: run_id.clone(), rank: d.rank, world_size: d.world_size };
+            // A replacement records its run once every rank has confirmed it (a mistyped
+            // --run-id then leaves the data dir free for the next attempt).
+            if !adopting {
+                self.data_dir.record_cluster(record.clone())?;
+            }
             if let Err(e) = master.form().await {
                 // Its rendezvous port is free again for the next attempt in this process.
                 master.shutdown().await;
                 return Err(e);
+            }
+            if adopting {
+                self.data_dir.record_cluster(record)?;
             }
             let epoch = master.members().first().map(|m| m.epoch).unwrap_or(1);
             (run_id, epoch, Inner::Master(master))
@@ -1117,6 +1121,12 @@ mod tests {
         assert!(err.contains("rank 1") && err.contains("--replace-node") && err.contains(&run_id), "{err}");
         std::fs::remove_dir_all(&lost).unwrap();
 
+        // A mistyped run id: no rank rejoins it, and the data dir is left as free as it was.
+        let mut typo = replacement(Some("11111111-2222-3333-4444-555555555555"), true);
+        typo.timeouts.join_timeout_ms = 1_500;
+        let err = init_distributed_mode(typo, addrs(0)).await.unwrap_err().to_string();
+        assert!(err.contains("1, 2"), "{err}");
+        assert!(!lost.join("cluster.json").exists() && !lost.join("master/membership.json").exists());
         let new_master = tokio::spawn(init_distributed_mode(replacement(Some(&run_id), true), addrs(0)));
         // A fresh data dir for a worker's rank is not taken for that rank's node.
         let mut fresh = meta_opts(2, 3, port, &tmp.path().join("fresh"), 3_000);
@@ -1136,9 +1146,19 @@ mod tests {
         .await
         .expect("rank 1 rejoined");
         assert!(refused.contains("2 have not yet") && refused.contains("retry"), "{refused}");
+        // Nor writes through it: rank 2 might hold a newer catalog (a table truncated since).
+        let paused = w1.metadata_handle().ensure_current(true).await.unwrap_err();
+        assert!(paused.contains("ranks 2 have not yet") && paused.contains("nothing was written"), "{paused}");
+        w1.metadata_handle().ensure_current(false).await.unwrap();
         let w2 = init_distributed_mode(meta_opts(2, 3, port, tmp.path(), 3_000), addrs(2)).await.unwrap();
         let master = new_master.await.unwrap().unwrap();
         assert_eq!((master.run_id.as_str(), master.replacing()), (run_id.as_str(), Some(old.as_str())));
+        let writable = async {
+            while w1.metadata_handle().ensure_current(true).await.is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), writable).await.expect("writes resume");
         assert_eq!(*master.metadata().borrow(), v2, "the catalog taken from the workers");
         assert_eq!(on_disk(tmp.path()), v2, "and stored");
         let members = w2.view().members().await;
@@ -1179,6 +1199,26 @@ mod tests {
         for n in [w1, w2, master] {
             n.shutdown().await;
         }
+    }
+
+    /// No rank holds a catalog (here: none was ever made; or every worker's copy is gone): a
+    /// replacement master refuses to start with an empty one, which would hand out the ids of
+    /// tables whose replicas the workers may hold again.
+    #[tokio::test]
+    async fn a_replacement_master_without_any_catalog_refuses_to_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = start(2, port, tmp.path(), 3_000).await;
+        let (w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap());
+        let (old, run_id) = (master.node_id.to_string(), master.run_id.clone());
+        master.shutdown().await;
+        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        let mut o = meta_opts(0, 2, port, tmp.path(), 3_000);
+        o.replace_node = Some(old);
+        o.run_id = Some(run_id);
+        let err = init_distributed_mode(o, addrs(0)).await.unwrap_err().to_string();
+        assert!(err.contains("no rank holds a copy of the cluster's catalog"), "{err}");
+        w1.shutdown().await;
     }
 
     #[tokio::test]

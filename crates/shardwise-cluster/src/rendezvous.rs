@@ -290,7 +290,9 @@ impl Master {
             proposals,
             persisting: Mutex::new(()),
         });
-        if formed {
+        // A replacement master records nothing until it has heard every rank: an attempt that
+        // fails (a mistyped --run-id) leaves its data dir as empty as it was.
+        if formed && !adopting {
             master.persist()?;
         }
         let accept = Arc::clone(&master);
@@ -455,8 +457,20 @@ impl Master {
         {
             return Err(ClusterError::MetadataStore { detail: "the metadata task stopped".into() });
         }
+        if self.metadata.borrow().version == 0 {
+            return Err(ClusterError::DataDir {
+                path: self.settings.state_dir.clone(),
+                reason: "no rank holds a copy of the cluster's catalog (each keeps one in <data dir>/metadata.json): \
+                         a replacement master takes it from them, and an empty one would hand out the ids of the \
+                         tables whose replicas the workers hold again. Restore master/metadata.json from a backup \
+                         into this data dir, or a worker's metadata.json, and start again; if the cluster never had \
+                         a table, start a new cluster instead"
+                    .into(),
+            });
+        }
         self.lock().adopting = false;
         self.persist()?;
+        self.broadcast(|| MasterMsg::Release);
         let version = self.metadata.borrow().version;
         info!(version, "replaced the lost master: every rank rejoined, catalog version {version} taken from them");
         Ok(())
@@ -909,6 +923,20 @@ impl Master {
                     // First in the fresh queue, so first after the welcome; every later version
                     // is queued behind it by `commit`, under this same lock.
                     let _ = tx.try_send(s.metadata_frame.clone());
+                    // A replacement master still taking the catalog: the node's writes wait
+                    // (`Release` when every rank is heard).
+                    if s.adopting
+                        && let Some(out) = Outgoing::new(&MasterMsg::Waiting {
+                            joined: 0,
+                            world_size: self.settings.world_size,
+                            missing: unheard_ranks(&s, self.settings.world_size)
+                                .into_iter()
+                                .filter(|r| *r != rank)
+                                .collect(),
+                        })
+                    {
+                        let _ = tx.try_send(out);
+                    }
                     let now = Instant::now();
                     let info = MemberInfo {
                         rank,
@@ -993,7 +1021,7 @@ impl Master {
             writer.set_key(key);
         }
         info!(rank, %node_id, epoch, %peer, "rank {rank} joined");
-        if formed {
+        if formed && !self.lock().adopting {
             self.persist()?;
         }
         self.bump();

@@ -419,6 +419,10 @@ struct LinkState {
     /// When the last message from the master was read (every metadata version it published
     /// before that message has been applied here: the channel is ordered).
     last_heard: Option<std::time::Instant>,
+    /// The master is a replacement still taking the catalog from the ranks (`MasterMsg::Waiting`
+    /// after this session's welcome, until `Release`): which ranks it waits for. Writes wait: a
+    /// rank not yet back may hold a newer catalog (a table truncated since this node's).
+    master_adopting: Option<Vec<u32>>,
 }
 
 /// A proposal waiting for the master's answer.
@@ -489,6 +493,7 @@ impl WorkerLink {
                 pending: HashMap::new(),
                 proposals: HashMap::new(),
                 last_heard: None,
+                master_adopting: None,
             }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
@@ -569,6 +574,15 @@ impl WorkerLink {
             (st.last_heard, st.tx.is_some())
         };
         let silent = heard.map(|h| h.elapsed());
+        if let Some(missing) = self.lock().master_adopting.clone().filter(|_| writing) {
+            return Err(format!(
+                "the master replaces one whose data dir was lost and is taking the cluster's catalog from the \
+                 ranks as they rejoin; ranks {} have not yet, and one may hold a newer catalog than rank {}'s \
+                 (a table truncated or dropped since): nothing was written; retry once they have (reads go on)",
+                format_ranks(&missing),
+                self.settings.rank
+            ));
+        }
         if !connected {
             if !writing {
                 return Ok(());
@@ -901,6 +915,7 @@ impl WorkerLink {
         {
             let mut st = self.lock();
             st.tx = Some(tx.clone());
+            st.master_adopting = None;
             if !view.is_empty() {
                 st.view = view;
             }
@@ -980,6 +995,9 @@ impl WorkerLink {
                     // and says so to this node, if it still waits.
                     let _ = applied_tx.try_send(NodeMsg::Confirmed { req, waiting });
                 }
+                // Only a replacement master sends these after the welcome (see `master_adopting`).
+                MasterMsg::Waiting { missing, .. } => self.lock().master_adopting = Some(missing),
+                MasterMsg::Release => self.lock().master_adopting = None,
                 MasterMsg::Fenced { reason, .. } => break Err(ClusterError::Fenced { reason }),
                 MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
                     break Err(ClusterError::Refused { reason });

@@ -794,7 +794,7 @@ impl TableAccess for TablesNode {
         rebuild_rank: Option<u64>,
     ) -> BoxFuture<'_, Result<Vec<ReplicaRepairRow>, QueryError>> {
         let table = table.to_string();
-        Box::pin(async move { self.repair_cluster(&table, timeout, rebuild_rank).await })
+        Box::pin(async move { self.repair_cluster(&table, timeout, rebuild_rank, repair::Judge::Majority).await })
     }
 }
 

@@ -595,6 +595,7 @@ impl TablesNode {
         table: &str,
         timeout: Duration,
         rebuild_rank: Option<u64>,
+        judge: Judge,
     ) -> Result<Vec<ReplicaRepairRow>, QueryError> {
         if timeout.is_zero() {
             return Err(QueryError::Rejected(
@@ -625,7 +626,7 @@ impl TablesNode {
             DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms, skip_held_back: true };
         let (checked, writes_seen) = self.settled_check(table, &up, &drain, timeout).await?;
         let mut out = Vec::with_capacity(checked.len());
-        for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank, writes_seen)) {
+        for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank, writes_seen, judge)) {
             let source = match decision {
                 Decision::Rebuild(source) => Some(source),
                 _ => None,
@@ -836,10 +837,22 @@ enum Decision {
 /// is rebuilt from one of its shard that passed, one not on `rebuild_rank` first. Where none
 /// passed (two replicas that differ), the replicas on `rebuild_rank` are rebuilt from the
 /// shard's others that were read, if those agree; otherwise the replica is left as it is.
-fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool) -> Vec<Decision> {
+fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool, judge: Judge) -> Vec<Decision> {
     let content = |r: &ReplicaCheckRow| r.rows.zip(r.checksum);
     rows.iter()
         .map(|row| {
+            if let (Judge::MostRows, None, false) = (judge, rebuild_rank, writes_seen) {
+                let shard: Vec<&ReplicaCheckRow> = rows.iter().filter(|o| o.shard == row.shard).collect();
+                if let Some(fullest) = fullest_sound(&shard) {
+                    return match row.rank == fullest {
+                        true => match shard.iter().find(|o| o.rank != fullest) {
+                            Some(other) => Decision::Reference(other.rank, "from this one, which holds the most rows"),
+                            None => Decision::Keep,
+                        },
+                        false => Decision::Rebuild(fullest),
+                    };
+                }
+            }
             if row.is_passed {
                 return Decision::Keep;
             }
@@ -930,6 +943,34 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool) 
         .collect()
 }
 
+/// Which replica of a shard whose replicas differ `REPAIR TABLE` takes for the right one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Judge {
+    /// The replicas that agree with the majority of their shard's (`CHECK TABLE`'s verdict);
+    /// without a majority, none (unless `repair_rebuild_rank` names the rank to rebuild).
+    Majority,
+    /// The replica that holds the most rows, when every replica was read whole, none is suspect
+    /// and no other holds as many (else as `Majority`). Right after a node's data dir was lost
+    /// (`replaced.rs`): the lost node had delivered its queued rows to some replicas and not
+    /// others, and since each node delivers to each replica in order, the one that got the most
+    /// of them holds every row the others hold, and more, even where the others are a majority.
+    MostRows,
+}
+
+/// The replica of `shard` (its rank) that holds the most rows, when every replica was read,
+/// none is suspect, and no other holds as many (so not when they all agree).
+fn fullest_sound(shard: &[&ReplicaCheckRow]) -> Option<u32> {
+    if shard.iter().any(|o| o.suspect || o.replica_fault || o.rows.is_none() || o.checksum.is_none()) {
+        return None;
+    }
+    let most = shard.iter().filter_map(|o| o.rows).max()?;
+    let mut fullest = shard.iter().filter(|o| o.rows == Some(most));
+    match (fullest.next(), fullest.next()) {
+        (Some(only), None) => Some(only.rank),
+        _ => None,
+    }
+}
+
 /// What the repair did with one replica.
 enum Outcome {
     /// Nothing; what there is to say.
@@ -1003,6 +1044,7 @@ mod tests {
     #[test]
     fn failed_replicas_are_rebuilt_from_passed_ones_and_without_a_majority_only_when_told() {
         use Decision::{Keep, Leave, Rebuild, Reference};
+        const L: Judge = Judge::Majority;
         let leave = |d: &Decision| matches!(d, Leave(_));
         // Shard 0: the majority passes, the odd one is copied over from one of it. Shard 1: an
         // unread (damaged) replica beside one that passed.
@@ -1013,57 +1055,74 @@ mod tests {
             row(1, 1, None, false),
             row(1, 2, Some((3, 3)), true),
         ];
-        assert_eq!(plan(&rows, None, false), [Keep, Keep, Rebuild(0), Rebuild(2), Keep]);
+        assert_eq!(plan(&rows, None, false, L), [Keep, Keep, Rebuild(0), Rebuild(2), Keep]);
         // A source not on the rank named to rebuild comes first.
         let rows = [row(0, 0, Some((5, 1)), true), row(0, 1, Some((5, 1)), true), row(0, 2, None, false)];
-        assert_eq!(plan(&rows, Some(0), false), [Keep, Keep, Rebuild(1)]);
+        assert_eq!(plan(&rows, Some(0), false, L), [Keep, Keep, Rebuild(1)]);
         // Two replicas that differ: left, unless one's rank is named; then it is rebuilt from
         // the other.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((0, 0)), false)];
-        let decided = plan(&rows, None, false);
+        let decided = plan(&rows, None, false, L);
         assert!(decided.iter().all(leave), "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("repair_rebuild_rank"), "{why}");
-        assert_eq!(plan(&rows, Some(2), false), [Reference(2, "named by repair_rebuild_rank"), Rebuild(0)]);
+        assert_eq!(plan(&rows, Some(2), false, L), [Reference(2, "named by repair_rebuild_rank"), Rebuild(0)]);
         // Three that all differ, rank 2 named: the other two differ too, so nothing to copy.
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((6, 1)), false), row(0, 2, Some((0, 0)), false)];
-        assert!(plan(&rows, Some(2), false).iter().all(leave));
+        assert!(plan(&rows, Some(2), false, L).iter().all(leave));
         // Two that differ, one of them suspect (its WAL's last record was cut for failing its
         // checksum): it is rebuilt from the other without naming its rank.
         let suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((0, 0)), false) };
-        let decided = plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None, false);
+        let decided = plan(&[row(0, 0, Some((5, 1)), false), suspect.clone()], None, false, L);
         assert_eq!(decided, [Reference(2, "which is suspect"), Rebuild(0)]);
         // A suspect replica beside one that holds fewer rows (it lost its files): that one lost
         // more, and is not copied over the suspect one.
         let fuller_suspect = ReplicaCheckRow { suspect: true, ..row(0, 2, Some((9, 3)), false) };
-        let decided = plan(&[row(0, 0, Some((0, 0)), false), fuller_suspect], None, false);
+        let decided = plan(&[row(0, 0, Some((0, 0)), false), fuller_suspect], None, false, L);
         assert!(decided.iter().all(leave), "{decided:?}");
         // Immediate inserts went on during the checks: a replica read that differs is not
         // rebuilt (it may be an insert under way), a damaged one still is, and one named is.
         let rows = [row(0, 0, Some((5, 1)), true), row(0, 1, Some((5, 1)), true), row(0, 2, Some((4, 2)), false)];
-        let decided = plan(&rows, None, true);
+        let decided = plan(&rows, None, true, L);
         assert!(leave(&decided[2]), "{decided:?}");
         let Leave(why) = &decided[2] else { unreachable!() };
         assert!(why.contains("inserts under way"), "{why}");
-        assert_eq!(plan(&rows, Some(2), true)[2], Rebuild(0));
+        assert_eq!(plan(&rows, Some(2), true, L)[2], Rebuild(0));
         let rows = [row(0, 0, Some((5, 1)), true), row(0, 2, None, false)];
-        assert_eq!(plan(&rows, None, true), [Keep, Rebuild(0)]);
+        assert_eq!(plan(&rows, None, true, L), [Keep, Rebuild(0)]);
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((4, 2)), false)];
-        assert!(plan(&rows, None, true).iter().all(leave));
+        assert!(plan(&rows, None, true, L).iter().all(leave));
         // Both suspect: nothing says.
         let both = [ReplicaCheckRow { suspect: true, ..row(0, 0, Some((5, 1)), false) }, suspect];
-        assert!(plan(&both, None, false).iter().all(leave));
+        assert!(plan(&both, None, false, L).iter().all(leave));
         // Nothing read: nothing to copy.
         let rows = [row(0, 1, None, false), row(0, 2, None, false)];
-        let decided = plan(&rows, Some(2), false);
+        let decided = plan(&rows, Some(2), false, L);
         assert!(decided.iter().all(leave), "nothing read, nothing to copy: {decided:?}");
         // A replica whose node did not answer is left, even beside one that passed: the one
         // read may be the copy that lost rows.
         let unanswered = ReplicaCheckRow { replica_fault: false, ..row(0, 0, None, false) };
-        let decided = plan(&[unanswered, row(0, 2, Some((0, 0)), true)], None, false);
+        let decided = plan(&[unanswered, row(0, 2, Some((0, 0)), true)], None, false, L);
         assert!(leave(&decided[0]) && decided[1] == Keep, "{decided:?}");
         let Leave(why) = &decided[0] else { unreachable!() };
         assert!(why.contains("when rank 0 answers"), "{why}");
+        // After a lost node (`Judge::MostRows`): two sound replicas that differ, the
+        // fuller copied over the other; not when one is suspect, unread, or two hold as many.
+        let most = Judge::MostRows;
+        let rows = [row(0, 0, Some((3, 1)), true), row(0, 1, Some((5, 2)), false), row(0, 2, Some((3, 1)), true)];
+        assert_eq!(
+            plan(&rows, None, false, most),
+            [Rebuild(1), Reference(0, "from this one, which holds the most rows"), Rebuild(1)]
+        );
+        let tied = [row(0, 0, Some((5, 1)), false), row(0, 1, Some((5, 2)), false)];
+        assert!(plan(&tied, None, false, most).iter().all(leave));
+        let with_suspect =
+            [row(0, 0, Some((3, 1)), false), ReplicaCheckRow { suspect: true, ..row(0, 1, Some((5, 2)), false) }];
+        assert!(plan(&with_suspect, None, false, most)[0] != Rebuild(1));
+        let unread = [row(0, 0, Some((3, 1)), false), row(0, 1, None, false)];
+        assert!(plan(&unread, None, false, most)[0] != Rebuild(1));
+        // Immediate inserts under way: judged by the majority, as without it.
+        assert_eq!(plan(&rows, None, true, most), plan(&rows, None, true, L));
     }
 
     #[test]

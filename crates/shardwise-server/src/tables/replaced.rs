@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use shardwise_query::{QueryError, ReplicaRepairRow};
 use shardwise_storage::Catalog;
 
+use super::repair::Judge;
 use super::{StoreKey, TablesNode, lock, storage_error};
 
 /// The file, in `tables/`, that lists the replicas awaiting their rebuild.
@@ -150,12 +151,13 @@ impl TablesNode {
             let Some(n) = node.upgrade() else { return };
             let tables = n.awaiting_tables();
             if n.awaiting.is_empty() {
+                n.reconcile_after_loss().await;
                 tracing::warn!("every replica of the data dir this node replaced is rebuilt");
                 return;
             }
             for (name, incarnation) in tables {
                 let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
-                match n.repair_cluster(&name, timeout, Some(u64::from(n.rank))).await {
+                match n.repair_cluster(&name, timeout, Some(u64::from(n.rank)), Judge::Majority).await {
                     Ok(rows) => n.after_repair(&name, incarnation, &rows),
                     Err(e) => tracing::warn!(table = %name, "rebuilding this replacement node's replicas: {e}"),
                 }
@@ -166,6 +168,31 @@ impl TablesNode {
             drop(n);
             tokio::time::sleep(Duration::from_millis(retry_ms)).await;
             retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
+        }
+    }
+
+    /// Once this node's replicas are rebuilt: the other shards' replicas, which the lost node's
+    /// queued rows may have reached in part (delivered to one replica, not yet to another, when
+    /// its data dir was lost; or, for a shard whose every replica was lost, queued rows other
+    /// nodes delivered to one of its new replicas only), are made the same, each from the one
+    /// that holds the most rows (`Judge::MostRows`): every table with replicas, once, said in
+    /// the log for each replica copied.
+    async fn reconcile_after_loss(&self) {
+        let (_, catalog) = self.catalog_now();
+        let tables: Vec<String> =
+            catalog.tables.values().filter(|e| e.def.replicas > 1).map(|e| e.def.name.clone()).collect();
+        let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
+        for name in tables {
+            match self.repair_cluster(&name, timeout, None, Judge::MostRows).await {
+                Ok(rows) => {
+                    for row in rows.iter().filter(|r| r.action != "none") {
+                        tracing::warn!(table = %name, shard = row.shard, rank = row.rank, action = %row.action,
+                            source = ?row.source_rank,
+                            "after the lost data dir, the shard's replicas differed: {}", row.message);
+                    }
+                }
+                Err(e) => tracing::warn!(table = %name, "checking the table's replicas after the lost data dir: {e}"),
+            }
         }
     }
 

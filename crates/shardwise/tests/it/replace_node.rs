@@ -241,3 +241,46 @@ fn a_master_on_an_empty_data_dir_takes_the_lost_masters_rank_and_catalog() {
     let id = one(c.sql(2, "SELECT node_id FROM system.nodes WHERE rank = 0"))[0].clone();
     assert_ne!(id, old);
 }
+
+/// The lost master had shipped its queued rows to one replica of a shard and not yet to the
+/// other (rank 1 was down): after the replacement, the shard's surviving replicas are made the
+/// same from the one that holds the most rows, and every node answers alike.
+#[test]
+fn replicas_the_lost_masters_queue_reached_in_part_are_made_the_same() {
+    let mut c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE t (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 50)",
+    );
+    let old = one(c.sql(1, "SELECT node_id FROM system.nodes WHERE rank = 0"))[0].clone();
+    let cluster_json = std::fs::read_to_string(c.data_dir(1).join("cluster.json")).expect("rank 1's cluster.json");
+    let run_id = cluster_json.split('"').nth(3).expect("the run id in cluster.json").to_string();
+    c.procs[1].kill9();
+    c.sql(0, "INSERT INTO t SELECT value, value FROM generate_series(1, 600)");
+    // Delivered to rank 2, still queued for rank 1.
+    eventually(Duration::from_secs(20), "rank 0's rows delivered to rank 2", || {
+        let pending =
+            sql_csv(&c.addrs[0], "SELECT coalesce(sum(pending_rows), 0) FROM system.sync_queues WHERE destination = 2")
+                .ok()?;
+        (pending == [["0"]]).then_some(())
+    });
+    let on_2: u64 = one(c.sql(2, "SELECT sum(rows) FROM system.shards WHERE \"table\" = 't' AND rank = 2"))[0]
+        .parse()
+        .expect("rows");
+    assert!(on_2 > 0 && on_2 < 600, "{on_2}");
+    c.procs[0].kill9();
+    std::fs::remove_dir_all(c.data_dir(0)).expect("remove rank 0's data dir");
+    let mut rank1 = c.spawn_node(1, &[]);
+    c.restart_with(0, &["--replace-node", &old, "--run-id", &run_id]);
+    c.addrs[1] = flight_addr(&rank1.wait_for_line("listening rank=", Duration::from_secs(60)));
+    c.procs[1] = rank1;
+    c.procs[0].wait_for_line("every replica of the data dir this node replaced is rebuilt", Duration::from_secs(90));
+    // Shards 1 and 2 held what rank 2 had; shard 0's rows lived only on the lost master (its
+    // replica, and its queue for rank 1).
+    for r in 0..3 {
+        let got = one(c.sql(r, "SELECT count(*), count(DISTINCT id) FROM t"));
+        assert_eq!(got, [on_2.to_string(), on_2.to_string()], "through rank {r}");
+    }
+    assert_eq!(c.sql(1, "CHECK TABLE t"), [["1"]]);
+}
