@@ -32,6 +32,11 @@ struct Masters {
     replaced: BTreeSet<String>,
 }
 
+/// The master the worker whose data dir is `dir` last served under, if it has recorded one.
+pub fn current(dir: &Path) -> Option<String> {
+    read_json::<Masters>(dir, MASTERS_FILE).ok().flatten().and_then(|m| m.current)
+}
+
 /// Checks the master `master_id`, which has just welcomed the worker whose data dir is `dir`,
 /// and records it: refused if it was replaced; the one before it recorded as replaced if it is
 /// another. Blocking (a small file, on a rejoin). A file that cannot be read or written is

@@ -286,6 +286,7 @@ impl Prepared {
                 own,
                 metadata_machine: self.opts.metadata_machine.clone(),
                 adopting,
+                replaces_master: self.data_dir.replacing().filter(|_| adopting).map(str::to_string),
             };
             let master = Master::start(settings, listener, resumed)?;
             let record = ClusterRecord { run_id: run_id.clone(), rank: d.rank, world_size: d.world_size };
@@ -1121,6 +1122,11 @@ mod tests {
         assert!(err.contains("rank 1") && err.contains("--replace-node") && err.contains(&run_id), "{err}");
         std::fs::remove_dir_all(&lost).unwrap();
 
+        // The wrong node named: rank 1 served under another master, and says so.
+        let mut wrong = replacement(Some(&run_id), true);
+        wrong.replace_node = Some(w1.node_id.to_string());
+        let err = init_distributed_mode(wrong, addrs(0)).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("last served under master {old}")), "{err}");
         // A mistyped run id: no rank rejoins it, and the data dir is left as free as it was.
         let mut typo = replacement(Some("11111111-2222-3333-4444-555555555555"), true);
         typo.timeouts.join_timeout_ms = 1_500;

@@ -85,6 +85,9 @@ pub struct MasterSettings {
     /// not yet heard every rank: it knows neither their nodes nor the cluster's catalog, which it
     /// takes from them as they rejoin ([`Master::form`] waits for all of them).
     pub adopting: bool,
+    /// The lost master's node id (`--replace-node`), which the rejoining workers must have
+    /// served under.
+    pub replaces_master: Option<String>,
 }
 
 struct Conn {
@@ -146,9 +149,11 @@ struct State {
     replaced: BTreeMap<String, String>,
     /// [`MasterSettings::adopting`], until every rank has rejoined and its metadata is taken.
     adopting: bool,
-    /// A node that has passed a formation of this run rejoined a master that is forming one:
-    /// this master's data dir is not the cluster's (set by [`admit`]; [`Master::form`] fails).
-    formed_without_this_dir: Option<String>,
+    /// Why this master cannot form the cluster, said by a rejoining node (set by [`admit`];
+    /// [`Master::form`] fails with it): one that has passed a formation of this run rejoined a
+    /// master forming one (this data dir is not the cluster's), or a replacement master names
+    /// another node than the one the workers served under.
+    cannot_form: Option<String>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -279,7 +284,7 @@ impl Master {
                 confirms: HashMap::new(),
                 replaced,
                 adopting,
-                formed_without_this_dir: None,
+                cannot_form: None,
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -343,7 +348,7 @@ impl Master {
         let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
         // Phase 1: every rank joins.
         loop {
-            let refused = self.lock().formed_without_this_dir.clone();
+            let refused = self.lock().cannot_form.clone();
             if let Some(reason) = refused {
                 self.broadcast(|| MasterMsg::Abort { reason: reason.clone() });
                 return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
@@ -422,6 +427,10 @@ impl Master {
         let mut rx = self.changed.subscribe();
         let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
         loop {
+            let refused = self.lock().cannot_form.clone();
+            if let Some(reason) = refused {
+                return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
+            }
             let missing = unheard_ranks(&self.lock(), world);
             if missing.is_empty() {
                 break;
@@ -880,6 +889,7 @@ impl Master {
             epoch: held,
             incarnation,
             replaces,
+            master,
         } = hello
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
@@ -896,6 +906,7 @@ impl Master {
             held_epoch: held,
             incarnation: incarnation.as_deref(),
             replaces: replaces.as_deref(),
+            master: master.as_deref(),
         };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
@@ -985,7 +996,7 @@ impl Master {
                 if let MasterMsg::Refused { reason } | MasterMsg::Fenced { reason, .. } = &refusal {
                     warn!(%peer, rank, "refused a node: {reason}");
                 }
-                self.bump(); // a refusal may end the formation (`formed_without_this_dir`)
+                self.bump(); // a refusal may end the formation (`cannot_form`)
                 writer.write(&refusal).await?;
                 writer.shutdown().await;
                 return Ok(());
@@ -1080,6 +1091,7 @@ impl Master {
                     held_epoch: h.held_epoch,
                     incarnation: h.incarnation,
                     replaces: h.replaces,
+                    master: h.master,
                 }
                 .parts();
                 let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -1274,6 +1286,7 @@ pub(crate) struct HelloProof<'a> {
     pub held_epoch: Option<u64>,
     pub incarnation: Option<&'a str>,
     pub replaces: Option<&'a str>,
+    pub master: Option<&'a str>,
 }
 
 impl HelloProof<'_> {
@@ -1289,7 +1302,7 @@ impl HelloProof<'_> {
                     .concat()
             })
             .collect();
-        vec![
+        let mut parts = vec![
             self.master_nonce.to_vec(),
             self.node_nonce.to_vec(),
             self.rank.to_be_bytes().to_vec(),
@@ -1300,7 +1313,12 @@ impl HelloProof<'_> {
             optional(self.held_epoch.map(u64::to_be_bytes).as_ref().map(|e| &e[..])),
             optional(self.incarnation.map(str::as_bytes)),
             optional(self.replaces.map(str::as_bytes)),
-        ]
+        ];
+        // Only when said, so that a hello without it is proved as before.
+        if let Some(master) = self.master {
+            parts.push(master.as_bytes().to_vec());
+        }
+        parts
     }
 }
 
@@ -1318,6 +1336,8 @@ struct HelloCheck<'a> {
     incarnation: Option<&'a str>,
     /// The node whose lost data dir this one replaces (`NodeMsg::Hello::replaces`).
     replaces: Option<&'a str>,
+    /// The master the node last served under (`NodeMsg::Hello::master`).
+    master: Option<&'a str>,
 }
 
 /// Why a rejoining process may not have its rank back: it held an older epoch, so a newer
@@ -1366,13 +1386,26 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
              --run-id {run}",
             h.rank, h.node_id
         );
-        s.formed_without_this_dir.get_or_insert(reason.clone());
+        s.cannot_form.get_or_insert(reason.clone());
         return Err(reason);
     }
     if let Some(run_id) = h.run_id
         && run_id != settings.run_id
     {
         return Err(format!("run id mismatch: this node belongs to run {run_id}, the master runs {}", settings.run_id));
+    }
+    // A replacement master named the wrong node: the workers served under another.
+    if s.adopting
+        && let (Some(served), Some(named)) = (h.master, settings.replaces_master.as_deref())
+        && served != named
+    {
+        let reason = format!(
+            "--replace-node names node {named}, but rank {} (node {}) last served under master {served}: name the \
+             lost master (--replace-node {served})",
+            h.rank, h.node_id
+        );
+        s.cannot_form.get_or_insert(reason.clone());
+        return Err(reason);
     }
     match s.slots.get(&h.rank) {
         // A replacement master learns the ranks' nodes as they rejoin: a node whose data dir
@@ -1524,6 +1557,7 @@ mod hello_proof_tests {
             held_epoch: Some(3),
             incarnation: Some("token"),
             replaces: None,
+            master: None,
         };
         let variants = [
             HelloProof { rank: 0, ..base },
@@ -1537,6 +1571,8 @@ mod hello_proof_tests {
             HelloProof { incarnation: None, ..base },
             HelloProof { incarnation: Some("forged"), ..base },
             HelloProof { replaces: Some("lost"), ..base },
+            HelloProof { master: Some("m"), ..base },
+            HelloProof { master: Some(""), ..base },
         ];
         let mut seen = vec![base.parts()];
         for v in variants {

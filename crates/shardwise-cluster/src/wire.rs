@@ -158,6 +158,10 @@ pub enum NodeMsg {
         /// The node id of the lost data dir whose rank this fresh one takes (`--replace-node`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         replaces: Option<String>,
+        /// The node id of the master this node last served under (`masters.json`), when it
+        /// knows: a master replacing a lost one checks that it is that node it replaces.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        master: Option<String>,
     },
     BarrierEnter,
     Heartbeat {

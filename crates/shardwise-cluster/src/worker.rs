@@ -179,6 +179,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
         });
     }
     let node_nonce = nonce();
+    let last_master = s.data_dir.as_deref().and_then(crate::master_ids::current);
     let proof = s.secret.as_ref().map(|secret| {
         let parts = HelloProof {
             master_nonce: &master_nonce,
@@ -191,6 +192,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             held_epoch,
             incarnation: Some(incarnation),
             replaces: s.replaces.as_deref(),
+            master: last_master.as_deref(),
         }
         .parts();
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -209,6 +211,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             epoch: held_epoch,
             incarnation: Some(incarnation.to_string()),
             replaces: s.replaces.clone(),
+            master: last_master.clone(),
         })
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.
