@@ -162,9 +162,11 @@ fn replaced_id(opts: &InitOptions, old: &str) -> Result<String> {
         return Err(bad("a node of a cluster of several nodes: a single node has no replicas to rebuild from"));
     }
     if opts.detected.rank == 0 && opts.run_id.is_none() {
-        return Err(bad("given with --run-id on rank 0: a master on an empty data dir knows neither the cluster's \
+        return Err(bad(
+            "given together with --run-id on rank 0: a master on an empty data dir knows neither the cluster's \
                         run nor its catalog, which it takes from the other ranks as they rejoin; give the run id \
-                        (\"run_id\" in any worker's data dir, cluster.json, or in the workers' logs)"));
+                        (\"run_id\" in any worker's data dir, cluster.json, or in the workers' logs)",
+        ));
     }
     Uuid::parse_str(old.trim())
         .map(|id| id.to_string())
@@ -258,7 +260,9 @@ impl Prepared {
                             .into(),
                     });
                 }
-                info!(run_id, "resuming the cluster recorded in the data dir");
+                if !adopting {
+                    info!(run_id, "resuming the cluster recorded in the data dir");
+                }
             }
             let listener = match self.master {
                 Some(addr) => Some(
@@ -641,7 +645,7 @@ mod tests {
         let mut on_master = opts(0, 2, port, tmp.path(), None);
         on_master.replace_node = Some(old.clone());
         let err = prepare(on_master).unwrap_err().to_string();
-        assert!(err.contains("given with --run-id on rank 0"), "{err}");
+        assert!(err.contains("given together with --run-id on rank 0"), "{err}");
         assert!(!lost.exists());
         let other = "22222222-2222-2222-2222-222222222222";
         let err = init_distributed_mode(fresh(Some(other)), addrs(1)).await.unwrap_err().to_string();
@@ -1131,7 +1135,7 @@ mod tests {
         let mut typo = replacement(Some("11111111-2222-3333-4444-555555555555"), true);
         typo.timeouts.join_timeout_ms = 1_500;
         let err = init_distributed_mode(typo, addrs(0)).await.unwrap_err().to_string();
-        assert!(err.contains("1, 2"), "{err}");
+        assert!(err.contains("1, 2") && err.contains("is --run-id 11111111"), "{err}");
         assert!(!lost.join("cluster.json").exists() && !lost.join("master/membership.json").exists());
         let new_master = tokio::spawn(init_distributed_mode(replacement(Some(&run_id), true), addrs(0)));
         // A fresh data dir for a worker's rank is not taken for that rank's node.

@@ -154,6 +154,8 @@ struct State {
     /// master forming one (this data dir is not the cluster's), or a replacement master names
     /// another node than the one the workers served under.
     cannot_form: Option<String>,
+    /// The run of the last node refused for belonging to another (a mistyped `--run-id`).
+    refused_run: Option<String>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -285,6 +287,7 @@ impl Master {
                 replaced,
                 adopting,
                 cannot_form: None,
+                refused_run: None,
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -437,6 +440,17 @@ impl Master {
             }
             let now = Instant::now();
             if now >= deadline {
+                if let Some(run) = self.lock().refused_run.clone() {
+                    return Err(ClusterError::DataDir {
+                        path: self.settings.state_dir.clone(),
+                        reason: format!(
+                            "ranks {} did not rejoin within --join-timeout-ms; a node of run {run} was refused: \
+                             is --run-id {} right? (it is run_id in any worker's cluster.json)",
+                            format_ranks(&missing),
+                            self.settings.run_id
+                        ),
+                    });
+                }
                 return Err(ClusterError::JoinTimeout {
                     timeout_ms: t.join_timeout_ms,
                     joined: world - missing.len() as u32,
@@ -608,11 +622,14 @@ impl Master {
         }
         let version = snapshot.version;
         self.publish(frame, snapshot);
-        warn!(
-            "took metadata version {version} from rank {rank}: master/{} held only version {current_version} \
-             (restored from an older backup?)",
-            metadata::METADATA_FILE
-        );
+        match self.lock().adopting {
+            true => info!("took the cluster's catalog, metadata version {version}, from rank {rank}"),
+            false => warn!(
+                "took metadata version {version} from rank {rank}: master/{} held only version {current_version} \
+                 (restored from an older backup?)",
+                metadata::METADATA_FILE
+            ),
+        }
     }
 
     /// Makes a stored snapshot the current one: sent to every connected node (and to each node
@@ -1392,6 +1409,7 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     if let Some(run_id) = h.run_id
         && run_id != settings.run_id
     {
+        s.refused_run = Some(run_id.to_string());
         return Err(format!("run id mismatch: this node belongs to run {run_id}, the master runs {}", settings.run_id));
     }
     // A replacement master named the wrong node: the workers served under another.

@@ -850,7 +850,8 @@ impl WorkerLink {
         if !advanced && welcome && offered < held {
             warn!(
                 "the master's metadata is at version {offered}, older than this node's {held}; keeping \
-                 version {held} and sending it to the master (was its master/{} restored from an older backup?)",
+                 version {held} and sending it to the master (a master replacing a lost one, or its master/{} \
+                 restored from an older backup)",
                 metadata::METADATA_FILE
             );
         }
