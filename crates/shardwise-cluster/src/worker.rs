@@ -487,6 +487,7 @@ impl WorkerLink {
             }),
             None => MetadataSnapshot::default(),
         };
+        let on_disk = held.version;
         let metadata = if held.version > session.metadata.version { held } else { session.metadata.clone() };
         let link = Arc::new(WorkerLink {
             settings,
@@ -503,7 +504,7 @@ impl WorkerLink {
             task: Mutex::new(None),
             leaving: std::sync::atomic::AtomicBool::new(false),
             metadata: watch::channel(metadata).0,
-            persisted: Arc::new(Mutex::new(0)),
+            persisted: Arc::new(Mutex::new(on_disk)),
             sessions: watch::channel(0).0,
         });
         link.keep_copy();
