@@ -348,40 +348,15 @@ impl Master {
         let world = self.settings.world_size;
         let deadline = Instant::now() + t.join_timeout();
         let mut rx = self.changed.subscribe();
-        let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
         // Phase 1: every rank joins.
-        loop {
-            let refused = self.lock().cannot_form.clone();
-            if let Some(reason) = refused {
-                self.broadcast(|| MasterMsg::Abort { reason: reason.clone() });
-                return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
-            }
-            let missing = self.missing_ranks();
-            if missing.is_empty() {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                let err = ClusterError::JoinTimeout {
-                    timeout_ms: t.join_timeout_ms,
-                    joined: world - missing.len() as u32,
-                    world_size: world,
-                    missing,
-                };
-                self.broadcast(|| MasterMsg::Abort { reason: err.to_string() });
-                return Err(err);
-            }
-            if now >= next_progress {
-                info!("waiting for {} of {world} ranks: {}", missing.len(), format_ranks(&missing));
-                let joined = world - missing.len() as u32;
-                self.broadcast(|| MasterMsg::Waiting { joined, world_size: world, missing: missing.clone() });
-                next_progress = now + Duration::from_millis(t.progress_interval_ms);
-            }
-            let wake = deadline.min(next_progress);
-            tokio::select! {
-                _ = rx.changed() => {}
-                _ = tokio::time::sleep_until(wake.into()) => {}
-            }
+        let joined = self.wait_for_ranks(deadline, missing_ranks, |missing| {
+            info!("waiting for {} of {world} ranks: {}", missing.len(), format_ranks(missing));
+            let joined = world - missing.len() as u32;
+            self.broadcast(|| MasterMsg::Waiting { joined, world_size: world, missing: missing.to_vec() });
+        });
+        if let Err(err) = joined.await {
+            self.broadcast(|| MasterMsg::Abort { reason: err.to_string() });
+            return Err(err);
         }
         // Phase 2: the barrier. The membership is final; every node confirms it over its channel.
         let view = {
@@ -424,53 +399,30 @@ impl Master {
     /// ([`Master::adopt`]), then records the membership. Until then changes are refused. On
     /// timeout the error names the ranks not heard; the rejoined nodes stay connected.
     async fn adopt_from_all(&self) -> Result<()> {
-        let t = &self.settings.timeouts;
         let world = self.settings.world_size;
-        let deadline = Instant::now() + t.join_timeout();
-        let mut rx = self.changed.subscribe();
-        let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
-        loop {
-            let refused = self.lock().cannot_form.clone();
-            if let Some(reason) = refused {
-                return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
-            }
-            let missing = unheard_ranks(&self.lock(), world);
-            if missing.is_empty() {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                if let Some(run) = self.lock().refused_run.clone() {
-                    return Err(ClusterError::DataDir {
-                        path: self.settings.state_dir.clone(),
-                        reason: format!(
-                            "ranks {} did not rejoin within --join-timeout-ms; a node of run {run} was refused: \
-                             is --run-id {} right? (it is run_id in any worker's cluster.json)",
-                            format_ranks(&missing),
-                            self.settings.run_id
-                        ),
-                    });
-                }
-                return Err(ClusterError::JoinTimeout {
-                    timeout_ms: t.join_timeout_ms,
-                    joined: world - missing.len() as u32,
-                    world_size: world,
-                    missing,
+        let deadline = Instant::now() + self.settings.timeouts.join_timeout();
+        let heard = self.wait_for_ranks(deadline, unheard_ranks, |missing| {
+            info!(
+                "replacing the lost master: waiting for {} of {world} ranks to rejoin (their catalog is taken from \
+                 them): {}",
+                missing.len(),
+                format_ranks(missing)
+            );
+        });
+        match heard.await {
+            Err(ClusterError::JoinTimeout { missing, .. }) if self.lock().refused_run.is_some() => {
+                let run = self.lock().refused_run.clone().unwrap_or_default();
+                return Err(ClusterError::DataDir {
+                    path: self.settings.state_dir.clone(),
+                    reason: format!(
+                        "ranks {} did not rejoin within --join-timeout-ms; a node of run {run} was refused: is \
+                         --run-id {} right? (it is run_id in any worker's cluster.json)",
+                        format_ranks(&missing),
+                        self.settings.run_id
+                    ),
                 });
             }
-            if now >= next_progress {
-                info!(
-                    "replacing the lost master: waiting for {} of {world} ranks to rejoin (their catalog is taken \
-                     from them): {}",
-                    missing.len(),
-                    format_ranks(&missing)
-                );
-                next_progress = now + Duration::from_millis(t.progress_interval_ms);
-            }
-            tokio::select! {
-                _ = rx.changed() => {}
-                _ = tokio::time::sleep_until(deadline.min(next_progress).into()) => {}
-            }
+            other => other?,
         }
         // Every rank's newer metadata was queued before its first heartbeat: once what is queued
         // now is done, the newest of them is the master's.
@@ -499,9 +451,48 @@ impl Master {
         Ok(())
     }
 
-    fn missing_ranks(&self) -> Vec<u32> {
-        let s = self.lock();
-        (0..self.settings.world_size).filter(|r| !s.slots.contains_key(r)).collect()
+    /// Waits until `missing` (of the state and the world size) names no rank, calling `progress`
+    /// with the ranks still missing every `progress_interval_ms`. Fails when a node said this
+    /// master cannot form the cluster (`cannot_form`), or at `deadline` (`JoinTimeout`).
+    async fn wait_for_ranks(
+        &self,
+        deadline: Instant,
+        missing: fn(&State, u32) -> Vec<u32>,
+        progress: impl Fn(&[u32]),
+    ) -> Result<()> {
+        let t = &self.settings.timeouts;
+        let world = self.settings.world_size;
+        let mut rx = self.changed.subscribe();
+        let mut next_progress = Instant::now() + Duration::from_millis(t.progress_interval_ms);
+        loop {
+            let (refused, missing) = {
+                let s = self.lock();
+                (s.cannot_form.clone(), missing(&s, world))
+            };
+            if let Some(reason) = refused {
+                return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClusterError::JoinTimeout {
+                    timeout_ms: t.join_timeout_ms,
+                    joined: world - missing.len() as u32,
+                    world_size: world,
+                    missing,
+                });
+            }
+            if now >= next_progress {
+                progress(&missing);
+                next_progress = now + Duration::from_millis(t.progress_interval_ms);
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(deadline.min(next_progress).into()) => {}
+            }
+        }
     }
 
     /// Sends a message to every connected node (a stuck node is disconnected).
@@ -953,17 +944,14 @@ impl Master {
                     let _ = tx.try_send(s.metadata_frame.clone());
                     // A replacement master still taking the catalog: the node's writes wait
                     // (`Release` when every rank is heard).
-                    if s.adopting
-                        && let Some(out) = Outgoing::new(&MasterMsg::Waiting {
-                            joined: 0,
-                            world_size: self.settings.world_size,
-                            missing: unheard_ranks(&s, self.settings.world_size)
-                                .into_iter()
-                                .filter(|r| *r != rank)
-                                .collect(),
-                        })
-                    {
-                        let _ = tx.try_send(out);
+                    if s.adopting {
+                        let world_size = self.settings.world_size;
+                        let missing: Vec<u32> =
+                            unheard_ranks(&s, world_size).into_iter().filter(|r| *r != rank).collect();
+                        let joined = world_size - missing.len() as u32;
+                        if let Some(out) = Outgoing::new(&MasterMsg::Waiting { joined, world_size, missing }) {
+                            let _ = tx.try_send(out);
+                        }
                     }
                     let now = Instant::now();
                     let info = MemberInfo {
@@ -1482,6 +1470,11 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
             )),
         },
     }
+}
+
+/// The ranks no node has joined as yet (before formation).
+fn missing_ranks(s: &State, world_size: u32) -> Vec<u32> {
+    (0..world_size).filter(|r| !s.slots.contains_key(r)).collect()
 }
 
 /// The ranks not connected, or not heard on their connection yet (see [`Slot::heard`]).
