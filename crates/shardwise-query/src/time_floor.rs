@@ -7,8 +7,8 @@
 //! SELECT`, a Parquet load and Flight SQL bulk ingest, while the same text through `COPY`, a CSV
 //! load or an INSERT of a string became `1969-12-31 23:59:59` (its digits cut): one file loaded as
 //! CSV and as Parquet gave different tables. Now every path drops the finer digits as text parsing
-//! does, so an instant never moves to a later second or day. (ClickHouse's DateTime64 cuts digits
-//! the same way; PostgreSQL rounds to the column's precision.)
+//! does, so an instant never moves to a later second or day. (PostgreSQL rounds to the column's
+//! precision instead.)
 //!
 //! How: [`floored`] gives the value with its finer digits zeroed, in its own type, so that the
 //! cast that follows is exact; bulk ingest calls it before its cast, and an INSERT's implicit
