@@ -331,7 +331,11 @@ impl Prepared {
             let (rank, world_size) = (d.rank, d.world_size);
             let mut record =
                 |run_id: &str| data_dir.record_cluster(ClusterRecord { run_id: run_id.to_string(), rank, world_size });
+            let replacing = settings.replaces.is_some();
             let (link, joined) = WorkerLink::join_then(settings, &mut record).await?;
+            if replacing {
+                link.wait_until_master_has_catalog().await?;
+            }
             (joined.run_id, joined.epoch, Inner::Worker(link))
         };
         let init_ms = self.started.elapsed().as_millis() as u64;
@@ -1206,6 +1210,51 @@ mod tests {
         .await
         .expect("rank 1 rejoined the new master");
         assert_eq!(v4.version, 4);
+        for n in [w1, w2, master] {
+            n.shutdown().await;
+        }
+    }
+
+    /// A worker's data dir and the master's lost together: the worker's replacement joins the
+    /// replacement master before the rank holding the catalog has, and is welcomed with the
+    /// master's empty catalog. It waits until the master has taken the catalog, so that it
+    /// holds it when its start goes on (its tables decide from it which replicas await a rebuild).
+    #[tokio::test]
+    async fn a_replacement_worker_waits_for_a_replacement_master_to_take_the_catalog() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = start(3, port, tmp.path(), 3_000).await;
+        let (w2, w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap(), nodes.pop().unwrap());
+        master.propose(create("a")).await.unwrap();
+        let v2 = master.propose(create("b")).await.unwrap();
+        assert_eq!(seen(&w1, 2).await, v2);
+        let copy = tmp.path().join("rank-1");
+        let kept = async {
+            while crate::metadata::load(&copy).unwrap().version < 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), kept).await.expect("rank 1's copy written");
+        let (old_master, old_w2, run_id) = (master.node_id.to_string(), w2.node_id.to_string(), master.run_id.clone());
+        for n in [w1, w2, master] {
+            n.shutdown().await;
+        }
+        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
+        let mut o = meta_opts(0, 3, port, tmp.path(), 10_000);
+        o.replace_node = Some(old_master);
+        o.run_id = Some(run_id);
+        let new_master = tokio::spawn(init_distributed_mode(o, addrs(0)));
+        let mut o = meta_opts(2, 3, port, tmp.path(), 10_000);
+        o.replace_node = Some(old_w2);
+        let mut new_w2 = tokio::spawn(init_distributed_mode(o, addrs(2)));
+        // Rank 1, which holds the catalog, is not back: the master has none to give yet.
+        let early = tokio::time::timeout(std::time::Duration::from_millis(1_500), &mut new_w2).await;
+        assert!(early.is_err(), "rank 2's replacement went on before the master had a catalog");
+        let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 10_000), addrs(1)).await.unwrap();
+        let w2 = new_w2.await.unwrap().unwrap();
+        assert_eq!(*w2.metadata().borrow(), v2, "the catalog the master took, when rank 2's start goes on");
+        let master = new_master.await.unwrap().unwrap();
         for n in [w1, w2, master] {
             n.shutdown().await;
         }

@@ -46,6 +46,9 @@ const LINK_QUEUE_LEN: usize = 256;
 const REJOIN_WARN_INTERVAL_MS: u64 = 10_000;
 /// Longest wait for the master to acknowledge a graceful leave.
 const LEAVE_WAIT_MS: u64 = 2_000;
+/// How often a replacement node asks whether a replacement master has taken the catalog yet
+/// ([`WorkerLink::wait_until_master_has_catalog`]).
+const ADOPTION_POLL_MS: u64 = 100;
 
 /// Who this node is and where the master is.
 #[derive(Debug, Clone)]
@@ -516,6 +519,43 @@ impl WorkerLink {
 
     fn lock(&self) -> MutexGuard<'_, LinkState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// For a node on the empty data dir of a lost one (`--replace-node`), which decides from the
+    /// catalog which of its replicas await a rebuild: when the master is itself a replacement
+    /// still taking the catalog from the ranks, the catalog this node was welcomed with is the
+    /// master's empty one. Waits, up to `join_timeout_ms`, until the master has taken it and let
+    /// the ranks go (`MasterMsg::Release`); the catalog it took was sent before that, so this
+    /// node holds it when this returns.
+    pub async fn wait_until_master_has_catalog(&self) -> Result<()> {
+        let timeout_ms = self.settings.timeouts.join_timeout_ms;
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut said = false;
+        loop {
+            // Its answer comes after every message the master sent before it (a `Waiting` after
+            // the welcome among them), all handled here by then.
+            if self.ask_members().await.is_some() {
+                match self.lock().master_adopting.clone() {
+                    None => return Ok(()),
+                    Some(missing) if !said => {
+                        info!(
+                            "the master replaces a lost one and is taking the catalog from the ranks (ranks {} not yet \
+                             rejoined): this node's replicas to rebuild are known once it has",
+                            format_ranks(&missing)
+                        );
+                        said = true;
+                    }
+                    Some(_) => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Timeout {
+                    op: "waiting for the replacement master to take the cluster's catalog from the ranks".into(),
+                    timeout_ms,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(ADOPTION_POLL_MS)).await;
+        }
     }
 
     /// Becomes `Some(reason)` when this node must stop.
