@@ -86,6 +86,10 @@ impl TablesNode {
         shard: u32,
     ) -> Result<(ContentChecksum, Option<String>), String> {
         let store = self.store(entry, shard).await.map_err(|e| format!("its replica cannot be opened: {e}"))?;
+        // Not a source while another replica of the shard awaits a rebuild (`replaced.rs`).
+        if let Some(why) = self.awaiting.released_why((entry.id, entry.generation, shard)) {
+            return Err(why);
+        }
         let batches = {
             let guard = lock(&store);
             if let Some(why) = guard.unreadable() {

@@ -483,7 +483,7 @@ impl TablesNode {
                     self.rank, entry.def.name, key.2
                 ))
             };
-            if let Some(why) = guard.unreadable() {
+            if let Some(why) = guard.unreadable().or_else(|| self.awaiting.released_why(key)) {
                 return Err(not_read(why));
             }
             let missing = guard.missing_files().map_err(|e| not_read(e.to_string()))?;
@@ -622,8 +622,13 @@ impl TablesNode {
             .collect();
         let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
         let dests = Some(up.clone());
+        // After a lost node (`Judge::MostRows`) the fullest replica is copied over the others, so
+        // rows held back for a replica must have reached it first: its sender may have been holding
+        // them while it awaited its rebuild, and the fullest is only the one with every row once
+        // each node has delivered everything it queued.
+        let skip_held_back = !matches!(judge, Judge::MostRows);
         let drain =
-            DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms, skip_held_back: true };
+            DrainRequest { table_id: entry.id, generation: entry.generation, dests, timeout_ms, skip_held_back };
         let (checked, writes_seen) = self.settled_check(table, &up, &drain, timeout).await?;
         let mut out = Vec::with_capacity(checked.len());
         for (row, decision) in checked.iter().zip(plan(&checked, rebuild_rank, writes_seen, judge)) {
@@ -856,6 +861,16 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool, 
             if row.is_passed {
                 return Decision::Keep;
             }
+            // Released empty after every replica of its shard was lost (`replaced.rs`): it may hold
+            // rows the others never received (queued for it alone), so no copy goes over it until
+            // its node lifts the mark.
+            if row.message.contains(super::replaced::RELEASED_MARK) {
+                return Decision::Leave(
+                    "it started empty after every replica of its shard was lost, and is not copied over until no \
+                     other replica of the shard awaits a rebuild"
+                        .into(),
+                );
+            }
             // Unread because its node did not answer: what it holds is unknown, and it may be
             // the only right copy (the one read may be a replica that lost its files).
             if row.rows.is_none() && !row.replica_fault {
@@ -1039,6 +1054,24 @@ mod tests {
             replica_fault: content.is_none(),
             suspect: false,
         }
+    }
+
+    #[test]
+    fn a_replica_released_after_loss_is_not_copied_over() {
+        let released = ReplicaCheckRow {
+            message: format!("rank 2: its replica of shard 0 {} (...)", super::super::replaced::RELEASED_MARK),
+            ..row(0, 2, None, false)
+        };
+        for judge in [Judge::Majority, Judge::MostRows] {
+            let decided = plan(&[row(0, 0, Some((5, 1)), true), released.clone()], None, false, judge);
+            assert!(matches!(decided[..], [Decision::Keep, Decision::Leave(_)]), "{judge:?}: {decided:?}");
+            // Not even when told to rebuild that rank.
+            let decided = plan(&[row(0, 0, Some((5, 1)), true), released.clone()], Some(2), false, judge);
+            assert!(matches!(decided[1], Decision::Leave(_)), "{judge:?}: {decided:?}");
+        }
+        // Without the mark, the same unread replica is rebuilt from the one that passed.
+        let decided = plan(&[row(0, 0, Some((5, 1)), true), row(0, 2, None, false)], None, false, Judge::Majority);
+        assert_eq!(decided, [Decision::Keep, Decision::Rebuild(0)]);
     }
 
     #[test]

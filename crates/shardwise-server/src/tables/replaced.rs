@@ -12,6 +12,22 @@
 //! nothing; a shard whose only replica was here (`replicas = 1`) has nothing to be rebuilt from:
 //! its rows were lost with the data dir, which the node logs as an error before it serves the
 //! replica empty.
+//!
+//! # A shard whose every replica was lost
+//!
+//! When every replica of a shard was on a lost data dir (two nodes lost at about the same time,
+//! each replaced), nothing holds its old rows but the other nodes' outboxes, which still queue
+//! those not yet delivered. Each replacement then lets its replica go empty (an error in the
+//! log), and the queued rows arrive. Such a replica is **released after loss**: it serves, but it
+//! is no copy of the shard's history, because a rebuild takes a source's dedup high-water marks
+//! with its rows, and a released replica's marks cover rows it never held (those newer rows came
+//! from an origin whose older ones were delivered to the lost dirs, or are still queued for the
+//! other replica). A replica still awaiting its rebuild copied from it would drop those older
+//! queued rows as duplicates. So, durably marked in the same file, a released replica fails
+//! `CHECK TABLE` (it is not read, [`RELEASED_MARK`]) until no other replica of its shard awaits a
+//! rebuild: an awaiting replica then finds no source and is released too, and takes its own
+//! queued rows. Once the marks are gone, the check of the other shards (`Judge::MostRows`,
+//! below) copies the replica that received the most over the others.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -37,6 +53,12 @@ pub const REPLACED_REBUILD_RETRY_MAX_MS: u64 = 30_000;
 /// What the reason a replica awaiting its rebuild is fenced says, and so what `REPAIR TABLE`
 /// reports for it (on any node): a shard whose every replica says it holds nothing to copy.
 const AWAITING_MARK: &str = "awaits its rebuild from the shard's other replicas";
+/// What a replica released after loss says when checked, until no other replica of its shard
+/// awaits a rebuild (see the module doc).
+pub(crate) const RELEASED_MARK: &str = "started empty after every replica of its shard was lost";
+/// How long each node may take to answer the check that decides whether a released replica's
+/// mark can go (`check_timeout_ms`).
+const RELEASED_CHECK_TIMEOUT_MS: u64 = 30_000;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct AwaitingFile {
@@ -44,6 +66,10 @@ struct AwaitingFile {
     replaced_node: String,
     /// `(table id, generation, shard)` of each replica still to be rebuilt.
     replicas: BTreeSet<StoreKey>,
+    /// Replicas released after loss, not a source for a rebuild while another replica of their
+    /// shard awaits one (see the module doc).
+    #[serde(default)]
+    released: BTreeSet<StoreKey>,
 }
 
 /// The replicas on this node awaiting their rebuild, as `AWAITING_REBUILD.json` holds them.
@@ -122,15 +148,61 @@ impl AwaitingRebuild {
 
     /// The replica of `key` needs no rebuild now (rebuilt, or its table gone): durably.
     pub(crate) fn done(&self, key: StoreKey) -> Result<(), QueryError> {
+        self.leave(key, false)
+    }
+
+    /// The replica of `key` serves empty, every replica of its shard having been lost: durably
+    /// released after loss (see the module doc).
+    pub(crate) fn release_lost(&self, key: StoreKey) -> Result<(), QueryError> {
+        self.leave(key, true)
+    }
+
+    fn leave(&self, key: StoreKey, released: bool) -> Result<(), QueryError> {
         let mut state = lock(&self.state);
-        if !state.replicas.remove(&key) {
+        if !state.replicas.contains(&key) {
             return Ok(());
         }
+        let before = (state.replicas.clone(), state.released.clone());
+        state.replicas.remove(&key);
+        if released {
+            state.released.insert(key);
+        }
         if let Err(e) = self.write(&state) {
-            state.replicas.insert(key);
+            (state.replicas, state.released) = before;
             return Err(e);
         }
         self.any.store(!state.replicas.is_empty(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Why the replica of `key` is not read by a check, if it was released after loss and may
+    /// not be a source yet.
+    pub(crate) fn released_why(&self, key: StoreKey) -> Option<String> {
+        let state = lock(&self.state);
+        state.released.contains(&key).then(|| {
+            format!(
+                "its replica of shard {} {RELEASED_MARK} (node {}'s among them), and holds only rows that came since: \
+                 not a source for a rebuild while another replica of the shard awaits one",
+                key.2, state.replaced_node
+            )
+        })
+    }
+
+    /// The replicas released after loss whose mark is still there.
+    fn released_keys(&self) -> Vec<StoreKey> {
+        lock(&self.state).released.iter().copied().collect()
+    }
+
+    /// The replica of `key` may be a source again: durably.
+    fn clear_released(&self, key: StoreKey) -> Result<(), QueryError> {
+        let mut state = lock(&self.state);
+        if !state.released.remove(&key) {
+            return Ok(());
+        }
+        if let Err(e) = self.write(&state) {
+            state.released.insert(key);
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -151,9 +223,15 @@ impl TablesNode {
             let Some(n) = node.upgrade() else { return };
             let tables = n.awaiting_tables();
             if n.awaiting.is_empty() {
-                n.reconcile_after_loss().await;
-                tracing::warn!("every replica of the data dir this node replaced is rebuilt");
-                return;
+                if n.settle_released().await {
+                    n.reconcile_after_loss().await;
+                    tracing::warn!("every replica of the data dir this node replaced is rebuilt");
+                    return;
+                }
+                drop(n);
+                tokio::time::sleep(Duration::from_millis(retry_ms)).await;
+                retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
+                continue;
             }
             for (name, incarnation) in tables {
                 let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
@@ -169,6 +247,40 @@ impl TablesNode {
             tokio::time::sleep(Duration::from_millis(retry_ms)).await;
             retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
         }
+    }
+
+    /// Lifts the mark of each replica here released after loss whose shard has no other replica
+    /// awaiting a rebuild any more (every other one read by a check, or released too); whether
+    /// none is left.
+    async fn settle_released(&self) -> bool {
+        let (_, catalog) = self.catalog_now();
+        for key in self.awaiting.released_keys() {
+            let Some(entry) = catalog.by_id(key.0).filter(|e| e.generation == key.1) else {
+                // Dropped or truncated: nothing to protect.
+                if let Err(e) = self.awaiting.clear_released(key) {
+                    tracing::error!("cannot record that a released replica may be a source: {e}");
+                }
+                continue;
+            };
+            let name = &entry.def.name;
+            let rows = match self.check_cluster(name, Duration::from_millis(RELEASED_CHECK_TIMEOUT_MS)).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(table = %name, shard = key.2, "checking the shard's other replicas: {e}");
+                    continue;
+                }
+            };
+            let mut others = rows.iter().filter(|r| r.shard == key.2 && r.rank != self.rank);
+            if others.all(|r| r.rows.is_some() || r.message.contains(RELEASED_MARK)) {
+                match self.awaiting.clear_released(key) {
+                    Ok(()) => tracing::info!(table = %name, shard = key.2,
+                        "no replica of the shard awaits a rebuild any more: the one here, released empty after the \
+                         loss, may be copied again"),
+                    Err(e) => tracing::error!("cannot record that a released replica may be a source: {e}"),
+                }
+            }
+        }
+        self.awaiting.released_keys().is_empty()
     }
 
     /// Once this node's replicas are rebuilt: the other shards' replicas, which the lost node's
@@ -197,17 +309,19 @@ impl TablesNode {
     }
 
     /// What a repair left of this node's replicas awaiting their rebuild: a shard whose every
-    /// replica awaits one (two workers lost at once, each replaced) has nothing to copy from, its
-    /// rows lost: its replicas here are let go, said as an error, and serve empty; the others
-    /// are tried again.
+    /// replica awaits one, or was released after loss (two nodes lost at about the same time,
+    /// each replaced), has nothing to copy from, its rows lost but for those other nodes still
+    /// queue for it: its replicas here are released after loss, said as an error, and serve;
+    /// the others are tried again.
     fn after_repair(&self, name: &str, (id, generation): (u64, u64), rows: &[ReplicaRepairRow]) {
         for row in rows.iter().filter(|r| r.rank == self.rank && self.awaiting.contains((id, generation, r.shard))) {
             let mut shard = rows.iter().filter(|o| o.shard == row.shard);
-            if shard.all(|o| o.message.contains(AWAITING_MARK)) {
+            if shard.all(|o| o.message.contains(AWAITING_MARK) || o.message.contains(RELEASED_MARK)) {
                 tracing::error!(table = %name, shard = row.shard,
                     "every replica of the shard was on a lost data dir (this node's and other replacement nodes'): \
-                     its rows are lost, and the replica here starts empty");
-                if let Err(e) = self.awaiting.done((id, generation, row.shard)) {
+                     its rows are lost but for those other nodes still queue for it, and the replica here starts \
+                     empty");
+                if let Err(e) = self.awaiting.release_lost((id, generation, row.shard)) {
                     tracing::error!("cannot record that a replica needs no rebuild: {e}");
                 }
             } else {
@@ -277,6 +391,41 @@ mod tests {
         again.done(first)?;
         assert!(again.why(first, 2).is_none());
         assert_eq!(AwaitingRebuild::load(&dir)?.keys().len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn a_replica_released_after_loss_is_no_source_until_its_mark_is_lifted_even_across_a_restart()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("tables");
+        let awaiting = AwaitingRebuild::load(&dir)?;
+        let mut catalog = Catalog::default();
+        let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "id",
+            arrow::datatypes::DataType::Int64,
+            true,
+        )]));
+        let options = [("shard_key".to_string(), "id".to_string()), ("replicas".to_string(), "2".to_string())];
+        let def = shardwise_storage::TableDef::from_options("a", schema, &options, 3)?;
+        catalog = catalog.apply(&shardwise_storage::CatalogOp::CreateTable { def, if_not_exists: false }, 3)?.0;
+        awaiting.note_replacement("old-node", &catalog, 0, 3)?;
+        let [first, second] = awaiting.keys()[..] else { return Err("rank 0 holds two replicas".into()) };
+        // Released: it serves (no fence), it is not in the list of those awaiting, but a check
+        // does not read it, with the mark that a rebuild of the other replica looks for.
+        awaiting.release_lost(first)?;
+        assert!(awaiting.why(first, 0).is_none() && !awaiting.contains(first));
+        let why = awaiting.released_why(first).ok_or("no mark")?;
+        assert!(why.contains(RELEASED_MARK) && why.contains("old-node"), "{why}");
+        assert!(awaiting.released_why(second).is_none());
+        // Done (rebuilt) is not released.
+        awaiting.done(second)?;
+        assert!(awaiting.is_empty() && awaiting.released_why(second).is_none());
+        let again = AwaitingRebuild::load(&dir)?;
+        assert!(again.is_empty() && again.released_why(first).is_some());
+        assert_eq!(again.released_keys(), [first]);
+        again.clear_released(first)?;
+        assert!(AwaitingRebuild::load(&dir)?.released_keys().is_empty());
         Ok(())
     }
 }

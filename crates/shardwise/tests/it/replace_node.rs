@@ -161,7 +161,8 @@ fn two_workers_lost_at_once_lose_only_the_shard_both_held_and_say_so() {
         let counts: Vec<_> = (0..3).filter_map(|r| sql_csv(&c.addrs[r], "SELECT count(*) FROM i").ok()).collect();
         (check == [["1"]] && counts.len() == 3 && counts.iter().all(|n| n == &[[left.clone()]])).then_some(())
     });
-    // Whichever replacement found it first said so (the other then copied its empty replica).
+    // Each replacement said so (the one that found it second let its replica go too, rather
+    // than copy the first one's, which is no copy of the shard's history).
     let said: Vec<String> = [1, 2]
         .iter()
         .flat_map(|r| {
@@ -196,8 +197,7 @@ fn a_master_on_an_empty_data_dir_takes_the_lost_masters_rank_and_catalog() {
         .parse()
         .expect("rows");
     assert!(solo_on_0 > 0);
-    let cluster_json = std::fs::read_to_string(c.data_dir(1).join("cluster.json")).expect("rank 1's cluster.json");
-    let run_id = cluster_json.split('"').nth(3).expect("the run id in cluster.json").to_string();
+    let run_id = run_id(&c);
 
     // Rank 0's disk is gone, and rank 2 restarts while there is no master.
     c.procs[0].kill9();
@@ -254,8 +254,7 @@ fn replicas_the_lost_masters_queue_reached_in_part_are_made_the_same() {
          sync_mode = 'delay_mode_distributed', delay_max_ms = 50)",
     );
     let old = one(c.sql(1, "SELECT node_id FROM system.nodes WHERE rank = 0"))[0].clone();
-    let cluster_json = std::fs::read_to_string(c.data_dir(1).join("cluster.json")).expect("rank 1's cluster.json");
-    let run_id = cluster_json.split('"').nth(3).expect("the run id in cluster.json").to_string();
+    let run_id = run_id(&c);
     c.procs[1].kill9();
     c.sql(0, "INSERT INTO t SELECT value, value FROM generate_series(1, 600)");
     // Delivered to rank 2, still queued for rank 1.
@@ -283,4 +282,78 @@ fn replicas_the_lost_masters_queue_reached_in_part_are_made_the_same() {
         assert_eq!(got, [on_2.to_string(), on_2.to_string()], "through rank {r}");
     }
     assert_eq!(c.sql(1, "CHECK TABLE t"), [["1"]]);
+}
+
+/// Rank 2's disk lost, then the master's before rank 2 was replaced: shard 2's replicas (ranks 2
+/// and 0) were both on lost dirs, and the rows rank 1 took meanwhile are only in its queue for
+/// rank 2. Both replacements let their replica go empty; the one released first takes new rows
+/// at once, and must not be copied over the other (whose high-water mark would then drop the
+/// older queued rows as duplicates): the other is released too, takes its queued rows, and the
+/// fuller replica is then copied over the first. Every acknowledged row survives.
+#[test]
+fn rows_queued_for_a_shard_whose_every_replica_was_lost_reach_both_new_replicas() {
+    let mut c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE t (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2, \
+         sync_mode = 'delay_mode_distributed', delay_max_ms = 50)",
+    );
+    let ids = c.sql(1, "SELECT node_id FROM system.nodes ORDER BY rank");
+    let run_id = run_id(&c);
+    c.procs[2].kill9();
+    std::fs::remove_dir_all(c.data_dir(2)).expect("remove rank 2's data dir");
+    c.sql(1, "INSERT INTO t SELECT value, value FROM generate_series(1, 600)");
+    // Delivered to the master, still queued for rank 2.
+    eventually(Duration::from_secs(20), "rank 1's rows delivered to rank 0", || {
+        let pending =
+            sql_csv(&c.addrs[1], "SELECT coalesce(sum(pending_rows), 0) FROM system.sync_queues WHERE destination = 0")
+                .ok()?;
+        (pending == [["0"]]).then_some(())
+    });
+    c.procs[0].kill9();
+    std::fs::remove_dir_all(c.data_dir(0)).expect("remove rank 0's data dir");
+    let mut rank2 = c.spawn_node(2, &["--replace-node", &ids[2][0]]);
+    c.restart_with(0, &["--replace-node", &ids[0][0], "--run-id", &run_id]);
+    c.addrs[2] = flight_addr(&rank2.wait_for_line("listening rank=", Duration::from_secs(60)));
+    c.procs[2] = rank2;
+    // New rows while the replacements rebuild (refused until the new master has every rank).
+    let mut acked = 600;
+    for batch in 0..20 {
+        let first = 1000 + batch * 50;
+        let insert = format!(
+            "INSERT INTO t SELECT value, value FROM generate_series({first}, {}) SETTINGS insert_id = 'b{batch}'",
+            first + 49
+        );
+        eventually(Duration::from_secs(60), "an insert through rank 1", || sql_csv(&c.addrs[1], &insert).ok());
+        acked += 50;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for r in [0, 2] {
+        c.procs[r]
+            .wait_for_line("every replica of the data dir this node replaced is rebuilt", Duration::from_secs(120));
+    }
+    // Rank 2 may have joined while the new master was still taking the catalog: its replicas
+    // to rebuild are those of the catalog taken, not of the empty one it was welcomed with.
+    let noted = c.procs[2].wait_for_line("this node took the rank of a lost data dir", Duration::from_secs(1));
+    assert!(noted.contains("replicas=2"), "{noted}");
+    c.sql(1, "SYSTEM FLUSH DISTRIBUTED t");
+    let want = vec![vec![acked.to_string(), acked.to_string()]];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts: Vec<_> =
+            (0..3).map(|r| sql_csv(&c.addrs[r], "SELECT count(*), count(DISTINCT id) FROM t").ok()).collect();
+        let check = sql_csv(&c.addrs[1], "CHECK TABLE t").ok();
+        if counts.iter().all(|rows| rows.as_ref() == Some(&want)) && check == Some(vec![vec!["1".to_string()]]) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "want {want:?} through every node: {counts:?}, check {check:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The cluster's run id, as rank 1's `cluster.json` records it (what a replacement master is
+/// given with `--run-id`).
+fn run_id(c: &Cluster) -> String {
+    let cluster_json = std::fs::read_to_string(c.data_dir(1).join("cluster.json")).expect("rank 1's cluster.json");
+    cluster_json.split('"').nth(3).expect("the run id in cluster.json").to_string()
 }
