@@ -83,6 +83,12 @@ pub enum ClusterError {
     #[error("metadata change rejected: {reason}")]
     MetadataRejected { reason: String },
 
+    /// The master takes no metadata change for now (a replacement master still taking the
+    /// catalog from the ranks, or a node's newer version still on its way to it); nothing
+    /// changed, and the same change may succeed when retried.
+    #[error("metadata change refused for now: {reason}")]
+    MetadataNotNow { reason: String },
+
     /// A proposal got no answer from the master. `sent` tells whether it left this node (then it
     /// may have been applied).
     #[error(

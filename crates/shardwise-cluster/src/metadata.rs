@@ -66,6 +66,8 @@ pub enum ProposeOutcome {
     Applied { version: u64 },
     /// The operation was refused; nothing changed.
     Rejected { reason: String },
+    /// The master takes no change for now; nothing changed; a retry may succeed.
+    NotNow { reason: String },
     /// The master could not complete the change (for example, it could not write it to disk);
     /// the change may or may not take effect.
     Failed { reason: String },
@@ -76,6 +78,7 @@ impl ProposeOutcome {
     pub(crate) fn from_error(e: &ClusterError) -> ProposeOutcome {
         match e {
             ClusterError::MetadataRejected { reason } => ProposeOutcome::Rejected { reason: reason.clone() },
+            ClusterError::MetadataNotNow { reason } => ProposeOutcome::NotNow { reason: reason.clone() },
             ClusterError::MetadataStore { detail } => ProposeOutcome::Failed { reason: detail.clone() },
             other => ProposeOutcome::Failed { reason: other.to_string() },
         }

@@ -414,6 +414,15 @@ impl MetadataHandle {
         }
     }
 
+    /// Why writes through this node are refused now, as its link to the master tells without a
+    /// round trip ([`WorkerLink::master_problem`]); `None` on the master.
+    pub fn master_problem(&self) -> Option<String> {
+        match &self.view.inner {
+            Inner::Worker(w) => w.master_problem(),
+            Inner::Master(_) => None,
+        }
+    }
+
     /// See [`Node::propose`].
     pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
         match &self.view.inner {
@@ -466,7 +475,9 @@ impl Node {
     /// the returned version or a newer one.
     ///
     /// Errors: [`ClusterError::MetadataRejected`] (the machine or a limit refused it; nothing
-    /// changed); [`ClusterError::MetadataUnreachable`] (no answer within `propose_timeout_ms`;
+    /// changed); [`ClusterError::MetadataNotNow`] (the master takes no change for now, as a
+    /// replacement master before every rank rejoined; nothing changed, retry);
+    /// [`ClusterError::MetadataUnreachable`] (no answer within `propose_timeout_ms`;
     /// the message says whether the change may have been applied);
     /// [`ClusterError::MetadataStore`] (the master could not write it to disk).
     pub async fn propose(&self, op: Value) -> Result<MetadataSnapshot> {
@@ -1151,7 +1162,7 @@ mod tests {
         let refused = tokio::time::timeout(std::time::Duration::from_secs(10), async {
             loop {
                 match w1.propose(create("x")).await {
-                    Err(ClusterError::MetadataRejected { reason }) => break reason,
+                    Err(ClusterError::MetadataNotNow { reason }) => break reason,
                     Err(ClusterError::MetadataUnreachable { sent: false, .. }) => continue, // still rejoining
                     other => panic!("{other:?}"),
                 }

@@ -734,7 +734,7 @@ impl Master {
             let s = self.lock();
             if s.adopting {
                 let missing = unheard_ranks(&s, self.settings.world_size);
-                return Err(ClusterError::MetadataRejected {
+                return Err(ClusterError::MetadataNotNow {
                     reason: format!(
                         "this master replaces one whose data dir was lost and takes the cluster's catalog from \
                          the other ranks as they rejoin; ranks {} have not yet: retry once they have",
@@ -749,7 +749,7 @@ impl Master {
                 .max()
         };
         if let Some((version, rank)) = newer {
-            return Err(ClusterError::MetadataRejected {
+            return Err(ClusterError::MetadataNotNow {
                 reason: format!(
                     "rank {rank} runs with metadata version {version}, newer than the master's {} (was the \
                      master's master/{} restored from an older backup?); the master takes rank {rank}'s \

@@ -521,6 +521,30 @@ impl WorkerLink {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Why writes through this node are refused now as far as its link to the master tells,
+    /// without asking the master (for `/health`): no connection to it, or a replacement master
+    /// still taking the catalog. `None` when connected and the master takes writes.
+    pub fn master_problem(&self) -> Option<String> {
+        let st = self.lock();
+        if let Some(missing) = &st.master_adopting {
+            return Some(format!(
+                "the master replaces one whose data dir was lost and is taking the catalog from the ranks (ranks {} \
+                 not yet rejoined): writes through this node are refused until it has",
+                format_ranks(missing)
+            ));
+        }
+        if st.tx.is_none() {
+            let since =
+                st.last_heard.map_or_else(String::new, |h| format!(" (last heard {} ms ago)", h.elapsed().as_millis()));
+            return Some(format!(
+                "no connection to the master at {}{since}: writes through this node are refused, and its catalog may \
+                 be out of date",
+                self.settings.master
+            ));
+        }
+        None
+    }
+
     /// For a node on the empty data dir of a lost one (`--replace-node`), which decides from the
     /// catalog which of its replicas await a rebuild: when the master is itself a replacement
     /// still taking the catalog from the ranks, the catalog this node was welcomed with is the
@@ -831,6 +855,7 @@ impl WorkerLink {
                 Ok(s) => {
                     info!(epoch = s.epoch, "rejoined the master at {}", self.settings.master);
                     session = Some(s);
+                    last_warned = None;
                 }
                 // Only a newer incarnation ends this one. Anything else (a master restarted
                 // with other settings, stalled, or replaced by something else on its port) may be
@@ -846,7 +871,16 @@ impl WorkerLink {
                         last_warned = Some(Instant::now());
                     }
                 }
-                Err(e) => debug!("reconnect failed: {e}"),
+                // Unreachable (down, partitioned, restarting): said with the reason, again every
+                // REJOIN_WARN_INTERVAL_MS while it lasts, so a long outage shows in the log.
+                Err(e) => {
+                    if last_warned.is_none_or(|at| at.elapsed() >= Duration::from_millis(REJOIN_WARN_INTERVAL_MS)) {
+                        warn!("still no connection to the master at {}: {e}; retrying", self.settings.master);
+                        last_warned = Some(Instant::now());
+                    } else {
+                        debug!("reconnect failed: {e}");
+                    }
+                }
             }
         }
     }
@@ -940,6 +974,7 @@ impl WorkerLink {
                 }
             }
             ProposeOutcome::Rejected { reason } => Err(ClusterError::MetadataRejected { reason }),
+            ProposeOutcome::NotNow { reason } => Err(ClusterError::MetadataNotNow { reason }),
             ProposeOutcome::Failed { reason } => Err(ClusterError::MetadataStore { detail: reason }),
         }
     }

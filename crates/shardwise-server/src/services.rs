@@ -168,6 +168,10 @@ impl MetadataAccess for NodeMetadata {
         self.0.metadata()
     }
 
+    fn master_problem(&self) -> Option<String> {
+        self.0.master_problem()
+    }
+
     fn ensure_current(&self, writing: bool) -> shardwise_cluster::BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move { self.0.ensure_current(writing).await.map_err(QueryError::Unavailable) })
     }
@@ -176,6 +180,8 @@ impl MetadataAccess for NodeMetadata {
         Box::pin(async move {
             self.0.propose(op).await.map_err(|e| match e {
                 ClusterError::MetadataRejected { reason } => QueryError::Rejected(reason),
+                // Retryable: HTTP 503, SQLSTATE 57P03, as other unavailability.
+                ClusterError::MetadataNotNow { reason } => QueryError::Unavailable(reason),
                 other => QueryError::Unavailable(other.to_string()),
             })
         })

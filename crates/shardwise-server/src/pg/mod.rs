@@ -133,6 +133,9 @@ async fn serve_capped(
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
+        if let Err(e) = keep_alive(&socket) {
+            tracing::debug!("cannot set TCP keep-alive: {e}");
+        }
         // Past the cap the client is told so and the connection closes, as PostgreSQL does.
         let Ok(place) = Arc::clone(&open).try_acquire_owned() else {
             tracing::debug!(%peer, "postgres endpoint: {max_connections} connections open; refused one");
@@ -191,6 +194,26 @@ async fn serve_capped(
 /// PostgreSQL connections a node keeps open at once (PostgreSQL's `max_connections`); one more
 /// is refused with `53300 sorry, too many clients already`.
 pub const PG_MAX_CONNECTIONS: usize = 1024;
+
+/// How long a PostgreSQL connection may carry nothing before the kernel probes its client
+/// (TCP keep-alive, as PostgreSQL turns on for its clients): a client whose host vanished (a
+/// laptop closed, a network cut, a NAT that forgot it) never says goodbye, and would hold one of
+/// the [`PG_MAX_CONNECTIONS`] places for the node's life.
+pub const PG_TCP_KEEPALIVE_IDLE_MS: u64 = 60_000;
+/// Time between two unanswered keep-alive probes.
+pub const PG_TCP_KEEPALIVE_INTERVAL_MS: u64 = 10_000;
+/// Unanswered probes after which the connection is closed (so a dead client is let go about
+/// 2 minutes after it went quiet).
+pub const PG_TCP_KEEPALIVE_PROBES: u32 = 6;
+
+/// Turns TCP keep-alive on for an accepted connection ([`PG_TCP_KEEPALIVE_IDLE_MS`]).
+fn keep_alive(socket: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_millis(PG_TCP_KEEPALIVE_IDLE_MS))
+        .with_interval(Duration::from_millis(PG_TCP_KEEPALIVE_INTERVAL_MS))
+        .with_retries(PG_TCP_KEEPALIVE_PROBES);
+    socket2::SockRef::from(socket).set_tcp_keepalive(&keepalive)
+}
 
 /// Longest wait for a connection's first bytes before it is handed to pgwire regardless.
 const FIRST_BYTES_WAIT_MS: u64 = 10_000;

@@ -63,6 +63,11 @@ pub trait MetadataAccess: Send + Sync + std::fmt::Debug {
         let _ = writing;
         Box::pin(async { Ok(()) })
     }
+    /// Why writes through this node are refused now as far as it knows without asking the
+    /// master (no connection to it, a replacement master taking the catalog): for `/health`.
+    fn master_problem(&self) -> Option<String> {
+        None
+    }
 }
 
 /// How long after a failed removal of dropped tables' files the next one is tried.
@@ -649,6 +654,9 @@ impl TableAccess for TablesNode {
         let (_, catalog) = self.catalog_now();
         let mut failed = false;
         let mut problems = Vec::new();
+        // A worker cut off from the master refuses every write (reads go on): degraded, so that
+        // a balancer can send writes elsewhere.
+        problems.extend(self.metadata.master_problem());
         // A failed outbox takes no delayed insert until it is reopened: failing.
         let outbox = lock_from_runtime(&self.outbox);
         if let Some(failure) = outbox.failure() {

@@ -145,7 +145,7 @@ impl Peers {
             .connect_timeout(self.connect_timeout)
             .http2_keep_alive_interval(self.keepalive_interval)
             .keep_alive_timeout(self.keepalive_timeout)
-            .keep_alive_while_idle(false)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let mut endpoint = crate::http2::client(endpoint);
         if lane == Lane::Results {

@@ -96,16 +96,21 @@ impl FlushReply {
 impl TablesNode {
     /// This node's replica of a shard, with its placement flag, for a query fragment.
     pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
-        // A catalog as new as the initiator's without the table: it was dropped or truncated
-        // after the query was planned, on every node; not a replica to try past, nor a shard to
-        // skip.
+        // A catalog at least as new as the initiator's without the table: it was dropped or
+        // truncated after the version the query was planned with; not a replica to try past (the
+        // others are gone too, or as behind as the initiator), nor a shard to skip. When that
+        // change came before the query began, the initiator is the one behind: a worker cut off
+        // from the master plans with the catalog it has.
+        let (version, catalog) = self.catalog_at_least(ticket.catalog_version).await;
         let dropped = || {
             QueryError::Rejected(format!(
-                "rank {}: table id {} generation {} was dropped or truncated while the query ran; run it again",
-                self.rank, ticket.table_id, ticket.generation
+                "rank {}: table id {} generation {} is not in its catalog (version {version}; the query was planned \
+                 with version {}): the table was dropped or truncated since. If that was before the query began, the \
+                 node it was sent to has not received the change (it may have no connection to the master: see its \
+                 /health): send it through another node, or again once that node has caught up",
+                self.rank, ticket.table_id, ticket.generation, ticket.catalog_version
             ))
         };
-        let (_, catalog) = self.catalog_at_least(ticket.catalog_version).await;
         let entry =
             catalog.by_id(ticket.table_id).filter(|e| e.generation == ticket.generation).ok_or_else(dropped)?.clone();
         if !entry.def.replica_ranks(ticket.shard, self.world_size).contains(&self.rank) {
@@ -185,22 +190,36 @@ impl TablesNode {
                 FlushReply::decode(rank, &reply.await?).map(|r| r.pending)
             }
         });
-        let mut still = Vec::new();
+        // Rows still pending when a node's wait ended, and nodes that could not be asked (or did
+        // not answer): the second may come at once (a connection refused), not after the timeout.
+        let (mut still, mut unasked) = (Vec::new(), Vec::new());
         for result in futures::future::join_all(calls).await {
             match result {
                 Ok(pending) => still.extend(pending),
-                Err(QueryError::Unavailable(m)) => still.push(m),
-                Err(e) => still.push(e.to_string()),
+                Err(QueryError::Unavailable(m)) => unasked.push(m),
+                Err(e) => unasked.push(e.to_string()),
             }
         }
-        if still.is_empty() {
-            return Ok(());
+        let mut said = Vec::new();
+        if !still.is_empty() {
+            said.push(format!(
+                "did not finish within flush_timeout_ms = {} ms; still pending: {}",
+                timeout.as_millis(),
+                still.join("; ")
+            ));
         }
-        Err(QueryError::Unavailable(format!(
-            "SYSTEM FLUSH DISTRIBUTED {table} did not finish within flush_timeout_ms = {} ms; still pending: {}",
-            timeout.as_millis(),
-            still.join("; ")
-        )))
+        if !unasked.is_empty() {
+            said.push(format!(
+                "could not learn from every node whether its rows were delivered: {}",
+                unasked.join("; ")
+            ));
+        }
+        match said.is_empty() {
+            true => Ok(()),
+            false => {
+                Err(QueryError::Unavailable(format!("SYSTEM FLUSH DISTRIBUTED {table} {}", said.join("; and it "))))
+            }
+        }
     }
 
     /// Asks `rank` for `kind` (a statement's share there, which that node bounds by `timeout`,

@@ -87,6 +87,8 @@ fn a_worker_without_its_master_refuses_writes_until_it_is_back() {
                   delay_max_ms = 50)";
     c.sql(0, create);
     c.sql(1, "INSERT INTO w VALUES (1), (2)");
+    let http = one(c.sql(1, "SELECT http_addr FROM system.nodes WHERE rank = 1")).remove(0);
+    assert!(health(&http).contains("\"status\":\"ok\""));
     c.procs[0].signal("STOP");
     // Once the worker has given the master up (down after 1 s here), its writes fail.
     let insert = "INSERT INTO w VALUES (3) SETTINGS insert_id = 'w-3'";
@@ -94,8 +96,17 @@ fn a_worker_without_its_master_refuses_writes_until_it_is_back() {
         sql_csv(&c.addrs[1], insert).err().filter(|e| e.contains("no connection to the master"))
     });
     assert!(err.contains("nothing was written"), "{err}");
+    // Its /health says so, so that a balancer sends writes elsewhere (reads go on: 200).
+    let reply = health(&http);
+    assert!(
+        reply.starts_with("HTTP/1.1 200")
+            && reply.contains("\"status\":\"degraded\"")
+            && reply.contains("no connection to the master"),
+        "{reply}"
+    );
     c.procs[0].signal("CONT");
     eventually(Duration::from_secs(30), "writes through the worker again", || sql_csv(&c.addrs[1], insert).ok());
+    assert!(health(&http).contains("\"status\":\"ok\""));
     c.sql(1, "SYSTEM FLUSH DISTRIBUTED w");
     assert_eq!(one(c.sql(0, "SELECT count(*), sum(id) FROM w")), ["3", "6"]);
 }

@@ -265,3 +265,13 @@ pub fn tempdir() -> tempfile::TempDir {
 pub fn rank_dir(base: &Path, rank: u32) -> PathBuf {
     base.join(format!("rank-{rank}"))
 }
+
+/// A node's `GET /health` answer, status line and body.
+pub fn health(http: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(http).expect("connect to /health");
+    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply");
+    reply
+}

@@ -904,11 +904,7 @@ fn a_full_outbox_makes_inserts_wait_then_fail_clearly() {
     assert_eq!(queued, vec![vec![(accepted * 200).to_string()]]);
     // The node says so on /health: degraded, naming the destination that holds the rows.
     let http = sql_csv(&addrs[0], "SELECT http_addr FROM system.nodes WHERE rank = 0").unwrap().remove(0).remove(0);
-    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
-    use std::io::{Read, Write};
-    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("reply");
+    let reply = health(&http);
     assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"status\":\"degraded\""), "{reply}");
     assert!(reply.contains("--outbox-max-bytes") && reply.contains("rank 1 "), "{reply}");
 }
@@ -1023,11 +1019,7 @@ fn a_replica_with_a_damaged_wal_is_not_read() {
     }
     // The node says so on /health too (200: its other replicas and queries are served).
     let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 2")).remove(0);
-    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
-    use std::io::{Read, Write};
-    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("reply");
+    let reply = health(&http);
     assert!(reply.starts_with("HTTP/1.1 200") && reply.contains("\"status\":\"degraded\""), "{reply}");
     assert!(reply.contains("table dmg shard"), "{reply}");
 
@@ -1129,11 +1121,7 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
     let want = [["broken", "", "cannot be opened:"], ["fine", "600", ""], ["other", "", "cannot be opened:"]];
     assert_eq!(shards, want.map(|r| r.map(String::from).to_vec()).to_vec());
     let http = one(c.sql(0, "SELECT http_addr FROM system.nodes WHERE rank = 1")).remove(0);
-    let mut stream = std::net::TcpStream::connect(&http).expect("connect to /health");
-    use std::io::{Read, Write};
-    write!(stream, "GET /health HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).expect("reply");
+    let reply = health(&http);
     assert!(reply.starts_with("HTTP/1.1 503") && reply.contains("table broken shard 0: cannot be opened"), "{reply}");
     // Repaired: the held rows go in, once.
     c.procs[1].kill9();
