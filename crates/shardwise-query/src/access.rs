@@ -143,8 +143,14 @@ pub struct SyncQueueRow {
     pub pending_bytes: u64,
     /// How long the oldest pending insert has waited: the sync lag.
     pub oldest_pending_age_ms: Option<u64>,
+    /// Failed sends to the destination since the node started (all tables' shipments: one
+    /// sender per destination ships them together).
     pub retries: u64,
     pub last_error: Option<String>,
+    /// How long ago the destination's last failed send was: a `last_error` is kept after later
+    /// successes, and may be about another table's shipment.
+    #[serde(default)]
+    pub last_error_age_ms: Option<u64>,
     /// Why this node's queues are not known; `None` on a row of figures.
     #[serde(default)]
     pub problem: Option<String>,
@@ -162,6 +168,7 @@ impl SyncQueueRow {
             oldest_pending_age_ms: None,
             retries: 0,
             last_error: None,
+            last_error_age_ms: None,
             problem: Some(problem),
         }
     }

@@ -90,6 +90,7 @@ static SYNC_QUEUES_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("oldest_pending_age_ms", DataType::UInt64, true),
         Field::new("retries", DataType::UInt64, true),
         Field::new("last_error", DataType::Utf8, true),
+        Field::new("last_error_age_ms", DataType::UInt64, true),
         Field::new("problem", DataType::Utf8, true),
     ]))
 });
@@ -170,6 +171,7 @@ fn queue_columns(rows: &[SyncQueueRow]) -> Vec<ArrayRef> {
         Arc::new(rows.iter().map(|r| r.oldest_pending_age_ms).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| known(r).then_some(r.retries)).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.last_error.as_deref()).collect::<StringArray>()),
+        Arc::new(rows.iter().map(|r| r.last_error_age_ms).collect::<UInt64Array>()),
         Arc::new(rows.iter().map(|r| r.problem.as_deref()).collect::<StringArray>()),
     ]
 }

@@ -413,6 +413,11 @@ impl TablesNode {
             let oldest_pending_age_ms = q.oldest_pending_unix_ms.map(|t| now.saturating_sub(t));
             let row = rows.entry((outbox_key_incarnation(&key), table.to_string(), dest)).or_insert_with(|| {
                 let status = self.senders.status(dest);
+                let last_error = self.senders.last_error(dest, &key);
+                let last_error_age_ms = status
+                    .last_error_at
+                    .filter(|_| last_error.is_some())
+                    .map(|at| at.elapsed().as_millis().min(u128::from(u64::MAX)) as u64);
                 SyncQueueRow {
                     rank: self.rank,
                     table: table.to_string(),
@@ -421,7 +426,8 @@ impl TablesNode {
                     pending_bytes: 0,
                     oldest_pending_age_ms,
                     retries: status.retries,
-                    last_error: self.senders.last_error(dest, &key),
+                    last_error,
+                    last_error_age_ms,
                     problem: None,
                 }
             });

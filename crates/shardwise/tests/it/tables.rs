@@ -1114,6 +1114,12 @@ fn a_broken_replica_holds_back_only_its_own_tables_delayed_rows() {
             !errors.is_empty() && errors.iter().flatten().all(|e| e.contains(&format!("table {table} shard 0"))),
             "{errors:?}"
         );
+        // With how long ago it was: the sender retries the held rows every few seconds at most.
+        let sql = format!(
+            "SELECT count(*) FROM system.sync_queues WHERE \"table\" = '{table}' AND destination = 1 \
+             AND last_error_age_ms BETWEEN 0 AND 60000"
+        );
+        assert_eq!(c.sql(0, &sql), [[errors.len().to_string()]]);
     }
     // system.shards and /health name the replicas that cannot be opened, and only them.
     let shards =
