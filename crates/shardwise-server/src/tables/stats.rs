@@ -96,14 +96,19 @@ impl FlushReply {
 impl TablesNode {
     /// This node's replica of a shard, with its placement flag, for a query fragment.
     pub(crate) async fn read_shard_data(&self, ticket: &ScanTicket) -> Result<ShardData, QueryError> {
-        // A catalog at least as new as the initiator's without the table: it was dropped or
-        // truncated after the version the query was planned with; not a replica to try past (the
-        // others are gone too, or as behind as the initiator), nor a shard to skip. When that
-        // change came before the query began, the initiator is the one behind: a worker cut off
-        // from the master plans with the catalog it has.
+        // A catalog newer than the initiator's without the table: it was dropped or truncated
+        // after the version the query was planned with. Unavailable, not the statement's fault:
+        // when that change came before the query began, the initiator is the one behind (a worker
+        // cut off from the master plans with the catalog it has), and the same query through a
+        // node with a current catalog answers. When it came while the query ran, the initiator
+        // finds the table gone from its own catalog once its replicas fail, and says so.
         let (version, catalog) = self.catalog_at_least(ticket.catalog_version).await;
         let dropped = || {
-            QueryError::Rejected(format!(
+            let error = match version > ticket.catalog_version {
+                true => QueryError::Unavailable,
+                false => QueryError::Rejected,
+            };
+            error(format!(
                 "rank {}: table id {} generation {} is not in its catalog (version {version}; the query was planned \
                  with version {}): the table was dropped or truncated since. If that was before the query began, the \
                  node it was sent to has not received the change (it may have no connection to the master: see its \
