@@ -254,29 +254,36 @@ impl TablesNode {
     /// none is left.
     async fn settle_released(&self) -> bool {
         let (_, catalog) = self.catalog_now();
-        for key in self.awaiting.released_keys() {
-            let Some(entry) = catalog.by_id(key.0).filter(|e| e.generation == key.1) else {
+        // By table incarnation: one check each.
+        let mut by_table: BTreeMap<(u64, u64), Vec<u32>> = BTreeMap::new();
+        for (id, generation, shard) in self.awaiting.released_keys() {
+            by_table.entry((id, generation)).or_default().push(shard);
+        }
+        for ((id, generation), shards) in by_table {
+            let clear = |shard: u32| {
+                self.awaiting
+                    .clear_released((id, generation, shard))
+                    .map_err(|e| tracing::error!("cannot record that a released replica may be a source: {e}"))
+            };
+            let Some(entry) = catalog.by_id(id).filter(|e| e.generation == generation) else {
                 // Dropped or truncated: nothing to protect.
-                if let Err(e) = self.awaiting.clear_released(key) {
-                    tracing::error!("cannot record that a released replica may be a source: {e}");
-                }
+                shards.into_iter().for_each(|shard| _ = clear(shard));
                 continue;
             };
             let name = &entry.def.name;
             let rows = match self.check_cluster(name, Duration::from_millis(RELEASED_CHECK_TIMEOUT_MS)).await {
                 Ok(rows) => rows,
                 Err(e) => {
-                    tracing::warn!(table = %name, shard = key.2, "checking the shard's other replicas: {e}");
+                    tracing::warn!(table = %name, "checking the other replicas of shards released after loss: {e}");
                     continue;
                 }
             };
-            let mut others = rows.iter().filter(|r| r.shard == key.2 && r.rank != self.rank);
-            if others.all(|r| r.rows.is_some() || r.message.contains(RELEASED_MARK)) {
-                match self.awaiting.clear_released(key) {
-                    Ok(()) => tracing::info!(table = %name, shard = key.2,
+            for shard in shards {
+                let mut others = rows.iter().filter(|r| r.shard == shard && r.rank != self.rank);
+                if others.all(|r| r.rows.is_some() || r.message.contains(RELEASED_MARK)) && clear(shard).is_ok() {
+                    tracing::info!(table = %name, shard,
                         "no replica of the shard awaits a rebuild any more: the one here, released empty after the \
-                         loss, may be copied again"),
-                    Err(e) => tracing::error!("cannot record that a released replica may be a source: {e}"),
+                         loss, may be copied again");
                 }
             }
         }
