@@ -11,8 +11,12 @@
 //!
 //! A master's node id changes only when rank 0 is taken by a new data dir, which only a
 //! replacement does: the first welcome from another id records the old one as replaced.
+//!
+//! The same file keeps which node held each rank when the worker last saw the membership: a
+//! replacement master, which lost the membership with its data dir, checks against it that a
+//! node taking a rank with `--replace-node` names the node that held it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -30,11 +34,37 @@ struct Masters {
     current: Option<String>,
     /// Masters replaced since (a new master took rank 0 while they were away).
     replaced: BTreeSet<String>,
+    /// The node that held each rank, as this worker last saw the membership.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    ranks: BTreeMap<u32, String>,
 }
 
 /// The master the worker whose data dir is `dir` last served under, if it has recorded one.
 pub fn current(dir: &Path) -> Option<String> {
     read_json::<Masters>(dir, MASTERS_FILE).ok().flatten().and_then(|m| m.current)
+}
+
+/// The node that held each rank when the worker whose data dir is `dir` last saw the
+/// membership, if it has recorded it.
+pub fn last_ranks(dir: &Path) -> Option<BTreeMap<u32, String>> {
+    let ranks = read_json::<Masters>(dir, MASTERS_FILE).ok().flatten()?.ranks;
+    (!ranks.is_empty()).then_some(ranks)
+}
+
+/// Records `ranks` (rank to node id) as the membership the worker whose data dir is `dir` saw
+/// last. Blocking; a failure is logged (a guard against an operator's mistake, as above).
+pub fn record_ranks(dir: &Path, ranks: BTreeMap<u32, String>) {
+    let mut masters: Masters = read_json(dir, MASTERS_FILE).ok().flatten().unwrap_or_default();
+    if masters.ranks == ranks {
+        return;
+    }
+    masters.ranks = ranks;
+    let written = serde_json::to_vec_pretty(&masters)
+        .map_err(|e| ClusterError::DataDir { path: dir.join(MASTERS_FILE), reason: e.to_string() })
+        .and_then(|bytes| write_atomic(dir, MASTERS_FILE, &bytes));
+    if let Err(e) = written {
+        warn!("cannot record the membership this node saw: {e}");
+    }
 }
 
 /// Checks the master `master_id`, which has just welcomed the worker whose data dir is `dir`,
@@ -89,5 +119,12 @@ mod tests {
         // Replaced again: both earlier ones are refused.
         admit_master(tmp.path(), "c", "m").unwrap();
         assert!(admit_master(tmp.path(), "b", "m").is_err() && admit_master(tmp.path(), "a", "m").is_err());
+        // The membership is kept beside them, and survives a new master.
+        assert_eq!(last_ranks(tmp.path()), None);
+        let ranks = BTreeMap::from([(0, "c".to_string()), (1, "w1".to_string())]);
+        record_ranks(tmp.path(), ranks.clone());
+        admit_master(tmp.path(), "d", "m").unwrap();
+        assert_eq!(last_ranks(tmp.path()), Some(ranks));
+        assert!(admit_master(tmp.path(), "c", "m").is_err());
     }
 }

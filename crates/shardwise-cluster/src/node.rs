@@ -1271,6 +1271,90 @@ mod tests {
         }
     }
 
+    /// A replacement master checks the node a worker's `--replace-node` names against the
+    /// membership the other workers last saw (kept in their `masters.json`): a wrong one is
+    /// refused at once when a worker that knows has rejoined, and ends the replacement (recording
+    /// nothing) when that worker comes back only after it was admitted. The right one is
+    /// recorded as replaced.
+    #[tokio::test]
+    async fn a_replacement_master_checks_the_node_a_worker_replacement_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut nodes = start(3, port, tmp.path(), 3_000).await;
+        let (w2, w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap(), nodes.pop().unwrap());
+        master.propose(create("a")).await.unwrap();
+        seen(&w1, 1).await;
+        // A membership answer is what a worker records.
+        w1.view().members().await;
+        let w1_dir = tmp.path().join("rank-1");
+        let recorded = async {
+            while crate::master_ids::last_ranks(&w1_dir).is_none_or(|r| r.len() < 3) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), recorded).await.expect("rank 1 recorded the ranks");
+        let (old_master, old_w2, run_id) = (master.node_id.to_string(), w2.node_id.to_string(), master.run_id.clone());
+        for n in [w1, w2, master] {
+            n.shutdown().await;
+        }
+        for r in [0, 2] {
+            std::fs::remove_dir_all(tmp.path().join(format!("rank-{r}"))).unwrap();
+        }
+        let new_master = || {
+            let mut o = meta_opts(0, 3, port, tmp.path(), 3_000);
+            o.replace_node = Some(old_master.clone());
+            o.run_id = Some(run_id.clone());
+            o.timeouts.join_timeout_ms = 20_000;
+            tokio::spawn(init_distributed_mode(o, addrs(0)))
+        };
+        let replacement = |named: &str| {
+            let mut o = meta_opts(2, 3, port, tmp.path(), 3_000);
+            o.replace_node = Some(named.to_string());
+            o.timeouts.join_timeout_ms = 20_000;
+            tokio::spawn(init_distributed_mode(o, addrs(2)))
+        };
+        let wrong = "00000000-1111-2222-3333-444444444444";
+        let belonged = format!("rank 2 belonged to node {old_w2} (as rank 1 last saw the membership)");
+
+        // Admitted while nobody who knows rank 2's node is back; rank 1, back, says otherwise.
+        let master = new_master();
+        let made_up = replacement(wrong);
+        tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+        let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 3_000), addrs(1));
+        let w1 = tokio::spawn(w1);
+        let err = master.await.unwrap().unwrap_err().to_string();
+        assert!(err.contains(&belonged) && err.contains(&format!("--replace-node {old_w2}")), "{err}");
+        assert!(!tmp.path().join("rank-0/master/membership.json").exists(), "nothing recorded");
+        made_up.abort();
+        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
+
+        // Rank 1 is back first this time (a new process: its link knows nothing of the master
+        // that gave up): the made-up node is refused when it comes.
+        w1.await.unwrap().unwrap().shutdown().await;
+        let master = new_master();
+        let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 3_000), addrs(1)).await.unwrap();
+        let rejoined = async {
+            loop {
+                let waiting = w1.metadata_handle().ensure_current(true).await.err();
+                if waiting.is_some_and(|e| e.contains("replaces one whose data dir was lost")) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), rejoined).await.expect("rank 1 rejoined");
+        let err = replacement(wrong).await.unwrap().unwrap_err().to_string();
+        assert!(err.contains(&belonged), "{err}");
+        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
+        let w2 = replacement(&old_w2).await.unwrap().unwrap();
+        let master = master.await.unwrap().unwrap();
+        let membership = std::fs::read_to_string(tmp.path().join("rank-0/master/membership.json")).unwrap();
+        assert!(membership.contains(&old_w2) && membership.contains(&w2.node_id.to_string()), "{membership}");
+        for n in [w1, w2, master] {
+            n.shutdown().await;
+        }
+    }
+
     /// No rank holds a catalog (here: none was ever made; or every worker's copy is gone): a
     /// replacement master refuses to start with an empty one, which would hand out the ids of
     /// tables whose replicas the workers may hold again.

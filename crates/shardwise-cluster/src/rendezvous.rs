@@ -130,6 +130,10 @@ struct Slot {
     /// A heartbeat came on the current connection: whatever the node sent before it (its newer
     /// metadata, right after the welcome) has been read.
     heard: bool,
+    /// On a replacement master: the node that held each rank when this node last saw the
+    /// membership (its hello's `ranks`), and the node whose lost data dir it replaces.
+    said_ranks: Option<BTreeMap<u32, String>>,
+    replaces: Option<String>,
 }
 
 struct State {
@@ -247,13 +251,30 @@ impl Master {
                 m.last_heartbeat_unix_ms = None;
                 slots.insert(
                     m.rank,
-                    Slot { info: m, last_seen: None, conn: None, incarnation: None, metadata_applied: 0, heard: false },
+                    Slot {
+                        info: m,
+                        last_seen: None,
+                        conn: None,
+                        incarnation: None,
+                        metadata_applied: 0,
+                        heard: false,
+                        said_ranks: None,
+                        replaces: None,
+                    },
                 );
             }
         }
         let own = settings.own.clone();
-        let own_slot =
-            Slot { info: own, last_seen: None, conn: None, incarnation: None, metadata_applied: 0, heard: true };
+        let own_slot = Slot {
+            info: own,
+            last_seen: None,
+            conn: None,
+            incarnation: None,
+            metadata_applied: 0,
+            heard: true,
+            said_ranks: None,
+            replaces: None,
+        };
         slots.insert(0, own_slot);
         if settings.state_dir.is_dir() {
             let removed = remove_stale_temp_files(&settings.state_dir)?;
@@ -442,6 +463,11 @@ impl Master {
                          a table, start a new cluster instead"
                     .into(),
             });
+        }
+        // A node that took a rank with --replace-node before any node that knew the rank's
+        // holder had rejoined is checked now; a wrong one ends the replacement, recording nothing.
+        if let Some(reason) = check_replacements(&mut self.lock()) {
+            return Err(ClusterError::DataDir { path: self.settings.state_dir.clone(), reason });
         }
         self.lock().adopting = false;
         self.persist()?;
@@ -898,11 +924,13 @@ impl Master {
             incarnation,
             replaces,
             master,
+            ranks,
         } = hello
         else {
             return Err(ClusterError::WrongProtocol { peer: peer_s, detail: "first message was not a hello".into() });
         };
         let node_nonce = decode_nonce(&node_nonce, &peer_s)?;
+        let ranks: Option<BTreeMap<u32, String>> = ranks.map(|pairs| pairs.into_iter().collect());
         let check = HelloCheck {
             protocol,
             rank,
@@ -915,6 +943,7 @@ impl Master {
             incarnation: incarnation.as_deref(),
             replaces: replaces.as_deref(),
             master: master.as_deref(),
+            ranks: ranks.as_ref(),
         };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
             warn!(%peer, rank, "refused a node: {reason}");
@@ -973,6 +1002,8 @@ impl Master {
                             incarnation: incarnation.clone(),
                             metadata_applied,
                             heard: false,
+                            said_ranks: ranks.clone(),
+                            replaces: replaces.clone(),
                         },
                     );
                     let replaced = old.as_ref().filter(|o| o.info.node_id != node_id).map(|o| o.info.node_id.clone());
@@ -1097,6 +1128,7 @@ impl Master {
                     incarnation: h.incarnation,
                     replaces: h.replaces,
                     master: h.master,
+                    ranks: h.ranks,
                 }
                 .parts();
                 let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -1292,6 +1324,7 @@ pub(crate) struct HelloProof<'a> {
     pub incarnation: Option<&'a str>,
     pub replaces: Option<&'a str>,
     pub master: Option<&'a str>,
+    pub ranks: Option<&'a BTreeMap<u32, String>>,
 }
 
 impl HelloProof<'_> {
@@ -1319,9 +1352,21 @@ impl HelloProof<'_> {
             optional(self.incarnation.map(str::as_bytes)),
             optional(self.replaces.map(str::as_bytes)),
         ];
-        // Only when said, so that a hello without it is proved as before.
-        if let Some(master) = self.master {
-            parts.push(master.as_bytes().to_vec());
+        // Only when said, so that a hello without them is proved as before; with the ranks, the
+        // master is an optional part before them (a different number of parts: no ambiguity).
+        match (self.master, self.ranks) {
+            (None, None) => {}
+            (Some(master), None) => parts.push(master.as_bytes().to_vec()),
+            (master, Some(ranks)) => {
+                parts.push(optional(master.map(str::as_bytes)));
+                let ranks: Vec<u8> = ranks
+                    .iter()
+                    .flat_map(|(rank, node)| {
+                        [&rank.to_be_bytes()[..], &(node.len() as u64).to_be_bytes()[..], node.as_bytes()].concat()
+                    })
+                    .collect();
+                parts.push(ranks);
+            }
         }
         parts
     }
@@ -1343,6 +1388,8 @@ struct HelloCheck<'a> {
     replaces: Option<&'a str>,
     /// The master the node last served under (`NodeMsg::Hello::master`).
     master: Option<&'a str>,
+    /// The membership the node last saw (`NodeMsg::Hello::ranks`).
+    ranks: Option<&'a BTreeMap<u32, String>>,
 }
 
 /// Why a rejoining process may not have its rank back: it held an older epoch, so a newer
@@ -1404,6 +1451,9 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     if s.adopting
         && let (Some(served), Some(named)) = (h.master, settings.replaces_master.as_deref())
         && served != named
+        // This master itself, in an earlier attempt at the same replacement that did not finish
+        // (a wrong worker replacement ended it): the worker recorded it as its master.
+        && served != settings.own.node_id
     {
         let reason = format!(
             "--replace-node names node {named}, but rank {} (node {}) last served under master {served}: name the \
@@ -1416,6 +1466,13 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
     match s.slots.get(&h.rank) {
         // A replacement master learns the ranks' nodes as they rejoin: a node whose data dir
         // has joined this run says so (its run id), a fresh one does not.
+        None if s.adopting
+            && let Some(named) = h.replaces
+            && let Some((by, held)) = said_holder(s, h.rank)
+            && held != named =>
+        {
+            Err(wrong_replacement(h.rank, named, by, &held))
+        }
         None if s.adopting && h.run_id.is_none() && h.replaces.is_none() => Err(format!(
             "this master replaces one whose data dir was lost, and does not know rank {}'s node yet: only a \
              node whose data dir has joined run {} rejoins it (if this rank's data dir was lost too, start this \
@@ -1478,6 +1535,45 @@ fn missing_ranks(s: &State, world_size: u32) -> Vec<u32> {
 }
 
 /// The ranks not connected, or not heard on their connection yet (see [`Slot::heard`]).
+/// Which node held `rank`, as a node that has rejoined a replacement master last saw the
+/// membership (its hello's `ranks`): the first such node's rank, and the node it names.
+fn said_holder(s: &State, rank: u32) -> Option<(u32, String)> {
+    s.slots.iter().filter(|(r, _)| **r != rank).find_map(|(by, slot)| {
+        let held = slot.said_ranks.as_ref()?.get(&rank)?;
+        Some((*by, held.clone()))
+    })
+}
+
+/// Why a replacement master refuses a node that names another node than the one `by` saw
+/// holding `rank`.
+fn wrong_replacement(rank: u32, named: &str, by: u32, held: &str) -> String {
+    format!(
+        "--replace-node names node {named}, but rank {rank} belonged to node {held} (as rank {by} last saw the \
+         membership): name the node whose data dir was lost (--replace-node {held})"
+    )
+}
+
+/// On a replacement master once every rank is back: each node that took a rank with
+/// `--replace-node` while no node that knew the rank's holder had rejoined yet, checked now
+/// against what the others said; the first mismatch, if any. The replaced nodes are recorded, so
+/// that their data dirs are refused if they turn up.
+fn check_replacements(s: &mut State) -> Option<String> {
+    let named: Vec<(u32, String, String)> = s
+        .slots
+        .iter()
+        .filter_map(|(rank, slot)| Some((*rank, slot.replaces.clone()?, slot.info.node_id.clone())))
+        .collect();
+    for (rank, named, node) in named {
+        if let Some((by, held)) = said_holder(s, rank)
+            && held != named
+        {
+            return Some(wrong_replacement(rank, &named, by, &held));
+        }
+        s.replaced.insert(named, node);
+    }
+    None
+}
+
 fn unheard_ranks(s: &State, world_size: u32) -> Vec<u32> {
     let heard = |r: &u32| s.slots.get(r).is_some_and(|slot| slot.conn.is_some() && slot.heard);
     (1..world_size).filter(|r| !heard(r)).collect()
@@ -1569,7 +1665,10 @@ mod hello_proof_tests {
             incarnation: Some("token"),
             replaces: None,
             master: None,
+            ranks: None,
         };
+        let ranks: BTreeMap<u32, String> = [(2, "node".to_string())].into();
+        let other_ranks: BTreeMap<u32, String> = [(2, "other".to_string())].into();
         let variants = [
             HelloProof { rank: 0, ..base },
             HelloProof { world_size: 3, ..base },
@@ -1584,6 +1683,9 @@ mod hello_proof_tests {
             HelloProof { replaces: Some("lost"), ..base },
             HelloProof { master: Some("m"), ..base },
             HelloProof { master: Some(""), ..base },
+            HelloProof { ranks: Some(&ranks), ..base },
+            HelloProof { ranks: Some(&other_ranks), ..base },
+            HelloProof { master: Some("m"), ranks: Some(&ranks), ..base },
         ];
         let mut seen = vec![base.parts()];
         for v in variants {

@@ -133,6 +133,8 @@ pub enum MasterMsg {
 }
 
 /// Messages a node sends to the master.
+// A hello is sent once per connection: its size beside the other messages does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum NodeMsg {
@@ -162,6 +164,12 @@ pub enum NodeMsg {
         /// knows: a master replacing a lost one checks that it is that node it replaces.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         master: Option<String>,
+        /// The node that held each rank when this node last saw the membership
+        /// (`masters.json`), when it knows: a master replacing a lost one checks against it the
+        /// node a `--replace-node` names. Pairs, not a map: this enum is internally tagged, and
+        /// serde cannot read a map with number keys inside one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ranks: Option<Vec<(u32, String)>>,
     },
     BarrierEnter,
     Heartbeat {

@@ -183,6 +183,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
     }
     let node_nonce = nonce();
     let last_master = s.data_dir.as_deref().and_then(crate::master_ids::current);
+    let last_ranks = s.data_dir.as_deref().and_then(crate::master_ids::last_ranks);
     let proof = s.secret.as_ref().map(|secret| {
         let parts = HelloProof {
             master_nonce: &master_nonce,
@@ -196,6 +197,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             incarnation: Some(incarnation),
             replaces: s.replaces.as_deref(),
             master: last_master.as_deref(),
+            ranks: last_ranks.as_ref(),
         }
         .parts();
         let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -215,6 +217,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             incarnation: Some(incarnation.to_string()),
             replaces: s.replaces.clone(),
             master: last_master.clone(),
+            ranks: last_ranks.map(|ranks| ranks.into_iter().collect()),
         })
         .await?;
     // The welcome carries the membership (when the cluster has formed): let it be large.
@@ -429,6 +432,8 @@ struct LinkState {
     /// after this session's welcome, until `Release`): which ranks it waits for. Writes wait: a
     /// rank not yet back may hold a newer catalog (a table truncated since this node's).
     master_adopting: Option<Vec<u32>>,
+    /// The membership (rank to node id) last recorded in `masters.json`.
+    noted_ranks: BTreeMap<u32, String>,
 }
 
 /// A proposal waiting for the master's answer.
@@ -501,6 +506,7 @@ impl WorkerLink {
                 proposals: HashMap::new(),
                 last_heard: None,
                 master_adopting: None,
+                noted_ranks: BTreeMap::new(),
             }),
             next_req: AtomicU64::new(1),
             fatal: watch::channel(None).0,
@@ -519,6 +525,24 @@ impl WorkerLink {
 
     fn lock(&self) -> MutexGuard<'_, LinkState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records in `masters.json`, off the link's task, which node holds each rank when the
+    /// membership the master answered says something new: what a replacement master checks a
+    /// `--replace-node` by. Not while the master is a replacement still taking the catalog: a
+    /// node it admitted then for a rank is not checked yet (the first answer to a session comes
+    /// after its `Waiting`, so this is known by then).
+    fn note_ranks(&self, view: &[MemberInfo]) {
+        let Some(dir) = self.settings.data_dir.clone() else { return };
+        let ranks: BTreeMap<u32, String> = view.iter().map(|m| (m.rank, m.node_id.clone())).collect();
+        {
+            let mut st = self.lock();
+            if ranks.is_empty() || st.noted_ranks == ranks || st.master_adopting.is_some() {
+                return;
+            }
+            st.noted_ranks = ranks.clone();
+        }
+        tokio::task::spawn_blocking(move || crate::master_ids::record_ranks(&dir, ranks));
     }
 
     /// Why writes through this node are refused now as far as its link to the master tells,
@@ -892,6 +916,9 @@ impl WorkerLink {
         let rank = self.settings.rank;
         let mut st = self.lock();
         st.tx = None;
+        // A replacement master's wait ended with its session: what this node waits for now is a
+        // connection (`ensure_metadata_current` and `/health` say so).
+        st.master_adopting = None;
         st.pending.clear();
         // The master applies a node's change only after this node confirmed it, on the session
         // that just ended: the changes not confirmed yet will never be applied.
@@ -1037,9 +1064,13 @@ impl WorkerLink {
             self.lock().last_heard = Some(std::time::Instant::now());
             match msg {
                 MasterMsg::Members { req, view } => {
-                    let mut st = self.lock();
-                    st.view = view.clone();
-                    if let Some(waiter) = st.pending.remove(&req) {
+                    let waiter = {
+                        let mut st = self.lock();
+                        st.view = view.clone();
+                        st.pending.remove(&req)
+                    };
+                    self.note_ranks(&view);
+                    if let Some(waiter) = waiter {
                         let _ = waiter.send(view);
                     }
                 }
