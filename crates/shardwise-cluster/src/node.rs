@@ -333,8 +333,10 @@ impl Prepared {
                 |run_id: &str| data_dir.record_cluster(ClusterRecord { run_id: run_id.to_string(), rank, world_size });
             let replacing = settings.replaces.is_some();
             let (link, joined) = WorkerLink::join_then(settings, &mut record).await?;
-            if replacing {
-                link.wait_until_master_has_catalog().await?;
+            if replacing && let Err(e) = link.wait_until_master_has_catalog().await {
+                // Not left running behind the error (the link keeps rejoining otherwise).
+                link.leave().await;
+                return Err(e);
             }
             (joined.run_id, joined.epoch, Inner::Worker(link))
         };
@@ -1318,14 +1320,20 @@ mod tests {
 
         // Admitted while nobody who knows rank 2's node is back; rank 1, back, says otherwise.
         let master = new_master();
-        let made_up = replacement(wrong);
+        let mut o = meta_opts(2, 3, port, tmp.path(), 3_000);
+        o.replace_node = Some(wrong.to_string());
+        o.timeouts.join_timeout_ms = 3_000;
+        let made_up = tokio::spawn(init_distributed_mode(o, addrs(2)));
         tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
         let w1 = init_distributed_mode(meta_opts(1, 3, port, tmp.path(), 3_000), addrs(1));
         let w1 = tokio::spawn(w1);
         let err = master.await.unwrap().unwrap_err().to_string();
         assert!(err.contains(&belonged) && err.contains(&format!("--replace-node {old_w2}")), "{err}");
         assert!(!tmp.path().join("rank-0/master/membership.json").exists(), "nothing recorded");
-        made_up.abort();
+        // It waited for the master to take the catalog, and gives up (leaving: it does not
+        // rejoin the next master).
+        let err = made_up.await.unwrap().unwrap_err().to_string();
+        assert!(err.contains("waiting for the replacement master to take the cluster's catalog"), "{err}");
         std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
 
         // Rank 1 is back first this time (a new process: its link knows nothing of the master

@@ -1549,7 +1549,9 @@ fn said_holder(s: &State, rank: u32) -> Option<(u32, String)> {
 fn wrong_replacement(rank: u32, named: &str, by: u32, held: &str) -> String {
     format!(
         "--replace-node names node {named}, but rank {rank} belonged to node {held} (as rank {by} last saw the \
-         membership): name the node whose data dir was lost (--replace-node {held})"
+         membership): name the node whose data dir was lost (--replace-node {held}). (Had rank {by} been down \
+         when rank {rank} was last replaced, its view is older than that, and naming node {held} is what lets this \
+         master go on.)"
     )
 }
 
