@@ -28,6 +28,10 @@ use crate::error::{ClusterError, Result};
 /// The file, in the worker's data dir.
 pub const MASTERS_FILE: &str = "masters.json";
 
+/// Held while the file is read, changed and written: the link records from background threads,
+/// and two writes in flight at once would each keep only their own change.
+static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Masters {
     /// The master that welcomed this node last.
@@ -54,31 +58,21 @@ pub fn last_ranks(dir: &Path) -> Option<BTreeMap<u32, String>> {
 /// Records `ranks` (rank to node id) as the membership the worker whose data dir is `dir` saw
 /// last. Blocking; a failure is logged (a guard against an operator's mistake, as above).
 pub fn record_ranks(dir: &Path, ranks: BTreeMap<u32, String>) {
-    let mut masters: Masters = read_json(dir, MASTERS_FILE).ok().flatten().unwrap_or_default();
+    let _one_at_a_time = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut masters = read(dir);
     if masters.ranks == ranks {
         return;
     }
     masters.ranks = ranks;
-    let written = serde_json::to_vec_pretty(&masters)
-        .map_err(|e| ClusterError::DataDir { path: dir.join(MASTERS_FILE), reason: e.to_string() })
-        .and_then(|bytes| write_atomic(dir, MASTERS_FILE, &bytes));
-    if let Err(e) = written {
-        warn!("cannot record the membership this node saw: {e}");
-    }
+    write(dir, &masters, "the membership this node saw");
 }
 
-/// Checks the master `master_id`, which has just welcomed the worker whose data dir is `dir`,
-/// and records it: refused if it was replaced; the one before it recorded as replaced if it is
-/// another. Blocking (a small file, on a rejoin). A file that cannot be read or written is
-/// logged and does not keep the node from its master: the check is a guard against an
+/// Checks the master `master_id`, which has just welcomed the worker whose data dir is `dir`:
+/// refused if it was replaced. Blocking (a small file, on a rejoin). A file that cannot be read
+/// is logged and does not keep the node from its master: the check is a guard against an
 /// operator's mistake, not what the node's data depends on.
-pub fn admit_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
-    let mut masters: Masters = read_json(dir, MASTERS_FILE)
-        .unwrap_or_else(|e| {
-            warn!("{e}; the masters this node served under are forgotten");
-            None
-        })
-        .unwrap_or_default();
+pub fn check_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
+    let masters = read(dir);
     if masters.replaced.contains(master_id) {
         let current = masters.current.as_deref().unwrap_or("another node");
         return Err(ClusterError::Refused {
@@ -88,19 +82,49 @@ pub fn admit_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
             ),
         });
     }
+    Ok(())
+}
+
+/// Records `master_id` as the master the worker whose data dir is `dir` serves under, the one
+/// before it (if another) as replaced. Only once that master serves: a replacement master that
+/// gives up before it has taken the catalog from the ranks records nothing, and nor do the
+/// workers, so that the next attempt, on any empty data dir, is not taken for a replaced one's.
+/// Blocking; a failure is logged.
+pub fn record_master(dir: &Path, master_id: &str) {
+    let _one_at_a_time = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut masters = read(dir);
     if masters.current.as_deref() == Some(master_id) {
-        return Ok(());
+        return;
     }
     if let Some(previous) = masters.current.replace(master_id.to_string()) {
         masters.replaced.insert(previous);
     }
-    let written = serde_json::to_vec_pretty(&masters)
+    write(dir, &masters, "the master this node serves under");
+}
+
+/// [`check_master`], then [`record_master`].
+pub fn admit_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
+    check_master(dir, master_id, peer)?;
+    record_master(dir, master_id);
+    Ok(())
+}
+
+fn read(dir: &Path) -> Masters {
+    read_json(dir, MASTERS_FILE)
+        .unwrap_or_else(|e| {
+            warn!("{e}; the masters this node served under are forgotten");
+            None
+        })
+        .unwrap_or_default()
+}
+
+fn write(dir: &Path, masters: &Masters, what: &str) {
+    let written = serde_json::to_vec_pretty(masters)
         .map_err(|e| ClusterError::DataDir { path: dir.join(MASTERS_FILE), reason: e.to_string() })
         .and_then(|bytes| write_atomic(dir, MASTERS_FILE, &bytes));
     if let Err(e) = written {
-        warn!("cannot record the master this node serves under: {e}");
+        warn!("cannot record {what}: {e}");
     }
-    Ok(())
 }
 
 #[cfg(test)]

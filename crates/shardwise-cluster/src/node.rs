@@ -26,7 +26,7 @@ use crate::rendezvous::{Master, MasterSettings, PersistedMembership};
 use crate::secret::{ClusterSecret, MIN_SECRET_BYTES};
 use crate::settings::Timeouts;
 use crate::source::{Detected, LaunchSource};
-use crate::worker::{WorkerLink, WorkerSettings};
+use crate::worker::{OnWelcome, WorkerLink, WorkerSettings};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
@@ -332,12 +332,23 @@ impl Prepared {
             let mut record =
                 |run_id: &str| data_dir.record_cluster(ClusterRecord { run_id: run_id.to_string(), rank, world_size });
             let replacing = settings.replaces.is_some();
-            let (link, joined) = WorkerLink::join_then(settings, &mut record).await?;
-            if replacing && let Err(e) = link.wait_until_master_has_catalog().await {
-                // Not left running behind the error (the link keeps rejoining otherwise).
-                link.leave().await;
-                return Err(e);
+            // A replacement is recorded as joined only once its master serves: a replacement
+            // master may still refuse it at the end of its wait, recording nothing, and the data
+            // dir must then be free to name another node.
+            let mut later = |_: &str| Ok(());
+            let on_welcome: &mut OnWelcome<'_> = if replacing { &mut later } else { &mut record };
+            let (link, joined) = WorkerLink::join_then(settings, on_welcome).await?;
+            if replacing {
+                let waited = link.wait_until_master_has_catalog().await;
+                if let Err(e) = waited.and_then(|()| record(&joined.run_id)) {
+                    // Not left running behind the error (the link keeps rejoining otherwise).
+                    link.leave().await;
+                    return Err(e);
+                }
             }
+            // The membership as the master answers it, recorded in `masters.json` (the master
+            // this node serves under, and each rank's node).
+            link.record_membership().await;
             (joined.run_id, joined.epoch, Inner::Worker(link))
         };
         let init_ms = self.started.elapsed().as_millis() as u64;
@@ -1334,7 +1345,12 @@ mod tests {
         // rejoin the next master).
         let err = made_up.await.unwrap().unwrap_err().to_string();
         assert!(err.contains("waiting for the replacement master to take the cluster's catalog"), "{err}");
-        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
+        // Nobody recorded the attempt: the next one may come on another empty data dir, and
+        // rank 2's data dir may name another node.
+        let masters = std::fs::read_to_string(w1_dir.join(crate::master_ids::MASTERS_FILE)).unwrap();
+        assert!(masters.contains(&old_master), "{masters}");
+        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        assert!(!tmp.path().join("rank-2/cluster.json").exists());
 
         // Rank 1 is back first this time (a new process: its link knows nothing of the master
         // that gave up): the made-up node is refused when it comes.
@@ -1353,7 +1369,6 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), rejoined).await.expect("rank 1 rejoined");
         let err = replacement(wrong).await.unwrap().unwrap_err().to_string();
         assert!(err.contains(&belonged), "{err}");
-        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
         let w2 = replacement(&old_w2).await.unwrap().unwrap();
         let master = master.await.unwrap().unwrap();
         let membership = std::fs::read_to_string(tmp.path().join("rank-0/master/membership.json")).unwrap();

@@ -272,9 +272,10 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
                 });
             }
         };
-    // A replaced master's data dir, started again, is refused (`master_ids`).
+    // A replaced master's data dir, started again, is refused (`master_ids`); the master is
+    // recorded once it serves (`WorkerLink::note_membership`).
     if let (Some(dir), Some(master)) = (&s.data_dir, view.iter().find(|m| m.rank == 0)) {
-        crate::master_ids::admit_master(dir, &master.node_id, &peer)?;
+        crate::master_ids::check_master(dir, &master.node_id, &peer)?;
     }
     // The metadata comes right after the welcome, in the first authenticated frame.
     match read_timeout(&mut reader, t.op_timeout(), "waiting for the master's metadata snapshot").await? {
@@ -486,7 +487,7 @@ impl WorkerLink {
         // master that replaces a lost one admits only nodes of its run.
         let settings = WorkerSettings { run_id: Some(joined.run_id.clone()), ..settings };
         if let (Some(dir), Some(master)) = (&settings.data_dir, joined.view.iter().find(|m| m.rank == 0)) {
-            crate::master_ids::admit_master(dir, &master.node_id, &settings.master.to_string())?;
+            crate::master_ids::check_master(dir, &master.node_id, &settings.master.to_string())?;
         }
         let held = match &settings.data_dir {
             Some(dir) => metadata::load(dir).unwrap_or_else(|e| {
@@ -527,12 +528,13 @@ impl WorkerLink {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records in `masters.json`, off the link's task, which node holds each rank when the
-    /// membership the master answered says something new: what a replacement master checks a
-    /// `--replace-node` by. Not while the master is a replacement still taking the catalog: a
-    /// node it admitted then for a rank is not checked yet (the first answer to a session comes
-    /// after its `Waiting`, so this is known by then).
-    fn note_ranks(&self, view: &[MemberInfo]) {
+    /// Records in `masters.json`, off the link's task, the master and which node holds each rank
+    /// when the membership the master answered says something new: what refuses a replaced
+    /// master's data dir, and what a replacement master checks a `--replace-node` by. Not while
+    /// the master is a replacement still taking the catalog: it may yet give up, recording
+    /// nothing, and a node it admitted for a rank is not checked yet (the first answer to a
+    /// session comes after its `Waiting`, so this is known by then).
+    fn note_membership(&self, view: &[MemberInfo]) {
         let Some(dir) = self.settings.data_dir.clone() else { return };
         let ranks: BTreeMap<u32, String> = view.iter().map(|m| (m.rank, m.node_id.clone())).collect();
         {
@@ -542,7 +544,32 @@ impl WorkerLink {
             }
             st.noted_ranks = ranks.clone();
         }
-        tokio::task::spawn_blocking(move || crate::master_ids::record_ranks(&dir, ranks));
+        tokio::task::spawn_blocking(move || {
+            if let Some(master) = ranks.get(&0) {
+                crate::master_ids::record_master(&dir, master);
+            }
+            crate::master_ids::record_ranks(&dir, ranks);
+        });
+    }
+
+    /// Asks the master for the membership once the link's first session is up (within the
+    /// operation timeout), so that its answer is recorded ([`Self::note_membership`]) at the
+    /// start, not only at the node's first query.
+    pub async fn record_membership(&self) {
+        let mut sessions = self.sessions.subscribe();
+        let started = sessions.wait_for(|n| *n > 0);
+        if tokio::time::timeout(self.settings.timeouts.op_timeout(), started).await.is_ok() {
+            self.ask_members().await;
+        }
+    }
+
+    /// Records the master that has just let the ranks go after taking the catalog (a
+    /// replacement's `Release`): it serves now. Only the master: this node's view of the other
+    /// ranks dates from its welcome, when not every rank was back.
+    fn note_released_master(&self) {
+        let Some(dir) = self.settings.data_dir.clone() else { return };
+        let Some(master) = self.lock().view.iter().find(|m| m.rank == 0).map(|m| m.node_id.clone()) else { return };
+        tokio::task::spawn_blocking(move || crate::master_ids::record_master(&dir, &master));
     }
 
     /// Why writes through this node are refused now as far as its link to the master tells,
@@ -1069,7 +1096,7 @@ impl WorkerLink {
                         st.view = view.clone();
                         st.pending.remove(&req)
                     };
-                    self.note_ranks(&view);
+                    self.note_membership(&view);
                     if let Some(waiter) = waiter {
                         let _ = waiter.send(view);
                     }
@@ -1108,7 +1135,10 @@ impl WorkerLink {
                 }
                 // Only a replacement master sends these after the welcome (see `master_adopting`).
                 MasterMsg::Waiting { missing, .. } => self.lock().master_adopting = Some(missing),
-                MasterMsg::Release => self.lock().master_adopting = None,
+                MasterMsg::Release => {
+                    self.lock().master_adopting = None;
+                    self.note_released_master();
+                }
                 MasterMsg::Fenced { reason, .. } => break Err(ClusterError::Fenced { reason }),
                 MasterMsg::Abort { reason } | MasterMsg::Refused { reason } => {
                     break Err(ClusterError::Refused { reason });
