@@ -75,6 +75,12 @@ pub enum ClusterError {
     #[error("this node was fenced out: {reason}")]
     Fenced { reason: String },
 
+    /// What answers on the master's port is a master this node recorded as replaced
+    /// (`master_ids`): not joined, and tried again (the master that replaced it may come back
+    /// there), unlike a refusal.
+    #[error("{reason}")]
+    StaleMaster { reason: String },
+
     #[error("the node is shutting down")]
     ShuttingDown,
 

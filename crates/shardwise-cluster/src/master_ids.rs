@@ -75,7 +75,7 @@ pub fn check_master(dir: &Path, master_id: &str, peer: &str) -> Result<()> {
     let masters = read(dir);
     if masters.replaced.contains(master_id) {
         let current = masters.current.as_deref().unwrap_or("another node");
-        return Err(ClusterError::Refused {
+        return Err(ClusterError::StaleMaster {
             reason: format!(
                 "the master at {peer} is node {master_id}, which node {current} replaced (--replace-node on \
                  rank 0): what its data dir holds is stale; stop it, and start the master that replaced it"

@@ -1213,14 +1213,20 @@ mod tests {
         // do not rejoin it.
         let mut stale = meta_opts(0, 3, port, tmp.path(), 3_000);
         stale.data_dir = kept_aside;
-        let stale = init_distributed_mode(stale, addrs(0)).await.unwrap();
+        let first = init_distributed_mode(stale.clone(), addrs(0)).await.unwrap();
         // Each worker tries to rejoin at least once a second (`BACKOFF_MAX_MS`): one that did
         // would have handed the stale master its newer catalog (version 3).
         tokio::time::sleep(std::time::Duration::from_millis(3_000)).await;
-        assert_eq!(*stale.metadata().borrow(), v2, "no worker rejoined the stale master");
+        assert_eq!(*first.metadata().borrow(), v2, "no worker rejoined the stale master");
         let err = w1.propose(create("d")).await.unwrap_err();
         assert!(matches!(err, ClusterError::MetadataUnreachable { .. }), "{err}");
-        stale.shutdown().await;
+        first.shutdown().await;
+        // Started again: the workers' attempts were admitted by nothing there (they leave at its
+        // challenge), so it holds no newer epoch of theirs to fence them out with; they go on
+        // (and rejoin the new master below).
+        let again = init_distributed_mode(stale, addrs(0)).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+        again.shutdown().await;
         let master = init_distributed_mode(replacement(Some(&run_id), true), addrs(0)).await.unwrap();
         let v4 = tokio::time::timeout(std::time::Duration::from_secs(10), async {
             loop {
@@ -1263,8 +1269,8 @@ mod tests {
         for n in [w1, w2, master] {
             n.shutdown().await;
         }
-        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
-        std::fs::remove_dir_all(tmp.path().join("rank-2")).unwrap();
+        remove_when_quiet(&tmp.path().join("rank-0")).await;
+        remove_when_quiet(&tmp.path().join("rank-2")).await;
         let mut o = meta_opts(0, 3, port, tmp.path(), 10_000);
         o.replace_node = Some(old_master);
         o.run_id = Some(run_id);
@@ -1311,7 +1317,7 @@ mod tests {
             n.shutdown().await;
         }
         for r in [0, 2] {
-            std::fs::remove_dir_all(tmp.path().join(format!("rank-{r}"))).unwrap();
+            remove_when_quiet(&tmp.path().join(format!("rank-{r}"))).await;
         }
         let new_master = || {
             let mut o = meta_opts(0, 3, port, tmp.path(), 3_000);
@@ -1349,7 +1355,7 @@ mod tests {
         // rank 2's data dir may name another node.
         let masters = std::fs::read_to_string(w1_dir.join(crate::master_ids::MASTERS_FILE)).unwrap();
         assert!(masters.contains(&old_master), "{masters}");
-        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        remove_when_quiet(&tmp.path().join("rank-0")).await;
         assert!(!tmp.path().join("rank-2/cluster.json").exists());
 
         // Rank 1 is back first this time (a new process: its link knows nothing of the master
@@ -1378,6 +1384,19 @@ mod tests {
         }
     }
 
+    /// Removes a data dir whose node has just shut down: a file it records off its tasks (its
+    /// copy of the catalog, `masters.json`) may still be being written, which makes a removal
+    /// fail with "directory not empty"; tried again until it goes.
+    async fn remove_when_quiet(dir: &std::path::Path) {
+        for _ in 0..50 {
+            if std::fs::remove_dir_all(dir).is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// No rank holds a catalog (here: none was ever made; or every worker's copy is gone): a
     /// replacement master refuses to start with an empty one, which would hand out the ids of
     /// tables whose replicas the workers may hold again.
@@ -1389,7 +1408,7 @@ mod tests {
         let (w1, master) = (nodes.pop().unwrap(), nodes.pop().unwrap());
         let (old, run_id) = (master.node_id.to_string(), master.run_id.clone());
         master.shutdown().await;
-        std::fs::remove_dir_all(tmp.path().join("rank-0")).unwrap();
+        remove_when_quiet(&tmp.path().join("rank-0")).await;
         let mut o = meta_opts(0, 2, port, tmp.path(), 3_000);
         o.replace_node = Some(old);
         o.run_id = Some(run_id);

@@ -908,6 +908,7 @@ impl Master {
                 run_id: self.settings.run_id.clone(),
                 world_size: self.settings.world_size,
                 secured: self.settings.secret.is_some(),
+                node_id: Some(self.settings.own.node_id.clone()),
             })
             .await?;
         let hello = timeout(op_timeout, "waiting for the node's hello", reader.read::<NodeMsg>()).await??;

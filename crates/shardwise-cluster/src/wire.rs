@@ -65,6 +65,12 @@ pub enum MasterMsg {
         run_id: String,
         world_size: u32,
         secured: bool,
+        /// The master's node id: a worker that recorded it as replaced (`masters.json`) leaves
+        /// before its hello, so that a stale master's data dir, started again, admits nobody
+        /// (each admission raised the rank's epoch there, and its next start fenced the workers
+        /// out with them).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_id: Option<String>,
     },
     /// The node is in. `proof` proves the master knows the secret.
     Welcome {

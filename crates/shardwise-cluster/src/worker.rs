@@ -168,9 +168,13 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
     let mut reader = FrameReader::new(r, peer.clone(), Direction::ToNode);
     let mut writer = FrameWriter::new(w, peer.clone(), Direction::ToMaster);
     let challenge = read_timeout(&mut reader, t.op_timeout(), "waiting for the master's challenge").await?;
-    let MasterMsg::Challenge { nonce: master_nonce, secured, .. } = challenge else {
+    let MasterMsg::Challenge { nonce: master_nonce, secured, node_id: master_id, .. } = challenge else {
         return Err(ClusterError::WrongProtocol { peer, detail: "the master did not send a challenge".into() });
     };
+    // A replaced master's data dir, started again: left before the hello, admitted by nothing.
+    if let (Some(dir), Some(master_id)) = (&s.data_dir, &master_id) {
+        crate::master_ids::check_master(dir, master_id, &peer)?;
+    }
     let master_nonce = decode_nonce(&master_nonce, &peer)?;
     if secured && s.secret.is_none() {
         return Err(ClusterError::Refused {
