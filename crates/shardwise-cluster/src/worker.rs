@@ -540,14 +540,19 @@ impl WorkerLink {
     /// session comes after its `Waiting`, so this is known by then).
     fn note_membership(&self, view: &[MemberInfo]) {
         let Some(dir) = self.settings.data_dir.clone() else { return };
-        let ranks: BTreeMap<u32, String> = view.iter().map(|m| (m.rank, m.node_id.clone())).collect();
-        {
+        // Every membership answer comes here (queries ask for it): compared in place, and a map
+        // made only when it says something new.
+        let ranks = {
             let mut st = self.lock();
-            if ranks.is_empty() || st.noted_ranks == ranks || st.master_adopting.is_some() {
+            let same = st.noted_ranks.len() == view.len()
+                && view.iter().all(|m| st.noted_ranks.get(&m.rank) == Some(&m.node_id));
+            if view.is_empty() || same || st.master_adopting.is_some() {
                 return;
             }
+            let ranks: BTreeMap<u32, String> = view.iter().map(|m| (m.rank, m.node_id.clone())).collect();
             st.noted_ranks = ranks.clone();
-        }
+            ranks
+        };
         tokio::task::spawn_blocking(move || {
             if let Some(master) = ranks.get(&0) {
                 crate::master_ids::record_master(&dir, master);
