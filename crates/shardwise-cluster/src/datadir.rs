@@ -10,7 +10,7 @@
 //! ```text
 //! IDENTITY       "shardwise data dir format 1" and "node_id <UUID>", one per line
 //! LOCK           locked while a node runs; holds its pid
-//! cluster.json   {"run_id", "rank", "world_size"} once the node has joined a cluster
+//! cluster.json   {"run_id", "rank", "world_size"} once the cluster the node joined has formed
 //! REPLACING      the node id of a lost data dir this (fresh) one takes the rank of
 //!                (`--replace-node`), until the node's tables have taken note
 //! master/        the master's membership.json and metadata.json (rank 0 only)

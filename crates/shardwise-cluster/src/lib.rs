@@ -13,6 +13,7 @@ pub mod master_ids;
 pub mod membership;
 pub mod metadata;
 pub mod node;
+pub mod reachable;
 pub mod rendezvous;
 pub mod secret;
 pub mod settings;

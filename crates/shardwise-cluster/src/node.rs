@@ -210,6 +210,8 @@ impl Prepared {
                 .run_id
                 .clone()
                 .or(recorded)
+                // Formed, and stopped before its cluster.json was written: the run it formed.
+                .or_else(|| resumed.as_ref().map(|p| p.run_id.clone()))
                 .or_else(|| d.run_id.clone())
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             // A master on an empty data dir in place of a lost one: the cluster has formed, and
@@ -293,20 +295,20 @@ impl Prepared {
                 replaces_master: self.data_dir.replacing().filter(|_| adopting).map(str::to_string),
             };
             let master = Master::start(settings, listener, resumed)?;
-            let record = ClusterRecord { run_id: run_id.clone(), rank: d.rank, world_size: d.world_size };
-            // A replacement records its run once every rank has confirmed it (a mistyped
-            // --run-id then leaves the data dir free for the next attempt).
-            if !adopting {
-                self.data_dir.record_cluster(record.clone())?;
-            }
+            // The run is recorded once the cluster has formed (a replacement's, once every rank
+            // has confirmed it): an attempt that does not form (a rank that never came, a
+            // mistyped --run-id) leaves the data dir free for the next one, which may come under
+            // another launcher run id (a resubmitted Slurm job, a new torchrun run).
             if let Err(e) = master.form().await {
                 // Its rendezvous port is free again for the next attempt in this process.
                 master.shutdown().await;
                 return Err(e);
             }
-            if adopting {
-                self.data_dir.record_cluster(record)?;
-            }
+            self.data_dir.record_cluster(ClusterRecord {
+                run_id: run_id.clone(),
+                rank: d.rank,
+                world_size: d.world_size,
+            })?;
             let epoch = master.members().first().map(|m| m.epoch).unwrap_or(1);
             (run_id, epoch, Inner::Master(master))
         } else {
@@ -320,7 +322,13 @@ impl Prepared {
                 rank: d.rank,
                 world_size: d.world_size,
                 node_id: node_id.to_string(),
-                run_id: self.opts.run_id.clone().or(recorded).or_else(|| d.run_id.clone()),
+                // A launcher's run id (SLURM_JOB_ID, TORCHELASTIC_RUN_ID) names a forming
+                // cluster's run, not a formed one's: a replacement joins a cluster formed under
+                // an earlier job, whose run it names by the node it replaces instead.
+                run_id: self.opts.run_id.clone().or(recorded).or_else(|| match self.data_dir.replacing() {
+                    Some(_) => None,
+                    None => d.run_id.clone(),
+                }),
                 addrs,
                 secret: self.opts.secret.clone(),
                 timeouts: self.opts.timeouts.clone(),
@@ -617,6 +625,59 @@ mod tests {
         // A node with another world size is refused.
         let err = init_distributed_mode(opts(1, 4, port, other.path(), secret), addrs(1)).await.unwrap_err();
         assert!(err.to_string().contains("world size mismatch"), "{err}");
+        for n in nodes {
+            n.shutdown().await;
+        }
+    }
+
+    /// A launcher's run id (a Slurm job id) names the attempt that forms the cluster: one that
+    /// never formed (a rank never came) records nothing, so the next job, with another id,
+    /// forms on the same data dirs; and a replacement under a later job is not held to it.
+    #[tokio::test]
+    async fn a_formation_that_never_completed_leaves_the_data_dirs_free_for_the_next_job() {
+        let tmp = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let job = |rank: u32, id: &str, join_timeout_ms: u64| {
+            let mut o = opts(rank, 3, port, tmp.path(), None);
+            o.detected.run_id = Some(id.to_string());
+            o.timeouts.join_timeout_ms = join_timeout_ms;
+            o
+        };
+        // Job 100: rank 2 never comes.
+        let first = futures_join(vec![
+            init_distributed_mode(job(0, "100", 1_500), addrs(0)),
+            init_distributed_mode(job(1, "100", 1_500), addrs(1)),
+        ])
+        .await;
+        assert!(first.iter().all(|r| r.is_err()));
+        for rank in [0, 1] {
+            let dir = DataDir::open(&tmp.path().join(format!("rank-{rank}"))).unwrap();
+            assert!(dir.cluster().is_none(), "rank {rank} recorded a run that never formed");
+        }
+        // Job 101: all three come, and form.
+        let nodes: Vec<Node> =
+            futures_join((0..3).map(|r| init_distributed_mode(job(r, "101", 10_000), addrs(r))).collect())
+                .await
+                .into_iter()
+                .map(|n| n.unwrap())
+                .collect();
+        assert!(nodes.iter().all(|n| n.run_id == "101"));
+        for rank in 0..3 {
+            let record = std::fs::read_to_string(tmp.path().join(format!("rank-{rank}/cluster.json"))).unwrap();
+            assert_eq!(serde_json::from_str::<Value>(&record).unwrap()["run_id"], "101", "rank {rank}");
+        }
+        // Rank 2's data dir lost; its replacement comes under job 102.
+        let mut nodes = nodes;
+        let lost = nodes.pop().unwrap();
+        let old = lost.node_id.to_string();
+        lost.shutdown().await;
+        let fresh = tempfile::tempdir().unwrap();
+        let mut o = job(2, "102", 10_000);
+        o.data_dir = fresh.path().join("rank-2");
+        o.replace_node = Some(old);
+        let replacement = init_distributed_mode(o, addrs(2)).await.unwrap();
+        assert_eq!(replacement.run_id, "101");
+        replacement.shutdown().await;
         for n in nodes {
             n.shutdown().await;
         }

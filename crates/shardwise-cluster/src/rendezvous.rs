@@ -895,6 +895,7 @@ impl Master {
 
     async fn serve_conn(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) -> Result<()> {
         let peer_s = peer.to_string();
+        let local = stream.local_addr().ok();
         let _ = stream.set_nodelay(true);
         let op_timeout = self.settings.timeouts.op_timeout();
         let (mut r, mut w) = stream.into_split();
@@ -946,7 +947,8 @@ impl Master {
             master: master.as_deref(),
             ranks: ranks.as_ref(),
         };
-        if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce) {
+        let unreachable = || crate::reachable::loopback_from_afar(peer, local, &addrs).map_or(Ok(()), Err);
+        if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce).and_then(|()| unreachable()) {
             warn!(%peer, rank, "refused a node: {reason}");
             writer.write(&MasterMsg::Refused { reason }).await?;
             writer.shutdown().await;

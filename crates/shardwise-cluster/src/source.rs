@@ -185,6 +185,15 @@ pub enum SourceError {
     #[error("{name} is 0: expected a world size of at least 1")]
     ZeroWorldSize { name: String },
 
+    /// Several processes on this host (a local rank or local world size) without any rank and
+    /// world size.
+    #[error(
+        "{given} is given, but no rank and world size: a node of a cluster needs RANK and WORLD_SIZE (torchrun), \
+         SLURM_PROCID and SLURM_NTASKS (srun), OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (mpirun), PMI_RANK \
+         and PMI_SIZE, or --rank and --world-size; for a single node give --rank 0 --world-size 1 (or unset them)"
+    )]
+    PartialLaunch { given: String },
+
     #[error(
         "rank {rank} (from {rank_name}) is not below world size {world_size} (from {world_name}): expected 0 <= rank < world size"
     )]
@@ -378,14 +387,17 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
 
     let mut w = match winner {
         Some(w) => w,
-        None => Winner {
-            source: LaunchSource::None,
-            rank: Named { value: 0, name: "the default rank".into() },
-            world: Named { value: 1, name: "the default world size".into() },
-            local_rank: Some(Named { value: 0, name: "the default local rank".into() }),
-            local_world: Some(Named { value: 1, name: "the default local world size".into() }),
-            run_id: None,
-        },
+        None => {
+            refuse_partial_launch(explicit, env, &mut warnings)?;
+            Winner {
+                source: LaunchSource::None,
+                rank: Named { value: 0, name: "the default rank".into() },
+                world: Named { value: 1, name: "the default world size".into() },
+                local_rank: Some(Named { value: 0, name: "the default local rank".into() }),
+                local_world: Some(Named { value: 1, name: "the default local world size".into() }),
+                run_id: None,
+            }
+        }
     };
 
     // Explicit local values override the source's (torch.distributed.launch's --local-rank).
@@ -411,6 +423,41 @@ pub fn detect(explicit: &Explicit, env: Env<'_>) -> Result<Detected, SourceError
         run_id: w.run_id,
         warnings,
     })
+}
+
+/// With no rank and world size from any source: refuses a local rank above 0 or a local world
+/// size above 1 (several processes on this host, so a node of a cluster: a script that forgot
+/// `RANK`/`WORLD_SIZE`, or exported them in another shell), which would otherwise make a
+/// single-node cluster and record it in the data dir; and warns of a master address or port,
+/// which a single node does not use.
+fn refuse_partial_launch(explicit: &Explicit, env: Env<'_>, warnings: &mut Vec<String>) -> Result<(), SourceError> {
+    let number = |flag: &Option<Given<i64>>, var: &str| -> Option<(String, i64)> {
+        match flag {
+            Some(g) => Some((g.name.clone(), g.value)),
+            None => env(var).and_then(|v| v.trim().parse().ok()).map(|v| (var.to_string(), v)),
+        }
+    };
+    let local_rank = number(&explicit.local_rank, "LOCAL_RANK").filter(|(_, v)| *v > 0);
+    let local_world = number(&explicit.local_world_size, "LOCAL_WORLD_SIZE").filter(|(_, v)| *v > 1);
+    let several: Vec<String> =
+        [local_rank, local_world].into_iter().flatten().map(|(n, v)| format!("{n}={v}")).collect();
+    if !several.is_empty() {
+        return Err(SourceError::PartialLaunch { given: several.join(", ") });
+    }
+    let master: Vec<String> =
+        [explicit.master_addr.as_ref().map(|g| g.name.clone()), explicit.master_port.as_ref().map(|g| g.name.clone())]
+            .into_iter()
+            .flatten()
+            .chain(["MASTER_ADDR", "MASTER_PORT"].into_iter().filter(|k| env(k).is_some()).map(str::to_string))
+            .collect();
+    if !master.is_empty() {
+        warnings.push(format!(
+            "{} given, but no rank and world size: starting as a single node (a node of a cluster needs RANK and \
+             WORLD_SIZE, or --rank and --world-size)",
+            master.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// `spec`'s rank and world size when they should replace the Slurm ones `w` holds: `mpirun`

@@ -90,7 +90,7 @@ pub(crate) struct Session {
     metadata: MetadataSnapshot,
 }
 
-/// Called with the run id when the master admits this node.
+/// Called with the run id when the master has admitted this node into a formed cluster.
 pub type OnWelcome<'a> = dyn FnMut(&str) -> Result<()> + Send + 'a;
 
 /// What the node learned by joining.
@@ -351,7 +351,6 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
         let grace = t.op_timeout().min(Duration::from_millis(JOIN_VERDICT_GRACE_MS));
         let attempt = tokio::time::timeout(remaining + grace, async {
             let mut session = connect_once(s, &incarnation, None).await?;
-            on_welcome(&session.run_id)?;
             if !announced {
                 info!(rank = s.rank, "joined the rendezvous at {}; waiting for the cluster to form", s.master);
                 announced = true;
@@ -399,6 +398,10 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
                 continue;
             }
             Ok(Ok(Some((session, view)))) => {
+                // Recorded only now that the cluster has formed: a formation that never
+                // completes (a rank that never came) leaves the data dir as fresh as it was, so
+                // the next attempt may come under another launcher run id (a new Slurm job).
+                on_welcome(&session.run_id)?;
                 let joined = Joined { run_id: session.run_id.clone(), epoch: session.epoch, view };
                 return Ok((session, joined));
             }
@@ -479,9 +482,9 @@ impl WorkerLink {
         Self::join_then(settings, &mut |_| Ok(())).await
     }
 
-    /// As [`WorkerLink::join`], calling `on_welcome` with the run id as soon as the master has
-    /// admitted this node (before the barrier), e.g. to record the run in the data dir while the
-    /// other ranks are still arriving.
+    /// As [`WorkerLink::join`], calling `on_welcome` with the run id once the master has
+    /// admitted this node into a formed cluster (at the barrier's release, or at once when the
+    /// cluster had formed before), e.g. to record the run in the data dir.
     pub async fn join_then(
         settings: WorkerSettings,
         on_welcome: &mut OnWelcome<'_>,

@@ -21,6 +21,7 @@ pub mod flight_schema;
 pub mod flight_split;
 pub mod flight_sql;
 pub mod fragment_report;
+pub mod held_port;
 pub mod http;
 pub mod http2;
 pub mod http_connections;

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use shardwise_cluster::{ClusterError, ClusterSecret, MetadataHandle, MetadataSnapshot, Node};
 use shardwise_query::{QueryEngine, QueryError};
 use tokio::net::{TcpListener, TcpSocket};
+
+use crate::held_port::HeldPort;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -17,21 +19,19 @@ use crate::settings::StorageSettings;
 use crate::tables::{DataPlaneAuth, MetadataAccess, TablesNode};
 use crate::users::Users;
 
-/// The ports a node serves on, bound before it joins so their addresses can be advertised, and
-/// listened on only once it has joined ([`Services::start`]): a client that connects while the
-/// node waits for the master (up to `join_timeout_ms`) is refused at once, not left connected to
-/// a port nobody answers (psql, curl and load balancers' health checks hung until their own
-/// timeouts, 2026-12-05).
+/// The ports a node serves on, bound (and listened on) before it joins so their addresses can be
+/// advertised, and served only once it has joined ([`Services::start`]); meanwhile a client that
+/// connects is closed at once (`held_port`), not left connected to a port nobody answers (psql,
+/// curl and load balancers' health checks hung until their own timeouts, 2026-12-05).
 #[derive(Debug)]
 pub struct Listeners {
-    pub flight: TcpSocket,
-    pub data: TcpSocket,
-    pub http: TcpSocket,
-    pub pg: TcpSocket,
+    flight: HeldPort,
+    data: HeldPort,
+    http: HeldPort,
+    pg: HeldPort,
 }
 
-/// Connections the kernel holds for a port before the node accepts them (`listen`'s backlog).
-pub const LISTEN_BACKLOG: u32 = 1024;
+pub use crate::held_port::LISTEN_BACKLOG;
 
 /// The listeners of a joined node.
 struct Listening {
@@ -65,10 +65,10 @@ impl Listeners {
         };
         let listeners = Listeners::bind_preferring(host, ports, last).await?;
         let bound = Ports {
-            flight: listeners.flight.local_addr()?.port(),
-            data: listeners.data.local_addr()?.port(),
-            http: listeners.http.local_addr()?.port(),
-            pg: listeners.pg.local_addr()?.port(),
+            flight: listeners.flight.local_addr().port(),
+            data: listeners.data.local_addr().port(),
+            http: listeners.http.local_addr().port(),
+            pg: listeners.pg.local_addr().port(),
         };
         let recorded = serde_json::to_vec(&bound).map_err(|e| e.to_string()).and_then(|json| {
             shardwise_cluster::datadir::write_atomic(data_dir, PORTS_FILE, &json).map_err(|e| e.to_string())
@@ -88,32 +88,32 @@ impl Listeners {
         })
     }
 
-    /// Starts listening on every port.
-    fn listen(self) -> std::io::Result<Listening> {
+    /// Hands every port to the service that answers on it.
+    async fn listen(self) -> std::io::Result<Listening> {
         Ok(Listening {
-            flight: self.flight.listen(LISTEN_BACKLOG)?,
-            data: self.data.listen(LISTEN_BACKLOG)?,
-            http: self.http.listen(LISTEN_BACKLOG)?,
-            pg: self.pg.listen(LISTEN_BACKLOG)?,
+            flight: self.flight.serve().await?,
+            data: self.data.serve().await?,
+            http: self.http.serve().await?,
+            pg: self.pg.serve().await?,
         })
     }
 
     /// The membership addresses (`flight`, `data`) as other nodes and clients reach them.
     pub fn addrs(&self, advertise_host: &str) -> std::io::Result<BTreeMap<String, String>> {
         Ok(BTreeMap::from([
-            ("flight".to_string(), format!("{advertise_host}:{}", self.flight.local_addr()?.port())),
+            ("flight".to_string(), format!("{advertise_host}:{}", self.flight.local_addr().port())),
             (
                 crate::tables::peers::DATA_ADDR_KEY.to_string(),
-                format!("{advertise_host}:{}", self.data.local_addr()?.port()),
+                format!("{advertise_host}:{}", self.data.local_addr().port()),
             ),
-            ("http".to_string(), format!("{advertise_host}:{}", self.http.local_addr()?.port())),
-            ("pg".to_string(), format!("{advertise_host}:{}", self.pg.local_addr()?.port())),
+            ("http".to_string(), format!("{advertise_host}:{}", self.http.local_addr().port())),
+            ("pg".to_string(), format!("{advertise_host}:{}", self.pg.local_addr().port())),
         ]))
     }
 }
 
 /// Binds `port` on `host`; when it is 0, `last` first if that is free, else any free port.
-async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<TcpSocket> {
+async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<HeldPort> {
     if port == 0
         && last != 0
         && let Ok(socket) = bind_socket(host, last).await
@@ -125,16 +125,16 @@ async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Resu
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {host}:{port}: {e}")))
 }
 
-/// A socket bound to `host:port` (its first address that binds), not yet listening; with
-/// `SO_REUSEADDR`, as `TcpListener::bind` sets it, so a restart can take its port back while old
-/// connections linger in `TIME_WAIT`.
-async fn bind_socket(host: &str, port: u16) -> std::io::Result<TcpSocket> {
+/// `host:port` (its first address that binds) bound and held (`held_port`); with `SO_REUSEADDR`,
+/// as `TcpListener::bind` sets it, so a restart can take its port back while old connections
+/// linger in `TIME_WAIT`.
+async fn bind_socket(host: &str, port: u16) -> std::io::Result<HeldPort> {
     let mut last_error = None;
     for addr in tokio::net::lookup_host((host, port)).await? {
         let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
         socket.set_reuseaddr(true)?;
-        match socket.bind(addr) {
-            Ok(()) => return Ok(socket),
+        match socket.bind(addr).and_then(|()| HeldPort::hold(socket)) {
+            Ok(held) => return Ok(held),
             Err(e) => last_error = Some(e),
         }
     }
@@ -221,6 +221,7 @@ impl Services {
         }
         let listeners = listeners
             .listen()
+            .await
             .map_err(|e| QueryError::Unavailable(format!("cannot listen on the node's ports: {e}")))?;
         let engine = Arc::new(QueryEngine::with_tables(node.view(), tables.clone(), max_server_memory_bytes)?);
         let (stop, rx) = watch::channel(false);

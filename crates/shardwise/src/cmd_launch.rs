@@ -51,10 +51,10 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 10_000)]
     pub stop_timeout_ms: u64,
     /// Cluster secret file for every node [default: a random secret generated for this run].
-    #[arg(long)]
+    #[arg(long, env = "SHARDWISE_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
     /// Run the cluster without a secret.
-    #[arg(long)]
+    #[arg(long, env = "SHARDWISE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure: bool,
     /// Arguments passed to every `shardwise node` (after `--`). Not the flags the launcher sets
     /// per node (--rank, --world-size, --master-addr, --master-port, --data-dir, --local-rank)
@@ -80,31 +80,22 @@ pub async fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.insecure && args.secret_file.is_some() {
         bail!(
-            "both --insecure and --secret-file are given: --insecure runs without a cluster secret; give one or the other"
+            "both --insecure and --secret-file are given (or SHARDWISE_INSECURE and SHARDWISE_SECRET_FILE): \
+             --insecure runs without a cluster secret; give one or the other"
         );
     }
     if args.insecure && std::env::var_os(shardwise_cluster::secret::SECRET_ENV).is_some() {
         bail!(
-            "--insecure is given but {} is set: --insecure runs without a cluster secret; unset it or drop --insecure",
+            "--insecure (or SHARDWISE_INSECURE) is given but {} is set: --insecure runs without a cluster secret; \
+             unset it or drop --insecure",
             shardwise_cluster::secret::SECRET_ENV
         );
     }
-    // The launcher makes the run's secret: a node told --insecure or given --secret-file after
-    // `--` would refuse it (or differ from the others), with a message about a secret the user
-    // never gave.
-    let mut secret_flags = args.node_args.iter().filter_map(|a| secret_flag(a));
-    if let Some(flag) = secret_flags.find(|flag| !(args.insecure && *flag == "--insecure")) {
-        bail!(
-            "{flag} is given after --: the launcher gives the nodes their cluster secret; give {flag} to the \
-             launcher instead (shardwise launch {flag} ...)"
-        );
-    }
-    if let Some(flag) = args.node_args.iter().find_map(|a| launcher_owned_flag(a)) {
-        bail!(
-            "{flag} is given after --: the launcher sets each node's rank, world size, master and data dir itself \
-             (--nproc, --master-port, --data-dir); every node would get the same {flag}"
-        );
-    }
+    // The launcher makes the run's secret and sets each node's identity: a node given its own
+    // (after `--`, in a config file, in an inherited variable) would refuse the secret or take
+    // another node's rank, data dir or port (`launch_checks`).
+    let env = |name: &str| std::env::var(name).ok();
+    crate::launch_checks::check_node_settings(&args.node_args, args.nproc, args.insecure, &env)?;
     let master_port = match args.master_port {
         Some(0) => bail!("--master-port 0 is not a port: expected 1-65535, or leave it out for a free port"),
         Some(p) => p,
@@ -242,6 +233,9 @@ fn spawn_node(
     let mut cmd = Command::new(exe);
     cmd.arg("node")
         .args(&args.node_args)
+        // Set from the launcher's own flags (in `env`) or not at all, never inherited.
+        .env_remove(crate::launch_checks::SECRET_VARS[0])
+        .env_remove(crate::launch_checks::SECRET_VARS[1])
         .envs(env)
         .env("RANK", rank.to_string())
         .env("LOCAL_RANK", rank.to_string())
@@ -307,17 +301,4 @@ fn describe(s: &std::io::Result<ExitStatus>) -> String {
         },
         Err(e) => format!("an error ({e})"),
     }
-}
-
-/// The flag of a node argument the launcher gives each node itself, if `arg` is one.
-/// The node flag about the cluster secret that `arg` is, if it is one.
-fn secret_flag(arg: &str) -> Option<&'static str> {
-    let name = arg.split('=').next().unwrap_or(arg);
-    ["--insecure", "--secret-file"].into_iter().find(|flag| *flag == name)
-}
-
-fn launcher_owned_flag(arg: &str) -> Option<&'static str> {
-    const OWNED: [&str; 6] = ["--rank", "--world-size", "--master-addr", "--master-port", "--data-dir", "--local-rank"];
-    let name = arg.split('=').next().unwrap_or(arg);
-    OWNED.into_iter().find(|flag| *flag == name)
 }

@@ -60,7 +60,8 @@ pub struct NodeArgs {
     /// Allow a multi-node cluster without a cluster secret.
     #[arg(long, env = "SHARDWISE_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure: bool,
-    /// Interface the node's services listen on [default: 127.0.0.1].
+    /// Interface the node's services listen on [default: 127.0.0.1; when the master's address
+    /// is not a loopback one, the address this machine reaches the master from].
     #[arg(long, env = "SHARDWISE_LISTEN_HOST")]
     pub listen_host: Option<String>,
     /// Host name other nodes and clients use to reach this node [default: the listen host].
@@ -295,9 +296,23 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         pick(args.secret_file.clone(), file.secret_file.clone()).as_deref(),
         std::env::var(SECRET_ENV).ok(),
     )?;
-    let listen_host = pick(args.listen_host.clone(), file.listen_host.clone()).unwrap_or_else(|| "127.0.0.1".into());
-    let advertise_host =
-        pick(args.advertise_host.clone(), file.advertise_host.clone()).unwrap_or_else(|| listen_host.clone());
+    // Without a listen host: 127.0.0.1 on one machine, else where the route to the master leaves
+    // from (`node_host`).
+    let (listen_host, routed_advertise) = match pick(args.listen_host.clone(), file.listen_host.clone()) {
+        Some(host) => (host, None),
+        None => {
+            match crate::node_host::routed_hosts(detected.world_size, &detected.master_addr, detected.master_port) {
+                Some(routed) => {
+                    info!("{}", routed.why);
+                    (routed.listen, Some(routed.advertise))
+                }
+                None => ("127.0.0.1".to_string(), None),
+            }
+        }
+    };
+    let advertise_host = pick(args.advertise_host.clone(), file.advertise_host.clone())
+        .or(routed_advertise)
+        .unwrap_or_else(|| listen_host.clone());
     check_advertise_host(&advertise_host, &listen_host, detected.world_size)?;
     let insecure = args.insecure || file.insecure.unwrap_or(false);
     if insecure && secret.is_some() {

@@ -127,6 +127,25 @@ fn no_source() {
 }
 
 #[test]
+fn several_processes_on_this_host_without_a_rank_are_refused() {
+    // A script that forgot RANK and WORLD_SIZE: not a single node.
+    let e = err(&none(), &[("MASTER_ADDR", "10.0.0.5"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", "1")]);
+    assert!(matches!(&e, SourceError::PartialLaunch { given } if given == "LOCAL_RANK=1"), "{e}");
+    assert!(e.to_string().contains("RANK and WORLD_SIZE") && e.to_string().contains("--rank 0 --world-size 1"), "{e}");
+    let e = err(&none(), &[("LOCAL_WORLD_SIZE", "4")]);
+    assert!(e.to_string().contains("LOCAL_WORLD_SIZE=4"), "{e}");
+    let ex = Explicit { local_rank: flag(2, "--local-rank"), ..none() };
+    assert!(err(&ex, &[]).to_string().contains("--local-rank=2"));
+    // A master without a rank: a single node, said.
+    let d = ok(&none(), &[("MASTER_ADDR", "10.0.0.5"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")]);
+    assert_eq!((d.source, d.world_size), (LaunchSource::None, 1));
+    assert!(d.warnings.iter().any(|w| w.contains("MASTER_ADDR") && w.contains("single node")), "{:?}", d.warnings);
+    // With a rank and world size given, as the error says, nothing is refused.
+    let ex = Explicit { rank: flag(0, "--rank"), world_size: flag(1, "--world-size"), ..none() };
+    assert_eq!(ok(&ex, &[("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")]).world_size, 1);
+}
+
+#[test]
 fn torchrun_alone() {
     let d = ok(&none(), TORCH);
     assert_eq!(

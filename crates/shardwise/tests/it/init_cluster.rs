@@ -192,22 +192,43 @@ fn sigterm_stops_a_node_gracefully() {
     assert_eq!(code, Some(0), "{out}");
 }
 
-/// A worker waiting for its master has bound its ports (and recorded them in `ports.json`) but
-/// listens on none: a client is refused at once instead of left connected to a port nobody
-/// answers until the join timeout (psql, curl and health checks hung for its 120 s).
+/// A worker waiting for its master holds its ports (and recorded them in `ports.json`) but
+/// serves none: a client is closed at once instead of left connected to a port nobody answers
+/// until the join timeout (psql, curl and health checks hung for its 120 s). And a second node
+/// given a port the first holds fails at its start, naming the port, instead of joining and
+/// failing once the cluster has formed around it.
 #[test]
-fn a_worker_waiting_for_the_master_refuses_clients() {
+fn a_worker_waiting_for_the_master_turns_clients_away_and_keeps_its_ports() {
+    use std::io::Read;
     let dir = tempdir();
     let data = rank_dir(dir.path(), 1);
-    let mut worker = Proc::spawn(node_cmd(1, 2, free_port(), &data));
+    let master_port = free_port();
+    let mut worker = Proc::spawn(node_cmd(1, 3, master_port, &data));
     let ports: serde_json::Value = eventually(Duration::from_secs(10), "ports.json written", || {
         serde_json::from_slice(&std::fs::read(data.join("ports.json")).ok()?).ok()
     });
     for name in ["flight", "http", "pg"] {
         let port = ports[name].as_u64().unwrap_or_else(|| panic!("{name} in {ports}"));
-        let refused = std::net::TcpStream::connect(("127.0.0.1", port as u16)).map_err(|e| e.kind());
-        assert_eq!(refused.err(), Some(std::io::ErrorKind::ConnectionRefused), "{name} port {port} accepted");
+        match std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
+            // Closed by the node: end of stream or a reset, within the timeout.
+            Ok(mut stream) => {
+                stream.set_read_timeout(Some(Duration::from_secs(5))).expect("read timeout");
+                let read = stream.read(&mut [0u8; 1]).map_err(|e| e.kind());
+                assert!(
+                    matches!(read, Ok(0) | Err(std::io::ErrorKind::ConnectionReset)),
+                    "{name} port {port} left a client waiting: {read:?}"
+                );
+            }
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{name} port {port}"),
+        }
     }
+    let data_port = ports["data"].as_u64().expect("data port").to_string();
+    let mut second = node_cmd(2, 3, master_port, &rank_dir(dir.path(), 2));
+    second.args(["--data-port", &data_port]);
+    let out = run_with_timeout(second, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("127.0.0.1:{data_port}")), "{err}");
+    assert!(err.contains("data plane") && err.contains("in use"), "{err}");
     assert!(worker.child.try_wait().expect("try_wait").is_none(), "the worker stopped waiting");
     worker.kill9();
 }

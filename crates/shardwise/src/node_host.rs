@@ -1,0 +1,99 @@
+//! Which address a node listens on and tells the others to reach it at, when the user gives
+//! neither `--listen-host` nor `--advertise-host`.
+//!
+//! Why: a node that listens on 127.0.0.1 (the default on one machine) and says so to a master
+//! on another machine forms a cluster whose every cross-machine read and write fails (the
+//! others connect to their own loopback). torchrun and Slurm jobs start nodes on several
+//! machines with nothing but the master's address, so the default follows it: when the master's
+//! address is not a loopback one, a node listens on the address its route to the master leaves
+//! from (the interface the other machines reach it through, asked of the kernel with an
+//! unconnected UDP socket: no packet is sent), and advertises that. On one machine (a loopback
+//! master, a single node) it stays 127.0.0.1.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+
+/// Hosts chosen for a node whose master is on another machine (or may be).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedHosts {
+    /// What it listens on (an address, IPv6 without brackets).
+    pub listen: String,
+    /// What it tells the others (IPv6 in brackets, as in `host:port`).
+    pub advertise: String,
+    /// Said in the log.
+    pub why: String,
+}
+
+/// The hosts a node listens on and advertises when none is given: `None` to keep the loopback
+/// default (one node, a loopback master, or a master address that does not resolve, which the
+/// rendezvous then reports).
+pub fn routed_hosts(world_size: u32, master_addr: &str, master_port: u16) -> Option<RoutedHosts> {
+    if world_size < 2 {
+        return None;
+    }
+    let addrs = (master_addr, master_port).to_socket_addrs().ok()?;
+    for master in addrs {
+        if master.ip().is_loopback() {
+            return None;
+        }
+        if let Some(ip) = route_source(master) {
+            let why = format!(
+                "listening on {ip}, the address this machine reaches the master at {master_addr} from (no \
+                 --listen-host given, and the master is not on a loopback address)"
+            );
+            return Some(RoutedHosts { listen: ip.to_string(), advertise: host_text(ip), why });
+        }
+    }
+    None
+}
+
+/// The local address the kernel would send from to reach `to`, if it has a route.
+fn route_source(to: SocketAddr) -> Option<IpAddr> {
+    let any: SocketAddr = match to {
+        SocketAddr::V4(_) => (IpAddr::from([0u8; 4]), 0).into(),
+        SocketAddr::V6(_) => (IpAddr::from([0u16; 8]), 0).into(),
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(to).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
+}
+
+/// An address as a host in `host:port` text (IPv6 in brackets).
+fn host_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_machine_keeps_the_loopback_default() {
+        assert_eq!(routed_hosts(3, "127.0.0.1", 29500), None);
+        assert_eq!(routed_hosts(3, "localhost", 29500), None);
+        assert_eq!(routed_hosts(1, "198.51.100.1", 29500), None);
+        // Unresolvable: left to the rendezvous to report.
+        assert_eq!(routed_hosts(3, "no-such-host.invalid", 29500), None);
+    }
+
+    #[test]
+    fn a_master_elsewhere_makes_the_node_listen_where_its_route_leaves_from() {
+        // Whatever interface this machine reaches a non-loopback address through, if it has one
+        // (a sandbox without a route keeps the loopback default).
+        if let Some(hosts) = routed_hosts(3, "198.51.100.1", 29500) {
+            let ip: IpAddr = hosts.listen.parse().expect("an address");
+            assert!(!ip.is_loopback() && !ip.is_unspecified(), "{hosts:?}");
+            assert_eq!(hosts.advertise, host_text(ip));
+            assert!(hosts.why.contains(&hosts.listen) && hosts.why.contains("198.51.100.1"), "{}", hosts.why);
+        }
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        assert_eq!(host_text("fe80::1".parse().expect("ip")), "[fe80::1]");
+        assert_eq!(host_text("10.0.0.1".parse().expect("ip")), "10.0.0.1");
+    }
+}
