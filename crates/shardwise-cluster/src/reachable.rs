@@ -26,14 +26,13 @@ pub fn loopback_from_afar(
     if loopback.is_empty() {
         return None;
     }
+    // The first one is enough to say (a refusal is cut at 500 characters).
     Some(format!(
-        "this node connected from {}, another machine than the master's, but advertises loopback addresses ({}), \
-         which on the other machines mean themselves: start it with --listen-host (and --advertise-host, if \
-         others reach it by another name) set to an address of its machine that the others can reach; without \
-         them a node whose master is not on a loopback address listens on the address its route to the master \
-         leaves from",
+        "this node connected from {}, another machine than the master's, but advertises loopback addresses ({} \
+         ...), which the other machines cannot reach: set --listen-host to an address of its machine they can \
+         reach, or leave it out (the node then listens where its route to the master leaves from)",
         peer.ip(),
-        loopback.join(", ")
+        loopback[0]
     ))
 }
 
@@ -64,6 +63,7 @@ mod tests {
         let why = loopback_from_afar(sock("10.77.0.2:40000"), Some(sock("10.77.0.1:29500")), &addrs("127.0.0.1"))
             .expect("refused");
         assert!(why.contains("10.77.0.2") && why.contains("data 127.0.0.1:7001") && why.contains("--listen-host"));
+        assert!(why.chars().count() < 500, "{why}");
         assert!(loopback_from_afar(sock("10.77.0.2:1"), Some(sock("10.77.0.1:2")), &addrs("localhost")).is_some());
         assert!(loopback_from_afar(sock("[fd00::2]:1"), Some(sock("[fd00::1]:2")), &addrs("[::1]")).is_some());
     }
