@@ -249,7 +249,7 @@ impl FlightService for DataPlane {
                 let req: FlushRequest = serde_json::from_slice(&action.body)
                     .map_err(|e| Status::invalid_argument(format!("bad flush request: {e}")))?;
                 let timeout = std::time::Duration::from_millis(req.timeout_ms);
-                let reply = self.tables.flush_local(&req.table, timeout).await.map_err(to_status)?;
+                let reply = self.tables.flush_local(&req.table, req.incarnation, timeout).await.map_err(to_status)?;
                 Ok(one_result(reply.encode()))
             }
             "optimize" => {

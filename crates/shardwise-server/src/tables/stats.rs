@@ -66,11 +66,16 @@ pub(crate) struct PeerShare<'a> {
     pub unknown: &'a str,
 }
 
-/// A flush request between nodes.
+/// A flush request between nodes: the table by name (for messages) and by the incarnation the
+/// initiator resolved when the flush began, which the rows are waited for by.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FlushRequest {
     pub table: String,
     pub timeout_ms: u64,
+    /// `(table id, generation)`; absent from an older node's request: then the name, resolved
+    /// once by the node that waits.
+    #[serde(default)]
+    pub incarnation: Option<(u64, u64)>,
 }
 
 /// A node's answer to a flush request: what it still had pending for the table when its
@@ -141,15 +146,28 @@ impl TablesNode {
         Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
     }
 
-    /// Waits until this node's outbox has nothing for `table`, up to `timeout`; returns what is
-    /// still pending then, one line per destination (empty: flushed).
-    pub async fn flush_local(&self, table: &str, timeout: Duration) -> Result<FlushReply, QueryError> {
+    /// Waits until this node's outbox has nothing for the table `incarnation` (`table` when not
+    /// given: the one that has the name now), up to `timeout`; returns what is still pending
+    /// then, one line per destination (empty: flushed).
+    ///
+    /// The table is waited for by the identity it had when the flush began, not looked up by
+    /// name again: a `RENAME TABLE` while the flush waits (its rows follow the table) made the
+    /// name resolve to nothing, and the flush answer done with rows still queued.
+    pub async fn flush_local(
+        &self,
+        table: &str,
+        incarnation: Option<(u64, u64)>,
+        timeout: Duration,
+    ) -> Result<FlushReply, QueryError> {
         // A timeout past what an Instant holds (`flush_timeout_ms = 18446744073709551615`): none.
         let deadline = Instant::now().checked_add(timeout);
+        // Queued rows by the table's identity: some may have been queued under a name it had
+        // before a rename (one queue per name), the same destination in each.
+        let live = match incarnation {
+            Some(incarnation) => Some(incarnation),
+            None => self.entry(table).ok().map(|(_, e)| (e.id, e.generation)),
+        };
         loop {
-            // The table's queued rows by its identity: some may have been queued under a name it
-            // had before a rename (one queue per name), the same destination in each.
-            let live = self.entry(table).ok().map(|(_, e)| (e.id, e.generation));
             // By destination: the rows, and the outbox key of a queue holding them.
             let mut pending: BTreeMap<u32, (u64, String)> = BTreeMap::new();
             for ((key, dest), q) in lock_from_runtime(&self.outbox).stats() {
@@ -177,10 +195,10 @@ impl TablesNode {
     }
 
     pub(crate) async fn flush_cluster(&self, table: &str, timeout: Duration) -> Result<(), QueryError> {
-        self.entry(table)?;
-        let body =
-            serde_json::to_vec(&FlushRequest { table: table.to_string(), timeout_ms: timeout.as_millis() as u64 })
-                .map_err(|e| QueryError::Storage(e.to_string()))?;
+        let (_, entry) = self.entry(table)?;
+        let incarnation = Some((entry.id, entry.generation));
+        let request = FlushRequest { table: table.to_string(), timeout_ms: timeout.as_millis() as u64, incarnation };
+        let body = serde_json::to_vec(&request).map_err(|e| QueryError::Storage(e.to_string()))?;
         let members = self.cluster.members().await;
         let down: Vec<u32> = members.iter().filter(|m| m.state == NodeState::Down).map(|m| m.rank).collect();
         let calls = (0..self.world_size).map(|rank| {
@@ -188,7 +206,7 @@ impl TablesNode {
             let known_down = down.contains(&rank);
             async move {
                 if rank == self.rank {
-                    return self.flush_local(table, timeout).await.map(|r| r.pending);
+                    return self.flush_local(table, incarnation, timeout).await.map(|r| r.pending);
                 }
                 let unknown = format!(", so what it holds for {table} is unknown");
                 let reply = self.ask_within(rank, "flush", body, timeout, "flush_timeout_ms", known_down, &unknown);

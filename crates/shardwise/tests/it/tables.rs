@@ -384,6 +384,42 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
     eventually(Duration::from_secs(30), "the killed CTAS's table to go", || (!has_big(&c)).then_some(()));
 }
 
+/// A flush waits for the table it was asked about by that table's identity: renamed while the
+/// flush waits (its queued rows follow it), it is still waited for. It used to be looked up by
+/// name again every 10 ms, found gone, and the flush answered done with rows still queued.
+#[test]
+fn a_flush_waits_for_its_table_through_a_rename() {
+    let c = Cluster::start(3);
+    c.sql(
+        0,
+        "CREATE TABLE ev (id BIGINT) WITH (shard_key = 'id', replicas = 2, sync_mode = 'delay_mode_distributed', \
+         delay_max_ms = 3600000, delay_max_rows = 100000000, delay_max_bytes = 1073741824)",
+    );
+    for rank in 0..3 {
+        let from = rank * 200_000 + 1;
+        c.sql(rank, &format!("INSERT INTO ev SELECT value FROM generate_series({from}, {})", from + 199_999));
+    }
+    // Rank 2 cannot take its rows until it is continued: the flush has to wait for it.
+    c.procs[2].signal("STOP");
+    let flushed = std::thread::scope(|scope| {
+        let addr = c.addrs[0].clone();
+        let flush =
+            scope.spawn(move || sql_csv(&addr, "SYSTEM FLUSH DISTRIBUTED ev SETTINGS flush_timeout_ms = 120000"));
+        std::thread::sleep(Duration::from_millis(500));
+        // Applied at once on ranks 0 and 1 (the master waits up to metadata_applied_timeout_ms
+        // for rank 2 to apply it).
+        let renamed = sql_csv(&c.addrs[1], "RENAME TABLE ev TO ev2");
+        std::thread::sleep(Duration::from_millis(500));
+        c.procs[2].signal("CONT");
+        (renamed, flush.join().expect("the flush thread"))
+    });
+    assert!(flushed.0.is_ok() && flushed.1.is_ok(), "{flushed:?}");
+    // Done means delivered: both replicas of every shard hold every row.
+    let replicas = "SELECT sum(rows) FROM system.shards WHERE \"table\" = 'ev2'";
+    assert_eq!(one(c.sql(2, replicas)), ["1200000"]);
+    assert!(c.sql(0, "SELECT * FROM system.sync_queues").is_empty());
+}
+
 #[test]
 fn renamed_tables_keep_their_rows_queues_and_identity() {
     let mut c = Cluster::start(2);
