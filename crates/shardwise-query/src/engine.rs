@@ -463,12 +463,21 @@ impl QueryEngine {
         statement: &[(String, String)],
         sql: &str,
     ) -> Result<u64, QueryError> {
-        self.insert_batches_as(table, batches, session, statement, Recorded::Ended(sql)).await
+        self.insert_batches_as(table, batches, session, statement, Recorded::Ended(sql), None).await
+    }
+
+    /// The `(id, generation)` of the table named `table` now, if this node stores tables and has
+    /// one by that name: what an insert whose rows arrive later is bound to
+    /// ([`QueryEngine::insert_batches_as`]).
+    pub fn incarnation_of(&self, table: &str) -> Option<(u64, u64)> {
+        self.tables()?.catalog().tables.get(table).map(|e| (e.id, e.generation))
     }
 
     /// [`QueryEngine::insert_batches`] for a statement registered while its rows arrived
     /// ([`QueryEngine::begin_statement`]: a `COPY ... FROM STDIN`), ended here with the insert's
-    /// outcome.
+    /// outcome; bound to the table `incarnation` when given (the one the statement named when it
+    /// began: renamed since, the rows follow it; dropped or truncated since, the insert fails
+    /// rather than go to a table that took the name).
     pub async fn insert_batches_as(
         &self,
         table: &str,
@@ -476,12 +485,14 @@ impl QueryEngine {
         session: &Arc<Session>,
         statement: &[(String, String)],
         recorded: Recorded<'_>,
+        incarnation: Option<(u64, u64)>,
     ) -> Result<u64, QueryError> {
         let started = std::time::Instant::now();
         let current = self.settings_of(session, statement);
         let query_id = current.as_ref().ok().and_then(|c| c.query_id.clone());
         let stored = async {
-            let opts = InsertOptions::from_settings(&current?)?;
+            let mut opts = InsertOptions::from_settings(&current?)?;
+            opts.incarnation = incarnation.or(opts.incarnation);
             self.access("storing rows")?.insert(table, batches, opts).await
         }
         .await;

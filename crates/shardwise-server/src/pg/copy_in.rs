@@ -45,6 +45,10 @@ pub struct PendingCopyIn {
     /// A COPY's entry in `system.queries` while its data arrives; `KILL QUERY` drops the data
     /// received and what follows, and the COPY fails at its end with nothing stored.
     pub running: Option<RunningStatement>,
+    /// The table's `(id, generation)` when the COPY began, which its rows go to: the client was
+    /// told that table's columns, and a `RENAME` or a `DROP` and `CREATE` of the name while the
+    /// data arrives must not send them to another table.
+    pub incarnation: Option<(u64, u64)>,
 }
 
 impl PendingCopyIn {
@@ -65,12 +69,19 @@ impl PendingCopyIn {
             too_large: false,
             verb: "COPY",
             running: None,
+            incarnation: None,
         }
     }
 
     /// The same, shown in `system.queries` as `running` while its data arrives.
     pub fn running(mut self, running: RunningStatement) -> Self {
         self.running = Some(running);
+        self
+    }
+
+    /// The same, bound to the table `incarnation` (see the field).
+    pub fn bound_to(mut self, incarnation: Option<(u64, u64)>) -> Self {
+        self.incarnation = incarnation;
         self
     }
 

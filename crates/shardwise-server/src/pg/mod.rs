@@ -468,7 +468,10 @@ impl Handler {
                 let query_id = self.engine.query_id_of(&self.session, &settings);
                 let running =
                     self.engine.begin_statement(&format!("COPY {table} FROM STDIN"), query_id).map_err(pg_error)?;
-                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings).running(running);
+                let incarnation = self.engine.incarnation_of(&table);
+                let pending = copy_in::PendingCopyIn::new(table, schema, indices, format, settings)
+                    .running(running)
+                    .bound_to(incarnation);
                 *self.copy_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(pending);
                 Ok(Response::CopyIn(CopyResponse::new(0, width, stream::empty())))
             }
@@ -738,7 +741,14 @@ impl CopyHandler for Handler {
         };
         let rows = self
             .engine
-            .insert_batches_as(&pending.table, vec![batch], &self.session, &pending.settings, recorded)
+            .insert_batches_as(
+                &pending.table,
+                vec![batch],
+                &self.session,
+                &pending.settings,
+                recorded,
+                pending.incarnation,
+            )
             .await
             .map_err(pg_error)?;
         let tag = Tag::new("COPY").with_rows(usize::try_from(rows).unwrap_or(usize::MAX));

@@ -1016,4 +1016,31 @@ fn a_copy_whose_data_is_arriving_is_shown_and_can_be_killed() {
     assert!(out.status.success(), "{}", text(&out).1);
     let finished = "SELECT count(*) FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'finished'";
     assert_eq!((sql(finished).as_str(), sql("SELECT count(*) FROM cp").as_str()), ("1", "2"));
+
+    // The rows go to the table the COPY began on (whose columns the client was told): renamed
+    // while they arrive, they follow it; dropped and made again, the COPY fails, storing nothing.
+    // They used to go to whatever table had the name when the data ended.
+    let copy_around = |ddl: &[&str]| {
+        let mut c = psql(&pg0, "default", "shardwise");
+        c.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut c = c.spawn().expect("psql");
+        let mut data = c.stdin.take().expect("stdin");
+        data.write_all(b"10\n11\n").expect("write");
+        data.flush().expect("flush");
+        let running = "SELECT count(*) FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'running'";
+        eventually(T, "the COPY to be running", || (sql(running) == "1").then_some(()));
+        for statement in ddl {
+            sql(statement);
+        }
+        data.write_all(b"12\n").expect("write");
+        drop(data);
+        c.wait_with_output().expect("psql ends")
+    };
+    let out = copy_around(&["RENAME TABLE cp TO cp_old", "CREATE TABLE cp (id BIGINT) WITH (shard_key = 'id')"]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!((sql("SELECT count(*) FROM cp_old").as_str(), sql("SELECT count(*) FROM cp").as_str()), ("5", "0"));
+    let out = copy_around(&["DROP TABLE cp", "CREATE TABLE cp (id BIGINT) WITH (shard_key = 'id')"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success() && stderr.contains("dropped, or dropped and created again"), "{stderr}");
+    assert_eq!(sql("SELECT count(*) FROM cp"), "0");
 }
