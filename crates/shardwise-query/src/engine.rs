@@ -878,12 +878,25 @@ impl QueryEngine {
         let Err(e) = result else { return Ok(()) };
         let outcome = match id {
             None => "the table was renamed or dropped meanwhile, and is left as it is".to_string(),
-            Some(id) => {
-                match access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true, id: Some(id) }).await {
-                    Ok(()) => "table dropped again".to_string(),
-                    Err(d) => format!("dropping the table failed too ({d}): DROP TABLE {name} before trying again"),
+            // Said as what happened: a drop by id of a name another table took, or of a table
+            // renamed, drops nothing (it used to say "dropped again" all the same).
+            Some(id) => match access.catalog().by_id(id).map(|e| e.def.name.clone()) {
+                None => "the table was dropped meanwhile".to_string(),
+                Some(now) if now != name => {
+                    format!(
+                        "the table was renamed to {now} meanwhile, and is left as it is: DROP TABLE {now} if it is not wanted"
+                    )
                 }
-            }
+                Some(_) => {
+                    match access.ddl(CatalogOp::DropTable { name: name.clone(), if_exists: true, id: Some(id) }).await {
+                        Ok(()) if access.catalog().by_id(id).is_none() => "table dropped again".to_string(),
+                        Ok(()) => {
+                            format!("the table was renamed or replaced meanwhile, and is left as it is (table id {id})")
+                        }
+                        Err(d) => format!("dropping the table failed too ({d}): DROP TABLE {name} before trying again"),
+                    }
+                }
+            },
         };
         Err(e.prefixed(&format!("CREATE TABLE {name} AS SELECT: the insert failed ({outcome}): ")))
     }

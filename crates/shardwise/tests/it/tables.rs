@@ -382,6 +382,23 @@ fn create_table_as_select_copies_the_rows_or_leaves_no_table() {
     let (code, out) = client.wait_exit(Duration::from_secs(30));
     assert!(code != Some(0) && out.contains("KILL QUERY"), "{code:?} {out}");
     eventually(Duration::from_secs(30), "the killed CTAS's table to go", || (!has_big(&c)).then_some(()));
+
+    // Renamed while its rows go in, then stopped: the table is left under its new name, and
+    // the error says so (it said "table dropped again", having dropped nothing).
+    let mut client = Proc::spawn({
+        let mut cmd = shardwise();
+        cmd.args(["sql", "--connect", &c.addrs[0], "-e"])
+            .arg("CREATE TABLE big WITH (shard_key = 'k') AS SELECT value AS k FROM generate_series(1, 30000000)");
+        cmd
+    });
+    let id = eventually(Duration::from_secs(30), "the CTAS in system.queries", || {
+        c.sql(0, running).first().map(|r| r[0].clone())
+    });
+    c.sql(1, "RENAME TABLE big TO big_kept");
+    c.sql(0, &format!("KILL QUERY WHERE query_id = '{id}'"));
+    let (code, out) = client.wait_exit(Duration::from_secs(30));
+    assert!(code != Some(0) && out.contains("renamed to big_kept") && !out.contains("dropped again"), "{out}");
+    assert!(c.sql(1, "SHOW TABLES").iter().any(|r| r[0] == "big_kept"));
 }
 
 /// A flush waits for the table it was asked about by that table's identity: renamed while the
