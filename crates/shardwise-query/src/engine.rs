@@ -735,6 +735,14 @@ impl QueryEngine {
         let name = message.strip_prefix("table '")?.strip_suffix("' not found")?;
         let name = name.strip_prefix(&format!("{CATALOG}.public."))?;
         let catalog = self.access.as_ref()?.catalog();
+        // Planned against a catalog without it, listed from a newer one that has it (a CREATE or
+        // RENAME meanwhile): said so, rather than name it among the tables it is missing from.
+        if catalog.tables.contains_key(name) {
+            return Some(format!(
+                "table {name:?} did not exist when the statement was planned, and does now (created or renamed \
+                 meanwhile): run it again"
+            ));
+        }
         Some(catalog.unknown_table(name).to_string())
     }
 
