@@ -46,6 +46,10 @@ pub struct ReplicaRead {
     pub warning: Option<String>,
 }
 
+/// What a check row's message says of a replica rows are still queued for (followed by its
+/// rank); `REPAIR TABLE` takes it as a sign that the table is being written.
+pub const QUEUED_NOTE: &str = "are still queued for rank";
+
 /// The answer rows of `CHECK TABLE table`, in shard and replica order: `reads` compared shard by
 /// shard; `queued_rows` is, by destination rank, the table's rows still in the nodes' outboxes.
 pub fn compare(table: &str, mut reads: Vec<ReplicaRead>, queued_rows: &BTreeMap<u32, u64>) -> Vec<ReplicaCheckRow> {
@@ -85,8 +89,8 @@ pub fn compare(table: &str, mut reads: Vec<ReplicaRead>, queued_rows: &BTreeMap<
             }
             if let Some(rows) = queued_rows.get(&read.rank).filter(|r| **r > 0) {
                 let queued = format!(
-                    "{rows} rows of {table} are still queued for rank {} (system.sync_queues): a difference may be \
-                     rows on their way, which SYSTEM FLUSH DISTRIBUTED {table} delivers",
+                    "{rows} rows of {table} {QUEUED_NOTE} {} (system.sync_queues): a difference may be rows on their \
+                     way, which SYSTEM FLUSH DISTRIBUTED {table} delivers",
                     read.rank
                 );
                 message = match message.is_empty() {

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use shardwise_cluster::NodeState;
-use shardwise_query::{QueryError, ReplicaCheckRow, ReplicaRepairRow};
+use shardwise_query::{QueryError, ReplicaCheckRow, ReplicaRepairRow, check_table};
 use shardwise_storage::{CatalogEntry, ImageHeader, RealFs, ReplicaImage, ShardStore};
 
 use super::stats::PeerShare;
@@ -690,6 +690,9 @@ impl TablesNode {
             writes_seen |= first_started.is_some_and(|first| started > first);
             first_started.get_or_insert(started);
             last = self.check_cluster(table, timeout).await?;
+            // Delayed inserts queued since the delivery (the check names them for each replica
+            // they are queued for): the table is being written, as above.
+            writes_seen |= last.iter().any(|r| r.message.contains(check_table::QUEUED_NOTE));
             let mut by_shard: BTreeMap<u32, Vec<ReplicaCheckRow>> = BTreeMap::new();
             for row in &last {
                 by_shard.entry(row.shard).or_default().push(row.clone());
@@ -887,9 +890,10 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool, 
             // `immediate` inserts went on while the table was checked: a replica read that
             // differs may be one an insert under way had not reached yet.
             let under_way = format!(
-                "its shard's replicas differed in each of {REPAIR_CHECK_ROUNDS} checks, but immediate inserts into \
-                 the table went on meanwhile, so the difference may be inserts under way: run REPAIR TABLE again \
-                 when they pause (CHECK TABLE then shows whether it lasts)"
+                "its shard's replicas differed in each of {REPAIR_CHECK_ROUNDS} checks, but inserts into the table \
+                 went on meanwhile (immediate ones, or delayed ones queued after the delivery), so the difference may \
+                 be inserts under way: run REPAIR TABLE again when they pause (CHECK TABLE then shows whether it \
+                 lasts)"
             );
             let maybe_under_way =
                 writes_seen && content(row).is_some() && !row.suspect && rebuild_rank != Some(row.rank);
@@ -899,7 +903,9 @@ fn plan(rows: &[ReplicaCheckRow], rebuild_rank: Option<u32>, writes_seen: bool, 
                     false => Decision::Rebuild(*source),
                 };
             }
-            if writes_seen && rebuild_rank.is_none() && shard.iter().all(|o| !o.suspect) {
+            // A rank named to rebuild that holds none of this shard's replicas says nothing about it.
+            let names_this_shard = rebuild_rank.is_some_and(|r| shard.iter().any(|o| o.rank == r));
+            if writes_seen && !names_this_shard && shard.iter().all(|o| !o.suspect) {
                 return Decision::Leave(under_way);
             }
             let hint = format!(
@@ -1125,6 +1131,12 @@ mod tests {
         assert_eq!(plan(&rows, None, true, L), [Keep, Rebuild(0)]);
         let rows = [row(0, 0, Some((5, 1)), false), row(0, 2, Some((4, 2)), false)];
         assert!(plan(&rows, None, true, L).iter().all(leave));
+        // A rank named that holds none of the shard's replicas says nothing about it: the same
+        // "under way" as without it (it said "not rows on their way", and to name a rank).
+        let named_elsewhere = plan(&rows, Some(1), true, L);
+        assert_eq!(named_elsewhere, plan(&rows, None, true, L));
+        let Leave(why) = &named_elsewhere[0] else { unreachable!() };
+        assert!(why.contains("inserts under way") && !why.contains("not rows on their way"), "{why}");
         // Both suspect: nothing says.
         let both = [ReplicaCheckRow { suspect: true, ..row(0, 0, Some((5, 1)), false) }, suspect];
         assert!(plan(&both, None, false, L).iter().all(leave));
