@@ -42,7 +42,11 @@ pub enum ClusterError {
     #[error("init_distributed_mode was already called in this process (rank {rank})")]
     AlreadyInitialized { rank: u32 },
 
-    #[error("cannot bind the rendezvous port {addr}: {source}")]
+    #[error(
+        "cannot bind the rendezvous port {addr}: {source} (the master's port: MASTER_PORT or --master-port; \
+         under Slurm without them it is 15000 + the last four digits of SLURM_JOB_ID, which two jobs can share: \
+         give a free one)"
+    )]
     RendezvousBind { addr: String, source: std::io::Error },
 
     #[error("could not reach the master at {addr} within the join timeout of {timeout_ms} ms: {last_error}")]

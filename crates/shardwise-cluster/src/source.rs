@@ -704,6 +704,13 @@ fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
     if trimmed.contains("://") {
         return bad("it has a scheme; give only a host name or IP address");
     }
+    // `1.2.3` is not a host name, and the resolver would read it as 1.2.0.3.
+    if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return bad("it is not an IPv4 address (four numbers from 0 to 255, separated by dots)");
+    }
+    if trimmed.ends_with(':') {
+        return bad("it ends with ':'; give the port in MASTER_PORT (or --master-port) and only the host here");
+    }
     let with_port = trimmed.parse::<std::net::SocketAddr>().is_ok()
         || trimmed.rsplit_once(':').is_some_and(|(host, port)| {
             !host.contains(':') && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())

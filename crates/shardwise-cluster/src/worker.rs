@@ -389,11 +389,17 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
             // The deadline came during an attempt; the top of the loop reports it.
             Err(_) => {
                 if missing.is_none() {
-                    last_error = format!(
-                        "an attempt was still waiting for an answer from {} when the time was up (something \
-                         there accepts connections but does not answer as a shardwise master)",
-                        s.master
-                    );
+                    last_error = match announced {
+                        // It had answered as a master: it stopped, or hangs, since.
+                        true => "the master had admitted this node, then stopped answering before the cluster \
+                                 formed (stopped, hung or cut off)"
+                            .to_string(),
+                        false => format!(
+                            "an attempt was still waiting for an answer from {} when the time was up (something \
+                             there accepts connections but does not answer as a shardwise master)",
+                            s.master
+                        ),
+                    };
                 }
                 continue;
             }
@@ -419,7 +425,12 @@ async fn join(s: &WorkerSettings, on_welcome: &mut OnWelcome<'_>) -> Result<(Ses
                     );
                     last_warned = Instant::now();
                 }
-                last_error = e.to_string();
+                last_error = match announced {
+                    true => {
+                        format!("the master had admitted this node, then went away before the cluster formed ({e})")
+                    }
+                    false => e.to_string(),
+                };
                 let delay = delays.next().unwrap_or(Duration::from_millis(BACKOFF_MAX_MS));
                 tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
             }

@@ -285,10 +285,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         info!(
             rank = detected.rank,
             world_size = detected.world_size,
-            "launch environment: {} (master {}:{})",
+            "launch environment: {} (master {})",
             detected.source.as_str(),
-            detected.master_addr,
-            detected.master_port
+            match detected.master_addr.contains(':') {
+                true => format!("[{}]:{}", detected.master_addr, detected.master_port),
+                false => format!("{}:{}", detected.master_addr, detected.master_port),
+            }
         );
     }
 

@@ -127,6 +127,16 @@ fn no_source() {
 }
 
 #[test]
+fn master_addresses_that_are_no_host_are_refused() {
+    for (addr, why) in [("1.2.3", "not an IPv4 address"), ("127.0.0.1:", "ends with ':'"), ("10.0.0.256", "IPv4")] {
+        let e = err(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", addr), ("MASTER_PORT", "29500")]);
+        assert!(e.to_string().contains(why), "{addr}: {e}");
+    }
+    let d = ok(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node-1.example"), ("MASTER_PORT", "1")]);
+    assert_eq!(d.master_addr, "node-1.example");
+}
+
+#[test]
 fn several_processes_on_this_host_without_a_rank_are_refused() {
     // A script that forgot RANK and WORLD_SIZE: not a single node.
     let e = err(&none(), &[("MASTER_ADDR", "10.0.0.5"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", "1")]);
