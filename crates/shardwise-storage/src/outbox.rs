@@ -390,6 +390,12 @@ impl Outbox {
         self.queues.entries().find(|(d, _, entry)| *d == dest && table(&entry.table)).map(|(_, seq, _)| seq)
     }
 
+    /// Whether `dest` still has an item appended before seq `before` (a [`Self::next_seq`] read
+    /// earlier) whose table key `table` accepts: what a flush that began then waits for.
+    pub fn any_pending_before(&self, dest: u32, before: u64, table: impl Fn(&str) -> bool) -> bool {
+        self.queues.any_pending_before(dest, before, table)
+    }
+
     /// Pending items per (table, destination); only non-empty queues.
     pub fn stats(&self) -> BTreeMap<(String, u32), QueueStats> {
         self.queues.stats()

@@ -146,9 +146,15 @@ impl TablesNode {
         Ok(ShardData { batches: guard.snapshot(), verified_placement: guard.stats().verified_placement })
     }
 
-    /// Waits until this node's outbox has nothing for the table `incarnation` (`table` when not
-    /// given: the one that has the name now), up to `timeout`; returns what is still pending
-    /// then, one line per destination (empty: flushed).
+    /// Waits until this node's outbox has delivered every item it held for the table
+    /// `incarnation` (`table` when not given: the one that has the name now) when the flush
+    /// began, up to `timeout`; returns what is still pending then, one line per destination
+    /// (empty: flushed).
+    ///
+    /// Items appended after the flush began are not waited for (ClickHouse's flush also sends
+    /// the queue as it is): under writers that never pause, a flush that waited for an empty
+    /// queue took as long as they left it none, or `flush_timeout_ms`. An insert acknowledged
+    /// before the flush was sent was appended before it began, on every node.
     ///
     /// The table is waited for by the identity it had when the flush began, not looked up by
     /// name again: a `RENAME TABLE` while the flush waits (its rows follow the table) made the
@@ -167,13 +173,20 @@ impl TablesNode {
             Some(incarnation) => Some(incarnation),
             None => self.entry(table).ok().map(|(_, e)| (e.id, e.generation)),
         };
+        let began_at_seq = lock_from_runtime(&self.outbox).next_seq();
         loop {
-            // By destination: the rows, and the outbox key of a queue holding them.
+            // By destination still holding an item from before the flush began: the rows pending
+            // for it now, and the outbox key of a queue holding them.
             let mut pending: BTreeMap<u32, (u64, String)> = BTreeMap::new();
-            for ((key, dest), q) in lock_from_runtime(&self.outbox).stats() {
-                if q.pending_items > 0 && live.is_some() && outbox_key_incarnation(&key) == live {
-                    pending.entry(dest).or_insert_with(|| (0, key.clone())).0 += q.pending_rows;
+            {
+                let outbox = lock_from_runtime(&self.outbox);
+                for ((key, dest), q) in outbox.stats() {
+                    if q.pending_items > 0 && live.is_some() && outbox_key_incarnation(&key) == live {
+                        pending.entry(dest).or_insert_with(|| (0, key.clone())).0 += q.pending_rows;
+                    }
                 }
+                let ours = |key: &str| outbox_key_incarnation(key) == live;
+                pending.retain(|dest, _| outbox.any_pending_before(*dest, began_at_seq, ours));
             }
             if pending.is_empty() {
                 return Ok(FlushReply::default());

@@ -254,6 +254,11 @@ impl Queues {
         self.dests.iter().flat_map(|(&dest, queue)| queue.iter().map(move |(&seq, e)| (dest, seq, e)))
     }
 
+    /// Whether `dest` has a pending item below seq `before` whose table key `table` accepts.
+    pub fn any_pending_before(&self, dest: u32, before: u64, table: impl Fn(&str) -> bool) -> bool {
+        self.dests.get(&dest).is_some_and(|queue| queue.range(..before).any(|(_, e)| table(&e.table)))
+    }
+
     pub fn get(&self, dest: u32, seq: u64) -> Option<&Entry> {
         self.dests.get(&dest)?.get(&seq)
     }

@@ -58,6 +58,27 @@ pub(super) fn seqs(items: &[PendingItem]) -> Vec<u64> {
     items.iter().map(|p| p.seq).collect()
 }
 
+/// What a flush that began at a seq waits for: items of its table appended before it, per
+/// destination, until they are acked.
+#[test]
+fn items_appended_before_a_seq_are_told_apart_from_later_ones() -> TestResult {
+    let sim = SimFs::new();
+    let (mut outbox, _) = open_sim(&sim, &small())?;
+    let a = outbox.append(vec![item("t", 1, 1, b"a"), item("u", 2, 1, b"a")], 10)?;
+    let began = outbox.next_seq();
+    let b = outbox.append(vec![item("t", 1, 1, b"b"), item("t", 2, 1, b"b")], 11)?;
+    assert!(a < began && began <= b);
+    let is_t = |key: &str| key == "t";
+    assert!(outbox.any_pending_before(1, began, is_t));
+    // Rank 2's item of t came after: not waited for; its item from before is another table's.
+    assert!(!outbox.any_pending_before(2, began, is_t));
+    assert!(outbox.any_pending_before(2, began, |key| key == "u"));
+    outbox.ack(1, a)?;
+    assert!(!outbox.any_pending_before(1, began, is_t), "acked");
+    assert_eq!(seqs(&outbox.pending(1, 10, u64::MAX)), vec![b]);
+    Ok(())
+}
+
 #[test]
 fn pending_is_per_destination_in_seq_order_and_multi_destination_items_share_a_seq() -> TestResult {
     let sim = SimFs::new();
