@@ -19,6 +19,9 @@ use tokio::task::JoinHandle;
 /// Connections the kernel holds for a port before the node accepts them (`listen`'s backlog).
 pub const LISTEN_BACKLOG: u32 = 1024;
 
+/// How long a held port waits after a failed accept before the next.
+pub const ACCEPT_ERROR_PAUSE_MS: u64 = 50;
+
 /// See the module doc.
 #[derive(Debug)]
 pub struct HeldPort {
@@ -39,8 +42,13 @@ impl HeldPort {
                     // Asked to serve, or dropped (the node did not start): the listener goes
                     // back, or is closed with this task.
                     _ = &mut stopped => return listener,
-                    // Not serving yet: closed at once.
-                    accepted = listener.accept() => drop(accepted),
+                    // Not serving yet: closed at once. An error (out of file descriptors) is
+                    // waited out briefly rather than retried in a busy loop.
+                    accepted = listener.accept() => {
+                        if accepted.is_err() {
+                            tokio::time::sleep(std::time::Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+                        }
+                    }
                 }
             }
         });
