@@ -989,12 +989,17 @@ fn a_copy_whose_data_is_arriving_is_shown_and_can_be_killed() {
         stdout.trim().to_string()
     };
     sql("CREATE TABLE cp (id BIGINT) WITH (shard_key = 'id')");
-    let mut copying = psql(&pg0, "default", "shardwise");
-    copying.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut copying = copying.spawn().expect("psql");
-    let mut data = copying.stdin.take().expect("stdin");
-    data.write_all(b"1\n2\n3\n").expect("write");
-    data.flush().expect("flush");
+    // A `\copy cp FROM pstdin` that has sent `first` and waits for the rest of its data.
+    let copy_begun = |first: &[u8]| {
+        let mut c = psql(&pg0, "default", "shardwise");
+        c.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut c = c.spawn().expect("psql");
+        let mut data = c.stdin.take().expect("stdin");
+        data.write_all(first).expect("write");
+        data.flush().expect("flush");
+        (c, data)
+    };
+    let (copying, data) = copy_begun(b"1\n2\n3\n");
     let running = "SELECT query_id FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'running'";
     let id = eventually(T, "the COPY to be shown as running", || Some(sql(running)).filter(|id| !id.is_empty()));
     sql(&format!("KILL QUERY WHERE query_id = '{id}'"));
@@ -1021,12 +1026,7 @@ fn a_copy_whose_data_is_arriving_is_shown_and_can_be_killed() {
     // while they arrive, they follow it; dropped and made again, the COPY fails, storing nothing.
     // They used to go to whatever table had the name when the data ended.
     let copy_around = |ddl: &[&str]| {
-        let mut c = psql(&pg0, "default", "shardwise");
-        c.args(["-c", "\\copy cp FROM pstdin"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut c = c.spawn().expect("psql");
-        let mut data = c.stdin.take().expect("stdin");
-        data.write_all(b"10\n11\n").expect("write");
-        data.flush().expect("flush");
+        let (c, mut data) = copy_begun(b"10\n11\n");
         let running = "SELECT count(*) FROM system.queries WHERE query = 'COPY cp FROM STDIN' AND state = 'running'";
         eventually(T, "the COPY to be running", || (sql(running) == "1").then_some(()));
         for statement in ddl {
