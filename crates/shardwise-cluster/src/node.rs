@@ -666,8 +666,17 @@ mod tests {
             let record = std::fs::read_to_string(tmp.path().join(format!("rank-{rank}/cluster.json"))).unwrap();
             assert_eq!(serde_json::from_str::<Value>(&record).unwrap()["run_id"], "101", "rank {rank}");
         }
-        // Rank 2's data dir lost; its replacement comes under job 102.
+        // Rank 1 back without a record of its run (as after a barrier that never passed: workers
+        // record the run once it has), under job 102: its node is the membership's, so it is
+        // admitted whatever run id its launcher gives.
         let mut nodes = nodes;
+        let rank_1 = nodes.remove(1);
+        rank_1.shutdown().await;
+        std::fs::remove_file(tmp.path().join("rank-1/cluster.json")).unwrap();
+        let rank_1 = init_distributed_mode(job(1, "102", 10_000), addrs(1)).await.unwrap();
+        assert_eq!(rank_1.run_id, "101");
+        nodes.insert(1, rank_1);
+        // Rank 2's data dir lost; its replacement comes under job 102.
         let lost = nodes.pop().unwrap();
         let old = lost.node_id.to_string();
         lost.shutdown().await;

@@ -1444,8 +1444,14 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         s.cannot_form.get_or_insert(reason.clone());
         return Err(reason);
     }
+    // A node this membership already lists for its rank (its data dir's node_id) belongs to
+    // this cluster, whatever run id it says: a worker records its run only once the cluster
+    // has formed, so one whose barrier never passed comes back under its launcher's run id (a
+    // resubmitted Slurm job's).
+    let listed = s.slots.get(&h.rank).is_some_and(|slot| slot.info.node_id == h.node_id);
     if let Some(run_id) = h.run_id
         && run_id != settings.run_id
+        && !listed
     {
         s.refused_run = Some(run_id.to_string());
         return Err(format!("run id mismatch: this node belongs to run {run_id}, the master runs {}", settings.run_id));
