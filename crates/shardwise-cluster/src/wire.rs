@@ -31,6 +31,8 @@ const MAGIC: &[u8; 6] = b"SHRDWS";
 /// endpoint's name in two bytes: the port a node was told to join is a client port of a node,
 /// not the master's rendezvous port, and waiting for it to turn into one is useless.
 const CLIENT_ENDPOINT_MAGIC: &[u8; 6] = b"SHRDWC";
+/// The frame type of HTTP/2's SETTINGS, the first frame a server sends (RFC 9113 §6.5).
+const HTTP2_SETTINGS_FRAME: u8 = 0x04;
 
 /// Whether `first_bytes`, what a client sent first to a node's client endpoint, are a cluster
 /// preamble (a node that was given that endpoint's port as the master's).
@@ -273,9 +275,27 @@ pub async fn exchange_preamble(
         });
     }
     if &theirs[..6] != MAGIC {
+        // What else answers there, when it can be told: a port of the wrong kind is the usual
+        // mistake (MASTER_PORT given a node's Flight SQL, data-plane or HTTP port).
+        let what = if theirs[3] == HTTP2_SETTINGS_FRAME && theirs[4] == 0 && theirs[5..8] == [0, 0, 0] {
+            "; that is an HTTP/2 (gRPC) server's first frame: a shardwise node's Flight SQL or data-plane port, or \
+             another gRPC service"
+        } else if theirs.starts_with(b"HTTP/") {
+            "; that is an HTTP server's answer: a shardwise node's HTTP port, or another web server"
+        } else {
+            ""
+        };
+        let hint = match what.is_empty() {
+            true => String::new(),
+            false => format!(
+                "{what}, not the master's rendezvous port; give MASTER_PORT (or --master-port) the port the master \
+                 listens on for nodes ({} by default)",
+                crate::source::DEFAULT_MASTER_PORT
+            ),
+        };
         return Err(ClusterError::WrongProtocol {
             peer: peer.to_string(),
-            detail: format!("it sent {:?} instead of the preamble", String::from_utf8_lossy(&theirs)),
+            detail: format!("it sent {:?} instead of the preamble{hint}", String::from_utf8_lossy(&theirs)),
         });
     }
     let version = u16::from_be_bytes([theirs[6], theirs[7]]);
@@ -456,6 +476,17 @@ mod tests {
         let err = exchange_preamble(&mut ar, &mut aw, "10.0.0.1:1", Duration::from_secs(1)).await.unwrap_err();
         assert!(err.to_string().contains("does not speak the shardwise cluster protocol"), "{err}");
         assert!(err.to_string().contains("GET / HT"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_grpc_port_is_named_as_such() {
+        let (a, b) = pair().await;
+        let (mut ar, mut aw) = a.into_split();
+        let (_br, mut bw) = b.into_split();
+        // An HTTP/2 server's SETTINGS frame: length 0x18, type 4, no flags, stream 0.
+        bw.write_all(b"\0\0\x18\x04\0\0\0\0\0\x02").await.unwrap();
+        let err = exchange_preamble(&mut ar, &mut aw, "10.0.0.1:1", Duration::from_secs(1)).await.unwrap_err();
+        assert!(err.to_string().contains("HTTP/2 (gRPC)") && err.to_string().contains("MASTER_PORT"), "{err}");
     }
 
     #[tokio::test]
