@@ -72,7 +72,14 @@ fn a_node_on_an_empty_data_dir_takes_a_lost_nodes_rank_and_rebuilds_its_replicas
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
+        // Rank 1 stopped: a rebuild needs every node (their queued rows delivered first), so
+        // rank 2's replicas await theirs, and its /health says so, until rank 1 is back.
+        c.procs[1].signal("STOP");
         c.restart_with(2, &["--replace-node", &old]);
+        let listening = c.procs[2].seen.iter().find(|l| l.contains("listening rank=")).cloned().expect("listening");
+        let health = health(&listening_addr(&listening, "http"));
+        c.procs[1].signal("CONT");
+        assert!(health.contains("degraded") && health.contains("await their rebuild"), "{health}");
         // Until its replicas are rebuilt, reads through rank 2 come from the other replicas:
         // never fewer rows than were there (its own replicas are empty).
         eventually(Duration::from_secs(60), "rank 2's replicas rebuilt", || {
