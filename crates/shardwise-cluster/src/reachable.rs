@@ -29,11 +29,56 @@ pub fn loopback_from_afar(
     // The first one is enough to say (a refusal is cut at 500 characters).
     Some(format!(
         "this node connected from {}, another machine than the master's, but advertises loopback addresses ({} \
-         ...), which the other machines cannot reach: set --listen-host to an address of its machine they can \
-         reach, or leave it out (the node then listens where its route to the master leaves from)",
+         ...), which the other machines cannot reach: set --listen-host (or --advertise-host) to an address of \
+         its machine they can reach, or leave both out (the node then listens where its route to the master \
+         leaves from)",
         peer.ip(),
         loopback[0]
     ))
+}
+
+/// Whether a node that connected from `peer` to the master's `local` end is on another machine
+/// than the master's.
+pub fn is_afar(peer: SocketAddr, local: Option<SocketAddr>) -> bool {
+    local.is_some_and(|local| peer.ip() != local.ip() && !peer.ip().is_loopback())
+}
+
+/// Whether any of `addrs` is on a loopback host.
+pub fn advertises_loopback(addrs: &BTreeMap<String, String>) -> bool {
+    addrs.values().any(|addr| is_loopback_host(addr))
+}
+
+/// Why a node cannot join a membership that spans machines, if so: it is on another machine
+/// and some members advertise loopback addresses (`afar`: the members that are, `members`:
+/// rank and addresses of each member but the joining rank), or it advertises loopback ones
+/// itself, from the master's machine, while some members are on others.
+pub fn mixed_membership(
+    rank: u32,
+    afar: bool,
+    addrs: &BTreeMap<String, String>,
+    members: &[(u32, &BTreeMap<String, String>)],
+    members_afar: &[u32],
+) -> Option<String> {
+    let fix = "start it with --listen-host set to an address of its machine the other machines reach, or without \
+               it (a node whose master is not on a loopback address then listens where its route to the master \
+               leaves from; rank 0 needs MASTER_ADDR to be such an address)";
+    if afar {
+        let (lb_rank, lb_addr) = members
+            .iter()
+            .filter(|(r, _)| *r != rank)
+            .find_map(|(r, a)| a.values().find(|addr| is_loopback_host(addr)).map(|addr| (*r, addr.clone())))?;
+        return Some(format!(
+            "this node is on another machine than the master's, and rank {lb_rank} advertises a loopback address \
+             ({lb_addr}) that it cannot reach: {fix}"
+        ));
+    }
+    let remote = members_afar.iter().find(|r| **r != rank)?;
+    advertises_loopback(addrs).then(|| {
+        format!(
+            "this node advertises loopback addresses, and rank {remote} is on another machine, which cannot reach \
+             them: {fix}"
+        )
+    })
 }
 
 /// Whether `host:port` names a loopback host (127.0.0.0/8, ::1, localhost).
@@ -66,6 +111,26 @@ mod tests {
         assert!(why.chars().count() < 500, "{why}");
         assert!(loopback_from_afar(sock("10.77.0.2:1"), Some(sock("10.77.0.1:2")), &addrs("localhost")).is_some());
         assert!(loopback_from_afar(sock("[fd00::2]:1"), Some(sock("[fd00::1]:2")), &addrs("[::1]")).is_some());
+    }
+
+    #[test]
+    fn a_membership_that_spans_machines_refuses_loopback_members_either_way() {
+        let (lo, far) = (addrs("127.0.0.1"), addrs("10.9.0.2"));
+        // The master itself on loopback, a node from afar joining: refused, naming rank 0.
+        let why = mixed_membership(1, true, &far, &[(0, &lo)], &[]).expect("refused");
+        assert!(why.contains("rank 0 advertises a loopback address (127.0.0.1:"), "{why}");
+        // A node on the master's machine on loopback, with a member on another machine.
+        let why = mixed_membership(1, false, &lo, &[(0, &addrs("10.9.0.1")), (2, &far)], &[2]).expect("refused");
+        assert!(why.contains("rank 2 is on another machine"), "{why}");
+        // One machine, all on loopback; or every member reachable: admitted.
+        assert_eq!(mixed_membership(1, false, &lo, &[(0, &lo)], &[]), None);
+        assert_eq!(mixed_membership(2, true, &far, &[(0, &addrs("10.9.0.1")), (1, &far)], &[1]), None);
+        // The joining rank's own earlier entry does not count against it.
+        assert_eq!(mixed_membership(1, true, &far, &[(1, &lo)], &[]), None);
+        assert!(
+            is_afar(sock("10.9.0.2:1"), Some(sock("10.9.0.1:2")))
+                && !is_afar(sock("10.9.0.1:1"), Some(sock("10.9.0.1:2")))
+        );
     }
 
     #[test]

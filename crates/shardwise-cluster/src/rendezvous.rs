@@ -160,6 +160,9 @@ struct State {
     cannot_form: Option<String>,
     /// The run of the last node refused for belonging to another (a mistyped `--run-id`).
     refused_run: Option<String>,
+    /// The ranks whose node connected from another machine than the master's
+    /// (`reachable::is_afar`): a membership that spans machines admits no loopback addresses.
+    afar: BTreeSet<u32>,
 }
 
 /// A metadata operation waiting to be applied, and who gets the answer.
@@ -309,6 +312,7 @@ impl Master {
                 adopting,
                 cannot_form: None,
                 refused_run: None,
+                afar: BTreeSet::new(),
             }),
             changed: watch::channel(0).0,
             local_addr,
@@ -388,7 +392,6 @@ impl Master {
             }
             snapshot(&s)
         };
-        self.persist()?;
         self.broadcast(|| MasterMsg::Formed { view: view.clone() });
         let barrier_deadline = deadline.max(Instant::now() + t.op_timeout());
         loop {
@@ -409,6 +412,11 @@ impl Master {
                 _ = tokio::time::sleep_until(barrier_deadline.into()) => {}
             }
         }
+        // Recorded once every rank has passed the barrier, as the workers record their run at
+        // its release: a barrier that times out (a rank killed or cut off after its hello)
+        // leaves nothing behind, and the next attempt, under another launcher run id too, forms
+        // the cluster afresh instead of resuming a run no worker recorded.
+        self.persist()?;
         self.lock().released = true;
         self.broadcast(|| MasterMsg::Release);
         info!("all {world} ranks joined and passed the barrier");
@@ -947,7 +955,20 @@ impl Master {
             master: master.as_deref(),
             ranks: ranks.as_ref(),
         };
-        let unreachable = || crate::reachable::loopback_from_afar(peer, local, &addrs).map_or(Ok(()), Err);
+        let afar = crate::reachable::is_afar(peer, local);
+        let unreachable = || {
+            if let Some(why) = crate::reachable::loopback_from_afar(peer, local, &addrs) {
+                return Err(why);
+            }
+            let s = self.lock();
+            let mut members: Vec<(u32, &BTreeMap<String, String>)> =
+                s.slots.iter().map(|(r, slot)| (*r, &slot.info.addrs)).collect();
+            if !s.slots.contains_key(&0) {
+                members.push((0, &self.settings.own.addrs));
+            }
+            let members_afar: Vec<u32> = s.afar.iter().copied().collect();
+            crate::reachable::mixed_membership(rank, afar, &addrs, &members, &members_afar).map_or(Ok(()), Err)
+        };
         if let Err(reason) = self.check_proof(&check, &master_nonce, &node_nonce).and_then(|()| unreachable()) {
             warn!(%peer, rank, "refused a node: {reason}");
             writer.write(&MasterMsg::Refused { reason }).await?;
@@ -971,6 +992,10 @@ impl Master {
                 Ok(epoch) => {
                     let conn_id = s.next_conn_id;
                     s.next_conn_id += 1;
+                    match afar {
+                        true => s.afar.insert(rank),
+                        false => s.afar.remove(&rank),
+                    };
                     // First in the fresh queue, so first after the welcome; every later version
                     // is queued behind it by `commit`, under this same lock.
                     let _ = tx.try_send(s.metadata_frame.clone());
@@ -1071,7 +1096,11 @@ impl Master {
             writer.set_key(key);
         }
         info!(rank, %node_id, epoch, %peer, "rank {rank} joined");
-        if formed && !self.lock().adopting {
+        // Not while the barrier is under way: the membership is recorded once it has passed.
+        if formed && {
+            let s = self.lock();
+            s.released && !s.adopting
+        } {
             self.persist()?;
         }
         self.bump();
@@ -1443,6 +1472,19 @@ fn admit(s: &mut State, settings: &MasterSettings, h: &HelloCheck<'_>) -> std::r
         );
         s.cannot_form.get_or_insert(reason.clone());
         return Err(reason);
+    }
+    // A replacement takes the rank of a node of a cluster that has formed: one that is forming
+    // for the first time has no node to replace (and, since a replacement names its cluster by
+    // that node rather than by its launcher's run id, it could be another job's node).
+    if let Some(named) = h.replaces
+        && !s.formed
+        && !s.adopting
+    {
+        return Err(format!(
+            "--replace-node {named}: this cluster is forming for the first time and has no node to replace; start \
+             rank {} without --replace-node (a node of another job is refused as well)",
+            h.rank
+        ));
     }
     // A node this membership already lists for its rank (its data dir's node_id) belongs to
     // this cluster, whatever run id it says: a worker records its run only once the cluster

@@ -706,7 +706,7 @@ fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
     }
     // `1.2.3` is not a host name, and the resolver would read it as 1.2.0.3.
     if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return bad("it is not an IPv4 address (four numbers from 0 to 255, separated by dots)");
+        return bad("it is not an IPv4 address (four numbers from 0 to 255, separated by dots, without leading zeros)");
     }
     if trimmed.ends_with(':') {
         return bad("it ends with ':'; give the port in MASTER_PORT (or --master-port) and only the host here");

@@ -315,6 +315,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let advertise_host = pick(args.advertise_host.clone(), file.advertise_host.clone())
         .or(routed_advertise)
         .unwrap_or_else(|| listen_host.clone());
+    // An IPv6 address in `host:port` text needs its brackets (`--advertise-host ::1`).
+    let advertise_host = match advertise_host.parse::<std::net::Ipv6Addr>() {
+        Ok(v6) => format!("[{v6}]"),
+        Err(_) => advertise_host,
+    };
     check_advertise_host(&advertise_host, &listen_host, detected.world_size)?;
     let insecure = args.insecure || file.insecure.unwrap_or(false);
     if insecure && secret.is_some() {

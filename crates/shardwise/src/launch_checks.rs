@@ -68,6 +68,12 @@ pub fn check_node_settings(
              (--nproc, --master-port, --data-dir); every node would get the same {flag}"
         );
     }
+    if has("--replace-node") {
+        bail!(
+            "--replace-node is given after --: every node would take it; start the one node that replaces a lost \
+             data dir by hand (shardwise node --replace-node ID, with the rank's variables)"
+        );
+    }
     if nproc > 1
         && let Some((flag, _, _)) = PORTS.iter().find(|(flag, _, _)| has(flag))
     {
@@ -99,6 +105,10 @@ pub fn check_node_settings(
     let table: toml::Table =
         toml::from_str(&text).with_context(|| format!("invalid node config file {} ({origin})", path.display()))?;
     let mut refused: Vec<&str> = LAUNCHER_OWNED.iter().chain(SECRET_OWNED.iter()).map(|(_, key)| *key).collect();
+    // `insecure = true` agrees with an insecure launcher, as `-- --insecure` does.
+    if launcher_insecure && table.get("insecure").and_then(toml::Value::as_bool) == Some(true) {
+        refused.retain(|key| *key != "insecure");
+    }
     if nproc > 1 {
         refused.extend(PORTS.iter().map(|(_, key, _)| *key));
     }
@@ -153,6 +163,7 @@ mod tests {
         // --insecure passes on to nodes of an insecure launcher.
         check_node_settings(&args(&["--insecure"]), 3, true, &no_env).unwrap();
         assert!(check_node_settings(&args(&["--insecure"]), 3, false, &no_env).is_err());
+        assert!(check_node_settings(&args(&["--replace-node", "x"]), 3, false, &no_env).is_err());
         // One node may have its port; other flags pass.
         check_node_settings(&args(&["--data-port", "7000", "--join-timeout-ms", "100"]), 1, false, &no_env).unwrap();
     }
@@ -184,6 +195,11 @@ mod tests {
         let with_ports = args(&[&format!("--config={}", ports.display())]);
         assert!(check_node_settings(&with_ports, 2, false, &no_env).unwrap_err().to_string().contains("pg_port"));
         check_node_settings(&with_ports, 1, false, &no_env).unwrap();
+        let insecure = dir.path().join("insecure.toml");
+        std::fs::write(&insecure, "insecure = true\n").unwrap();
+        let with_insecure = args(&["--config", insecure.to_str().unwrap()]);
+        check_node_settings(&with_insecure, 3, true, &no_env).unwrap();
+        assert!(check_node_settings(&with_insecure, 3, false, &no_env).is_err());
         let good = dir.path().join("good.toml");
         std::fs::write(&good, "join_timeout_ms = 5000\nlog = \"info\"\n").unwrap();
         check_node_settings(&args(&["--config", good.to_str().unwrap()]), 3, false, &no_env).unwrap();

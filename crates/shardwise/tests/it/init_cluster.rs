@@ -232,3 +232,41 @@ fn a_worker_waiting_for_the_master_turns_clients_away_and_keeps_its_ports() {
     assert!(worker.child.try_wait().expect("try_wait").is_none(), "the worker stopped waiting");
     worker.kill9();
 }
+
+/// A node started as torchrun starts it, under the launcher run id `run`.
+fn torchrun_node(rank: u32, world: u32, master_port: u16, data_dir: &std::path::Path, run: &str) -> Proc {
+    let mut c = shardwise();
+    c.args(["node", "--insecure", "--data-dir"])
+        .arg(data_dir)
+        .envs([("RANK", rank.to_string()), ("WORLD_SIZE", world.to_string()), ("MASTER_PORT", master_port.to_string())])
+        .envs([("MASTER_ADDR", "127.0.0.1"), ("TORCHELASTIC_RUN_ID", run), ("SHARDWISE_JOIN_TIMEOUT_MS", "3000")]);
+    Proc::spawn(c)
+}
+
+/// Every rank joined, and one never passed the barrier (stopped after its hello): nothing is
+/// recorded, so the next run, under a new launcher run id, forms on the same data dirs. The
+/// master used to keep the first run's membership and refuse every worker of the next.
+#[test]
+fn a_barrier_that_times_out_leaves_the_data_dirs_free_for_the_next_run() {
+    let dir = tempdir();
+    let port = free_port();
+    let mut master = torchrun_node(0, 3, port, &rank_dir(dir.path(), 0), "run-a");
+    let mut stalled = torchrun_node(1, 3, port, &rank_dir(dir.path(), 1), "run-a");
+    master.wait_for_line("rank 1 joined", Duration::from_secs(20));
+    stalled.signal("STOP");
+    let mut last = torchrun_node(2, 3, port, &rank_dir(dir.path(), 2), "run-a");
+    let (code, out) = master.wait_exit(Duration::from_secs(30));
+    assert!(code != Some(0) && out.contains("barrier timed out"), "{out}");
+    stalled.kill9();
+    last.wait_exit(Duration::from_secs(30));
+    for rank in 0..3 {
+        let d = rank_dir(dir.path(), rank);
+        assert!(!d.join("cluster.json").exists() && !d.join("master/membership.json").exists(), "rank {rank}");
+    }
+    let mut nodes: Vec<Proc> = (0..3).map(|r| torchrun_node(r, 3, port, &rank_dir(dir.path(), r), "run-b")).collect();
+    for node in &mut nodes {
+        node.wait_for_line("listening rank=", Duration::from_secs(30));
+    }
+    let record = std::fs::read_to_string(rank_dir(dir.path(), 1).join("cluster.json")).expect("rank 1's record");
+    assert!(record.contains("run-b"), "{record}");
+}
