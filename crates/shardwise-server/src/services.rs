@@ -10,7 +10,7 @@ use shardwise_cluster::{ClusterError, ClusterSecret, MetadataHandle, MetadataSna
 use shardwise_query::{QueryEngine, QueryError};
 use tokio::net::{TcpListener, TcpSocket};
 
-use crate::held_port::HeldPort;
+use crate::held_port::{EarlyAnswer, HeldPort};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -21,8 +21,9 @@ use crate::users::Users;
 
 /// The ports a node serves on, bound (and listened on) before it joins so their addresses can be
 /// advertised, and served only once it has joined ([`Services::start`]); meanwhile a client that
-/// connects is closed at once (`held_port`), not left connected to a port nobody answers (psql,
-/// curl and load balancers' health checks hung until their own timeouts, 2026-12-05).
+/// connects is told at once that the node is joining (`held_port`), not left connected to a port
+/// nobody answers (psql, curl and load balancers' health checks hung until their own timeouts,
+/// 2026-12-05).
 #[derive(Debug)]
 pub struct Listeners {
     flight: HeldPort,
@@ -81,10 +82,10 @@ impl Listeners {
 
     async fn bind_preferring(host: &str, ports: Ports, last: Ports) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            flight: bind_one(host, ports.flight, last.flight, "Flight SQL").await?,
-            data: bind_one(host, ports.data, last.data, "the data plane").await?,
-            http: bind_one(host, ports.http, last.http, "HTTP").await?,
-            pg: bind_one(host, ports.pg, last.pg, "PostgreSQL clients").await?,
+            flight: bind_one(host, ports.flight, last.flight, "Flight SQL", EarlyAnswer::Close).await?,
+            data: bind_one(host, ports.data, last.data, "the data plane", EarlyAnswer::Close).await?,
+            http: bind_one(host, ports.http, last.http, "HTTP", EarlyAnswer::Http).await?,
+            pg: bind_one(host, ports.pg, last.pg, "PostgreSQL clients", EarlyAnswer::Postgres).await?,
         })
     }
 
@@ -113,14 +114,14 @@ impl Listeners {
 }
 
 /// Binds `port` on `host`; when it is 0, `last` first if that is free, else any free port.
-async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Result<HeldPort> {
+async fn bind_one(host: &str, port: u16, last: u16, what: &str, early: EarlyAnswer) -> std::io::Result<HeldPort> {
     if port == 0
         && last != 0
-        && let Ok(socket) = bind_socket(host, last).await
+        && let Ok(socket) = bind_socket(host, last, early).await
     {
         return Ok(socket);
     }
-    bind_socket(host, port)
+    bind_socket(host, port, early)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for {what} on {host}:{port}: {e}")))
 }
@@ -128,12 +129,12 @@ async fn bind_one(host: &str, port: u16, last: u16, what: &str) -> std::io::Resu
 /// `host:port` (its first address that binds) bound and held (`held_port`); with `SO_REUSEADDR`,
 /// as `TcpListener::bind` sets it, so a restart can take its port back while old connections
 /// linger in `TIME_WAIT`.
-async fn bind_socket(host: &str, port: u16) -> std::io::Result<HeldPort> {
+async fn bind_socket(host: &str, port: u16, early: EarlyAnswer) -> std::io::Result<HeldPort> {
     let mut last_error = None;
     for addr in tokio::net::lookup_host((host, port)).await? {
         let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
         socket.set_reuseaddr(true)?;
-        match socket.bind(addr).and_then(|()| HeldPort::hold(socket)) {
+        match socket.bind(addr).and_then(|()| HeldPort::hold(socket, early)) {
             Ok(held) => return Ok(held),
             Err(e) => last_error = Some(e),
         }

@@ -193,8 +193,9 @@ fn sigterm_stops_a_node_gracefully() {
 }
 
 /// A worker waiting for its master holds its ports (and recorded them in `ports.json`) but
-/// serves none: a client is closed at once instead of left connected to a port nobody answers
-/// until the join timeout (psql, curl and health checks hung for its 120 s). And a second node
+/// serves none: a client is answered at once (HTTP 503, a PostgreSQL FATAL 57P03 after its
+/// startup message, a closed connection for gRPC) instead of left connected to a port nobody
+/// answers until the join timeout (psql, curl and health checks hung for its 120 s). And a second node
 /// given a port the first holds fails at its start, naming the port, instead of joining and
 /// failing once the cluster has formed around it.
 #[test]
@@ -207,7 +208,11 @@ fn a_worker_waiting_for_the_master_turns_clients_away_and_keeps_its_ports() {
     let ports: serde_json::Value = eventually(Duration::from_secs(10), "ports.json written", || {
         serde_json::from_slice(&std::fs::read(data.join("ports.json")).ok()?).ok()
     });
-    for name in ["flight", "http", "pg"] {
+    // HTTP is answered in HTTP: 503, joining (a readiness check fails, as it should).
+    let http = format!("127.0.0.1:{}", ports["http"].as_u64().expect("http port"));
+    let reply = health(&http);
+    assert!(reply.starts_with("HTTP/1.1 503") && reply.contains("joining"), "{reply}");
+    for name in ["flight", "pg"] {
         let port = ports[name].as_u64().unwrap_or_else(|| panic!("{name} in {ports}"));
         match std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
             // Closed by the node: end of stream or a reset, within the timeout.
