@@ -125,7 +125,7 @@ async fn answer_early(mut stream: TcpStream, early: EarlyAnswer) -> std::io::Res
         }
         EarlyAnswer::Postgres => {
             read_startup(&mut stream).await?;
-            stream.write_all(&postgres_fatal("57P03", JOINING)).await?;
+            stream.write_all(&crate::pg::framing::fatal_error("57P03", JOINING)).await?;
         }
     }
     stream.shutdown().await
@@ -164,21 +164,6 @@ async fn read_startup(stream: &mut TcpStream) -> std::io::Result<()> {
             _ => return Ok(()),
         }
     }
-}
-
-/// A PostgreSQL `ErrorResponse` of severity `FATAL`.
-fn postgres_fatal(sqlstate: &str, message: &str) -> Vec<u8> {
-    let mut fields = Vec::new();
-    for (tag, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', sqlstate), (b'M', message)] {
-        fields.push(tag);
-        fields.extend_from_slice(value.as_bytes());
-        fields.push(0);
-    }
-    fields.push(0);
-    let mut out = vec![b'E'];
-    out.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
-    out.extend_from_slice(&fields);
-    out
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ mod encode;
 mod errors;
 mod execute;
 mod float;
-mod framing;
+pub(crate) mod framing;
 mod numeric;
 mod params;
 mod show;
