@@ -58,7 +58,8 @@ pub struct LaunchArgs {
     pub insecure: bool,
     /// Arguments passed to every `shardwise node` (after `--`). Not the flags the launcher sets
     /// per node (--rank, --world-size, --master-addr, --master-port, --data-dir, --local-rank)
-    /// nor the secret's (--insecure, --secret-file: give those to the launcher).
+    /// nor the secret's (--insecure, --secret-file: give those to the launcher), nor fixed ports
+    /// for more than one node, nor --replace-node; a --config file may not set them either.
     #[arg(last = true)]
     pub node_args: Vec<String>,
 }
