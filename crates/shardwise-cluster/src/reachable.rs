@@ -16,16 +16,10 @@ pub fn loopback_from_afar(
     local: Option<SocketAddr>,
     addrs: &BTreeMap<String, String>,
 ) -> Option<String> {
-    let local = local?;
-    // The same machine: connections to its own address come from that address.
-    if peer.ip() == local.ip() || peer.ip().is_loopback() {
+    if !is_afar(peer, local) {
         return None;
     }
-    let loopback: Vec<String> =
-        addrs.iter().filter(|(_, addr)| is_loopback_host(addr)).map(|(name, addr)| format!("{name} {addr}")).collect();
-    if loopback.is_empty() {
-        return None;
-    }
+    let first = addrs.iter().find(|(_, addr)| is_loopback_host(addr)).map(|(name, addr)| format!("{name} {addr}"))?;
     // The first one is enough to say (a refusal is cut at 500 characters).
     Some(format!(
         "this node connected from {}, another machine than the master's, but advertises loopback addresses ({} \
@@ -33,12 +27,13 @@ pub fn loopback_from_afar(
          its machine they can reach, or leave both out (the node then listens where its route to the master \
          leaves from)",
         peer.ip(),
-        loopback[0]
+        first
     ))
 }
 
 /// Whether a node that connected from `peer` to the master's `local` end is on another machine
-/// than the master's.
+/// than the master's (on the same machine, connections to its own address come from that
+/// address; an unknown end is not judged).
 pub fn is_afar(peer: SocketAddr, local: Option<SocketAddr>) -> bool {
     local.is_some_and(|local| peer.ip() != local.ip() && !peer.ip().is_loopback())
 }

@@ -79,6 +79,8 @@ impl HeldPort {
                     // their answer. An error (out of file descriptors) is waited out briefly
                     // rather than retried in a busy loop.
                     accepted = listener.accept() => match accepted {
+                        // Nothing to say: closed here, without a task.
+                        Ok((stream, _)) if early == EarlyAnswer::Close => drop(stream),
                         Ok((stream, _)) => {
                             if let Ok(permit) = Arc::clone(&answering).try_acquire_owned() {
                                 tokio::spawn(async move {
@@ -111,6 +113,7 @@ impl HeldPort {
 /// Tells an early client that the node serves nothing yet, in its protocol.
 async fn answer_early(mut stream: TcpStream, early: EarlyAnswer) -> std::io::Result<()> {
     match early {
+        // Closed by the accept loop; kept for completeness of the match.
         EarlyAnswer::Close => return Ok(()),
         EarlyAnswer::Http => {
             read_request_head(&mut stream).await?;
