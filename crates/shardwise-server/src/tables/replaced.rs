@@ -27,7 +27,10 @@
 //! `CHECK TABLE` (it is not read, [`RELEASED_MARK`]) until no other replica of its shard awaits a
 //! rebuild: an awaiting replica then finds no source and is released too, and takes its own
 //! queued rows. Once the marks are gone, the check of the other shards (`Judge::MostRows`,
-//! below) copies the replica that received the most over the others.
+//! below) copies the replica that received the most over the others. While inserts go on, the
+//! fullest cannot be told from a replica that new rows reached first, and the check leaves the
+//! replicas as they are: so it is tried again ([`RECONCILE_AFTER_LOSS_TRIES`]), since such a
+//! difference does not go away by itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -50,6 +53,10 @@ pub const REPLACED_REBUILD_TIMEOUT_MS: u64 = 600_000;
 pub const REPLACED_REBUILD_RETRY_MS: u64 = 1_000;
 /// The longest wait between two tries.
 pub const REPLACED_REBUILD_RETRY_MAX_MS: u64 = 30_000;
+/// How many times, once this node's replicas are rebuilt, the other shards' replicas are
+/// compared and made the same before the node says which statements to run instead (the waits
+/// between tries as a rebuild's: about 5 minutes in all).
+pub const RECONCILE_AFTER_LOSS_TRIES: u32 = 14;
 /// What the reason a replica awaiting its rebuild is fenced says, and so what `REPAIR TABLE`
 /// reports for it (on any node): a shard whose every replica says it holds nothing to copy.
 const AWAITING_MARK: &str = "awaits its rebuild from the shard's other replicas";
@@ -224,9 +231,7 @@ impl TablesNode {
             let tables = n.awaiting_tables();
             if n.awaiting.is_empty() {
                 if n.settle_released().await {
-                    n.reconcile_after_loss().await;
-                    tracing::warn!("every replica of the data dir this node replaced is rebuilt");
-                    return;
+                    break;
                 }
                 drop(n);
                 tokio::time::sleep(Duration::from_millis(retry_ms)).await;
@@ -247,6 +252,33 @@ impl TablesNode {
             tokio::time::sleep(Duration::from_millis(retry_ms)).await;
             retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
         }
+        // Every replica here is rebuilt or released: the other shards' replicas are made the same.
+        let Some(n) = node.upgrade() else { return };
+        let (_, catalog) = n.catalog_now();
+        let mut tables: Vec<(u64, u64)> =
+            catalog.tables.values().filter(|e| e.def.replicas > 1).map(|e| (e.id, e.generation)).collect();
+        drop(n);
+        let mut retry_ms = REPLACED_REBUILD_RETRY_MS;
+        for attempt in 1..=RECONCILE_AFTER_LOSS_TRIES {
+            let Some(n) = node.upgrade() else { return };
+            tables = n.reconcile_after_loss(&tables).await;
+            if tables.is_empty() {
+                break;
+            }
+            if attempt == RECONCILE_AFTER_LOSS_TRIES {
+                let (_, catalog) = n.catalog_now();
+                let names: Vec<&str> =
+                    tables.iter().filter_map(|(id, _)| catalog.by_id(*id)).map(|e| e.def.name.as_str()).collect();
+                tracing::error!(tables = ?names,
+                    "after the lost data dir, these tables' replicas still differ after {attempt} tries (the log says \
+                     why for each): run CHECK TABLE, then REPAIR TABLE, once writes to them pause");
+                break;
+            }
+            drop(n);
+            tokio::time::sleep(Duration::from_millis(retry_ms)).await;
+            retry_ms = retry_ms.saturating_mul(2).min(REPLACED_REBUILD_RETRY_MAX_MS);
+        }
+        tracing::warn!("every replica of the data dir this node replaced is rebuilt");
     }
 
     /// Lifts the mark of each replica here released after loss whose shard has no other replica
@@ -294,25 +326,37 @@ impl TablesNode {
     /// queued rows may have reached in part (delivered to one replica, not yet to another, when
     /// its data dir was lost; or, for a shard whose every replica was lost, queued rows other
     /// nodes delivered to one of its new replicas only), are made the same, each from the one
-    /// that holds the most rows (`Judge::MostRows`): every table with replicas, once, said in
-    /// the log for each replica copied.
-    async fn reconcile_after_loss(&self) {
+    /// that holds the most rows (`Judge::MostRows`), said in the log for each replica copied.
+    ///
+    /// Of `tables` (by incarnation; one dropped or truncated since needs nothing), returns those
+    /// to compare again: a replica left as it was (writes under way, so that the fullest cannot
+    /// be told from one that rows reached first; a node down), or a repair that failed. Such a
+    /// difference does not go away by itself, so the caller tries again.
+    async fn reconcile_after_loss(&self, tables: &[(u64, u64)]) -> Vec<(u64, u64)> {
         let (_, catalog) = self.catalog_now();
-        let tables: Vec<String> =
-            catalog.tables.values().filter(|e| e.def.replicas > 1).map(|e| e.def.name.clone()).collect();
         let timeout = Duration::from_millis(REPLACED_REBUILD_TIMEOUT_MS);
-        for name in tables {
-            match self.repair_cluster(&name, timeout, None, Judge::MostRows).await {
+        let mut again = Vec::new();
+        for &(id, generation) in tables {
+            let Some(entry) = catalog.by_id(id).filter(|e| e.generation == generation) else { continue };
+            let name = &entry.def.name;
+            match self.repair_cluster(name, timeout, None, Judge::MostRows).await {
                 Ok(rows) => {
                     for row in rows.iter().filter(|r| r.action != "none") {
                         tracing::warn!(table = %name, shard = row.shard, rank = row.rank, action = %row.action,
                             source = ?row.source_rank,
                             "after the lost data dir, the shard's replicas differed: {}", row.message);
                     }
+                    if rows.iter().any(|r| r.action == "left") {
+                        again.push((id, generation));
+                    }
                 }
-                Err(e) => tracing::warn!(table = %name, "checking the table's replicas after the lost data dir: {e}"),
+                Err(e) => {
+                    tracing::warn!(table = %name, "checking the table's replicas after the lost data dir: {e}");
+                    again.push((id, generation));
+                }
             }
         }
+        again
     }
 
     /// What a repair left of this node's replicas awaiting their rebuild: a shard whose every

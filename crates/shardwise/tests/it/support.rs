@@ -186,6 +186,13 @@ impl Drop for Proc {
         while let Ok((_, l)) = self.lines.recv_timeout(Duration::from_millis(100)) {
             self.seen.push(l);
         }
+        // To see why a test failed: every node's output, one file per process.
+        if std::thread::panicking()
+            && let Ok(dir) = std::env::var("SHARDWISE_TEST_LOG_DIR")
+        {
+            let path = Path::new(&dir).join(format!("{}.log", self.pid()));
+            let _ = std::fs::write(path, self.seen.join("\n"));
+        }
         if !std::thread::panicking()
             && let Some(at) = self.seen.iter().position(|l| l.contains("panicked at"))
         {
