@@ -173,6 +173,30 @@ fn replaced_id(opts: &InitOptions, old: &str) -> Result<String> {
         .map_err(|_| bad("the node id (a UUID) of the lost data dir, as the master's refusal or system.nodes names it"))
 }
 
+/// Where the master's rendezvous listens: the master's address, or every address when that
+/// address is this machine's own name mapped to loopback here in a job across machines
+/// ([`crate::reachable::own_name_on_loopback`]), where the other machines could not reach it.
+fn rendezvous_bind_addr(d: &crate::source::Detected, master: SocketAddr) -> SocketAddr {
+    if !crate::reachable::own_name_on_loopback(&d.master_addr, master.ip(), d.world_size, d.local_world_size) {
+        return master;
+    }
+    let every: std::net::IpAddr = match master {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    warn!(
+        "the master's address {} is this machine's name, which resolves here to {}, a loopback address (as \
+         /etc/hosts maps it), while the job spans machines ({} of its {} ranks here): the rendezvous listens on every \
+         address, port {}, so that the others reach it",
+        d.master_addr,
+        master.ip(),
+        d.local_world_size.unwrap_or(1),
+        d.world_size,
+        master.port()
+    );
+    SocketAddr::new(every, master.port())
+}
+
 /// Resolves the master address, preferring IPv4 (what launchers hand out).
 pub fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
     if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
@@ -267,11 +291,14 @@ impl Prepared {
                 }
             }
             let listener = match self.master {
-                Some(addr) => Some(
-                    TcpListener::bind(addr)
-                        .await
-                        .map_err(|source| ClusterError::RendezvousBind { addr: addr.to_string(), source })?,
-                ),
+                Some(addr) => {
+                    let addr = rendezvous_bind_addr(&d, addr);
+                    Some(
+                        TcpListener::bind(addr)
+                            .await
+                            .map_err(|source| ClusterError::RendezvousBind { addr: addr.to_string(), source })?,
+                    )
+                }
                 None => None,
             };
             let own = MemberInfo {

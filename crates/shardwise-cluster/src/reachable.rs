@@ -76,6 +76,28 @@ pub fn mixed_membership(
     })
 }
 
+/// Whether the master's address, `master_addr`, is a host name that resolved to the loopback
+/// address `resolved` on this machine while the job spans machines (fewer ranks run here,
+/// `local_world_size`, than in all): this machine's own name, mapped to loopback by its
+/// `/etc/hosts` (Debian's installer writes `127.0.1.1 <hostname>`). The other machines resolve
+/// the name to this machine's network address, so whatever listens here must listen there too:
+/// the rendezvous and every node here listen on every address (as torch's TCPStore does), and
+/// the nodes here advertise the name. A literal address, or `localhost`, means one machine.
+pub fn own_name_on_loopback(
+    master_addr: &str,
+    resolved: IpAddr,
+    world_size: u32,
+    local_world_size: Option<u32>,
+) -> bool {
+    let name = master_addr.trim_end_matches('.').to_ascii_lowercase();
+    let localhost = ["localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"].contains(&name.as_str())
+        || name.ends_with(".localhost");
+    resolved.is_loopback()
+        && master_addr.parse::<IpAddr>().is_err()
+        && !localhost
+        && local_world_size.is_some_and(|local| local < world_size)
+}
+
 /// Whether `host:port` names a loopback host (127.0.0.0/8, ::1, localhost).
 fn is_loopback_host(addr: &str) -> bool {
     let host = match addr.rsplit_once(':') {
@@ -126,6 +148,22 @@ mod tests {
             is_afar(sock("10.9.0.2:1"), Some(sock("10.9.0.1:2")))
                 && !is_afar(sock("10.9.0.1:1"), Some(sock("10.9.0.1:2")))
         );
+    }
+
+    #[test]
+    fn a_job_across_machines_whose_master_name_maps_to_loopback_here_is_told_apart() {
+        let debian: IpAddr = "127.0.1.1".parse().expect("ip");
+        // Slurm's head node by its own name, one task on each of 3 machines.
+        assert!(own_name_on_loopback("headnode", debian, 3, Some(1)));
+        assert!(own_name_on_loopback("headnode.cluster.example", "127.0.0.1".parse().expect("ip"), 8, Some(4)));
+        // One machine: every rank here, or nothing says how many are.
+        assert!(!own_name_on_loopback("headnode", debian, 3, Some(3)));
+        assert!(!own_name_on_loopback("headnode", debian, 3, None));
+        // A loopback literal or localhost is a choice of one machine; a routable address is no case.
+        assert!(!own_name_on_loopback("127.0.1.1", debian, 3, Some(1)));
+        assert!(!own_name_on_loopback("localhost", "127.0.0.1".parse().expect("ip"), 3, Some(1)));
+        assert!(!own_name_on_loopback("LOCALHOST.", "::1".parse().expect("ip"), 3, Some(1)));
+        assert!(!own_name_on_loopback("headnode", "10.0.0.1".parse().expect("ip"), 3, Some(1)));
     }
 
     #[test]

@@ -54,9 +54,15 @@ impl Listeners {
     }
 
     /// [`Listeners::bind`], where each port given as 0 is first tried as the one `data_dir`
-    /// recorded (any free port when it is taken); then records the ports bound. Failing to
-    /// record them is only a warning: the node runs, a restart may listen elsewhere.
-    pub async fn bind_keeping(host: &str, ports: Ports, data_dir: &Path) -> std::io::Result<Listeners> {
+    /// recorded (any free port when it is taken, or when it is `avoid`: the master's port, which
+    /// the cluster may have moved to since); then records the ports bound. Failing to record
+    /// them is only a warning: the node runs, a restart may listen elsewhere.
+    pub async fn bind_keeping(
+        host: &str,
+        ports: Ports,
+        data_dir: &Path,
+        avoid: Option<u16>,
+    ) -> std::io::Result<Listeners> {
         let last = match shardwise_cluster::datadir::read_json::<Ports>(data_dir, PORTS_FILE) {
             Ok(last) => last.unwrap_or_default(),
             Err(e) => {
@@ -64,6 +70,8 @@ impl Listeners {
                 Ports::default()
             }
         };
+        let keep = |port: u16| if Some(port) == avoid { 0 } else { port };
+        let last = Ports { flight: keep(last.flight), data: keep(last.data), http: keep(last.http), pg: keep(last.pg) };
         let listeners = Listeners::bind_preferring(host, ports, last).await?;
         let bound = Ports {
             flight: listeners.flight.local_addr().port(),

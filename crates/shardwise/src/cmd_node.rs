@@ -303,7 +303,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let (listen_host, routed_advertise) = match pick(args.listen_host.clone(), file.listen_host.clone()) {
         Some(host) => (host, None),
         None => {
-            match crate::node_host::routed_hosts(detected.world_size, &detected.master_addr, detected.master_port) {
+            match crate::node_host::routed_hosts(
+                detected.world_size,
+                detected.local_world_size,
+                &detected.master_addr,
+                detected.master_port,
+            ) {
                 Some(routed) => {
                     info!("{}", routed.why);
                     (routed.listen, Some(routed.advertise))
@@ -342,23 +347,27 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         replace_node: args.replace_node.clone(),
     };
     let users = Users::from_config(&file.users).with_context(|| format!("invalid [users] in {config_name}"))?;
-    if args.dry_run {
-        println!("{}", serde_json::to_string(&detected)?);
-        // Then every check a start makes before it touches the data dir or a port: exit 0 only
-        // when a real start would get past them.
-        shardwise_cluster::check(&opts).context("a start with these settings would fail")?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let users = Arc::new(users);
-    let prepared = shardwise_cluster::prepare(opts)?;
-
     let flight_port = pick(args.flight_port, file.flight_port).unwrap_or(0);
     let data_port = pick(args.data_port, file.data_port).unwrap_or(0);
     let http_port = pick(args.http_port, file.http_port).unwrap_or(0);
     let pg_port = pick(args.pg_port, file.pg_port).unwrap_or(0);
     let ports = Ports { flight: flight_port, data: data_port, http: http_port, pg: pg_port };
+    if args.dry_run {
+        println!("{}", serde_json::to_string(&detected)?);
+        // Then every check a start makes before it touches the data dir or a port: exit 0 only
+        // when a real start would get past them.
+        check_ports_apart_from_master(&detected, &listen_host, ports)
+            .and_then(|()| Ok(shardwise_cluster::check(&opts)?))
+            .context("a start with these settings would fail")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    check_ports_apart_from_master(&detected, &listen_host, ports)?;
+    let users = Arc::new(users);
+    let prepared = shardwise_cluster::prepare(opts)?;
+
     // Ports given as 0 are the ones this data dir's node listened on last time, when free.
-    let listeners = Listeners::bind_keeping(&listen_host, ports, &data_dir).await?;
+    let avoid = (detected.world_size > 1).then_some(detected.master_port);
+    let listeners = Listeners::bind_keeping(&listen_host, ports, &data_dir, avoid).await?;
     let addrs = listeners.addrs(&advertise_host)?;
     let flight_addr = addrs.get("flight").cloned().unwrap_or_default();
     let http_addr = addrs.get("http").cloned().unwrap_or_default();
@@ -409,6 +418,42 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Refuses a node port given as the master's port on the master's machine: on rank 0 the
+/// rendezvous could not bind it (and said another job held it), and a worker joined its own
+/// port, waiting out the join timeout.
+fn check_ports_apart_from_master(
+    detected: &shardwise_cluster::Detected,
+    listen_host: &str,
+    ports: Ports,
+) -> anyhow::Result<()> {
+    if detected.world_size < 2 {
+        return Ok(());
+    }
+    let given = [("--flight-port", ports.flight), ("--data-port", ports.data), ("--http-port", ports.http)];
+    let Some((flag, port)) =
+        given.into_iter().chain([("--pg-port", ports.pg)]).find(|(_, p)| *p != 0 && *p == detected.master_port)
+    else {
+        return Ok(());
+    };
+    let here = detected.rank == 0
+        || shardwise_cluster::node::resolve(&detected.master_addr, port).is_ok_and(|master| {
+            master.ip().is_loopback() || listen_host.parse::<std::net::IpAddr>().is_ok_and(|own| own == master.ip())
+        });
+    if !here {
+        return Ok(());
+    }
+    let whose = match detected.rank {
+        0 => "this node, the master, listens there for the others to join",
+        _ => "this node would be joining its own port",
+    };
+    bail!(
+        "{flag} {port} is also the master's port (MASTER_PORT, master {}:{}): {whose}; give the node another port, \
+         or the cluster another MASTER_PORT",
+        detected.master_addr,
+        detected.master_port
+    )
 }
 
 /// Refuses an advertised host other nodes and clients could not connect to: empty, or a wildcard

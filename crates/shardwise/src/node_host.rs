@@ -12,6 +12,8 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 
+use shardwise_cluster::reachable::own_name_on_loopback;
+
 /// Hosts chosen for a node whose master is on another machine (or may be).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedHosts {
@@ -26,12 +28,35 @@ pub struct RoutedHosts {
 /// The hosts a node listens on and advertises when none is given: `None` to keep the loopback
 /// default (one node, a loopback master, or a master address that does not resolve, which the
 /// rendezvous then reports).
-pub fn routed_hosts(world_size: u32, master_addr: &str, master_port: u16) -> Option<RoutedHosts> {
+///
+/// A job across machines whose master address is this machine's own name, mapped to loopback
+/// here (`reachable::own_name_on_loopback`: the head node under Debian's `/etc/hosts`): the node
+/// listens on every address and advertises that name, which the others resolve to this machine.
+pub fn routed_hosts(
+    world_size: u32,
+    local_world_size: Option<u32>,
+    master_addr: &str,
+    master_port: u16,
+) -> Option<RoutedHosts> {
     if world_size < 2 {
         return None;
     }
     let addrs = (master_addr, master_port).to_socket_addrs().ok()?;
     for master in addrs {
+        if own_name_on_loopback(master_addr, master.ip(), world_size, local_world_size) {
+            let every = match master.ip() {
+                IpAddr::V4(_) => "0.0.0.0",
+                IpAddr::V6(_) => "::",
+            };
+            let why = format!(
+                "listening on every address ({every}) and advertising {master_addr}: the master's address is this \
+                 machine's name, which resolves here to {}, a loopback address (as /etc/hosts maps it), while the \
+                 job spans machines; the others resolve the name to this machine (give --listen-host and \
+                 --advertise-host to choose)",
+                master.ip()
+            );
+            return Some(RoutedHosts { listen: every.to_string(), advertise: master_addr.to_string(), why });
+        }
         if master.ip().is_loopback() {
             return None;
         }
@@ -72,23 +97,42 @@ mod tests {
 
     #[test]
     fn one_machine_keeps_the_loopback_default() {
-        assert_eq!(routed_hosts(3, "127.0.0.1", 29500), None);
-        assert_eq!(routed_hosts(3, "localhost", 29500), None);
-        assert_eq!(routed_hosts(1, "198.51.100.1", 29500), None);
+        assert_eq!(routed_hosts(3, None, "127.0.0.1", 29500), None);
+        assert_eq!(routed_hosts(3, None, "localhost", 29500), None);
+        assert_eq!(routed_hosts(1, None, "198.51.100.1", 29500), None);
         // Unresolvable: left to the rendezvous to report.
-        assert_eq!(routed_hosts(3, "no-such-host.invalid", 29500), None);
+        assert_eq!(routed_hosts(3, None, "no-such-host.invalid", 29500), None);
     }
 
     #[test]
     fn a_master_elsewhere_makes_the_node_listen_where_its_route_leaves_from() {
         // Whatever interface this machine reaches a non-loopback address through, if it has one
         // (a sandbox without a route keeps the loopback default).
-        if let Some(hosts) = routed_hosts(3, "198.51.100.1", 29500) {
+        if let Some(hosts) = routed_hosts(3, None, "198.51.100.1", 29500) {
             let ip: IpAddr = hosts.listen.parse().expect("an address");
             assert!(!ip.is_loopback() && !ip.is_unspecified(), "{hosts:?}");
             assert_eq!(hosts.advertise, host_text(ip));
             assert!(hosts.why.contains(&hosts.listen) && hosts.why.contains("198.51.100.1"), "{}", hosts.why);
         }
+    }
+
+    #[test]
+    fn a_master_name_on_loopback_here_in_a_job_across_machines_listens_everywhere() {
+        // `localhost` is excluded by name; any other name this machine maps to loopback will do,
+        // if it has one (`/etc/hosts`' ip6-localhost is excluded too, so this looks for the
+        // machine's own name).
+        let Ok(name) = std::fs::read_to_string("/etc/hostname") else { return };
+        let name = name.trim();
+        let loopback = (name, 1).to_socket_addrs().is_ok_and(|mut a| a.next().is_some_and(|a| a.ip().is_loopback()));
+        if name.is_empty() || !loopback || name.eq_ignore_ascii_case("localhost") {
+            return;
+        }
+        let hosts = routed_hosts(3, Some(1), name, 29500).expect("routed");
+        assert!(hosts.listen == "0.0.0.0" || hosts.listen == "::", "{hosts:?}");
+        assert_eq!(hosts.advertise, name);
+        assert!(hosts.why.contains("spans machines"), "{}", hosts.why);
+        // Every rank on this machine: the loopback default.
+        assert_eq!(routed_hosts(3, Some(3), name, 29500), None);
     }
 
     #[test]

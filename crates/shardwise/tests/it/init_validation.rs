@@ -156,6 +156,16 @@ fn misconfigurations_fail_with_a_message() {
     assert!(e.contains("wildcard") && e.contains("--advertise-host"), "{e}");
     let e = fails(&[], &["--rank", "0", "--world-size", "1", "--advertise-host", " ", "--data-dir", data]);
     assert!(e.contains("--advertise-host is empty"), "{e}");
+    // A node's port that is the master's, on the master's machine: the master could not open its
+    // rendezvous there, and a worker would join itself. Refused before the data dir is made.
+    let port = free_port().to_string();
+    let fresh = dir.path().join("fresh");
+    let two = ["--world-size", "2", "--master-port", &port, "--insecure", "--data-dir", fresh.to_str().unwrap()];
+    let e = fails(&[], &[&["--rank", "0", "--http-port", &port], &two[..]].concat());
+    assert!(e.contains(&format!("--http-port {port} is also the master's port")) && e.contains("listens there"), "{e}");
+    let e = fails(&[], &[&["--rank", "1", "--pg-port", &port, "--master-addr", "127.0.0.1"], &two[..]].concat());
+    assert!(e.contains("joining its own port"), "{e}");
+    assert!(!fresh.exists(), "the data dir was made");
 }
 
 #[test]
