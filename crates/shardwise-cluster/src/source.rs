@@ -704,8 +704,16 @@ fn check_addr(addr: String, origin: &str) -> Result<String, SourceError> {
     if trimmed.contains("://") {
         return bad("it has a scheme; give only a host name or IP address");
     }
-    // `1.2.3` is not a host name, and the resolver would read it as 1.2.0.3.
-    if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+    // `1.2.3` is not a host name, and the resolver would read it as 1.2.0.3; nor `0x7f.1`, or
+    // `2130706433`, which it reads as 127.0.0.1 (inet_aton's numbers: decimal, 0x hex, 0 octal).
+    let inet_aton_number = |label: &str| {
+        let hex = label.strip_prefix("0x").or_else(|| label.strip_prefix("0X"));
+        match hex {
+            Some(digits) => digits.bytes().all(|b| b.is_ascii_hexdigit()),
+            None => !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit()),
+        }
+    };
+    if trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.') || trimmed.split('.').all(inet_aton_number) {
         return bad("it is not an IPv4 address (four numbers from 0 to 255, separated by dots, without leading zeros)");
     }
     if trimmed.ends_with(':') {

@@ -128,12 +128,26 @@ fn no_source() {
 
 #[test]
 fn master_addresses_that_are_no_host_are_refused() {
-    for (addr, why) in [("1.2.3", "not an IPv4 address"), ("127.0.0.1:", "ends with ':'"), ("10.0.0.256", "IPv4")] {
+    let cases = [
+        ("1.2.3", "not an IPv4 address"),
+        ("127.0.0.1:", "ends with ':'"),
+        ("10.0.0.256", "IPv4"),
+        // inet_aton's forms, which the resolver would read as 127.0.0.1.
+        ("0x7f.1", "IPv4"),
+        ("0X7F.0.0.01", "IPv4"),
+        ("2130706433", "IPv4"),
+    ];
+    for (addr, why) in cases {
         let e = err(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", addr), ("MASTER_PORT", "29500")]);
         assert!(e.to_string().contains(why), "{addr}: {e}");
     }
     let d = ok(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "node-1.example"), ("MASTER_PORT", "1")]);
     assert_eq!(d.master_addr, "node-1.example");
+    // Names that only begin like numbers are names.
+    for name in ["4gpu", "0xcafe-node", "deadbeef", "10g.example"] {
+        let d = ok(&none(), &[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", name), ("MASTER_PORT", "1")]);
+        assert_eq!(d.master_addr, name);
+    }
 }
 
 #[test]
