@@ -54,6 +54,7 @@ pub mod numeric_coercion;
 pub mod numeric_literals;
 pub mod pad_limits;
 pub mod parameter_types;
+pub mod pg_arrays;
 pub mod pg_catalog;
 pub mod pg_catalog_tables;
 pub mod pg_functions;

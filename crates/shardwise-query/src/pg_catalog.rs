@@ -10,8 +10,8 @@
 //!   `format_type`, `pg_get_userbyid`, `current_database`, ...), in the engine's context, so
 //!   every protocol can read them;
 //! - [`rewrite`]: PostgreSQL-only syntax in the clients' catalog queries
-//!   (`OPERATOR(pg_catalog.~)`, `'t'::regclass`, `COLLATE pg_catalog.default`, `ANY(array)`)
-//!   turned into SQL DataFusion plans. The PostgreSQL endpoint applies it to statements that
+//!   (`OPERATOR(pg_catalog.~)`, `'t'::regclass`, `COLLATE pg_catalog.default`, `ANY(array)`,
+//!   `ARRAY(subquery)`) turned into SQL DataFusion plans. The PostgreSQL endpoint applies it to statements that
 //!   name a catalog object; every other statement is planned as written.
 
 use std::sync::{Arc, OnceLock};
@@ -60,6 +60,7 @@ pub fn rewrite(sql: &str) -> Option<String> {
     let statement = statements.pop().filter(|_| statements.is_empty())?;
     let statement = keeping_subqueries(sql, statement);
     let statement = crate::pg_vectors::rewrite(statement);
+    let statement = crate::pg_arrays::rewrite(statement);
     let rewritten = statement.to_string();
     (rewritten != sql.trim().trim_end_matches(';').trim()).then_some(rewritten)
 }

@@ -1,6 +1,6 @@
 //! Where shardwise's `pg_catalog` tables differ from `datafusion-pg-catalog`'s: `pg_index` lists
-//! no index, `pg_class` has PostgreSQL's `reloptions` column, and `pg_attribute` gives a decimal
-//! column its precision and scale.
+//! no index, `pg_class` has PostgreSQL's `reloptions` and `relacl` columns, `pg_settings` its
+//! `boot_val`, and `pg_attribute` gives a decimal column its precision and scale.
 //!
 //! Why: the crate fills `pg_index` with the 164 rows of a PostgreSQL server's own system indexes
 //! (on `pg_class`, `pg_attribute`, ...), which do not exist here: psql's `\di` listed them, and
@@ -10,7 +10,8 @@
 //! How: [`wrap`] puts [`CatalogTables`] over the crate's `pg_catalog` schema: every table as the
 //! crate has it, except `pg_index`, which keeps its columns and has no rows, and `pg_class`,
 //! read through a view that adds `reloptions` as NULL (shardwise keeps a table's options in its
-//! `WITH (...)`, shown by `SHOW CREATE TABLE`, not as PostgreSQL storage parameters).
+//! `WITH (...)`, shown by `SHOW CREATE TABLE`, not as PostgreSQL storage parameters) and
+//! `relacl` as NULL (no privileges are granted on a table; psql's `\dp` reads it).
 //! `pg_get_indexdef` (in `crate::pg_functions`) is NULL, as PostgreSQL's is for an OID that is
 //! not an index's.
 //!
@@ -57,18 +58,33 @@ pub fn wrap(
     Arc::new(CatalogTables { inner, catalogs, catalog: catalog.to_string() })
 }
 
-/// `pg_class` with `reloptions` (`text[]`, NULL) after the crate's columns.
-fn with_reloptions(pg_class: Arc<dyn TableProvider>) -> Result<Arc<dyn TableProvider>> {
-    let schema = pg_class.schema();
-    if schema.field_with_name("reloptions").is_ok() {
-        return Ok(pg_class);
+/// `table` (the crate's `name`) with `added` columns after its own, each one it lacks.
+fn with_columns(name: &str, table: Arc<dyn TableProvider>, added: Vec<(&str, Expr)>) -> Result<Arc<dyn TableProvider>> {
+    let schema = table.schema();
+    let missing: Vec<(&str, Expr)> = added.into_iter().filter(|(c, _)| schema.field_with_name(c).is_err()).collect();
+    if missing.is_empty() {
+        return Ok(table);
     }
     let mut columns: Vec<Expr> =
-        schema.fields().iter().map(|f| Expr::Column(Column::new(Some("pg_class"), f.name()))).collect();
-    let text_array = DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)));
-    columns.push(cast(lit(ScalarValue::Null), text_array).alias("reloptions"));
-    let plan = LogicalPlanBuilder::scan("pg_class", provider_as_source(pg_class), None)?.project(columns)?.build()?;
+        schema.fields().iter().map(|f| Expr::Column(Column::new(Some(name), f.name()))).collect();
+    columns.extend(missing.into_iter().map(|(c, e)| e.alias(c)));
+    let plan = LogicalPlanBuilder::scan(name, provider_as_source(table), None)?.project(columns)?.build()?;
     Ok(Arc::new(ViewTable::new(plan, None)))
+}
+
+/// `pg_class` with `reloptions` and `relacl` (`text[]`, NULL: no storage parameters, no
+/// privileges granted; psql's `\dp` reads the second).
+fn pg_class(table: Arc<dyn TableProvider>) -> Result<Arc<dyn TableProvider>> {
+    let text_array = DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)));
+    let null_array = || cast(lit(ScalarValue::Null), text_array.clone());
+    with_columns("pg_class", table, vec![("reloptions", null_array()), ("relacl", null_array())])
+}
+
+/// `pg_settings` with `boot_val`, the value at start, which here is `reset_val` (psql's
+/// `\dconfig` compares `setting` with it).
+fn pg_settings(table: Arc<dyn TableProvider>) -> Result<Arc<dyn TableProvider>> {
+    let reset = Expr::Column(Column::new(Some("pg_settings"), "reset_val"));
+    with_columns("pg_settings", table, vec![("boot_val", reset)])
 }
 
 impl CatalogTables {
@@ -149,7 +165,8 @@ impl SchemaProvider for CatalogTables {
         let table = self.inner.table(name).await?;
         match (name, table) {
             ("pg_index", Some(table)) => Ok(Some(Arc::new(MemTable::try_new(table.schema(), vec![Vec::new()])?))),
-            ("pg_class", Some(table)) => Ok(Some(with_reloptions(table)?)),
+            ("pg_class", Some(table)) => Ok(Some(pg_class(table)?)),
+            ("pg_settings", Some(table)) => Ok(Some(pg_settings(table)?)),
             ("pg_attribute", Some(table)) => Ok(Some(self.with_typmods(table).await?)),
             (_, other) => Ok(other),
         }

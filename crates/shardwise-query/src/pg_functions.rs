@@ -4,8 +4,13 @@
 //! Each answers what is true of shardwise, or NULL where shardwise does not know:
 //! - `obj_description`, `col_description`, `shobj_description`: NULL, since shardwise has no
 //!   `COMMENT ON`.
-//! - `pg_function_is_visible`, `pg_collation_is_visible`: true, since every function `pg_proc`
-//!   lists and every collation is in `pg_catalog`, which is always on the search path.
+//! - `pg_function_is_visible`, `pg_collation_is_visible`, `pg_type_is_visible`: true, since
+//!   every function `pg_proc` lists and every collation and type is in `pg_catalog`, which is
+//!   always on the search path.
+//! - `pg_get_function_result`, `pg_get_function_arguments`, `pg_get_functiondef` (psql's `\df`,
+//!   `\sf`): NULL, since no function here has PostgreSQL argument text or SQL source.
+//! - `pg_database_size` (psql's `\l+`): NULL, as the table sizes below; `pg_tablespace_location`
+//!   (`\db`): NULL, since there is no tablespace directory.
 //! - `pg_get_serial_sequence`: NULL, since no column has a sequence behind it.
 //! - `pg_get_indexdef`: NULL, since there is no index (`crate::pg_catalog_tables`).
 //! - `pg_table_size`, `pg_relation_size`, `pg_total_relation_size`, `pg_indexes_size`: NULL,
@@ -204,6 +209,15 @@ pub fn register(ctx: &SessionContext) {
     }
     ctx.register_udf(Constant::udf("pg_function_is_visible", DataType::Boolean, Some(true)));
     ctx.register_udf(Constant::udf("pg_collation_is_visible", DataType::Boolean, Some(true)));
+    ctx.register_udf(Constant::udf("pg_type_is_visible", DataType::Boolean, Some(true)));
+    // psql's `\df` and `\sf`: no function has SQL source or PostgreSQL argument text here.
+    for name in ["pg_get_function_result", "pg_get_function_arguments", "pg_get_functiondef"] {
+        ctx.register_udf(Constant::udf(name, DataType::Utf8, None));
+    }
+    // psql's `\l+` and `\db`: a database's bytes are spread over the nodes, as a table's are;
+    // there is no tablespace directory.
+    ctx.register_udf(Constant::udf("pg_database_size", DataType::Int64, None));
+    ctx.register_udf(Constant::udf("pg_tablespace_location", DataType::Utf8, None));
     // No column has a sequence behind it (SQLAlchemy asks for each when it reflects a table).
     ctx.register_udf(Constant::udf("pg_get_serial_sequence", DataType::Utf8, None));
     ctx.register_udf(crate::pg_settings::current_setting_udf());

@@ -98,6 +98,14 @@ fn psql_and_psycopg_end_to_end() {
     let described = "public|sales|table|postgres\nid|bigint|||\nregion|text|||\namount|double precision|||\nday|date|||\n\
                      public|sales|table|postgres|permanent|||\n";
     assert_eq!(stdout, described, "{stderr}");
+    // And the other describe commands (ON_ERROR_STOP: each must run): `\d+` (its options are an
+    // `ARRAY(subquery)`), `\du` (another), `\df`, `\dT`, `\dconfig` and `\l+`, whose unknowns
+    // (sizes) are NULL.
+    let mut c = psql(&pg0, "default", "shardwise");
+    c.args(["-c", "\\d+ sales", "-c", "\\du", "-c", "\\df", "-c", "\\dT", "-c", "\\dconfig", "-c", "\\l+"]);
+    let (stdout, stderr) = text(&run_with_timeout(c, T));
+    assert!(stdout.starts_with("id|bigint||||plain|||\nregion|text||||extended|||\n"), "{stdout}{stderr}");
+    assert!(stdout.contains("\nshardwise|postgres|UTF-8|"), "{stdout}{stderr}");
 
     let mut c = psql(&pg0, "default", "shardwise");
     c.args(["-c", "SELECT region, count(*), sum(amount) FROM sales GROUP BY region ORDER BY region"]);
