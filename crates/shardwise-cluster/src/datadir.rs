@@ -204,6 +204,11 @@ fn read_or_create_identity(dir: &Path) -> Result<Uuid> {
     }
 }
 
+/// Whether the data dir at `dir` still records a replacement ([`finish_replacing`] not done).
+pub fn still_replacing(dir: &Path) -> bool {
+    dir.join(REPLACING_FILE).exists()
+}
+
 /// Forgets the replacement a data dir at `dir` records ([`DataDir::mark_replacing`]) once the
 /// node's tables have recorded what it means for them (which replicas await their rebuild); the
 /// removal is made durable.

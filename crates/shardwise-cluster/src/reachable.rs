@@ -54,9 +54,9 @@ pub fn mixed_membership(
     members: &[(u32, &BTreeMap<String, String>)],
     members_afar: &[u32],
 ) -> Option<String> {
-    let fix = "start it with --listen-host set to an address of its machine the other machines reach, or without \
-               it (a node whose master is not on a loopback address then listens where its route to the master \
-               leaves from; rank 0 needs MASTER_ADDR to be such an address)";
+    let fix = "start it with --listen-host set to an address of its machine the others reach, or without it (a \
+               node then listens where its route to the master leaves from; rank 0 needs MASTER_ADDR to be such an \
+               address, or its machine's name with a local world size below the world size: docs/cluster.md)";
     if afar {
         let (lb_rank, lb_addr) = members
             .iter()
@@ -90,7 +90,18 @@ pub fn own_name_on_loopback(
     local_world_size: Option<u32>,
 ) -> bool {
     let name = master_addr.trim_end_matches('.').to_ascii_lowercase();
-    let localhost = ["localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"].contains(&name.as_str())
+    // Debian's and Red Hat's /etc/hosts names for loopback, besides `localhost`.
+    let localhost = [
+        "localhost",
+        "localhost.localdomain",
+        "ip6-localhost",
+        "ip6-loopback",
+        "localhost4",
+        "localhost4.localdomain4",
+        "localhost6",
+        "localhost6.localdomain6",
+    ]
+    .contains(&name.as_str())
         || name.ends_with(".localhost");
     resolved.is_loopback()
         && master_addr.parse::<IpAddr>().is_err()
@@ -136,6 +147,12 @@ mod tests {
         // The master itself on loopback, a node from afar joining: refused, naming rank 0.
         let why = mixed_membership(1, true, &far, &[(0, &lo)], &[]).expect("refused");
         assert!(why.contains("rank 0 advertises a loopback address (127.0.0.1:"), "{why}");
+        // Whole within the 500 characters a refusal carries.
+        let why = mixed_membership(1, false, &lo, &[(0, &far), (2, &far)], &[2]).expect("refused");
+        assert!(why.chars().count() < 500 && why.ends_with("docs/cluster.md)"), "{}", why.chars().count());
+        let why = mixed_membership(1, true, &far, &[(0, &addrs("[::1]")), (2, &addrs("127.100.200.201"))], &[])
+            .expect("refused");
+        assert!(why.chars().count() < 500, "{}", why.chars().count());
         // A node on the master's machine on loopback, with a member on another machine.
         let why = mixed_membership(1, false, &lo, &[(0, &addrs("10.9.0.1")), (2, &far)], &[2]).expect("refused");
         assert!(why.contains("rank 2 is on another machine"), "{why}");
@@ -163,6 +180,8 @@ mod tests {
         assert!(!own_name_on_loopback("127.0.1.1", debian, 3, Some(1)));
         assert!(!own_name_on_loopback("localhost", "127.0.0.1".parse().expect("ip"), 3, Some(1)));
         assert!(!own_name_on_loopback("LOCALHOST.", "::1".parse().expect("ip"), 3, Some(1)));
+        assert!(!own_name_on_loopback("localhost4", "127.0.0.1".parse().expect("ip"), 3, Some(1)));
+        assert!(!own_name_on_loopback("localhost6.localdomain6", "::1".parse().expect("ip"), 3, Some(1)));
         assert!(!own_name_on_loopback("headnode", "10.0.0.1".parse().expect("ip"), 3, Some(1)));
     }
 

@@ -63,7 +63,8 @@ pub struct WorkerSettings {
     pub secret: Option<ClusterSecret>,
     pub timeouts: Timeouts,
     /// The node id of the lost data dir whose rank this one takes (`--replace-node`), said on
-    /// every attempt until the node's tables have taken note.
+    /// every attempt until the node's tables have taken note (its data dir then no longer
+    /// records it: [`crate::datadir::still_replacing`]).
     pub replaces: Option<String>,
     /// The node's data dir, where it keeps what must outlive the master's: its copy of the
     /// cluster's metadata (`metadata.json`, written whenever a newer version arrives; see
@@ -188,6 +189,11 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
     let node_nonce = nonce();
     let last_master = s.data_dir.as_deref().and_then(crate::master_ids::current);
     let last_ranks = s.data_dir.as_deref().and_then(crate::master_ids::last_ranks);
+    // Claimed until the node's tables have taken note (the data dir then forgets it): by then the
+    // master that admitted the node had recorded it in the rank, and a master that replaces that
+    // one learns the rank's node from the members, so a claim still sent would name a node the
+    // rank no longer belongs to, and be refused.
+    let replaces = s.replaces.clone().filter(|_| s.data_dir.as_deref().is_none_or(crate::datadir::still_replacing));
     let proof = s.secret.as_ref().map(|secret| {
         let parts = HelloProof {
             master_nonce: &master_nonce,
@@ -199,7 +205,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             addrs: &s.addrs,
             held_epoch,
             incarnation: Some(incarnation),
-            replaces: s.replaces.as_deref(),
+            replaces: replaces.as_deref(),
             master: last_master.as_deref(),
             ranks: last_ranks.as_ref(),
         }
@@ -219,7 +225,7 @@ pub(crate) async fn connect_once(s: &WorkerSettings, incarnation: &str, held_epo
             proof,
             epoch: held_epoch,
             incarnation: Some(incarnation.to_string()),
-            replaces: s.replaces.clone(),
+            replaces,
             master: last_master.clone(),
             ranks: last_ranks.map(|ranks| ranks.into_iter().collect()),
         })

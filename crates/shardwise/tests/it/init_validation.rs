@@ -162,7 +162,11 @@ fn misconfigurations_fail_with_a_message() {
     let fresh = dir.path().join("fresh");
     let two = ["--world-size", "2", "--master-port", &port, "--insecure", "--data-dir", fresh.to_str().unwrap()];
     let e = fails(&[], &[&["--rank", "0", "--http-port", &port], &two[..]].concat());
-    assert!(e.contains(&format!("--http-port {port} is also the master's port")) && e.contains("listens there"), "{e}");
+    assert!(
+        e.contains(&format!("--http-port {port} (http_port in a config file) is also the master's port"))
+            && e.contains("listens there"),
+        "{e}"
+    );
     let e = fails(&[], &[&["--rank", "1", "--pg-port", &port, "--master-addr", "127.0.0.1"], &two[..]].concat());
     assert!(e.contains("joining its own port"), "{e}");
     assert!(!fresh.exists(), "the data dir was made");

@@ -249,6 +249,45 @@ fn a_master_on_an_empty_data_dir_takes_the_lost_masters_rank_and_catalog() {
     assert_ne!(id, old);
 }
 
+/// A worker that took a lost node's rank (`--replace-node`) and has served since, still running
+/// when the master's data dir is lost in turn: it rejoins the replacement master as the member
+/// it now is. It used to claim its start's replacement on every rejoin, and once another rank
+/// had told the new master that rank 2 belongs to the new node, the claim was refused for ever
+/// and the cluster never re-formed.
+#[test]
+fn a_replacement_worker_rejoins_a_replacement_master_as_a_member() {
+    let mut c = Cluster::start(3);
+    c.sql(1, "CREATE TABLE i (id BIGINT, v BIGINT) WITH (shard_key = 'id', replicas = 2)");
+    c.sql(1, "INSERT INTO i SELECT value, value FROM generate_series(1, 900)");
+    let ids = c.sql(1, "SELECT node_id FROM system.nodes ORDER BY rank");
+    let run_id = run_id(&c);
+    c.procs[2].kill9();
+    std::fs::remove_dir_all(c.data_dir(2)).expect("remove rank 2's data dir");
+    c.restart_with(2, &["--replace-node", &ids[2][0]]);
+    c.procs[2].wait_for_line("every replica of the data dir this node replaced is rebuilt", Duration::from_secs(90));
+    // Rank 1 too, so that its data dir records rank 2's new node as the one it last saw there.
+    c.procs[1].kill9();
+    std::fs::remove_dir_all(c.data_dir(1)).expect("remove rank 1's data dir");
+    c.restart_with(1, &["--replace-node", &ids[1][0]]);
+    c.procs[1].wait_for_line("every replica of the data dir this node replaced is rebuilt", Duration::from_secs(90));
+    // The master's disk goes too; rank 2 is held back so that rank 1 rejoins the new master first.
+    c.procs[2].signal("STOP");
+    c.procs[0].kill9();
+    std::fs::remove_dir_all(c.data_dir(0)).expect("remove rank 0's data dir");
+    let mut master = c.spawn_node(0, &["--replace-node", &ids[0][0], "--run-id", &run_id]);
+    master.wait_for_line("waiting for 1 of 3 ranks to rejoin", Duration::from_secs(60));
+    c.procs[2].signal("CONT");
+    master.wait_for_line("replaced the lost master: every rank rejoined", Duration::from_secs(60));
+    c.addrs[0] = flight_addr(&master.wait_for_line("listening rank=", Duration::from_secs(60)));
+    c.procs[0] = master;
+    for r in 0..3 {
+        eventually(Duration::from_secs(60), "the new master's replicas rebuilt", || {
+            let got = sql_csv(&c.addrs[r], "SELECT count(*), count(DISTINCT id) FROM i").ok()?;
+            (got == [["900", "900"]]).then_some(())
+        });
+    }
+}
+
 /// The lost master had shipped its queued rows to one replica of a shard and not yet to the
 /// other (rank 1 was down): after the replacement, the shard's surviving replicas are made the
 /// same from the one that holds the most rows, and every node answers alike.
