@@ -127,6 +127,14 @@ pub fn conform_as(
                         field.name(),
                         column.data_type()
                     )));
+                } else if column.data_type().is_nested() && !field.data_type().is_nested() {
+                    // Arrow would cast a list to text as its debug form (`[1, 2]`).
+                    return Err(refuse(format!(
+                        "column {:?}: a {} value holds several values, and the column one ({})",
+                        field.name(),
+                        column.data_type(),
+                        field.data_type()
+                    )));
                 } else if can_cast_types(column.data_type(), field.data_type()) {
                     let failed = |e: datafusion::arrow::error::ArrowError| {
                         refuse(format!(
@@ -303,6 +311,18 @@ mod tests {
         let message = conform("t", fraction, &table(), "-").unwrap_err().message().to_string();
         assert!(message.contains("the Float64 value 18.7 does not convert"), "{message}");
         assert!(message.contains("it has a fraction"), "{message}");
+        // A list for a text column (Arrow's cast would store its debug text, `[1, 2]`).
+        let list =
+            datafusion::arrow::array::ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int64Type, _, _>(
+                vec![Some(vec![Some(1), Some(2)])],
+            );
+        let nested = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("name", Arc::new(list)),
+        ])
+        .unwrap();
+        let message = conform("t", nested, &table(), "-").unwrap_err().message().to_string();
+        assert!(message.contains("column \"name\": a List(") && message.contains("holds several values"), "{message}");
         let decimal = RecordBatch::try_from_iter([
             ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
             (

@@ -223,3 +223,20 @@ fn a_number_for_a_date_and_a_date_no_client_could_read_are_errors() {
         RecordBatch::try_from_iter([("day", Arc::new(Int32Array::from(vec![None, None])) as ArrayRef)]).expect("batch");
     assert_eq!(round_trip(&nulls, &schema, 10, 10).expect("all NULL")[0].column(0).null_count(), 2);
 }
+
+/// A list for a text column: Arrow's cast would store its debug text (`[1, 2]`).
+#[test]
+fn a_nested_column_is_refused_not_stored_as_text() {
+    let list = arrow::array::ListArray::from_iter_primitive::<arrow::datatypes::Int64Type, _, _>(vec![
+        Some(vec![Some(1), Some(2)]),
+        Some(vec![Some(3)]),
+    ]);
+    let file = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
+        ("name", Arc::new(list) as ArrayRef),
+    ])
+    .expect("batch");
+    let err = error(round_trip(&file, &small(), 10, 10));
+    assert!(err.starts_with("data.parquet, column \"name\" (file column 2): the file's type List("), "{err}");
+    assert!(err.contains("holds several values in a row"), "{err}");
+}
