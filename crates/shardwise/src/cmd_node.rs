@@ -356,12 +356,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&detected)?);
         // Then every check a start makes before it touches the data dir or a port: exit 0 only
         // when a real start would get past them.
-        check_ports_apart_from_master(&detected, ports)
+        crate::node_host::check_ports_apart_from_master(&detected, ports)
             .and_then(|()| Ok(shardwise_cluster::check(&opts)?))
             .context("a start with these settings would fail")?;
         return Ok(ExitCode::SUCCESS);
     }
-    check_ports_apart_from_master(&detected, ports)?;
+    crate::node_host::check_ports_apart_from_master(&detected, ports)?;
     let users = Arc::new(users);
     let prepared = shardwise_cluster::prepare(opts)?;
 
@@ -380,7 +380,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         joined = prepared.join(addrs) => joined?,
         s = signals.recv() => bail!("{s} while waiting to join the cluster: stopped before it formed"),
     };
-    warn_of_unresolvable_members(&node).await;
+    crate::node_host::warn_of_unresolvable_members(&node).await;
     if args.exit_after_init {
         let line = serde_json::json!({
             "rank": node.rank,
@@ -419,80 +419,6 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
-}
-
-/// How long resolving one member's advertised host may take before it counts as unresolvable.
-const MEMBER_RESOLVE_TIMEOUT_MS: u64 = 3_000;
-
-/// Says, as an error, each member whose advertised host name does not resolve on this machine:
-/// every read and write this node sends there would fail (a node on the master's machine
-/// advertises the master's name when that name maps to loopback there, `node_host`, and a
-/// machine given the master by address may not know the name). The node serves all the same:
-/// the rest of the cluster works, and a resolver may recover.
-async fn warn_of_unresolvable_members(node: &shardwise_cluster::Node) {
-    let members = node.view().members().await;
-    for member in members.iter().filter(|m| m.rank != node.rank) {
-        for (service, addr) in &member.addrs {
-            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(host, _)| host);
-            if host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok() {
-                continue;
-            }
-            let timeout = std::time::Duration::from_millis(MEMBER_RESOLVE_TIMEOUT_MS);
-            let resolved = tokio::time::timeout(timeout, tokio::net::lookup_host(addr.as_str())).await;
-            if let Ok(Ok(mut found)) = resolved
-                && found.next().is_some()
-            {
-                continue;
-            }
-            tracing::error!(
-                rank = member.rank,
-                "rank {} advertises {service} at {addr}, and {host} does not resolve on this machine: what this node \
-                 sends there will fail. Give every node the same MASTER_ADDR, or that node an --advertise-host this \
-                 machine resolves",
-                member.rank
-            );
-            break;
-        }
-    }
-}
-
-/// Refuses a node port given as the master's port on the master's machine: on rank 0 the
-/// rendezvous could not bind it (and said another job held it), and a worker joined its own
-/// port, waiting out the join timeout.
-fn check_ports_apart_from_master(detected: &shardwise_cluster::Detected, ports: Ports) -> anyhow::Result<()> {
-    if detected.world_size < 2 {
-        return Ok(());
-    }
-    let given = [
-        ("--flight-port", "flight_port", ports.flight),
-        ("--data-port", "data_port", ports.data),
-        ("--http-port", "http_port", ports.http),
-    ];
-    let Some((flag, key, port)) = given
-        .into_iter()
-        .chain([("--pg-port", "pg_port", ports.pg)])
-        .find(|(_, _, p)| *p != 0 && *p == detected.master_port)
-    else {
-        return Ok(());
-    };
-    // The master's address is one of this machine's when a socket binds to it (whatever the
-    // listen host: a wildcard one covers it too).
-    let here = detected.rank == 0
-        || shardwise_cluster::node::resolve(&detected.master_addr, port)
-            .is_ok_and(|master| master.ip().is_loopback() || std::net::UdpSocket::bind((master.ip(), 0)).is_ok());
-    if !here {
-        return Ok(());
-    }
-    let whose = match detected.rank {
-        0 => "this node, the master, listens there for the others to join",
-        _ => "this node would be joining its own port",
-    };
-    bail!(
-        "{flag} {port} ({key} in a config file) is also the master's port (MASTER_PORT, master {}:{}): {whose}; give \
-         the node another port, or the cluster another MASTER_PORT",
-        detected.master_addr,
-        detected.master_port
-    )
 }
 
 /// Refuses an advertised host other nodes and clients could not connect to: empty, or a wildcard

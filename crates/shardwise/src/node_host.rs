@@ -9,10 +9,15 @@
 //! from (the interface the other machines reach it through, asked of the kernel with an
 //! unconnected UDP socket: no packet is sent), and advertises that. On one machine (a loopback
 //! master, a single node) it stays 127.0.0.1.
+//!
+//! Also the two checks of a node's addresses against the others': a port that is the master's
+//! on the master's machine is refused at start, and a member whose advertised name does not
+//! resolve here is said once the node has joined.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 
 use shardwise_cluster::reachable::own_name_on_loopback;
+use shardwise_server::Ports;
 
 /// Hosts chosen for a node whose master is on another machine (or may be).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +74,82 @@ pub fn routed_hosts(
         }
     }
     None
+}
+
+/// How long resolving one member's advertised host may take before it counts as unresolvable.
+const MEMBER_RESOLVE_TIMEOUT_MS: u64 = 3_000;
+
+/// Says, as an error, each member whose advertised host name does not resolve on this machine:
+/// every read and write this node sends there would fail (a node on the master's machine
+/// advertises the master's name when that name maps to loopback there, and a machine given the
+/// master by address may not know the name). The node serves all the same: the rest of the
+/// cluster works, and a resolver may recover. The members are resolved at once, each bounded by
+/// [`MEMBER_RESOLVE_TIMEOUT_MS`].
+pub async fn warn_of_unresolvable_members(node: &shardwise_cluster::Node) {
+    let members = node.view().members().await;
+    let named = members.iter().filter(|m| m.rank != node.rank).filter_map(|member| {
+        // A member's services share its advertised host: its first named one is enough.
+        member
+            .addrs
+            .iter()
+            .find(|(_, addr)| {
+                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(host, _)| host);
+                host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_err()
+            })
+            .map(|(service, addr)| (member.rank, service, addr))
+    });
+    let lookups = named.map(|(rank, service, addr)| async move {
+        let timeout = std::time::Duration::from_millis(MEMBER_RESOLVE_TIMEOUT_MS);
+        let resolved = tokio::time::timeout(timeout, tokio::net::lookup_host(addr.as_str())).await;
+        let found = resolved.is_ok_and(|lookup| lookup.is_ok_and(|mut addrs| addrs.next().is_some()));
+        (rank, service, addr, found)
+    });
+    for (rank, service, addr, found) in futures::future::join_all(lookups).await {
+        if !found {
+            tracing::error!(
+                rank,
+                "rank {rank} advertises {service} at {addr}, whose host does not resolve on this machine: what this \
+                 node sends there will fail. Give every node the same MASTER_ADDR, or that node an --advertise-host \
+                 this machine resolves"
+            );
+        }
+    }
+}
+
+/// Refuses a node port given as the master's port on the master's machine: on rank 0 the
+/// rendezvous could not bind it (and said another job held it), and a worker joined its own
+/// port, waiting out the join timeout.
+pub fn check_ports_apart_from_master(detected: &shardwise_cluster::Detected, ports: Ports) -> anyhow::Result<()> {
+    if detected.world_size < 2 {
+        return Ok(());
+    }
+    let given = [
+        ("--flight-port", "flight_port", ports.flight),
+        ("--data-port", "data_port", ports.data),
+        ("--http-port", "http_port", ports.http),
+        ("--pg-port", "pg_port", ports.pg),
+    ];
+    let Some((flag, key, port)) = given.into_iter().find(|(_, _, p)| *p != 0 && *p == detected.master_port) else {
+        return Ok(());
+    };
+    // The master's address is one of this machine's when a socket binds to it (whatever the
+    // listen host: a wildcard one covers it too).
+    let here = detected.rank == 0
+        || shardwise_cluster::node::resolve(&detected.master_addr, port)
+            .is_ok_and(|master| master.ip().is_loopback() || UdpSocket::bind((master.ip(), 0)).is_ok());
+    if !here {
+        return Ok(());
+    }
+    let whose = match detected.rank {
+        0 => "this node, the master, listens there for the others to join",
+        _ => "this node would be joining its own port",
+    };
+    anyhow::bail!(
+        "{flag} {port} ({key} in a config file) is also the master's port (MASTER_PORT, master {}:{}): {whose}; give \
+         the node another port, or the cluster another MASTER_PORT",
+        detected.master_addr,
+        detected.master_port
+    )
 }
 
 /// The local address the kernel would send from to reach `to`, if it has a route.
