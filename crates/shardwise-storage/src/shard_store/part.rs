@@ -5,7 +5,7 @@ use std::io::{BufWriter, Cursor, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{MutableArrayData, RecordBatch, RecordBatchOptions, make_array};
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::reader::FileReader;
@@ -27,6 +27,18 @@ pub(super) const PART_BATCH_MAX_BYTES: usize = 256 * 1024 * 1024;
 /// A batch with at least this many rows is written to a part as it is; only runs of smaller ones
 /// are merged (a copy of the rows is worth it only to avoid many tiny batches).
 pub(super) const PART_BATCH_MERGE_BELOW_ROWS: usize = 1 << 16;
+
+/// The most rows a part's batch holds in memory (DataFusion's batch size, which scans hand on).
+///
+/// Why: a part is written in batches of up to [`PART_BATCH_MAX_ROWS`] rows, and a scan hands a
+/// query slices of [`PART_MEMORY_BATCH_ROWS`] rows of them, zero-copy. DataFusion counts a
+/// batch's memory as the whole capacity of every buffer it points into, so each slice of a
+/// million-row batch (or of an Arrow IPC message, whose columns all point into one body) was
+/// counted as the whole batch: a sort of 16 MB of keys reserved 537 MB and failed under a 400 MB
+/// `max_memory_usage`, without spilling. So a part's rows are held in batches of this many rows
+/// with buffers of their own ([`own_buffers`]), copied once when the part is written or loaded,
+/// and what a query holds is counted as what it holds.
+pub(super) const PART_MEMORY_BATCH_ROWS: usize = 8192;
 
 /// A part, decoded and held in memory.
 #[derive(Debug, Clone)]
@@ -73,7 +85,7 @@ impl EncodedPart {
         })?;
         let entry = PartEntry { name, rows: batches.iter().map(|b| b.num_rows() as u64).sum(), len_bytes, crc32c };
         let mem_bytes = batches.iter().map(row_bytes).sum();
-        Ok(Part { entry, batches, mem_bytes })
+        Ok(Part { entry, batches: own_buffers(&batches), mem_bytes })
     }
 }
 
@@ -130,7 +142,35 @@ pub(super) fn load(fs: &dyn Fs, dir: &Path, entry: &PartEntry, schema: &SchemaRe
         return Err(corrupt(format!("{rows} rows, the manifest says {}", entry.rows)));
     }
     let mem_bytes = batches.iter().map(row_bytes).sum();
-    Ok(Part { entry: entry.clone(), batches, mem_bytes })
+    Ok(Part { entry: entry.clone(), batches: own_buffers(&batches), mem_bytes })
+}
+
+/// `batches` as batches of at most [`PART_MEMORY_BATCH_ROWS`] rows, each column copied into
+/// buffers of its own, sized to its rows (see [`PART_MEMORY_BATCH_ROWS`]).
+pub(super) fn own_buffers(batches: &[RecordBatch]) -> Vec<RecordBatch> {
+    let mut out = Vec::with_capacity(batches.iter().map(|b| b.num_rows().div_ceil(PART_MEMORY_BATCH_ROWS)).sum());
+    for batch in batches {
+        let rows = batch.num_rows();
+        for at in (0..rows).step_by(PART_MEMORY_BATCH_ROWS) {
+            let len = PART_MEMORY_BATCH_ROWS.min(rows - at);
+            let copy_column = |column: &arrow::array::ArrayRef| {
+                let data = column.to_data();
+                let mut copy = MutableArrayData::new(vec![&data], false, len);
+                copy.try_extend(0, at, at + len).map(|()| make_array(copy.freeze()))
+            };
+            let options = RecordBatchOptions::new().with_row_count(Some(len));
+            let copied = batch
+                .columns()
+                .iter()
+                .map(copy_column)
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|columns| RecordBatch::try_new_with_options(batch.schema(), columns, &options));
+            // A copy cut from a valid batch does not fail (offsets only shrink); if it did, the
+            // slice holds the same rows, only counted larger.
+            out.push(copied.unwrap_or_else(|_| batch.slice(at, len)));
+        }
+    }
+    out
 }
 
 /// Merges runs of consecutive small batches (fewer than [`PART_BATCH_MERGE_BELOW_ROWS`] rows) into
@@ -171,5 +211,48 @@ fn concat_run(schema: &SchemaRef, run: &[&RecordBatch]) -> Result<RecordBatch, S
         [single] => Ok((*single).clone()),
         _ => concat_batches(schema, run.iter().copied())
             .map_err(|source| StorageError::Arrow { op: "merge batches into a part", source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    /// What DataFusion counts for a batch: the whole capacity of every distinct buffer it points
+    /// into (`datafusion_common::utils::memory::get_record_batch_memory_size`).
+    fn counted(batch: &RecordBatch) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0;
+        for column in batch.columns() {
+            for buffer in column.to_data().buffers() {
+                if seen.insert(buffer.data_ptr()) {
+                    total += buffer.capacity();
+                }
+            }
+        }
+        total
+    }
+
+    #[test]
+    fn a_parts_rows_are_held_in_small_batches_counted_as_what_they_hold() {
+        let schema =
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("s", DataType::Utf8, true)]));
+        let rows = 100_000;
+        let keys = Int64Array::from_iter_values(0..rows as i64);
+        let text = StringArray::from_iter_values((0..rows).map(|i| format!("value {i}")));
+        let whole = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(keys), Arc::new(text)]).expect("batch");
+        // As a part's batch arrives: a slice of something larger (a network message, a file).
+        let part = [whole.slice(10, rows - 20)];
+        let held = own_buffers(&part);
+        assert!(held.iter().all(|b| b.num_rows() <= PART_MEMORY_BATCH_ROWS), "batches too long");
+        assert_eq!(concat_batches(&schema, &held).expect("concat"), part[0]);
+        let data: usize = held.iter().map(row_bytes).sum();
+        let counted_now: usize = held.iter().map(counted).sum();
+        assert!(counted_now <= data * 3 / 2 + held.len() * 256, "counted {counted_now} for {data} bytes of rows");
+        // Each slice of the part as it was counted the whole part.
+        assert!(counted(&part[0].slice(0, PART_MEMORY_BATCH_ROWS)) > data / 2);
+        assert!(own_buffers(&[]).is_empty());
     }
 }
