@@ -73,8 +73,9 @@ pub(crate) fn with_config_and_runtime(
 }
 
 /// The rows of `stream`, with an out-of-memory error turned into one that names the limit it
-/// met: `max_memory_usage` (its value and the node, `rank`), or the node's
-/// `max_server_memory_usage` (whose error says so already).
+/// met: `max_memory_usage` (its value and the node, `rank`), a refusal of the statement as
+/// written, or the node's `max_server_memory_usage` (whose error says so already), a refusal for
+/// now (`unavailable`).
 pub fn explain_memory_errors(
     stream: SendableRecordBatchStream,
     max_memory_usage: u64,
@@ -82,8 +83,10 @@ pub fn explain_memory_errors(
 ) -> SendableRecordBatchStream {
     let schema = stream.schema();
     let mapped = stream.map_err(move |e| match e.find_root() {
+        // What the other queries hold now: the same statement may run once they end (HTTP 503,
+        // not a 400 a client does not retry).
         DataFusionError::ResourcesExhausted(detail) if detail.contains(SERVER_MEMORY_ERROR) => {
-            DataFusionError::External(Box::new(QueryError::Rejected(server_detail(detail))))
+            DataFusionError::External(Box::new(QueryError::Unavailable(server_detail(detail))))
         }
         DataFusionError::ResourcesExhausted(detail) if max_memory_usage > 0 => {
             DataFusionError::External(Box::new(QueryError::Rejected(memory_message(max_memory_usage, rank, detail))))

@@ -159,13 +159,26 @@ impl ServerMemory {
     /// memory back and samples once more. The release is skipped when one ran less than
     /// [`SERVER_MEMORY_RELEASE_INTERVAL_MS`] ago and since then neither have the queries given back
     /// nor has the memory outside them grown by [`SERVER_MEMORY_RELEASE_GROWTH_DIVISOR`]th of the
-    /// limit (either leaves freed memory with the allocator), or when another thread is running one.
+    /// limit (either leaves freed memory with the allocator). A thread that finds another running
+    /// one waits for it and samples what it left: a query's partitions reserve at once, and the
+    /// ones that did not run the release were refused while it was freeing the memory they asked
+    /// for (a 16-byte reservation, right after a large query had failed, with nothing running).
     fn sample_and_release(&self, additional: usize) {
         self.sample();
         if self.resident.is_none() || self.fits(additional) {
             return;
         }
-        let Ok(mut last) = self.last_release.try_lock() else { return };
+        let mut last = match self.last_release.try_lock() {
+            Ok(last) => last,
+            Err(_) => {
+                let last = self.last_release.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                self.sample();
+                if self.fits(additional) {
+                    return;
+                }
+                last
+            }
+        };
         let step = self.limit_bytes / SERVER_MEMORY_RELEASE_GROWTH_DIVISOR;
         let reserved = self.inner.reserved();
         if let Some(release) = *last
@@ -408,6 +421,25 @@ mod tests {
         // A pool that counts reservations only ignores resident memory altogether.
         let plain: Arc<dyn MemoryPool> = Arc::new(ServerMemory::new(1000, 0));
         MemoryConsumer::new("p").register(&plain).try_grow(1000).expect("all of it");
+    }
+
+    /// One partition of a query runs the release while another asks: the second waits for it
+    /// and takes what it freed (it was refused at once).
+    #[test]
+    fn a_reservation_waits_for_a_release_under_way() {
+        let (pool, resident) = sampled(1000);
+        resident.store(900, Ordering::Relaxed);
+        pool.sample();
+        let under_way = pool.last_release.lock().expect("lock");
+        let asking = {
+            let node: Arc<dyn MemoryPool> = Arc::clone(&pool) as Arc<dyn MemoryPool>;
+            std::thread::spawn(move || MemoryConsumer::new("q").register(&node).try_grow(500).map(|()| ()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // What the release under way frees.
+        resident.store(100, Ordering::Relaxed);
+        drop(under_way);
+        asking.join().expect("thread").expect("the memory the release freed");
     }
 
     #[test]
