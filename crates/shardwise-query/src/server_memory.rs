@@ -433,7 +433,7 @@ mod tests {
         let under_way = pool.last_release.lock().expect("lock");
         let asking = {
             let node: Arc<dyn MemoryPool> = Arc::clone(&pool) as Arc<dyn MemoryPool>;
-            std::thread::spawn(move || MemoryConsumer::new("q").register(&node).try_grow(500).map(|()| ()))
+            std::thread::spawn(move || MemoryConsumer::new("q").register(&node).try_grow(500))
         };
         std::thread::sleep(Duration::from_millis(50));
         // What the release under way frees.
