@@ -548,6 +548,7 @@ impl QueryEngine {
         let (body, pairs) = settings::split_settings_clause(sql)?;
         let body = settings::qualify_set(&body)?;
         let body = show_settings_query(&body)?.unwrap_or(body);
+        let body = crate::clickhouse_statements::rewrite(&body)?.unwrap_or(body);
         let mut state = self.ctx.state();
         session.apply(state.config_mut().options_mut())?;
         settings::apply(state.config_mut().options_mut(), &pairs)?;

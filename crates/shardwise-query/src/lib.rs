@@ -15,6 +15,7 @@ pub mod check_table;
 pub mod checked_integers;
 pub mod checked_sum;
 pub mod clickhouse_functions;
+pub mod clickhouse_statements;
 pub mod coalesce_types;
 pub mod correlated_windows;
 pub mod date_intervals;

@@ -415,3 +415,16 @@ async fn the_nodes_own_statements_are_not_recorded() {
     run(&engine, "SELECT rank FROM system.nodes").await.expect("recorded");
     assert_ne!(engine.query_totals().0.by_state, before);
 }
+
+/// What a ClickHouse user types first (`crate::clickhouse_statements`) runs.
+#[tokio::test]
+async fn clickhouses_first_statements_run() {
+    let engine = engine();
+    let described = pretty(&run(&engine, "DESCRIBE TABLE system.nodes").await.expect("describe table"));
+    assert_eq!(described, pretty(&run(&engine, "DESCRIBE system.nodes").await.expect("describe")));
+    let databases = pretty(&run(&engine, "SHOW DATABASES").await.expect("show databases"));
+    assert!(databases.contains("| system ") && databases.contains("| public "), "{databases}");
+    run(&engine, "SHOW PROCESSLIST").await.expect("show processlist");
+    let current = pretty(&run(&engine, "SELECT currentDatabase()").await.expect("currentDatabase"));
+    assert!(current.contains("| shardwise "), "{current}");
+}
