@@ -36,8 +36,24 @@ pub struct NotConverted {
     pub why: String,
 }
 
+/// `text` as Arrow's parser reads dates and timestamps of type `to`, as a literal is read
+/// (`crate::time_literals`): a time without seconds (`2024-01-03 10:00`) gets its `:00`, and
+/// spaces around a value go; `None` when no value needs it (or `to` is no date or timestamp).
+pub fn times_as_arrow_reads(text: &StringArray, to: &DataType) -> Option<StringArray> {
+    if !matches!(to, DataType::Timestamp(..) | DataType::Date32 | DataType::Date64) {
+        return None;
+    }
+    let read = |v: &str| crate::time_literals::as_arrow_reads(v, to);
+    if !text.iter().flatten().any(|v| read(v).is_some()) {
+        return None;
+    }
+    Some(text.iter().map(|v| v.map(|v| read(v).unwrap_or_else(|| v.to_string()))).collect())
+}
+
 /// `text` as a column of type `to`, every value checked (see the module doc).
 pub fn text_column(text: &StringArray, to: &DataType) -> Result<ArrayRef, NotConverted> {
+    let read_as_literals = times_as_arrow_reads(text, to);
+    let text = read_as_literals.as_ref().unwrap_or(text);
     match to {
         // A number beyond the type's range, or too close to zero for it, is refused rather than
         // stored as an infinity or 0 (the `inf` and `NaN` words are kept).
@@ -160,6 +176,23 @@ mod tests {
 
     fn one(value: &str, to: &DataType) -> Result<ArrayRef, NotConverted> {
         text_column(&StringArray::from(vec![value]), to)
+    }
+
+    #[test]
+    fn a_time_without_seconds_and_spaces_around_a_date_are_read_as_literals_are() {
+        let ts = DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None);
+        let minutes = one("2024-01-03 10:00", &ts).expect("a time without seconds");
+        assert_eq!(
+            minutes.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>().value(0),
+            1_704_276_000_000_000
+        );
+        let date = one(" 2024-01-03 ", &DataType::Date32).expect("spaces around a date");
+        assert_eq!(date.as_primitive::<datafusion::arrow::datatypes::Date32Type>().value(0), 19_725);
+        // Nothing to change: no new column.
+        assert!(times_as_arrow_reads(&StringArray::from(vec!["2024-01-03 10:00:00"]), &ts).is_none());
+        assert!(times_as_arrow_reads(&StringArray::from(vec!["2024-01-03 10:00"]), &DataType::Utf8).is_none());
+        // Still refused: what a literal refuses.
+        assert!(one("2024-01-03 10", &ts).is_err());
     }
 
     #[test]

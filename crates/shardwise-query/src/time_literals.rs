@@ -7,7 +7,9 @@
 //!
 //! How: [`TimeLiterals`], an analyzer rule after type coercion (which makes those comparisons
 //! casts), trims a string literal cast to a date or a timestamp and gives `YYYY-MM-DD HH:MM` its
-//! `:00`. Anything else reaches Arrow's parser as written, with its errors.
+//! `:00`. Anything else reaches Arrow's parser as written, with its errors. Values of text
+//! ingest (HTTP's CSV, `COPY`, `shardwise load`) are read the same way
+//! (`crate::text_values::times_as_arrow_reads`).
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::ScalarValue;
@@ -33,7 +35,7 @@ impl AnalyzerRule for TimeLiterals {
 }
 
 /// `text` as Arrow parses it for a date or timestamp `to`, when it differs.
-fn as_arrow_reads(text: &str, to: &DataType) -> Option<String> {
+pub(crate) fn as_arrow_reads(text: &str, to: &DataType) -> Option<String> {
     let trimmed = text.trim();
     let bytes = trimmed.as_bytes();
     let minutes_only = matches!(to, DataType::Timestamp(..))

@@ -102,6 +102,12 @@ pub struct BadValue {
 /// number with a fraction for an integer column is refused, and a number for a timestamp is
 /// seconds since 1970.
 pub fn convert_column(source: &ArrayRef, target: &DataType) -> Result<ArrayRef, BadValue> {
+    // A time without seconds (`2024-01-03 10:00`) as an INSERT reads it.
+    let read_as_literals = source
+        .as_string_opt::<i32>()
+        .and_then(|text| shardwise_query::text_values::times_as_arrow_reads(text, target))
+        .map(|text| std::sync::Arc::new(text) as ArrayRef);
+    let source = read_as_literals.as_ref().unwrap_or(source);
     if !matches!(target, DataType::Date32 | DataType::Date64) {
         return convert_value_column(source, target);
     }

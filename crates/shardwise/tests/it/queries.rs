@@ -1089,6 +1089,14 @@ fn max_memory_usage_spills_where_it_can_and_fails_clearly_where_it_cannot() {
     assert_eq!(c.sql(1, "SELECT count(*) FROM mm a JOIN mm b ON a.k = b.k"), vec![vec!["400000".to_string()]]);
     let err = c.sql_err(0, "SELECT 1 SETTINGS max_memory_usage = 'lots'");
     assert!(err.contains("max_memory_usage"), "{err}");
+    // An INSERT ... SELECT holds the rows it read until it writes them: within the limit too,
+    // and it writes nothing when they do not fit.
+    c.sql(0, "CREATE TABLE mc (k BIGINT, v BIGINT) WITH (shard_key = 'k')");
+    let err = c.sql_err(1, "INSERT INTO mc SELECT k, v FROM mm SETTINGS max_memory_usage = 1000000");
+    assert!(err.contains("max_memory_usage = 1000000 bytes") && err.contains("ShardwiseInsert[mc]"), "{err}");
+    assert_eq!(c.sql(0, "SELECT count(*) FROM mc"), vec![vec!["0".to_string()]]);
+    c.sql(1, "INSERT INTO mc SELECT k, v FROM mm SETTINGS max_memory_usage = 100000000");
+    assert_eq!(c.sql(0, "SELECT count(*) FROM mc"), vec![vec!["400000".to_string()]]);
 }
 
 #[test]

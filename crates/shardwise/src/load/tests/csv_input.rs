@@ -330,6 +330,24 @@ fn numbers_for_timestamps_are_seconds() {
     }
 }
 
+/// A time without seconds is read as an INSERT reads it (PostgreSQL's COPY and DuckDB take it).
+#[test]
+fn a_time_without_seconds_is_a_timestamp() {
+    let batches = read_csv(
+        b"ts_us
+2024-01-03 10:00
+2024-01-03T11:30
+",
+        &all_types(),
+        5,
+    )
+    .expect("read");
+    let shown = table(&batches);
+    for expected in ["2024-01-03T10:00:00", "2024-01-03T11:30:00"] {
+        assert!(shown.contains(expected), "missing {expected} in\n{shown}");
+    }
+}
+
 /// Zeros stay zeros (only a number other than zero that would become 0 is refused), and a
 /// DECIMAL may be written with an exponent, as JSON writers write small numbers.
 #[test]
