@@ -121,8 +121,9 @@ pub const TEMPLATES: &[(&str, usize, &str)] = &[
     ("subtractyears", 2, "__a0 - __a1 * INTERVAL '1 year'"),
     ("formatdatetime", 2, "to_char(__a0, __a1)"),
     ("today", 0, "current_date()"),
-    // The catalog (PostgreSQL's database) every table is in.
-    ("currentdatabase", 0, "current_database()"),
+    // ClickHouse's databases are the schemas here (what SHOW DATABASES lists): the one a name
+    // without a schema is looked up in.
+    ("currentdatabase", 0, "current_schema()"),
     ("yesterday", 0, "current_date() - INTERVAL '1 day'"),
     // Strings and NULLs.
     ("lowerutf8", 1, "lower(__a0)"),
@@ -595,7 +596,7 @@ mod tests {
         ("min(toUnixTimestamp(ts))", "1772600767"),
         ("today() = current_date()", "true"),
         ("yesterday() < today()", "true"),
-        ("currentDatabase() = current_database()", "true"),
+        ("currentDatabase() = current_schema()", "true"),
         ("min(toString(id))", "1"),
         ("min(lowerUTF8(upperUTF8(g)))", "a"),
         ("max(lengthUTF8(g || 'é'))", "2"),
@@ -643,7 +644,7 @@ mod tests {
         ctx.register_batch("t", batch).unwrap();
         // As the engine runs after this pass: `n * INTERVAL '1 day'` (`crate::interval_scaling`).
         ctx.register_udf(crate::interval_scaling::interval_scale_udf().as_ref().clone());
-        // `current_database()`, as the engine has it.
+        // `current_schema()`, as the engine has it.
         crate::pg_catalog::install(&ctx, "datafusion").unwrap();
         for (call, want) in EXAMPLES {
             let sql = format!("SELECT {call} FROM t");

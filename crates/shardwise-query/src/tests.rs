@@ -426,5 +426,5 @@ async fn clickhouses_first_statements_run() {
     assert!(databases.contains("| system ") && databases.contains("| public "), "{databases}");
     run(&engine, "SHOW PROCESSLIST").await.expect("show processlist");
     let current = pretty(&run(&engine, "SELECT currentDatabase()").await.expect("currentDatabase"));
-    assert!(current.contains("| shardwise "), "{current}");
+    assert!(current.contains("| public "), "{current}");
 }

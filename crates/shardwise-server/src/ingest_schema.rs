@@ -130,7 +130,7 @@ pub fn conform_as(
                 } else if column.data_type().is_nested() && !field.data_type().is_nested() {
                     // Arrow would cast a list to text as its debug form (`[1, 2]`).
                     return Err(refuse(format!(
-                        "column {:?}: a {} value holds several values, and the column one ({})",
+                        "column {:?}: a {} value is nested (a list, struct, map or union), and the column holds one value ({})",
                         field.name(),
                         column.data_type(),
                         field.data_type()
@@ -322,7 +322,7 @@ mod tests {
         ])
         .unwrap();
         let message = conform("t", nested, &table(), "-").unwrap_err().message().to_string();
-        assert!(message.contains("column \"name\": a List(") && message.contains("holds several values"), "{message}");
+        assert!(message.contains("column \"name\": a List(") && message.contains("is nested"), "{message}");
         let decimal = RecordBatch::try_from_iter([
             ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
             (

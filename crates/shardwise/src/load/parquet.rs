@@ -73,7 +73,10 @@ fn match_columns(file_schema: &SchemaRef, schema: &SchemaRef, label: &str) -> an
         let (from, to) = (file_field.data_type(), schema.field(index).data_type());
         // Arrow casts a list to text as its debug form (`[1, 2]`): not a value to store.
         if from.is_nested() && !to.is_nested() {
-            bail!("{at}: the file's type {from} holds several values in a row, and the table's column one ({to})");
+            bail!(
+                "{at}: the file's type {from} is nested (a list, struct, map or union), and the table's column \
+                 holds one value ({to})"
+            );
         }
         if !can_cast_types(from, to) {
             bail!("{at}: the file's type {from} cannot be converted to the table's type {to}");
