@@ -9,10 +9,8 @@
 //! How: [`rewrite`] reads the statement's tokens (so comments and case do not matter) and, for
 //! one of these forms, gives the text to plan instead; any other statement is left alone.
 
-use datafusion::sql::sqlparser::tokenizer::Token;
-
 use crate::error::QueryError;
-use crate::settings::{significant, tokens};
+use crate::settings::{statement_tokens, word_at};
 
 /// The statement `sql` stands for, if it is one of the module doc's forms.
 pub fn rewrite(sql: &str) -> Result<Option<String>, QueryError> {
@@ -20,13 +18,8 @@ pub fn rewrite(sql: &str) -> Result<Option<String>, QueryError> {
     if !["describe", "desc", "show"].iter().any(|w| first.eq_ignore_ascii_case(w)) {
         return Ok(None);
     }
-    let all = tokens(sql)?;
-    let tokens: Vec<&Token> =
-        significant(&all).into_iter().map(|t| &t.token).filter(|t| **t != Token::SemiColon).collect();
-    let word = |i: usize| match tokens.get(i) {
-        Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
-        _ => None,
-    };
+    let tokens = statement_tokens(sql)?;
+    let word = |i: usize| word_at(&tokens, i);
     let rewritten = match (word(0).as_deref(), word(1).as_deref(), tokens.len()) {
         // `DESCRIBE TABLE t`: the same statement without the keyword (what follows it as written).
         (Some("describe" | "desc"), Some("table"), n) if n > 2 => {

@@ -439,6 +439,21 @@ pub(crate) fn significant(tokens: &[TokenWithSpan]) -> Vec<&TokenWithSpan> {
     tokens.iter().filter(|t| !matches!(t.token, Token::Whitespace(_) | Token::EOF)).collect()
 }
 
+/// The tokens of one statement that say something (no whitespace, comments or `;`): what the
+/// text-level recognisers of statements no parser knows read.
+pub(crate) fn statement_tokens(sql: &str) -> Result<Vec<Token>, QueryError> {
+    let all = tokens(sql)?;
+    Ok(significant(&all).into_iter().map(|t| t.token.clone()).filter(|t| *t != Token::SemiColon).collect())
+}
+
+/// The unquoted word at `i` of `tokens`, lowercased.
+pub(crate) fn word_at(tokens: &[Token], i: usize) -> Option<String> {
+    match tokens.get(i) {
+        Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
+        _ => None,
+    }
+}
+
 /// Byte offset in `sql` of a 1-based (line, column) location, columns counted in characters.
 pub(crate) fn byte_offset(sql: &str, line: u64, column: u64) -> usize {
     let mut offset = 0;

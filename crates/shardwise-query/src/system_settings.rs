@@ -17,7 +17,7 @@ use datafusion::error::Result;
 use datafusion::sql::sqlparser::tokenizer::Token;
 
 use crate::error::QueryError;
-use crate::settings::{significant, tokens};
+use crate::settings::{statement_tokens, word_at};
 use crate::sql_text::{mentions, string_literal};
 use crate::system_tables::{ComputedTable, RowsFuture};
 
@@ -67,13 +67,8 @@ pub fn show_settings_query(sql: &str) -> Result<Option<String>, QueryError> {
     if !mentions(sql, "settings") {
         return Ok(None);
     }
-    let all = tokens(sql)?;
-    let tokens: Vec<&Token> =
-        significant(&all).into_iter().map(|t| &t.token).filter(|t| **t != Token::SemiColon).collect();
-    let word = |i: usize| match tokens.get(i) {
-        Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
-        _ => None,
-    };
+    let tokens = statement_tokens(sql)?;
+    let word = |i: usize| word_at(&tokens, i);
     if word(0).as_deref() != Some("show") {
         return Ok(None);
     }
@@ -86,7 +81,7 @@ pub fn show_settings_query(sql: &str) -> Result<Option<String>, QueryError> {
     if changed {
         conditions.push("changed".to_string());
     }
-    match (word(at + 1).as_deref(), tokens.get(at + 2).copied(), tokens.len() - at) {
+    match (word(at + 1).as_deref(), tokens.get(at + 2), tokens.len() - at) {
         (None, None, 1) => {}
         (Some(op @ ("like" | "ilike")), Some(Token::SingleQuotedString(pattern)), 3) => {
             conditions.push(format!("name {} {}", op.to_ascii_uppercase(), string_literal(pattern)));
