@@ -34,7 +34,8 @@ impl AnalyzerRule for TimeLiterals {
     }
 }
 
-/// `text` as Arrow parses it for a date or timestamp `to`, when it differs.
+/// `text` as Arrow parses it for a date or timestamp `to`, when it differs. Allocates nothing
+/// when it does not: text ingest asks this of every value of a timestamp column.
 pub(crate) fn as_arrow_reads(text: &str, to: &DataType) -> Option<String> {
     let trimmed = text.trim();
     let bytes = trimmed.as_bytes();
@@ -45,8 +46,11 @@ pub(crate) fn as_arrow_reads(text: &str, to: &DataType) -> Option<String> {
         && matches!(bytes[10], b' ' | b'T')
         && bytes[13] == b':'
         && [0..4, 5..7, 8..10, 11..13, 14..16].into_iter().all(|r| bytes[r].iter().all(u8::is_ascii_digit));
-    let out = if minutes_only { format!("{trimmed}:00") } else { trimmed.to_string() };
-    (out != text).then_some(out)
+    if minutes_only {
+        Some(format!("{trimmed}:00"))
+    } else {
+        (trimmed.len() != text.len()).then(|| trimmed.to_string())
+    }
 }
 
 fn normalized(e: Expr) -> Transformed<Expr> {
